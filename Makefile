@@ -1,0 +1,214 @@
+# segxfer: one entry point.
+#
+#   make deps      install the Debian packages that are missing (apt-get)
+#   make           build libsegxfer.a, libsegxfer.so and the programs
+#   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
+#   make run       deps + build + a live demo on a local redis-server
+#   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs)
+#
+# SANITIZE=address,undefined builds into its own directory (build-address-undefined)
+# and runs the same tests.  Every build is out of tree, under $(BUILD).
+
+VERSION   := 0.1.0
+SOVERSION := 0
+PREFIX    ?= /usr/local
+LIBDIR    ?= $(PREFIX)/lib
+INCDIR    ?= $(PREFIX)/include
+BINDIR    ?= $(PREFIX)/bin
+MANDIR    ?= $(PREFIX)/share/man
+DESTDIR   ?=
+
+comma := ,
+SANITIZE ?=
+ifeq ($(SANITIZE),)
+BUILD ?= build
+else
+BUILD ?= build-$(subst $(comma),-,$(SANITIZE))
+endif
+
+# ---------------------------------------------------------------- packages
+# Libraries are found with pkg-config; these are the Debian packages behind them
+# and behind the tests (servers, tools).
+PKGS      := hiredis libuv libprotobuf-c libibverbs librdmacm jansson libcurl libmicrohttpd
+TEST_PKGS := cmocka
+DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
+             libhiredis-dev libuv1-dev libprotobuf-c-dev libibverbs-dev librdmacm-dev \
+             libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
+             redis-server redis-sentinel redis-tools etcd-server etcd-client \
+             ibverbs-providers ibverbs-utils rdmacm-utils perftest \
+             iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind
+
+# ---------------------------------------------------------------- flags
+PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS    = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+TEST_CFLAGS = $(shell pkg-config --cflags $(TEST_PKGS) 2>/dev/null)
+TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
+
+OPT    ?= -O2 -g
+WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen
+CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
+LDFLAGS_SX  :=
+ifneq ($(SANITIZE),)
+CFLAGS_SX  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS_SX += -fsanitize=$(SANITIZE)
+endif
+ALL_CFLAGS  = $(CPPFLAGS_SX) $(CFLAGS_SX) $(PKG_CFLAGS) $(CFLAGS)
+ALL_LDFLAGS = $(LDFLAGS_SX) $(LDFLAGS)
+
+# ---------------------------------------------------------------- sources
+PROTO     := proto/segxfer.proto
+GEN_C     := $(BUILD)/gen/segxfer.pb-c.c
+GEN_H     := $(BUILD)/gen/segxfer.pb-c.h
+LIB_SRCS  := $(wildcard meta/*.c) $(wildcard agent/*.c)
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/segxfer.pb-c.o
+STATIC    := $(BUILD)/lib/libsegxfer.a
+SHARED    := $(BUILD)/lib/libsegxfer.so.$(VERSION)
+SONAME    := libsegxfer.so.$(SOVERSION)
+
+# Programs: each is the .c files of its folder under agent/.
+PROG_DIR_sx-agent := agent/sx-agent
+PROG_DIR_sxctl    := agent/sxctl
+PROG_DIR_sx-bench := agent/bench
+PROGRAMS  := $(foreach p,sx-agent sxctl sx-bench,$(if $(wildcard $(PROG_DIR_$(p))/*.c),$(p)))
+PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
+
+# The test registry.  Each name is tests/<name>.c, one cmocka binary.
+#   UNIT_TESTS  need nothing outside the process.
+#   INTEG_TESTS start real servers (redis-server, etcd) themselves.
+UNIT_TESTS  := test_errors test_codec test_layout
+INTEG_TESTS :=
+TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+
+# ---------------------------------------------------------------- targets
+.PHONY: all deps test check run install uninstall clean print-build
+.DEFAULT_GOAL := all
+
+all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
+
+print-build:
+	@echo $(BUILD)
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q "install ok installed" \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then SUDO=sudo; else SUDO=; fi; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+# `make test` and `make run` install what is missing first, then re-enter make so
+# that pkg-config sees the freshly installed libraries.
+test: deps
+	@$(MAKE) --no-print-directory check
+
+check: all $(TEST_BINS)
+	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
+	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@echo "make run: the live demo needs the agent (issue 4), which has not landed yet."
+	@echo "make run: built so far: $(STATIC), $(BUILD)/lib/libsegxfer.so"
+
+# ---------------------------------------------------------------- build rules
+# V=1 shows full command lines.
+V ?= 0
+ifeq ($(V),0)
+say = @printf '  %-7s %s\n' '$(1)' '$(2)';
+else
+say =
+endif
+
+$(GEN_C) $(GEN_H) &: $(PROTO)
+	@mkdir -p $(BUILD)/gen
+	$(call say,PROTOC,$<)protoc-c --c_out=$(BUILD)/gen -Iproto $(PROTO)
+
+# Everything compiled waits for the generated header.
+$(BUILD)/obj/%.o: %.c | $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/gen/segxfer.pb-c.o: $(GEN_C) $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	$(call say,AR,$@)$(AR) rcs $@ $^
+
+$(SHARED): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--no-undefined $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread
+
+$(BUILD)/lib/libsegxfer.so: $(SHARED)
+	@ln -sf libsegxfer.so.$(VERSION) $(BUILD)/lib/$(SONAME)
+	@ln -sf $(SONAME) $@
+
+# Programs link the static library so that they run from the build tree.
+define PROGRAM_RULE
+$(BUILD)/bin/$(1): $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard $$(PROG_DIR_$(1))/*.c)) $(STATIC)
+	@mkdir -p $$(dir $$@)
+	$$(call say,LD,$$@)$$(CC) $$(ALL_LDFLAGS) -o $$@ $$^ $$(PKG_LIBS) -lpthread -lm
+endef
+$(foreach p,$(PROGRAMS),$(eval $(call PROGRAM_RULE,$(p))))
+
+$(BUILD)/obj/tests/%.o: tests/%.c | $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) $(TEST_CFLAGS) -Itests -Itests/support -c $< -o $@
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# segxfer.pc is written for the PREFIX/LIBDIR in effect, by `make all` into
+# the build dir and again by `make install` for the install location.
+define write_pc
+	@mkdir -p $(dir $(1))
+	@printf '%s\n' \
+	  'prefix=$(PREFIX)' 'includedir=$(INCDIR)' 'libdir=$(LIBDIR)' '' \
+	  'Name: segxfer' \
+	  'Description: named, leased, layout-checked KV-cache segments and batched RDMA/TCP block reads' \
+	  'Version: $(VERSION)' \
+	  'Requires.private: $(PKGS)' \
+	  'Cflags: -I$${includedir}' \
+	  'Libs: -L$${libdir} -lsegxfer' \
+	  'Libs.private: -lpthread -lm' > $(1)
+endef
+
+$(BUILD)/segxfer.pc: Makefile
+	$(call write_pc,$@)
+
+# ---------------------------------------------------------------- install
+install: all
+	install -d $(DESTDIR)$(INCDIR)/segxfer $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(BINDIR)
+	install -m 644 include/segxfer.h $(DESTDIR)$(INCDIR)/
+	install -m 644 include/segxfer/*.h $(DESTDIR)$(INCDIR)/segxfer/
+	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
+	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
+	ln -sf libsegxfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so
+	$(call write_pc,$(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc)
+	$(if $(PROG_BINS),install -m 755 $(PROG_BINS) $(DESTDIR)$(BINDIR)/)
+
+uninstall:
+	rm -f $(DESTDIR)$(INCDIR)/segxfer.h
+	rm -rf $(DESTDIR)$(INCDIR)/segxfer
+	rm -f $(DESTDIR)$(LIBDIR)/libsegxfer.a $(DESTDIR)$(LIBDIR)/libsegxfer.so \
+	      $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so.$(VERSION) \
+	      $(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc
+	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/%)
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+.SECONDARY:

@@ -1,0 +1,227 @@
+/*
+ * Segment descriptors: the plain C form of what an agent publishes.
+ *
+ * A descriptor names a segment, identifies its owner (incarnation, generation),
+ * says how to reach it (endpoints, access token), what it holds (layout) and
+ * where (regions).  The wire form is protobuf (proto/segxfer.proto); its types
+ * stay inside the library.  Every descriptor read from a store or a peer goes
+ * through sx_desc_decode(), which validates it: nothing downstream trusts a
+ * descriptor that did not pass sx_desc_validate().
+ *
+ * Ownership: an sx_desc owns its three arrays (endpoints, regions, labels),
+ * which only the library allocates (grow them with the helpers below);
+ * sx_desc_free() releases them.  Build one by hand with sx_desc_init() and the
+ * sx_desc_add_*() helpers, or take one from sx_desc_decode().
+ *
+ * Thread safety: descriptors are plain data; a descriptor may be read from
+ * many threads at once and must not be modified while others read it.
+ */
+#ifndef SEGXFER_DESCRIPTOR_H
+#define SEGXFER_DESCRIPTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/errors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The schema version this library writes and the only one it accepts. */
+#define SX_SCHEMA_VERSION 1
+
+/* Documented limits, enforced on encode and decode. */
+#define SX_NAME_MAX 200          /* bytes in a segment name */
+#define SX_NS_MAX 64             /* bytes in a namespace */
+#define SX_MAX_REGIONS 4096      /* regions per descriptor */
+#define SX_MAX_ENDPOINTS 16      /* endpoints per descriptor */
+#define SX_MAX_DEVICES 8         /* RDMA endpoints (devices) per descriptor */
+#define SX_MAX_LABELS 32         /* labels per descriptor */
+#define SX_MAX_DESC_BYTES (1u << 20) /* encoded descriptor size */
+#define SX_MAX_SLOTS 64          /* slot ids are 0..63 */
+#define SX_FINGERPRINT_MAX 127
+#define SX_TAG_MAX 31            /* layout tag, dtype, location, label key */
+#define SX_LABEL_KEY_MAX 63
+#define SX_LABEL_VALUE_MAX 255
+#define SX_ADDR_MAX 63           /* endpoint host: IPv4/IPv6 literal or name */
+
+#define SX_INCARNATION_LEN 16
+#define SX_TOKEN_LEN 16
+#define SX_GID_LEN 16
+
+/* Well-known slots.  Any id below SX_MAX_SLOTS may be used. */
+enum {
+  SX_SLOT_K = 0,
+  SX_SLOT_V = 1,
+  SX_SLOT_INDEX = 2,
+  SX_SLOT_STATE = 3,
+};
+
+typedef enum sx_transport_kind {
+  SX_TRANSPORT_NONE = 0,
+  SX_TRANSPORT_TCP = 1,
+  SX_TRANSPORT_RDMA = 2,
+} sx_transport_kind;
+
+/* Region access flags. */
+enum {
+  SX_ACCESS_REMOTE_READ = 1u << 0,
+};
+
+typedef struct sx_endpoint {
+  sx_transport_kind kind;
+  char addr[SX_ADDR_MAX + 1]; /* host the peer connects to */
+  uint16_t port;
+  /* RDMA only: */
+  char device[SX_TAG_MAX + 1]; /* e.g. "mlx5_0", "rxe0" */
+  uint8_t gid[SX_GID_LEN];
+  uint8_t port_num;            /* HCA port, 1-based */
+  uint32_t mtu;                /* active path MTU in bytes (256..4096) */
+} sx_endpoint;
+
+/*
+ * A registered memory range and its block structure.  Block b of layer l
+ * (layer_first <= l < layer_first + layer_count) starts at
+ *   addr + (l - layer_first) * layer_stride + b * block_stride
+ * and is block_bytes long.  One region with layer_count > 1 describes a
+ * whole layer-strided allocation, so a regular KV cache takes O(1) regions.
+ */
+typedef struct sx_region {
+  uint32_t id;          /* unique within the segment */
+  uint32_t group;       /* KV-cache group (e.g. attention type) */
+  uint32_t layer_first;
+  uint32_t layer_count; /* >= 1 */
+  uint64_t layer_stride;
+  uint32_t slot;        /* SX_SLOT_K, SX_SLOT_V, ... (< SX_MAX_SLOTS) */
+  uint32_t access;      /* SX_ACCESS_* */
+  uint64_t addr;        /* address in the owner's address space */
+  uint64_t length;
+  uint64_t block_bytes;
+  uint64_t block_stride; /* >= block_bytes */
+  uint64_t num_blocks;
+  char location[SX_TAG_MAX + 1]; /* "cpu", "cuda:0", ... */
+  uint32_t n_rkeys;      /* == number of RDMA endpoints */
+  uint32_t rkeys[SX_MAX_DEVICES]; /* in the order of the RDMA endpoints */
+} sx_region;
+
+typedef struct sx_label {
+  char key[SX_LABEL_KEY_MAX + 1];
+  char value[SX_LABEL_VALUE_MAX + 1];
+} sx_label;
+
+/* Segment-wide facts a reader must agree with. */
+typedef struct sx_layout {
+  char fingerprint[SX_FINGERPRINT_MAX + 1]; /* model/layout fingerprint */
+  char tag[SX_TAG_MAX + 1];                 /* e.g. "NHD", "HND" */
+  char dtype[SX_TAG_MAX + 1];               /* e.g. "bf16", "fp8_e4m3" */
+  uint32_t tp_rank, tp_size;
+  uint32_t pp_rank, pp_size;
+} sx_layout;
+
+typedef struct sx_desc {
+  uint32_t schema_version;
+  char name[SX_NAME_MAX + 1];
+  uint8_t incarnation[SX_INCARNATION_LEN];
+  uint64_t generation;
+  uint64_t published_at_ms; /* Unix time, milliseconds */
+  uint32_t lease_ms;
+  uint8_t token[SX_TOKEN_LEN];
+  sx_layout layout;
+  sx_endpoint *endpoints;
+  uint32_t n_endpoints;
+  sx_region *regions;
+  uint32_t n_regions;
+  sx_label *labels;
+  uint32_t n_labels;
+} sx_desc;
+
+/* Zero a descriptor and set its schema version.  Never fails. */
+SX_EXTERN void sx_desc_init(sx_desc *d);
+
+/* Release the arrays a descriptor owns and zero it.  NULL is a no-op. */
+SX_EXTERN void sx_desc_free(sx_desc *d);
+
+/* Deep copy.  On success *dst owns new arrays; on failure *dst is untouched. */
+SX_EXTERN int sx_desc_copy(sx_desc *dst, const sx_desc *src);
+
+/* Append a copy of *r / *e / a label; SX_ENOMEM or SX_ELIMIT on failure. */
+SX_EXTERN int sx_desc_add_region(sx_desc *d, const sx_region *r);
+SX_EXTERN int sx_desc_add_endpoint(sx_desc *d, const sx_endpoint *e);
+SX_EXTERN int sx_desc_set_label(sx_desc *d, const char *key, const char *value);
+SX_EXTERN const char *sx_desc_label(const sx_desc *d, const char *key);
+
+/* Remove the region with this id; SX_ENOREGION if there is none. */
+SX_EXTERN int sx_desc_remove_region(sx_desc *d, uint32_t id);
+
+/* The region holding (group, layer, slot), or NULL. */
+SX_EXTERN const sx_region *sx_desc_find(const sx_desc *d, uint32_t group,
+                                        uint32_t layer, uint32_t slot);
+
+/* Number of RDMA endpoints (the rkey count every region must carry). */
+SX_EXTERN uint32_t sx_desc_rdma_devices(const sx_desc *d);
+
+/* Sum of region lengths. */
+SX_EXTERN uint64_t sx_desc_total_bytes(const sx_desc *d);
+
+/*
+ * Check every rule a published descriptor must satisfy: schema version,
+ * name, limits, stride/overflow/bounds of every region, non-overlapping keys,
+ * rkey counts, incarnation and token present.  Returns 0 or the SX_E* code of
+ * the first rule broken; sx_errmsg() names the field and region.
+ */
+SX_EXTERN int sx_desc_validate(const sx_desc *d);
+
+/* Name rules: 1..SX_NAME_MAX bytes of [A-Za-z0-9._:/@+=-], not starting with
+ * '/' or '.'.  Returns 0 or SX_ENAME with a message saying what is wrong. */
+SX_EXTERN int sx_name_validate(const char *name);
+
+/* Namespace rules: 1..SX_NS_MAX bytes of [A-Za-z0-9._-]. */
+SX_EXTERN int sx_ns_validate(const char *ns);
+
+/*
+ * Encode a valid descriptor.  Validates first.  On success *out is a
+ * malloc()ed buffer the caller frees, *out_len its size.
+ */
+SX_EXTERN int sx_desc_encode(const sx_desc *d, uint8_t **out, size_t *out_len);
+
+/*
+ * Decode and validate.  On success *d (which need not be initialised) owns
+ * new arrays; on failure *d is untouched and the code says which rule broke:
+ * SX_EDECODE (not protobuf), SX_ELIMIT (too large), SX_EVERSION, SX_ENAME,
+ * SX_ESTRIDE, SX_EOVERFLOW, SX_EBOUNDS, SX_ELAYERS, SX_EOVERLAP, SX_ERKEYS,
+ * SX_EMISSING, SX_EDUPLICATE, SX_EINVAL.
+ */
+SX_EXTERN int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *d);
+
+/* Segment events, as announced by stores on every change. */
+typedef enum sx_event_kind {
+  SX_EVENT_PUT = 1,
+  SX_EVENT_DELETE = 2,
+  SX_EVENT_EXPIRED = 3,
+} sx_event_kind;
+
+typedef struct sx_event {
+  sx_event_kind kind;
+  char name[SX_NAME_MAX + 1];
+  uint8_t incarnation[SX_INCARNATION_LEN]; /* zero when unknown (expiry) */
+  uint64_t generation;
+} sx_event;
+
+SX_EXTERN int sx_event_encode(const sx_event *ev, uint8_t **out, size_t *out_len);
+SX_EXTERN int sx_event_decode(const uint8_t *buf, size_t len, sx_event *ev);
+SX_EXTERN const char *sx_event_kind_name(sx_event_kind k);
+
+/* "K", "V", "index", "state", or "slot<N>" for other ids.  Returns buf. */
+SX_EXTERN const char *sx_slot_name(uint32_t slot, char buf[16]);
+/* Inverse of sx_slot_name(); also accepts a plain number.  0 or SX_EINVAL. */
+SX_EXTERN int sx_slot_parse(const char *s, uint32_t *slot);
+
+/* Lower-case hex of an incarnation or token; out needs 2*len+1 bytes. */
+SX_EXTERN void sx_hex(const uint8_t *bytes, size_t len, char *out);
+SX_EXTERN int sx_unhex(const char *hex, uint8_t *bytes, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SEGXFER_DESCRIPTOR_H */

@@ -1,0 +1,77 @@
+/* Helpers shared inside libsegxfer.  Not installed. */
+#ifndef SX_META_INTERNAL_H
+#define SX_META_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/descriptor.h"
+#include "segxfer/errors.h"
+
+#if defined(__GNUC__)
+#define SX__PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define SX__UNUSED __attribute__((unused))
+#else
+#define SX__PRINTF(a, b)
+#define SX__UNUSED
+/* Allocate a descriptor array (endpoints, regions, labels) of n zeroed
+ * elements with the capacity the sx_desc_add_*() helpers expect. */
+void *sx__desc_array(size_t n, size_t size);
+
+/* The layout and region rules of sx_desc_validate() without the identity
+ * fields (name, incarnation, token, endpoints): used for layout files. */
+int sx__layout_validate(const sx_desc *d);
+
+/* Encode without validating (sx_desc_encode() validates, then calls this).
+ * Tests use it to build descriptors that break one rule. */
+int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len);
+
+#endif
+
+#define SX__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/*
+ * Record a message for sx_errmsg() on this thread and return code, so a
+ * failure reads `return sx__err(SX_EBOUNDS, "region %u: ...", id);`.
+ */
+int sx__err(int code, const char *fmt, ...) SX__PRINTF(2, 3);
+int sx__verr(int code, const char *fmt, va_list ap);
+/* Prefix the current message with more context: "<fmt>: <previous>". */
+int sx__errwrap(int code, const char *fmt, ...) SX__PRINTF(2, 3);
+
+/* Overflow-checked arithmetic; return 0 on overflow, 1 otherwise. */
+static inline int sx__add_ok(uint64_t a, uint64_t b, uint64_t *r) {
+  return !__builtin_add_overflow(a, b, r);
+}
+static inline int sx__mul_ok(uint64_t a, uint64_t b, uint64_t *r) {
+  return !__builtin_mul_overflow(a, b, r);
+}
+
+/* Milliseconds: wall clock (Unix epoch) and monotonic. */
+uint64_t sx__wall_ms(void);
+uint64_t sx__mono_ms(void);
+uint64_t sx__mono_ns(void);
+
+/* Fill buf with random bytes from the kernel.  0 or SX_EIO. */
+int sx__random(void *buf, size_t len);
+
+/* Constant-time comparison; 0 when equal. */
+int sx__ct_memcmp(const void *a, const void *b, size_t len);
+
+/* Bounded copy that always terminates; returns 0 or SX_ELIMIT if cut. */
+int sx__strlcpy(char *dst, const char *src, size_t size);
+
+/* Allocate a descriptor array (endpoints, regions, labels) of n zeroed
+ * elements with the capacity the sx_desc_add_*() helpers expect. */
+void *sx__desc_array(size_t n, size_t size);
+
+/* The layout and region rules of sx_desc_validate() without the identity
+ * fields (name, incarnation, token, endpoints): used for layout files. */
+int sx__layout_validate(const sx_desc *d);
+
+/* Encode without validating (sx_desc_encode() validates, then calls this).
+ * Tests use it to build descriptors that break one rule. */
+int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len);
+
+#endif

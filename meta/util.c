@@ -1,0 +1,55 @@
+/* Clocks, randomness and small string helpers used across the library. */
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "internal.h"
+
+uint64_t sx__wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t sx__mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t sx__mono_ms(void) { return sx__mono_ns() / 1000000u; }
+
+int sx__random(void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = getrandom(p, len, 0);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return sx__err(SX_EIO, "getrandom: %s", strerror(errno));
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+int sx__ct_memcmp(const void *a, const void *b, size_t len) {
+  const volatile uint8_t *x = a, *y = b;
+  uint8_t acc = 0;
+  for (size_t i = 0; i < len; i++)
+    acc |= (uint8_t)(x[i] ^ y[i]);
+  return acc;
+}
+
+int sx__strlcpy(char *dst, const char *src, size_t size) {
+  size_t n = strnlen(src, size);
+  if (n == size) {
+    memcpy(dst, src, size - 1);
+    dst[size - 1] = '\0';
+    return SX_ELIMIT;
+  }
+  memcpy(dst, src, n + 1);
+  return 0;
+}

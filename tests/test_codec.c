@@ -1,0 +1,413 @@
+/* Descriptor and event codec: round trips, one test per rejection rule, size. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "segxfer.pb-c.h"
+#include "sxtest.h"
+
+static void assert_desc_equal(const sx_desc *a, const sx_desc *b) {
+  assert_int_equal(a->schema_version, b->schema_version);
+  assert_string_equal(a->name, b->name);
+  assert_memory_equal(a->incarnation, b->incarnation, SX_INCARNATION_LEN);
+  assert_memory_equal(a->token, b->token, SX_TOKEN_LEN);
+  assert_int_equal(a->generation, b->generation);
+  assert_int_equal(a->published_at_ms, b->published_at_ms);
+  assert_int_equal(a->lease_ms, b->lease_ms);
+  assert_memory_equal(&a->layout, &b->layout, sizeof(a->layout));
+  assert_int_equal(a->n_endpoints, b->n_endpoints);
+  for (uint32_t i = 0; i < a->n_endpoints; i++)
+    assert_memory_equal(&a->endpoints[i], &b->endpoints[i], sizeof(sx_endpoint));
+  assert_int_equal(a->n_regions, b->n_regions);
+  for (uint32_t i = 0; i < a->n_regions; i++)
+    assert_memory_equal(&a->regions[i], &b->regions[i], sizeof(sx_region));
+  assert_int_equal(a->n_labels, b->n_labels);
+  for (uint32_t i = 0; i < a->n_labels; i++)
+    assert_memory_equal(&a->labels[i], &b->labels[i], sizeof(sx_label));
+}
+
+static void roundtrip(const sx_desc *d) {
+  uint8_t *buf;
+  size_t len;
+  sx_desc back;
+  sxt_ok(sx_desc_encode(d, &buf, &len));
+  sxt_ok(sx_desc_decode(buf, len, &back));
+  assert_desc_equal(d, &back);
+  sx_desc_free(&back);
+  free(buf);
+}
+
+static void test_codec_roundtrip_small(void **state) {
+  (void)state;
+  sx_desc d;
+  sxt_desc_kv(&d, "prefill-0/tp3", 80, 0, 32768, 1024, 0);
+  roundtrip(&d);
+  sx_desc_free(&d);
+}
+
+static void test_codec_roundtrip_every_field(void **state) {
+  (void)state;
+  sx_desc d;
+  sxt_desc_kv(&d, "decode-7/tp0@rack:3", 8, 1, 16384, 512, 2);
+  d.regions[3].group = 5;
+  d.regions[3].layer_first = 100;
+  d.regions[3].access = 0;
+  strcpy(d.regions[4].location, "cuda:1");
+  d.regions[5].block_stride = 20000;
+  d.regions[5].length = 20000ull * 512;
+  d.regions[6].addr = 0xffffff0000000000ull; /* high addresses survive */
+  d.regions[6].length = 16384ull * 512;
+  d.generation = 0xfffffffffffffffeull;
+  d.lease_ms = 0xffffffffu;
+  assert_int_equal(sx_desc_set_label(&d, "model", "llama-3-70b"), 0);
+  roundtrip(&d);
+  sx_desc_free(&d);
+}
+
+static void test_codec_roundtrip_large(void **state) {
+  (void)state;
+  sx_desc d;
+  sxt_desc_kv(&d, "big", 2048, 1, 4096, 64, 1); /* 4096 regions: the limit */
+  assert_int_equal(d.n_regions, SX_MAX_REGIONS);
+  roundtrip(&d);
+  sx_region extra = d.regions[0];
+  assert_int_equal(sx_desc_add_region(&d, &extra), SX_ELIMIT);
+  sx_desc_free(&d);
+}
+
+static void test_codec_compact_strided_80_layers(void **state) {
+  (void)state;
+  sx_desc d;
+  uint8_t *buf;
+  size_t len;
+  sxt_desc_kv(&d, "prefill-0/tp3", 80, 0, 32768, 4096, 1);
+  assert_int_equal(d.n_regions, 2);
+  sxt_ok(sx_desc_encode(&d, &buf, &len));
+  assert_true(len <= 512);
+  free(buf);
+  sx_desc_free(&d);
+}
+
+static void test_codec_compact_160_per_layer_regions(void **state) {
+  (void)state;
+  sx_desc d;
+  uint8_t *buf;
+  size_t len;
+  sxt_desc_kv(&d, "prefill-0/tp3", 80, 1, 32768, 4096, 1);
+  assert_int_equal(d.n_regions, 160);
+  sxt_ok(sx_desc_encode(&d, &buf, &len));
+  assert_true(len <= 8192);
+  free(buf);
+  sx_desc_free(&d);
+}
+
+/* Pack a descriptor that breaks a rule, decode it, expect the code. */
+static void expect_decode(const sx_desc *d, int code, const char *msg_part) {
+  uint8_t *buf;
+  size_t len;
+  sx_desc out;
+  assert_int_equal(sx__desc_pack(d, &buf, &len), 0);
+  memset(&out, 0x5a, sizeof(out));
+  int rc = sx_desc_decode(buf, len, &out);
+  if (rc != code)
+    fail_msg("decode = %s, expected %s (%s)", sx_err_name(rc), sx_err_name(code),
+             sx_errmsg());
+  if (msg_part != NULL && strstr(sx_errmsg(), msg_part) == NULL)
+    fail_msg("message '%s' lacks '%s'", sx_errmsg(), msg_part);
+  /* On failure the output is untouched. */
+  assert_int_equal(((uint8_t *)&out)[0], 0x5a);
+  free(buf);
+}
+
+static void fixture(sx_desc *d) { sxt_desc_kv(d, "seg", 4, 1, 4096, 16, 1); }
+
+static void test_codec_rejects_unknown_schema_version(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.schema_version = 2;
+  expect_decode(&d, SX_EVERSION, "schema_version 2");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_empty_name(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.name[0] = '\0';
+  expect_decode(&d, SX_ENAME, "empty");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_bad_name_chars(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  strcpy(d.name, "prefill 0");
+  expect_decode(&d, SX_ENAME, "0x20");
+  strcpy(d.name, "a{b}");
+  expect_decode(&d, SX_ENAME, "0x7b");
+  strcpy(d.name, "/abs");
+  expect_decode(&d, SX_ENAME, "starts with");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_long_name(void **state) {
+  (void)state;
+  /* The C struct cannot hold it, so build the protobuf message directly. */
+  char name[SX_NAME_MAX + 2];
+  uint8_t inc[16] = {1}, tok[16] = {2};
+  memset(name, 'a', sizeof(name) - 1);
+  name[sizeof(name) - 1] = '\0';
+  Sxpb__SegmentDescriptor m = SXPB__SEGMENT_DESCRIPTOR__INIT;
+  m.schema_version = SX_SCHEMA_VERSION;
+  m.name = name;
+  m.incarnation = (ProtobufCBinaryData){16, inc};
+  m.token = (ProtobufCBinaryData){16, tok};
+  uint8_t buf[512];
+  size_t len = sxpb__segment_descriptor__pack(&m, buf);
+  sx_desc out;
+  sxt_rc(sx_desc_decode(buf, len, &out), SX_ENAME);
+  name[SX_NAME_MAX] = '\0'; /* exactly the limit is fine */
+  len = sxpb__segment_descriptor__pack(&m, buf);
+  sxt_ok(sx_desc_decode(buf, len, &out));
+  sx_desc_free(&out);
+}
+
+static void test_codec_rejects_too_many_regions(void **state) {
+  (void)state;
+  /* SX_MAX_REGIONS + 1 empty Region messages: rejected before unpacking. */
+  size_t n = SX_MAX_REGIONS + 1;
+  uint8_t *buf = malloc(2 * n);
+  for (size_t i = 0; i < n; i++) {
+    buf[2 * i] = (10 << 3) | 2; /* field 10, length-delimited */
+    buf[2 * i + 1] = 0;
+  }
+  sx_desc out;
+  sxt_rc(sx_desc_decode(buf, 2 * n, &out), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "regions"));
+  free(buf);
+}
+
+static void test_codec_rejects_too_many_bytes(void **state) {
+  (void)state;
+  size_t len = SX_MAX_DESC_BYTES + 1;
+  uint8_t *buf = calloc(1, len);
+  sx_desc out;
+  sxt_rc(sx_desc_decode(buf, len, &out), SX_ELIMIT);
+  free(buf);
+}
+
+static void test_codec_rejects_too_many_labels_and_endpoints(void **state) {
+  (void)state;
+  uint8_t buf[4 * (SX_MAX_ENDPOINTS + SX_MAX_LABELS + 2)];
+  size_t n = 0;
+  for (int i = 0; i <= SX_MAX_LABELS; i++) {
+    buf[n++] = (11 << 3) | 2;
+    buf[n++] = 0;
+  }
+  sx_desc out;
+  sxt_rc(sx_desc_decode(buf, n, &out), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "labels"));
+  n = 0;
+  for (int i = 0; i <= SX_MAX_ENDPOINTS; i++) {
+    buf[n++] = (7 << 3) | 2;
+    buf[n++] = 0;
+  }
+  sxt_rc(sx_desc_decode(buf, n, &out), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "endpoints"));
+}
+
+static void test_codec_rejects_stride_below_block_bytes(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[2].block_stride = d.regions[2].block_bytes - 1;
+  expect_decode(&d, SX_ESTRIDE, "region 2");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_block_span_overflow(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[1].num_blocks = 1ull << 40;
+  d.regions[1].block_stride = 1ull << 30; /* 2^70 */
+  d.regions[1].block_bytes = 4096;
+  expect_decode(&d, SX_EOVERFLOW, "num_blocks");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_layer_span_overflow(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[0].layer_count = 3;
+  d.regions[0].layer_stride = 1ull << 63; /* (3-1) * 2^63 */
+  expect_decode(&d, SX_EOVERFLOW, "layer_stride");
+  sx_desc_free(&d);
+  fixture(&d);
+  d.regions[0].layer_count = 2;
+  d.regions[0].layer_stride = UINT64_MAX - 10; /* product fits, sum does not */
+  expect_decode(&d, SX_EOVERFLOW, "layer span");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_span_beyond_length(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[3].length -= 1; /* 16 blocks of 4096 no longer fit */
+  expect_decode(&d, SX_EBOUNDS, "region 3");
+  sx_desc_free(&d);
+  fixture(&d);
+  d.regions[0].layer_count = 2; /* second layer lies past length */
+  d.regions[0].layer_stride = d.regions[0].length;
+  d.regions[1].layer_first = 7; /* keep keys disjoint */
+  d.regions[0].layer_first = 10;
+  expect_decode(&d, SX_EBOUNDS, "region 0");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_addr_overflow(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[0].addr = UINT64_MAX - 100;
+  expect_decode(&d, SX_EOVERFLOW, "addr + length");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_zero_layer_count(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[2].layer_count = 0;
+  expect_decode(&d, SX_ELAYERS, "region 2");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_overlapping_keys(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  /* Region 1 (K, layer 1) widened to layers 1..3 collides with K layer 2. */
+  d.regions[1].layer_count = 3;
+  d.regions[1].layer_stride = 65536;
+  d.regions[1].length = 3 * 65536;
+  expect_decode(&d, SX_EOVERLAP, "layer 2 slot K");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_duplicate_region_ids(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  d.regions[5].id = d.regions[2].id;
+  expect_decode(&d, SX_EDUPLICATE, "appears twice");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_rkey_count_mismatch(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d); /* one RDMA endpoint */
+  d.regions[4].n_rkeys = 2;
+  expect_decode(&d, SX_ERKEYS, "region 4");
+  d.regions[4].n_rkeys = 0;
+  expect_decode(&d, SX_ERKEYS, "0 rkeys for 1");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_missing_incarnation_or_token(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d);
+  memset(d.incarnation, 0, sizeof(d.incarnation));
+  expect_decode(&d, SX_EMISSING, "incarnation");
+  sx_desc_free(&d);
+  fixture(&d);
+  memset(d.token, 0, sizeof(d.token));
+  expect_decode(&d, SX_EMISSING, "token");
+  sx_desc_free(&d);
+}
+
+static void test_codec_rejects_garbage_and_truncation(void **state) {
+  (void)state;
+  sx_desc d, out;
+  uint8_t *buf;
+  size_t len;
+  fixture(&d);
+  sxt_ok(sx_desc_encode(&d, &buf, &len));
+  for (size_t cut = 1; cut < len; cut += 7) {
+    int rc = sx_desc_decode(buf, len - cut, &out);
+    assert_int_not_equal(rc, 0);
+  }
+  static const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
+  sxt_rc(sx_desc_decode(junk, sizeof(junk), &out), SX_EDECODE);
+  sxt_rc(sx_desc_decode((const uint8_t *)"", 0, &out), SX_EVERSION);
+  free(buf);
+  sx_desc_free(&d);
+}
+
+static void test_codec_encode_refuses_invalid(void **state) {
+  (void)state;
+  sx_desc d;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  fixture(&d);
+  d.regions[0].layer_count = 0;
+  sxt_rc(sx_desc_encode(&d, &buf, &len), SX_ELAYERS);
+  assert_null(buf);
+  sx_desc_free(&d);
+}
+
+static void test_codec_event_roundtrip_and_rejects(void **state) {
+  (void)state;
+  sx_event ev = {.kind = SX_EVENT_PUT, .generation = 42}, back;
+  strcpy(ev.name, "prefill-0/tp3");
+  ev.incarnation[0] = 9;
+  uint8_t *buf;
+  size_t len;
+  sxt_ok(sx_event_encode(&ev, &buf, &len));
+  sxt_ok(sx_event_decode(buf, len, &back));
+  assert_memory_equal(&ev, &back, sizeof(ev));
+  free(buf);
+  ev.kind = (sx_event_kind)9;
+  sxt_rc(sx_event_encode(&ev, &buf, &len), SX_EINVAL);
+  static const uint8_t bad_kind[] = {0x08, 0x09, 0x12, 0x01, 'a'};
+  sxt_rc(sx_event_decode(bad_kind, sizeof(bad_kind), &back), SX_EDECODE);
+  static const uint8_t bad_name[] = {0x08, 0x01, 0x12, 0x02, 'a', ' '};
+  sxt_rc(sx_event_decode(bad_name, sizeof(bad_name), &back), SX_ENAME);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_codec_roundtrip_small),
+      cmocka_unit_test(test_codec_roundtrip_every_field),
+      cmocka_unit_test(test_codec_roundtrip_large),
+      cmocka_unit_test(test_codec_compact_strided_80_layers),
+      cmocka_unit_test(test_codec_compact_160_per_layer_regions),
+      cmocka_unit_test(test_codec_rejects_unknown_schema_version),
+      cmocka_unit_test(test_codec_rejects_empty_name),
+      cmocka_unit_test(test_codec_rejects_bad_name_chars),
+      cmocka_unit_test(test_codec_rejects_long_name),
+      cmocka_unit_test(test_codec_rejects_too_many_regions),
+      cmocka_unit_test(test_codec_rejects_too_many_bytes),
+      cmocka_unit_test(test_codec_rejects_too_many_labels_and_endpoints),
+      cmocka_unit_test(test_codec_rejects_stride_below_block_bytes),
+      cmocka_unit_test(test_codec_rejects_block_span_overflow),
+      cmocka_unit_test(test_codec_rejects_layer_span_overflow),
+      cmocka_unit_test(test_codec_rejects_span_beyond_length),
+      cmocka_unit_test(test_codec_rejects_addr_overflow),
+      cmocka_unit_test(test_codec_rejects_zero_layer_count),
+      cmocka_unit_test(test_codec_rejects_overlapping_keys),
+      cmocka_unit_test(test_codec_rejects_duplicate_region_ids),
+      cmocka_unit_test(test_codec_rejects_rkey_count_mismatch),
+      cmocka_unit_test(test_codec_rejects_missing_incarnation_or_token),
+      cmocka_unit_test(test_codec_rejects_garbage_and_truncation),
+      cmocka_unit_test(test_codec_encode_refuses_invalid),
+      cmocka_unit_test(test_codec_event_roundtrip_and_rejects),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
