@@ -1,0 +1,132 @@
+/*
+ * Transports: one ops table (UCX uct_iface_ops_t style), picked per peer.
+ * TCP (tcp.c) and RDMA (rdma.c) implement it.  Not installed.
+ *
+ * Threading: everything here runs on the agent's loop thread.  A transport
+ * hooks its file descriptors (sockets, rdma_cm event channel, CQ completion
+ * channel) into that uv loop; nothing blocks.
+ *
+ * Reader side: the agent plans a batch into sx_xfer ranges (both sides'
+ * bounds already checked), groups them per peer into an sx_op and posts it.
+ * The transport completes each xfer exactly once through sx__op_xfer_done();
+ * the op's done callback runs when the last one settles.  Completion is a
+ * counter (UCX uct_completion_t): the first error sticks.
+ *
+ * Target side: the transport serves reads of the agent's registered regions,
+ * checking what the peer cannot be trusted with (token, incarnation, region
+ * id, remote-read flag, bounds) through the sx_tctx it was opened with.
+ */
+#ifndef SX_AGENT_TRANSPORT_H
+#define SX_AGENT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "segxfer/agent.h"
+#include "segxfer/descriptor.h"
+
+#define SX__TRANSPORT_SLOTS 3 /* indexed by sx_transport_kind */
+
+typedef struct sx_transport sx_transport;
+typedef struct sx_tpeer sx_tpeer;
+
+/* A region this agent registered. */
+typedef struct sx_lregion {
+  sx_region r;         /* as published (transports fill r.rkeys in pack) */
+  uint32_t inflight;   /* target side: reads of it being served right now */
+  int withdrawn;       /* no longer published: refuse new reads */
+  void *tpriv[SX__TRANSPORT_SLOTS]; /* per transport (RDMA: its MRs) */
+} sx_lregion;
+
+/* What a transport may ask of the agent that opened it. */
+typedef struct sx_tctx {
+  uv_loop_t *loop;
+  const char *name;              /* this agent's segment name, or "" */
+  const uint8_t *incarnation;    /* SX_INCARNATION_LEN */
+  const uint8_t *token;          /* SX_TOKEN_LEN: what readers must present */
+  const sx_agent_params *params; /* listen, advertise, conns_per_peer, rdma_* */
+  /* Look up a registered region by id (NULL if none or withdrawn). */
+  sx_lregion *(*find_region)(void *agent, uint32_t id);
+  /* Log one line at a level (formatted by the agent). */
+  void (*log)(void *agent, sx_log_level level, const char *fmt, ...)
+      __attribute__((format(printf, 3, 4)));
+  /* Count a served read for metrics: bytes, or an error code. */
+  void (*served)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
+  void *agent;
+} sx_tctx;
+
+/* One range to read: length bytes at roff of remote region rreg into local. */
+typedef struct sx_xfer {
+  uint8_t *local;
+  const sx_lregion *lreg; /* local region holding the destination, or NULL */
+  const sx_region *rreg;  /* in the peer's descriptor (remote addr, rkeys) */
+  uint64_t roff;
+  uint64_t length;
+  uint32_t entry_first;   /* batch entries this range serves */
+  uint32_t entry_last;
+  int status;             /* 1 while pending, then 0 or SX_E* */
+} sx_xfer;
+
+typedef struct sx_op sx_op;
+struct sx_op {
+  sx_xfer *xfers;
+  size_t n;
+  size_t pending;   /* xfers not settled yet */
+  uint64_t bytes;   /* bytes that arrived */
+  int first_error;
+  char message[256];
+  void (*done)(sx_op *op); /* once, when pending reaches 0 */
+  void *owner;
+};
+
+/* Settle xfer idx of op with status (0 or SX_E*); msg (may be NULL) becomes
+ * the op's message if this is its first error.  Calls op->done at zero. */
+void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg);
+
+typedef struct sx_transport_ops {
+  const char *name;
+  sx_transport_kind kind;
+  /* Start serving (listeners).  SX_ENODEV when the transport cannot run
+   * here (no RDMA device): the agent then goes on without it. */
+  int (*open)(const sx_tctx *ctx, sx_transport **out);
+  /* Stop serving, close every peer (failing ops in flight), free. */
+  void (*close)(sx_transport *t);
+  /* Make a region readable through this transport (RDMA: ibv_reg_mr on
+   * every device) and drop it again.  dereg_mem is only called once the
+   * region is withdrawn and no reads of it are in flight. */
+  int (*reg_mem)(sx_transport *t, sx_lregion *r);
+  void (*dereg_mem)(sx_transport *t, sx_lregion *r);
+  /* Add this transport's endpoints to the descriptor being published and
+   * fill its regions' rkeys (regions appear in d in registration order). */
+  int (*pack)(sx_transport *t, sx_desc *d);
+  /* Can this transport reach the segment described by remote? 1 or 0. */
+  int (*usable)(sx_transport *t, const sx_desc *remote);
+  /* Per remote segment incarnation; connects lazily, reconnects after a
+   * failure on the next post.  remote stays valid until peer_close. */
+  int (*peer_open)(sx_transport *t, const sx_desc *remote, sx_tpeer **out);
+  /* Fail ops in flight (SX_ECANCELED), close connections, free. */
+  void (*peer_close)(sx_tpeer *p);
+  /* Start reading the op's xfers.  0: every xfer will be settled; < 0:
+   * none was posted and done will not run. */
+  int (*post)(sx_tpeer *p, sx_op *op);
+  /* Stop an op early (deadline, cancel): settle its unfinished xfers with
+   * status once nothing can write their destinations any more (RDMA: after
+   * the flush of a QP moved to error).  Done then runs as usual. */
+  void (*abort)(sx_tpeer *p, sx_op *op, int status);
+} sx_transport_ops;
+
+/* Each transport's structs start with these. */
+struct sx_transport {
+  const sx_transport_ops *ops;
+  const sx_tctx *ctx;
+};
+
+struct sx_tpeer {
+  sx_transport *t;
+};
+
+extern const sx_transport_ops sx__tcp_ops;
+extern const sx_transport_ops sx__rdma_ops;
+
+#endif

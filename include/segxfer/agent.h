@@ -1,0 +1,309 @@
+/*
+ * The transfer agent: register memory, publish it as a named segment, open
+ * other agents' segments by name, check their layout, and read blocks from
+ * them in batches.
+ *
+ * Threading: an agent runs its own event-loop thread, which talks to the
+ * metadata store, serves reads of its memory and drives transfers.  Every
+ * function here may be called from any thread unless it says otherwise;
+ * callbacks run on the agent's thread and must not block.  Calls that wait
+ * (publish, open, wait) never wait on the agent thread itself: calling them
+ * from a callback fails with SX_EBUSY.
+ *
+ * Lifetimes: segments and batches belong to the agent that made them and
+ * must be closed/destroyed before it.  sx_agent_destroy() unpublishes the
+ * segment at once (peers see it gone) and fails batches still in flight.
+ */
+#ifndef SEGXFER_AGENT_H
+#define SEGXFER_AGENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/descriptor.h"
+#include "segxfer/layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sx_agent sx_agent;
+typedef struct sx_segment sx_segment;
+typedef struct sx_batch sx_batch;
+
+/* Transports an agent may use (bit mask of 1 << sx_transport_kind). */
+#define SX_TRANSPORTS_TCP (1u << SX_TRANSPORT_TCP)
+#define SX_TRANSPORTS_RDMA (1u << SX_TRANSPORT_RDMA)
+#define SX_TRANSPORTS_ALL (SX_TRANSPORTS_TCP | SX_TRANSPORTS_RDMA)
+
+typedef enum sx_log_level {
+  SX_LOG_ERROR = 0,
+  SX_LOG_WARN = 1,
+  SX_LOG_INFO = 2,
+  SX_LOG_DEBUG = 3,
+} sx_log_level;
+
+typedef void (*sx_log_fn)(void *arg, sx_log_level level, const char *msg);
+
+typedef struct sx_agent_params {
+  /* The segment name this agent publishes; NULL for a reader-only agent. */
+  const char *name;
+  /* redis://..., redis+sentinel://..., etcd://...; see the README. */
+  const char *metadata_url;
+  /* Overrides the URL's namespace when not NULL. */
+  const char *ns;
+  /* host:port the data plane listens on (default "0.0.0.0:0": any port). */
+  const char *listen;
+  /* Address peers are told to connect to (default: the listen host, or
+   * the address of the interface that routes to the metadata store). */
+  const char *advertise;
+  /* SX_TRANSPORTS_* the agent may serve and use (default ALL: RDMA where a
+   * device exists, TCP always). */
+  unsigned transports;
+  uint32_t lease_ms;       /* default 5000 */
+  uint32_t renew_ms;       /* default lease_ms / 3 */
+  uint32_t conns_per_peer; /* TCP connections or RDMA QPs per peer (default 4) */
+  /* RDMA: devices to use ("mlx5_0,mlx5_1"), NULL for every active one;
+   * GID index (-1: pick a RoCE v2 IPv4 GID); READ slice size (default 1 MiB). */
+  const char *rdma_devices;
+  int rdma_gid_index;
+  uint32_t rdma_slice_bytes;
+  /* Published layout: fingerprint, tag, dtype, tp/pp. */
+  sx_layout layout;
+  /* Published labels (copied). */
+  const sx_label *labels;
+  uint32_t n_labels;
+  /* Log sink (default: stderr at SX_LOG_INFO and above). */
+  sx_log_fn log;
+  void *log_arg;
+  sx_log_level log_level;
+} sx_agent_params;
+
+/* Fill *p with the defaults above.  Always call it first: fields added in
+ * later versions then keep their defaults. */
+SX_EXTERN void sx_agent_params_init(sx_agent_params *p);
+
+/*
+ * Start an agent: its thread, its data-plane listeners and its store
+ * connection.  Does not publish.  Errors: SX_EINVAL, SX_EURL, SX_ENAME,
+ * SX_EUNREACH/SX_EAUTH/SX_ETIMEDOUT (store), SX_EIO (listen).
+ */
+SX_EXTERN int sx_agent_create(const sx_agent_params *p, sx_agent **out);
+
+/* Unpublish (if published), stop serving, fail batches in flight, close
+ * segments left open, join the thread and free.  NULL is a no-op. */
+SX_EXTERN void sx_agent_destroy(sx_agent *a);
+
+/* This agent's incarnation (random per sx_agent_create()). */
+SX_EXTERN void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]);
+
+typedef struct sx_region_params {
+  void *addr;
+  uint64_t length;
+  uint32_t group;
+  uint32_t layer_first;
+  uint32_t layer_count;    /* 0 is taken as 1 */
+  uint64_t layer_stride;
+  uint32_t slot;           /* SX_SLOT_K, SX_SLOT_V, ... */
+  uint64_t block_bytes;
+  uint64_t block_stride;   /* 0 is taken as block_bytes */
+  uint64_t num_blocks;
+  const char *location;    /* NULL is "cpu" */
+  uint32_t access;         /* SX_ACCESS_REMOTE_READ to let peers read it */
+} sx_region_params;
+
+/*
+ * Register a region: check it with the descriptor rules (and against the
+ * other regions' keys), register it with every transport (RDMA memory
+ * registration), and give it an id.  The memory must stay valid until
+ * sx_agent_unregister() returns.  Takes effect for peers at the next
+ * sx_agent_publish().  Errors: the validation codes, SX_ENOMEM, SX_EIO.
+ */
+SX_EXTERN int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t *id);
+
+/*
+ * Retire a region in order: withdraw it from the published descriptor
+ * (republish with a new generation), wait for reads of it in flight, then
+ * deregister.  When this returns no peer can read the memory any more.
+ */
+SX_EXTERN int sx_agent_unregister(sx_agent *a, uint32_t id);
+
+/* sx_agent_publish() flags. */
+enum {
+  SX_PUBLISH_TAKEOVER = 1u << 0, /* replace a live holder of the name */
+};
+
+/*
+ * Publish the segment (first call) or republish it with the next
+ * generation, and keep its lease renewed from then on.  Waits for the
+ * store's answer.  Errors: SX_EHELD (sx_errmsg() names the holder's
+ * incarnation and lease age), SX_EFENCED, SX_EINVAL (no name), store errors.
+ * If the store is down the agent keeps retrying and publishes when it
+ * returns, but this call reports the error.
+ */
+SX_EXTERN int sx_agent_publish(sx_agent *a, unsigned flags);
+
+/* Remove the segment from the store now and stop renewing. */
+SX_EXTERN int sx_agent_unpublish(sx_agent *a);
+
+typedef enum sx_agent_state {
+  SX_AGENT_UNPUBLISHED = 0,
+  SX_AGENT_PUBLISHED,   /* lease held */
+  SX_AGENT_RECLAIMING,  /* lease lost or store unreachable; republishing */
+  SX_AGENT_FENCED,      /* another incarnation took the name: stopped */
+} sx_agent_state;
+
+typedef struct sx_agent_status {
+  sx_agent_state state;
+  uint64_t generation;
+  uint64_t renewals, renew_failures, republishes, store_reconnects;
+  int last_error;
+} sx_agent_status;
+
+SX_EXTERN int sx_agent_status_get(sx_agent *a, sx_agent_status *out);
+
+/* A copy of the descriptor this agent publishes (or would publish);
+ * the caller frees it with sx_desc_free(). */
+SX_EXTERN int sx_agent_descriptor(sx_agent *a, sx_desc *out);
+
+/*
+ * Open a segment by name: resolve it through the agent's cache (one store
+ * round trip when cold), waiting up to timeout_ms for it to appear if it is
+ * not published yet (woken by the store's event, not by polling).
+ * Errors: SX_ENOENT (not published within the timeout), SX_ETIMEDOUT (store
+ * did not answer), the decode codes for a corrupt descriptor, SX_ENAME.
+ */
+SX_EXTERN int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
+                              sx_segment **out);
+
+/* Asynchronous open: cb runs once on the agent thread with the segment or
+ * an error (then seg is NULL). */
+typedef void (*sx_open_cb)(void *arg, int status, sx_segment *seg);
+SX_EXTERN int sx_segment_open_async(sx_agent *a, const char *name, uint32_t timeout_ms,
+                                    sx_open_cb cb, void *arg);
+
+/* Close a segment; batches on it must be destroyed first.  NULL is a no-op. */
+SX_EXTERN void sx_segment_close(sx_segment *s);
+
+/* The remote descriptor as opened (valid until sx_segment_close()). */
+SX_EXTERN const sx_desc *sx_segment_desc(const sx_segment *s);
+
+/* Check the segment's layout against this agent's registered regions and
+ * layout (sx_layout_check(local, remote, flags, mismatch)). */
+SX_EXTERN int sx_segment_check(sx_segment *s, unsigned flags, sx_mismatch *mismatch);
+
+/* Which transport reads from this segment would use (or were forced to). */
+SX_EXTERN sx_transport_kind sx_segment_transport(const sx_segment *s);
+
+/* Round trip to the segment's owner: connect if needed and read 1 byte.
+ * Returns 0 and the microseconds taken, and the transport that answered. */
+SX_EXTERN int sx_segment_ping(sx_segment *s, uint32_t timeout_ms, uint64_t *rtt_us,
+                              sx_transport_kind *via);
+
+/* ------------------------------------------------------------------ batches */
+
+/*
+ * Read blocks: for each layer in [layer_first, layer_first+layer_count) and
+ * each slot in the slots mask, blocks remote_block..remote_block+count-1 of
+ * the remote region holding (group, layer, slot) go to blocks
+ * local_block..local_block+count-1 of this agent's region with the same key.
+ */
+typedef struct sx_block_read {
+  uint32_t group;
+  uint32_t layer_first;
+  uint32_t layer_count;
+  uint64_t slots;        /* bit mask: 1 << SX_SLOT_K | 1 << SX_SLOT_V ... */
+  uint64_t remote_block;
+  uint64_t local_block;
+  uint64_t count;
+} sx_block_read;
+
+/* Read length bytes at offset of the remote region into local memory (which
+ * must lie in a registered region when the transport is RDMA). */
+typedef struct sx_range_read {
+  void *local;
+  uint32_t remote_region; /* region id in the remote descriptor */
+  uint64_t offset;
+  uint64_t length;
+} sx_range_read;
+
+typedef enum sx_batch_state {
+  SX_BATCH_NEW = 0,    /* being built */
+  SX_BATCH_RUNNING,
+  SX_BATCH_COMPLETED,  /* every byte arrived */
+  SX_BATCH_FAILED,     /* at least one entry failed; see error, failed */
+  SX_BATCH_TIMEOUT,    /* the deadline passed first */
+  SX_BATCH_CANCELLED,
+} sx_batch_state;
+
+typedef void (*sx_batch_cb)(sx_batch *b, void *arg);
+
+typedef struct sx_batch_params {
+  uint32_t timeout_ms;   /* deadline from submit; 0 = 30000 */
+  sx_batch_cb cb;        /* optional; runs once on the agent thread */
+  void *cb_arg;
+} sx_batch_params;
+
+SX_EXTERN void sx_batch_params_init(sx_batch_params *p);
+
+/* A new, empty batch on an open segment.  params may be NULL. */
+SX_EXTERN int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out);
+
+/*
+ * Add entries.  Each entry is planned at once: mapped onto region pairs,
+ * contiguous runs merged, every range checked against both sides with
+ * overflow-safe arithmetic.  An entry that names a missing key or an
+ * out-of-range block fails here (SX_ENOREGION, SX_EBOUNDS, SX_EOVERFLOW,
+ * SX_EDENIED) and nothing of it is added.  Entries are numbered in the
+ * order added across both calls, from 0.
+ */
+SX_EXTERN int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n);
+SX_EXTERN int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n);
+
+/* Start the batch.  Once this returns 0 the batch ends exactly once, in
+ * COMPLETED, FAILED, TIMEOUT or CANCELLED, and the callback (if any) runs. */
+SX_EXTERN int sx_batch_submit(sx_batch *b);
+
+/* Wait until the batch ends or timeout_ms passes (-1: no limit).  Returns 0
+ * when it ended (whatever its state), SX_ETIMEDOUT if still running. */
+SX_EXTERN int sx_batch_wait(sx_batch *b, int timeout_ms);
+
+/* 0 when ended, SX_EBUSY while running. */
+SX_EXTERN int sx_batch_poll(sx_batch *b);
+
+/* A file descriptor that becomes readable when the batch ends, for an
+ * engine's own poll/epoll loop.  Owned by the batch. */
+SX_EXTERN int sx_batch_fd(sx_batch *b);
+
+/* Ask a running batch to stop.  It ends CANCELLED (or with the state it
+ * reached first).  Returns at once; wait for the end as usual. */
+SX_EXTERN int sx_batch_cancel(sx_batch *b);
+
+typedef struct sx_batch_result {
+  sx_batch_state state;
+  int error;              /* first error (0 when COMPLETED) */
+  char message[256];      /* what failed, where */
+  uint64_t bytes;         /* bytes that arrived */
+  uint32_t n_entries;
+  uint32_t n_ranges;      /* after merging: what the transport posted */
+  uint32_t n_failed;
+  const uint32_t *failed; /* failed entry indexes; valid until destroy */
+  sx_transport_kind transport;
+  uint64_t post_ns;       /* submit -> everything posted */
+  uint64_t transfer_ns;   /* submit -> end */
+} sx_batch_result;
+
+/* The result of an ended batch; SX_EBUSY while it is still running. */
+SX_EXTERN int sx_batch_result_get(sx_batch *b, sx_batch_result *out);
+
+/* Free a batch.  A running batch is cancelled and waited for first, so no
+ * transport writes into its destinations after this returns.  NULL is a
+ * no-op. */
+SX_EXTERN void sx_batch_destroy(sx_batch *b);
+
+SX_EXTERN const char *sx_batch_state_name(sx_batch_state s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* SEGXFER_AGENT_H */

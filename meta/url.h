@@ -1,0 +1,48 @@
+/* Metadata store URLs.  Not installed. */
+#ifndef SX_META_URL_H
+#define SX_META_URL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/descriptor.h"
+
+#define SX_URL_MAX_HOSTS 16
+#define SX_URL_DEFAULT_NS "default"
+
+typedef struct sx_url_host {
+  char host[256]; /* name or IP literal, without IPv6 brackets */
+  uint16_t port;
+} sx_url_host;
+
+typedef struct sx_url {
+  char scheme[24];  /* "redis", "redis+sentinel", "etcd", "etcd+https", "mem" */
+  sx_url_host hosts[SX_URL_MAX_HOSTS];
+  int n_hosts;
+  char user[128];
+  char password[256]; /* never printed: use sx__url_redact() */
+  int has_password;
+  char master[128];   /* redis+sentinel: the master name; mem: the store name */
+  int db;             /* redis: SELECT db (0 when absent) */
+  char ns[SX_NS_MAX + 1];
+  uint32_t connect_timeout_ms; /* default 2000 */
+  uint32_t timeout_ms;         /* per command, default 2000 */
+} sx_url;
+
+/*
+ * Parse
+ *   redis://[user[:password]@]host[:port][/db][?query]
+ *   redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master[/db][?query]
+ *   etcd://host[:port][,host[:port]...][?query]     (also etcd+https://)
+ *   mem://name[?query]                              (in-process, for tests)
+ * with query keys namespace, connect_timeout_ms, timeout_ms.  User and
+ * password may be percent-encoded; IPv6 hosts go in brackets.  Default ports:
+ * redis 6379, sentinel 26379, etcd 2379.  Returns 0 or SX_EURL with a
+ * message naming the part that is wrong (the password is never echoed).
+ */
+int sx__url_parse(const char *text, sx_url *out);
+
+/* The URL as text with the password replaced by "***". */
+void sx__url_redact(const sx_url *u, char *buf, size_t size);
+
+#endif
