@@ -79,11 +79,19 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 UNIT_TESTS  := test_errors test_codec test_layout
 INTEG_TESTS :=
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+
+# Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
+# are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
+# file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
+# both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout
+FUZZ_SECONDS ?= 30
+FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check run install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -108,10 +116,31 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
+	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+
+check-fuzz-corpus: $(FUZZ_BINS)
+	@for t in $(FUZZ_TARGETS); do c=$${t#fuzz_}; \
+	  $(BUILD)/fuzz/$$t tests/fuzz/corpus/$$c tests/fuzz/regressions/$$c || exit 1; done
+
+# libFuzzer: the library and targets are rebuilt with clang into build-fuzz/.
+fuzz: deps
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=clang \
+	  SANITIZE=fuzzer-no-link,address,undefined fuzz-run
+
+fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
+	@for t in $(FUZZ_TARGETS); do c=$${t#fuzz_}; \
+	  mkdir -p $(BUILD)/fuzz-corpus/$$c $(BUILD)/fuzz-crashes/$$c; \
+	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  $(BUILD)/fuzzer/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
+	    -artifact_prefix=$(BUILD)/fuzz-crashes/$$c/ $(BUILD)/fuzz-corpus/$$c \
+	    tests/fuzz/corpus/$$c tests/fuzz/regressions/$$c 2>$(BUILD)/fuzz-$$c.log \
+	    || { tail -n 40 $(BUILD)/fuzz-$$c.log; echo "fuzz: $$t crashed; the input is in $(BUILD)/fuzz-crashes/$$c/ (add it to tests/fuzz/regressions/$$c/)"; exit 1; }; \
+	  grep -E '^#[0-9]+.*DONE' $(BUILD)/fuzz-$$c.log | tail -n 1; \
+	done
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -183,6 +212,15 @@ define write_pc
 	  'Libs: -L$${libdir} -lsegxfer' \
 	  'Libs.private: -lpthread -lm' > $(1)
 endef
+
+# Fuzz targets: a plain driver for check, libFuzzer's main for `make fuzz`.
+$(BUILD)/fuzz/%: $(BUILD)/obj/tests/fuzz/%.o $(BUILD)/obj/tests/fuzz/driver.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+$(BUILD)/fuzzer/%: $(BUILD)/obj/tests/fuzz/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -fsanitize=fuzzer -o $@ $^ $(PKG_LIBS) -lpthread -lm
 
 $(BUILD)/segxfer.pc: Makefile
 	$(call write_pc,$@)

@@ -1,0 +1,30 @@
+/* Fuzz target: metadata URL parsing.  Parsed URLs redact their password. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "url.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  char text[4096], red[8192];
+  sx_url u;
+  if (size >= sizeof(text))
+    return 0;
+  memcpy(text, data, size);
+  text[size] = '\0';
+  if (sx__url_parse(text, &u) != 0)
+    return 0;
+  if (u.n_hosts < 0 || u.n_hosts > SX_URL_MAX_HOSTS)
+    abort();
+  sx__url_redact(&u, red, sizeof(red));
+  /* The password's place in the redacted form holds "***", never the secret. */
+  if (u.has_password && strstr(red, ":***@") == NULL)
+    abort();
+  char userpass[512];
+  snprintf(userpass, sizeof(userpass), "%s:%s@", u.user, u.password);
+  if (u.has_password && strcmp(u.password, "***") != 0 && strstr(red, userpass) != NULL)
+    abort();
+  return 0;
+}
