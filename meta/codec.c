@@ -3,9 +3,10 @@
  * library) to and from the plain C structs of segxfer/descriptor.h.
  *
  * Decoding is on the cold-resolve path, so protobuf-c allocates from an arena
- * (one malloc for most descriptors, freed at once), and a pre-scan of the
- * top-level fields rejects oversized repeated fields before any allocation:
- * a 1 MiB buffer of empty Region messages must not become 500k allocations.
+ * (one malloc for most descriptors, freed at once), regions come as one
+ * columnar table (see proto/segxfer.proto), and a pre-scan of the top-level
+ * fields rejects oversized repeated fields before any allocation: a 1 MiB
+ * buffer of empty Endpoint messages must not become 500k allocations.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -133,12 +134,80 @@ static int prescan(const uint8_t *buf, size_t len, uint32_t counts[16]) {
 
 /* ---------------------------------------------------------------- encode */
 
+/*
+ * Fill the region table's columns from d.  A column whose entries are all 0
+ * is left empty (the decoder reads an empty column as all zeros).
+ */
+#define COLUMN(tab, field, type, expr)                                         \
+  do {                                                                         \
+    type *col_ = arena_alloc(a, n * sizeof(type) + 1);                         \
+    int any_ = 0;                                                              \
+    if (col_ == NULL)                                                          \
+      return -1;                                                               \
+    for (uint32_t i = 0; i < n; i++) {                                         \
+      const sx_region *r = &d->regions[i];                                     \
+      (void)r;                                                                 \
+      col_[i] = (expr);                                                        \
+      any_ |= col_[i] != 0;                                                    \
+    }                                                                          \
+    (tab)->field = col_;                                                       \
+    (tab)->n_##field = any_ ? n : 0;                                           \
+  } while (0)
+
 static int find_location(char **locs, size_t n, const char *loc) {
   for (size_t i = 0; i < n; i++)
     if (strcmp(locs[i], loc) == 0)
       return (int)i;
   return -1;
 }
+
+static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
+  uint32_t n = d->n_regions;
+  uint32_t *loc_idx = arena_alloc(a, n * sizeof(uint32_t) + 1);
+  char **locs = arena_alloc(a, n * sizeof(char *) + 1);
+  /* Validated descriptors have one rkey per RDMA endpoint in every region;
+   * sx__desc_pack() also writes unvalidated ones, so take region 0's count. */
+  uint32_t devices = n ? d->regions[0].n_rkeys : 0;
+  uint32_t *rkeys = arena_alloc(a, (size_t)n * devices * sizeof(uint32_t) + 1);
+  size_t n_locs = 0;
+  if (loc_idx == NULL || locs == NULL || rkeys == NULL)
+    return -1;
+  for (uint32_t i = 0; i < n; i++) {
+    const sx_region *r = &d->regions[i];
+    int li = find_location(locs, n_locs, r->location);
+    if (li < 0) {
+      li = (int)n_locs;
+      locs[n_locs++] = (char *)r->location;
+    }
+    loc_idx[i] = (uint32_t)li;
+    memcpy(&rkeys[(size_t)i * devices], r->rkeys, devices * sizeof(uint32_t));
+  }
+  t->id = arena_alloc(a, n * sizeof(uint32_t) + 1);
+  if (t->id == NULL)
+    return -1;
+  for (uint32_t i = 0; i < n; i++)
+    t->id[i] = d->regions[i].id;
+  t->n_id = n;
+  COLUMN(t, group, uint32_t, r->group);
+  COLUMN(t, layer_first, uint32_t, r->layer_first);
+  COLUMN(t, layer_count, uint32_t, r->layer_count);
+  COLUMN(t, layer_stride, uint64_t, r->layer_stride);
+  COLUMN(t, slot, uint32_t, r->slot);
+  COLUMN(t, addr, uint64_t, r->addr);
+  COLUMN(t, length, uint64_t, r->length);
+  COLUMN(t, block_bytes, uint64_t, r->block_bytes);
+  COLUMN(t, block_stride, uint64_t, r->block_stride);
+  COLUMN(t, num_blocks, uint64_t, r->num_blocks);
+  COLUMN(t, access, uint32_t, r->access);
+  COLUMN(t, location, uint32_t, loc_idx[i]);
+  t->locations = locs;
+  t->n_locations = n_locs;
+  t->rkeys_per_region = devices;
+  t->rkeys = rkeys;
+  t->n_rkeys = (size_t)n * devices;
+  return 0;
+}
+#undef COLUMN
 
 int sx_desc_encode(const sx_desc *d, uint8_t **out, size_t *out_len) {
   int rc = sx_desc_validate(d);
@@ -170,15 +239,14 @@ int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len) {
 
   Sxpb__Endpoint *eps = arena_alloc(&a, d->n_endpoints * sizeof(*eps) + 1);
   Sxpb__Endpoint **epp = arena_alloc(&a, d->n_endpoints * sizeof(*epp) + 1);
-  Sxpb__Region *regs = arena_alloc(&a, d->n_regions * sizeof(*regs) + 1);
-  Sxpb__Region **regp = arena_alloc(&a, d->n_regions * sizeof(*regp) + 1);
   Sxpb__Label *labs = arena_alloc(&a, d->n_labels * sizeof(*labs) + 1);
   Sxpb__Label **labp = arena_alloc(&a, d->n_labels * sizeof(*labp) + 1);
-  char **locs = arena_alloc(&a, d->n_regions * sizeof(*locs) + 1);
-  if (!eps || !epp || !regs || !regp || !labs || !labp || !locs) {
+  Sxpb__RegionTable table = SXPB__REGION_TABLE__INIT;
+  if (!eps || !epp || !labs || !labp || pack_regions(&a, d, &table)) {
     arena_release(&a);
     return sx__err(SX_ENOMEM, "encoding %s", d->name);
   }
+  m.regions = &table;
 
   for (uint32_t i = 0; i < d->n_endpoints; i++) {
     const sx_endpoint *e = &d->endpoints[i];
@@ -198,38 +266,6 @@ int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len) {
   }
   m.endpoints = epp;
   m.n_endpoints = d->n_endpoints;
-
-  size_t n_locs = 0;
-  for (uint32_t i = 0; i < d->n_regions; i++) {
-    const sx_region *r = &d->regions[i];
-    Sxpb__Region *pr = &regs[i];
-    sxpb__region__init(pr);
-    pr->id = r->id;
-    pr->group = r->group;
-    pr->layer_first = r->layer_first;
-    pr->layer_count = r->layer_count;
-    pr->layer_stride = r->layer_stride;
-    pr->slot = r->slot;
-    pr->addr = r->addr;
-    pr->length = r->length;
-    pr->block_bytes = r->block_bytes;
-    pr->block_stride = r->block_stride;
-    pr->num_blocks = r->num_blocks;
-    pr->access = r->access;
-    int li = find_location(locs, n_locs, r->location);
-    if (li < 0) {
-      li = (int)n_locs;
-      locs[n_locs++] = (char *)r->location;
-    }
-    pr->location = (uint32_t)li;
-    pr->n_rkeys = r->n_rkeys;
-    pr->rkeys = (uint32_t *)r->rkeys;
-    regp[i] = pr;
-  }
-  m.regions = regp;
-  m.n_regions = d->n_regions;
-  m.locations = locs;
-  m.n_locations = n_locs;
 
   for (uint32_t i = 0; i < d->n_labels; i++) {
     sxpb__label__init(&labs[i]);
@@ -279,6 +315,76 @@ static int take_bytes(uint8_t *dst, size_t size, ProtobufCBinaryData b,
   memcpy(dst, b.data, size);
   return 0;
 }
+
+/* A column must have one entry per region, or none (all zeros). */
+#define CHECK_COLUMN(t, field)                                                 \
+  do {                                                                         \
+    if ((t)->n_##field != 0 && (t)->n_##field != n)                            \
+      return sx__err(SX_EDECODE, "region column " #field " has %zu entries "   \
+                     "for %zu regions", (t)->n_##field, n);                    \
+  } while (0)
+#define COL(t, field, i) ((t)->n_##field ? (t)->field[i] : 0)
+
+static int unpack_regions(const Sxpb__RegionTable *t, sx_desc *d) {
+  size_t n = t->n_id;
+  if (n > SX_MAX_REGIONS)
+    return sx__err(SX_ELIMIT, "descriptor has %zu regions; the limit is %u", n,
+                   SX_MAX_REGIONS);
+  CHECK_COLUMN(t, group);
+  CHECK_COLUMN(t, layer_first);
+  CHECK_COLUMN(t, layer_count);
+  CHECK_COLUMN(t, layer_stride);
+  CHECK_COLUMN(t, slot);
+  CHECK_COLUMN(t, addr);
+  CHECK_COLUMN(t, length);
+  CHECK_COLUMN(t, block_bytes);
+  CHECK_COLUMN(t, block_stride);
+  CHECK_COLUMN(t, num_blocks);
+  CHECK_COLUMN(t, access);
+  CHECK_COLUMN(t, location);
+  if (t->rkeys_per_region > SX_MAX_DEVICES)
+    return sx__err(SX_ERKEYS, "%u rkeys per region; at most %d devices",
+                   t->rkeys_per_region, SX_MAX_DEVICES);
+  if (t->n_rkeys != n * t->rkeys_per_region)
+    return sx__err(SX_ERKEYS, "%zu rkeys for %zu regions of %u keys each", t->n_rkeys,
+                   n, t->rkeys_per_region);
+  if (n > 0 && t->n_locations == 0)
+    return sx__err(SX_EDECODE, "regions have no location table");
+  if (t->n_locations > n)
+    return sx__err(SX_EDECODE, "%zu locations for %zu regions", t->n_locations, n);
+  for (size_t i = 0; i < t->n_locations; i++)
+    if (strlen(t->locations[i]) > SX_TAG_MAX)
+      return sx__err(SX_ELIMIT, "location %zu is longer than %d bytes", i, SX_TAG_MAX);
+  if (n > 0 && (d->regions = sx__desc_array(n, sizeof(sx_region))) == NULL)
+    return sx__err(SX_ENOMEM, "decoding %zu regions", n);
+  for (size_t i = 0; i < n; i++) {
+    sx_region *r = &d->regions[i];
+    uint32_t loc = COL(t, location, i);
+    if (loc >= t->n_locations)
+      return sx__err(SX_EDECODE, "region %u: location index %u of %zu", t->id[i], loc,
+                     t->n_locations);
+    r->id = t->id[i];
+    r->group = COL(t, group, i);
+    r->layer_first = COL(t, layer_first, i);
+    r->layer_count = COL(t, layer_count, i);
+    r->layer_stride = COL(t, layer_stride, i);
+    r->slot = COL(t, slot, i);
+    r->addr = COL(t, addr, i);
+    r->length = COL(t, length, i);
+    r->block_bytes = COL(t, block_bytes, i);
+    r->block_stride = COL(t, block_stride, i);
+    r->num_blocks = COL(t, num_blocks, i);
+    r->access = COL(t, access, i);
+    strcpy(r->location, t->locations[loc]);
+    r->n_rkeys = t->rkeys_per_region;
+    if (r->n_rkeys)
+      memcpy(r->rkeys, &t->rkeys[i * r->n_rkeys], r->n_rkeys * sizeof(uint32_t));
+  }
+  d->n_regions = (uint32_t)n;
+  return 0;
+}
+#undef CHECK_COLUMN
+#undef COL
 
 static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
   int rc;
@@ -334,36 +440,8 @@ static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
   }
   d->n_endpoints = (uint32_t)m->n_endpoints;
 
-  for (size_t i = 0; i < m->n_locations; i++)
-    if (strlen(m->locations[i]) > SX_TAG_MAX)
-      return sx__err(SX_ELIMIT, "location %zu is longer than %d bytes", i, SX_TAG_MAX);
-  for (size_t i = 0; i < m->n_regions; i++) {
-    const Sxpb__Region *pr = m->regions[i];
-    sx_region *r = &d->regions[i];
-    if (pr->location >= m->n_locations)
-      return sx__err(SX_EDECODE, "region %u: location index %u of %zu", pr->id,
-                     pr->location, m->n_locations);
-    if (pr->n_rkeys > SX_MAX_DEVICES)
-      return sx__err(SX_ERKEYS, "region %u: %zu rkeys; at most %d devices", pr->id,
-                     pr->n_rkeys, SX_MAX_DEVICES);
-    r->id = pr->id;
-    r->group = pr->group;
-    r->layer_first = pr->layer_first;
-    r->layer_count = pr->layer_count;
-    r->layer_stride = pr->layer_stride;
-    r->slot = pr->slot;
-    r->access = pr->access;
-    r->addr = pr->addr;
-    r->length = pr->length;
-    r->block_bytes = pr->block_bytes;
-    r->block_stride = pr->block_stride;
-    r->num_blocks = pr->num_blocks;
-    strcpy(r->location, m->locations[pr->location]);
-    r->n_rkeys = (uint32_t)pr->n_rkeys;
-    if (pr->n_rkeys)
-      memcpy(r->rkeys, pr->rkeys, pr->n_rkeys * sizeof(uint32_t));
-  }
-  d->n_regions = (uint32_t)m->n_regions;
+  if (m->regions != NULL && (rc = unpack_regions(m->regions, d)) != 0)
+    return rc;
 
   for (size_t i = 0; i < m->n_labels; i++) {
     sx_label *l = &d->labels[i];
@@ -386,18 +464,12 @@ int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
                    SX_MAX_DESC_BYTES);
   if (prescan(buf, len, counts))
     return sx__err(SX_EDECODE, "descriptor is not a valid protobuf message");
-  if (counts[10] > SX_MAX_REGIONS)
-    return sx__err(SX_ELIMIT, "descriptor has %u regions; the limit is %u",
-                   counts[10], SX_MAX_REGIONS);
   if (counts[7] > SX_MAX_ENDPOINTS)
     return sx__err(SX_ELIMIT, "descriptor has %u endpoints; the limit is %u",
                    counts[7], SX_MAX_ENDPOINTS);
   if (counts[11] > SX_MAX_LABELS)
     return sx__err(SX_ELIMIT, "descriptor has %u labels; the limit is %u", counts[11],
                    SX_MAX_LABELS);
-  if (counts[12] > SX_MAX_REGIONS)
-    return sx__err(SX_ELIMIT, "descriptor has %u locations; the limit is %u",
-                   counts[12], SX_MAX_REGIONS);
 
   arena a;
   arena_init(&a);
@@ -409,11 +481,9 @@ int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
   sx_desc d;
   sx_desc_init(&d);
   d.endpoints = sx__desc_array(m->n_endpoints, sizeof(sx_endpoint));
-  d.regions = sx__desc_array(m->n_regions, sizeof(sx_region));
   d.labels = sx__desc_array(m->n_labels, sizeof(sx_label));
   int rc;
-  if ((m->n_endpoints && !d.endpoints) || (m->n_regions && !d.regions) ||
-      (m->n_labels && !d.labels))
+  if ((m->n_endpoints && !d.endpoints) || (m->n_labels && !d.labels))
     rc = sx__err(SX_ENOMEM, "decoding a descriptor");
   else
     rc = convert(m, &d);

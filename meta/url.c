@@ -32,6 +32,12 @@ static int pct_decode(const char *src, size_t len, char *dst, size_t size) {
   return 0;
 }
 
+/* Characters of sentinel master and mem store names. */
+static int name_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         c == '.' || c == '_' || c == '-';
+}
+
 static int parse_u32(const char *s, size_t len, uint32_t max, uint32_t *out) {
   char buf[16];
   if (len == 0 || len >= sizeof(buf))
@@ -192,6 +198,9 @@ int sx__url_parse(const char *text, sx_url *out) {
     size_t nlen = (size_t)(auth_end - p);
     if (nlen == 0 || nlen >= sizeof(u.master))
       return sx__err(SX_EURL, "metadata URL: mem:// needs a store name");
+    for (size_t i = 0; i < nlen; i++)
+      if (!name_char(p[i]))
+        return sx__err(SX_EURL, "metadata URL: mem store name has character '%c'", p[i]);
     memcpy(u.master, p, nlen);
   } else {
     /* Comma-separated hosts. */
@@ -223,6 +232,10 @@ int sx__url_parse(const char *text, sx_url *out) {
       size_t mlen = slash ? (size_t)(slash - seg) : len;
       if (mlen == 0 || mlen >= sizeof(u.master))
         return sx__err(SX_EURL, "metadata URL: sentinel master name is empty or too long");
+      for (size_t i = 0; i < mlen; i++)
+        if (!name_char(seg[i]))
+          return sx__err(SX_EURL, "metadata URL: sentinel master name has character "
+                         "'%c' (allowed: letters, digits, ._-)", seg[i]);
       memcpy(u.master, seg, mlen);
       seg = slash ? slash + 1 : end;
       len = (size_t)(end - seg);

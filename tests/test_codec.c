@@ -176,17 +176,50 @@ static void test_codec_rejects_long_name(void **state) {
 
 static void test_codec_rejects_too_many_regions(void **state) {
   (void)state;
-  /* SX_MAX_REGIONS + 1 empty Region messages: rejected before unpacking. */
+  /* A region table with SX_MAX_REGIONS + 1 ids. */
   size_t n = SX_MAX_REGIONS + 1;
-  uint8_t *buf = malloc(2 * n);
-  for (size_t i = 0; i < n; i++) {
-    buf[2 * i] = (10 << 3) | 2; /* field 10, length-delimited */
-    buf[2 * i + 1] = 0;
-  }
+  uint32_t *ids = calloc(n, sizeof(uint32_t));
+  uint8_t inc[16] = {1}, tok[16] = {2};
+  for (size_t i = 0; i < n; i++)
+    ids[i] = (uint32_t)i;
+  Sxpb__RegionTable t = SXPB__REGION_TABLE__INIT;
+  t.id = ids;
+  t.n_id = n;
+  Sxpb__SegmentDescriptor m = SXPB__SEGMENT_DESCRIPTOR__INIT;
+  m.schema_version = SX_SCHEMA_VERSION;
+  m.name = (char *)"seg";
+  m.incarnation = (ProtobufCBinaryData){16, inc};
+  m.token = (ProtobufCBinaryData){16, tok};
+  m.regions = &t;
+  uint8_t *buf = malloc(sxpb__segment_descriptor__get_packed_size(&m));
+  size_t len = sxpb__segment_descriptor__pack(&m, buf);
   sx_desc out;
-  sxt_rc(sx_desc_decode(buf, 2 * n, &out), SX_ELIMIT);
-  assert_non_null(strstr(sx_errmsg(), "regions"));
+  sxt_rc(sx_desc_decode(buf, len, &out), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "4097 regions"));
   free(buf);
+  free(ids);
+}
+
+static void test_codec_rejects_ragged_region_columns(void **state) {
+  (void)state;
+  uint32_t ids[3] = {0, 1, 2}, groups[2] = {1, 1};
+  uint8_t inc[16] = {1}, tok[16] = {2};
+  Sxpb__RegionTable t = SXPB__REGION_TABLE__INIT;
+  t.id = ids;
+  t.n_id = 3;
+  t.group = groups;
+  t.n_group = 2;
+  Sxpb__SegmentDescriptor m = SXPB__SEGMENT_DESCRIPTOR__INIT;
+  m.schema_version = SX_SCHEMA_VERSION;
+  m.name = (char *)"seg";
+  m.incarnation = (ProtobufCBinaryData){16, inc};
+  m.token = (ProtobufCBinaryData){16, tok};
+  m.regions = &t;
+  uint8_t buf[256];
+  size_t len = sxpb__segment_descriptor__pack(&m, buf);
+  sx_desc out;
+  sxt_rc(sx_desc_decode(buf, len, &out), SX_EDECODE);
+  assert_non_null(strstr(sx_errmsg(), "column group has 2 entries for 3 regions"));
 }
 
 static void test_codec_rejects_too_many_bytes(void **state) {
@@ -312,10 +345,18 @@ static void test_codec_rejects_rkey_count_mismatch(void **state) {
   (void)state;
   sx_desc d;
   fixture(&d); /* one RDMA endpoint */
-  d.regions[4].n_rkeys = 2;
-  expect_decode(&d, SX_ERKEYS, "region 4");
-  d.regions[4].n_rkeys = 0;
+  for (uint32_t i = 0; i < d.n_regions; i++)
+    d.regions[i].n_rkeys = 2;
+  expect_decode(&d, SX_ERKEYS, "2 rkeys for 1");
+  for (uint32_t i = 0; i < d.n_regions; i++)
+    d.regions[i].n_rkeys = 0;
   expect_decode(&d, SX_ERKEYS, "0 rkeys for 1");
+  sx_desc_free(&d);
+  /* Built by hand, a region with a different count fails validation. */
+  fixture(&d);
+  d.regions[4].n_rkeys = 2;
+  sxt_rc(sx_desc_validate(&d), SX_ERKEYS);
+  assert_non_null(strstr(sx_errmsg(), "region 4"));
   sx_desc_free(&d);
 }
 
@@ -393,6 +434,7 @@ int main(void) {
       cmocka_unit_test(test_codec_rejects_bad_name_chars),
       cmocka_unit_test(test_codec_rejects_long_name),
       cmocka_unit_test(test_codec_rejects_too_many_regions),
+      cmocka_unit_test(test_codec_rejects_ragged_region_columns),
       cmocka_unit_test(test_codec_rejects_too_many_bytes),
       cmocka_unit_test(test_codec_rejects_too_many_labels_and_endpoints),
       cmocka_unit_test(test_codec_rejects_stride_below_block_bytes),
