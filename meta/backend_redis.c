@@ -130,6 +130,7 @@ static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
   q->done = 1;
   q_unlink(q);
   q->rep.status = status;
+  /* fmt NULL keeps a message already written into rep. */
   if (status != 0 && fmt != NULL)
     vsnprintf(q->rep.message, sizeof(q->rep.message), fmt, ap);
   else if (status == 0)
@@ -717,7 +718,7 @@ static void get_reply(rreq *q, redisReply *r) {
     return;
   }
   if (q->rep.status) {
-    q_finish(q, q->rep.status, "%s", q->rep.message);
+    q_finish(q, q->rep.status, NULL);
     return;
   }
   if (q->got_value == NULL) {

@@ -15,6 +15,7 @@
 struct sx_store {
   uv_loop_t loop;
   uv_async_t wake;
+  uv_timer_t tick; /* bounds waits for a reconnect */
   sx_backend *b;
   char url[600];
   int conn;          /* 0 connecting, 1 up, < 0 down with this code */
@@ -59,6 +60,8 @@ static void on_event(void *arg, const sx_event *ev) {
 
 static void on_wake(uv_async_t *h) { (void)h; }
 
+static void on_tick(uv_timer_t *t) { *(int *)t->data = 1; }
+
 static const char *hint(int code) {
   switch (code) {
   case SX_EUNREACH:
@@ -78,6 +81,7 @@ static void drain_close(sx_store *s) {
     sx__backend_close(s->b);
   s->b = NULL;
   uv_close((uv_handle_t *)&s->wake, NULL);
+  uv_close((uv_handle_t *)&s->tick, NULL);
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
 }
@@ -92,6 +96,7 @@ int sx_store_open(const char *url, sx_store **out) {
     return sx__err(SX_ENOMEM, "store: cannot create an event loop");
   }
   uv_async_init(&s->loop, &s->wake, on_wake);
+  uv_timer_init(&s->loop, &s->tick);
   sx_backend_hooks hooks = {.on_event = on_event, .on_conn = on_conn, .arg = s};
   rc = sx__backend_open(&s->loop, url, &hooks, &s->b);
   if (rc != 0) {
@@ -123,6 +128,27 @@ void sx_store_close(sx_store *s) {
 }
 
 const char *sx_store_url(const sx_store *s) { return s->url; }
+
+/*
+ * The backend reconnects by itself, with backoff, but only while its loop
+ * runs, which for a synchronous client is only inside calls.  So a call
+ * made after the connection was lost first waits for the reconnect, as long
+ * as one backoff step and one connect may take, and fails if it does not
+ * come.
+ */
+static int ensure_conn(sx_store *s) {
+  int expired = 0;
+  if (s->conn > 0)
+    return 0;
+  s->tick.data = &expired;
+  uv_timer_start(&s->tick, on_tick, (uint64_t)s->b->url.connect_timeout_ms + 1000, 0);
+  while (s->conn < 0 && !expired)
+    uv_run(&s->loop, UV_RUN_ONCE);
+  uv_timer_stop(&s->tick);
+  if (s->conn > 0)
+    return 0;
+  return sx__err(s->conn, "%s; %s", s->conn_msg, hint(s->conn));
+}
 
 /* Run the loop until the op's callback ran.  The backend's own deadlines
  * bound the wait. */
@@ -178,7 +204,10 @@ int sx_store_get(sx_store *s, const char *name, sx_desc *desc, sx_store_lease *l
   wait_op w = {.s = s, .name = name};
   if (s == NULL || name == NULL || desc == NULL)
     return sx__err(SX_EINVAL, "sx_store_get: NULL argument");
-  int rc = wait_for(&w, sx__backend_get(s->b, name, get_cb, &w));
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
+  rc = wait_for(&w, sx__backend_get(s->b, name, get_cb, &w));
   if (rc != 0)
     return rc;
   *desc = w.desc;
@@ -226,7 +255,10 @@ int sx_store_list(sx_store *s, sx_store_entry **entries, size_t *n) {
   wait_op w = {.s = s};
   if (s == NULL || entries == NULL || n == NULL)
     return sx__err(SX_EINVAL, "sx_store_list: NULL argument");
-  int rc = wait_for(&w, sx__backend_list(s->b, list_cb, &w));
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
+  rc = wait_for(&w, sx__backend_list(s->b, list_cb, &w));
   if (rc != 0) {
     sx_store_entries_free(w.entries, w.n);
     return rc;
@@ -253,6 +285,9 @@ int sx_store_remove(sx_store *s, const char *name) {
   wait_op w = {.s = s};
   if (s == NULL || name == NULL)
     return sx__err(SX_EINVAL, "sx_store_remove: NULL argument");
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
   return wait_for(&w, sx__backend_remove(s->b, name, done_cb, &w));
 }
 
@@ -272,6 +307,9 @@ int sx_store_publish_raw(sx_store *s, const char *name,
       .lease_ms = lease_ms ? lease_ms : 5000,
       .takeover = (flags & SX_STORE_TAKEOVER) != 0,
   };
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
   return wait_for(&w, sx__backend_publish(s->b, &req, done_cb, &w));
 }
 
@@ -294,6 +332,9 @@ int sx_store_renew(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_renew: NULL argument");
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
   return wait_for(&w, sx__backend_renew(s->b, name, incarnation,
                                         lease_ms ? lease_ms : 5000, done_cb, &w));
 }
@@ -303,6 +344,9 @@ int sx_store_unpublish(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_unpublish: NULL argument");
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
   return wait_for(&w, sx__backend_unpublish(s->b, name, incarnation, done_cb, &w));
 }
 

@@ -17,7 +17,17 @@
 #include <time.h>
 #include <unistd.h>
 
-static sxt_redis *live;
+/*
+ * What is running, kept here rather than in the callers' structs: a test that
+ * fails leaves its sxt_redis (often on its stack) behind, and the cleanup at
+ * exit must not read it.
+ */
+#define MAX_LIVE 64
+static struct {
+  pid_t pid;
+  int stopped;
+  char dir[128];
+} live[MAX_LIVE];
 static int atexit_done;
 static pid_t owner; /* the process that started the servers */
 
@@ -48,15 +58,6 @@ int sxt_free_port(void) {
   return ntohs(a.sin_port);
 }
 
-static void unregister(sxt_redis *r) {
-  for (sxt_redis **pp = &live; *pp; pp = &(*pp)->next_live)
-    if (*pp == r) {
-      *pp = r->next_live;
-      break;
-    }
-  r->next_live = NULL;
-}
-
 static void rm_dir(const char *dir) {
   if (dir[0] == '\0')
     return;
@@ -69,13 +70,28 @@ static void rm_dir(const char *dir) {
     waitpid(pid, NULL, 0);
 }
 
+static void kill_reap(pid_t pid) {
+  if (pid <= 0)
+    return;
+  kill(pid, SIGKILL);
+  kill(pid, SIGCONT);
+  waitpid(pid, NULL, 0);
+}
+
+/* The registry slot of r, if r is still registered as itself. */
+static int slot_of(const sxt_redis *r) {
+  int i = r->slot - 1;
+  if (i < 0 || i >= MAX_LIVE || strcmp(live[i].dir, r->dir) != 0 || r->dir[0] == '\0')
+    return -1;
+  return i;
+}
+
 static void reap(sxt_redis *r) {
-  if (r->pid > 0) {
-    kill(r->pid, SIGKILL);
-    if (r->stopped)
-      kill(r->pid, SIGCONT);
-    waitpid(r->pid, NULL, 0);
-  }
+  int i = slot_of(r);
+  if (i >= 0 && live[i].pid == r->pid && r->pid > 0)
+    kill_reap(r->pid);
+  if (i >= 0)
+    live[i].pid = 0;
   r->pid = 0;
   r->stopped = 0;
 }
@@ -83,15 +99,25 @@ static void reap(sxt_redis *r) {
 void sxt_redis_stop(sxt_redis *r) {
   if (r == NULL)
     return;
-  reap(r);
-  unregister(r);
-  rm_dir(r->dir);
+  int i = slot_of(r);
+  if (i >= 0) {
+    reap(r);
+    rm_dir(live[i].dir);
+    memset(&live[i], 0, sizeof(live[i]));
+  }
+  r->pid = 0;
+  r->slot = 0;
   r->dir[0] = '\0';
 }
 
 void sxt_redis_stop_all(void) {
-  while (live)
-    sxt_redis_stop(live);
+  for (int i = 0; i < MAX_LIVE; i++) {
+    if (live[i].dir[0] == '\0')
+      continue;
+    kill_reap(live[i].pid);
+    rm_dir(live[i].dir);
+    memset(&live[i], 0, sizeof(live[i]));
+  }
 }
 
 /* A forked child (a test's publisher) inherits this handler: only the
@@ -121,6 +147,8 @@ static int answers(int port, int sentinel) {
   return ok;
 }
 
+static int register_live(sxt_redis *r);
+
 static int spawn(sxt_redis *r, const char *const argv[]) {
   char log[200];
   snprintf(log, sizeof(log), "%s/stdout.log", r->dir);
@@ -146,11 +174,13 @@ static int spawn(sxt_redis *r, const char *const argv[]) {
     _exit(127);
   }
   r->pid = pid;
+  register_live(r);
   long long deadline = now_ms() + 10000;
   while (now_ms() < deadline) {
     int st;
     if (waitpid(pid, &st, WNOHANG) == pid) {
       r->pid = 0;
+      live[r->slot - 1].pid = 0;
       fprintf(stderr, "redis harness: %s on port %d exited at start (see %s)\n", argv[0],
               r->port, log);
       return -1;
@@ -176,19 +206,27 @@ static int make_dir(sxt_redis *r) {
   return 0;
 }
 
-static void register_live(sxt_redis *r) {
+/* Record r as running (its directory and pid). */
+static int register_live(sxt_redis *r) {
   if (!atexit_done) {
     owner = getpid();
     atexit(at_exit);
     atexit_done = 1;
   }
-  unregister(r);
-  r->next_live = live;
-  live = r;
+  int i = slot_of(r);
+  for (int k = 0; i < 0 && k < MAX_LIVE; k++)
+    if (live[k].dir[0] == '\0')
+      i = k;
+  if (i < 0)
+    return -1;
+  live[i].pid = r->pid;
+  snprintf(live[i].dir, sizeof(live[i].dir), "%s", r->dir);
+  r->slot = i + 1;
+  return 0;
 }
 
 static int start_server(sxt_redis *r) {
-  char port[16], logfile[200], replicaof[16], acl[512];
+  char port[16], logfile[200], replicaof[16], acl[512], pass[200];
   const char *argv[40];
   int n = 0;
   snprintf(port, sizeof(port), "%d", r->port);
@@ -219,11 +257,17 @@ static int start_server(sxt_redis *r) {
     argv[n++] = r->opts.notify;
   }
   if (r->opts.acl_user) {
-    snprintf(acl, sizeof(acl), "%s on >%s %s", r->opts.acl_user,
-             r->opts.acl_pass ? r->opts.acl_pass : "",
-             r->opts.acl_rules ? r->opts.acl_rules : "~* &* +@all");
+    /* redis-server quotes each argument when it builds the config line, so
+     * every ACL rule must be an argument of its own. */
+    snprintf(pass, sizeof(pass), ">%s", r->opts.acl_pass ? r->opts.acl_pass : "");
+    snprintf(acl, sizeof(acl), "%s", r->opts.acl_rules ? r->opts.acl_rules : "~* &* +@all");
     argv[n++] = "--user";
-    argv[n++] = acl;
+    argv[n++] = r->opts.acl_user;
+    argv[n++] = "on";
+    argv[n++] = pass;
+    for (char *save = NULL, *tok = strtok_r(acl, " ", &save); tok && n < 36;
+         tok = strtok_r(NULL, " ", &save))
+      argv[n++] = tok;
   }
   if (r->opts.replica_of) {
     snprintf(replicaof, sizeof(replicaof), "%d", r->opts.replica_of->port);
@@ -273,12 +317,13 @@ static int start_fresh(sxt_redis *r) {
     return -1;
   for (int attempt = 0; attempt < 5; attempt++) {
     r->port = sxt_free_port();
-    if (r->port > 0 && start_once(r) == 0) {
-      register_live(r);
+    if (r->port > 0 && start_once(r) == 0)
       return 0;
-    }
   }
-  rm_dir(r->dir);
+  if (r->slot)
+    sxt_redis_stop(r);
+  else
+    rm_dir(r->dir);
   r->dir[0] = '\0';
   return -1;
 }
@@ -317,10 +362,8 @@ int sxt_redis_restart(sxt_redis *r) {
   reap(r);
   /* The same port: clients reconnect to the address they know. */
   for (int attempt = 0; attempt < 50; attempt++) {
-    if (start_once(r) == 0) {
-      register_live(r);
+    if (start_once(r) == 0)
       return 0;
-    }
     sleep_ms(100);
   }
   return -1;

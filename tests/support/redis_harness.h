@@ -52,7 +52,7 @@ struct sxt_redis {
   sxt_redis_opts opts;
   char master_name[64]; /* sentinel: the monitored master */
   int master_port;
-  sxt_redis *next_live; /* registry for the atexit cleanup */
+  int slot;       /* in the harness' registry of running servers */
 };
 
 /* Start redis-server; waits until it answers PING (10 s at most). */
