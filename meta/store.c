@@ -138,6 +138,9 @@ const char *sx_store_url(const sx_store *s) { return s->url; }
  */
 static int ensure_conn(sx_store *s) {
   int expired = 0;
+  /* Handle what arrived since the last call first (a lost connection, a
+   * sentinel's +switch-master), so this call goes where it should. */
+  uv_run(&s->loop, UV_RUN_NOWAIT);
   if (s->conn > 0)
     return 0;
   s->tick.data = &expired;

@@ -469,3 +469,21 @@ int sxt_redis_wait_master(const sxt_redis *s, int port, int timeout_ms) {
           s->port, port, timeout_ms);
   return -1;
 }
+
+int sxt_redis_wait_role(const sxt_redis *r, const char *role, int timeout_ms) {
+  long long deadline = now_ms() + timeout_ms;
+  while (now_ms() < deadline) {
+    redisReply *rep = sxt_redis_command(r, "ROLE");
+    int ok = rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+             rep->element[0]->type == REDIS_REPLY_STRING &&
+             strcmp(rep->element[0]->str, role) == 0;
+    if (rep)
+      freeReplyObject(rep);
+    if (ok)
+      return 0;
+    sleep_ms(100);
+  }
+  fprintf(stderr, "redis harness: port %d did not become %s in %d ms\n", r->port, role,
+          timeout_ms);
+  return -1;
+}

@@ -93,6 +93,9 @@ int sxt_redis_wait_replicas(const sxt_redis *sentinel, int n, int timeout_ms);
 /* Wait until the sentinel names port as its master's port. */
 int sxt_redis_wait_master(const sxt_redis *sentinel, int port, int timeout_ms);
 
+/* Wait until the server's ROLE is role ("master", "slave"). */
+int sxt_redis_wait_role(const sxt_redis *r, const char *role, int timeout_ms);
+
 /* A free TCP port on 127.0.0.1 (bound and released). */
 int sxt_free_port(void);
 
