@@ -124,6 +124,15 @@ void sx__redis_scrub(char *dst, size_t size, const char *src, size_t len,
 /* True when r is an error reply starting with prefix (e.g. "NOSCRIPT"). */
 int sx__redis_is_error(const redisReply *r, const char *prefix);
 
+/* Element i of an array reply if it is a string of at most max bytes,
+ * else NULL. */
+const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max);
+
+/* The SX_E* code for an error reply: WRONGTYPE -> SX_EDECODE (not our
+ * value), NOAUTH/WRONGPASS/NOPERM -> SX_EAUTH, READONLY/MASTERDOWN/LOADING/
+ * TRYAGAIN/BUSY -> SX_EUNREACH, anything else SX_ESTORE. */
+int sx__redis_map_error(const redisReply *r);
+
 /* redis_sentinel.c -------------------------------------------------------- */
 
 /* Ask the sentinels for the master; on success sets rb->host/port and calls
@@ -135,8 +144,22 @@ void sx__redis_sentinel_close(redis_backend *rb);
 /* The sentinel being asked did not answer within connect_timeout_ms. */
 void sx__redis_sres_timeout(redis_backend *rb);
 
-/* backend_redis.c --------------------------------------------------------- */
+/* backend_redis.c (ops) --------------------------------------------------- */
 
+/* Send the ops that waited for the session, oldest first. */
+void sx__redis_flush_queued(redis_backend *rb);
+/* Fail every pending op with status and msg (their callbacks run here). */
+void sx__redis_fail_all(redis_backend *rb, int status, const char *msg);
+
+/* redis_session.c ---------------------------------------------------------- */
+
+int sx__redis_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *hooks,
+                   sx_backend **out);
+void sx__redis_close(sx_backend *b);
+int sx__redis_watch(sx_backend *b);
+/* The data or pub/sub context ac died under a callback (hiredis is freeing
+ * it): forget it and fail the session. */
+void sx__redis_lost(redis_backend *rb, redisAsyncContext *ac);
 void sx__redis_master_resolved(redis_backend *rb);
 /* (Re)start the timer behind connect deadlines and backoff waits. */
 void sx__redis_arm_conn_timer(redis_backend *rb, uint64_t ms);

@@ -175,3 +175,25 @@ int sx__redis_is_error(const redisReply *r, const char *prefix) {
   return r != NULL && r->type == REDIS_REPLY_ERROR && r->len >= n &&
          memcmp(r->str, prefix, n) == 0;
 }
+
+int sx__redis_map_error(const redisReply *r) {
+  if (sx__redis_is_error(r, "WRONGTYPE"))
+    return SX_EDECODE;
+  if (sx__redis_is_error(r, "NOAUTH") || sx__redis_is_error(r, "WRONGPASS") ||
+      sx__redis_is_error(r, "NOPERM"))
+    return SX_EAUTH;
+  if (sx__redis_is_error(r, "READONLY") || sx__redis_is_error(r, "MASTERDOWN") ||
+      sx__redis_is_error(r, "LOADING") || sx__redis_is_error(r, "TRYAGAIN") ||
+      sx__redis_is_error(r, "BUSY"))
+    return SX_EUNREACH;
+  return SX_ESTORE;
+}
+
+const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max) {
+  if (i >= r->elements)
+    return NULL;
+  const redisReply *e = r->element[i];
+  if ((e->type != REDIS_REPLY_STRING && e->type != REDIS_REPLY_STATUS) || e->len > max)
+    return NULL;
+  return e->str;
+}
