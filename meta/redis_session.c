@@ -206,6 +206,15 @@ static void hs_cb(redisAsyncContext *ac, void *reply, void *priv) {
     sx__redis_lost(rb, ac);
     return;
   }
+  if (r->type == REDIS_REPLY_ERROR && step >= HS_SCRIPT && !sx__redis_is_error(r, "NOAUTH")) {
+    /* Script loading is an optimisation: a read-only ACL user may not load
+     * scripts, and a server may restrict them.  Ops then send the script body
+     * (EVAL), which fails by itself where scripts are not allowed. */
+    rb->script_sha[step - HS_SCRIPT][0] = '\0';
+    if (--rb->hs_left == 0)
+      maybe_ready(rb);
+    return;
+  }
   if (r->type == REDIS_REPLY_ERROR) {
     if (step == HS_AUTH || sx__redis_map_error(r) == SX_EAUTH) {
       auth_fail(rb, r);
