@@ -28,7 +28,10 @@ typedef struct sx_backend_hooks {
   void (*on_event)(void *arg, const sx_event *ev);
   /* The connection came up (up=1: first connect, or back after an outage; an
    * agent then renews at once, which republishes if the store lost its
-   * data) or went down (up=0, err says why). */
+   * data) or went down (up=0, err says why).  A down is reported once per
+   * outage (the first failed attempt after open counts), not for every
+   * failed reconnect.  While watching, "up" includes the event
+   * subscription, so events may have been missed before an up=1. */
   void (*on_conn)(void *arg, int up, int err, const char *msg);
   void *arg;
 } sx_backend_hooks;

@@ -440,6 +440,16 @@ static void test_store_corrupt_value(void **state) {
   freeReplyObject(r);
   r = redisCommand(c, "SET sx:corrupt:seg:{str/0} just-a-string");
   freeReplyObject(r);
+  /* A value over the 1 MiB descriptor limit is refused, not decoded. */
+  size_t big = SX_MAX_DESC_BYTES + 4096;
+  char *huge = calloc(1, big);
+  assert_non_null(huge);
+  r = redisCommand(c, "HSET sx:corrupt:seg:{huge/0} d %b", huge, big);
+  assert_non_null(r);
+  freeReplyObject(r);
+  free(huge);
+  r = redisCommand(c, "ZADD sx:corrupt:index 99999999999999 huge/0");
+  freeReplyObject(r);
   r = redisCommand(c, "ZADD sx:corrupt:index 99999999999999 bad/0 99999999999999 str/0 "
                       "99999999999999 gone/0 99999999999999 %s", "bad name!");
   freeReplyObject(r);
@@ -452,24 +462,29 @@ static void test_store_corrupt_value(void **state) {
   assert_non_null(strstr(sx_errmsg(), "bad/0"));
   sxt_rc(sx_store_get(s, "str/0", &got, NULL), SX_EDECODE);
   assert_non_null(strstr(sx_errmsg(), "not a segment"));
+  sxt_rc(sx_store_get(s, "huge/0", &got, NULL), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "limit"));
 
   sx_store_entry *e;
   size_t n;
   sxt_ok(sx_store_list(s, &e, &n));
   /* gone/0 has no key and "bad name!" is no name: both left out. */
-  assert_int_equal(n, 3);
+  assert_int_equal(n, 4);
   assert_string_equal(e[0].name, "bad/0");
   assert_int_not_equal(e[0].status, 0);
   assert_non_null(strstr(e[0].message, "corrupt"));
   assert_string_equal(e[1].name, "good/0");
   assert_int_equal(e[1].status, 0);
   assert_int_equal(e[1].desc.n_regions, good.n_regions);
-  assert_string_equal(e[2].name, "str/0");
-  assert_int_equal(e[2].status, SX_EDECODE);
+  assert_string_equal(e[2].name, "huge/0");
+  assert_int_equal(e[2].status, SX_ELIMIT);
+  assert_string_equal(e[3].name, "str/0");
+  assert_int_equal(e[3].status, SX_EDECODE);
   sx_store_entries_free(e, n);
   /* An admin can remove corrupt entries. */
   sxt_ok(sx_store_remove(s, "str/0"));
   sxt_ok(sx_store_remove(s, "bad/0"));
+  sxt_ok(sx_store_remove(s, "huge/0"));
   sxt_ok(sx_store_list(s, &e, &n));
   assert_int_equal(n, 1);
   sx_store_entries_free(e, n);
@@ -507,39 +522,102 @@ static void test_store_auth_requirepass(void **state) {
   sxt_redis_stop(&r);
 }
 
-static void test_store_auth_acl_user(void **state) {
+/* The two ACL lines of the README, for namespace ns-a instead of prod. */
+static const char acl_agent[] =
+    "ACL SETUSER sx-agent-ns-a on >Acl-Pass-42 resetkeys ~sx:ns-a:* resetchannels "
+    "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role "
+    "+script|load +evalsha +eval +time +type +exists +hget +hmget +hset +del +pexpire "
+    "+pttl +sismember +sadd +publish +zadd +zrem +zrange +zremrangebyscore +subscribe "
+    "+psubscribe";
+static const char acl_reader[] =
+    "ACL SETUSER sx-reader-ns-a on >Reader-Pw-7 resetkeys %R~sx:ns-a:* resetchannels "
+    "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role +hmget "
+    "+pttl +zrange +subscribe +psubscribe";
+
+static void *interrupt_later(void *arg) {
+  sleep_ms(500);
+  sx_store_interrupt(arg);
+  return NULL;
+}
+
+static void test_store_auth_acl_users(void **state) {
   (void)state;
   NEED_REDIS();
   sxt_redis r;
-  /* The agent's user may touch only its namespace's keys and channel. */
-  sxt_redis_opts o = {.acl_user = "agent-a",
-                      .acl_pass = "Acl-Pass-42",
-                      .acl_rules = "~sx:ns-a:* &sx:ns-a:* resetchannels &sx:ns-a:* "
-                                   "&__keyspace@0__:sx:ns-a:* +@all"};
+  /* Also an ACL user given to the harness (its own option). */
+  sxt_redis_opts o = {.acl_user = "admin", .acl_pass = "Admin-Pw-1"};
   assert_int_equal(sxt_redis_start(&r, &o), 0);
+  redisContext *c = sxt_redis_connect(&r);
+  assert_non_null(c);
+  const char *lines[] = {acl_agent, acl_reader};
+  for (int i = 0; i < 2; i++) {
+    /* Word by word: the rules contain '%', which redisCommand would format. */
+    char buf[1024], *argv[64], *save = NULL;
+    int argc = 0;
+    snprintf(buf, sizeof(buf), "%s", lines[i]);
+    for (char *w = strtok_r(buf, " ", &save); w && argc < 64; w = strtok_r(NULL, " ", &save))
+      argv[argc++] = w;
+    redisReply *rep = redisCommandArgv(c, argc, (const char **)argv, NULL);
+    assert_non_null(rep);
+    if (rep->type == REDIS_REPLY_ERROR)
+      fail_msg("%s: %s", lines[i], rep->str);
+    freeReplyObject(rep);
+  }
+  redisFree(c);
   char url[256];
   sx_store *s;
-  sxt_redis_url(&r, url, sizeof(url), "namespace=ns-a");
-  sxt_ok(sx_store_open(url, &s));
   sx_desc d, got;
   desc_make(&d, "a/0", 0x11, 1, 30000);
+
+  /* The agent user: everything in its namespace. */
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:Acl-Pass-42@127.0.0.1:%d?namespace=ns-a",
+           r.port);
+  sxt_ok(sx_store_open(url, &s));
   sxt_ok(sx_store_publish(s, &d, 0));
+  sxt_ok(sx_store_renew(s, "a/0", d.incarnation, 30000));
   sxt_ok(sx_store_get(s, "a/0", &got, NULL));
   sx_desc_free(&got);
+  sx_store_entry *e;
+  size_t n;
+  sxt_ok(sx_store_list(s, &e, &n));
+  assert_int_equal(n, 1);
+  sx_store_entries_free(e, n);
   sx_store_close(s);
-  /* Another namespace is denied, with a clear error. */
-  sxt_redis_url(&r, url, sizeof(url), "namespace=ns-b");
+
+  /* ... and nothing in another namespace, with a clear error. */
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:Acl-Pass-42@127.0.0.1:%d?namespace=ns-b",
+           r.port);
   sxt_ok(sx_store_open(url, &s));
-  int rc = sx_store_publish(s, &d, 0);
-  assert_true(rc == SX_EAUTH || rc == SX_ESTORE);
-  fprintf(stderr, "publish outside the ACL: %s: %s\n", sx_err_name(rc), sx_errmsg());
+  sxt_rc(sx_store_publish(s, &d, 0), SX_EAUTH);
+  assert_non_null(strstr(sx_errmsg(), "NOPERM"));
   sx_store_close(s);
+
+  /* The reader: lists, gets and watches, but cannot write. */
+  snprintf(url, sizeof(url), "redis://sx-reader-ns-a:Reader-Pw-7@127.0.0.1:%d?namespace=ns-a",
+           r.port);
+  sxt_ok(sx_store_open(url, &s));
+  sxt_ok(sx_store_get(s, "a/0", &got, NULL));
+  sx_desc_free(&got);
+  sxt_ok(sx_store_list(s, &e, &n));
+  assert_int_equal(n, 1);
+  sx_store_entries_free(e, n);
+  d.generation = 2;
+  sxt_rc(sx_store_publish(s, &d, 0), SX_EAUTH);
+  sxt_rc(sx_store_remove(s, "a/0"), SX_EAUTH);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, interrupt_later, s), 0);
+  /* Subscribing is allowed: the watch runs until interrupted. */
+  sxt_rc(sx_store_watch(s, never, NULL), SX_ECANCELED);
+  pthread_join(th, NULL);
+  sx_store_close(s);
+
   /* The right user with a wrong password. */
-  snprintf(url, sizeof(url), "redis://agent-a:nope-nope@127.0.0.1:%d?namespace=ns-a",
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:nope-nope@127.0.0.1:%d?namespace=ns-a",
            r.port);
   sxt_rc(sx_store_open(url, &s), SX_EAUTH);
   assert_null(strstr(sx_errmsg(), "nope-nope"));
-  assert_non_null(strstr(sx_errmsg(), "'agent-a'"));
+  assert_non_null(strstr(sx_errmsg(), "'sx-agent-ns-a'"));
+  assert_non_null(strstr(sx_errmsg(), "sx-agent-ns-a:***@"));
   sx_desc_free(&d);
   sxt_redis_stop(&r);
 }
@@ -896,7 +974,7 @@ int main(void) {
       cmocka_unit_test(test_store_watch_interrupt),
       cmocka_unit_test(test_store_corrupt_value),
       cmocka_unit_test(test_store_auth_requirepass),
-      cmocka_unit_test(test_store_auth_acl_user),
+      cmocka_unit_test(test_store_auth_acl_users),
       cmocka_unit_test(test_store_unreachable),
       cmocka_unit_test(test_store_command_timeout),
       cmocka_unit_test(test_backend_republishes_after_store_restart),
