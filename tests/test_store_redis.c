@@ -914,11 +914,26 @@ static void test_store_sentinel_failover(void **state) {
   }
   assert_int_equal(sxt_redis_wait_replicas(&st, 1, 30000), 0);
   char url[256];
+  /* A plain URL that points at the replica: writes fail clearly. */
+  sxt_redis_url(&rp, url, sizeof(url), "namespace=sent");
+  sx_store *rs;
+  sxt_ok(sx_store_open(url, &rs));
+  sx_desc rd;
+  desc_make(&rd, "ro/0", 0x11, 1, 60000);
+  sxt_rc(sx_store_publish(rs, &rd, 0), SX_EUNREACH);
+  assert_non_null(strstr(sx_errmsg(), "read-only"));
+  sx_desc_free(&rd);
+  sx_store_close(rs);
   snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d,127.0.0.1:%d/mymaster"
            "?namespace=sent&timeout_ms=1000&connect_timeout_ms=1000",
            sxt_free_port(), st.port); /* the first sentinel is dead: skipped */
   sx_store *s;
   sxt_ok(sx_store_open(url, &s));
+  /* An idle async backend on the same URL: it must follow by itself. */
+  bk k;
+  bk_open(&k, url, "idle/0");
+  assert_true(bk_run(&k, &k.ups, 10000));
+  assert_int_equal(((redis_backend *)k.b)->port, m.port);
   sx_desc d, got;
   desc_make(&d, "s/0", 0x11, 1, 60000);
   sxt_ok(sx_store_publish(s, &d, 0));
@@ -936,6 +951,16 @@ static void test_store_sentinel_failover(void **state) {
    * a write to it may be acknowledged and then lost at its resync (Redis
    * Sentinel's known window).  Check where writes land once it is demoted. */
   assert_int_equal(sxt_redis_wait_role(&m, "slave", 30000), 0);
+  /* The idle backend went down and came back up on the new master without
+   * issuing a command (+switch-master, or the old master dropping it). */
+  uint64_t t1 = sx__mono_ms();
+  while (sx__mono_ms() - t1 < 20000 &&
+         !(k.ups >= 2 && ((redis_backend *)k.b)->state == RB_READY &&
+           ((redis_backend *)k.b)->port == rp.port))
+    uv_run(&k.loop, UV_RUN_ONCE);
+  assert_int_equal(((redis_backend *)k.b)->port, rp.port);
+  assert_true(k.downs >= 1 && k.ups >= 2);
+  bk_close(&k);
   uint64_t t0 = sx__mono_ms();
   int rc = -1;
   while (sx__mono_ms() - t0 < 30000) {
