@@ -195,9 +195,7 @@ static void get_cb(void *arg, const sx_backend_reply *rep) {
   if (rep->status != 0)
     return;
   w->lease.ttl_ms = rep->ttl_ms;
-  w->lease.renewed_ago_ms = rep->holder_age_ms > 0 || rep->ttl_ms >= 0
-                                ? (int64_t)rep->holder_age_ms
-                                : -1;
+  w->lease.renewed_ago_ms = rep->ttl_ms >= 0 ? (int64_t)rep->holder_age_ms : -1;
   w->status = decode(w->name, rep->value, rep->len, &w->desc, w->message,
                      sizeof(w->message));
   w->have_desc = w->status == 0;
@@ -207,6 +205,9 @@ int sx_store_get(sx_store *s, const char *name, sx_desc *desc, sx_store_lease *l
   wait_op w = {.s = s, .name = name};
   if (s == NULL || name == NULL || desc == NULL)
     return sx__err(SX_EINVAL, "sx_store_get: NULL argument");
+  /* Every backend gets the same name rules, whatever it checks itself. */
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -288,6 +289,8 @@ int sx_store_remove(sx_store *s, const char *name) {
   wait_op w = {.s = s};
   if (s == NULL || name == NULL)
     return sx__err(SX_EINVAL, "sx_store_remove: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -310,6 +313,8 @@ int sx_store_publish_raw(sx_store *s, const char *name,
       .lease_ms = lease_ms ? lease_ms : 5000,
       .takeover = (flags & SX_STORE_TAKEOVER) != 0,
   };
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -335,6 +340,8 @@ int sx_store_renew(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_renew: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -347,6 +354,8 @@ int sx_store_unpublish(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_unpublish: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
