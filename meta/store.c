@@ -3,7 +3,7 @@
  * backend driven on a private libuv loop until each op's callback has run.
  * There is no second store implementation here, only waiting and decoding.
  */
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,9 @@ struct sx_store {
   char url[600];
   int conn;          /* 0 connecting, 1 up, < 0 down with this code */
   char conn_msg[512];
-  volatile sig_atomic_t interrupted;
+  /* Set by sx_store_interrupt() from a signal handler or another thread;
+   * lock-free atomics are safe in both. */
+  atomic_int interrupted;
   sx_store_watch_cb wcb;
   void *warg;
   int wstop;
@@ -373,19 +375,18 @@ int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   s->wcb = cb;
   s->warg = arg;
   s->wstop = 0;
-  while (!s->wstop && !s->interrupted && s->conn >= 0)
+  while (!s->wstop && !atomic_load(&s->interrupted) && s->conn >= 0)
     uv_run(&s->loop, UV_RUN_ONCE);
   s->wcb = NULL;
   if (s->wstop)
     return 0;
-  if (s->interrupted) {
-    s->interrupted = 0;
+  if (atomic_exchange(&s->interrupted, 0)) {
     return sx__err(SX_ECANCELED, "watch interrupted");
   }
   return sx__err(s->conn, "watch ended: %s", s->conn_msg);
 }
 
 void sx_store_interrupt(sx_store *s) {
-  s->interrupted = 1;
+  atomic_store(&s->interrupted, 1);
   uv_async_send(&s->wake);
 }

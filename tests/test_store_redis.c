@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,7 +335,7 @@ static int collect(void *arg, const sx_event *ev) {
 
 typedef struct actor {
   sx_store *watcher;
-  int done;
+  atomic_int done;
   int rc;
 } actor;
 
@@ -360,9 +361,9 @@ static void *actor_main(void *arg) {
     sx_desc_free(&d);
     sx_store_close(s);
   }
-  for (int i = 0; i < 100 && !a->done; i++)
+  for (int i = 0; i < 100 && !atomic_load(&a->done); i++)
     sleep_ms(100);
-  if (!a->done)
+  if (!atomic_load(&a->done))
     sx_store_interrupt(a->watcher);
   return NULL;
 }
@@ -377,7 +378,7 @@ static void test_store_watch_put_delete_expired(void **state) {
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, actor_main, &a), 0);
   int rc = sx_store_watch(s, collect, &log);
-  a.done = 1;
+  atomic_store(&a.done, 1);
   pthread_join(th, NULL);
   sxt_ok(a.rc);
   sxt_ok(rc); /* ended by the callback on the expiry, not by the interrupt */
@@ -418,6 +419,59 @@ static void test_store_watch_interrupt(void **state) {
   sxt_rc(sx_store_watch(s, never, NULL), SX_ECANCELED);
   pthread_join(th, NULL);
   assert_true(sx__mono_ms() - t0 < 5000);
+  sx_store_close(s);
+}
+
+
+static int until_expired(void *arg, const sx_event *ev) {
+  return ev->kind == SX_EVENT_EXPIRED && strcmp(ev->name, (const char *)arg) == 0;
+}
+
+/* Interrupt a watch that has not ended by itself within 10 s. */
+typedef struct watchdog {
+  sx_store *s;
+  atomic_int done;
+} watchdog;
+
+static void *watchdog_main(void *arg) {
+  watchdog *w = arg;
+  for (int i = 0; i < 100 && !atomic_load(&w->done); i++)
+    sleep_ms(100);
+  if (!atomic_load(&w->done))
+    sx_store_interrupt(w->s);
+  return NULL;
+}
+
+static void test_store_select_db(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char url[256];
+  sx_store *s;
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d/3?namespace=dbt", main_redis.port);
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  desc_make(&d, "d/0", 0x11, 1, 1000);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  redisContext *c = sxt_redis_connect(&main_redis);
+  assert_non_null(c);
+  redisReply *r = redisCommand(c, "EXISTS sx:dbt:seg:{d/0}");
+  assert_int_equal(r->integer, 0); /* not in db 0 */
+  freeReplyObject(r);
+  r = redisCommand(c, "SELECT 3");
+  freeReplyObject(r);
+  r = redisCommand(c, "EXISTS sx:dbt:seg:{d/0}");
+  assert_int_equal(r->integer, 1);
+  freeReplyObject(r);
+  redisFree(c);
+  /* Expiry events come from db 3's keyspace channel. */
+  watchdog w = {.s = s};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, watchdog_main, &w), 0);
+  int rc = sx_store_watch(s, until_expired, (void *)"d/0");
+  atomic_store(&w.done, 1);
+  pthread_join(th, NULL);
+  sxt_ok(rc);
+  sx_desc_free(&d);
   sx_store_close(s);
 }
 
@@ -997,6 +1051,7 @@ int main(void) {
       cmocka_unit_test(test_store_lease_expires_after_sigkill),
       cmocka_unit_test(test_store_watch_put_delete_expired),
       cmocka_unit_test(test_store_watch_interrupt),
+      cmocka_unit_test(test_store_select_db),
       cmocka_unit_test(test_store_corrupt_value),
       cmocka_unit_test(test_store_auth_requirepass),
       cmocka_unit_test(test_store_auth_acl_users),
