@@ -367,9 +367,10 @@ int sx_store_unpublish(sx_store *s, const char *name,
 int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   if (s == NULL || cb == NULL)
     return sx__err(SX_EINVAL, "sx_store_watch: NULL argument");
-  if (s->conn < 0)
-    return sx__err(s->conn, "%s", s->conn_msg);
-  int rc = sx__backend_watch(s->b);
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
+  rc = sx__backend_watch(s->b);
   if (rc != 0)
     return rc;
   s->wcb = cb;
@@ -380,9 +381,8 @@ int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   s->wcb = NULL;
   if (s->wstop)
     return 0;
-  if (atomic_exchange(&s->interrupted, 0)) {
+  if (atomic_exchange(&s->interrupted, 0))
     return sx__err(SX_ECANCELED, "watch interrupted");
-  }
   return sx__err(s->conn, "watch ended: %s", s->conn_msg);
 }
 
