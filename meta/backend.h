@@ -28,7 +28,10 @@ typedef struct sx_backend_hooks {
   void (*on_event)(void *arg, const sx_event *ev);
   /* The connection came up (up=1: first connect, or back after an outage; an
    * agent then renews at once, which republishes if the store lost its
-   * data) or went down (up=0, err says why). */
+   * data) or went down (up=0, err says why).  A down is reported once per
+   * outage (the first failed attempt after open counts), not for every
+   * failed reconnect.  While watching, "up" includes the event
+   * subscription, so events may have been missed before an up=1. */
   void (*on_conn)(void *arg, int up, int err, const char *msg);
   void *arg;
 } sx_backend_hooks;
@@ -45,9 +48,14 @@ typedef struct sx_publish_req {
 
 typedef struct sx_backend_item {
   const char *name;
-  const uint8_t *value; /* NULL if the segment vanished while listing */
+  const uint8_t *value; /* NULL if the segment vanished while listing, or
+                         * when status != 0 */
   size_t len;
   int64_t ttl_ms;       /* lease left, -1 if unknown */
+  /* 0, or why this one entry is unusable while the listing goes on: e.g.
+   * SX_EDECODE when the key holds something that is not a segment,
+   * SX_ELIMIT when the value is oversized. */
+  int status;
 } sx_backend_item;
 
 typedef struct sx_backend_reply {
@@ -59,7 +67,9 @@ typedef struct sx_backend_reply {
   int64_t ttl_ms;
   /* publish failing with SX_EHELD: who holds the name. */
   uint8_t holder[SX_INCARNATION_LEN];
-  uint64_t holder_age_ms; /* since the holder last published or renewed */
+  /* Since the holder last published or renewed.  Also filled by a
+   * successful get (0 when the backend cannot tell). */
+  uint64_t holder_age_ms;
   int64_t holder_ttl_ms;  /* its lease left */
   /* list: */
   const sx_backend_item *items;
@@ -114,6 +124,7 @@ int sx__backend_open(uv_loop_t *loop, const char *url, const sx_backend_hooks *h
                      sx_backend **out);
 
 extern const sx_backend_ops sx__backend_mem_ops;
+extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
 
 /* Dispatchers: a missing slot returns SX_ENOTSUP. */
 #define SX__BACKEND_CALL(b, op, ...)                                           \
