@@ -76,7 +76,7 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_cache
+UNIT_TESTS  := test_errors test_codec test_layout test_cache test_planner test_frame
 INTEG_TESTS :=
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
