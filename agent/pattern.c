@@ -22,6 +22,15 @@ static uint64_t word(uint64_t key, uint64_t k) {
   return splitmix64(key + k * 0x9E3779B97F4A7C15ull);
 }
 
+/* The word as it lies in memory: the pattern is little-endian. */
+static uint64_t le64(uint64_t w) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  return __builtin_bswap64(w);
+#else
+  return w;
+#endif
+}
+
 static uint8_t byte_at(uint64_t key, uint64_t o) {
   return (uint8_t)(word(key, o / 8) >> (8 * (o % 8)));
 }
@@ -33,9 +42,8 @@ void sx__pattern_fill(void *dst, uint64_t len, uint64_t seed, uint32_t region,
   for (; o < end && (o % 8) != 0; o++)
     *p++ = byte_at(key, o);
   for (; o + 8 <= end; o += 8, p += 8) {
-    uint64_t w = word(key, o / 8);
-    for (int i = 0; i < 8; i++)
-      p[i] = (uint8_t)(w >> (8 * i));
+    uint64_t w = le64(word(key, o / 8));
+    memcpy(p, &w, 8);
   }
   for (; o < end; o++)
     *p++ = byte_at(key, o);
@@ -48,11 +56,9 @@ int sx__pattern_check(const void *src, uint64_t len, uint64_t seed, uint32_t reg
   uint64_t o = offset, end = offset + len;
   for (; o < end; o++) {
     if ((o % 8) == 0 && o + 8 <= end) {
-      uint64_t w = word(key, o / 8);
-      uint8_t b[8];
-      for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(w >> (8 * i));
-      if (memcmp(b, p + (o - offset), 8) == 0) {
+      uint64_t w = le64(word(key, o / 8)), got;
+      memcpy(&got, p + (o - offset), 8);
+      if (w == got) {
         o += 7;
         continue;
       }
