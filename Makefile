@@ -80,7 +80,7 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_planner test_frame \
                test_cache test_agent
-INTEG_TESTS := test_store_redis test_sxctl
+INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
