@@ -114,12 +114,15 @@ test: deps
 check: all $(TEST_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@mkdir -p $(BUILD)/test-logs
+	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
+	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
+	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	@echo "make run: the live demo needs the agent (issue 4), which has not landed yet."
-	@echo "make run: built so far: $(STATIC), $(BUILD)/lib/libsegxfer.so"
+	@agent/demo/run-demo.sh "$(BUILD)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
