@@ -150,7 +150,8 @@ static void on_event(void *arg, const sx_event *ev) {
 static void on_conn(void *arg, int up, int err, const char *msg) {
   sx_agent *a = arg;
   pthread_mutex_lock(&a->lock);
-  if (!a->conn_seen) {
+  int first = !a->conn_seen;
+  if (first) {
     a->conn_seen = 1;
     a->conn_err = up ? 0 : (err ? err : SX_EUNREACH);
     snprintf(a->conn_msg, sizeof(a->conn_msg), "%s", msg ? msg : "");
@@ -170,8 +171,10 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
     a->store_down = 0;
   } else if (!a->store_down) {
     a->store_down = 1;
-    sx__log(a, SX_LOG_WARN, "metadata store connection lost: %s",
-            msg && *msg ? msg : sx_strerror(err));
+    /* A failure of the very first connect is sx_agent_create()'s error. */
+    if (!first)
+      sx__log(a, SX_LOG_WARN, "metadata store connection lost: %s",
+              msg && *msg ? msg : sx_strerror(err));
   }
   if (!a->shutting_down)
     sx__lease_on_conn(a, up, err, msg);
@@ -421,6 +424,28 @@ static int open_transports(sx_agent *a) {
   return 0;
 }
 
+/* Register the ping scratch bytes with every transport that registers
+ * memory; a failure only costs pings over that transport. */
+static void register_scratch(sx_agent *a) {
+  sx_region *r = &a->scratch.l.r;
+  r->id = UINT32_MAX; /* never published, never looked up by id */
+  r->layer_count = 1;
+  r->addr = (uint64_t)(uintptr_t)a->scratch_buf;
+  r->length = r->block_bytes = r->block_stride = sizeof(a->scratch_buf);
+  r->num_blocks = 1;
+  snprintf(r->location, sizeof(r->location), "cpu");
+  for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
+    sx_transport *t = a->tr[k];
+    if (t == NULL || t->ops->reg_mem == NULL)
+      continue;
+    if (t->ops->reg_mem(t, &a->scratch.l) == 0)
+      a->scratch_reg[k] = 1;
+    else
+      sx__log(a, SX_LOG_WARN, "%s: cannot register the ping buffer: %s", t->ops->name,
+              sx_errmsg());
+  }
+}
+
 static void close_transports(sx_agent *a) {
   for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
     sx_transport *t = a->tr[k];
@@ -431,6 +456,9 @@ static void close_transports(sx_agent *a) {
     for (uint32_t i = 0; lt && i < lt->n; i++)
       if (t->ops->dereg_mem)
         t->ops->dereg_mem(t, lt->v[i]);
+    if (a->scratch_reg[k] && t->ops->dereg_mem)
+      t->ops->dereg_mem(t, &a->scratch.l);
+    a->scratch_reg[k] = 0;
     t->ops->close(t);
     a->tr[k] = NULL;
   }
@@ -510,6 +538,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   if ((rc = sx__cache_create(&a->loop, a->backend, &cp, &a->cache)) != 0 ||
       (rc = open_transports(a)) != 0)
     goto out_loop;
+  register_scratch(a);
   if (uv_thread_create(&a->thread, loop_main, a)) {
     rc = sx__err(SX_EIO, "sx_agent_create: cannot start the agent thread");
     goto out_loop;
@@ -536,9 +565,13 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   if (!seen || err) {
     char red[512];
     sx__url_redact(&url, red, sizeof(red));
-    rc = !seen ? sx__err(SX_ETIMEDOUT, "metadata store %s did not answer within %u ms",
-                         red, wait_ms)
-               : sx__err(err, "metadata store %s: %s", red, msg[0] ? msg : sx_strerror(err));
+    if (!seen)
+      rc = sx__err(SX_ETIMEDOUT, "metadata store %s did not answer within %u ms", red,
+                   wait_ms);
+    else if (msg[0]) /* the backend's message names the store already */
+      rc = sx__err(err, "%s", msg);
+    else
+      rc = sx__err(err, "metadata store %s: %s", red, sx_strerror(err));
     char keep[1024];
     snprintf(keep, sizeof(keep), "%s", sx_errmsg());
     sx_agent_destroy(a);

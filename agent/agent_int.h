@@ -152,6 +152,8 @@ void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
 /* ------------------------------------------------------------ batches */
 
 void sx__batches_abort(sx_agent *a, int status);
+/* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
+int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
 
 /* ------------------------------------------------------------ the agent */
 
@@ -188,6 +190,12 @@ struct sx_agent {
   struct sx__unreg *unregs; /* waiting for reads to drain */
   uv_timer_t drain_timer;
   uv_timer_t stop_timer;  /* runs the last step of shutdown */
+
+  /* A few registered bytes outside the published table: the destination
+   * of pings, which RDMA needs in registered memory. */
+  sx__lreg scratch;
+  uint8_t scratch_buf[64];
+  int scratch_reg[SX__TRANSPORT_SLOTS];
 
   sx__lease lease;
   sx_agent_status status; /* lock */

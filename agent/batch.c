@@ -132,6 +132,15 @@ int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n) {
   return rc ? rc : sx__plan_add_ranges(&b->plan, r, n);
 }
 
+int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len) {
+  sx_agent *a = b->a;
+  if (len > sizeof(a->scratch_buf))
+    return sx__err(SX_ELIMIT, "at most %zu bytes into the scratch buffer",
+                   sizeof(a->scratch_buf));
+  int rc = check_new(b, "sx__batch_add_scratch");
+  return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
+}
+
 /* ------------------------------------------------------------ the end */
 
 static void batch_free(sx_batch *b) {

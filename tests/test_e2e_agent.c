@@ -482,6 +482,61 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   assert_int_equal(pool_stop(&p, SIGTERM), 0);
 }
 
+static int count_in_file(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  char line[1024];
+  int n = 0;
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
+static void test_e2e_reader_killed_during_a_batch(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 12, 0, 3000);
+  char exe[PATH_MAX + 16], log[256];
+  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
+  snprintf(log, sizeof(log), "%s/%s-victim.log", tmpdir, name);
+  const char *argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:20000",
+                        "--batch", "256", "--depth", "4", "--seed", "9", NULL};
+  pid_t victim = spawn(log, argv);
+  /* Kill it once its connections are up and reads are flowing. */
+  for (int i = 0; i < 500 && count_in_file(p.log, "connected from") == 0; i++)
+    sleep_ms(10);
+  sleep_ms(200);
+  kill(victim, SIGKILL);
+  assert_int_equal(reap(victim, 10000), 128 + SIGKILL);
+  /* The target notices every connection go and frees it, and keeps serving. */
+  for (int i = 0; i < 500 && count_in_file(p.log, "disconnected") <
+                                 count_in_file(p.log, "connected from");
+       i++)
+    sleep_ms(10);
+  assert_true(count_in_file(p.log, "connected from") >= 1);
+  assert_int_equal(count_in_file(p.log, "disconnected"),
+                   count_in_file(p.log, "connected from"));
+  rd r;
+  reader_start(&r, "e2e-reader-6");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e[20];
+  uint32_t rng = 21;
+  entries(e, 20, &rng);
+  assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
+  for (int i = 0; i < 20; i++)
+    assert_int_equal(verify(&r, seg, 12, &e[i]), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  /* A clean exit (and, in sanitizer builds, no leak report). */
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
 static void test_e2e_sigterm_unpublishes_at_once(void **state) {
   (void)state;
   NEED_REDIS();
@@ -551,6 +606,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_target_killed_during_a_batch),
       cmocka_unit_test(test_e2e_stopped_target_times_out_then_recovers),
       cmocka_unit_test(test_e2e_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_e2e_reader_killed_during_a_batch),
       cmocka_unit_test(test_e2e_sigterm_unpublishes_at_once),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
