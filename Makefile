@@ -78,8 +78,8 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_url test_planner test_frame \
-               test_cache test_agent
+UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
+               test_frame test_cache test_agent
 INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
