@@ -78,7 +78,7 @@ echo "\$ sxctl read $name --blocks random:400 --batch 50 --depth 2 --verify 42 -
   --fingerprint demo-llama/v1 --dtype bf16 --tag NHD
 
 step "5. a reader that expects another layout is refused before anything is read"
-echo "\$ sxctl read $name --blocks random:10 --dtype fp8_e4m3"
+echo "\$ sxctl read $name --blocks random:10 --fingerprint demo-llama/v1 --dtype fp8_e4m3"
 set +e
 "$bin/sxctl" read "$name" --blocks random:10 --fingerprint demo-llama/v1 --dtype fp8_e4m3
 rc=$?
