@@ -657,7 +657,8 @@ void sx_agent_destroy(sx_agent *a) {
   a->shutdown.embedded = 1;
   sx__call_post(a, &a->shutdown);
   uv_thread_join(&a->thread);
-  uv_loop_close(&a->loop);
+  if (uv_loop_close(&a->loop) != 0)
+    sx__log(a, SX_LOG_ERROR, "agent stopped with libuv handles still open (a bug)");
   sx__log(a, SX_LOG_INFO, "agent stopped");
   free_agent(a);
 }
