@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "agent_int.h"
 
 extern const sx_transport_ops *const sx__transports[];
@@ -50,8 +51,7 @@ static const char *level_name(sx_log_level l) {
   return "?";
 }
 
-/* The default sink: one line on stderr with a UTC timestamp and the level. */
-static void stderr_log(void *arg, sx_log_level level, const char *msg) {
+void sx__log_stderr(void *arg, sx_log_level level, const char *msg) {
   (void)arg;
   struct timespec ts;
   struct tm tm;
@@ -209,11 +209,8 @@ int sx_agent_descriptor(sx_agent *a, sx_desc *out) {
   dc->c.run = desc_run;
   dc->c.discard = desc_discard;
   int rc, err = sx__call_wait(a, &dc->c, SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(dc);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&dc->c, rc);
   if (rc == 0)
     *out = dc->d;
@@ -224,33 +221,6 @@ int sx_agent_descriptor(sx_agent *a, sx_desc *out) {
 }
 
 /* ------------------------------------------------------------ addresses */
-
-/* Split "host:port" or "[v6]:port" into host and port. */
-static int split_hostport(const char *s, char *host, size_t hsize, uint16_t *port) {
-  const char *colon;
-  if (s[0] == '[') {
-    const char *close = strchr(s, ']');
-    if (close == NULL || close[1] != ':')
-      return SX_EINVAL;
-    if ((size_t)(close - s - 1) >= hsize)
-      return SX_EINVAL;
-    memcpy(host, s + 1, (size_t)(close - s - 1));
-    host[close - s - 1] = '\0';
-    colon = close + 1;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL || (size_t)(colon - s) >= hsize)
-      return SX_EINVAL;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = '\0';
-  }
-  char *end;
-  unsigned long v = strtoul(colon + 1, &end, 10);
-  if (colon[1] == '\0' || *end != '\0' || v > 65535)
-    return SX_EINVAL;
-  *port = (uint16_t)v;
-  return 0;
-}
 
 /* The local address the kernel would use to reach host (a UDP connect
  * sends nothing); "" if it cannot tell. */
@@ -286,7 +256,7 @@ static int pick_addresses(sx_agent *a, const sx_agent_params *p, const sx_url *u
   if (listen == NULL && p->name != NULL)
     listen = "0.0.0.0:0";
   if (listen != NULL) {
-    if (split_hostport(listen, host, sizeof(host), &port))
+    if (sx__hostport_split(listen, host, sizeof(host), &port))
       return sx__err(SX_EINVAL, "listen address '%.64s' is not host:port", listen);
     if ((a->listen = strdup(listen)) == NULL)
       return sx__err(SX_ENOMEM, "sx_agent_create");
@@ -377,7 +347,7 @@ static int copy_params(sx_agent *a, const sx_agent_params *p) {
   if (a->p.cache_ttl_ms == 0)
     a->p.cache_ttl_ms = 5000;
   if (a->p.log == NULL)
-    a->p.log = stderr_log;
+    a->p.log = sx__log_stderr;
   return 0;
 }
 
@@ -547,13 +517,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   /* Wait for the store's first word: connected, or why not. */
   uint32_t wait_ms = url.connect_timeout_ms + CREATE_SLACK_MS;
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += wait_ms / 1000;
-  ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  sx__deadline(&ts, wait_ms);
   pthread_mutex_lock(&a->lock);
   while (!a->conn_seen)
     if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) != 0)

@@ -276,11 +276,8 @@ int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
     return rc;
   o->c.discard = open_discard;
   int err = sx__call_wait(a, &o->c, timeout_ms + SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(o);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&o->c, rc);
   if (rc == 0)
     *out = o->seg;

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "internal.h"
 #include "tcp_frame.h"
 #include "transport.h"
@@ -882,39 +883,6 @@ static void pump_cb(uv_idle_t *h) {
 
 /* ================================================================ ops */
 
-/* "host:port" or "[v6]:port" -> a socket address; 0 or -1. */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, char *host,
-                        size_t hsize) {
-  const char *hb = s, *colon;
-  size_t hlen;
-  if (s[0] == '[') {
-    colon = strstr(s, "]:");
-    if (colon == NULL)
-      return -1;
-    hb = s + 1;
-    hlen = (size_t)(colon - hb);
-    colon++;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL)
-      return -1;
-    hlen = (size_t)(colon - s);
-  }
-  if (hlen >= hsize)
-    return -1;
-  memcpy(host, hb, hlen);
-  host[hlen] = '\0';
-  char *end;
-  unsigned long port = strtoul(colon + 1, &end, 10);
-  if (colon[1] == '\0' || *end != '\0' || port > 65535)
-    return -1;
-  memset(ss, 0, sizeof(*ss));
-  if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss) != 0 &&
-      uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)ss) != 0)
-    return -1;
-  return 0;
-}
-
 static void tcp_close(sx_transport *base);
 
 static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
@@ -938,7 +906,7 @@ static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   char host[256];
   struct sockaddr_storage ss;
   int rc;
-  if (parse_listen(listen, &ss, host, sizeof(host)) != 0) {
+  if (sx__hostport_sockaddr(listen, &ss, host, sizeof(host)) != 0) {
     rc = sx__err(SX_EINVAL, "tcp: listen address '%.64s' is not IP:port", listen);
     tcp_close(&t->base); /* freed once the loop has closed its handles */
     return rc;

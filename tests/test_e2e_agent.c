@@ -173,20 +173,7 @@ static void reader_stop(rd *r) {
 
 /* Every block an entry brought equals the pool's pattern. */
 static int verify(const rd *r, const sx_segment *seg, uint64_t seed, const sx_block_read *e) {
-  const sx_desc *d = sx_segment_desc(seg);
-  for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++) {
-    for (uint32_t s = 0; s < N_SLOTS; s++) {
-      if (!(e->slots & (1ull << s)))
-        continue;
-      const sx_region *R = sx_desc_find(d, 0, l, s);
-      const uint8_t *local = r->mem[s] + (uint64_t)l * LOCAL_BLOCKS * BLOCK +
-                             e->local_block * BLOCK;
-      uint64_t off = (l - R->layer_first) * R->layer_stride + e->remote_block * R->block_stride;
-      if (sx__pattern_check(local, e->count * BLOCK, seed, R->id, off, NULL) != 0)
-        return -1;
-    }
-  }
-  return 0;
+  return sxt_verify(r->mem, LOCAL_BLOCKS, seg, seed, e);
 }
 
 /* n entries over non-overlapping local blocks, random remote blocks,
