@@ -546,6 +546,46 @@ static void test_e2e_sigterm_unpublishes_at_once(void **state) {
   assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
 }
 
+static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 5, 0, 1500); /* renews every 500 ms */
+  sxt_redis_kill(&redis, SIGKILL);
+  assert_int_equal(sxt_redis_restart(&redis), 0);
+  /* The restarted Redis is empty; the agent notices (reconnect, renew ->
+   * gone) and republishes the same incarnation with the next generation. */
+  uint64_t t0 = sx__mono_ms();
+  uint8_t inc[SX_INCARNATION_LEN];
+  while (stored_incarnation(name, inc) != 0 && sx__mono_ms() - t0 < 20000)
+    sleep_ms(50);
+  sxt_ok(stored_incarnation(name, inc));
+  assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN);
+  print_message("republished %lu ms after the restart\n",
+                (unsigned long)(sx__mono_ms() - t0));
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  sxt_ok(sx_store_get(s, name, &d, NULL));
+  assert_true(d.generation >= 2);
+  sx_desc_free(&d);
+  sx_store_close(s);
+  /* And it serves as before. */
+  rd r;
+  reader_start(&r, "e2e-reader-7");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e = {.layer_count = LAYERS, .slots = 7, .count = 8};
+  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 5, &e), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_true(count_in_file(p.log, "republishing") >= 1);
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -595,6 +635,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_restarted_target_is_stale_then_reopens),
       cmocka_unit_test(test_e2e_reader_killed_during_a_batch),
       cmocka_unit_test(test_e2e_sigterm_unpublishes_at_once),
+      cmocka_unit_test(test_e2e_store_restarted_empty_gets_the_segment_back),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
