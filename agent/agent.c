@@ -295,6 +295,9 @@ static int check_params(const sx_agent_params *p) {
                    p->lease_ms);
   if ((p->transports & SX_TRANSPORTS_ALL) == 0)
     return sx__err(SX_EINVAL, "transports allows neither TCP nor RDMA");
+  if (p->slice_bytes > (64u << 20))
+    return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
+                   "target serves)", p->slice_bytes);
   if (p->conns_per_peer > 64)
     return sx__err(SX_EINVAL, "conns_per_peer %u is above 64", p->conns_per_peer);
   if (p->n_labels > SX_MAX_LABELS || (p->n_labels && p->labels == NULL))
