@@ -46,7 +46,9 @@ TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 
 OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
-CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen
+# The RDMA transport is linked in when its source exists (agent/transports.c).
+HAVE_RDMA   := $(if $(wildcard agent/rdma.c),-DSX_HAVE_RDMA)
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
 ifneq ($(SANITIZE),)
@@ -76,8 +78,9 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_url test_store
-INTEG_TESTS := test_store_redis test_sxctl
+UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
+               test_frame test_cache test_agent
+INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
@@ -120,6 +123,10 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@mkdir -p $(BUILD)/test-logs
+	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
+	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
+	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 check-fuzz-corpus: $(FUZZ_BINS)
@@ -144,8 +151,7 @@ fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	@echo "make run: the live demo needs the agent (issue 4), which has not landed yet."
-	@echo "make run: built so far: $(STATIC), $(BUILD)/lib/libsegxfer.so"
+	@agent/demo/run-demo.sh "$(BUILD)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
@@ -164,6 +170,9 @@ $(GEN_C) $(GEN_H) &: $(PROTO)
 $(BUILD)/obj/%.o: %.c | $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# The transport list changes when agent/rdma.c appears.
+$(BUILD)/obj/agent/transports.o: $(wildcard agent/rdma.c)
 
 $(BUILD)/obj/gen/segxfer.pb-c.o: $(GEN_C) $(GEN_H)
 	@mkdir -p $(dir $@)

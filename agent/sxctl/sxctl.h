@@ -13,7 +13,7 @@
 
 #include "segxfer.h"
 
-#define SXCTL_COMMANDS(X) X(ls) X(show) X(check) X(watch) X(rm)
+#define SXCTL_COMMANDS(X) X(ls) X(show) X(check) X(watch) X(rm) X(read) X(ping)
 
 /* Exit codes, the same for every command. */
 enum {
