@@ -42,11 +42,16 @@ for attempt in $(seq 20); do
     --notify-keyspace-events Kx --dir "$work" --logfile "$work/redis.log" &
   redis_pid=$!
   for _ in $(seq 50); do
-    if redis-cli -p "$port" ping 2>/dev/null | grep -q PONG; then break 2; fi
+    # Ours answers with our pid: a PONG from another server that already held
+    # the port (ours then failed to bind and exited) does not count.
+    if redis-cli -p "$port" info server 2>/dev/null | grep -q "^process_id:$redis_pid"; then
+      break 2
+    fi
     kill -0 "$redis_pid" 2>/dev/null || break
     sleep 0.1
   done
-  kill "$redis_pid" 2>/dev/null; wait "$redis_pid" 2>/dev/null || true
+  kill "$redis_pid" 2>/dev/null || true
+  wait "$redis_pid" 2>/dev/null || true
   redis_pid=
 done
 [ -n "$redis_pid" ] || { echo "run-demo: could not start redis-server" >&2; exit 1; }
