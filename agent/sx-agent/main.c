@@ -62,7 +62,7 @@ static const char usage_text[] =
     "  --layout FILE          JSON layout file (see the README; `sxctl show --json`\n"
     "                         output is one); --dtype, --fingerprint, --tag override\n"
     "\n"
-    "The fill pattern: byte o of region r is byte (o %% 8) of\n"
+    "The fill pattern: byte o of region r is byte (o % 8) of\n"
     "splitmix64((SEED ^ r*0xD1B54A32D192ED03) + (o/8)*0x9E3779B97F4A7C15), little-endian.\n"
     "\n"
     "exit status: 0 after SIGTERM/SIGINT, 1 the name is held or refused, 2 usage,\n"
