@@ -77,7 +77,7 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout
-INTEG_TESTS :=
+INTEG_TESTS := test_store_etcd
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
