@@ -5,16 +5,16 @@
  * Key layout: see etcd.h.  Every op is a short chain of HTTP requests, each
  * step a callback of the previous one:
  *
- *   publish    txn(read own + my fence) -> [timetolive of the holder: HELD]
+ *   publish    sx__etcd_txn(read own + my fence) -> [timetolive of the holder: HELD]
  *              -> [grant a 24 h fence lease, on takeover] -> grant lease L
- *              -> txn(if own unchanged and I am not fenced: put seg, own
+ *              -> sx__etcd_txn(if own unchanged and I am not fenced: put seg, own
  *                 [, fence the holder]; else read again) -> revoke the old L
- *   renew      txn(read own + my fence) -> lease keepalive of own's lease
- *   unpublish  txn(read) -> txn(if unchanged: tombstone, delete seg, own)
+ *   renew      sx__etcd_txn(read own + my fence) -> lease keepalive of own's lease
+ *   unpublish  sx__etcd_txn(read) -> sx__etcd_txn(if unchanged: tombstone, delete seg, own)
  *              -> revoke L
  *   get        range seg/NAME -> timetolive (lease left)
  *   list       range over seg/ -> timetolive of each lease (8 at a time)
- *   remove     txn(read own + seg) -> [grant fence lease] -> txn(if
+ *   remove     sx__etcd_txn(read own + seg) -> [grant fence lease] -> sx__etcd_txn(if
  *              unchanged: tombstone, delete, fence the holder) -> revoke L
  *
  * The fenced writes are optimistic transactions: the first step reads the
@@ -29,7 +29,6 @@
  * The lease length is fixed at publish: etcd cannot change a lease's TTL, so
  * renew keeps the length the segment was published with.
  */
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,147 +91,6 @@ static void key_of(const sx__etcd_backend *eb, char *buf, const char *kind,
            suffix ? "/" : "", suffix ? suffix : "");
 }
 
-/* Chainable JSON builders: any NULL (out of memory) makes the result NULL
- * and frees everything built so far. */
-static json_t *jkv(json_t *o, const char *k, json_t *v) {
-  if (o == NULL) {
-    json_decref(v);
-    return NULL;
-  }
-  if (v == NULL || json_object_set_new(o, k, v) != 0) {
-    json_decref(o);
-    return NULL;
-  }
-  return o;
-}
-
-static json_t *japp(json_t *a, json_t *v) {
-  if (a == NULL) {
-    json_decref(v);
-    return NULL;
-  }
-  if (v == NULL || json_array_append_new(a, v) != 0) {
-    json_decref(a);
-    return NULL;
-  }
-  return a;
-}
-
-static json_t *jkey(const char *key) { return sx__etcd_b64(key, strlen(key)); }
-
-static json_t *op_range(const char *key, const char *end, int keys_only) {
-  json_t *r = jkv(json_object(), "key", jkey(key));
-  if (end)
-    r = jkv(r, "range_end", jkey(end));
-  if (keys_only)
-    r = jkv(r, "keys_only", json_true());
-  return jkv(json_object(), "request_range", r);
-}
-
-static json_t *op_put(const char *key, const void *val, size_t len, int64_t lease) {
-  json_t *p = jkv(json_object(), "key", jkey(key));
-  p = jkv(p, "value", sx__etcd_b64(val, len));
-  if (lease != 0)
-    p = jkv(p, "lease", sx__etcd_i64_json(lease));
-  return jkv(json_object(), "request_put", p);
-}
-
-static json_t *op_delete(const char *key) {
-  return jkv(json_object(), "request_delete_range", jkv(json_object(), "key", jkey(key)));
-}
-
-/* Compare a key's mod_revision ("MOD") or create_revision ("CREATE"); 0
- * stands for "the key does not exist". */
-static json_t *cmp_rev(const char *target, const char *key, int64_t rev) {
-  json_t *c = jkv(json_object(), "target", json_string(target));
-  c = jkv(c, "key", jkey(key));
-  c = jkv(c, "result", json_string("EQUAL"));
-  return jkv(c, strcmp(target, "MOD") == 0 ? "mod_revision" : "create_revision",
-             sx__etcd_i64_json(rev));
-}
-
-static json_t *txn(json_t *compare, json_t *success, json_t *failure) {
-  json_t *t = json_object();
-  if (compare)
-    t = jkv(t, "compare", compare);
-  t = jkv(t, "success", success);
-  if (failure)
-    t = jkv(t, "failure", failure);
-  return t;
-}
-
-static json_t *lease_req(const char *field, int64_t v) {
-  return jkv(json_object(), field, sx__etcd_i64_json(v));
-}
-
-/* The i-th response of a txn answer, a response_range: its first kv (if
- * any) into *kv and *found.  0 or SX_EPROTO with a message in err. */
-static int txn_kv(const json_t *body, size_t i, sx__etcd_kv *kv, int *found, char *err,
-                  size_t err_size) {
-  const json_t *rs = json_object_get(body, "responses");
-  const json_t *r = json_object_get(json_array_get(rs, i), "response_range");
-  *found = 0;
-  if (!json_is_object(r)) {
-    sx__etcd_say(err, err_size, "transaction answer %zu is not a range answer", i);
-    return SX_EPROTO;
-  }
-  const json_t *kvs = json_object_get(r, "kvs");
-  if (kvs == NULL || json_array_size(kvs) == 0) {
-    if (kvs != NULL && !json_is_array(kvs)) {
-      sx__etcd_say(err, err_size, "range answer: kvs is not an array");
-      return SX_EPROTO;
-    }
-    return 0;
-  }
-  int rc = sx__etcd_kv_parse(json_array_get(kvs, 0), kv, err, err_size);
-  *found = rc == 0;
-  return rc;
-}
-
-static int txn_succeeded(const json_t *body) {
-  return json_is_true(json_object_get(body, "succeeded"));
-}
-
-int sx__etcd_owner_parse(const uint8_t *v, size_t len, sx__etcd_owner *o) {
-  sx__etcd_owner r;
-  memset(&r, 0, sizeof(r));
-  json_t *j = json_loadb((const char *)v, len, 0, NULL);
-  const json_t *inc = json_object_get(j, "inc");
-  int64_t pub = 0, ttl = 0;
-  int ok = json_is_object(j) && json_is_string(inc) &&
-           json_string_length(inc) == 2 * SX_INCARNATION_LEN &&
-           sx_unhex(json_string_value(inc), r.inc, SX_INCARNATION_LEN) == 0 &&
-           json_is_string(json_object_get(j, "gen")) &&
-           sx__etcd_i64(j, "pub", &pub) == 0 && sx__etcd_i64(j, "ttl", &ttl) == 0;
-  if (ok) {
-    /* Generations are uint64: parse the string ourselves. */
-    const char *g = json_string_value(json_object_get(j, "gen"));
-    char *end;
-    errno = 0;
-    unsigned long long u = strtoull(g, &end, 10);
-    ok = *g >= '0' && *g <= '9' && *end == '\0' && errno == 0;
-    r.gen = u;
-  }
-  json_decref(j);
-  if (!ok)
-    return SX_EDECODE;
-  r.pub_ms = pub > 0 ? (uint64_t)pub : 0;
-  r.ttl_s = ttl;
-  *o = r;
-  return 0;
-}
-
-static int owner_text(char *buf, size_t size, const uint8_t *inc, uint64_t gen,
-                      int64_t ttl_s, const char *why) {
-  char hex[2 * SX_INCARNATION_LEN + 1];
-  sx_hex(inc, SX_INCARNATION_LEN, hex);
-  return snprintf(buf, size,
-                  "{\"v\":1,\"inc\":\"%s\",\"gen\":\"%llu\",\"pub\":%llu,\"ttl\":%lld%s%s%s}",
-                  hex, (unsigned long long)gen, (unsigned long long)sx__wall_ms(),
-                  (long long)ttl_s, why ? ",\"why\":\"" : "", why ? why : "",
-                  why ? "\"" : "");
-}
-
 /* ---------------------------------------------------------------- ops */
 
 static void op_free(sx__etcd_op *o) {
@@ -273,7 +131,7 @@ static void detached_done(void *arg, int status, json_t *body, const char *msg) 
 static void revoke_detached(sx__etcd_backend *eb, int64_t lease) {
   if (lease == 0 || eb->closing)
     return;
-  json_t *req = lease_req("ID", lease);
+  json_t *req = sx__etcd_id_req("ID", lease);
   if (req != NULL)
     sx__etcd_post(eb->http, "/v3/lease/revoke", req, detached_done, eb, NULL);
   json_decref(req);
@@ -385,8 +243,8 @@ static json_t *read_ops(sx__etcd_op *o, int with_seg) {
     key_of(o->eb, other, "seg", o->name, NULL);
   else
     key_of(o->eb, other, "fence", o->name, o->inc_hex);
-  json_t *a = japp(json_array(), op_range(own, NULL, 0));
-  return japp(a, op_range(other, NULL, with_seg));
+  json_t *a = sx__etcd_japp(json_array(), sx__etcd_range(own, NULL, 0));
+  return sx__etcd_japp(a, sx__etcd_range(other, NULL, with_seg));
 }
 
 /* Judge a read (first step, or a failed transaction's failure branch) of
@@ -402,9 +260,9 @@ static int read_seen(sx__etcd_op *o, const json_t *body, seen *s) {
   char err[200];
   sx__etcd_kv fence;
   memset(s, 0, sizeof(*s));
-  int rc = txn_kv(body, 0, &s->kv, &s->found, err, sizeof(err));
+  int rc = sx__etcd_txn_kv(body, 0, &s->kv, &s->found, err, sizeof(err));
   if (rc == 0)
-    rc = txn_kv(body, 1, &fence, &s->fenced, err, sizeof(err));
+    rc = sx__etcd_txn_kv(body, 1, &fence, &s->fenced, err, sizeof(err));
   if (rc != 0) {
     if (s->found)
       sx__etcd_kv_free(&s->kv);
@@ -464,7 +322,7 @@ static void pub_revoked(sx__etcd_op *o, int status, json_t *body, const char *ms
 static void pub_written(sx__etcd_op *o) {
   o->lease_used = 1;
   if (o->own_lease != 0 && o->own_lease != o->lease) {
-    op_send(o, "/v3/lease/revoke", lease_req("ID", o->own_lease), pub_revoked);
+    op_send(o, "/v3/lease/revoke", sx__etcd_id_req("ID", o->own_lease), pub_revoked);
     return;
   }
   op_finish(o, 0, NULL);
@@ -485,7 +343,7 @@ static void pub_txn_done(sx__etcd_op *o, int status, json_t *body, const char *m
     op_finish(o, status, "publish %s: %s", o->name, msg);
     return;
   }
-  if (txn_succeeded(body)) {
+  if (sx__etcd_txn_ok(body)) {
     o->fence_used = o->has_holder;
     pub_written(o);
     return;
@@ -505,11 +363,11 @@ static void pub_txn(sx__etcd_op *o) {
   key_of(eb, seg, "seg", o->name, NULL);
   key_of(eb, own, "own", o->name, NULL);
   key_of(eb, fence, "fence", o->name, o->inc_hex);
-  int n = owner_text(rec, sizeof(rec), o->inc, o->gen, sx__etcd_ttl_s(o->lease_ms), NULL);
-  json_t *cmp = japp(json_array(), cmp_rev("MOD", own, o->own_rev));
-  cmp = japp(cmp, cmp_rev("CREATE", fence, 0));
-  json_t *ok = japp(json_array(), op_put(seg, o->value, o->len, o->lease));
-  ok = japp(ok, op_put(own, rec, (size_t)n, o->lease));
+  int n = sx__etcd_owner_text(rec, sizeof(rec), o->inc, o->gen, sx__etcd_ttl_s(o->lease_ms), NULL);
+  json_t *cmp = sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev));
+  cmp = sx__etcd_japp(cmp, sx__etcd_cmp("CREATE", fence, 0));
+  json_t *ok = sx__etcd_japp(json_array(), sx__etcd_put(seg, o->value, o->len, o->lease));
+  ok = sx__etcd_japp(ok, sx__etcd_put(own, rec, (size_t)n, o->lease));
   if (o->has_holder) {
     char holder_hex[2 * SX_INCARNATION_LEN + 1], hfence[SX_ETCD_KEY_MAX], frec[160];
     sx_hex(o->holder.inc, SX_INCARNATION_LEN, holder_hex);
@@ -517,9 +375,9 @@ static void pub_txn(sx__etcd_op *o) {
     int fn = snprintf(frec, sizeof(frec), "{\"v\":1,\"by\":\"%s\",\"at\":%llu,"
                       "\"why\":\"takeover\"}", o->inc_hex,
                       (unsigned long long)sx__wall_ms());
-    ok = japp(ok, op_put(hfence, frec, (size_t)fn, o->fence_lease));
+    ok = sx__etcd_japp(ok, sx__etcd_put(hfence, frec, (size_t)fn, o->fence_lease));
   }
-  op_send(o, "/v3/kv/txn", txn(cmp, ok, read_ops(o, 0)), pub_txn_done);
+  op_send(o, "/v3/kv/txn", sx__etcd_txn(cmp, ok, read_ops(o, 0)), pub_txn_done);
 }
 
 static void pub_granted(sx__etcd_op *o, int status, json_t *body, const char *msg) {
@@ -543,9 +401,9 @@ static void pub_granted(sx__etcd_op *o, int status, json_t *body, const char *ms
  * lease), then write. */
 static void pub_leases(sx__etcd_op *o) {
   if (o->has_holder && o->fence_lease == 0)
-    op_send(o, "/v3/lease/grant", lease_req("TTL", SX_ETCD_FENCE_TTL_S), pub_granted);
+    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S), pub_granted);
   else if (o->lease == 0)
-    op_send(o, "/v3/lease/grant", lease_req("TTL", sx__etcd_ttl_s(o->lease_ms)),
+    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", sx__etcd_ttl_s(o->lease_ms)),
             pub_granted);
   else
     pub_txn(o);
@@ -559,7 +417,7 @@ static void pub_held(sx__etcd_op *o, int status, json_t *body, const char *msg) 
     ttl = -1;
   if (status == 0 && ttl < 0 && ++o->attempts <= MAX_ATTEMPTS) {
     /* The holder's lease ran out while we looked: read again. */
-    op_send(o, "/v3/kv/txn", txn(NULL, read_ops(o, 0), NULL), pub_read_done);
+    op_send(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL), pub_read_done);
     return;
   }
   uint64_t now = sx__wall_ms();
@@ -598,7 +456,7 @@ static void pub_judge(sx__etcd_op *o, const json_t *body) {
         o->rep.holder_ttl_ms = -1;
         pub_held(o, SX_ENOENT, NULL, NULL);
       } else {
-        op_send(o, "/v3/lease/timetolive", lease_req("ID", s.kv.lease), pub_held);
+        op_send(o, "/v3/lease/timetolive", sx__etcd_id_req("ID", s.kv.lease), pub_held);
       }
       goto out;
     }
@@ -653,7 +511,7 @@ static int etcd_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb 
     return sx__err(SX_ENOMEM, "publish: out of memory");
   }
   memcpy(o->value, req->value, req->len);
-  return op_begin(o, "/v3/kv/txn", txn(NULL, read_ops(o, 0), NULL), pub_read_done);
+  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL), pub_read_done);
 }
 
 /* ---------------------------------------------------------------- renew */
@@ -689,7 +547,7 @@ static void renew_read(sx__etcd_op *o, int status, json_t *body, const char *msg
     return;
   int64_t lease = s.kv.lease;
   sx__etcd_kv_free(&s.kv);
-  op_send(o, "/v3/lease/keepalive", lease_req("ID", lease), renew_alive);
+  op_send(o, "/v3/lease/keepalive", sx__etcd_id_req("ID", lease), renew_alive);
 }
 
 static int etcd_renew(sx_backend *b, const char *name, const uint8_t *incarnation,
@@ -700,7 +558,7 @@ static int etcd_renew(sx_backend *b, const char *name, const uint8_t *incarnatio
   if (o == NULL)
     return rc;
   set_inc(o, incarnation);
-  return op_begin(o, "/v3/kv/txn", txn(NULL, read_ops(o, 0), NULL), renew_read);
+  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL), renew_read);
 }
 
 /* ---------------------------------------------------------------- unpublish */
@@ -717,8 +575,8 @@ static void unpub_txn_done(sx__etcd_op *o, int status, json_t *body, const char 
     op_finish(o, SX_EGONE, "unpublish %s: the lease is gone (expired just now)", o->name);
   } else if (status != 0) {
     op_finish(o, status, "unpublish %s: %s", o->name, msg);
-  } else if (txn_succeeded(body)) {
-    op_send(o, "/v3/lease/revoke", lease_req("ID", o->own_lease), unpub_revoked);
+  } else if (sx__etcd_txn_ok(body)) {
+    op_send(o, "/v3/lease/revoke", sx__etcd_id_req("ID", o->own_lease), unpub_revoked);
   } else if (++o->attempts > MAX_ATTEMPTS) {
     op_finish(o, SX_ESTORE, "unpublish %s: the name kept changing under %d attempts",
               o->name, MAX_ATTEMPTS);
@@ -738,15 +596,15 @@ static void unpub_judge(sx__etcd_op *o, const json_t *body) {
   key_of(eb, del, "del", o->name, NULL);
   o->own_rev = s.kv.mod_rev;
   o->own_lease = s.kv.lease;
-  int n = owner_text(rec, sizeof(rec), o->inc, s.who.gen, s.who.ttl_s, "unpublish");
+  int n = sx__etcd_owner_text(rec, sizeof(rec), o->inc, s.who.gen, s.who.ttl_s, "unpublish");
   sx__etcd_kv_free(&s.kv);
   /* The tombstone rides on the segment's own lease, which is revoked next:
    * watchers see it in the revision of the delete, and it is gone after. */
-  json_t *ok = japp(json_array(), op_put(del, rec, (size_t)n, o->own_lease));
-  ok = japp(ok, op_delete(seg));
-  ok = japp(ok, op_delete(own));
+  json_t *ok = sx__etcd_japp(json_array(), sx__etcd_put(del, rec, (size_t)n, o->own_lease));
+  ok = sx__etcd_japp(ok, sx__etcd_delete(seg));
+  ok = sx__etcd_japp(ok, sx__etcd_delete(own));
   op_send(o, "/v3/kv/txn",
-          txn(japp(json_array(), cmp_rev("MOD", own, o->own_rev)), ok, read_ops(o, 0)),
+          sx__etcd_txn(sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev)), ok, read_ops(o, 0)),
           unpub_txn_done);
 }
 
@@ -764,7 +622,7 @@ static int etcd_unpublish(sx_backend *b, const char *name, const uint8_t *incarn
   if (o == NULL)
     return rc;
   set_inc(o, incarnation);
-  return op_begin(o, "/v3/kv/txn", txn(NULL, read_ops(o, 0), NULL), unpub_read);
+  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL), unpub_read);
 }
 
 /* ---------------------------------------------------------------- get */
@@ -810,7 +668,7 @@ static void get_read(sx__etcd_op *o, int status, json_t *body, const char *msg) 
   if (lease == 0)
     get_ttl(o, SX_ENOENT, NULL, NULL);
   else
-    op_send(o, "/v3/lease/timetolive", lease_req("ID", lease), get_ttl);
+    op_send(o, "/v3/lease/timetolive", sx__etcd_id_req("ID", lease), get_ttl);
 }
 
 static int etcd_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
@@ -820,7 +678,7 @@ static int etcd_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg
     return rc;
   char seg[SX_ETCD_KEY_MAX];
   key_of(o->eb, seg, "seg", name, NULL);
-  return op_begin(o, "/v3/kv/range", jkv(json_object(), "key", jkey(seg)), get_read);
+  return op_begin(o, "/v3/kv/range", sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(seg)), get_read);
 }
 
 /* ---------------------------------------------------------------- list */
@@ -852,7 +710,7 @@ static void list_more(sx__etcd_op *o) {
     struct ttl_req *t = &o->ttl_reqs[i];
     t->o = o;
     t->i = i;
-    json_t *req = lease_req("ID", o->kvs[i].lease);
+    json_t *req = sx__etcd_id_req("ID", o->kvs[i].lease);
     int rc = req ? sx__etcd_post(o->eb->http, "/v3/lease/timetolive", req, list_ttl_done,
                                  t, &o->ttl_calls[i])
                  : SX_ENOMEM;
@@ -923,8 +781,8 @@ static int etcd_list(sx_backend *b, sx_backend_cb cb, void *arg) {
   char from[SX_ETCD_KEY_MAX], to[SX_ETCD_KEY_MAX];
   snprintf(from, sizeof(from), "%sseg/", o->eb->prefix);
   snprintf(to, sizeof(to), "%sseg0", o->eb->prefix); /* '0' follows '/' */
-  json_t *req = jkv(json_object(), "key", jkey(from));
-  return op_begin(o, "/v3/kv/range", jkv(req, "range_end", jkey(to)), list_read);
+  json_t *req = sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(from));
+  return op_begin(o, "/v3/kv/range", sx__etcd_jkv(req, "range_end", sx__etcd_jkey(to)), list_read);
 }
 
 /* ---------------------------------------------------------------- remove */
@@ -940,17 +798,17 @@ static void rm_revoked(sx__etcd_op *o, int status, json_t *body, const char *msg
 static void rm_txn_done(sx__etcd_op *o, int status, json_t *body, const char *msg) {
   if (status == SX_ENOENT && ++o->attempts <= MAX_ATTEMPTS) {
     /* The holder's lease ran out under the tombstone: read again. */
-    op_send(o, "/v3/kv/txn", txn(NULL, read_ops(o, 1), NULL), rm_read);
+    op_send(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 1), NULL), rm_read);
     return;
   }
   if (status != 0) {
     op_finish(o, status, "remove %s: %s", o->name, msg);
-  } else if (txn_succeeded(body)) {
+  } else if (sx__etcd_txn_ok(body)) {
     o->fence_used = o->has_holder;
     if (o->has_holder)
       memcpy(o->rep.holder, o->holder.inc, SX_INCARNATION_LEN);
     if (o->own_lease != 0)
-      op_send(o, "/v3/lease/revoke", lease_req("ID", o->own_lease), rm_revoked);
+      op_send(o, "/v3/lease/revoke", sx__etcd_id_req("ID", o->own_lease), rm_revoked);
     else
       op_finish(o, 0, NULL);
   } else if (++o->attempts > MAX_ATTEMPTS) {
@@ -967,28 +825,28 @@ static void rm_txn(sx__etcd_op *o) {
   key_of(eb, seg, "seg", o->name, NULL);
   key_of(eb, own, "own", o->name, NULL);
   key_of(eb, del, "del", o->name, NULL);
-  json_t *cmp = japp(json_array(), cmp_rev("MOD", own, o->own_rev));
-  cmp = japp(cmp, cmp_rev("MOD", seg, o->seg_rev));
+  json_t *cmp = sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev));
+  cmp = sx__etcd_japp(cmp, sx__etcd_cmp("MOD", seg, o->seg_rev));
   json_t *ok = json_array();
   if (o->has_holder && o->own_lease != 0) {
     char rec[256];
-    int n = owner_text(rec, sizeof(rec), o->holder.inc, o->holder.gen, o->holder.ttl_s,
+    int n = sx__etcd_owner_text(rec, sizeof(rec), o->holder.inc, o->holder.gen, o->holder.ttl_s,
                        "remove");
-    ok = japp(ok, op_put(del, rec, (size_t)n, o->own_lease));
+    ok = sx__etcd_japp(ok, sx__etcd_put(del, rec, (size_t)n, o->own_lease));
   }
   if (o->seg_rev)
-    ok = japp(ok, op_delete(seg));
+    ok = sx__etcd_japp(ok, sx__etcd_delete(seg));
   if (o->own_rev)
-    ok = japp(ok, op_delete(own));
+    ok = sx__etcd_japp(ok, sx__etcd_delete(own));
   if (o->has_holder) {
     char hex[2 * SX_INCARNATION_LEN + 1], fence[SX_ETCD_KEY_MAX], frec[96];
     sx_hex(o->holder.inc, SX_INCARNATION_LEN, hex);
     key_of(eb, fence, "fence", o->name, hex);
     int fn = snprintf(frec, sizeof(frec), "{\"v\":1,\"at\":%llu,\"why\":\"remove\"}",
                       (unsigned long long)sx__wall_ms());
-    ok = japp(ok, op_put(fence, frec, (size_t)fn, o->fence_lease));
+    ok = sx__etcd_japp(ok, sx__etcd_put(fence, frec, (size_t)fn, o->fence_lease));
   }
-  op_send(o, "/v3/kv/txn", txn(cmp, ok, read_ops(o, 1)), rm_txn_done);
+  op_send(o, "/v3/kv/txn", sx__etcd_txn(cmp, ok, read_ops(o, 1)), rm_txn_done);
 }
 
 static void rm_granted(sx__etcd_op *o, int status, json_t *body, const char *msg) {
@@ -1007,9 +865,9 @@ static void rm_judge(sx__etcd_op *o, const json_t *body) {
   char err[200];
   sx__etcd_kv own, seg;
   int has_own, has_seg;
-  int rc = txn_kv(body, 0, &own, &has_own, err, sizeof(err));
+  int rc = sx__etcd_txn_kv(body, 0, &own, &has_own, err, sizeof(err));
   if (rc == 0)
-    rc = txn_kv(body, 1, &seg, &has_seg, err, sizeof(err));
+    rc = sx__etcd_txn_kv(body, 1, &seg, &has_seg, err, sizeof(err));
   if (rc != 0) {
     if (has_own)
       sx__etcd_kv_free(&own);
@@ -1029,7 +887,7 @@ static void rm_judge(sx__etcd_op *o, const json_t *body) {
   if (!has_own && !has_seg)
     op_finish(o, SX_ENOENT, "remove %s: no such segment", o->name);
   else if (o->has_holder && o->fence_lease == 0)
-    op_send(o, "/v3/lease/grant", lease_req("TTL", SX_ETCD_FENCE_TTL_S), rm_granted);
+    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S), rm_granted);
   else
     rm_txn(o);
 }
@@ -1046,118 +904,7 @@ static int etcd_remove(sx_backend *b, const char *name, sx_backend_cb cb, void *
   sx__etcd_op *o = op_new(b, "remove", name, cb, arg, &rc);
   if (o == NULL)
     return rc;
-  return op_begin(o, "/v3/kv/txn", txn(NULL, read_ops(o, 1), NULL), rm_read);
-}
-
-/* ---------------------------------------------------------------- connection */
-
-uint32_t sx__etcd_backoff(uint32_t *state) {
-  *state = *state == 0 ? 100 : (*state >= 1000 ? 2000 : *state * 2);
-  uint32_t r = 0;
-  sx__random(&r, sizeof(r));
-  return *state / 2 + r % (*state / 2 + 1);
-}
-
-static void arm_probe(sx__etcd_backend *eb, uint64_t delay_ms);
-static uint64_t health_interval(const sx__etcd_backend *eb);
-
-void sx__etcd_conn_note(sx__etcd_backend *eb, int status, const json_t *body,
-                        const char *msg) {
-  int down = status == SX_EUNREACH || status == SX_ETIMEDOUT || status == SX_EIO;
-  int64_t rev = 0;
-  if (eb->closing)
-    return;
-  if (body != NULL && sx__etcd_i64(json_object_get(body, "header"), "revision", &rev) == 0 &&
-      rev > eb->seen_rev)
-    eb->seen_rev = rev;
-  if (down) {
-    /* A stream on a dead or stopped server hangs; it restarts when the
-     * store is back. */
-    sx__etcd_watch_stop(eb);
-    if (eb->up != 0) {
-      eb->up = 0;
-      arm_probe(eb, sx__etcd_backoff(&eb->backoff_ms));
-      if (eb->base.hooks.on_conn)
-        eb->base.hooks.on_conn(eb->base.hooks.arg, 0, status, msg);
-    }
-  } else if (status != SX_ECANCELED && eb->up != 1) {
-    eb->up = 1;
-    eb->backoff_ms = 0;
-    if (eb->base.hooks.on_conn)
-      eb->base.hooks.on_conn(eb->base.hooks.arg, 1, 0, NULL);
-    if (!eb->closing && eb->watching) {
-      sx__etcd_watch_kick(eb);
-      arm_probe(eb, health_interval(eb));
-    }
-  }
-}
-
-/* Health check while watching (a stopped server keeps its sockets open and
- * the stream silent) and reconnection while down. */
-static uint64_t health_interval(const sx__etcd_backend *eb) {
-  uint32_t t = eb->base.url.timeout_ms;
-  return t < 1000 ? 1000 : (t > 5000 ? 5000 : t);
-}
-
-static void probe_done(void *arg, int status, json_t *body, const char *msg) {
-  sx__etcd_backend *eb = arg;
-  char text[300];
-  eb->probe = NULL;
-  /* Member IDs are uint64 (often above INT64_MAX): only "absent or 0" says
-   * that there is no leader. */
-  const json_t *leader = json_object_get(body, "leader");
-  if (status == 0 && (leader == NULL || (json_is_string(leader) &&
-                                         strcmp(json_string_value(leader), "0") == 0) ||
-                      (json_is_integer(leader) && json_integer_value(leader) == 0))) {
-    sx__etcd_say(text, sizeof(text), "etcd %s has no leader", sx__etcd_endpoint(eb->http));
-    status = SX_EUNREACH;
-    msg = text;
-  }
-  int was = eb->up;
-  sx__etcd_conn_note(eb, status, body, msg);
-  if (eb->closing)
-    return;
-  if (eb->up == 0 && was == 0)
-    arm_probe(eb, sx__etcd_backoff(&eb->backoff_ms));
-  else if (eb->up == 1 && eb->watching)
-    arm_probe(eb, health_interval(eb));
-}
-
-static void probe_fire(uv_timer_t *t) {
-  sx__etcd_backend *eb = t->data;
-  if (eb->closing || eb->probe)
-    return;
-  json_t *req = json_object();
-  int rc = req ? sx__etcd_post(eb->http, "/v3/maintenance/status", req, probe_done, eb,
-                               &eb->probe)
-               : SX_ENOMEM;
-  json_decref(req);
-  if (rc != 0)
-    arm_probe(eb, 1000);
-}
-
-static void arm_probe(sx__etcd_backend *eb, uint64_t delay_ms) {
-  if (!eb->closing && eb->probe == NULL)
-    uv_timer_start(&eb->probe_timer, probe_fire, delay_ms, 0);
-}
-
-/* Called when watch() starts: health checks run from now on. */
-static int etcd_watch(sx_backend *b) {
-  sx__etcd_backend *eb = (sx__etcd_backend *)b;
-  if (eb->closing)
-    return sx__err(SX_ECANCELED, "etcd: the store is closing");
-  if (eb->watching)
-    return 0;
-  eb->watching = 1;
-  /* Every change from now on has a revision above the newest one seen: the
-   * stream starts there, so changes made before it is set up still arrive. */
-  eb->watch_rev = eb->seen_rev;
-  eb->watch_now = eb->seen_rev == 0;
-  if (eb->up == 1) {
-    sx__etcd_watch_kick(eb);
-    arm_probe(eb, health_interval(eb));
-  }
-  return 0;
+  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 1), NULL), rm_read);
 }
 
 /* ---------------------------------------------------------------- open/close */
@@ -1217,8 +964,7 @@ static int etcd_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks 
   uv_timer_init(loop, &eb->watch_timer);
   eb->probe_timer.data = eb->watch_timer.data = eb;
   eb->handles = 2;
-  /* Learn whether etcd is there at once; on_conn reports it either way. */
-  arm_probe(eb, 0);
+  sx__etcd_conn_start(eb);
   *out = &eb->base;
   return 0;
 
@@ -1237,5 +983,5 @@ const sx_backend_ops sx__backend_etcd_ops = {
     .get = etcd_get,
     .list = etcd_list,
     .remove = etcd_remove,
-    .watch = etcd_watch,
+    .watch = sx__etcd_watch_op,
 };

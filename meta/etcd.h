@@ -93,7 +93,9 @@ const char *sx__etcd_endpoint(const sx__etcd_http *h);
 void sx__etcd_say(char *buf, size_t size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* ---- the wire: base64 bytes and int64 strings in JSON ---- */
+/* ---- the wire (etcd_wire.c): base64 bytes and int64 strings in JSON ---- */
+
+typedef struct sx__etcd_kv sx__etcd_kv;
 
 /* A JSON string holding base64 of the bytes, or NULL (out of memory). */
 json_t *sx__etcd_b64(const void *bytes, size_t len);
@@ -109,20 +111,45 @@ int sx__etcd_i64(const json_t *obj, const char *field, int64_t *out);
 /* A JSON string of the decimal value (int64s travel as strings). */
 json_t *sx__etcd_i64_json(int64_t v);
 
+/* Request pieces.  Each returns a new JSON value, or NULL when out of memory;
+ * the builders that take JSON values consume them, also on failure, so a
+ * chain of calls needs one NULL check at the end. */
+json_t *sx__etcd_jkv(json_t *obj, const char *key, json_t *value); /* obj[key]=value */
+json_t *sx__etcd_japp(json_t *array, json_t *value);
+json_t *sx__etcd_jkey(const char *key); /* base64 of a C string */
+/* {"request_range":{key[, range_end][, keys_only]}} */
+json_t *sx__etcd_range(const char *key, const char *end, int keys_only);
+/* {"request_put":{key, value[, lease]}} */
+json_t *sx__etcd_put(const char *key, const void *value, size_t len, int64_t lease);
+/* {"request_delete_range":{key}} */
+json_t *sx__etcd_delete(const char *key);
+/* A compare of a key's mod_revision (target "MOD") or create_revision
+ * ("CREATE") with rev; 0 stands for "the key does not exist". */
+json_t *sx__etcd_cmp(const char *target, const char *key, int64_t rev);
+json_t *sx__etcd_txn(json_t *compare, json_t *success, json_t *failure);
+/* {field: "v"}: lease requests ({"ID": ...}, {"TTL": ...}). */
+json_t *sx__etcd_id_req(const char *field, int64_t v);
+/* The i-th response of a txn answer, a response_range: its first kv (if any)
+ * into *kv and *found.  0, or SX_EPROTO with a message in err. */
+int sx__etcd_txn_kv(const json_t *body, size_t i, sx__etcd_kv *kv, int *found,
+                    char *err, size_t err_size);
+/* Whether a txn's compares held. */
+int sx__etcd_txn_ok(const json_t *body);
+
 /* One mvccpb.KeyValue, decoded. */
-typedef struct sx__etcd_kv {
+struct sx__etcd_kv {
   uint8_t *key;   /* NUL-terminated for convenience */
   size_t key_len;
   uint8_t *value; /* NUL-terminated; NULL only when freed */
   size_t value_len;
   int64_t create_rev, mod_rev, version, lease;
-} sx__etcd_kv;
+};
 
 /* 0, SX_EPROTO (with a message in err) or SX_ENOMEM. */
 int sx__etcd_kv_parse(const json_t *kv, sx__etcd_kv *out, char *err, size_t err_size);
 void sx__etcd_kv_free(sx__etcd_kv *kv);
 
-/* ---- the backend (backend_etcd.c, etcd_watch.c) ---- */
+/* ---- the backend (backend_etcd.c, etcd_conn.c) ---- */
 
 /*
  * Key layout under the namespace prefix P = "/segxfer/NS/":
@@ -149,6 +176,10 @@ typedef struct sx__etcd_owner {
 
 /* 0 or SX_EDECODE. */
 int sx__etcd_owner_parse(const uint8_t *v, size_t len, sx__etcd_owner *o);
+/* Write a record for inc/gen/ttl (now as "pub"), with "why" when not NULL
+ * (tombstones); returns its length. */
+int sx__etcd_owner_text(char *buf, size_t size, const uint8_t *inc, uint64_t gen,
+                        int64_t ttl_s, const char *why);
 
 typedef struct sx__etcd_op sx__etcd_op;
 
@@ -191,10 +222,15 @@ typedef struct sx__etcd_backend {
 void sx__etcd_conn_note(sx__etcd_backend *eb, int status, const json_t *body,
                         const char *msg);
 
+/* Learn at once whether etcd is there (a probe); on_conn reports it. */
+void sx__etcd_conn_start(sx__etcd_backend *eb);
+/* The ops table's watch(). */
+int sx__etcd_watch_op(sx_backend *b);
+
 /* A jittered delay that doubles from 100 ms to 2 s with each failure. */
 uint32_t sx__etcd_backoff(uint32_t *state);
 
-/* Watch (etcd_watch.c): start the stream if it should run and does not;
+/* Watch (etcd_conn.c): start the stream if it should run and does not;
  * stop it (the connection went down or the backend closes). */
 void sx__etcd_watch_kick(sx__etcd_backend *eb);
 void sx__etcd_watch_stop(sx__etcd_backend *eb);

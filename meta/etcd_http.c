@@ -1,8 +1,7 @@
 /*
  * HTTP to etcd's JSON gateway: libcurl's multi interface on a libuv loop
  * (curl_multi_socket_action with a uv_poll_t per socket and a uv_timer_t for
- * curl's timeouts), endpoint failover, bounded answers, and the wire helpers
- * (base64, int64 strings, key-values).  See etcd.h.
+ * curl's timeouts), endpoint failover and bounded answers.  See etcd.h.
  *
  * Reentrancy: libcurl forbids calling it from its own callbacks, and our
  * callers' callbacks may start, cancel or close anything.  So the curl
@@ -690,159 +689,11 @@ void sx__etcd_http_close(sx__etcd_http *h) {
   uv_close((uv_handle_t *)&h->timer, timer_closed);
 }
 
-/* ---------------------------------------------------------------- the wire */
+/* ---------------------------------------------------------------- messages */
 
 void sx__etcd_say(char *buf, size_t size, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, size, fmt, ap);
   va_end(ap);
-}
-
-static const char b64_chars[] =
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-json_t *sx__etcd_b64(const void *bytes, size_t len) {
-  const uint8_t *p = bytes;
-  size_t olen = (len + 2) / 3 * 4;
-  char *s = malloc(olen + 1);
-  if (s == NULL)
-    return NULL;
-  size_t o = 0, i = 0;
-  for (; i + 2 < len; i += 3) {
-    uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
-    s[o++] = b64_chars[v >> 18];
-    s[o++] = b64_chars[(v >> 12) & 63];
-    s[o++] = b64_chars[(v >> 6) & 63];
-    s[o++] = b64_chars[v & 63];
-  }
-  if (i < len) {
-    uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < len ? (uint32_t)p[i + 1] << 8 : 0);
-    s[o++] = b64_chars[v >> 18];
-    s[o++] = b64_chars[(v >> 12) & 63];
-    s[o++] = i + 1 < len ? b64_chars[(v >> 6) & 63] : '=';
-    s[o++] = '=';
-  }
-  json_t *j = json_stringn_nocheck(s, o);
-  free(s);
-  return j;
-}
-
-static int b64_val(char c) {
-  if (c >= 'A' && c <= 'Z')
-    return c - 'A';
-  if (c >= 'a' && c <= 'z')
-    return c - 'a' + 26;
-  if (c >= '0' && c <= '9')
-    return c - '0' + 52;
-  if (c == '+' || c == '-')
-    return 62;
-  if (c == '/' || c == '_')
-    return 63;
-  return -1;
-}
-
-int sx__etcd_unb64(const char *text, size_t len, uint8_t **out, size_t *out_len) {
-  while (len > 0 && text[len - 1] == '=')
-    len--;
-  if (len % 4 == 1)
-    return sx__err(SX_EPROTO, "etcd: base64 text has a bad length");
-  uint8_t *b = malloc(len / 4 * 3 + 3);
-  if (b == NULL)
-    return sx__err(SX_ENOMEM, "etcd: out of memory");
-  size_t o = 0;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (size_t i = 0; i < len; i++) {
-    int v = b64_val(text[i]);
-    if (v < 0) {
-      free(b);
-      return sx__err(SX_EPROTO, "etcd: not base64 (byte %zu)", i);
-    }
-    acc = acc << 6 | (uint32_t)v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      b[o++] = (uint8_t)(acc >> bits);
-    }
-  }
-  b[o] = 0;
-  *out = b;
-  *out_len = o;
-  return 0;
-}
-
-int sx__etcd_i64(const json_t *obj, const char *field, int64_t *out) {
-  const json_t *v = json_object_get(obj, field);
-  if (v == NULL || json_is_null(v)) {
-    *out = 0;
-    return 0;
-  }
-  if (json_is_integer(v)) {
-    *out = json_integer_value(v);
-    return 0;
-  }
-  if (!json_is_string(v))
-    return sx__err(SX_EPROTO, "etcd: field '%s' is not an integer", field);
-  const char *s = json_string_value(v);
-  size_t n = json_string_length(v);
-  int neg = n > 0 && s[0] == '-';
-  if (n == (size_t)neg || n > 20)
-    return sx__err(SX_EPROTO, "etcd: field '%s' is not an integer", field);
-  uint64_t acc = 0;
-  for (size_t i = (size_t)neg; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9' || acc > (UINT64_MAX - 9) / 10)
-      return sx__err(SX_EPROTO, "etcd: field '%s' is not an int64", field);
-    acc = acc * 10 + (uint64_t)(s[i] - '0');
-  }
-  if (acc > (uint64_t)INT64_MAX + (uint64_t)neg)
-    return sx__err(SX_EPROTO, "etcd: field '%s' is out of int64 range", field);
-  *out = neg ? (int64_t)(0 - acc) : (int64_t)acc;
-  return 0;
-}
-
-json_t *sx__etcd_i64_json(int64_t v) {
-  char buf[24];
-  snprintf(buf, sizeof(buf), "%lld", (long long)v);
-  return json_string(buf);
-}
-
-int sx__etcd_kv_parse(const json_t *kv, sx__etcd_kv *out, char *err, size_t err_size) {
-  sx__etcd_kv r;
-  memset(&r, 0, sizeof(r));
-  if (!json_is_object(kv)) {
-    sx__etcd_say(err, err_size, "a key-value is not a JSON object");
-    return SX_EPROTO;
-  }
-  const json_t *k = json_object_get(kv, "key"), *v = json_object_get(kv, "value");
-  if (!json_is_string(k) || (v != NULL && !json_is_string(v))) {
-    sx__etcd_say(err, err_size, "a key-value has no key, or a key or value that is not text");
-    return SX_EPROTO;
-  }
-  int rc = sx__etcd_unb64(json_string_value(k), json_string_length(k), &r.key, &r.key_len);
-  if (rc == 0)
-    rc = v ? sx__etcd_unb64(json_string_value(v), json_string_length(v), &r.value,
-                            &r.value_len)
-           : sx__etcd_unb64("", 0, &r.value, &r.value_len);
-  if (rc == 0)
-    rc = sx__etcd_i64(kv, "create_revision", &r.create_rev);
-  if (rc == 0)
-    rc = sx__etcd_i64(kv, "mod_revision", &r.mod_rev);
-  if (rc == 0)
-    rc = sx__etcd_i64(kv, "version", &r.version);
-  if (rc == 0)
-    rc = sx__etcd_i64(kv, "lease", &r.lease);
-  if (rc != 0) {
-    sx__etcd_say(err, err_size, "a key-value is malformed: %s", sx_errmsg());
-    sx__etcd_kv_free(&r);
-    return rc;
-  }
-  *out = r;
-  return 0;
-}
-
-void sx__etcd_kv_free(sx__etcd_kv *kv) {
-  free(kv->key);
-  free(kv->value);
-  kv->key = kv->value = NULL;
 }

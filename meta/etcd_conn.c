@@ -1,5 +1,15 @@
 /*
- * The etcd backend's watch: one streaming POST /v3/watch over the namespace
+ * The etcd backend's connection state and watch.
+ *
+ * Connection: HTTP has no connection to lose, so "up" and "down" are what
+ * the answers say.  Every request's outcome goes through
+ * sx__etcd_conn_note(): a transport failure means down, any answer from
+ * etcd means up, and hooks.on_conn hears of each change.  While down, a
+ * probe (/v3/maintenance/status) retries with jittered exponential backoff;
+ * while watching, the same probe runs as a health check, because a stopped
+ * server keeps its sockets open and a silent stream looks like a quiet one.
+ *
+ * Watch: one streaming POST /v3/watch over the namespace
  * prefix, turned into segment events for hooks.on_event.
  *
  *   PUT own/NAME       -> SX_EVENT_PUT (incarnation, generation from the record)
@@ -10,17 +20,138 @@
  * Everything else (seg/ values, fences, tombstones going away) says nothing
  * a cache needs: the owner record changes in the same revision.
  *
- * A broken stream resumes from the last revision delivered + 1, so no event
- * is lost across a reconnect.  When that cannot work (the revision was
- * compacted, or etcd came back with less history than we saw: restarted
- * empty), the watch restarts from "now" and on_conn(up) is reported again,
- * so that caches drop what they hold and agents renew (and republish).
+ * The first stream starts after the newest revision any answer carried
+ * before watch() was called, so a change made right after watch() returns
+ * is delivered even though the stream takes a moment to set up.  A broken
+ * stream resumes from the last revision delivered + 1, so no event is lost
+ * across a reconnect.  When that cannot work, on_conn(up) is reported again
+ * ("resync": caches drop what they hold, agents renew and republish) and:
+ *   - the history to resume from was compacted: the watch starts from now;
+ *   - etcd came back with less history than we saw (restarted empty, found
+ *     by its revision or raft term going back): the watch replays the new
+ *     store's history from revision 1, so that what was published since it
+ *     came back is not missed.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "etcd.h"
 #include "internal.h"
+
+/* ---------------------------------------------------------------- connection */
+
+uint32_t sx__etcd_backoff(uint32_t *state) {
+  *state = *state == 0 ? 100 : (*state >= 1000 ? 2000 : *state * 2);
+  uint32_t r = 0;
+  sx__random(&r, sizeof(r));
+  return *state / 2 + r % (*state / 2 + 1);
+}
+
+static void arm_probe(sx__etcd_backend *eb, uint64_t delay_ms);
+static uint64_t health_interval(const sx__etcd_backend *eb);
+
+void sx__etcd_conn_note(sx__etcd_backend *eb, int status, const json_t *body,
+                        const char *msg) {
+  int down = status == SX_EUNREACH || status == SX_ETIMEDOUT || status == SX_EIO;
+  int64_t rev = 0;
+  if (eb->closing)
+    return;
+  if (body != NULL && sx__etcd_i64(json_object_get(body, "header"), "revision", &rev) == 0 &&
+      rev > eb->seen_rev)
+    eb->seen_rev = rev;
+  if (down) {
+    /* A stream on a dead or stopped server hangs; it restarts when the
+     * store is back. */
+    sx__etcd_watch_stop(eb);
+    if (eb->up != 0) {
+      eb->up = 0;
+      arm_probe(eb, sx__etcd_backoff(&eb->backoff_ms));
+      if (eb->base.hooks.on_conn)
+        eb->base.hooks.on_conn(eb->base.hooks.arg, 0, status, msg);
+    }
+  } else if (status != SX_ECANCELED && eb->up != 1) {
+    eb->up = 1;
+    eb->backoff_ms = 0;
+    if (eb->base.hooks.on_conn)
+      eb->base.hooks.on_conn(eb->base.hooks.arg, 1, 0, NULL);
+    if (!eb->closing && eb->watching) {
+      sx__etcd_watch_kick(eb);
+      arm_probe(eb, health_interval(eb));
+    }
+  }
+}
+
+/* Health check while watching (a stopped server keeps its sockets open and
+ * the stream silent) and reconnection while down. */
+static uint64_t health_interval(const sx__etcd_backend *eb) {
+  uint32_t t = eb->base.url.timeout_ms;
+  return t < 1000 ? 1000 : (t > 5000 ? 5000 : t);
+}
+
+static void probe_done(void *arg, int status, json_t *body, const char *msg) {
+  sx__etcd_backend *eb = arg;
+  char text[300];
+  eb->probe = NULL;
+  /* Member IDs are uint64 (often above INT64_MAX): only "absent or 0" says
+   * that there is no leader. */
+  const json_t *leader = json_object_get(body, "leader");
+  if (status == 0 && (leader == NULL || (json_is_string(leader) &&
+                                         strcmp(json_string_value(leader), "0") == 0) ||
+                      (json_is_integer(leader) && json_integer_value(leader) == 0))) {
+    sx__etcd_say(text, sizeof(text), "etcd %s has no leader", sx__etcd_endpoint(eb->http));
+    status = SX_EUNREACH;
+    msg = text;
+  }
+  int was = eb->up;
+  sx__etcd_conn_note(eb, status, body, msg);
+  if (eb->closing)
+    return;
+  if (eb->up == 0 && was == 0)
+    arm_probe(eb, sx__etcd_backoff(&eb->backoff_ms));
+  else if (eb->up == 1 && eb->watching)
+    arm_probe(eb, health_interval(eb));
+}
+
+static void probe_fire(uv_timer_t *t) {
+  sx__etcd_backend *eb = t->data;
+  if (eb->closing || eb->probe)
+    return;
+  json_t *req = json_object();
+  int rc = req ? sx__etcd_post(eb->http, "/v3/maintenance/status", req, probe_done, eb,
+                               &eb->probe)
+               : SX_ENOMEM;
+  json_decref(req);
+  if (rc != 0)
+    arm_probe(eb, 1000);
+}
+
+static void arm_probe(sx__etcd_backend *eb, uint64_t delay_ms) {
+  if (!eb->closing && eb->probe == NULL)
+    uv_timer_start(&eb->probe_timer, probe_fire, delay_ms, 0);
+}
+
+/* The ops table's watch(): health checks run from now on. */
+int sx__etcd_watch_op(sx_backend *b) {
+  sx__etcd_backend *eb = (sx__etcd_backend *)b;
+  if (eb->closing)
+    return sx__err(SX_ECANCELED, "etcd: the store is closing");
+  if (eb->watching)
+    return 0;
+  eb->watching = 1;
+  /* Every change from now on has a revision above the newest one seen: the
+   * stream starts there, so changes made before it is set up still arrive. */
+  eb->watch_rev = eb->seen_rev;
+  eb->watch_now = eb->seen_rev == 0;
+  if (eb->up == 1) {
+    sx__etcd_watch_kick(eb);
+    arm_probe(eb, health_interval(eb));
+  }
+  return 0;
+}
+
+void sx__etcd_conn_start(sx__etcd_backend *eb) { arm_probe(eb, 0); }
+
+/* ---------------------------------------------------------------- watch */
 
 /* Ends the stream to restart it from the current revision. */
 #define RESYNC SX_ESTALE
