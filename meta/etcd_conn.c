@@ -171,11 +171,17 @@ static void watch_done(void *arg, int status, json_t *body, const char *msg) {
   if (eb->closing)
     return;
   if (status == RESYNC) {
-    /* Whatever was cached may have missed changes. */
+    /* Whatever was cached may have missed changes.  The first resync
+     * restarts at once; a server that keeps asking for them is slowed down
+     * by the backoff, which only a stream that delivers events resets. */
     if (eb->base.hooks.on_conn)
       eb->base.hooks.on_conn(eb->base.hooks.arg, 1, 0, NULL);
-    if (!eb->closing)
-      sx__etcd_watch_kick(eb);
+    if (eb->closing)
+      return;
+    uint32_t delay = eb->watch_backoff_ms ? sx__etcd_backoff(&eb->watch_backoff_ms) : 0;
+    if (delay == 0)
+      sx__etcd_backoff(&eb->watch_backoff_ms);
+    uv_timer_start(&eb->watch_timer, watch_restart_fire, delay, 0);
   } else if (transport_error(status)) {
     /* Down: the probe brings the watch back with the connection. */
     sx__etcd_conn_note(eb, status, NULL, msg);
@@ -313,7 +319,6 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
     }
     eb->watch_term = term;
     eb->watch_created = 1;
-    eb->watch_backoff_ms = 0;
     uv_timer_stop(&eb->watch_timer);
     if (eb->watch_now)
       eb->watch_rev = rev;
@@ -326,6 +331,8 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
     return SX_EPROTO;
   }
   int64_t max_rev = 0;
+  if (json_array_size(events) > 0)
+    eb->watch_backoff_ms = 0; /* a working stream */
   for (size_t i = 0; i < json_array_size(events); i++) {
     int rc = on_one(eb, json_array_get(events, i), &max_rev, err, err_size);
     if (rc != 0)

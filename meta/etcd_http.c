@@ -448,16 +448,18 @@ static void finish(sx__etcd_call *c, int status, json_t *body, const char *msg) 
   call_free(c);
 }
 
-/* Errors that happen before a connection exists: the request never reached
- * etcd, so it is safe to send it to another endpoint. */
-static int never_connected(CURLcode rc, curl_off_t connect_us) {
+/* Errors that happen before the request left: it never reached etcd, so it
+ * is safe to send it to another endpoint.  (Not the connect time: a reused
+ * keep-alive connection reports 0 for it.) */
+static int never_sent(CURLcode rc, long request_bytes) {
   switch (rc) {
   case CURLE_COULDNT_CONNECT:
   case CURLE_COULDNT_RESOLVE_HOST:
   case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_PEER_FAILED_VERIFICATION:
     return 1;
   case CURLE_OPERATION_TIMEDOUT:
-    return connect_us == 0;
+    return request_bytes == 0;
   default:
     return 0;
   }
@@ -465,16 +467,15 @@ static int never_connected(CURLcode rc, curl_off_t connect_us) {
 
 static void transfer_done(sx__etcd_call *c, CURLcode rc) {
   sx__etcd_http *h = c->h;
-  long http = 0;
-  curl_off_t connect_us = 0;
+  long http = 0, sent = 0;
   curl_easy_getinfo(c->easy, CURLINFO_RESPONSE_CODE, &http);
-  curl_easy_getinfo(c->easy, CURLINFO_CONNECT_TIME_T, &connect_us);
+  curl_easy_getinfo(c->easy, CURLINFO_REQUEST_SIZE, &sent);
   curl_multi_remove_handle(h->multi, c->easy);
   c->in_multi = 0;
   const sx_url_host *e = &h->url.hosts[c->ep];
   char msg[320];
 
-  if (rc != CURLE_OK && !c->over && never_connected(rc, connect_us)) {
+  if (rc != CURLE_OK && !c->over && never_sent(rc, sent)) {
     size_t o = strlen(c->unreach);
     sx__etcd_say(c->unreach + o, sizeof(c->unreach) - o, "%s%s:%u (%s)", o ? ", " : "",
              e->host, e->port, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));

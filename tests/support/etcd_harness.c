@@ -274,7 +274,24 @@ int sxt_etcd_kill(sxt_etcd *e, int sig) {
     e->pid = 0;
     return 0;
   }
-  return kill(e->pid, sig);
+  if (kill(e->pid, sig) != 0)
+    return -1;
+  /* kill() only queues the signal: wait until the server is really frozen
+   * (or thawed), so that a test's next request meets that state. */
+  int st;
+  pid_t r;
+  if (sig == SIGSTOP) {
+    while ((r = waitpid(e->pid, &st, WUNTRACED)) < 0 && errno == EINTR) {
+    }
+    return r == e->pid && WIFSTOPPED(st) ? 0 : -1;
+  }
+  if (sig == SIGCONT) {
+    /* WCONTINUED reports only a stopped process that was continued; one
+     * that ran already gives nothing to wait for. */
+    while ((r = waitpid(e->pid, &st, WCONTINUED | WNOHANG)) < 0 && errno == EINTR) {
+    }
+  }
+  return 0;
 }
 
 int sxt_etcd_restart(sxt_etcd *e, int wipe) {

@@ -126,7 +126,7 @@ static uint8_t *dup_bytes(const uint8_t *p, size_t n) {
   return d;
 }
 
-static void reply_cb(void *arg, const sx_backend_reply *rep) {
+void sxt_reply_cb(void *arg, const sx_backend_reply *rep) {
   sxt_reply *r = arg;
   if (r->calls++ > 0)
     return; /* counted: the test fails on a second call */
@@ -173,33 +173,50 @@ static int await(sxt_store *s, int rc, sxt_reply *r, const char *what) {
 
 int sxt_publish(sxt_store *s, const sx_publish_req *req, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_publish(s->b, req, reply_cb, r), r, "publish");
+  return await(s, sx__backend_publish(s->b, req, sxt_reply_cb, r), r, "publish");
 }
 
 int sxt_renew(sxt_store *s, const char *name, const uint8_t *inc, uint32_t lease_ms,
               sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_renew(s->b, name, inc, lease_ms, reply_cb, r), r, "renew");
+  return await(s, sx__backend_renew(s->b, name, inc, lease_ms, sxt_reply_cb, r), r, "renew");
 }
 
 int sxt_unpublish(sxt_store *s, const char *name, const uint8_t *inc, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_unpublish(s->b, name, inc, reply_cb, r), r, "unpublish");
+  return await(s, sx__backend_unpublish(s->b, name, inc, sxt_reply_cb, r), r, "unpublish");
 }
 
 int sxt_get(sxt_store *s, const char *name, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_get(s->b, name, reply_cb, r), r, "get");
+  return await(s, sx__backend_get(s->b, name, sxt_reply_cb, r), r, "get");
 }
 
 int sxt_list(sxt_store *s, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_list(s->b, reply_cb, r), r, "list");
+  return await(s, sx__backend_list(s->b, sxt_reply_cb, r), r, "list");
 }
 
 int sxt_remove(sxt_store *s, const char *name, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_remove(s->b, name, reply_cb, r), r, "remove");
+  return await(s, sx__backend_remove(s->b, name, sxt_reply_cb, r), r, "remove");
+}
+
+int sxt_stores_await(sxt_store *const *stores, size_t n, sxt_reply *const *replies,
+                     size_t n_replies, uint32_t timeout_ms) {
+  uint64_t start = sx__mono_ms();
+  for (;;) {
+    size_t done = 0;
+    for (size_t i = 0; i < n_replies; i++)
+      done += replies[i]->calls > 0;
+    if (done == n_replies)
+      return 0;
+    if (sx__mono_ms() - start > timeout_ms)
+      return -1;
+    for (size_t i = 0; i < n; i++)
+      uv_run(&stores[i]->loop, UV_RUN_NOWAIT);
+    usleep(500);
+  }
 }
 
 const sxt_item *sxt_reply_item(const sxt_reply *r, const char *name) {

@@ -101,6 +101,9 @@ int sxt_get(sxt_store *s, const char *name, sxt_reply *r);
 int sxt_list(sxt_store *s, sxt_reply *r);
 int sxt_remove(sxt_store *s, const char *name, sxt_reply *r);
 void sxt_reply_free(sxt_reply *r);
+/* The callback behind the calls above, for ops a test starts itself (pass
+ * a zeroed sxt_reply as arg). */
+void sxt_reply_cb(void *arg, const sx_backend_reply *rep);
 /* The listed item of that name, or NULL. */
 const sxt_item *sxt_reply_item(const sxt_reply *r, const char *name);
 
@@ -115,6 +118,10 @@ int sxt_store_take_event(sxt_store *s, sx_event_kind kind, const char *name,
                          uint32_t timeout_ms, sx_event *out);
 /* How many events of that kind and name were seen (taken or not). */
 int sxt_store_count_events(const sxt_store *s, sx_event_kind kind, const char *name);
+/* Run several stores' loops in turn (none blocks) until every reply has
+ * been called: 0, or -1 on timeout. */
+int sxt_stores_await(sxt_store *const *stores, size_t n, sxt_reply *const *replies,
+                     size_t n_replies, uint32_t timeout_ms);
 /* Wait until on_conn has reported up (or down) at least count times. */
 int sxt_store_wait_conn(sxt_store *s, int up, int count, uint32_t timeout_ms);
 

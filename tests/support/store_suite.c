@@ -740,3 +740,50 @@ void test_store_namespaces_are_isolated(void **state) {
   owner_free(&a);
   owner_free(&b);
 }
+
+void test_store_racing_claims_one_wins(void **state) {
+  sxt_suite *su = sxt_suite_get(state);
+  sxt_store s1, s2;
+  open_store(su, &s1, 0);
+  open_store(su, &s2, 0);
+  int wins[2] = {0, 0};
+  for (int round = 0; round < 10; round++) {
+    char name[32];
+    snprintf(name, sizeof(name), "race-%d", round);
+    owner a, b;
+    owner_init(&a, name, 1);
+    owner_init(&b, name, 1);
+    /* Both claims are in flight at once, from two clients. */
+    sxt_reply ra, rb, rg;
+    memset(&ra, 0, sizeof(ra));
+    memset(&rb, 0, sizeof(rb));
+    sx_publish_req qa = sxt_req(name, a.inc, 1, a.val, a.len, 30000, 0);
+    sx_publish_req qb = sxt_req(name, b.inc, 1, b.val, b.len, 30000, 0);
+    sxt_ok(sx__backend_publish(s1.b, &qa, sxt_reply_cb, &ra));
+    sxt_ok(sx__backend_publish(s2.b, &qb, sxt_reply_cb, &rb));
+    sxt_store *stores[2] = {&s1, &s2};
+    sxt_reply *replies[2] = {&ra, &rb};
+    assert_int_equal(sxt_stores_await(stores, 2, replies, 2, SXT_OP_DEADLINE_MS), 0);
+    assert_int_equal(ra.calls, 1);
+    assert_int_equal(rb.calls, 1);
+    /* Exactly one wins; the other is told who holds the name. */
+    const owner *winner = ra.status == 0 ? &a : &b;
+    const sxt_reply *loser = ra.status == 0 ? &rb : &ra;
+    if (!((ra.status == 0) ^ (rb.status == 0)))
+      fail_msg("round %d: statuses %s and %s", round, sx_err_name(ra.status),
+               sx_err_name(rb.status));
+    assert_status(loser->status, loser, SX_EHELD);
+    assert_memory_equal(loser->holder, winner->inc, SX_INCARNATION_LEN);
+    wins[winner == &b]++;
+    assert_status(sxt_get(&s1, name, &rg), &rg, 0);
+    assert_value_is(&rg, winner);
+    sxt_reply_free(&rg);
+    sxt_reply_free(&ra);
+    sxt_reply_free(&rb);
+    owner_free(&a);
+    owner_free(&b);
+  }
+  print_message("first client won %d, second %d of 10 races\n", wins[0], wins[1]);
+  sxt_store_close(&s2);
+  sxt_store_close(&s1);
+}

@@ -54,6 +54,7 @@ void test_store_corrupt_value_returned_raw(void **state);
 void test_store_close_cancels_pending_ops(void **state);
 void test_store_unreachable_reports_errors(void **state);
 void test_store_namespaces_are_isolated(void **state);
+void test_store_racing_claims_one_wins(void **state);
 
 #define SXT_SUITE_TEST(f) cmocka_unit_test_setup_teardown(f, sxt_suite_setup, sxt_suite_teardown)
 
@@ -69,7 +70,8 @@ void test_store_namespaces_are_isolated(void **state);
       SXT_SUITE_TEST(test_store_corrupt_value_returned_raw),                   \
       SXT_SUITE_TEST(test_store_close_cancels_pending_ops),                    \
       SXT_SUITE_TEST(test_store_unreachable_reports_errors),                   \
-      SXT_SUITE_TEST(test_store_namespaces_are_isolated)
+      SXT_SUITE_TEST(test_store_namespaces_are_isolated),                      \
+      SXT_SUITE_TEST(test_store_racing_claims_one_wins)
 
 /* Helpers the backend-specific tests share with the suite. */
 
