@@ -5,16 +5,16 @@
  * Key layout: see etcd.h.  Every op is a short chain of HTTP requests, each
  * step a callback of the previous one:
  *
- *   publish    sx__etcd_txn(read own + my fence) -> [timetolive of the holder: HELD]
+ *   publish    txn(read own + my fence) -> [timetolive of the holder: HELD]
  *              -> [grant a 24 h fence lease, on takeover] -> grant lease L
- *              -> sx__etcd_txn(if own unchanged and I am not fenced: put seg, own
+ *              -> txn(if own unchanged and I am not fenced: put seg, own
  *                 [, fence the holder]; else read again) -> revoke the old L
- *   renew      sx__etcd_txn(read own + my fence) -> lease keepalive of own's lease
- *   unpublish  sx__etcd_txn(read) -> sx__etcd_txn(if unchanged: tombstone, delete seg, own)
+ *   renew      txn(read own + my fence) -> lease keepalive of own's lease
+ *   unpublish  txn(read) -> txn(if unchanged: tombstone, delete seg, own)
  *              -> revoke L
  *   get        range seg/NAME -> timetolive (lease left)
  *   list       range over seg/ -> timetolive of each lease (8 at a time)
- *   remove     sx__etcd_txn(read own + seg) -> [grant fence lease] -> sx__etcd_txn(if
+ *   remove     txn(read own + seg) -> [grant fence lease] -> txn(if
  *              unchanged: tombstone, delete, fence the holder) -> revoke L
  *
  * The fenced writes are optimistic transactions: the first step reads the
@@ -37,7 +37,7 @@
 #include "etcd.h"
 #include "internal.h"
 
-#define MAX_ATTEMPTS 8  /* optimistic transactions that lost a race */
+#define MAX_ATTEMPTS 8    /* optimistic transactions that lost a race */
 #define LIST_TTL_MAX 1024 /* leases looked up per list; the rest read -1 */
 #define LIST_TTL_WINDOW 8
 
@@ -79,7 +79,7 @@ struct sx__etcd_op {
   struct ttl_req {
     sx__etcd_op *o;
     size_t i;
-  } *ttl_reqs;
+  } * ttl_reqs;
   size_t ttl_next, ttl_busy, ttl_max;
 };
 
@@ -87,8 +87,8 @@ struct sx__etcd_op {
 
 static void key_of(const sx__etcd_backend *eb, char *buf, const char *kind,
                    const char *name, const char *suffix) {
-  snprintf(buf, SX_ETCD_KEY_MAX, "%s%s/%s%s%s", eb->prefix, kind, name,
-           suffix ? "/" : "", suffix ? suffix : "");
+  snprintf(buf, SX_ETCD_KEY_MAX, "%s%s/%s%s%s", eb->prefix, kind, name, suffix ? "/" : "",
+           suffix ? suffix : "");
 }
 
 /* ---------------------------------------------------------------- ops */
@@ -139,8 +139,7 @@ static void revoke_detached(sx__etcd_backend *eb, int64_t lease) {
 
 /* Deliver the op's result and free it.  Leases it granted but did not put
  * to use are revoked. */
-static void op_finish(sx__etcd_op *o, int status, const char *fmt, ...)
-    SX__PRINTF(3, 4);
+static void op_finish(sx__etcd_op *o, int status, const char *fmt, ...) SX__PRINTF(3, 4);
 static void op_finish(sx__etcd_op *o, int status, const char *fmt, ...) {
   sx__etcd_backend *eb = o->eb;
   op_unlink(o);
@@ -247,15 +246,15 @@ static json_t *read_ops(sx__etcd_op *o, int with_seg) {
   return sx__etcd_japp(a, sx__etcd_range(other, NULL, with_seg));
 }
 
-/* Judge a read (first step, or a failed transaction's failure branch) of
- * own + fence: 0 and *own filled when the segment is ours; else finishes
- * the op with SX_EFENCED/SX_EGONE (renew, unpublish) and returns 1. */
+/* A read of own/NAME and fence/NAME/<mine> (the first step, or a failed
+ * transaction's failure branch), decoded. */
 typedef struct seen {
   int found, fenced, parsed;
   sx__etcd_kv kv;
   sx__etcd_owner who;
 } seen;
 
+/* 0, or the answer is malformed and the op is finished with the error. */
 static int read_seen(sx__etcd_op *o, const json_t *body, seen *s) {
   char err[200];
   sx__etcd_kv fence;
@@ -287,19 +286,23 @@ static void fenced_finish(sx__etcd_op *o, const seen *s) {
     op_finish(o, SX_EFENCED, "%s: %s: the owner record is not one this library wrote",
               o->what, o->name);
   } else {
-    op_finish(o, SX_EFENCED, "%s: %s: incarnation %s was fenced (taken over, or removed "
-              "by an admin)", o->what, o->name, o->inc_hex);
+    op_finish(o, SX_EFENCED,
+              "%s: %s: incarnation %s was fenced (taken over, or removed "
+              "by an admin)",
+              o->what, o->name, o->inc_hex);
   }
 }
 
 /* For renew and unpublish: 0 if the segment is ours, else finish. */
 static int own_or_finish(sx__etcd_op *o, seen *s) {
-  if (s->fenced || (s->found && (!s->parsed || memcmp(s->who.inc, o->inc,
-                                                      SX_INCARNATION_LEN) != 0))) {
+  if (s->fenced ||
+      (s->found && (!s->parsed || memcmp(s->who.inc, o->inc, SX_INCARNATION_LEN) != 0))) {
     fenced_finish(o, s);
   } else if (!s->found || s->kv.lease == 0) {
-    op_finish(o, SX_EGONE, "%s: %s: no such segment (its lease expired, or the store "
-              "lost it)", o->what, o->name);
+    op_finish(o, SX_EGONE,
+              "%s: %s: no such segment (its lease expired, or the store "
+              "lost it)",
+              o->what, o->name);
   } else {
     return 0;
   }
@@ -363,7 +366,8 @@ static void pub_txn(sx__etcd_op *o) {
   key_of(eb, seg, "seg", o->name, NULL);
   key_of(eb, own, "own", o->name, NULL);
   key_of(eb, fence, "fence", o->name, o->inc_hex);
-  int n = sx__etcd_owner_text(rec, sizeof(rec), o->inc, o->gen, sx__etcd_ttl_s(o->lease_ms), NULL);
+  int n = sx__etcd_owner_text(rec, sizeof(rec), o->inc, o->gen,
+                              sx__etcd_ttl_s(o->lease_ms), NULL);
   json_t *cmp = sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev));
   cmp = sx__etcd_japp(cmp, sx__etcd_cmp("CREATE", fence, 0));
   json_t *ok = sx__etcd_japp(json_array(), sx__etcd_put(seg, o->value, o->len, o->lease));
@@ -372,9 +376,10 @@ static void pub_txn(sx__etcd_op *o) {
     char holder_hex[2 * SX_INCARNATION_LEN + 1], hfence[SX_ETCD_KEY_MAX], frec[160];
     sx_hex(o->holder.inc, SX_INCARNATION_LEN, holder_hex);
     key_of(eb, hfence, "fence", o->name, holder_hex);
-    int fn = snprintf(frec, sizeof(frec), "{\"v\":1,\"by\":\"%s\",\"at\":%llu,"
-                      "\"why\":\"takeover\"}", o->inc_hex,
-                      (unsigned long long)sx__wall_ms());
+    int fn = snprintf(frec, sizeof(frec),
+                      "{\"v\":1,\"by\":\"%s\",\"at\":%llu,"
+                      "\"why\":\"takeover\"}",
+                      o->inc_hex, (unsigned long long)sx__wall_ms());
     ok = sx__etcd_japp(ok, sx__etcd_put(hfence, frec, (size_t)fn, o->fence_lease));
   }
   op_send(o, "/v3/kv/txn", sx__etcd_txn(cmp, ok, read_ops(o, 0)), pub_txn_done);
@@ -401,7 +406,8 @@ static void pub_granted(sx__etcd_op *o, int status, json_t *body, const char *ms
  * lease), then write. */
 static void pub_leases(sx__etcd_op *o) {
   if (o->has_holder && o->fence_lease == 0)
-    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S), pub_granted);
+    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S),
+            pub_granted);
   else if (o->lease == 0)
     op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", sx__etcd_ttl_s(o->lease_ms)),
             pub_granted);
@@ -421,8 +427,8 @@ static void pub_held(sx__etcd_op *o, int status, json_t *body, const char *msg) 
     return;
   }
   uint64_t now = sx__wall_ms();
-  uint64_t age = o->holder.pub_ms && o->holder.pub_ms <= now ? now - o->holder.pub_ms
-                                                             : UINT64_MAX;
+  uint64_t age =
+      o->holder.pub_ms && o->holder.pub_ms <= now ? now - o->holder.pub_ms : UINT64_MAX;
   if (ttl >= 0 && granted >= ttl && (uint64_t)(granted - ttl) * 1000 < age)
     age = (uint64_t)(granted - ttl) * 1000; /* since the last keepalive, to 1 s */
   if (age == UINT64_MAX)
@@ -432,9 +438,10 @@ static void pub_held(sx__etcd_op *o, int status, json_t *body, const char *msg) 
   o->rep.holder_ttl_ms = ttl >= 0 ? ttl * 1000 : -1;
   char hex[2 * SX_INCARNATION_LEN + 1];
   sx_hex(o->holder.inc, SX_INCARNATION_LEN, hex);
-  op_finish(o, SX_EHELD, "publish %s: held by incarnation %s (lease left %lld ms, "
-            "renewed %llu ms ago); publish with takeover to replace it", o->name, hex,
-            (long long)o->rep.holder_ttl_ms, (unsigned long long)age);
+  op_finish(o, SX_EHELD,
+            "publish %s: held by incarnation %s (lease left %lld ms, "
+            "renewed %llu ms ago); publish with takeover to replace it",
+            o->name, hex, (long long)o->rep.holder_ttl_ms, (unsigned long long)age);
 }
 
 /* Decide from a read of own + my fence. */
@@ -490,7 +497,9 @@ static void pub_read_done(sx__etcd_op *o, int status, json_t *body, const char *
 
 static int etcd_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb cb,
                         void *arg) {
-  int rc;
+  int rc = sx_name_validate(req->name);
+  if (rc != 0)
+    return rc;
   if (req->value == NULL || req->len == 0 || req->lease_ms == 0)
     return sx__err(SX_EINVAL, "publish %s: empty value or zero lease", req->name);
   if (req->len > SX_MAX_DESC_BYTES)
@@ -511,7 +520,8 @@ static int etcd_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb 
     return sx__err(SX_ENOMEM, "publish: out of memory");
   }
   memcpy(o->value, req->value, req->len);
-  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL), pub_read_done);
+  return op_begin(o, "/v3/kv/txn", sx__etcd_txn(NULL, read_ops(o, 0), NULL),
+                  pub_read_done);
 }
 
 /* ---------------------------------------------------------------- renew */
@@ -596,16 +606,17 @@ static void unpub_judge(sx__etcd_op *o, const json_t *body) {
   key_of(eb, del, "del", o->name, NULL);
   o->own_rev = s.kv.mod_rev;
   o->own_lease = s.kv.lease;
-  int n = sx__etcd_owner_text(rec, sizeof(rec), o->inc, s.who.gen, s.who.ttl_s, "unpublish");
+  int n =
+      sx__etcd_owner_text(rec, sizeof(rec), o->inc, s.who.gen, s.who.ttl_s, "unpublish");
   sx__etcd_kv_free(&s.kv);
   /* The tombstone rides on the segment's own lease, which is revoked next:
    * watchers see it in the revision of the delete, and it is gone after. */
-  json_t *ok = sx__etcd_japp(json_array(), sx__etcd_put(del, rec, (size_t)n, o->own_lease));
+  json_t *cmp = sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev));
+  json_t *ok =
+      sx__etcd_japp(json_array(), sx__etcd_put(del, rec, (size_t)n, o->own_lease));
   ok = sx__etcd_japp(ok, sx__etcd_delete(seg));
   ok = sx__etcd_japp(ok, sx__etcd_delete(own));
-  op_send(o, "/v3/kv/txn",
-          sx__etcd_txn(sx__etcd_japp(json_array(), sx__etcd_cmp("MOD", own, o->own_rev)), ok, read_ops(o, 0)),
-          unpub_txn_done);
+  op_send(o, "/v3/kv/txn", sx__etcd_txn(cmp, ok, read_ops(o, 0)), unpub_txn_done);
 }
 
 static void unpub_read(sx__etcd_op *o, int status, json_t *body, const char *msg) {
@@ -678,7 +689,8 @@ static int etcd_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg
     return rc;
   char seg[SX_ETCD_KEY_MAX];
   key_of(o->eb, seg, "seg", name, NULL);
-  return op_begin(o, "/v3/kv/range", sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(seg)), get_read);
+  return op_begin(o, "/v3/kv/range",
+                  sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(seg)), get_read);
 }
 
 /* ---------------------------------------------------------------- list */
@@ -782,7 +794,8 @@ static int etcd_list(sx_backend *b, sx_backend_cb cb, void *arg) {
   snprintf(from, sizeof(from), "%sseg/", o->eb->prefix);
   snprintf(to, sizeof(to), "%sseg0", o->eb->prefix); /* '0' follows '/' */
   json_t *req = sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(from));
-  return op_begin(o, "/v3/kv/range", sx__etcd_jkv(req, "range_end", sx__etcd_jkey(to)), list_read);
+  return op_begin(o, "/v3/kv/range", sx__etcd_jkv(req, "range_end", sx__etcd_jkey(to)),
+                  list_read);
 }
 
 /* ---------------------------------------------------------------- remove */
@@ -830,8 +843,8 @@ static void rm_txn(sx__etcd_op *o) {
   json_t *ok = json_array();
   if (o->has_holder && o->own_lease != 0) {
     char rec[256];
-    int n = sx__etcd_owner_text(rec, sizeof(rec), o->holder.inc, o->holder.gen, o->holder.ttl_s,
-                       "remove");
+    int n = sx__etcd_owner_text(rec, sizeof(rec), o->holder.inc, o->holder.gen,
+                                o->holder.ttl_s, "remove");
     ok = sx__etcd_japp(ok, sx__etcd_put(del, rec, (size_t)n, o->own_lease));
   }
   if (o->seg_rev)
@@ -850,8 +863,8 @@ static void rm_txn(sx__etcd_op *o) {
 }
 
 static void rm_granted(sx__etcd_op *o, int status, json_t *body, const char *msg) {
-  if (status == 0 && (sx__etcd_i64(body, "ID", &o->fence_lease) != 0 ||
-                      o->fence_lease == 0)) {
+  if (status == 0 &&
+      (sx__etcd_i64(body, "ID", &o->fence_lease) != 0 || o->fence_lease == 0)) {
     status = SX_EPROTO;
     msg = "the lease grant answer has no lease ID";
   }
@@ -887,7 +900,8 @@ static void rm_judge(sx__etcd_op *o, const json_t *body) {
   if (!has_own && !has_seg)
     op_finish(o, SX_ENOENT, "remove %s: no such segment", o->name);
   else if (o->has_holder && o->fence_lease == 0)
-    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S), rm_granted);
+    op_send(o, "/v3/lease/grant", sx__etcd_id_req("TTL", SX_ETCD_FENCE_TTL_S),
+            rm_granted);
   else
     rm_txn(o);
 }
@@ -927,7 +941,7 @@ static void etcd_close(sx_backend *b) {
     o->call = NULL;
     o->rep.status = SX_ECANCELED;
     sx__etcd_say(o->rep.message, sizeof(o->rep.message), "%s %s: the store was closed",
-             o->what, o->name);
+                 o->what, o->name);
     o->rep.items = NULL;
     o->rep.n_items = 0;
     o->rep.value = NULL;

@@ -131,14 +131,14 @@ json_t *sx__etcd_txn(json_t *compare, json_t *success, json_t *failure);
 json_t *sx__etcd_id_req(const char *field, int64_t v);
 /* The i-th response of a txn answer, a response_range: its first kv (if any)
  * into *kv and *found.  0, or SX_EPROTO with a message in err. */
-int sx__etcd_txn_kv(const json_t *body, size_t i, sx__etcd_kv *kv, int *found,
-                    char *err, size_t err_size);
+int sx__etcd_txn_kv(const json_t *body, size_t i, sx__etcd_kv *kv, int *found, char *err,
+                    size_t err_size);
 /* Whether a txn's compares held. */
 int sx__etcd_txn_ok(const json_t *body);
 
 /* One mvccpb.KeyValue, decoded. */
 struct sx__etcd_kv {
-  uint8_t *key;   /* NUL-terminated for convenience */
+  uint8_t *key; /* NUL-terminated for convenience */
   size_t key_len;
   uint8_t *value; /* NUL-terminated; NULL only when freed */
   size_t value_len;
@@ -186,10 +186,11 @@ typedef struct sx__etcd_op sx__etcd_op;
 typedef struct sx__etcd_backend {
   sx_backend base;
   sx__etcd_http *http;
-  char prefix[sizeof(SX_ETCD_ROOT) + SX_NS_MAX + 1]; /* "/segxfer/NS/" */
-  sx__etcd_op *ops;  /* ops in flight */
+  /* "/segxfer/NS/" */
+  char prefix[sizeof(SX_ETCD_ROOT) + SX_NS_MAX + 1];
+  sx__etcd_op *ops; /* ops in flight */
   int closing;
-  int handles;       /* open uv timers */
+  int handles; /* open uv timers */
   /* Connection state as last reported through on_conn: -1 not yet, 0, 1. */
   int up;
   uint32_t backoff_ms;

@@ -56,7 +56,8 @@ void sx__etcd_conn_note(sx__etcd_backend *eb, int status, const json_t *body,
   int64_t rev = 0;
   if (eb->closing)
     return;
-  if (body != NULL && sx__etcd_i64(json_object_get(body, "header"), "revision", &rev) == 0 &&
+  if (body != NULL &&
+      sx__etcd_i64(json_object_get(body, "header"), "revision", &rev) == 0 &&
       rev > eb->seen_rev)
     eb->seen_rev = rev;
   if (down) {
@@ -95,10 +96,12 @@ static void probe_done(void *arg, int status, json_t *body, const char *msg) {
   /* Member IDs are uint64 (often above INT64_MAX): only "absent or 0" says
    * that there is no leader. */
   const json_t *leader = json_object_get(body, "leader");
-  if (status == 0 && (leader == NULL || (json_is_string(leader) &&
-                                         strcmp(json_string_value(leader), "0") == 0) ||
-                      (json_is_integer(leader) && json_integer_value(leader) == 0))) {
-    sx__etcd_say(text, sizeof(text), "etcd %s has no leader", sx__etcd_endpoint(eb->http));
+  if (status == 0 &&
+      (leader == NULL ||
+       (json_is_string(leader) && strcmp(json_string_value(leader), "0") == 0) ||
+       (json_is_integer(leader) && json_integer_value(leader) == 0))) {
+    sx__etcd_say(text, sizeof(text), "etcd %s has no leader",
+                 sx__etcd_endpoint(eb->http));
     status = SX_EUNREACH;
     msg = text;
   }
@@ -200,8 +203,8 @@ static void watch_deadline(uv_timer_t *t) {
   sx__etcd_cancel(eb->watch);
   eb->watch = NULL;
   sx__etcd_say(msg, sizeof(msg), "etcd %s: the watch was not set up within %u ms",
-           sx__etcd_endpoint(eb->http),
-           eb->base.url.connect_timeout_ms + eb->base.url.timeout_ms);
+               sx__etcd_endpoint(eb->http),
+               eb->base.url.connect_timeout_ms + eb->base.url.timeout_ms);
   sx__etcd_conn_note(eb, SX_ETIMEDOUT, NULL, msg);
 }
 
@@ -229,7 +232,7 @@ static int on_one(sx__etcd_backend *eb, const json_t *ev, int64_t *max_rev, char
   if (type != NULL && !is_delete &&
       !(json_is_string(type) && strcmp(json_string_value(type), "PUT") == 0)) {
     sx__etcd_say(err, err_size, "etcd %s: watch: unknown event type",
-             sx__etcd_endpoint(eb->http));
+                 sx__etcd_endpoint(eb->http));
     return SX_EPROTO;
   }
   sx__etcd_kv kv;
@@ -290,7 +293,7 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
       sx__etcd_i64(header, "raft_term", &term) != 0 ||
       sx__etcd_i64(msg, "compact_revision", &compact) != 0) {
     sx__etcd_say(err, err_size, "etcd %s: watch: %s", sx__etcd_endpoint(eb->http),
-             sx_errmsg());
+                 sx_errmsg());
     return SX_EPROTO;
   }
   if (json_is_true(json_object_get(msg, "canceled"))) {
@@ -298,21 +301,23 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
       /* The revision to resume from is gone: start over from now. */
       eb->watch_now = 1;
       sx__etcd_say(err, err_size, "etcd %s: watch: history compacted at revision %lld",
-               sx__etcd_endpoint(eb->http), (long long)compact);
+                   sx__etcd_endpoint(eb->http), (long long)compact);
       return RESYNC;
     }
     const json_t *why = json_object_get(msg, "cancel_reason");
-    sx__etcd_say(err, err_size, "etcd %s: watch canceled: %.120s", sx__etcd_endpoint(eb->http),
-             json_is_string(why) ? json_string_value(why) : "no reason given");
+    sx__etcd_say(err, err_size, "etcd %s: watch canceled: %.120s",
+                 sx__etcd_endpoint(eb->http),
+                 json_is_string(why) ? json_string_value(why) : "no reason given");
     return SX_ESTORE;
   }
   if (json_is_true(json_object_get(msg, "created"))) {
     if ((eb->watch_rev > 0 && rev < eb->watch_rev) || term < eb->watch_term) {
       /* etcd has less history than we have seen: it lost its data. */
-      sx__etcd_say(err, err_size, "etcd %s: store revision %lld (term %lld) is behind %lld "
-               "(term %lld): the store was reset", sx__etcd_endpoint(eb->http),
-               (long long)rev, (long long)term, (long long)eb->watch_rev,
-               (long long)eb->watch_term);
+      sx__etcd_say(err, err_size,
+                   "etcd %s: store revision %lld (term %lld) is behind %lld "
+                   "(term %lld): the store was reset",
+                   sx__etcd_endpoint(eb->http), (long long)rev, (long long)term,
+                   (long long)eb->watch_rev, (long long)eb->watch_term);
       eb->watch_rev = 0;
       eb->watch_term = 0;
       return RESYNC;
@@ -327,7 +332,7 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
   const json_t *events = json_object_get(msg, "events");
   if (events != NULL && !json_is_array(events)) {
     sx__etcd_say(err, err_size, "etcd %s: watch: events is not an array",
-             sx__etcd_endpoint(eb->http));
+                 sx__etcd_endpoint(eb->http));
     return SX_EPROTO;
   }
   int64_t max_rev = 0;

@@ -33,9 +33,9 @@ struct sx__etcd_call {
   sx__etcd_done_fn done;
   sx__etcd_msg_fn on_msg; /* streams only */
   void *arg;
-  int ep;      /* endpoint in use */
-  int tried;   /* endpoints that refused a connection so far */
-  char *buf;   /* the answer (unary) or what is left of it (stream) */
+  int ep;    /* endpoint in use */
+  int tried; /* endpoints that refused a connection so far */
+  char *buf; /* the answer (unary) or what is left of it (stream) */
   size_t len, cap, scanned;
   int over;    /* the answer outgrew sx__etcd_answer_max */
   int pending; /* stream: a complete line may be waiting in buf */
@@ -177,7 +177,7 @@ static int on_curl_timer(CURLM *multi, long ms, void *userp) {
 static void set_where(sx__etcd_http *h) {
   const sx_url_host *e = &h->url.hosts[h->cur];
   sx__etcd_say(h->where, sizeof(h->where), strchr(e->host, ':') ? "[%s]:%u" : "%s:%u",
-           e->host, e->port);
+               e->host, e->port);
 }
 
 const char *sx__etcd_endpoint(const sx__etcd_http *h) { return h->where; }
@@ -268,7 +268,8 @@ static int call_new(sx__etcd_http *h, const char *path, const json_t *req,
   int bad = 0;
   bad |= curl_easy_setopt(e, CURLOPT_PRIVATE, c) != CURLE_OK;
   bad |= curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L) != CURLE_OK;
-  bad |= curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1) != CURLE_OK;
+  bad |=
+      curl_easy_setopt(e, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1) != CURLE_OK;
   bad |= curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK;
   /* etcd is reached directly: proxies from the environment would only be in
    * the way of a loopback or cluster-internal address. */
@@ -283,8 +284,8 @@ static int call_new(sx__etcd_http *h, const char *path, const json_t *req,
                           (long)h->url.connect_timeout_ms) != CURLE_OK;
   /* A stream lives as long as the watch; its liveness is the backend's
    * health probe, not a transfer timeout. */
-  bad |= curl_easy_setopt(e, CURLOPT_TIMEOUT_MS,
-                          on_msg ? 0L : (long)h->url.timeout_ms) != CURLE_OK;
+  bad |= curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, on_msg ? 0L : (long)h->url.timeout_ms) !=
+         CURLE_OK;
   if (on_msg != NULL)
     bad |= curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L) != CURLE_OK;
   if (h->cacert[0])
@@ -352,7 +353,7 @@ static int grpc_status(json_int_t code) {
     return SX_ETIMEDOUT;
   case 5: /* NOT_FOUND: "requested lease not found" */
     return SX_ENOENT;
-  case 7: /* PERMISSION_DENIED */
+  case 7:  /* PERMISSION_DENIED */
   case 16: /* UNAUTHENTICATED */
     return SX_EAUTH;
   case 8: /* RESOURCE_EXHAUSTED: too many requests, request too large */
@@ -412,8 +413,8 @@ static void judge(sx__etcd_call *c, long http, answer *a) {
   }
   if (j == NULL) {
     a->status = SX_EPROTO;
-    sx__etcd_say(a->msg, sizeof(a->msg), "%s: the answer is not JSON: %s (byte %d)", where,
-             jerr.text, jerr.position);
+    sx__etcd_say(a->msg, sizeof(a->msg), "%s: the answer is not JSON: %s (byte %d)",
+                 where, jerr.text, jerr.position);
     return;
   }
   if (!json_is_object(j)) {
@@ -478,7 +479,7 @@ static void transfer_done(sx__etcd_call *c, CURLcode rc) {
   if (rc != CURLE_OK && !c->over && never_sent(rc, sent)) {
     size_t o = strlen(c->unreach);
     sx__etcd_say(c->unreach + o, sizeof(c->unreach) - o, "%s%s:%u (%s)", o ? ", " : "",
-             e->host, e->port, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
+                 e->host, e->port, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
     if (++c->tried < h->url.n_hosts) {
       /* Later requests start at the next endpoint too. */
       if (c->ep == h->cur) {
@@ -495,7 +496,7 @@ static void transfer_done(sx__etcd_call *c, CURLcode rc) {
   }
   if (c->over) {
     sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: the answer exceeds %zu bytes", e->host,
-             e->port, c->path, sx__etcd_answer_max);
+                 e->port, c->path, sx__etcd_answer_max);
     finish(c, SX_ELIMIT, NULL, msg);
     return;
   }
@@ -506,20 +507,20 @@ static void transfer_done(sx__etcd_call *c, CURLcode rc) {
       h->cur = (h->cur + 1) % h->url.n_hosts;
       set_where(h);
     }
-    sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: no answer within %u ms", e->host, e->port,
-             c->path, h->url.timeout_ms);
+    sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: no answer within %u ms", e->host,
+                 e->port, c->path, h->url.timeout_ms);
     finish(c, SX_ETIMEDOUT, NULL, msg);
     return;
   }
   if (rc != CURLE_OK) {
-    sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: connection broke: %s", e->host, e->port,
-             c->path, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
+    sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: connection broke: %s", e->host,
+                 e->port, c->path, c->errbuf[0] ? c->errbuf : curl_easy_strerror(rc));
     finish(c, SX_EIO, NULL, msg);
     return;
   }
   if (c->on_msg != NULL && http == 200) {
     sx__etcd_say(msg, sizeof(msg), "etcd %s:%u %s: the stream ended", e->host, e->port,
-             c->path);
+                 c->path);
     finish(c, SX_EIO, NULL, msg);
     return;
   }
@@ -564,12 +565,12 @@ static int deliver_line(sx__etcd_http *h) {
   char err[256] = "";
   if (j == NULL) {
     rc = SX_EPROTO;
-    sx__etcd_say(err, sizeof(err), "etcd %s %s: a stream message is not JSON: %s", h->where,
-             c->path, jerr.text);
+    sx__etcd_say(err, sizeof(err), "etcd %s %s: a stream message is not JSON: %s",
+                 h->where, c->path, jerr.text);
   } else if (!json_is_object(j)) {
     rc = SX_EPROTO;
     sx__etcd_say(err, sizeof(err), "etcd %s %s: a stream message is not a JSON object",
-             h->where, c->path);
+                 h->where, c->path);
   } else if (json_object_get(j, "error") != NULL) {
     char detail[200];
     rc = error_status(j, detail, sizeof(detail));

@@ -128,10 +128,12 @@ int sx__etcd_kv_parse(const json_t *kv, sx__etcd_kv *out, char *err, size_t err_
   }
   const json_t *k = json_object_get(kv, "key"), *v = json_object_get(kv, "value");
   if (!json_is_string(k) || (v != NULL && !json_is_string(v))) {
-    sx__etcd_say(err, err_size, "a key-value has no key, or a key or value that is not text");
+    sx__etcd_say(err, err_size,
+                 "a key-value has no key, or a key or value that is not text");
     return SX_EPROTO;
   }
-  int rc = sx__etcd_unb64(json_string_value(k), json_string_length(k), &r.key, &r.key_len);
+  int rc =
+      sx__etcd_unb64(json_string_value(k), json_string_length(k), &r.key, &r.key_len);
   if (rc == 0)
     rc = v ? sx__etcd_unb64(json_string_value(v), json_string_length(v), &r.value,
                             &r.value_len)
@@ -207,7 +209,8 @@ json_t *sx__etcd_put(const char *key, const void *val, size_t len, int64_t lease
 }
 
 json_t *sx__etcd_delete(const char *key) {
-  return sx__etcd_jkv(json_object(), "request_delete_range", sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(key)));
+  return sx__etcd_jkv(json_object(), "request_delete_range",
+                      sx__etcd_jkv(json_object(), "key", sx__etcd_jkey(key)));
 }
 
 /* Compare a key's mod_revision ("MOD") or create_revision ("CREATE"); 0
@@ -217,7 +220,7 @@ json_t *sx__etcd_cmp(const char *target, const char *key, int64_t rev) {
   c = sx__etcd_jkv(c, "key", sx__etcd_jkey(key));
   c = sx__etcd_jkv(c, "result", json_string("EQUAL"));
   return sx__etcd_jkv(c, strcmp(target, "MOD") == 0 ? "mod_revision" : "create_revision",
-             sx__etcd_i64_json(rev));
+                      sx__etcd_i64_json(rev));
 }
 
 json_t *sx__etcd_txn(json_t *compare, json_t *success, json_t *failure) {
@@ -237,7 +240,7 @@ json_t *sx__etcd_id_req(const char *field, int64_t v) {
 /* The i-th response of a txn answer, a response_range: its first kv (if
  * any) into *kv and *found.  0 or SX_EPROTO with a message in err. */
 int sx__etcd_txn_kv(const json_t *body, size_t i, sx__etcd_kv *kv, int *found, char *err,
-                  size_t err_size) {
+                    size_t err_size) {
   const json_t *rs = json_object_get(body, "responses");
   const json_t *r = json_object_get(json_array_get(rs, i), "response_range");
   *found = 0;
@@ -292,12 +295,12 @@ int sx__etcd_owner_parse(const uint8_t *v, size_t len, sx__etcd_owner *o) {
 }
 
 int sx__etcd_owner_text(char *buf, size_t size, const uint8_t *inc, uint64_t gen,
-                      int64_t ttl_s, const char *why) {
+                        int64_t ttl_s, const char *why) {
   char hex[2 * SX_INCARNATION_LEN + 1];
   sx_hex(inc, SX_INCARNATION_LEN, hex);
-  return snprintf(buf, size,
-                  "{\"v\":1,\"inc\":\"%s\",\"gen\":\"%llu\",\"pub\":%llu,\"ttl\":%lld%s%s%s}",
-                  hex, (unsigned long long)gen, (unsigned long long)sx__wall_ms(),
-                  (long long)ttl_s, why ? ",\"why\":\"" : "", why ? why : "",
-                  why ? "\"" : "");
+  return snprintf(
+      buf, size,
+      "{\"v\":1,\"inc\":\"%s\",\"gen\":\"%llu\",\"pub\":%llu,\"ttl\":%lld%s%s%s}", hex,
+      (unsigned long long)gen, (unsigned long long)sx__wall_ms(), (long long)ttl_s,
+      why ? ",\"why\":\"" : "", why ? why : "", why ? "\"" : "");
 }

@@ -110,8 +110,8 @@ static void test_etcd_failover_first_endpoint_dead(void **state) {
   char url[512];
   seg_init(&a, "failover");
   uint16_t dead = sxt_free_port(), dead2 = sxt_free_port();
-  snprintf(url, sizeof(url), "etcd://127.0.0.1:%u,127.0.0.1:%u?namespace=%s", dead, e->port,
-           su->ns);
+  snprintf(url, sizeof(url), "etcd://127.0.0.1:%u,127.0.0.1:%u?namespace=%s", dead,
+           e->port, su->ns);
   sxt_ok(sxt_store_open(&s, url, 1));
   sxt_ok(sxt_store_open(&w, url, 1));
   sxt_ok(sx__backend_watch(w.b));
@@ -395,8 +395,8 @@ static void test_etcd_wire_base64_and_int64(void **state) {
     json_t *j = sx__etcd_b64(buf, len);
     assert_non_null(j);
     assert_int_equal(json_string_length(j) % 4, 0);
-    assert_int_equal(sx__etcd_unb64(json_string_value(j), json_string_length(j), &out, &n),
-                     0);
+    assert_int_equal(
+        sx__etcd_unb64(json_string_value(j), json_string_length(j), &out, &n), 0);
     assert_int_equal(n, len);
     assert_memory_equal(out, buf, len);
     assert_int_equal(out[n], 0);
@@ -407,10 +407,10 @@ static void test_etcd_wire_base64_and_int64(void **state) {
   assert_int_equal(sx__etcd_unb64("ab!c", 4, &out, &n), SX_EPROTO);
   assert_int_equal(sx__etcd_unb64("a b=", 4, &out, &n), SX_EPROTO);
 
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:f, s:s, s:b}", "a", "12", "b",
-                        "-5", "max", "9223372036854775807", "over",
-                        "9223372036854775808", "text", "12x", "num", (json_int_t)7, "dbl",
-                        1.5, "empty", "", "bool", 1);
+  json_t *o =
+      json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:f, s:s, s:b}", "a", "12", "b", "-5",
+                "max", "9223372036854775807", "over", "9223372036854775808", "text",
+                "12x", "num", (json_int_t)7, "dbl", 1.5, "empty", "", "bool", 1);
   int64_t v;
   assert_int_equal(sx__etcd_i64(o, "a", &v), 0);
   assert_int_equal(v, 12);
@@ -437,7 +437,9 @@ static void test_etcd_wire_base64_and_int64(void **state) {
   assert_int_equal(who.inc[15], 0xff);
   assert_int_equal(who.ttl_s, 3);
   static const char *const bad[] = {
-      "", "[]", "{\"inc\":\"0011\",\"gen\":\"1\"}",
+      "",
+      "[]",
+      "{\"inc\":\"0011\",\"gen\":\"1\"}",
       "{\"inc\":\"00112233445566778899aabbccddeeff\",\"gen\":1}",
       "{\"inc\":\"00112233445566778899aabbccddeeff\",\"gen\":\"-1\"}",
       "{\"inc\":\"00112233445566778899aabbccddeeff\",\"gen\":\"18446744073709551616\"}",
@@ -493,32 +495,37 @@ static void test_etcd_bad_answers_are_errors(void **state) {
   fake_routes(&k, "/v3/kv/range", 200, "{}", 0);
   sxt_ok(sxt_store_open(&s, k.url, 1));
 
-  assert_int_equal(fake_get(&s, &k, 200, "this is not json", msg, sizeof(msg)), SX_EPROTO);
+  assert_int_equal(fake_get(&s, &k, 200, "this is not json", msg, sizeof(msg)),
+                   SX_EPROTO);
   assert_non_null(strstr(msg, "not JSON"));
   assert_int_equal(fake_get(&s, &k, 200, "[1,2]", msg, sizeof(msg)), SX_EPROTO);
   assert_int_equal(fake_get(&s, &k, 200, "{\"kvs\":5}", msg, sizeof(msg)), SX_EPROTO);
-  assert_int_equal(fake_get(&s, &k, 200, "{\"kvs\":[{\"key\":\"%%%\"}]}", msg, sizeof(msg)),
-                   SX_EPROTO);
+  assert_int_equal(
+      fake_get(&s, &k, 200, "{\"kvs\":[{\"key\":\"%%%\"}]}", msg, sizeof(msg)),
+      SX_EPROTO);
   assert_int_equal(fake_get(&s, &k, 200, "{\"kvs\":[7]}", msg, sizeof(msg)), SX_EPROTO);
-  assert_int_equal(fake_get(&s, &k, 200,
-                            "{\"kvs\":[{\"key\":\"eA==\",\"value\":\"dg==\",\"lease\":\"1x\"}]}",
-                            msg, sizeof(msg)),
-                   SX_EPROTO);
+  assert_int_equal(
+      fake_get(&s, &k, 200,
+               "{\"kvs\":[{\"key\":\"eA==\",\"value\":\"dg==\",\"lease\":\"1x\"}]}", msg,
+               sizeof(msg)),
+      SX_EPROTO);
   assert_int_equal(fake_get(&s, &k, 500, "<html>oops\x01</html>", msg, sizeof(msg)),
                    SX_ESTORE);
   assert_non_null(strstr(msg, "HTTP 500"));
   assert_null(strchr(msg, '\x01')); /* server text is cleaned */
   assert_int_equal(fake_get(&s, &k, 401,
-                            "{\"error\":\"etcdserver: invalid auth token\",\"code\":16}", msg,
-                            sizeof(msg)),
+                            "{\"error\":\"etcdserver: invalid auth token\",\"code\":16}",
+                            msg, sizeof(msg)),
                    SX_EAUTH);
   assert_non_null(strstr(msg, "invalid auth token"));
-  assert_int_equal(fake_get(&s, &k, 200, "{\"error\":{\"grpc_code\":3,\"message\":\"bad\"}}",
-                            msg, sizeof(msg)),
+  assert_int_equal(fake_get(&s, &k, 200,
+                            "{\"error\":{\"grpc_code\":3,\"message\":\"bad\"}}", msg,
+                            sizeof(msg)),
                    SX_ESTORE);
   /* A value without a lease, or with an unknown one, has no lease left. */
-  assert_int_equal(fake_get(&s, &k, 200, "{\"kvs\":[{\"key\":\"eA==\",\"value\":\"dg==\"}]}",
-                            msg, sizeof(msg)),
+  assert_int_equal(fake_get(&s, &k, 200,
+                            "{\"kvs\":[{\"key\":\"eA==\",\"value\":\"dg==\"}]}", msg,
+                            sizeof(msg)),
                    0);
 
   /* Answers are capped. */
@@ -610,23 +617,28 @@ static void test_etcd_watch_classifies_events(void **state) {
   fake k;
   sxt_store w;
   fake_start(&k, NULL);
-  const char *own_n = "{\"v\":1,\"inc\":\"0102030405060708090a0b0c0d0e0f10\",\"gen\":\"4\","
-                      "\"pub\":1,\"ttl\":5}";
-  const char *tomb = "{\"v\":1,\"inc\":\"0102030405060708090a0b0c0d0e0f10\",\"gen\":\"4\","
-                     "\"pub\":2,\"ttl\":5,\"why\":\"unpublish\"}";
-  const char *put[] = {"PUT", "/segxfer/fk/seg/n", "descriptor", "PUT", "/segxfer/fk/own/n",
-                       own_n};
-  const char *del[] = {"PUT", "/segxfer/fk/del/n", tomb, "DELETE", "/segxfer/fk/seg/n",
-                       NULL, "DELETE", "/segxfer/fk/own/n", NULL};
-  const char *exp[] = {"DELETE", "/segxfer/fk/seg/m", NULL, "DELETE", "/segxfer/fk/own/m",
-                       NULL};
-  const char *junk[] = {"PUT", "/segxfer/fk/fence/n/00", "x", "PUT", "/other/own/z",
-                        own_n, "PUT", "/segxfer/fk/own/bad", "not a record"};
+  const char *own_n =
+      "{\"v\":1,\"inc\":\"0102030405060708090a0b0c0d0e0f10\",\"gen\":\"4\","
+      "\"pub\":1,\"ttl\":5}";
+  const char *tomb =
+      "{\"v\":1,\"inc\":\"0102030405060708090a0b0c0d0e0f10\",\"gen\":\"4\","
+      "\"pub\":2,\"ttl\":5,\"why\":\"unpublish\"}";
+  const char *put[] = {"PUT", "/segxfer/fk/seg/n", "descriptor",
+                       "PUT", "/segxfer/fk/own/n", own_n};
+  const char *del[] = {"PUT",    "/segxfer/fk/del/n", tomb,
+                       "DELETE", "/segxfer/fk/seg/n", NULL,
+                       "DELETE", "/segxfer/fk/own/n", NULL};
+  const char *exp[] = {"DELETE", "/segxfer/fk/seg/m", NULL,
+                       "DELETE", "/segxfer/fk/own/m", NULL};
+  const char *junk[] = {"PUT", "/segxfer/fk/fence/n/00", "x",
+                        "PUT", "/other/own/z",           own_n,
+                        "PUT", "/segxfer/fk/own/bad",    "not a record"};
   char *l1 = watch_line(101, put, 6), *l2 = watch_line(102, del, 9),
        *l3 = watch_line(103, exp, 6), *l4 = watch_line(104, junk, 9);
   char stream[4096];
   snprintf(stream, sizeof(stream),
-           "{\"result\":{\"header\":{\"revision\":\"100\"},\"created\":true}}\n%s\n%s\n%s\n%s\n",
+           "{\"result\":{\"header\":{\"revision\":\"100\"},\"created\":true}}\n%s\n%s\n%"
+           "s\n%s\n",
            l1, l2, l3, l4);
   free(l1), free(l2), free(l3), free(l4);
   fake_routes(&k, "/v3/watch", 200, stream, 1);
@@ -682,10 +694,11 @@ static void test_etcd_watch_recovers_from_garbage_compaction_and_reset(void **st
 
   /* Compacted history: resync (on_conn up again), then watch from now. */
   fake_start(&k, NULL);
-  fake_routes(&k, "/v3/watch", 200,
-              "{\"result\":{\"header\":{\"revision\":\"100\"},\"created\":true}}\n"
-              "{\"result\":{\"header\":{},\"canceled\":true,\"compact_revision\":\"90\"}}\n",
-              1);
+  fake_routes(
+      &k, "/v3/watch", 200,
+      "{\"result\":{\"header\":{\"revision\":\"100\"},\"created\":true}}\n"
+      "{\"result\":{\"header\":{},\"canceled\":true,\"compact_revision\":\"90\"}}\n",
+      1);
   sxt_ok(sxt_store_open(&w, k.url, 1));
   sxt_ok(sx__backend_watch(w.b));
   assert_int_equal(sxt_store_wait_conn(&w, 1, 2, 10000), 0);
@@ -714,7 +727,9 @@ static void test_etcd_watch_recovers_from_garbage_compaction_and_reset(void **st
 
 /* ---------------------------------------------------------------- main */
 
-static int group_setup(void **state) { return sxt_suite_group_setup(state, &sxt_etcd_fixture); }
+static int group_setup(void **state) {
+  return sxt_suite_group_setup(state, &sxt_etcd_fixture);
+}
 
 #define ETCD_TEST(f) SXT_SUITE_TEST(f)
 

@@ -146,12 +146,17 @@ static int spawn(sxt_etcd *e) {
   snprintf(client, sizeof(client), "%s://127.0.0.1:%u", scheme, e->port);
   snprintf(peer, sizeof(peer), "http://127.0.0.1:%u", e->peer_port);
   snprintf(cluster, sizeof(cluster), "sxt=%s", peer);
-  const char *argv[32] = {"etcd", "--name", "sxt", "--data-dir", e->data,
-                          "--listen-client-urls", client, "--advertise-client-urls",
-                          client, "--listen-peer-urls", peer,
-                          "--initial-advertise-peer-urls", peer, "--initial-cluster",
-                          cluster, "--initial-cluster-state", "new", "--logger", "zap",
-                          "--log-level", "warn"};
+  const char *argv[32] = {"etcd",  "--name",
+                          "sxt",   "--data-dir",
+                          e->data, "--listen-client-urls",
+                          client,  "--advertise-client-urls",
+                          client,  "--listen-peer-urls",
+                          peer,    "--initial-advertise-peer-urls",
+                          peer,    "--initial-cluster",
+                          cluster, "--initial-cluster-state",
+                          "new",   "--logger",
+                          "zap",   "--log-level",
+                          "warn"};
   int n = 21;
   if (e->tls) {
     argv[n++] = "--cert-file";
@@ -207,16 +212,17 @@ static int make_certs(sxt_etcd *e) {
   snprintf(e->ca, sizeof(e->ca), "%s/ca.pem", e->root);
   snprintf(e->cert, sizeof(e->cert), "%s/server.pem", e->root);
   snprintf(e->key, sizeof(e->key), "%s/server-key.pem", e->root);
-  snprintf(cmd, sizeof(cmd),
-           "cd '%s' && "
-           "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 "
-           "-subj /CN=sxt-test-ca -keyout ca-key.pem -out ca.pem && "
-           "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
-           "-subj /CN=127.0.0.1 -keyout server-key.pem -out server.csr && "
-           "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
-           "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial "
-           "-days 2 -extfile san.ext -out server.pem",
-           e->root);
+  snprintf(
+      cmd, sizeof(cmd),
+      "cd '%s' && "
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 "
+      "-subj /CN=sxt-test-ca -keyout ca-key.pem -out ca.pem && "
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes "
+      "-subj /CN=127.0.0.1 -keyout server-key.pem -out server.csr && "
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial "
+      "-days 2 -extfile san.ext -out server.pem",
+      e->root);
   char full[2600];
   snprintf(full, sizeof(full), "( %s ) >'%s/openssl.log' 2>&1", cmd, e->root);
   return system(full) == 0 ? 0 : -1;
@@ -326,8 +332,9 @@ void sxt_etcd_stop(sxt_etcd *e) {
 
 void sxt_etcd_url(const sxt_etcd *e, const char *ns, const char *extra, char *buf,
                   size_t size) {
-  snprintf(buf, size, "%s://127.0.0.1:%u?namespace=%s%s%s", e->tls ? "etcd+https" : "etcd",
-           e->port, ns, extra ? "&" : "", extra ? extra : "");
+  snprintf(buf, size, "%s://127.0.0.1:%u?namespace=%s%s%s",
+           e->tls ? "etcd+https" : "etcd", e->port, ns, extra ? "&" : "",
+           extra ? extra : "");
 }
 
 /* ---------------------------------------------------------------- fixture */

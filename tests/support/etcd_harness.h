@@ -20,8 +20,8 @@ typedef struct sxt_etcd {
   char data[300];
   char log[300];
   uint16_t port, peer_port;
-  pid_t pid;      /* 0 when not running */
-  int tls;        /* https with a test CA (root/ca.pem) */
+  pid_t pid; /* 0 when not running */
+  int tls;   /* https with a test CA (root/ca.pem) */
   char ca[300], cert[300], key[300];
 } sxt_etcd;
 

@@ -124,8 +124,10 @@ static int serve_one(struct conn *c, char *buf, size_t *len, size_t cap) {
   char hdr[256];
   int rc;
   if (r.stream) {
-    snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
-             "Transfer-Encoding: chunked\r\n\r\n%zx\r\n", r.status, strlen(copy));
+    snprintf(hdr, sizeof(hdr),
+             "HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n%zx\r\n",
+             r.status, strlen(copy));
     rc = write_all(c->fd, hdr, strlen(hdr)) || write_all(c->fd, copy, strlen(copy)) ||
          write_all(c->fd, "\r\n", 2);
     free(copy);
@@ -146,8 +148,10 @@ static int serve_one(struct conn *c, char *buf, size_t *len, size_t cap) {
     }
     return -1;
   }
-  snprintf(hdr, sizeof(hdr), "HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
-           "Content-Length: %zu\r\n\r\n", r.status, strlen(copy));
+  snprintf(hdr, sizeof(hdr),
+           "HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n",
+           r.status, strlen(copy));
   rc = write_all(c->fd, hdr, strlen(hdr)) || write_all(c->fd, copy, strlen(copy));
   free(copy);
   return rc ? -1 : 0;

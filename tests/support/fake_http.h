@@ -11,11 +11,11 @@
 #include <stdint.h>
 
 typedef struct sxt_fake_route {
-  const char *path;  /* exact request path; NULL matches any path */
-  int status;        /* HTTP status of the answer */
-  const char *body;  /* the answer */
-  int stream;        /* 1: chunked, and the connection stays open after the
-                        body until the client leaves (a watch stream) */
+  const char *path; /* exact request path; NULL matches any path */
+  int status;       /* HTTP status of the answer */
+  const char *body; /* the answer */
+  int stream;       /* 1: chunked, and the connection stays open after the
+                       body until the client leaves (a watch stream) */
 } sxt_fake_route;
 
 typedef struct sxt_fake_http sxt_fake_http;

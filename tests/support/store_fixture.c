@@ -74,7 +74,9 @@ static int never(sxt_store *s, void *arg) {
   return 0;
 }
 
-void sxt_store_run_for(sxt_store *s, uint32_t ms) { sxt_store_run_until(s, never, NULL, ms); }
+void sxt_store_run_for(sxt_store *s, uint32_t ms) {
+  sxt_store_run_until(s, never, NULL, ms);
+}
 
 static int conn_count(sxt_store *s, void *arg) {
   const int *want = arg; /* {up, count} */
@@ -179,12 +181,14 @@ int sxt_publish(sxt_store *s, const sx_publish_req *req, sxt_reply *r) {
 int sxt_renew(sxt_store *s, const char *name, const uint8_t *inc, uint32_t lease_ms,
               sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_renew(s->b, name, inc, lease_ms, sxt_reply_cb, r), r, "renew");
+  return await(s, sx__backend_renew(s->b, name, inc, lease_ms, sxt_reply_cb, r), r,
+               "renew");
 }
 
 int sxt_unpublish(sxt_store *s, const char *name, const uint8_t *inc, sxt_reply *r) {
   memset(r, 0, sizeof(*r));
-  return await(s, sx__backend_unpublish(s->b, name, inc, sxt_reply_cb, r), r, "unpublish");
+  return await(s, sx__backend_unpublish(s->b, name, inc, sxt_reply_cb, r), r,
+               "unpublish");
 }
 
 int sxt_get(sxt_store *s, const char *name, sxt_reply *r) {

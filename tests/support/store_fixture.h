@@ -54,7 +54,7 @@ typedef struct sxt_item {
 } sxt_item;
 
 typedef struct sxt_reply {
-  int calls;  /* how often the callback ran: must end at exactly 1 */
+  int calls; /* how often the callback ran: must end at exactly 1 */
   int status;
   char message[256];
   uint8_t *value;

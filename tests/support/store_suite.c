@@ -28,7 +28,8 @@ void sxt_encoded_desc(const char *name, const uint8_t *inc, uint64_t gen, uint8_
 }
 
 sx_publish_req sxt_req(const char *name, const uint8_t *inc, uint64_t gen,
-                       const uint8_t *value, size_t len, uint32_t lease_ms, int takeover) {
+                       const uint8_t *value, size_t len, uint32_t lease_ms,
+                       int takeover) {
   sx_publish_req r = {name, inc, gen, value, len, lease_ms, takeover};
   return r;
 }
@@ -65,17 +66,18 @@ static void owner_free(owner *o) { free(o->val); }
 
 static int publish(sxt_store *s, const owner *o, uint32_t lease_ms, int takeover,
                    sxt_reply *r) {
-  sx_publish_req req = sxt_req(o->name, o->inc, o->gen, o->val, o->len, lease_ms, takeover);
+  sx_publish_req req =
+      sxt_req(o->name, o->inc, o->gen, o->val, o->len, lease_ms, takeover);
   return sxt_publish(s, &req, r);
 }
 
 /* Assert an op's status, showing the backend's message on a mismatch. */
-#define assert_status(call, r, code)                                           \
-  do {                                                                         \
-    int st_ = (call);                                                          \
-    if (st_ != (code))                                                         \
-      fail_msg("%s = %s, expected %s: %s", #call, sx_err_name(st_),           \
-               sx_err_name(code), (r)->message);                               \
+#define assert_status(call, r, code)                                                     \
+  do {                                                                                   \
+    int st_ = (call);                                                                    \
+    if (st_ != (code))                                                                   \
+      fail_msg("%s = %s, expected %s: %s", #call, sx_err_name(st_), sx_err_name(code),   \
+               (r)->message);                                                            \
   } while (0)
 
 static void assert_value_is(const sxt_reply *r, const owner *o) {

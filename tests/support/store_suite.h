@@ -26,9 +26,9 @@
 typedef struct sxt_suite {
   const sxt_store_fixture *fx;
   void *server;
-  int skip;     /* the server program is not installed */
+  int skip; /* the server program is not installed */
   int seq;
-  char ns[64];  /* this test's namespace */
+  char ns[64]; /* this test's namespace */
 } sxt_suite;
 
 int sxt_suite_group_setup(void **state, const sxt_store_fixture *fx);
@@ -56,21 +56,22 @@ void test_store_unreachable_reports_errors(void **state);
 void test_store_namespaces_are_isolated(void **state);
 void test_store_racing_claims_one_wins(void **state);
 
-#define SXT_SUITE_TEST(f) cmocka_unit_test_setup_teardown(f, sxt_suite_setup, sxt_suite_teardown)
+#define SXT_SUITE_TEST(f)                                                                \
+  cmocka_unit_test_setup_teardown(f, sxt_suite_setup, sxt_suite_teardown)
 
-#define SXT_STORE_SUITE                                                        \
-  SXT_SUITE_TEST(test_store_publish_get_list_unpublish),                       \
-      SXT_SUITE_TEST(test_store_name_conflict_names_holder),                   \
-      SXT_SUITE_TEST(test_store_takeover_fences_old_holder),                   \
-      SXT_SUITE_TEST(test_store_generation_must_grow),                         \
-      SXT_SUITE_TEST(test_store_remove_fences_holder),                         \
-      SXT_SUITE_TEST(test_store_lease_expires_after_owner_sigkill),            \
-      SXT_SUITE_TEST(test_store_watch_reports_put_delete_expiry),              \
-      SXT_SUITE_TEST(test_store_restart_empty_renew_gone_republish),           \
-      SXT_SUITE_TEST(test_store_corrupt_value_returned_raw),                   \
-      SXT_SUITE_TEST(test_store_close_cancels_pending_ops),                    \
-      SXT_SUITE_TEST(test_store_unreachable_reports_errors),                   \
-      SXT_SUITE_TEST(test_store_namespaces_are_isolated),                      \
+#define SXT_STORE_SUITE                                                                  \
+  SXT_SUITE_TEST(test_store_publish_get_list_unpublish),                                 \
+      SXT_SUITE_TEST(test_store_name_conflict_names_holder),                             \
+      SXT_SUITE_TEST(test_store_takeover_fences_old_holder),                             \
+      SXT_SUITE_TEST(test_store_generation_must_grow),                                   \
+      SXT_SUITE_TEST(test_store_remove_fences_holder),                                   \
+      SXT_SUITE_TEST(test_store_lease_expires_after_owner_sigkill),                      \
+      SXT_SUITE_TEST(test_store_watch_reports_put_delete_expiry),                        \
+      SXT_SUITE_TEST(test_store_restart_empty_renew_gone_republish),                     \
+      SXT_SUITE_TEST(test_store_corrupt_value_returned_raw),                             \
+      SXT_SUITE_TEST(test_store_close_cancels_pending_ops),                              \
+      SXT_SUITE_TEST(test_store_unreachable_reports_errors),                             \
+      SXT_SUITE_TEST(test_store_namespaces_are_isolated),                                \
       SXT_SUITE_TEST(test_store_racing_claims_one_wins)
 
 /* Helpers the backend-specific tests share with the suite. */
