@@ -156,7 +156,8 @@ void sx__etcd_conn_start(sx__etcd_backend *eb) { arm_probe(eb, 0); }
 
 /* ---------------------------------------------------------------- watch */
 
-/* Ends the stream to restart it from the current revision. */
+/* What watch_msg() returns to end the stream for a resync (above); it never
+ * leaves this file. */
 #define RESYNC SX_ESTALE
 
 static void watch_restart_fire(uv_timer_t *t) { sx__etcd_watch_kick(t->data); }
