@@ -1,5 +1,6 @@
 /* etcd processes for integration tests.  See etcd_harness.h. */
 #include <curl/curl.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -228,6 +229,48 @@ static int make_certs(sxt_etcd *e) {
   return system(full) == 0 ? 0 : -1;
 }
 
+/* Whether a process is alive: a zombie (killed, not yet reaped) is not. */
+static int alive(long pid) {
+  char path[64], buf[512];
+  if (kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+    return 0;
+  snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return 1; /* no /proc: trust kill() */
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *paren = strrchr(buf, ')');
+  return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* Remove the temp dirs of test processes that died without cleaning up
+ * (killed by a timeout): each dir names its owner in owner.pid. */
+static void sweep_stale(const char *tmp) {
+  DIR *d = opendir(tmp);
+  struct dirent *de;
+  if (d == NULL)
+    return;
+  while ((de = readdir(d)) != NULL) {
+    char path[512], pidfile[600];
+    if (strncmp(de->d_name, "sxt-etcd-", 9) != 0)
+      continue;
+    snprintf(path, sizeof(path), "%s/%s", tmp, de->d_name);
+    snprintf(pidfile, sizeof(pidfile), "%s/owner.pid", path);
+    FILE *f = fopen(pidfile, "r");
+    long pid = 0;
+    if (f == NULL)
+      continue; /* kept on purpose (SXT_KEEP_ETCD), or not ours */
+    if (fscanf(f, "%ld", &pid) != 1)
+      pid = 0;
+    fclose(f);
+    if (pid > 0 && !alive(pid))
+      rm_rf(path);
+  }
+  closedir(d);
+}
+
 int sxt_etcd_start(sxt_etcd *e, int tls) {
   memset(e, 0, sizeof(*e));
   if (!on_path("etcd")) {
@@ -241,10 +284,18 @@ int sxt_etcd_start(sxt_etcd *e, int tls) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   const char *tmp = getenv("TMPDIR");
   snprintf(e->root, sizeof(e->root), "%s/sxt-etcd-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  sweep_stale(tmp && *tmp ? tmp : "/tmp");
   if (mkdtemp(e->root) == NULL) {
     fprintf(stderr, "mkdtemp %s: %s\n", e->root, strerror(errno));
     e->root[0] = '\0';
     return -1;
+  }
+  char pidfile[300];
+  snprintf(pidfile, sizeof(pidfile), "%s/owner.pid", e->root);
+  FILE *pf = fopen(pidfile, "w");
+  if (pf != NULL) {
+    fprintf(pf, "%ld\n", (long)getpid());
+    fclose(pf);
   }
   snprintf(e->data, sizeof(e->data), "%s/data", e->root);
   snprintf(e->log, sizeof(e->log), "%s/etcd.log", e->root);
@@ -323,10 +374,14 @@ void sxt_etcd_stop(sxt_etcd *e) {
   if (e->pid > 0)
     sxt_etcd_kill(e, SIGKILL);
   /* SXT_KEEP_ETCD=1 keeps the data dir and log for a post-mortem. */
-  if (getenv("SXT_KEEP_ETCD") == NULL)
+  if (getenv("SXT_KEEP_ETCD") == NULL) {
     rm_rf(e->root);
-  else
+  } else if (e->root[0] != '\0') {
+    char pidfile[300];
+    snprintf(pidfile, sizeof(pidfile), "%s/owner.pid", e->root);
+    unlink(pidfile); /* not stale: the sweep leaves it alone */
     fprintf(stderr, "etcd files kept in %s\n", e->root);
+  }
   e->root[0] = '\0';
 }
 

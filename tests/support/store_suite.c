@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -444,9 +445,14 @@ void test_store_lease_expires_after_owner_sigkill(void **state) {
 
   int p[2];
   assert_int_equal(pipe(p), 0);
+  pid_t parent = getpid();
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
+    /* Whatever happens to the test, the child must not renew on forever. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)
+      _exit(7);
     close(p[0]);
     child_main(url, &a, lease, p[1]);
   }
