@@ -337,10 +337,17 @@ void sxt_redis_kill(sxt_redis *r, int sig) {
     return;
   }
   kill(r->pid, sig);
-  if (sig == SIGSTOP)
+  if (sig == SIGSTOP) {
+    /* kill() only queues the signal, and Redis has background threads:
+     * wait until the whole server is frozen, so that the test's next
+     * request meets a stopped server. */
+    int st;
+    while (waitpid(r->pid, &st, WUNTRACED) < 0 && errno == EINTR) {
+    }
     r->stopped = 1;
-  else if (sig == SIGCONT)
+  } else if (sig == SIGCONT) {
     r->stopped = 0;
+  }
 }
 
 int sxt_redis_restart(sxt_redis *r) {
