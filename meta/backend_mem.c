@@ -57,7 +57,7 @@ struct mem_backend {
   uv_timer_t sweep;
   pthread_mutex_t qlock;
   mem_msg *head, **tail;
-  int watching, closing, handles, announce_up;
+  int watching, closing, handles, announce_up, announce_watch;
 };
 
 static mem_store *store_get(const char *name) {
@@ -374,6 +374,11 @@ static void deliver(uv_async_t *h) {
     if (m->base.hooks.on_conn)
       m->base.hooks.on_conn(m->base.hooks.arg, 1, 0, NULL);
   }
+  if (m->announce_watch && !m->closing) {
+    m->announce_watch = 0;
+    if (m->base.hooks.on_watch)
+      m->base.hooks.on_watch(m->base.hooks.arg);
+  }
   while (msg) {
     mem_msg *next = msg->next;
     if (msg->cb != NULL) {
@@ -398,8 +403,14 @@ static void sweep_cb(uv_timer_t *t) {
 static int mem_watch(sx_backend *b) {
   mem_backend *m = (mem_backend *)b;
   pthread_mutex_lock(&mem_lock);
+  int first = !m->watching;
   m->watching = 1;
   pthread_mutex_unlock(&mem_lock);
+  if (first) {
+    /* Broadcasts reach this instance from now on; say so from the loop. */
+    m->announce_watch = 1;
+    uv_async_send(&m->async);
+  }
   return uv_timer_start(&m->sweep, sweep_cb, 20, 20) ? SX_EIO : 0;
 }
 

@@ -69,6 +69,14 @@ static void deliver_expiry(redis_backend *rb, const redisReply *chan,
 
 static void maybe_ready(redis_backend *rb);
 
+/* The subscription is confirmed: Redis delivers every message published
+ * after it. */
+static void watch_ready(redis_backend *rb) {
+  if (rb->state == RB_READY && rb->watching && rb->sub != NULL && rb->sub_left == 0 &&
+      rb->base.hooks.on_watch)
+    rb->base.hooks.on_watch(rb->base.hooks.arg);
+}
+
 static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
   redis_backend *rb = ac->data;
   redisReply *r = reply;
@@ -90,8 +98,14 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
     return;
   const char *kind = r->element[0]->str;
   if (strcmp(kind, "subscribe") == 0 || strcmp(kind, "psubscribe") == 0) {
-    if (rb->sub_left > 0 && --rb->sub_left == 0)
-      maybe_ready(rb);
+    if (rb->sub_left > 0 && --rb->sub_left == 0) {
+      /* Connecting: ready() reports it with the connection.  Already up
+       * (watch() came later): report it now. */
+      if (rb->state == RB_READY)
+        watch_ready(rb);
+      else
+        maybe_ready(rb);
+    }
   } else if (strcmp(kind, "message") == 0 && r->elements == 3) {
     deliver_event(rb, r->element[2]);
   } else if (strcmp(kind, "pmessage") == 0 && r->elements == 4) {
@@ -187,6 +201,7 @@ static void ready(redis_backend *rb) {
   rb->up_once = 1;
   if (rb->base.hooks.on_conn)
     rb->base.hooks.on_conn(rb->base.hooks.arg, 1, 0, NULL);
+  watch_ready(rb);
 }
 
 static void maybe_ready(redis_backend *rb) {
