@@ -26,6 +26,8 @@ struct sx_store {
   sx_store_watch_cb wcb;
   void *warg;
   int wstop;
+  int wready;   /* cb(arg, NULL) was called */
+  int watching; /* the backend's watch() was called (it stays on) */
 };
 
 /* One op's outcome, copied out of the callback. */
@@ -58,6 +60,16 @@ static void on_event(void *arg, const sx_event *ev) {
   sx_store *s = arg;
   if (s->wcb != NULL && !s->wstop && s->wcb(s->warg, ev) != 0)
     s->wstop = 1;
+}
+
+/* The watch is in place: tell the caller once per sx_store_watch(). */
+static void on_watch(void *arg) {
+  sx_store *s = arg;
+  if (s->wcb != NULL && !s->wstop && !s->wready) {
+    s->wready = 1;
+    if (s->wcb(s->warg, NULL) != 0)
+      s->wstop = 1;
+  }
 }
 
 static void on_wake(uv_async_t *h) { (void)h; }
@@ -99,7 +111,8 @@ int sx_store_open(const char *url, sx_store **out) {
   }
   uv_async_init(&s->loop, &s->wake, on_wake);
   uv_timer_init(&s->loop, &s->tick);
-  sx_backend_hooks hooks = {.on_event = on_event, .on_conn = on_conn, .arg = s};
+  sx_backend_hooks hooks = {
+      .on_event = on_event, .on_conn = on_conn, .on_watch = on_watch, .arg = s};
   rc = sx__backend_open(&s->loop, url, &hooks, &s->b);
   if (rc != 0) {
     s->b = NULL;
@@ -370,12 +383,22 @@ int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
-  rc = sx__backend_watch(s->b);
-  if (rc != 0)
-    return rc;
   s->wcb = cb;
   s->warg = arg;
   s->wstop = 0;
+  /* A second watch on this store: the backend's watch is in place already
+   * (it stays on between calls). */
+  s->wready = 0;
+  if (s->watching) {
+    on_watch(s);
+  } else {
+    rc = sx__backend_watch(s->b);
+    if (rc != 0) {
+      s->wcb = NULL;
+      return rc;
+    }
+    s->watching = 1;
+  }
   while (!s->wstop && !atomic_load(&s->interrupted) && s->conn >= 0)
     uv_run(&s->loop, UV_RUN_ONCE);
   s->wcb = NULL;

@@ -214,7 +214,7 @@ static void test_store_watch_interrupt(void **state) {
 
 
 static int until_expired(void *arg, const sx_event *ev) {
-  return ev->kind == SX_EVENT_EXPIRED && strcmp(ev->name, (const char *)arg) == 0;
+  return ev != NULL && ev->kind == SX_EVENT_EXPIRED && strcmp(ev->name, (const char *)arg) == 0;
 }
 
 /* Interrupt a watch that has not ended by itself within 10 s. */
