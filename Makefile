@@ -36,7 +36,7 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
-             iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind
+             iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -80,7 +80,7 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent
+INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_faults
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds

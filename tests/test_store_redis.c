@@ -9,6 +9,8 @@
  * SXT_FILTER=test_redis_* runs only the matching tests.  Timing checks have
  * wide margins: the machine is shared with other builds.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -662,13 +664,36 @@ static void test_store_sentinel_failover(void **state) {
   sxt_ok(sx_store_open(url, &s));
   /* An idle async backend on the same URL: it must follow by itself. */
   bk k;
+  redisReply *rep;
   bk_open(&k, url, "idle/0");
   assert_true(bk_run(&k, &k.ups, 10000));
   assert_int_equal(((redis_backend *)k.b)->port, m.port);
+  /* Regression: its +switch-master subscription stays up.  (The subscribe
+   * confirmation went unrecognised, and the subscription was dropped and
+   * remade every connect_timeout_ms, missing switch announcements.) */
+  int never_set = 0;
+  bk_run(&k, &never_set, 3500); /* the URL's first sentinel is dead: +1 s */
+  redisAsyncContext *sw = ((redis_backend *)k.b)->swatch;
+  assert_non_null(sw);
+  struct sockaddr_in sa;
+  socklen_t salen = sizeof(sa);
+  assert_int_equal(getsockname(sw->c.fd, (struct sockaddr *)&sa, &salen), 0);
+  char addr[64];
+  snprintf(addr, sizeof(addr), "addr=127.0.0.1:%u ", ntohs(sa.sin_port));
+  rep = sxt_redis_command(&st, "CLIENT LIST");
+  assert_non_null(rep);
+  const char *line = strstr(rep->str, addr);
+  if (line == NULL)
+    fail_msg("the sentinel does not list our subscriber %s:\n%s", addr, rep->str);
+  const char *age = strstr(line, " age=");
+  assert_non_null(age);
+  if (atoi(age + 5) < 2)
+    fail_msg("the +switch-master subscription was remade within the last 2 s: %.200s", line);
+  freeReplyObject(rep);
   sx_desc d, got;
   desc_make(&d, "s/0", 0x11, 1, 60000);
   sxt_ok(sx_store_publish(s, &d, 0));
-  redisReply *rep = sxt_redis_command(&m, "HGET sx:sent:seg:{s/0} gen");
+  rep = sxt_redis_command(&m, "HGET sx:sent:seg:{s/0} gen");
   assert_non_null(rep);
   assert_string_equal(rep->str, "1"); /* written to the master */
   freeReplyObject(rep);

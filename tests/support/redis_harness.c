@@ -219,8 +219,19 @@ static int start_server(sxt_redis *r) {
   argv[n++] = "redis-server";
   argv[n++] = "--port";
   argv[n++] = port;
+  /* One argument per address: redis-server quotes each argument when it
+   * builds the config line. */
+  char binds[128];
+  snprintf(binds, sizeof(binds), "%s", r->opts.bind ? r->opts.bind : "127.0.0.1");
   argv[n++] = "--bind";
-  argv[n++] = "127.0.0.1";
+  for (char *save = NULL, *tok = strtok_r(binds, " ", &save); tok && n < 8;
+       tok = strtok_r(NULL, " ", &save))
+    argv[n++] = tok;
+  if (r->opts.bind) {
+    /* Reached from a test's network namespace: not only from loopback. */
+    argv[n++] = "--protected-mode";
+    argv[n++] = "no";
+  }
   argv[n++] = "--save";
   argv[n++] = "";
   argv[n++] = "--appendonly";

@@ -47,6 +47,9 @@ typedef struct sxt_redis_opts {
   /* Keep data across a SIGKILL (appendonly, fsync always), so that a
    * restart may keep it (sxt_redis_restart_keep). */
   int persist;
+  /* Addresses to listen on (space-separated; default "127.0.0.1"), e.g.
+   * also a veth address that agents in a network namespace reach. */
+  const char *bind;
 } sxt_redis_opts;
 
 struct sxt_redis {
