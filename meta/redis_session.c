@@ -45,23 +45,10 @@ static void deliver_event(redis_backend *rb, const redisReply *payload) {
 /* "__keyspace@DB__:sx:NS:seg:{NAME}" with message "expired". */
 static void deliver_expiry(redis_backend *rb, const redisReply *chan,
                            const redisReply *what) {
-  if (chan->type != REDIS_REPLY_STRING || what->type != REDIS_REPLY_STRING)
-    return;
-  if (!(what->len == 7 && memcmp(what->str, "expired", 7) == 0) &&
-      !(what->len == 7 && memcmp(what->str, "evicted", 7) == 0))
-    return;
-  size_t pre = rb->ks_prefix_len;
-  if (chan->len < pre + 3 || memcmp(chan->str, rb->ks_pattern, pre) != 0 ||
-      chan->str[pre] != '{' || chan->str[chan->len - 1] != '}')
-    return;
-  size_t nlen = chan->len - pre - 2;
-  if (nlen == 0 || nlen > SX_NAME_MAX)
-    return;
   sx_event ev;
   memset(&ev, 0, sizeof(ev));
   ev.kind = SX_EVENT_EXPIRED;
-  memcpy(ev.name, chan->str + pre + 1, nlen);
-  if (sx_name_validate(ev.name) != 0)
+  if (sx__redis_expiry_name(rb->ks_pattern, rb->ks_prefix_len, chan, what, ev.name) != 0)
     return;
   if (rb->base.hooks.on_event)
     rb->base.hooks.on_event(rb->base.hooks.arg, &ev);
