@@ -80,7 +80,8 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_faults
+INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_faults \
+               test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
