@@ -868,6 +868,12 @@ static void test_fault_reader_killed_during_batches_target_frees_all(void **stat
   assert_int_equal(verify(&r, seg, 50, &e), 0);
   sx_segment_close(seg);
   reader_stop(&r);
+  /* Every connection it logged, it logged closed (the last ones a moment
+   * after the reader went). */
+  for (int i = 0; i < 500 && sxt_count_in_file(p.log, "connected from") !=
+                                 sxt_count_in_file(p.log, "disconnected");
+       i++)
+    sxt_sleep_ms(10);
   assert_int_equal(sxt_count_in_file(p.log, "connected from"),
                    sxt_count_in_file(p.log, "disconnected"));
   assert_int_equal(agent_stop(&p, SIGTERM), 0);
