@@ -89,7 +89,8 @@ SOAK_BIN    := $(BUILD)/tests/soak/soak
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
+                $(if $(wildcard agent/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
