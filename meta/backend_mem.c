@@ -84,12 +84,17 @@ static void enqueue(mem_backend *m, mem_msg *msg) {
   *m->tail = msg;
   m->tail = &msg->next;
   pthread_mutex_unlock(&m->qlock);
-  /* An answer to one of this instance's ops (queued on its own loop
-   * thread) may come from a timer instead; events come from other
-   * instances, possibly other threads, so always through the async. */
+  /* Events come from other instances, possibly other threads, and with
+   * mem_lock held (broadcast): always through the async. */
+  if (msg->cb == NULL) {
+    uv_async_send(&m->async);
+    return;
+  }
+  /* An answer to one of this instance's ops (queued on its own loop thread,
+   * without mem_lock) may come from a timer instead. */
   pthread_mutex_lock(&mem_lock);
-  int delayed = msg->cb != NULL && m->store != NULL && m->store->delayed;
-  uint32_t ms = delayed ? m->store->delay_ms : 0;
+  int delayed = m->store != NULL && m->store->delayed;
+  uint32_t ms = m->store != NULL ? m->store->delay_ms : 0;
   pthread_mutex_unlock(&mem_lock);
   if (delayed && !uv_is_active((uv_handle_t *)&m->delay))
     uv_timer_start(&m->delay, delay_cb, ms, 0);
