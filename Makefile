@@ -79,8 +79,8 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent
-INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
+               test_frame test_cache test_agent test_stats
+INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent test_metrics
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
