@@ -4,7 +4,8 @@
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
 #   make run       deps + build + a live demo on a local redis-server
-#   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs)
+#   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs,
+#                  manual pages); make uninstall removes exactly those files
 #
 # SANITIZE=address,undefined builds into its own directory (build-address-undefined)
 # and runs the same tests.  Every build is out of tree, under $(BUILD).
@@ -74,6 +75,10 @@ PROG_DIR_sxctl    := agent/sxctl
 PROG_DIR_sx-bench := agent/bench
 PROGRAMS  := $(foreach p,sx-agent sxctl sx-bench,$(if $(wildcard $(PROG_DIR_$(p))/*.c),$(p)))
 PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
+# Manual pages: <folder>/<program>.1 beside each program's sources (so
+# agent/bench/sx-bench.1 is picked up as soon as it exists); installed into
+# $(MANDIR)/man1 and checked by tests/man/check.sh.
+MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
@@ -127,6 +132,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
+	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 check-fuzz-corpus: $(FUZZ_BINS)
@@ -235,24 +241,33 @@ $(BUILD)/segxfer.pc: Makefile
 	$(call write_pc,$@)
 
 # ---------------------------------------------------------------- install
+# uninstall removes exactly the files install puts (and the include/segxfer
+# directory when that leaves it empty); tests/install/test_install.sh checks
+# that nothing is left behind.
+HEADERS := $(wildcard include/segxfer/*.h)
+
 install: all
 	install -d $(DESTDIR)$(INCDIR)/segxfer $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(BINDIR)
 	install -m 644 include/segxfer.h $(DESTDIR)$(INCDIR)/
-	install -m 644 include/segxfer/*.h $(DESTDIR)$(INCDIR)/segxfer/
+	install -m 644 $(HEADERS) $(DESTDIR)$(INCDIR)/segxfer/
 	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
 	ln -sf libsegxfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so
 	$(call write_pc,$(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc)
 	$(if $(PROG_BINS),install -m 755 $(PROG_BINS) $(DESTDIR)$(BINDIR)/)
+	$(if $(MAN_PAGES),install -d $(DESTDIR)$(MANDIR)/man1)
+	$(if $(MAN_PAGES),install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/)
 
 uninstall:
-	rm -f $(DESTDIR)$(INCDIR)/segxfer.h
-	rm -rf $(DESTDIR)$(INCDIR)/segxfer
+	rm -f $(DESTDIR)$(INCDIR)/segxfer.h \
+	      $(HEADERS:include/segxfer/%=$(DESTDIR)$(INCDIR)/segxfer/%)
+	rmdir $(DESTDIR)$(INCDIR)/segxfer 2>/dev/null || true
 	rm -f $(DESTDIR)$(LIBDIR)/libsegxfer.a $(DESTDIR)$(LIBDIR)/libsegxfer.so \
 	      $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so.$(VERSION) \
 	      $(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc
 	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(patsubst %,$(DESTDIR)$(MANDIR)/man1/%,$(notdir $(MAN_PAGES)))
 
 clean:
 	rm -rf build build-*

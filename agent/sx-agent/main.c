@@ -50,10 +50,15 @@ static const char usage_text[] =
     "  --rdma-devices LIST    RDMA devices to use, e.g. mlx5_0,mlx5_1 (default:\n"
     "                         every active one)\n"
     "  --rdma-gid-index N     GID index (default: a RoCE v2 IPv4 GID)\n"
+    "  --hugepages SIZE       back the pool with huge pages of SIZE, 2M or 1G (fewer\n"
+    "                         pages to register for RDMA); they must be reserved\n"
+    "                         (vm.nr_hugepages, or the pod's hugepages limit)\n"
     "  --fill SEED            fill every region with the verification pattern of SEED\n"
     "                         (decimal or 0x-hex); readers check it with\n"
     "                         `sxctl read NAME --verify SEED`\n"
     "  --log-level LEVEL      error, warn, info (default) or debug\n"
+    "  -h, --help             this text\n"
+    "  --version              print the version\n"
     "\n"
     "layout by flags (one region per slot, all layers in it):\n"
     "  --layers N             layers (default 1)\n"
@@ -137,6 +142,7 @@ typedef struct options {
   const char *dtype, *fingerprint, *tag;
   const char *metrics_listen, *rdma_devices;
   int gid_index;
+  uint64_t hugepage; /* 0: ordinary pages */
   unsigned transports;
   uint32_t lease_ms, layers, group;
   uint64_t block_bytes, num_blocks, pool_size;
@@ -164,7 +170,8 @@ static int parse_args(int argc, char **argv, options *o) {
   enum {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
     O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
-    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HELP
+    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HUGE, O_HELP,
+    O_VERSION
   };
   static const struct option opts[] = {
       {"name", required_argument, NULL, O_NAME},
@@ -190,7 +197,9 @@ static int parse_args(int argc, char **argv, options *o) {
       {"metrics-listen", required_argument, NULL, O_METRICS},
       {"rdma-devices", required_argument, NULL, O_RDMA_DEVICES},
       {"rdma-gid-index", required_argument, NULL, O_GID},
+      {"hugepages", required_argument, NULL, O_HUGE},
       {"help", no_argument, NULL, O_HELP},
+      {"version", no_argument, NULL, O_VERSION},
       {NULL, 0, NULL, 0},
   };
   memset(o, 0, sizeof(*o));
@@ -219,6 +228,11 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_TAKEOVER: o->takeover = 1; break;
     case O_METRICS: o->metrics_listen = optarg; break;
     case O_RDMA_DEVICES: o->rdma_devices = optarg; break;
+    case O_HUGE:
+      if (parse_size(optarg, &o->hugepage) ||
+          (o->hugepage != (2ull << 20) && o->hugepage != (1ull << 30)))
+        return usage_error("--hugepages '%s': use 2M or 1G", optarg);
+      break;
     case O_GID:
       if (parse_size(optarg, &v) || v > 255)
         return usage_error("--rdma-gid-index '%s' is not 0..255", optarg);
@@ -298,6 +312,9 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_HELP:
     case 'h':
       fputs(usage_text, stdout);
+      exit(EXIT_CLEAN);
+    case O_VERSION:
+      printf("sx-agent (segxfer %s)\n", sx_version());
       exit(EXIT_CLEAN);
     default:
       return usage_error("unknown option '%s'", argv[optind - 1]);
@@ -399,15 +416,29 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  /* One anonymous mapping holds every region, page aligned. */
+  /* One anonymous mapping holds every region, page aligned; with huge
+   * pages, the whole mapping is a multiple of the huge page size. */
   uint64_t total = 0;
   for (uint32_t i = 0; i < layout.n_regions; i++)
     total += (region_bytes(&layout.regions[i]) + 4095) & ~4095ull;
-  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+  int mflags = MAP_PRIVATE | MAP_ANONYMOUS;
+  if (o.hugepage) {
+    total = (total + o.hugepage - 1) / o.hugepage * o.hugepage;
+    mflags |= MAP_HUGETLB | ((o.hugepage == (1ull << 30) ? 30 : 21) << MAP_HUGE_SHIFT);
+  }
+  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, mflags, -1, 0);
   if (pool == MAP_FAILED) {
-    fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes: %s\n",
-            (unsigned long)total, strerror(errno));
+    int e = errno;
+    if (o.hugepage)
+      fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes in %s huge pages: %s "
+              "(reserve %lu of them: sysctl vm.nr_hugepages, or "
+              "/sys/kernel/mm/hugepages/hugepages-%lukB/nr_hugepages)\n",
+              (unsigned long)total, o.hugepage == (1ull << 30) ? "1 GiB" : "2 MiB",
+              strerror(e), (unsigned long)(total / o.hugepage),
+              (unsigned long)(o.hugepage >> 10));
+    else
+      fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes: %s\n",
+              (unsigned long)total, strerror(e));
     sx_desc_free(&layout);
     return EXIT_USAGE;
   }
