@@ -4,6 +4,7 @@
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
 #   make run       deps + build + a live demo on a local redis-server
+#   make cluster   deps + build + the multi-host demo on network namespaces (root)
 #   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs,
 #                  manual pages); make uninstall removes exactly those files
 #
@@ -37,7 +38,8 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
              redis-server redis-sentinel redis-tools etcd-server etcd-client \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
-             iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind
+             iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
+             curl groff-base man-db python3-yaml shellcheck
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -99,7 +101,7 @@ TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -133,6 +135,8 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
+	@tests/deploy/test_local_cluster.sh "$(BUILD)"
+	@tests/deploy/check_manifests.sh
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 check-fuzz-corpus: $(FUZZ_BINS)
@@ -158,6 +162,11 @@ fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
 run: deps
 	@$(MAKE) --no-print-directory all
 	@agent/demo/run-demo.sh "$(BUILD)"
+
+# The multi-host demo on network namespaces (root): deploy/local-cluster.sh.
+cluster: deps
+	@$(MAKE) --no-print-directory all
+	@SXLC_BIN=$(BUILD)/bin deploy/local-cluster.sh demo
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
