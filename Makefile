@@ -136,7 +136,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
-	@tests/deploy/check_manifests.sh
+	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 check-fuzz-corpus: $(FUZZ_BINS)
