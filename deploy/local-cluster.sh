@@ -398,8 +398,13 @@ demo() {
   # with masteruser/masterauth from redis.conf).
   wait_for 60 "the old master resynchronising as a replica" role_connected meta1 "$NET.10"
   say "old master $NET.10: now a replica of $NET.11"
-  reconnects=$(http_get "http://$NET.31:9464/metrics" | awk '/^segxfer_store_reconnects_total /{print $2}')
-  say "node1: store reconnects $reconnects, still published"
+  local m republishes
+  m=$(http_get "http://$NET.31:9464/metrics")
+  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
+  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
+  # 0 republishes: the agent moved on +switch-master and renewed on the new
+  # master before its lease ran out there.
+  say "node1: store reconnects $reconnects, republishes $republishes, still published"
   sxctl ls
   sxctl read prefill-0/tp0 --blocks random:100 --verify 42
 
