@@ -6,6 +6,7 @@
  * stopped during a batch, restarts (stale, then a re-open), lease expiry
  * and clean shutdown.
  */
+#include <dirent.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -132,6 +133,41 @@ static void pool_start(pool *p, const char *name, const char *listen, uint64_t s
     sleep_ms(20);
   }
   fail_msg("sx-agent %s did not publish within 20 s; see %s", name, p->log);
+}
+
+/* SIGSTOP, and wait until every thread of pid is stopped: kill() returns
+ * before the other threads have stopped, and a target still serving for a
+ * moment would answer the next batch (seen on a loaded machine). */
+static void stop_process(pid_t pid) {
+  assert_int_equal(kill(pid, SIGSTOP), 0);
+  char dir[64];
+  snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+  for (int i = 0; i < 1000; i++) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int running = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+      if (e->d_name[0] == '.')
+        continue;
+      char path[384], buf[256];
+      snprintf(path, sizeof(path), "%s/%s/stat", dir, e->d_name);
+      FILE *f = fopen(path, "r");
+      if (f == NULL)
+        continue;
+      size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+      fclose(f);
+      buf[n] = '\0';
+      const char *st = strrchr(buf, ')'); /* "pid (comm) S ..." */
+      if (st == NULL || st[1] != ' ' || (st[2] != 'T' && st[2] != 't'))
+        running = 1;
+    }
+    closedir(d);
+    if (!running)
+      return;
+    sleep_ms(5);
+  }
+  fail_msg("process %d did not stop within 5 s of SIGSTOP", (int)pid);
 }
 
 static int pool_stop(pool *p, int sig) {
@@ -348,7 +384,7 @@ static void test_e2e_target_killed_during_a_batch(void **state) {
 
   /* Stopped: its connections stay up, nothing is answered; the batch is in
    * flight when the target dies. */
-  kill(p.pid, SIGSTOP);
+  stop_process(p.pid);
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = 15000;
@@ -405,7 +441,7 @@ static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
   uint32_t rng = 11;
   entries(e, 20, &rng);
   assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
-  kill(p.pid, SIGSTOP);
+  stop_process(p.pid);
   memset(r.mem[0], 0xab, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
   uint64_t t0 = sx__mono_ms();
   sx_batch_result res = batch(seg, e, 20, 500);
