@@ -36,7 +36,7 @@ TEST_PKGS := cmocka
 DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              libhiredis-dev libuv1-dev libprotobuf-c-dev libibverbs-dev librdmacm-dev \
              libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
-             redis-server redis-sentinel redis-tools etcd-server etcd-client \
+             redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
              curl groff-base man-db python3-yaml shellcheck
@@ -87,14 +87,14 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_stats
-INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent test_metrics
+INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)

@@ -9,6 +9,7 @@
 static const sx_backend_ops *const backends[] = {
     &sx__backend_mem_ops,
     &sx__backend_redis_ops,
+    &sx__backend_etcd_ops,
 };
 
 int sx__backend_open(uv_loop_t *loop, const char *text, const sx_backend_hooks *hooks,

@@ -125,6 +125,7 @@ int sx__backend_open(uv_loop_t *loop, const char *url, const sx_backend_hooks *h
 
 extern const sx_backend_ops sx__backend_mem_ops;
 extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
+extern const sx_backend_ops sx__backend_etcd_ops; /* etcd://, etcd+https:// */
 
 /* Dispatchers: a missing slot returns SX_ENOTSUP. */
 #define SX__BACKEND_CALL(b, op, ...)                                           \

@@ -26,6 +26,8 @@
 #ifndef SXT_REDIS_HARNESS_H
 #define SXT_REDIS_HARNESS_H
 
+#include "ports.h"
+
 #include <sys/types.h>
 
 #include <hiredis/hiredis.h>
@@ -97,6 +99,5 @@ int sxt_redis_wait_master(const sxt_redis *sentinel, int port, int timeout_ms);
 int sxt_redis_wait_role(const sxt_redis *r, const char *role, int timeout_ms);
 
 /* A free TCP port on 127.0.0.1 (bound and released). */
-int sxt_free_port(void);
 
 #endif
