@@ -8,7 +8,9 @@
 #   meta2   10.0.0.11 redis replica (deploy/redis/replica.conf) 10.0.0.22 sentinel 2
 #   meta3                                                        10.0.0.23 sentinel 3
 #           10.0.0.51..53 etcd members 1..3 (deploy/etcd/*.env), with SXLC_ETCD=1
-#   node1   10.0.0.31 sx-agent prefill-0/tp0  (data :7400, metrics :9464)
+#   node1   10.0.0.31 sx-agent prefill-0/tp0  (data :7400, metrics :9464);
+#                     with SXLC_ETCD=1 also etcd-pool/tp0 published through etcd
+#                     (data :7401, metrics :9465)
 #   node2   10.0.0.32 sx-agent prefill-1/tp0  (data :7400, metrics :9464)
 #   client  10.0.0.41 sxctl, curl
 #
@@ -26,7 +28,8 @@
 #            down (also on failure and on Ctrl-C)
 #   status   namespaces, processes and `sxctl ls`
 #   exec HOST CMD...   run CMD on HOST with SX_METADATA_URL set: the
-#            read-only user's URL, or SXLC_USER=admin (sxctl rm) or agent
+#            read-only user's URL, or SXLC_USER=admin (sxctl rm), agent, or
+#            etcd (the etcd cluster, with SXLC_ETCD=1)
 #   down     stop everything and remove the namespaces; safe to repeat, and
 #            it removes the leftovers of a run that died
 #
@@ -189,6 +192,7 @@ load_secrets() {
   AGENT_URL="redis+sentinel://sx-agent-prod:$AGENT_PW@$s"
   READER_URL="redis+sentinel://sx-reader-prod:$READER_PW@$s"
   ADMIN_URL="redis+sentinel://sx-admin-prod:$ADMIN_PW@$s"
+  ETCD_URL="etcd://$NET.51:2379,$NET.52:2379,$NET.53:2379?namespace=prod"
 }
 
 # redis-cli as the admin user; the password travels in REDISCLI_AUTH, not
@@ -310,6 +314,14 @@ agents_up() {
   for h in node1 node2; do
     wait_for 30 "sx-agent on $h being ready" http_get "http://$(addrs "$h"):9464/ready"
   done
+  if [ "$ETCD" = 1 ]; then
+    # A third pool, on node1, published through the etcd cluster instead.
+    SX_METADATA_URL=$ETCD_URL start node1 sx-agent-etcd "$BIN/sx-agent" \
+      --name etcd-pool/tp0 --listen "$NET.31:7401" --metrics-listen "$NET.31:9465" \
+      --layers 4 --block-bytes 64K --pool-size 16M --fingerprint lc-llama/v1 \
+      --fill 44 --lease-ms "$LEASE_MS" --label store=etcd
+    wait_for 30 "the etcd-backed sx-agent being ready" http_get "http://$NET.31:9465/ready"
+  fi
 }
 
 up() {
@@ -371,6 +383,11 @@ demo() {
 
   step "2. sxctl ls on client ($NET.41), as the read-only ACL user"
   sxctl ls
+  if [ "$ETCD" = 1 ]; then
+    say "and through etcd: etcd-pool/tp0, read by name and verified"
+    SX_METADATA_URL=$ETCD_URL on client "$BIN/sxctl" ls
+    SX_METADATA_URL=$ETCD_URL on client "$BIN/sxctl" read etcd-pool/tp0 --blocks all --verify 44
+  fi
 
   step "3. client reads prefill-0/tp0 from node1 by name and verifies every byte"
   sxctl read prefill-0/tp0 --blocks random:200 --batch 32 --verify 42 \
@@ -487,7 +504,8 @@ case $cmd in
       reader) url=$READER_URL ;;
       admin) url=$ADMIN_URL ;;
       agent) url=$AGENT_URL ;;
-      *) die "SXLC_USER: reader, admin or agent" ;;
+      etcd) url=$ETCD_URL ;;
+      *) die "SXLC_USER: reader, admin, agent or etcd" ;;
     esac
     SX_METADATA_URL=$url PATH="$BIN:$PATH" on "$h" "$@"
     ;;

@@ -60,6 +60,8 @@ SXLC_ETCD=$etcd timeout -k 10 300 "$script" demo >>"$log" 2>&1 || fail "demo exi
 if [ $etcd = 1 ]; then
   n=$(grep -c "is healthy: successfully committed proposal" "$log")
   [ "$n" = 3 ] || fail "demo: $n of 3 etcd members healthy"
+  grep -q "verified every byte: 16.0 MiB against the pattern of seed 44" "$log" ||
+    fail "demo: the etcd-backed pool was not read and verified"
 fi
 for want in "verified every byte: 200.0 MiB" "verified every byte: 64.0 MiB" \
             "verified every byte: 100.0 MiB" "master after:  10.0.0.11" \
