@@ -4,7 +4,9 @@
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
 #   make run       deps + build + a live demo on a local redis-server
-#   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs)
+#   make cluster   deps + build + the multi-host demo on network namespaces (root)
+#   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs,
+#                  manual pages); make uninstall removes exactly those files
 #
 # SANITIZE=address,undefined builds into its own directory (build-address-undefined)
 # and runs the same tests.  Every build is out of tree, under $(BUILD).
@@ -36,7 +38,8 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
-             iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind
+             iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
+             curl groff-base man-db python3-yaml shellcheck
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -74,14 +77,18 @@ PROG_DIR_sxctl    := agent/sxctl
 PROG_DIR_sx-bench := agent/bench
 PROGRAMS  := $(foreach p,sx-agent sxctl sx-bench,$(if $(wildcard $(PROG_DIR_$(p))/*.c),$(p)))
 PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
+# Manual pages: <folder>/<program>.1 beside each program's sources (so
+# agent/bench/sx-bench.1 is picked up as soon as it exists); installed into
+# $(MANDIR)/man1 and checked by tests/man/check.sh.
+MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_faults \
-               test_security
+               test_frame test_cache test_agent test_stats
+INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
+               test_faults test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
@@ -98,7 +105,7 @@ TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci fuzz fuzz-run memcheck soak run \
-        install uninstall clean print-build
+        cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -133,6 +140,9 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN)
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
+	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
+	@tests/deploy/test_local_cluster.sh "$(BUILD)"
+	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 # `make check` runs every libFuzzer target for CI_FUZZ_SECONDS each, in the
@@ -202,6 +212,11 @@ fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
 run: deps
 	@$(MAKE) --no-print-directory all
 	@agent/demo/run-demo.sh "$(BUILD)"
+
+# The multi-host demo on network namespaces (root): deploy/local-cluster.sh.
+cluster: deps
+	@$(MAKE) --no-print-directory all
+	@SXLC_BIN=$(BUILD)/bin deploy/local-cluster.sh demo
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
@@ -285,24 +300,33 @@ $(BUILD)/segxfer.pc: Makefile
 	$(call write_pc,$@)
 
 # ---------------------------------------------------------------- install
+# uninstall removes exactly the files install puts (and the include/segxfer
+# directory when that leaves it empty); tests/install/test_install.sh checks
+# that nothing is left behind.
+HEADERS := $(wildcard include/segxfer/*.h)
+
 install: all
 	install -d $(DESTDIR)$(INCDIR)/segxfer $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(BINDIR)
 	install -m 644 include/segxfer.h $(DESTDIR)$(INCDIR)/
-	install -m 644 include/segxfer/*.h $(DESTDIR)$(INCDIR)/segxfer/
+	install -m 644 $(HEADERS) $(DESTDIR)$(INCDIR)/segxfer/
 	install -m 644 $(STATIC) $(DESTDIR)$(LIBDIR)/
 	install -m 755 $(SHARED) $(DESTDIR)$(LIBDIR)/
 	ln -sf libsegxfer.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so
 	$(call write_pc,$(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc)
 	$(if $(PROG_BINS),install -m 755 $(PROG_BINS) $(DESTDIR)$(BINDIR)/)
+	$(if $(MAN_PAGES),install -d $(DESTDIR)$(MANDIR)/man1)
+	$(if $(MAN_PAGES),install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/)
 
 uninstall:
-	rm -f $(DESTDIR)$(INCDIR)/segxfer.h
-	rm -rf $(DESTDIR)$(INCDIR)/segxfer
+	rm -f $(DESTDIR)$(INCDIR)/segxfer.h \
+	      $(HEADERS:include/segxfer/%=$(DESTDIR)$(INCDIR)/segxfer/%)
+	rmdir $(DESTDIR)$(INCDIR)/segxfer 2>/dev/null || true
 	rm -f $(DESTDIR)$(LIBDIR)/libsegxfer.a $(DESTDIR)$(LIBDIR)/libsegxfer.so \
 	      $(DESTDIR)$(LIBDIR)/$(SONAME) $(DESTDIR)$(LIBDIR)/libsegxfer.so.$(VERSION) \
 	      $(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc
 	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/%)
+	rm -f $(patsubst %,$(DESTDIR)$(MANDIR)/man1/%,$(notdir $(MAN_PAGES)))
 
 clean:
 	rm -rf build build-*

@@ -88,16 +88,7 @@ static void tctx_log(void *agent, sx_log_level level, const char *fmt, ...) {
 }
 
 static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int err) {
-  sx_agent *a = agent;
-  (void)kind;
-  pthread_mutex_lock(&a->lock);
-  if (err) {
-    a->status.served_errors++;
-  } else {
-    a->status.served_reads++;
-    a->status.served_bytes += bytes;
-  }
-  pthread_mutex_unlock(&a->lock);
+  sx__stats_served(agent, kind, bytes, err);
 }
 
 /* ------------------------------------------------------------ state */
@@ -130,8 +121,19 @@ int sx_agent_status_get(sx_agent *a, sx_agent_status *out) {
   if (a == NULL || out == NULL)
     return sx__err(SX_EINVAL, "sx_agent_status_get: NULL argument");
   pthread_mutex_lock(&a->lock);
-  *out = a->status;
+  sx_agent_status st = a->status;
   pthread_mutex_unlock(&a->lock);
+  /* The serving counters are atomics (see stats.c); sum them up. */
+  sx_agent_stats s;
+  sx_agent_stats_get(a, &s, sizeof(s));
+  st.served_reads = st.served_bytes = st.served_errors = 0;
+  for (unsigned k = 0; k < SX_STATS_TRANSPORTS; k++) {
+    st.served_reads += s.served_reads[k];
+    st.served_bytes += s.served_bytes[k];
+    for (unsigned e = 0; e < SX_STATS_ERRORS; e++)
+      st.served_errors += s.served_errors[k][e];
+  }
+  *out = st;
   return 0;
 }
 
@@ -565,8 +567,9 @@ static void close_store_and_handles(sx_agent *a) {
   sx__lease_close(a);
   sx__regions_close(a);
   close_transports(a);
-  sx__cache_close(a->cache);
-  a->cache = NULL;
+  sx_cache *cache = a->cache;
+  sx__stats_cache_closing(a); /* keeps its counters, a->cache = NULL */
+  sx__cache_close(cache);
   sx__backend_close(a->backend);
   a->backend = NULL;
   sx__calls_drain(a);

@@ -160,6 +160,45 @@ void sx__batches_abort(sx_agent *a, int status);
 /* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
 int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
 
+/* ------------------------------------------------------------ stats */
+
+/*
+ * The counters behind sx_agent_stats_get().  Written with relaxed atomic
+ * adds where they happen (the TCP serving path, batch ends, lease replies,
+ * segment open/close), read the same way by the snapshot: cheap on the hot
+ * path and never a lock.  Gauges that already live under a->lock (state,
+ * generation, store_up) stay in a->status.
+ */
+typedef struct sx__stats {
+  uint64_t publishes;
+  uint64_t lease_ok_ms;  /* monotonic ms of the last publish/renew that
+                          * worked; 0: never */
+  uint64_t lease_errors[SX_STATS_ERRORS];
+  uint64_t served_reads[SX_STATS_TRANSPORTS];
+  uint64_t served_bytes[SX_STATS_TRANSPORTS];
+  uint64_t served_errors[SX_STATS_TRANSPORTS][SX_STATS_ERRORS];
+  uint64_t batches[SX_STATS_BATCH_STATES];
+  uint64_t batch_errors[SX_STATS_ERRORS];
+  uint64_t read_bytes[SX_STATS_TRANSPORTS];
+  uint64_t batch_latency[SX_STATS_LATENCY_BUCKETS];
+  uint64_t batch_latency_sum_us;
+  uint64_t open_segments;
+  sx_cache_stats cache_final; /* lock: the cache's counters when it closed */
+} sx__stats;
+
+/* Any thread: one read served (bytes) or refused (err), by transport. */
+void sx__stats_served(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err);
+/* Loop thread: a batch ended with this result. */
+void sx__stats_batch(sx_agent *a, const sx_batch_result *r);
+/* Loop thread: the store confirmed the lease (publish or renew). */
+void sx__stats_lease_ok(sx_agent *a, int publish);
+/* Loop thread: a lease operation failed with err. */
+void sx__stats_lease_error(sx_agent *a, int err);
+/* Loop thread: a segment was opened (+1) or closed (-1). */
+void sx__stats_segment(sx_agent *a, int delta);
+/* Loop thread, before the cache closes: keep its final counters. */
+void sx__stats_cache_closing(sx_agent *a);
+
 /* ------------------------------------------------------------ the agent */
 
 struct sx_agent {
@@ -204,6 +243,7 @@ struct sx_agent {
 
   sx__lease lease;
   sx_agent_status status; /* lock */
+  sx__stats stats;        /* atomics, see sx__stats */
 
   sx__rpeer *peers;
   sx_segment *segments;

@@ -106,6 +106,7 @@ static void fenced(sx_agent *a, int rc, const char *why) {
 }
 
 static void count_failure(sx_agent *a, int rc) {
+  sx__stats_lease_error(a, rc);
   pthread_mutex_lock(&a->lock);
   a->status.renew_failures++;
   a->status.last_error = rc;
@@ -157,6 +158,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
   }
   sx_agent_state before = state_of(a);
   if (rc == 0) {
+    sx__stats_lease_ok(a, 1);
     a->lease.egen_retries = 0;
     a->lease.generation = r->generation;
     pthread_mutex_lock(&a->lock);
@@ -180,6 +182,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
     pump(a);
     return;
   } else if (rc == SX_EHELD) {
+    sx__stats_lease_error(a, rc);
     char inc[2 * SX_INCARNATION_LEN + 1];
     sx_hex(rep->holder, SX_INCARNATION_LEN, inc);
     sx__err(rc, "%s is held by incarnation %s (last renewed %lu ms ago, lease left "
@@ -194,6 +197,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
       a->lease.want = 0;
     }
   } else if (rc == SX_EFENCED) {
+    sx__stats_lease_error(a, rc);
     sx__err(rc, "%s: %s", a->name, rep->message[0] ? rep->message :
             "another incarnation took over this segment");
     fenced(a, rc, "another incarnation took over this segment");
@@ -218,16 +222,19 @@ static void renew_cb(void *arg, const sx_backend_reply *rep) {
     return;
   }
   if (rc == 0) {
+    sx__stats_lease_ok(a, 0);
     pthread_mutex_lock(&a->lock);
     a->status.renewals++;
     a->status.last_error = 0;
     pthread_mutex_unlock(&a->lock);
   } else if (rc == SX_EGONE) {
+    sx__stats_lease_error(a, rc);
     sx__log(a, SX_LOG_WARN, "lease lost (the segment expired or the store lost it): "
             "republishing");
     sx__set_state(a, SX_AGENT_RECLAIMING, rc);
     maintain(a, 1);
   } else if (rc == SX_EFENCED) {
+    sx__stats_lease_error(a, rc);
     fenced(a, rc, rep->message[0] ? rep->message : "another incarnation holds the name");
   } else {
     count_failure(a, rc);
@@ -246,6 +253,8 @@ static void unpublish_cb(void *arg, const sx_backend_reply *rep) {
   if (rc == SX_EGONE)
     rc = 0; /* gone already: what we wanted */
   sx__set_state(a, SX_AGENT_UNPUBLISHED, rc);
+  if (rc && rc != SX_ECANCELED)
+    sx__stats_lease_error(a, rc);
   if (rc == 0)
     sx__log(a, SX_LOG_INFO, "unpublished");
   else
@@ -329,6 +338,11 @@ static void pump(sx_agent *a) {
       rc = sx__backend_unpublish(a->backend, a->name, a->incarnation, unpublish_cb, r);
     }
     if (rc) {
+      /* Not sent at all (the store is down: SX_EUNREACH at once): a failed
+       * renewal all the same, for the counters.  A publish counts itself
+       * (start_publish() keeps retrying it). */
+      if (r->kind == REQ_RENEW && rc != SX_ESHUTDOWN)
+        count_failure(a, rc);
       done(r, rc);
       continue;
     }

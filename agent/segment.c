@@ -138,6 +138,7 @@ static void segment_free(sx_segment *s) {
   sx__cdesc_unref(s->cd);
   sx__rindex_free(&s->ix);
   free(s);
+  sx__stats_segment(a, -1);
 }
 
 /* Loop thread: a segment over cd (takes a new reference). */
@@ -180,6 +181,7 @@ static int make_segment(sx_agent *a, sx_cdesc *cd, sx_segment **out) {
   if (s->next)
     s->next->prev = s;
   a->segments = s;
+  sx__stats_segment(a, +1);
   char inc[2 * SX_INCARNATION_LEN + 1];
   sx_hex(d->incarnation, SX_INCARNATION_LEN, inc);
   sx__log(a, SX_LOG_DEBUG, "opened %s: incarnation %.8s generation %lu, %u regions, "

@@ -17,6 +17,12 @@
 
 #define SWEEP_MS 10000u /* how often dead slots are freed */
 
+/* Statistics are written on the loop thread and read from any thread (an
+ * agent's stats snapshot), hence relaxed atomics: counters, not fences. */
+#define STAT_INC(c, field) __atomic_add_fetch(&(c)->stats.field, 1, __ATOMIC_RELAXED)
+#define STAT_ENTRIES(c)                                                        \
+  __atomic_store_n(&(c)->stats.entries, (uint32_t)(c)->n_slots, __ATOMIC_RELAXED)
+
 typedef struct creq creq;
 typedef struct slot slot;
 
@@ -135,6 +141,7 @@ static slot *get_slot(sx_cache *c, const char *name) {
   s->next = *head;
   *head = s;
   c->n_slots++;
+  STAT_ENTRIES(c);
   return s;
 }
 
@@ -160,6 +167,7 @@ static void free_slot(sx_cache *c, slot *s) {
   drop_desc(s);
   free(s);
   c->n_slots--;
+  STAT_ENTRIES(c);
 }
 
 static void sweep(sx_cache *c, uint64_t now) {
@@ -287,7 +295,7 @@ static int start_fetch(sx_cache *c, slot *s) {
   s->fetching = 1;
   s->refetch = 0;
   c->gets_in_flight++;
-  c->stats.fetches++;
+  STAT_INC(c, fetches);
   return 0;
 }
 
@@ -482,6 +490,7 @@ void sx__cache_close(sx_cache *c) {
     c->buckets[i] = NULL;
   }
   c->n_slots = 0;
+  STAT_ENTRIES(c);
   c->wlist = NULL;
   /* Run what is queued now: the rule is that every callback runs once. */
   creq *r;
@@ -506,7 +515,7 @@ void sx__cache_event(sx_cache *c, const sx_event *ev) {
   if (ev->kind == SX_EVENT_PUT) {
     if (same_inc && s->d->desc.generation >= ev->generation)
       return; /* we already hold this one or a newer one */
-    c->stats.events++;
+    STAT_INC(c, events);
     drop_desc(s);
     s->neg_until_ms = 0;
     if (s->fetching)
@@ -519,7 +528,7 @@ void sx__cache_event(sx_cache *c, const sx_event *ev) {
    * older incarnation than the one cached says nothing about ours. */
   if (known_inc && s->d && !same_inc)
     return;
-  c->stats.events++;
+  STAT_INC(c, events);
   drop_desc(s);
   s->neg_until_ms = uv_now(c->loop) + c->p.negative_ms;
   if (s->fetching)
@@ -541,7 +550,7 @@ sx_cdesc *sx__cache_peek(sx_cache *c, const char *name) {
   slot *s = find_slot(c, name);
   if (s == NULL || s->d == NULL || s->expires_ms <= uv_now(c->loop))
     return NULL;
-  c->stats.hits++;
+  STAT_INC(c, hits);
   return sx__cdesc_ref(s->d);
 }
 
@@ -562,14 +571,16 @@ int sx__cache_resolve(sx_cache *c, const char *name, unsigned flags, uint32_t wa
   r->arg = arg;
   uint64_t now = uv_now(c->loop);
   r->deadline_ms = wait_ms ? now + wait_ms : 0;
+  if (flags & SX_CACHE_REFRESH)
+    STAT_INC(c, refreshes);
   if (!(flags & SX_CACHE_REFRESH)) {
     if (s->d != NULL && s->expires_ms > now) {
-      c->stats.hits++;
+      STAT_INC(c, hits);
       complete(c, r, 0, s->d, NULL);
       return 0;
     }
     if (s->neg_until_ms > now && !s->fetching) {
-      c->stats.hits++;
+      STAT_INC(c, hits);
       if (wait_ms) {
         park(c, s, r);
         rearm(c);
@@ -581,6 +592,8 @@ int sx__cache_resolve(sx_cache *c, const char *name, unsigned flags, uint32_t wa
       return 0;
     }
   }
+  if (!(flags & SX_CACHE_REFRESH))
+    STAT_INC(c, misses);
   /* Join the request in flight, or send one. */
   if ((rc = start_fetch(c, s)) != 0) {
     free(r);
@@ -603,6 +616,10 @@ void sx__cache_invalidate(sx_cache *c, const char *name, const uint8_t *inc) {
 }
 
 void sx__cache_stats(const sx_cache *c, sx_cache_stats *out) {
-  *out = c->stats;
-  out->entries = (uint32_t)c->n_slots;
+  out->hits = __atomic_load_n(&c->stats.hits, __ATOMIC_RELAXED);
+  out->misses = __atomic_load_n(&c->stats.misses, __ATOMIC_RELAXED);
+  out->refreshes = __atomic_load_n(&c->stats.refreshes, __ATOMIC_RELAXED);
+  out->fetches = __atomic_load_n(&c->stats.fetches, __ATOMIC_RELAXED);
+  out->events = __atomic_load_n(&c->stats.events, __ATOMIC_RELAXED);
+  out->entries = __atomic_load_n(&c->stats.entries, __ATOMIC_RELAXED);
 }

@@ -101,11 +101,16 @@ void sx__cache_invalidate(sx_cache *c, const char *name, const uint8_t *inc);
 
 typedef struct sx_cache_stats {
   uint64_t hits;      /* resolves and peeks served from the cache */
+  uint64_t misses;    /* resolves that had to ask the store (not forced) */
+  uint64_t refreshes; /* resolves with SX_CACHE_REFRESH */
   uint64_t fetches;   /* store get requests sent */
   uint64_t events;    /* events that changed an entry */
   uint32_t entries;   /* names tracked now */
 } sx_cache_stats;
 
+/* A snapshot of the counters.  Unlike the rest of this file, any thread may
+ * call it while the cache is open (the counters are atomic); the caller
+ * makes sure the cache is not being closed meanwhile. */
 void sx__cache_stats(const sx_cache *c, sx_cache_stats *out);
 
 #endif

@@ -156,17 +156,14 @@ static void swatch_msg(redisAsyncContext *ac, void *reply, void *priv) {
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
       r->element[0]->type != REDIS_REPLY_STRING)
     return;
-  /* The confirmation's third element is the subscription count (an
-   * integer), so look for it before requiring a string payload: missing it
-   * left the deadline running, which dropped the subscription every
-   * connect_timeout_ms and lost switch announcements half of the time. */
+  /* The confirmation is ["subscribe", channel, count]: its third element is
+   * an integer, so it is recognised before messages' string check. */
   if (strcmp(r->element[0]->str, "subscribe") == 0) {
     uv_timer_stop(&rb->swatch_timer); /* subscribed: no deadline any more */
     return;
   }
-  if (r->element[2]->type != REDIS_REPLY_STRING)
-    return;
-  if (strcmp(r->element[0]->str, "message") != 0 || r->element[2]->len > 600)
+  if (strcmp(r->element[0]->str, "message") != 0 ||
+      r->element[2]->type != REDIS_REPLY_STRING || r->element[2]->len > 600)
     return;
   /* "<master-name> <old-ip> <old-port> <new-ip> <new-port>" */
   char name[128], oldip[256], newip[256];

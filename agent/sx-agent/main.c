@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "agent_int.h"
+#include "http.h"
 #include "pattern.h"
 #include "segxfer.h"
 #include "segxfer/agent.h"
@@ -42,10 +43,22 @@ static const char usage_text[] =
     "  --lease-ms N           lease (default 5000; renewed every lease/3)\n"
     "  --takeover             replace a live holder of NAME (it is fenced)\n"
     "  --label KEY=VALUE      published label (repeatable)\n"
+    "  --metrics-listen ADDR  serve Prometheus metrics on http://ADDR/metrics, and\n"
+    "                         /ready (200 once published with the lease held, else\n"
+    "                         503) and /healthz for probes; ADDR is IP:PORT,\n"
+    "                         [IPv6]:PORT or :PORT (every IPv4 address)\n"
+    "  --rdma-devices LIST    RDMA devices to use, e.g. mlx5_0,mlx5_1 (default:\n"
+    "                         every active one)\n"
+    "  --rdma-gid-index N     GID index (default: a RoCE v2 IPv4 GID)\n"
+    "  --hugepages SIZE       back the pool with huge pages of SIZE, 2M or 1G (fewer\n"
+    "                         pages to register for RDMA); they must be reserved\n"
+    "                         (vm.nr_hugepages, or the pod's hugepages limit)\n"
     "  --fill SEED            fill every region with the verification pattern of SEED\n"
     "                         (decimal or 0x-hex); readers check it with\n"
     "                         `sxctl read NAME --verify SEED`\n"
     "  --log-level LEVEL      error, warn, info (default) or debug\n"
+    "  -h, --help             this text\n"
+    "  --version              print the version\n"
     "\n"
     "layout by flags (one region per slot, all layers in it):\n"
     "  --layers N             layers (default 1)\n"
@@ -128,6 +141,9 @@ static int parse_size(const char *s, uint64_t *out) {
 typedef struct options {
   const char *name, *metadata, *listen, *advertise, *layout_file;
   const char *dtype, *fingerprint, *tag;
+  const char *metrics_listen, *rdma_devices;
+  int gid_index;
+  uint64_t hugepage; /* 0: ordinary pages */
   unsigned transports;
   uint32_t lease_ms, layers, group;
   uint64_t block_bytes, num_blocks, pool_size;
@@ -155,7 +171,8 @@ static int parse_args(int argc, char **argv, options *o) {
   enum {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
     O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
-    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_HELP
+    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HUGE, O_HELP,
+    O_VERSION
   };
   static const struct option opts[] = {
       {"name", required_argument, NULL, O_NAME},
@@ -178,12 +195,18 @@ static int parse_args(int argc, char **argv, options *o) {
       {"takeover", no_argument, NULL, O_TAKEOVER},
       {"log-level", required_argument, NULL, O_LOG},
       {"label", required_argument, NULL, O_LABEL},
+      {"metrics-listen", required_argument, NULL, O_METRICS},
+      {"rdma-devices", required_argument, NULL, O_RDMA_DEVICES},
+      {"rdma-gid-index", required_argument, NULL, O_GID},
+      {"hugepages", required_argument, NULL, O_HUGE},
       {"help", no_argument, NULL, O_HELP},
+      {"version", no_argument, NULL, O_VERSION},
       {NULL, 0, NULL, 0},
   };
   memset(o, 0, sizeof(*o));
   o->metadata = getenv("SX_METADATA_URL");
   o->transports = SX_TRANSPORTS_ALL;
+  o->gid_index = -1;
   o->lease_ms = 5000;
   o->layers = 1;
   o->block_bytes = 64 << 10;
@@ -204,6 +227,18 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_FP: o->fingerprint = optarg; break;
     case O_TAG: o->tag = optarg; break;
     case O_TAKEOVER: o->takeover = 1; break;
+    case O_METRICS: o->metrics_listen = optarg; break;
+    case O_RDMA_DEVICES: o->rdma_devices = optarg; break;
+    case O_HUGE:
+      if (parse_size(optarg, &o->hugepage) ||
+          (o->hugepage != (2ull << 20) && o->hugepage != (1ull << 30)))
+        return usage_error("--hugepages '%s': use 2M or 1G", optarg);
+      break;
+    case O_GID:
+      if (parse_size(optarg, &v) || v > 255)
+        return usage_error("--rdma-gid-index '%s' is not 0..255", optarg);
+      o->gid_index = (int)v;
+      break;
     case O_POOL:
       if (parse_size(optarg, &o->pool_size) || o->pool_size == 0)
         return usage_error("--pool-size '%s' is not a size", optarg);
@@ -278,6 +313,9 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_HELP:
     case 'h':
       fputs(usage_text, stdout);
+      exit(EXIT_CLEAN);
+    case O_VERSION:
+      printf("sx-agent (segxfer %s)\n", sx_version());
       exit(EXIT_CLEAN);
     default:
       return usage_error("unknown option '%s'", argv[optind - 1]);
@@ -379,15 +417,29 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  /* One anonymous mapping holds every region, page aligned. */
+  /* One anonymous mapping holds every region, page aligned; with huge
+   * pages, the whole mapping is a multiple of the huge page size. */
   uint64_t total = 0;
   for (uint32_t i = 0; i < layout.n_regions; i++)
     total += (region_bytes(&layout.regions[i]) + 4095) & ~4095ull;
-  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+  int mflags = MAP_PRIVATE | MAP_ANONYMOUS;
+  if (o.hugepage) {
+    total = (total + o.hugepage - 1) / o.hugepage * o.hugepage;
+    mflags |= MAP_HUGETLB | ((o.hugepage == (1ull << 30) ? 30 : 21) << MAP_HUGE_SHIFT);
+  }
+  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, mflags, -1, 0);
   if (pool == MAP_FAILED) {
-    fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes: %s\n",
-            (unsigned long)total, strerror(errno));
+    int e = errno;
+    if (o.hugepage)
+      fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes in %s huge pages: %s "
+              "(reserve %lu of them: sysctl vm.nr_hugepages, or "
+              "/sys/kernel/mm/hugepages/hugepages-%lukB/nr_hugepages)\n",
+              (unsigned long)total, o.hugepage == (1ull << 30) ? "1 GiB" : "2 MiB",
+              strerror(e), (unsigned long)(total / o.hugepage),
+              (unsigned long)(o.hugepage >> 10));
+    else
+      fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes: %s\n",
+              (unsigned long)total, strerror(e));
     sx_desc_free(&layout);
     return EXIT_USAGE;
   }
@@ -400,6 +452,8 @@ int main(int argc, char **argv) {
   p.advertise = o.advertise;
   p.transports = o.transports;
   p.lease_ms = o.lease_ms;
+  p.rdma_devices = o.rdma_devices;
+  p.rdma_gid_index = o.gid_index;
   p.layout = layout.layout;
   p.labels = o.n_labels ? o.labels : layout.labels;
   p.n_labels = o.n_labels ? o.n_labels : layout.n_labels;
@@ -414,6 +468,19 @@ int main(int argc, char **argv) {
   }
 
   int exit_code = EXIT_USAGE;
+  /* Metrics first, so that probes see "not ready" while the pool is filled
+   * and published rather than a refused connection. */
+  sxa_http *http = NULL;
+  if (o.metrics_listen != NULL) {
+    char err[300];
+    uint16_t port;
+    if (sxa_http_start(o.metrics_listen, a, &http, &port, err, sizeof(err)) != 0) {
+      say(SX_LOG_ERROR, "sx-agent: %s", err);
+      goto out_destroy;
+    }
+    say(SX_LOG_INFO, "metrics: serving /metrics, /ready and /healthz on port %u (%s)",
+        port, o.metrics_listen);
+  }
   uint64_t off = 0;
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -487,6 +554,7 @@ int main(int argc, char **argv) {
   }
 
 out_destroy:
+  sxa_http_stop(http);
   sx_agent_destroy(a);
   munmap(pool, total);
   sx_desc_free(&layout);

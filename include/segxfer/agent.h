@@ -201,6 +201,92 @@ typedef struct sx_agent_status {
 /* A snapshot of the lease state and counters; never waits. */
 SX_EXTERN int sx_agent_status_get(sx_agent *a, sx_agent_status *out);
 
+/* ------------------------------------------------------------------ stats */
+
+/* Upper bounds, in microseconds, of the batch latency histogram's buckets
+ * (a last, unbounded bucket follows them).  For exporters:
+ *   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US; */
+#define SX_STATS_LATENCY_BOUNDS_US                                             \
+  {100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,       \
+   500000, 1000000, 2500000, 5000000, 10000000, 30000000}
+#define SX_STATS_LATENCY_BUCKETS 18 /* the 17 bounds above + one unbounded */
+#define SX_STATS_ERRORS 64          /* error counters, indexed by -code */
+#define SX_STATS_TRANSPORTS 3       /* indexed by sx_transport_kind */
+#define SX_STATS_BATCH_STATES 6     /* indexed by sx_batch_state */
+
+/*
+ * Counters and gauges for monitoring (sx-agent exports them to Prometheus;
+ * an engine embedding the library can export them the same way).  Counters
+ * start at 0 when the agent is created and only grow.  Arrays indexed by
+ * error are indexed by the negative SX_E* code (errors[-SX_EACCESS]); entry
+ * 0 is unused.  Arrays indexed by transport use sx_transport_kind.
+ */
+typedef struct sx_agent_stats {
+  /* Lease and store. */
+  sx_agent_state state;
+  int store_up;              /* the store connection is up now */
+  int ready;                 /* published, the store is up and confirmed the
+                              * lease less than one lease ago: peers can find
+                              * this segment (what a readiness probe wants) */
+  int last_error;            /* of the last lease operation, 0 when it worked */
+  uint64_t generation;       /* of the last successful publish */
+  uint64_t lease_ms;
+  uint64_t lease_age_ms;     /* since the store last confirmed the lease
+                              * (publish or renew); UINT64_MAX: never */
+  uint64_t publishes;        /* successful publishes, republishes included */
+  uint64_t republishes;      /* of them: the agent reclaiming a lost lease */
+  uint64_t renewals, renew_failures, store_reconnects;
+  uint64_t lease_errors[SX_STATS_ERRORS]; /* failed lease operations by code */
+
+  /* Target side: reads of this agent's memory that it served itself.  RDMA
+   * READs are one-sided (the target's CPU never sees them): they appear
+   * only in the readers' counters. */
+  uint64_t served_reads[SX_STATS_TRANSPORTS];
+  uint64_t served_bytes[SX_STATS_TRANSPORTS];
+  uint64_t served_errors[SX_STATS_TRANSPORTS][SX_STATS_ERRORS]; /* refused */
+
+  /* Reader side: batches this agent ran, once each when they ended. */
+  uint64_t batches[SX_STATS_BATCH_STATES]; /* by final state */
+  uint64_t batch_errors[SX_STATS_ERRORS];  /* by first error (not COMPLETED) */
+  uint64_t read_bytes[SX_STATS_TRANSPORTS]; /* bytes that arrived */
+  uint64_t batch_latency[SX_STATS_LATENCY_BUCKETS]; /* submit -> end; bucket i
+                              * counts bounds[i-1] < t <= bounds[i] (not
+                              * cumulative) */
+  uint64_t batch_latency_sum_us;
+
+  /* Resolver cache (opens, and refreshes after transport failures). */
+  uint64_t cache_hits;       /* answered from the cache */
+  uint64_t cache_misses;     /* had to ask the store */
+  uint64_t cache_refreshes;  /* forced store reads (after a failure) */
+  uint64_t cache_fetches;    /* store reads sent (shared by concurrent misses) */
+  uint64_t cache_events;     /* store events that dropped an entry */
+  uint64_t cache_entries;    /* names tracked now */
+
+  /* Now. */
+  uint64_t open_segments;
+  uint64_t regions, region_bytes; /* registered */
+} sx_agent_stats;
+
+/*
+ * A snapshot of the counters above; never waits (atomic counters and a short
+ * lock), so it may be called often, from any thread, also from callbacks.
+ * size is sizeof(sx_agent_stats) as the caller was compiled: a caller built
+ * against an older, smaller struct gets the fields it knows.  Errors:
+ * SX_EINVAL (NULL, or size 0).
+ */
+SX_EXTERN int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size);
+
+/*
+ * The same snapshot as Prometheus text (exposition format 0.0.4, metric
+ * names segxfer_*; README "Metrics" lists them), for an engine's own
+ * /metrics endpoint.  Labels carry the segment name and incarnation, never
+ * the access token or store credentials.  On success *text is a malloc()ed,
+ * NUL-terminated buffer the caller frees with free(), and *len its length
+ * without the NUL (len may be NULL).  Never waits; any thread.  Errors:
+ * SX_EINVAL, SX_ENOMEM.
+ */
+SX_EXTERN int sx_agent_metrics_text(sx_agent *a, char **text, size_t *len);
+
 /* A copy of the descriptor this agent publishes (or would publish);
  * the caller frees it with sx_desc_free().  Waits for the agent thread. */
 SX_EXTERN int sx_agent_descriptor(sx_agent *a, sx_desc *out);

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Install into a scratch DESTDIR, then build and run a program against the
 # installed copy with nothing but `pkg-config --cflags --libs segxfer`, once
-# against the shared library and once statically.
+# against the shared library and once statically; check that every installed
+# program has its manual page and that `make uninstall` removes every file
+# that install put there.
 # Usage: tests/install/test_install.sh BUILD_DIR MAKE [EXTRA_CFLAGS]
 # (EXTRA_CFLAGS carries -fsanitize=... for sanitizer builds.)
 set -eu
@@ -27,4 +29,26 @@ cc $extra -o "$dest/hello-static" "$here/hello.c" $(pkg-config --cflags segxfer)
 # The README's agent example, against the installed copy (in-process store).
 cc $extra -o "$dest/agent_example" "$here/agent_example.c" $(pkg-config --cflags --libs segxfer)
 LD_LIBRARY_PATH="$dest/opt/segxfer/lib" "$dest/agent_example" 2>/dev/null
-echo "install: headers, libraries and segxfer.pc work from $dest (shared and static)"
+# Programs and their manual pages, which render from where they were put.
+prefix="$dest/opt/segxfer"
+for p in sx-agent sxctl; do
+  [ -x "$prefix/bin/$p" ] || { echo "install: $p is not installed"; exit 1; }
+done
+for p in "$prefix"/bin/*; do
+  p=$(basename "$p")
+  page="$prefix/share/man/man1/$p.1"
+  [ -f "$page" ] || { echo "install: $p has no manual page ($page)"; exit 1; }
+  if command -v man >/dev/null; then
+    out=$(MANWIDTH=80 man --warnings -E UTF-8 -l "$page" 2>&1 >/dev/null)
+    [ -z "$out" ] || { echo "install: man $page warns: $out"; exit 1; }
+    MANWIDTH=80 man -E UTF-8 -l "$page" 2>/dev/null | grep -q "^NAME" ||
+      { echo "install: man -l $page renders nothing"; exit 1; }
+  fi
+done
+pages=$(ls "$prefix/share/man/man1" | tr '\n' ' ')
+# Uninstall leaves no file or link behind (empty standard directories may stay).
+$make --no-print-directory uninstall DESTDIR="$dest" PREFIX=/opt/segxfer BUILD="$build" >/dev/null
+left=$(find "$prefix" \( -type f -o -type l \) -print)
+[ -z "$left" ] || { echo "install: uninstall left behind:"; echo "$left"; exit 1; }
+[ ! -d "$prefix/include/segxfer" ] || { echo "install: uninstall left include/segxfer"; exit 1; }
+echo "install: headers, libraries and segxfer.pc work from $dest (shared and static); man pages $pages; uninstall removed every file"

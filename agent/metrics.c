@@ -1,0 +1,208 @@
+/*
+ * sx_agent_stats as Prometheus text (exposition format 0.0.4): one HELP and
+ * TYPE line per family, then its samples.  Counters end in _total, sizes
+ * are bytes, times seconds (Prometheus' base units).  Error labels are the
+ * SX_E* names; only the codes that occurred are listed, so a healthy agent
+ * exports a handful of series, not 64 per family.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_int.h"
+#include "segxfer.h"
+
+static const char *const kinds[SX_STATS_TRANSPORTS] = {NULL, "tcp", "rdma"};
+
+static void family(FILE *f, const char *name, const char *type, const char *help) {
+  fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void counter(FILE *f, const char *name, const char *help, uint64_t v) {
+  family(f, name, "counter", help);
+  fprintf(f, "%s %lu\n", name, (unsigned long)v);
+}
+
+static void gauge(FILE *f, const char *name, const char *help, uint64_t v) {
+  family(f, name, "gauge", help);
+  fprintf(f, "%s %lu\n", name, (unsigned long)v);
+}
+
+/* A label value: backslash, double quote and newline escaped.  Segment
+ * names cannot hold them, but the format must stay valid whatever comes. */
+static void label_value(FILE *f, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"')
+      fprintf(f, "\\%c", *v);
+    else if (*v == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*v, f);
+  }
+}
+
+/* name{transport="tcp"} v, for each transport this build knows. */
+static void by_transport(FILE *f, const char *name, const char *type, const char *help,
+                         const uint64_t *v) {
+  family(f, name, type, help);
+  for (unsigned k = 1; k < SX_STATS_TRANSPORTS; k++)
+    fprintf(f, "%s{transport=\"%s\"} %lu\n", name, kinds[k], (unsigned long)v[k]);
+}
+
+/* name{error="SX_E..."} v for every code that occurred. */
+static void by_error(FILE *f, const char *name, const char *help, const uint64_t *v) {
+  family(f, name, "counter", help);
+  for (int e = 0; e < SX_STATS_ERRORS; e++)
+    if (v[e])
+      fprintf(f, "%s{error=\"%s\"} %lu\n", name, sx_err_name(-e), (unsigned long)v[e]);
+}
+
+static const char *state_label(sx_agent_state s) {
+  switch (s) {
+  case SX_AGENT_UNPUBLISHED:
+    return "unpublished";
+  case SX_AGENT_PUBLISHED:
+    return "published";
+  case SX_AGENT_RECLAIMING:
+    return "reclaiming";
+  case SX_AGENT_FENCED:
+    return "fenced";
+  }
+  return "unknown";
+}
+
+static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
+  char inc[2 * SX_INCARNATION_LEN + 1];
+  sx_hex(a->incarnation, SX_INCARNATION_LEN, inc);
+
+  /* Identity and lease. */
+  family(f, "segxfer_agent_info", "gauge",
+         "The agent: segment name (empty for a reader), incarnation (new on every "
+         "start) and library version.");
+  fputs("segxfer_agent_info{segment=\"", f);
+  label_value(f, a->name);
+  fprintf(f, "\",incarnation=\"%s\",version=\"%s\"} 1\n", inc, sx_version());
+  family(f, "segxfer_agent_state", "gauge", "Lease state: 1 for the current one.");
+  static const sx_agent_state states[] = {SX_AGENT_UNPUBLISHED, SX_AGENT_PUBLISHED,
+                                          SX_AGENT_RECLAIMING, SX_AGENT_FENCED};
+  for (unsigned i = 0; i < sizeof(states) / sizeof(states[0]); i++)
+    fprintf(f, "segxfer_agent_state{state=\"%s\"} %d\n", state_label(states[i]),
+            s->state == states[i]);
+  gauge(f, "segxfer_ready",
+        "1 when the segment is published, the store is up and it confirmed the lease "
+        "within one lease.", (uint64_t)s->ready);
+  gauge(f, "segxfer_segment_generation", "Generation of the last successful publish.",
+        s->generation);
+  family(f, "segxfer_lease_seconds", "gauge", "Lease length.");
+  fprintf(f, "segxfer_lease_seconds %.3f\n", (double)s->lease_ms / 1e3);
+  if (s->lease_age_ms != UINT64_MAX) {
+    family(f, "segxfer_lease_age_seconds", "gauge",
+           "Time since the store last confirmed the lease (publish or renew).");
+    fprintf(f, "segxfer_lease_age_seconds %.3f\n", (double)s->lease_age_ms / 1e3);
+  }
+  counter(f, "segxfer_publishes_total", "Successful publishes, republishes included.",
+          s->publishes);
+  counter(f, "segxfer_republishes_total",
+          "Publishes that reclaimed a lost lease (expired, or a store that lost it).",
+          s->republishes);
+  counter(f, "segxfer_lease_renewals_total", "Lease renewals the store confirmed.",
+          s->renewals);
+  counter(f, "segxfer_lease_renew_failures_total",
+          "Publishes and renewals that failed on a store error (retried).",
+          s->renew_failures);
+  by_error(f, "segxfer_lease_errors_total", "Failed lease operations by error.",
+           s->lease_errors);
+  gauge(f, "segxfer_store_up", "1 while the metadata store connection is up.",
+        (uint64_t)s->store_up);
+  counter(f, "segxfer_store_reconnects_total", "Store connections re-made after a loss.",
+          s->store_reconnects);
+
+  /* Target side. */
+  by_transport(f, "segxfer_served_reads_total", "counter",
+               "Read requests this agent served (RDMA READs are one-sided and not seen "
+               "here).", s->served_reads);
+  by_transport(f, "segxfer_served_bytes_total", "counter", "Bytes this agent served.",
+               s->served_bytes);
+  family(f, "segxfer_served_errors_total", "counter",
+         "Requests this agent refused, by transport and error.");
+  for (unsigned k = 1; k < SX_STATS_TRANSPORTS; k++)
+    for (int e = 0; e < SX_STATS_ERRORS; e++)
+      if (s->served_errors[k][e])
+        fprintf(f, "segxfer_served_errors_total{transport=\"%s\",error=\"%s\"} %lu\n",
+                kinds[k], sx_err_name(-e), (unsigned long)s->served_errors[k][e]);
+
+  /* Reader side. */
+  family(f, "segxfer_batches_total", "counter", "Batches this agent ran, by result.");
+  static const sx_batch_state ends[] = {SX_BATCH_COMPLETED, SX_BATCH_FAILED,
+                                        SX_BATCH_TIMEOUT, SX_BATCH_CANCELLED};
+  for (unsigned i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
+    char result[16];
+    const char *n = sx_batch_state_name(ends[i]);
+    size_t j = 0;
+    for (; n[j] && j < sizeof(result) - 1; j++)
+      result[j] = (char)(n[j] >= 'A' && n[j] <= 'Z' ? n[j] - 'A' + 'a' : n[j]);
+    result[j] = '\0';
+    fprintf(f, "segxfer_batches_total{result=\"%s\"} %lu\n", result,
+            (unsigned long)s->batches[ends[i]]);
+  }
+  by_error(f, "segxfer_batch_errors_total", "Batches that did not complete, by first "
+           "error.", s->batch_errors);
+  by_transport(f, "segxfer_read_bytes_total", "counter",
+               "Bytes that arrived in this agent's batches.", s->read_bytes);
+  static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
+  family(f, "segxfer_batch_duration_seconds", "histogram",
+         "Batch time from submit to end, every result.");
+  uint64_t cum = 0;
+  for (unsigned b = 0; b < SX_STATS_LATENCY_BUCKETS; b++) {
+    cum += s->batch_latency[b];
+    if (b < sizeof(bounds) / sizeof(bounds[0]))
+      fprintf(f, "segxfer_batch_duration_seconds_bucket{le=\"%g\"} %lu\n",
+              (double)bounds[b] / 1e6, (unsigned long)cum);
+    else
+      fprintf(f, "segxfer_batch_duration_seconds_bucket{le=\"+Inf\"} %lu\n",
+              (unsigned long)cum);
+  }
+  fprintf(f, "segxfer_batch_duration_seconds_sum %.6f\n",
+          (double)s->batch_latency_sum_us / 1e6);
+  fprintf(f, "segxfer_batch_duration_seconds_count %lu\n", (unsigned long)cum);
+
+  /* Resolver cache and what is open. */
+  counter(f, "segxfer_cache_hits_total", "Opens answered from the descriptor cache.",
+          s->cache_hits);
+  counter(f, "segxfer_cache_misses_total", "Opens that had to ask the store.",
+          s->cache_misses);
+  counter(f, "segxfer_cache_refreshes_total",
+          "Forced store reads after a transport failure.", s->cache_refreshes);
+  counter(f, "segxfer_cache_fetches_total",
+          "Store reads sent (concurrent misses of one name share one).", s->cache_fetches);
+  counter(f, "segxfer_cache_events_total", "Store events that dropped a cached entry.",
+          s->cache_events);
+  gauge(f, "segxfer_cache_entries", "Names the cache tracks.", s->cache_entries);
+  gauge(f, "segxfer_open_segments", "Segments this agent has open.", s->open_segments);
+  gauge(f, "segxfer_regions", "Registered regions.", s->regions);
+  gauge(f, "segxfer_region_bytes", "Bytes in registered regions.", s->region_bytes);
+}
+
+int sx_agent_metrics_text(sx_agent *a, char **text, size_t *len) {
+  if (a == NULL || text == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_metrics_text: NULL argument");
+  sx_agent_stats s;
+  int rc = sx_agent_stats_get(a, &s, sizeof(s));
+  if (rc)
+    return rc;
+  char *buf = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&buf, &n);
+  if (f == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_metrics_text");
+  render(f, a, &s);
+  int bad = ferror(f);
+  if (fclose(f) != 0 || bad) {
+    free(buf);
+    return sx__err(SX_ENOMEM, "sx_agent_metrics_text: out of memory");
+  }
+  *text = buf;
+  if (len != NULL)
+    *len = n;
+  return 0;
+}
