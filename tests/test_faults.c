@@ -573,7 +573,7 @@ static void test_fault_sentinel_failover_agents_follow(void **state) {
  * pair; tc and nft act inside the namespace (deleted with it). */
 static char netns[32], veth_host[16];
 static int net_up;
-static char host_ip[16] = "10.231.0.1", ns_ip[16] = "10.231.0.2";
+static char host_ip[20], ns_ip[20];
 
 static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int sh(const char *fmt, ...) {
@@ -610,6 +610,11 @@ static int net_setup(void) {
   }
   snprintf(netns, sizeof(netns), "sxf-%d", (int)getpid());
   snprintf(veth_host, sizeof(veth_host), "sxfh%d", (int)getpid() % 100000);
+  /* A subnet of this process's own: runs in parallel (CI, developers)
+   * must not claim the same address in the root namespace. */
+  int pid = (int)getpid();
+  snprintf(host_ip, sizeof(host_ip), "10.%d.%d.1", 100 + pid % 100, (pid / 100) % 250);
+  snprintf(ns_ip, sizeof(ns_ip), "10.%d.%d.2", 100 + pid % 100, (pid / 100) % 250);
   if (sh("ip netns add %s", netns) != 0) {
     print_message("skipped: cannot create a network namespace (ip netns add)\n");
     return -1;
