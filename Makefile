@@ -76,14 +76,20 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout
+UNIT_TESTS  := test_errors test_codec test_layout test_rdma
 INTEG_TESTS :=
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
+# The RDMA suite (tests/rdma/): programs built here, run where an RDMA device
+# exists, which on most machines means inside the Soft-RoCE VM that
+# tests/rdma/run-in-rxe-vm.sh boots.  $(RDMA_PAYLOAD) is the VM's /payload.
+RDMA_PAYLOAD := $(BUILD)/rdma-tests
+RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/run.sh
+
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check run install uninstall clean print-build
+.PHONY: all deps test check check-rdma bench-rdma run install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -108,10 +114,20 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS)
+check: all $(TEST_BINS) $(RDMA_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+	@$(MAKE) --no-print-directory check-rdma
+
+# Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
+# only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
+check-rdma: $(RDMA_BINS)
+	@tests/rdma/check.sh "$(BUILD)"
+
+# segxfer's batched READs against ib_read_bw on the same rxe device.
+bench-rdma: $(RDMA_BINS)
+	@tests/rdma/check.sh "$(BUILD)" perf
 
 run: deps
 	@$(MAKE) --no-print-directory all
@@ -168,6 +184,14 @@ $(BUILD)/obj/tests/%.o: tests/%.c | $(GEN_H)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh
+	@mkdir -p $(dir $@)
+	@cp $< $@
 
 # segxfer.pc is written for the PREFIX/LIBDIR in effect, by `make all` into
 # the build dir and again by `make install` for the install location.
