@@ -490,10 +490,9 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   if (t->mrs != NULL)
     t->mrs->prev = rm;
   t->mrs = rm;
+  /* The rkeys go into the descriptor in pack(), next to their endpoints;
+   * lr->r is also copied into descriptors that carry no endpoints. */
   lr->tpriv[SX_TRANSPORT_RDMA] = rm;
-  lr->r.n_rkeys = (uint32_t)t->n_eps;
-  for (int k = 0; k < t->n_eps; k++)
-    lr->r.rkeys[k] = rm->mr[t->eps[k].dev->index]->rkey;
   return 0;
 
 out_dereg:
@@ -521,7 +520,6 @@ void sx__rdma_dereg_mem(sx_transport *tt, sx_lregion *lr) {
     rm->next->prev = rm->prev;
   free(rm);
   lr->tpriv[SX_TRANSPORT_RDMA] = NULL;
-  lr->r.n_rkeys = 0;
 }
 
 /* ------------------------------------------------------------------ descriptor */
