@@ -46,7 +46,9 @@ TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 
 OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
-CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen
+# The RDMA transport is linked in when its source exists (agent/transports.c).
+HAVE_RDMA   := $(if $(wildcard agent/rdma.c),-DSX_HAVE_RDMA)
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
 ifneq ($(SANITIZE),)
@@ -76,8 +78,9 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_rdma
-INTEG_TESTS :=
+UNIT_TESTS  := test_errors test_codec test_layout test_url test_planner test_frame \
+               test_cache test_agent test_rdma
+INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
@@ -151,6 +154,9 @@ $(GEN_C) $(GEN_H) &: $(PROTO)
 $(BUILD)/obj/%.o: %.c | $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# The transport list changes when agent/rdma.c appears.
+$(BUILD)/obj/agent/transports.o: $(wildcard agent/rdma.c)
 
 $(BUILD)/obj/gen/segxfer.pb-c.o: $(GEN_C) $(GEN_H)
 	@mkdir -p $(dir $@)

@@ -11,6 +11,7 @@
 #include "segxfer/errors.h"
 #include "segxfer/descriptor.h"
 #include "segxfer/layout.h"
+#include "segxfer/store.h"
 
 #define SX_VERSION_MAJOR 0
 #define SX_VERSION_MINOR 1

@@ -4,10 +4,12 @@
 
 #include "backend.h"
 #include "internal.h"
+#include "redis.h"
 
 /* Backends register here; a scheme whose ops are not built gives SX_ENOTSUP. */
 static const sx_backend_ops *const backends[] = {
     &sx__backend_mem_ops,
+    &sx__backend_redis_ops,
 };
 
 int sx__backend_open(uv_loop_t *loop, const char *text, const sx_backend_hooks *hooks,

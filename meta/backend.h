@@ -45,9 +45,14 @@ typedef struct sx_publish_req {
 
 typedef struct sx_backend_item {
   const char *name;
-  const uint8_t *value; /* NULL if the segment vanished while listing */
+  const uint8_t *value; /* NULL if the segment vanished while listing, or
+                         * when status != 0 */
   size_t len;
   int64_t ttl_ms;       /* lease left, -1 if unknown */
+  /* 0, or why this one entry is unusable while the listing goes on: e.g.
+   * SX_EDECODE when the key holds something that is not a segment,
+   * SX_ELIMIT when the value is oversized. */
+  int status;
 } sx_backend_item;
 
 typedef struct sx_backend_reply {
@@ -59,7 +64,9 @@ typedef struct sx_backend_reply {
   int64_t ttl_ms;
   /* publish failing with SX_EHELD: who holds the name. */
   uint8_t holder[SX_INCARNATION_LEN];
-  uint64_t holder_age_ms; /* since the holder last published or renewed */
+  /* Since the holder last published or renewed.  Also filled by a
+   * successful get where the backend knows it (0 otherwise). */
+  uint64_t holder_age_ms;
   int64_t holder_ttl_ms;  /* its lease left */
   /* list: */
   const sx_backend_item *items;

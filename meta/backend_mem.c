@@ -328,7 +328,8 @@ static int mem_list(sx_backend *b, sx_backend_cb cb, void *arg) {
     if (msg->names[i] == NULL || msg->values[i] == NULL)
       break;
     memcpy(msg->values[i], e->value, e->len);
-    msg->items[i] = (sx_backend_item){msg->names[i], msg->values[i], e->len, ttl_of(e)};
+    msg->items[i] = (sx_backend_item){.name = msg->names[i], .value = msg->values[i],
+                                      .len = e->len, .ttl_ms = ttl_of(e)};
     i++;
   }
   msg->rep.items = msg->items;

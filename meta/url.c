@@ -164,14 +164,16 @@ int sx__url_parse(const char *text, sx_url *out) {
   int is_redis = u.scheme[0] == 'r', is_sentinel = slen == 14, is_mem = dport == 0;
 
   const char *p = sep + 3;
-  const char *query = strchr(p, '?');
-  const char *end = query ? query : p + strlen(p);
-  const char *path = memchr(p, '/', (size_t)(end - p));
+  /* The user info ends at the last '@' of the whole URL: '@' is valid in no
+   * host and no query value, and a password with an unencoded '/', '?' or
+   * '@' then still parses instead of being taken for a host or a query
+   * (whose error messages would echo it). */
+  const char *at = strrchr(p, '@');
+  const char *hosts = at ? at + 1 : p;
+  const char *query = strchr(hosts, '?');
+  const char *end = query ? query : hosts + strlen(hosts);
+  const char *path = memchr(hosts, '/', (size_t)(end - hosts));
   const char *auth_end = path ? path : end;
-  const char *at = NULL;
-  for (const char *c = p; c < auth_end; c++)
-    if (*c == '@')
-      at = c;
   if (at != NULL) {
     if (!is_redis)
       return sx__err(SX_EURL, "metadata URL: user/password are only for redis URLs");

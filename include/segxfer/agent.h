@@ -7,12 +7,20 @@
  * metadata store, serves reads of its memory and drives transfers.  Every
  * function here may be called from any thread unless it says otherwise;
  * callbacks run on the agent's thread and must not block.  Calls that wait
- * (publish, open, wait) never wait on the agent thread itself: calling them
- * from a callback fails with SX_EBUSY.
+ * for the agent thread (register, unregister, publish, unpublish, the
+ * synchronous open, ping, descriptor, batch wait) fail with SX_EBUSY when
+ * called on the agent thread itself, i.e. from a callback; the
+ * non-waiting ones (the asynchronous open, segment close, batch create,
+ * add, submit, poll, cancel, result) work there too.
+ *
+ * Errors: every call returns 0 or a negative SX_E* code, and a failing call
+ * leaves a message for the calling thread (sx_errmsg()).  Output arguments
+ * are written only on success.
  *
  * Lifetimes: segments and batches belong to the agent that made them and
  * must be closed/destroyed before it.  sx_agent_destroy() unpublishes the
- * segment at once (peers see it gone) and fails batches still in flight.
+ * segment at once (peers see it gone), ends batches still in flight and
+ * closes segments left open.
  */
 #ifndef SEGXFER_AGENT_H
 #define SEGXFER_AGENT_H
@@ -52,7 +60,8 @@ typedef struct sx_agent_params {
   const char *metadata_url;
   /* Overrides the URL's namespace when not NULL. */
   const char *ns;
-  /* host:port the data plane listens on (default "0.0.0.0:0": any port). */
+  /* host:port the data plane listens on.  NULL: "0.0.0.0:0" (any port)
+   * when the agent has a name; a reader-only agent then does not listen. */
   const char *listen;
   /* Address peers are told to connect to (default: the listen host, or
    * the address of the interface that routes to the metadata store). */
@@ -68,6 +77,13 @@ typedef struct sx_agent_params {
   const char *rdma_devices;
   int rdma_gid_index;
   uint32_t rdma_slice_bytes;
+  /* The planner cuts ranges longer than this so that one large transfer
+   * spreads over the connections (default 1 MiB). */
+  uint32_t slice_bytes;
+  /* Longest time an opened descriptor is reused from the resolver cache
+   * without an event confirming it (default 5000; never above the
+   * descriptor's own lease). */
+  uint32_t cache_ttl_ms;
   /* Published layout: fingerprint, tag, dtype, tp/pp. */
   sx_layout layout;
   /* Published labels (copied). */
@@ -84,17 +100,23 @@ typedef struct sx_agent_params {
 SX_EXTERN void sx_agent_params_init(sx_agent_params *p);
 
 /*
- * Start an agent: its thread, its data-plane listeners and its store
- * connection.  Does not publish.  Errors: SX_EINVAL, SX_EURL, SX_ENAME,
- * SX_EUNREACH/SX_EAUTH/SX_ETIMEDOUT (store), SX_EIO (listen).
+ * Start an agent: a new incarnation and access token (128 random bits
+ * each), its thread, its data-plane listeners and its store connection;
+ * waits for the store's first answer (up to the URL's connect timeout).
+ * Does not publish.  p and everything it points to are copied.
+ * Errors: SX_EINVAL, SX_EURL, SX_ENAME, SX_ENOTSUP (store backend not
+ * built), SX_EUNREACH/SX_EAUTH/SX_ETIMEDOUT (store), SX_EIO (listen),
+ * SX_ENODEV (only RDMA allowed and no device).
  */
 SX_EXTERN int sx_agent_create(const sx_agent_params *p, sx_agent **out);
 
-/* Unpublish (if published), stop serving, fail batches in flight, close
- * segments left open, join the thread and free.  NULL is a no-op. */
+/* Unpublish (if published; bounded by the store's command timeout), stop
+ * serving, end batches in flight (SX_ESHUTDOWN, their callbacks run),
+ * close segments left open, join the thread and free.  Not from the agent
+ * thread (ignored there, with an error log).  NULL is a no-op. */
 SX_EXTERN void sx_agent_destroy(sx_agent *a);
 
-/* This agent's incarnation (random per sx_agent_create()). */
+/* This agent's incarnation (random per sx_agent_create()).  Never fails. */
 SX_EXTERN void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]);
 
 typedef struct sx_region_params {
@@ -115,16 +137,23 @@ typedef struct sx_region_params {
 /*
  * Register a region: check it with the descriptor rules (and against the
  * other regions' keys), register it with every transport (RDMA memory
- * registration), and give it an id.  The memory must stay valid until
- * sx_agent_unregister() returns.  Takes effect for peers at the next
- * sx_agent_publish().  Errors: the validation codes, SX_ENOMEM, SX_EIO.
+ * registration), and give it an id (*id; ids are never reused by one
+ * incarnation).  The memory must stay valid until sx_agent_unregister()
+ * returns, and it is the destination of this agent's block reads with the
+ * same (group, layer, slot) keys.  Takes effect for peers at the next
+ * sx_agent_publish().  Errors: the validation codes (SX_ESTRIDE,
+ * SX_EBOUNDS, SX_EOVERLAP, ...), SX_ENOMEM, SX_EIO, SX_EBUSY (agent thread).
  */
 SX_EXTERN int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t *id);
 
 /*
- * Retire a region in order: withdraw it from the published descriptor
- * (republish with a new generation), wait for reads of it in flight, then
- * deregister.  When this returns no peer can read the memory any more.
+ * Retire a region in order: refuse new reads of it, withdraw it from the
+ * published descriptor (republish with a new generation, if published),
+ * wait for reads of it in flight, then deregister it from the transports.
+ * When this returns no peer can read the memory any more.  Batches of this
+ * agent that write into it must have ended.  Errors: SX_ENOREGION,
+ * SX_EBUSY (agent thread).  A failed republish is logged, not returned:
+ * the region is retired either way.
  */
 SX_EXTERN int sx_agent_unregister(sx_agent *a, uint32_t id);
 
@@ -135,15 +164,21 @@ enum {
 
 /*
  * Publish the segment (first call) or republish it with the next
- * generation, and keep its lease renewed from then on.  Waits for the
- * store's answer.  Errors: SX_EHELD (sx_errmsg() names the holder's
- * incarnation and lease age), SX_EFENCED, SX_EINVAL (no name), store errors.
- * If the store is down the agent keeps retrying and publishes when it
- * returns, but this call reports the error.
+ * generation, and keep its lease renewed from then on (every renew_ms; at
+ * once when the store connection comes back).  Waits for the store's
+ * answer.  Errors: SX_EHELD (sx_errmsg() names the holder's incarnation and
+ * lease age), SX_EFENCED, SX_EINVAL (no name), store errors.  If the store
+ * is down the agent keeps retrying (state RECLAIMING) and publishes when it
+ * returns, but this call reports the error.  If the store loses the segment
+ * (expiry while this process was stopped, a restarted empty Redis) the
+ * agent republishes by itself with the next generation; if another
+ * incarnation took the name it stops (state FENCED) and logs an error.
  */
 SX_EXTERN int sx_agent_publish(sx_agent *a, unsigned flags);
 
-/* Remove the segment from the store now and stop renewing. */
+/* Remove the segment from the store now and stop renewing.  0 also when it
+ * was not published.  Errors: store errors (the lease then runs out by
+ * itself), SX_EBUSY (agent thread). */
 SX_EXTERN int sx_agent_unpublish(sx_agent *a);
 
 typedef enum sx_agent_state {
@@ -155,48 +190,62 @@ typedef enum sx_agent_state {
 
 typedef struct sx_agent_status {
   sx_agent_state state;
-  uint64_t generation;
+  uint64_t generation;    /* of the last successful publish */
   uint64_t renewals, renew_failures, republishes, store_reconnects;
-  int last_error;
+  int last_error;         /* of the last lease operation, 0 when it worked */
+  int store_up;           /* the store connection is up */
+  /* Target side: reads served, bytes sent, requests refused. */
+  uint64_t served_reads, served_bytes, served_errors;
 } sx_agent_status;
 
+/* A snapshot of the lease state and counters; never waits. */
 SX_EXTERN int sx_agent_status_get(sx_agent *a, sx_agent_status *out);
 
 /* A copy of the descriptor this agent publishes (or would publish);
- * the caller frees it with sx_desc_free(). */
+ * the caller frees it with sx_desc_free().  Waits for the agent thread. */
 SX_EXTERN int sx_agent_descriptor(sx_agent *a, sx_desc *out);
 
 /*
  * Open a segment by name: resolve it through the agent's cache (one store
  * round trip when cold), waiting up to timeout_ms for it to appear if it is
- * not published yet (woken by the store's event, not by polling).
- * Errors: SX_ENOENT (not published within the timeout), SX_ETIMEDOUT (store
- * did not answer), the decode codes for a corrupt descriptor, SX_ENAME.
+ * not published yet (woken by the store's event, not by polling), and pick
+ * the transport (RDMA when both sides have it and it is usable, TCP
+ * otherwise, within params.transports).  Connections are made by the first
+ * batch.  Errors: SX_ENOENT (not published within the timeout),
+ * SX_ETIMEDOUT (store did not answer), the decode codes for a corrupt
+ * descriptor, SX_ENAME, SX_EUNREACH (no common transport), SX_EBUSY (agent
+ * thread: use sx_segment_open_async there).
  */
 SX_EXTERN int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
                               sx_segment **out);
 
-/* Asynchronous open: cb runs once on the agent thread with the segment or
- * an error (then seg is NULL). */
+/* Asynchronous open: if this returns 0, cb runs exactly once on the agent
+ * thread (never inside this call) with the segment or an error (then seg is
+ * NULL); the segment is the callback's to close.  Errors here: SX_EINVAL,
+ * SX_ENAME, SX_ENOMEM, SX_ESHUTDOWN. */
 typedef void (*sx_open_cb)(void *arg, int status, sx_segment *seg);
 SX_EXTERN int sx_segment_open_async(sx_agent *a, const char *name, uint32_t timeout_ms,
                                     sx_open_cb cb, void *arg);
 
-/* Close a segment; batches on it must be destroyed first.  NULL is a no-op. */
+/* Close a segment; batches on it must be destroyed first.  Never waits, so
+ * it may be called from a callback.  NULL is a no-op. */
 SX_EXTERN void sx_segment_close(sx_segment *s);
 
 /* The remote descriptor as opened (valid until sx_segment_close()). */
 SX_EXTERN const sx_desc *sx_segment_desc(const sx_segment *s);
 
 /* Check the segment's layout against this agent's registered regions and
- * layout (sx_layout_check(local, remote, flags, mismatch)). */
+ * layout (sx_layout_check(local, remote, flags, mismatch)): 0, or
+ * SX_EINCOMPAT with the first difference in *mismatch (may be NULL). */
 SX_EXTERN int sx_segment_check(sx_segment *s, unsigned flags, sx_mismatch *mismatch);
 
 /* Which transport reads from this segment would use (or were forced to). */
 SX_EXTERN sx_transport_kind sx_segment_transport(const sx_segment *s);
 
-/* Round trip to the segment's owner: connect if needed and read 1 byte.
- * Returns 0 and the microseconds taken, and the transport that answered. */
+/* Round trip to the segment's owner: connect if needed and read 1 byte of
+ * its first readable region.  Returns 0 with the microseconds taken and the
+ * transport that answered, or the batch's error (SX_ESTALE, SX_EACCESS,
+ * SX_EDISCONN, SX_ETIMEDOUT ...).  Waits: not on the agent thread. */
 SX_EXTERN int sx_segment_ping(sx_segment *s, uint32_t timeout_ms, uint64_t *rtt_us,
                               sx_transport_kind *via);
 
@@ -246,37 +295,47 @@ typedef struct sx_batch_params {
 
 SX_EXTERN void sx_batch_params_init(sx_batch_params *p);
 
-/* A new, empty batch on an open segment.  params may be NULL. */
+/* A new, empty batch on an open segment.  params may be NULL.  The batch
+ * takes a snapshot of this agent's registered regions for its
+ * destinations.  Never waits. */
 SX_EXTERN int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out);
 
 /*
- * Add entries.  Each entry is planned at once: mapped onto region pairs,
- * contiguous runs merged, every range checked against both sides with
- * overflow-safe arithmetic.  An entry that names a missing key or an
- * out-of-range block fails here (SX_ENOREGION, SX_EBOUNDS, SX_EOVERFLOW,
- * SX_EDENIED) and nothing of it is added.  Entries are numbered in the
- * order added across both calls, from 0.
+ * Add entries.  Each entry is planned at once, on the calling thread:
+ * mapped onto region pairs, contiguous runs merged, every range checked
+ * against both sides with overflow-safe arithmetic.  An entry that names a
+ * missing key or an out-of-range block fails here (SX_EINVAL, SX_ENOREGION,
+ * SX_EBOUNDS, SX_EOVERFLOW, SX_EDENIED, SX_EINCOMPAT; sx_errmsg() names
+ * the entry) and nothing of the call is added.  Entries are numbered in
+ * the order added across both calls, from 0.  Only before submit
+ * (SX_EINVAL after).  One thread at a time per batch.
  */
 SX_EXTERN int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n);
 SX_EXTERN int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n);
 
-/* Start the batch.  Once this returns 0 the batch ends exactly once, in
- * COMPLETED, FAILED, TIMEOUT or CANCELLED, and the callback (if any) runs. */
+/* Start the batch; never waits.  Once this returns 0 the batch ends exactly
+ * once, in COMPLETED, FAILED, TIMEOUT or CANCELLED, and the callback (if
+ * any) runs.  Errors: SX_EINVAL (submitted before), SX_ESHUTDOWN. */
 SX_EXTERN int sx_batch_submit(sx_batch *b);
 
 /* Wait until the batch ends or timeout_ms passes (-1: no limit).  Returns 0
- * when it ended (whatever its state), SX_ETIMEDOUT if still running. */
+ * when it ended (whatever its state), SX_ETIMEDOUT if still running,
+ * SX_EINVAL if never submitted, SX_EBUSY on the agent thread. */
 SX_EXTERN int sx_batch_wait(sx_batch *b, int timeout_ms);
 
 /* 0 when ended, SX_EBUSY while running. */
 SX_EXTERN int sx_batch_poll(sx_batch *b);
 
-/* A file descriptor that becomes readable when the batch ends, for an
- * engine's own poll/epoll loop.  Owned by the batch. */
+/* A file descriptor (an eventfd) that becomes readable when the batch
+ * ends, for an engine's own poll/epoll loop.  Owned by the batch: do not
+ * close or read it; it stays readable until sx_batch_destroy().  Returns
+ * the fd, or SX_EIO if one cannot be made. */
 SX_EXTERN int sx_batch_fd(sx_batch *b);
 
 /* Ask a running batch to stop.  It ends CANCELLED (or with the state it
- * reached first).  Returns at once; wait for the end as usual. */
+ * reached first); no transport writes into its destinations after it
+ * ended.  Returns at once; wait for the end as usual.  0 also when the
+ * batch already ended; SX_EINVAL if it was never submitted. */
 SX_EXTERN int sx_batch_cancel(sx_batch *b);
 
 typedef struct sx_batch_result {
@@ -293,12 +352,15 @@ typedef struct sx_batch_result {
   uint64_t transfer_ns;   /* submit -> end */
 } sx_batch_result;
 
-/* The result of an ended batch; SX_EBUSY while it is still running. */
+/* The result of an ended batch; SX_EBUSY while it is still running.  In
+ * the batch's callback the result is already there. */
 SX_EXTERN int sx_batch_result_get(sx_batch *b, sx_batch_result *out);
 
 /* Free a batch.  A running batch is cancelled and waited for first, so no
- * transport writes into its destinations after this returns.  NULL is a
- * no-op. */
+ * transport writes into its destinations after this returns.  On the agent
+ * thread (from a callback) a running batch cannot be waited for: it is
+ * cancelled and freed when it ends, and its destinations may be written
+ * until then.  NULL is a no-op. */
 SX_EXTERN void sx_batch_destroy(sx_batch *b);
 
 SX_EXTERN const char *sx_batch_state_name(sx_batch_state s);

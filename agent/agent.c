@@ -1,0 +1,630 @@
+/*
+ * Agent lifecycle: parameters, the loop thread, the store connection and
+ * its hooks, the transports, logging, status, and an orderly shutdown
+ * (unpublish at once, end batches, close peers, transports, cache, store).
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+
+extern const sx_transport_ops *const sx__transports[];
+extern const unsigned sx__n_transports;
+
+/* How long create waits for the store's first answer beyond its connect
+ * timeout, and how long shutdown gives the store to delete the segment. */
+#define CREATE_SLACK_MS 1000u
+
+void sx_agent_params_init(sx_agent_params *p) {
+  memset(p, 0, sizeof(*p));
+  p->transports = SX_TRANSPORTS_ALL;
+  p->lease_ms = 5000;
+  p->conns_per_peer = 4;
+  p->rdma_gid_index = -1;
+  p->rdma_slice_bytes = 1u << 20;
+  p->slice_bytes = SX__PLAN_SLICE;
+  p->cache_ttl_ms = 5000;
+  p->log_level = SX_LOG_INFO;
+}
+
+/* ------------------------------------------------------------ logging */
+
+static const char *level_name(sx_log_level l) {
+  switch (l) {
+  case SX_LOG_ERROR:
+    return "ERROR";
+  case SX_LOG_WARN:
+    return "WARN";
+  case SX_LOG_INFO:
+    return "INFO";
+  case SX_LOG_DEBUG:
+    return "DEBUG";
+  }
+  return "?";
+}
+
+/* The default sink: one line on stderr with a UTC timestamp and the level. */
+static void stderr_log(void *arg, sx_log_level level, const char *msg) {
+  (void)arg;
+  struct timespec ts;
+  struct tm tm;
+  char when[32];
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ %-5s %s\n", when, ts.tv_nsec / 1000000L, level_name(level),
+          msg);
+}
+
+void sx__log(sx_agent *a, sx_log_level level, const char *fmt, ...) {
+  if (level > a->p.log_level)
+    return;
+  char msg[1024];
+  int n = snprintf(msg, sizeof(msg), "%s: ", a->name[0] ? a->name : "reader");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg + n, sizeof(msg) - (size_t)n, fmt, ap);
+  va_end(ap);
+  a->p.log(a->p.log_arg, level, msg);
+}
+
+static void tctx_log(void *agent, sx_log_level level, const char *fmt, ...) {
+  sx_agent *a = agent;
+  if (level > a->p.log_level)
+    return;
+  char msg[900];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  sx__log(a, level, "%s", msg);
+}
+
+static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int err) {
+  sx_agent *a = agent;
+  (void)kind;
+  pthread_mutex_lock(&a->lock);
+  if (err) {
+    a->status.served_errors++;
+  } else {
+    a->status.served_reads++;
+    a->status.served_bytes += bytes;
+  }
+  pthread_mutex_unlock(&a->lock);
+}
+
+/* ------------------------------------------------------------ state */
+
+static const char *state_name(sx_agent_state s) {
+  switch (s) {
+  case SX_AGENT_UNPUBLISHED:
+    return "unpublished";
+  case SX_AGENT_PUBLISHED:
+    return "published";
+  case SX_AGENT_RECLAIMING:
+    return "reclaiming";
+  case SX_AGENT_FENCED:
+    return "fenced";
+  }
+  return "?";
+}
+
+void sx__set_state(sx_agent *a, sx_agent_state s, int err) {
+  pthread_mutex_lock(&a->lock);
+  sx_agent_state old = a->status.state;
+  a->status.state = s;
+  a->status.last_error = err;
+  pthread_mutex_unlock(&a->lock);
+  if (old != s)
+    sx__log(a, SX_LOG_DEBUG, "state %s -> %s", state_name(old), state_name(s));
+}
+
+int sx_agent_status_get(sx_agent *a, sx_agent_status *out) {
+  if (a == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_status_get: NULL argument");
+  pthread_mutex_lock(&a->lock);
+  *out = a->status;
+  pthread_mutex_unlock(&a->lock);
+  return 0;
+}
+
+void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]) {
+  memcpy(out, a->incarnation, SX_INCARNATION_LEN);
+}
+
+/* ------------------------------------------------------------ store hooks */
+
+static void on_event(void *arg, const sx_event *ev) {
+  sx_agent *a = arg;
+  if (a->cache != NULL)
+    sx__cache_event(a->cache, ev);
+}
+
+static void on_conn(void *arg, int up, int err, const char *msg) {
+  sx_agent *a = arg;
+  pthread_mutex_lock(&a->lock);
+  if (!a->conn_seen) {
+    a->conn_seen = 1;
+    a->conn_err = up ? 0 : (err ? err : SX_EUNREACH);
+    snprintf(a->conn_msg, sizeof(a->conn_msg), "%s", msg ? msg : "");
+    pthread_cond_broadcast(&a->cond);
+  }
+  a->status.store_up = up;
+  if (up && a->store_down)
+    a->status.store_reconnects++;
+  pthread_mutex_unlock(&a->lock);
+  if (up) {
+    if (a->store_down) {
+      sx__log(a, SX_LOG_INFO, "metadata store is back");
+      /* Events may have been lost during the outage. */
+      if (a->cache != NULL)
+        sx__cache_flush(a->cache);
+    }
+    a->store_down = 0;
+  } else if (!a->store_down) {
+    a->store_down = 1;
+    sx__log(a, SX_LOG_WARN, "metadata store connection lost: %s",
+            msg && *msg ? msg : sx_strerror(err));
+  }
+  if (!a->shutting_down)
+    sx__lease_on_conn(a, up, err, msg);
+}
+
+/* ------------------------------------------------------------ descriptor */
+
+typedef struct desc_call {
+  sx__call c;
+  sx_desc d;
+} desc_call;
+
+static void desc_discard(sx__call *c) { sx_desc_free(&((desc_call *)c)->d); }
+
+static void desc_run(sx__call *c) {
+  desc_call *dc = (desc_call *)c;
+  sx_agent *a = c->a;
+  if (a->shutting_down) {
+    sx__call_finish(c, SX_ESHUTDOWN, "the agent is shutting down");
+    return;
+  }
+  int rc = sx__local_desc(a, &dc->d);
+  sx__call_finish(c, rc, rc ? sx_errmsg() : NULL);
+}
+
+int sx_agent_descriptor(sx_agent *a, sx_desc *out) {
+  if (a == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_descriptor: NULL argument");
+  desc_call *dc = calloc(1, sizeof(*dc));
+  if (dc == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_descriptor");
+  dc->c.run = desc_run;
+  dc->c.discard = desc_discard;
+  int rc, err = sx__call_wait(a, &dc->c, SX__CALL_SLACK_MS, &rc);
+  if (err) {
+    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
+      free(dc);
+    return err;
+  }
+  rc = sx__call_result(&dc->c, rc);
+  if (rc == 0)
+    *out = dc->d;
+  else
+    sx_desc_free(&dc->d);
+  sx__call_free(&dc->c);
+  return rc;
+}
+
+/* ------------------------------------------------------------ addresses */
+
+/* Split "host:port" or "[v6]:port" into host and port. */
+static int split_hostport(const char *s, char *host, size_t hsize, uint16_t *port) {
+  const char *colon;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (close == NULL || close[1] != ':')
+      return SX_EINVAL;
+    if ((size_t)(close - s - 1) >= hsize)
+      return SX_EINVAL;
+    memcpy(host, s + 1, (size_t)(close - s - 1));
+    host[close - s - 1] = '\0';
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (colon == NULL || (size_t)(colon - s) >= hsize)
+      return SX_EINVAL;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = '\0';
+  }
+  char *end;
+  unsigned long v = strtoul(colon + 1, &end, 10);
+  if (colon[1] == '\0' || *end != '\0' || v > 65535)
+    return SX_EINVAL;
+  *port = (uint16_t)v;
+  return 0;
+}
+
+/* The local address the kernel would use to reach host (a UDP connect
+ * sends nothing); "" if it cannot tell. */
+static void route_addr(const char *host, uint16_t port, char *out, size_t size) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof(ss);
+  struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+  struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+  out[0] = '\0';
+  memset(&ss, 0, sizeof(ss));
+  if (uv_ip4_addr(host, port ? port : 9, in4) != 0 &&
+      uv_ip6_addr(host, port ? port : 9, in6) != 0)
+    return;
+  int fd = socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return;
+  if (connect(fd, (struct sockaddr *)&ss,
+              ss.ss_family == AF_INET ? sizeof(*in4) : sizeof(*in6)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+    uv_ip_name((struct sockaddr *)&ss, out, size);
+  close(fd);
+}
+
+static int wildcard(const char *host) {
+  return host[0] == '\0' || strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+}
+
+/* Fill a->listen and a->advertise from the params and the store URL. */
+static int pick_addresses(sx_agent *a, const sx_agent_params *p, const sx_url *url) {
+  const char *listen = p->listen;
+  char host[256], adv[SX_ADDR_MAX + 1] = "";
+  uint16_t port;
+  if (listen == NULL && p->name != NULL)
+    listen = "0.0.0.0:0";
+  if (listen != NULL) {
+    if (split_hostport(listen, host, sizeof(host), &port))
+      return sx__err(SX_EINVAL, "listen address '%.64s' is not host:port", listen);
+    if ((a->listen = strdup(listen)) == NULL)
+      return sx__err(SX_ENOMEM, "sx_agent_create");
+  }
+  if (p->advertise != NULL) {
+    if (sx__strlcpy(adv, p->advertise, sizeof(adv)))
+      return sx__err(SX_EINVAL, "advertise address is longer than %d bytes", SX_ADDR_MAX);
+  } else if (listen != NULL && !wildcard(host)) {
+    if (sx__strlcpy(adv, host, sizeof(adv)))
+      return sx__err(SX_EINVAL, "listen host is longer than %d bytes", SX_ADDR_MAX);
+  } else {
+    if (url->n_hosts > 0)
+      route_addr(url->hosts[0].host, url->hosts[0].port, adv, sizeof(adv));
+    if (adv[0] == '\0' || wildcard(adv))
+      snprintf(adv, sizeof(adv), "127.0.0.1");
+  }
+  if ((a->advertise = strdup(adv)) == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_create");
+  return 0;
+}
+
+/* ------------------------------------------------------------ create */
+
+static int check_params(const sx_agent_params *p) {
+  int rc;
+  if (p->name != NULL && (rc = sx_name_validate(p->name)) != 0)
+    return rc;
+  if (p->ns != NULL && (rc = sx_ns_validate(p->ns)) != 0)
+    return rc;
+  if (p->metadata_url == NULL)
+    return sx__err(SX_EURL, "metadata URL is empty (set metadata_url)");
+  if (p->lease_ms < 100 || p->lease_ms > 3600000)
+    return sx__err(SX_EINVAL, "lease_ms %u is not 100..3600000", p->lease_ms);
+  if (p->renew_ms >= p->lease_ms)
+    return sx__err(SX_EINVAL, "renew_ms %u must be below lease_ms %u", p->renew_ms,
+                   p->lease_ms);
+  if ((p->transports & SX_TRANSPORTS_ALL) == 0)
+    return sx__err(SX_EINVAL, "transports allows neither TCP nor RDMA");
+  if (p->conns_per_peer > 64)
+    return sx__err(SX_EINVAL, "conns_per_peer %u is above 64", p->conns_per_peer);
+  if (p->n_labels > SX_MAX_LABELS || (p->n_labels && p->labels == NULL))
+    return sx__err(SX_EINVAL, "labels: %u given (at most %u)", p->n_labels,
+                   SX_MAX_LABELS);
+  /* The layout and labels must make a valid descriptor. */
+  sx_desc d;
+  sx_desc_init(&d);
+  d.layout = p->layout;
+  for (uint32_t i = 0; i < p->n_labels && rc == 0; i++)
+    rc = sx_desc_set_label(&d, p->labels[i].key, p->labels[i].value);
+  if (rc == 0)
+    rc = sx__layout_validate(&d);
+  sx_desc_free(&d);
+  return rc;
+}
+
+static int copy_params(sx_agent *a, const sx_agent_params *p) {
+  a->p = *p;
+  if (p->name)
+    snprintf(a->name, sizeof(a->name), "%s", p->name);
+  a->p.name = p->name ? a->name : NULL;
+  /* Append the namespace override as the last query item: it wins. */
+  size_t ulen = strlen(p->metadata_url) + (p->ns ? strlen(p->ns) + 16 : 0) + 1;
+  if ((a->url = malloc(ulen)) == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_create");
+  if (p->ns)
+    snprintf(a->url, ulen, "%s%snamespace=%s", p->metadata_url,
+             strchr(p->metadata_url, '?') ? "&" : "?", p->ns);
+  else
+    snprintf(a->url, ulen, "%s", p->metadata_url);
+  a->p.metadata_url = a->url;
+  if ((p->ns && (a->ns = strdup(p->ns)) == NULL) ||
+      (p->rdma_devices && (a->rdma_devices = strdup(p->rdma_devices)) == NULL))
+    return sx__err(SX_ENOMEM, "sx_agent_create");
+  a->p.ns = a->ns;
+  a->p.rdma_devices = a->rdma_devices;
+  if (p->n_labels) {
+    if ((a->labels = malloc(p->n_labels * sizeof(sx_label))) == NULL)
+      return sx__err(SX_ENOMEM, "sx_agent_create");
+    memcpy(a->labels, p->labels, p->n_labels * sizeof(sx_label));
+  }
+  a->p.labels = a->labels;
+  if (a->p.renew_ms == 0)
+    a->p.renew_ms = a->p.lease_ms / 3;
+  if (a->p.conns_per_peer == 0)
+    a->p.conns_per_peer = 4;
+  if (a->p.slice_bytes == 0)
+    a->p.slice_bytes = SX__PLAN_SLICE;
+  if (a->p.cache_ttl_ms == 0)
+    a->p.cache_ttl_ms = 5000;
+  if (a->p.log == NULL)
+    a->p.log = stderr_log;
+  return 0;
+}
+
+static void loop_main(void *arg) {
+  sx_agent *a = arg;
+  a->loop_tid = uv_thread_self();
+  uv_run(&a->loop, UV_RUN_DEFAULT);
+}
+
+static int open_transports(sx_agent *a) {
+  a->tctx = (sx_tctx){
+      .loop = &a->loop,
+      .name = a->name,
+      .incarnation = a->incarnation,
+      .token = a->token,
+      .params = &a->p,
+      .find_region = sx__find_region,
+      .log = tctx_log,
+      .served = tctx_served,
+      .agent = a,
+  };
+  int opened = 0, last = SX_ENODEV;
+  for (unsigned i = 0; i < sx__n_transports; i++) {
+    const sx_transport_ops *ops = sx__transports[i];
+    if (!(a->p.transports & (1u << ops->kind)))
+      continue;
+    sx_transport *t = NULL;
+    int rc = ops->open(&a->tctx, &t);
+    if (rc == SX_ENODEV) {
+      sx__log(a, SX_LOG_INFO, "%s transport not available here: %s", ops->name,
+              sx_errmsg());
+      continue;
+    }
+    if (rc)
+      return sx__errwrap(rc, "%s transport", ops->name);
+    a->tr[ops->kind] = t;
+    opened++;
+    last = 0;
+  }
+  if (opened == 0)
+    return sx__err(last, "no transport could be opened (allowed: %s%s)",
+                   a->p.transports & SX_TRANSPORTS_TCP ? "tcp " : "",
+                   a->p.transports & SX_TRANSPORTS_RDMA ? "rdma" : "");
+  return 0;
+}
+
+static void close_transports(sx_agent *a) {
+  for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
+    sx_transport *t = a->tr[k];
+    if (t == NULL)
+      continue;
+    /* Deregister what is still registered; the transport then closes. */
+    sx__ltable *lt = a->lt;
+    for (uint32_t i = 0; lt && i < lt->n; i++)
+      if (t->ops->dereg_mem)
+        t->ops->dereg_mem(t, lt->v[i]);
+    t->ops->close(t);
+    a->tr[k] = NULL;
+  }
+}
+
+static void free_agent(sx_agent *a) {
+  sx__ltable_put(a->lt);
+  free(a->url);
+  free(a->ns);
+  free(a->listen);
+  free(a->advertise);
+  free(a->rdma_devices);
+  free(a->labels);
+  pthread_mutex_destroy(&a->lock);
+  pthread_cond_destroy(&a->cond);
+  free(a);
+}
+
+/* Close what create opened, run the loop until the handles are gone. */
+static void close_loop(sx_agent *a);
+
+int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
+  if (p == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_create: NULL argument");
+  int rc = check_params(p);
+  if (rc)
+    return rc;
+  sx_url url;
+  if ((rc = sx__url_parse(p->metadata_url, &url)) != 0)
+    return rc;
+  sx_agent *a = calloc(1, sizeof(*a));
+  if (a == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_create");
+  pthread_mutex_init(&a->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&a->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  a->calls_tail = &a->calls;
+  a->lease.q_tail = &a->lease.q;
+  if ((rc = copy_params(a, p)) || (rc = pick_addresses(a, p, &url)))
+    goto out_free;
+  a->p.listen = a->listen;
+  a->p.advertise = a->advertise;
+  if ((rc = sx__random(a->incarnation, sizeof(a->incarnation))) ||
+      (rc = sx__random(a->token, sizeof(a->token))))
+    goto out_free;
+  sx__ltable *lt = calloc(1, sizeof(*lt));
+  if (lt == NULL || sx__rindex_build(&lt->ix, NULL, 0)) {
+    free(lt);
+    rc = sx__err(SX_ENOMEM, "sx_agent_create");
+    goto out_free;
+  }
+  lt->refs = 1;
+  a->lt = lt;
+  if (uv_loop_init(&a->loop)) {
+    rc = sx__err(SX_EIO, "sx_agent_create: uv_loop_init failed");
+    goto out_free;
+  }
+  uv_async_init(&a->loop, &a->wake, sx__calls_run);
+  a->wake.data = a;
+  uv_timer_init(&a->loop, &a->drain_timer);
+  a->drain_timer.data = a;
+  uv_timer_init(&a->loop, &a->stop_timer);
+  a->stop_timer.data = a;
+  uv_timer_init(&a->loop, &a->lease.timer);
+  a->lease.timer.data = a;
+  a->lease.timer_init = 1;
+
+  sx_backend_hooks hooks = {.on_event = on_event, .on_conn = on_conn, .arg = a};
+  if ((rc = sx__backend_open(&a->loop, a->url, &hooks, &a->backend)) != 0)
+    goto out_loop;
+  sx_cache_params cp;
+  sx__cache_params_init(&cp);
+  cp.ttl_ms = a->p.cache_ttl_ms;
+  if ((rc = sx__cache_create(&a->loop, a->backend, &cp, &a->cache)) != 0 ||
+      (rc = open_transports(a)) != 0)
+    goto out_loop;
+  if (uv_thread_create(&a->thread, loop_main, a)) {
+    rc = sx__err(SX_EIO, "sx_agent_create: cannot start the agent thread");
+    goto out_loop;
+  }
+
+  /* Wait for the store's first word: connected, or why not. */
+  uint32_t wait_ms = url.connect_timeout_ms + CREATE_SLACK_MS;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += wait_ms / 1000;
+  ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&a->lock);
+  while (!a->conn_seen)
+    if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) != 0)
+      break;
+  int seen = a->conn_seen, err = a->conn_err;
+  char msg[256];
+  snprintf(msg, sizeof(msg), "%s", a->conn_msg);
+  pthread_mutex_unlock(&a->lock);
+  if (!seen || err) {
+    char red[512];
+    sx__url_redact(&url, red, sizeof(red));
+    rc = !seen ? sx__err(SX_ETIMEDOUT, "metadata store %s did not answer within %u ms",
+                         red, wait_ms)
+               : sx__err(err, "metadata store %s: %s", red, msg[0] ? msg : sx_strerror(err));
+    char keep[1024];
+    snprintf(keep, sizeof(keep), "%s", sx_errmsg());
+    sx_agent_destroy(a);
+    return sx__err(rc, "%s", keep);
+  }
+  char red[512], inc[2 * SX_INCARNATION_LEN + 1];
+  sx__url_redact(&url, red, sizeof(red));
+  sx_hex(a->incarnation, SX_INCARNATION_LEN, inc);
+  sx__log(a, SX_LOG_INFO, "agent started: incarnation %s, store %s, advertise %s", inc,
+          red, a->advertise);
+  *out = a;
+  return 0;
+
+out_loop:
+  close_loop(a);
+out_free:
+  free_agent(a);
+  return rc;
+}
+
+/* ------------------------------------------------------------ shutdown */
+
+static void close_store_and_handles(sx_agent *a) {
+  sx__lease_close(a);
+  sx__regions_close(a);
+  close_transports(a);
+  sx__cache_close(a->cache);
+  a->cache = NULL;
+  sx__backend_close(a->backend);
+  a->backend = NULL;
+  sx__calls_drain(a);
+  if (!uv_is_closing((uv_handle_t *)&a->drain_timer))
+    uv_close((uv_handle_t *)&a->drain_timer, NULL);
+  if (!uv_is_closing((uv_handle_t *)&a->wake))
+    uv_close((uv_handle_t *)&a->wake, NULL);
+  if (!uv_is_closing((uv_handle_t *)&a->stop_timer))
+    uv_close((uv_handle_t *)&a->stop_timer, NULL);
+}
+
+static void close_loop(sx_agent *a) {
+  a->shutting_down = 1;
+  close_store_and_handles(a);
+  uv_run(&a->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&a->loop);
+}
+
+/* The last step, on a fresh stack (not inside a store callback, since it
+ * closes the store): end batches, close peers, transports, cache, store. */
+static void shutdown_close(uv_timer_t *t) {
+  sx_agent *a = t->data;
+  sx__batches_abort(a, SX_ESHUTDOWN);
+  sx__segments_close(a);
+  close_store_and_handles(a);
+}
+
+static void shutdown_finish(sx_agent *a, void *arg, int rc) {
+  (void)arg;
+  if (rc && rc != SX_ESHUTDOWN)
+    sx__log(a, SX_LOG_WARN, "unpublishing at shutdown failed: %s (the lease will "
+            "expire)", sx_strerror(rc));
+  uv_timer_start(&a->stop_timer, shutdown_close, 0, 0);
+}
+
+static void shutdown_run(sx__call *c) {
+  sx_agent *a = c->a;
+  if (a->shutting_down)
+    return;
+  /* Unpublish first so peers see the segment gone at once; new calls
+   * fail from here on, the store op is bounded by the backend's timeout. */
+  a->shutting_down = 1;
+  sx__lease_unpublish(a, shutdown_finish, NULL);
+}
+
+void sx_agent_destroy(sx_agent *a) {
+  if (a == NULL)
+    return;
+  if (sx__on_loop(a)) {
+    sx__log(a, SX_LOG_ERROR, "sx_agent_destroy called on the agent's own thread: "
+            "ignored (call it from another thread)");
+    return;
+  }
+  a->shutdown.run = shutdown_run;
+  a->shutdown.embedded = 1;
+  sx__call_post(a, &a->shutdown);
+  uv_thread_join(&a->thread);
+  uv_loop_close(&a->loop);
+  sx__log(a, SX_LOG_INFO, "agent stopped");
+  free_agent(a);
+}

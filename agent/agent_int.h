@@ -1,0 +1,211 @@
+/*
+ * The agent's insides, shared by agent.c (lifecycle, thread, logging),
+ * call.c (cross-thread calls), region.c (registration), lease.c
+ * (publish/renew), segment.c (open by name) and batch.c.  Not installed.
+ *
+ * Threading: the loop thread owns everything below except the fields
+ * marked "lock": those are also read or written by API callers under
+ * a->lock.  Descriptors, region snapshots and segment indexes are
+ * immutable once published, so planners on caller threads read them
+ * without locks.
+ */
+#ifndef SX_AGENT_INT_H
+#define SX_AGENT_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "cache.h"
+#include "internal.h"
+#include "planner.h"
+#include "segxfer/agent.h"
+#include "transport.h"
+
+/* ------------------------------------------------------------ calls */
+
+typedef struct sx__call sx__call;
+
+/*
+ * A request from an API caller to the loop thread.  The caller allocates
+ * it (usually as the first member of a larger struct), the loop runs it
+ * and finishes it with sx__call_finish().  Either side may be the last to
+ * let go: a waiter that times out abandons the call, and the loop then
+ * calls discard (to release results nobody will collect) and frees it.
+ */
+struct sx__call {
+  sx__call *next;
+  sx_agent *a;
+  void (*run)(sx__call *c);     /* loop thread */
+  void (*discard)(sx__call *c); /* loop thread; may be NULL */
+  int refs;                     /* lock: waiter + loop */
+  int done;                     /* lock */
+  int embedded;                 /* lives inside another object: never freed */
+  int rc;
+  char msg[256];
+};
+
+/* Queue c and wait up to timeout_ms for it.  Returns 0 when the call
+ * finished (*rc is its result, and the caller must sx__call_free(c) after
+ * reading what it needs), or SX_ETIMEDOUT/SX_ESHUTDOWN/SX_EBUSY when the
+ * caller gave up (c then belongs to the agent).  On the agent thread
+ * itself it fails with SX_EBUSY without queueing. */
+int sx__call_wait(sx_agent *a, sx__call *c, uint32_t timeout_ms, int *rc);
+/* Queue c without waiting; the loop frees it (unless embedded).  Returns
+ * SX_ESHUTDOWN when the agent no longer takes calls (c is then the
+ * caller's).  Any thread, including the agent thread. */
+int sx__call_post(sx_agent *a, sx__call *c);
+/* Loop thread: c is done with rc (and msg, may be NULL). */
+void sx__call_finish(sx__call *c, int rc, const char *msg);
+/* Release a call sx__call_wait() finished. */
+void sx__call_free(sx__call *c);
+/* Loop thread: run what is queued (the async handle's callback). */
+void sx__calls_run(uv_async_t *h);
+/* Loop thread, at shutdown: refuse new calls and run what is queued (every
+ * run fails fast once a->shutting_down is set). */
+void sx__calls_drain(sx_agent *a);
+/* Record a loop-side failure as the caller's sx_errmsg(). */
+int sx__call_result(const sx__call *c, int rc);
+
+/* ------------------------------------------------------------ regions */
+
+/* A registered region and its reference count (snapshots hold it). */
+typedef struct sx__lreg {
+  sx_lregion l; /* first: planners cast sx_region* -> sx_lregion* -> sx__lreg* */
+  int refs;     /* atomic */
+} sx__lreg;
+
+/* An immutable snapshot of the registered regions; swapped on every
+ * (un)registration, so a batch planned against one keeps its regions
+ * alive without locks. */
+typedef struct sx__ltable {
+  int refs; /* atomic */
+  uint32_t n;
+  sx_lregion **v; /* registration order */
+  sx__rindex ix;
+} sx__ltable;
+
+sx__ltable *sx__ltable_get(sx_agent *a); /* any thread: a new reference */
+void sx__ltable_put(sx__ltable *t);      /* any thread */
+/* Loop thread: the region with this id that is published (not withdrawn). */
+sx_lregion *sx__find_region(void *agent, uint32_t id);
+/* Loop thread: the whole descriptor this agent publishes (endpoints packed
+ * by the transports, generation of the last publish). */
+int sx__local_desc(sx_agent *a, sx_desc *d);
+/* Any thread: layout, labels and registered regions only (for checks). */
+int sx__layout_desc(sx_agent *a, sx_desc *d);
+/* Loop thread: unregistrations waiting for reads to drain. */
+void sx__regions_close(sx_agent *a);
+
+/* ------------------------------------------------------------ lease */
+
+typedef struct sx__lease_req sx__lease_req;
+
+typedef struct sx__lease {
+  uv_timer_t timer;
+  int timer_init;
+  int busy;                /* a store op is in flight */
+  int kick;                /* the store came back during it: renew after */
+  int want;                /* the user asked to be published */
+  uint64_t generation;     /* the last one sent */
+  uint32_t egen_retries;
+  sx__lease_req *q, **q_tail;
+} sx__lease;
+
+/* Loop thread.  then(a, arg, rc) runs once when the store answered. */
+void sx__lease_publish(sx_agent *a, unsigned flags, void (*then)(sx_agent *, void *, int),
+                       void *arg);
+void sx__lease_unpublish(sx_agent *a, void (*then)(sx_agent *, void *, int), void *arg);
+void sx__lease_on_conn(sx_agent *a, int up, int err, const char *msg);
+void sx__lease_close(sx_agent *a);
+
+/* ------------------------------------------------------------ segments */
+
+/* One remote incarnation and its transport peer, shared by the segments
+ * opened on it.  Loop thread. */
+typedef struct sx__rpeer {
+  struct sx__rpeer *next;
+  sx_cdesc *cd;
+  sx_transport_kind kind;
+  sx_tpeer *tp;
+  int refs;
+  int fatal;         /* SX_ESTALE, SX_EACCESS: later batches fail at once */
+  char fatal_msg[256];
+  int refreshing;    /* a cache refresh after a transport failure is out */
+} sx__rpeer;
+
+struct sx_segment {
+  sx_agent *a;
+  sx__rpeer *peer;
+  sx_cdesc *cd;      /* the descriptor as opened */
+  sx__rindex ix;
+  sx_transport_kind kind;
+  int batches;       /* atomic: batches not destroyed yet */
+  sx_segment *next, *prev; /* the agent's open segments (loop thread) */
+};
+
+void sx__segments_close(sx_agent *a);
+/* A batch on peer ended with err: learn from it (stale, disconnected). */
+void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
+
+/* ------------------------------------------------------------ batches */
+
+void sx__batches_abort(sx_agent *a, int status);
+
+/* ------------------------------------------------------------ the agent */
+
+struct sx_agent {
+  sx_agent_params p;      /* strings point into the copies below */
+  char name[SX_NAME_MAX + 1];
+  char *url, *ns, *listen, *advertise, *rdma_devices;
+  sx_label *labels;
+  uint8_t incarnation[SX_INCARNATION_LEN];
+  uint8_t token[SX_TOKEN_LEN];
+
+  uv_loop_t loop;
+  uv_thread_t thread;      /* as created, for the join */
+  uv_thread_t loop_tid;    /* as the loop thread sees itself */
+  sx__call shutdown;
+  uv_async_t wake;
+  pthread_mutex_t lock;
+  pthread_cond_t cond;    /* calls finished, store connected */
+  sx__call *calls, **calls_tail; /* lock */
+  int stopping;           /* lock: no new calls */
+
+  sx_backend *backend;
+  sx_cache *cache;
+  int conn_seen;          /* lock: the first on_conn arrived */
+  int conn_err;           /* lock: its error */
+  char conn_msg[256];     /* lock */
+  int store_down;
+
+  sx_tctx tctx;
+  sx_transport *tr[SX__TRANSPORT_SLOTS];
+
+  sx__ltable *lt;         /* lock for readers off the loop thread */
+  uint32_t next_region_id;
+  struct sx__unreg *unregs; /* waiting for reads to drain */
+  uv_timer_t drain_timer;
+  uv_timer_t stop_timer;  /* runs the last step of shutdown */
+
+  sx__lease lease;
+  sx_agent_status status; /* lock */
+
+  sx__rpeer *peers;
+  sx_segment *segments;
+  struct sx_batch *running;
+  int shutting_down;      /* loop thread: destroy has begun */
+};
+
+/* Log one line (the params' sink). */
+void sx__log(sx_agent *a, sx_log_level level, const char *fmt, ...) SX__PRINTF(3, 4);
+/* Loop thread: update the published state (and the status under lock). */
+void sx__set_state(sx_agent *a, sx_agent_state s, int err);
+int sx__on_loop(const sx_agent *a);
+
+/* Defaults for waits that the loop bounds by itself; the cross-thread
+ * wait is only a safety net against a wedged loop. */
+#define SX__CALL_SLACK_MS 30000u
+
+#endif

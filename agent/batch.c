@@ -1,0 +1,543 @@
+/*
+ * Batches.  Entries are planned on the caller's thread at add time; submit
+ * queues the batch to the loop, which starts its deadline timer and posts
+ * its ranges to the segment's transport peer.  The transport settles every
+ * range once (sx__op_xfer_done); at zero the batch ends: its result is
+ * computed, its timer closed, then (on the timer's close callback) the user
+ * callback runs, waiters wake and the eventfd turns readable.  A deadline
+ * or a cancel asks the transport to abort the rest, which it settles only
+ * once nothing can write the destinations any more.
+ *
+ * Memory: a batch is freed by whoever is last of the user (destroy) and the
+ * loop (the end, and cancel/submit calls still queued): `queued` counts
+ * calls in the loop's queue, `settled` says the end is complete.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+
+#define DEFAULT_TIMEOUT_MS 30000u
+
+struct sx_batch {
+  sx_segment *s;
+  sx_agent *a;
+  sx_batch_params p;
+  sx__ltable *lt;  /* destinations stay registered-or-at-least-allocated */
+  sx__plan plan;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sx_batch_state state; /* mu */
+  int ended;            /* mu: the result is readable */
+  int settled;          /* mu: the callback returned */
+  int queued;           /* mu: submit/cancel calls in the loop's queue */
+  int cancel_req;       /* mu */
+  int free_when_done;   /* mu: destroyed on the agent thread while running */
+  int efd;              /* mu: -1 until sx_batch_fd() */
+
+  /* Loop thread only. */
+  int running;          /* posted to the transport, not ended */
+  int in_list;          /* in a->running */
+  sx_batch_state reason; /* TIMEOUT or CANCELLED when that ended it early */
+  sx_op op;
+  uv_timer_t timer;
+  uint64_t submit_ns, post_ns;
+  sx_batch *rnext, *rprev; /* a->running */
+  sx_batch_result res;
+  uint32_t *failed;
+
+  sx__call submit_call, cancel_call;
+};
+
+const char *sx_batch_state_name(sx_batch_state s) {
+  switch (s) {
+  case SX_BATCH_NEW:
+    return "NEW";
+  case SX_BATCH_RUNNING:
+    return "RUNNING";
+  case SX_BATCH_COMPLETED:
+    return "COMPLETED";
+  case SX_BATCH_FAILED:
+    return "FAILED";
+  case SX_BATCH_TIMEOUT:
+    return "TIMEOUT";
+  case SX_BATCH_CANCELLED:
+    return "CANCELLED";
+  }
+  return "UNKNOWN";
+}
+
+void sx_batch_params_init(sx_batch_params *p) {
+  memset(p, 0, sizeof(*p));
+  p->timeout_ms = DEFAULT_TIMEOUT_MS;
+}
+
+/* ------------------------------------------------------------ create/add */
+
+int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
+  if (s == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_create: NULL argument");
+  sx_batch *b = calloc(1, sizeof(*b));
+  if (b == NULL)
+    return sx__err(SX_ENOMEM, "sx_batch_create");
+  b->s = s;
+  b->a = s->a;
+  if (p != NULL)
+    b->p = *p;
+  else
+    sx_batch_params_init(&b->p);
+  if (b->p.timeout_ms == 0)
+    b->p.timeout_ms = DEFAULT_TIMEOUT_MS;
+  b->lt = sx__ltable_get(b->a);
+  sx__plan_init(&b->plan, &s->ix, &b->lt->ix, b->a->p.slice_bytes,
+                s->kind == SX_TRANSPORT_RDMA);
+  pthread_mutex_init(&b->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&b->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  b->efd = -1;
+  b->submit_call.embedded = b->cancel_call.embedded = 1;
+  __atomic_add_fetch(&s->batches, 1, __ATOMIC_RELAXED);
+  *out = b;
+  return 0;
+}
+
+static int check_new(sx_batch *b, const char *what) {
+  pthread_mutex_lock(&b->mu);
+  sx_batch_state st = b->state;
+  pthread_mutex_unlock(&b->mu);
+  if (st != SX_BATCH_NEW)
+    return sx__err(SX_EINVAL, "%s: the batch was already submitted", what);
+  return 0;
+}
+
+int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n) {
+  if (b == NULL || (r == NULL && n > 0))
+    return sx__err(SX_EINVAL, "sx_batch_add_blocks: NULL argument");
+  int rc = check_new(b, "sx_batch_add_blocks");
+  return rc ? rc : sx__plan_add_blocks(&b->plan, r, n);
+}
+
+int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n) {
+  if (b == NULL || (r == NULL && n > 0))
+    return sx__err(SX_EINVAL, "sx_batch_add_ranges: NULL argument");
+  int rc = check_new(b, "sx_batch_add_ranges");
+  return rc ? rc : sx__plan_add_ranges(&b->plan, r, n);
+}
+
+/* ------------------------------------------------------------ the end */
+
+static void batch_free(sx_batch *b) {
+  sx__plan_free(&b->plan);
+  sx__ltable_put(b->lt);
+  free(b->failed);
+  if (b->efd >= 0)
+    close(b->efd);
+  pthread_mutex_destroy(&b->mu);
+  pthread_cond_destroy(&b->cv);
+  __atomic_sub_fetch(&b->s->batches, 1, __ATOMIC_RELEASE);
+  free(b);
+}
+
+/* Loop thread, mu held: may the loop free b for a destroy that could not
+ * wait?  Then the caller frees it after unlocking. */
+static int loop_may_free(sx_batch *b) {
+  return b->free_when_done && b->settled && b->queued == 0;
+}
+
+static void unlink_running(sx_batch *b) {
+  if (!b->in_list)
+    return;
+  sx_agent *a = b->a;
+  if (b->rprev)
+    b->rprev->rnext = b->rnext;
+  else
+    a->running = b->rnext;
+  if (b->rnext)
+    b->rnext->rprev = b->rprev;
+  b->in_list = 0;
+}
+
+/* The timer is closed: now the end is visible to everyone. */
+static void publish_end(uv_handle_t *h) {
+  sx_batch *b = h->data;
+  pthread_mutex_lock(&b->mu);
+  b->ended = 1;
+  b->state = b->res.state;
+  pthread_mutex_unlock(&b->mu);
+  if (b->p.cb != NULL)
+    b->p.cb(b, b->p.cb_arg);
+  pthread_mutex_lock(&b->mu);
+  b->settled = 1;
+  if (b->efd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(b->efd, &one, sizeof(one));
+    (void)w; /* an eventfd write of 1 cannot fail short of overflow */
+  }
+  pthread_cond_broadcast(&b->cv);
+  int free_now = loop_may_free(b);
+  pthread_mutex_unlock(&b->mu);
+  if (free_now)
+    batch_free(b);
+}
+
+/* Mark the entries of failed ranges (they may cover several entries each). */
+static int collect_failed(sx_batch *b) {
+  uint32_t n = b->plan.n_entries;
+  uint8_t *bits = calloc(n / 8 + 1, 1);
+  if (bits == NULL)
+    return SX_ENOMEM;
+  uint32_t count = 0;
+  for (size_t i = 0; i < b->op.n; i++) {
+    const sx_xfer *x = &b->op.xfers[i];
+    if (x->status == 0)
+      continue;
+    for (uint32_t e = x->entry_first; e <= x->entry_last && e < n; e++) {
+      if (!(bits[e / 8] & (1u << (e % 8)))) {
+        bits[e / 8] |= (uint8_t)(1u << (e % 8));
+        count++;
+      }
+    }
+  }
+  if (count > 0 && (b->failed = malloc(count * sizeof(uint32_t))) != NULL) {
+    uint32_t k = 0;
+    for (uint32_t e = 0; e < n; e++)
+      if (bits[e / 8] & (1u << (e % 8)))
+        b->failed[k++] = e;
+  }
+  free(bits);
+  b->res.n_failed = b->failed ? count : 0;
+  b->res.failed = b->failed;
+  return 0;
+}
+
+/* Loop thread: every range has settled (or none was posted). */
+static void finish(sx_batch *b) {
+  sx_agent *a = b->a;
+  sx_batch_result *r = &b->res;
+  unlink_running(b);
+  b->running = 0;
+  uint64_t now = sx__mono_ns();
+  r->transfer_ns = now - b->submit_ns;
+  r->post_ns = b->post_ns ? b->post_ns : r->transfer_ns;
+  r->n_entries = b->plan.n_entries;
+  r->n_ranges = (uint32_t)b->plan.n;
+  r->bytes = b->op.bytes;
+  r->transport = b->s->kind;
+  r->error = b->op.first_error;
+  if (r->error == 0)
+    r->state = SX_BATCH_COMPLETED;
+  else if (b->reason != SX_BATCH_NEW)
+    r->state = b->reason;
+  else
+    r->state = SX_BATCH_FAILED;
+  if (r->state == SX_BATCH_TIMEOUT && r->error == SX_ETIMEDOUT)
+    snprintf(r->message, sizeof(r->message), "%.64s: the batch deadline of %u ms passed "
+             "with %lu of %lu bytes arrived", b->s->cd->desc.name, b->p.timeout_ms,
+             (unsigned long)b->op.bytes, (unsigned long)b->plan.bytes);
+  else if (r->error)
+    snprintf(r->message, sizeof(r->message), "%s", b->op.message);
+  if (r->error && collect_failed(b) != 0)
+    sx__log(a, SX_LOG_WARN, "batch on %s: no memory to list failed entries",
+            b->s->cd->desc.name);
+  if (r->error && r->error != SX_ECANCELED && r->error != SX_ESHUTDOWN &&
+      !a->shutting_down)
+    sx__peer_failed(a, b->s->peer, r->error, r->message);
+  uv_close((uv_handle_t *)&b->timer, publish_end);
+}
+
+static void op_done(sx_op *op) { finish(op->owner); }
+
+/* End before (or instead of) posting: every range fails with rc. */
+static void end_now(sx_batch *b, int rc, const char *msg) {
+  b->op.first_error = rc;
+  if (rc) {
+    snprintf(b->op.message, sizeof(b->op.message), "%s", msg ? msg : sx_strerror(rc));
+    for (size_t i = 0; i < b->op.n; i++)
+      b->op.xfers[i].status = rc;
+  }
+  finish(b);
+}
+
+static void expired(uv_timer_t *t) {
+  sx_batch *b = t->data;
+  if (!b->running)
+    return;
+  b->reason = SX_BATCH_TIMEOUT;
+  sx_tpeer *tp = b->s->peer->tp;
+  tp->t->ops->abort(tp, &b->op, SX_ETIMEDOUT);
+}
+
+/* ------------------------------------------------------------ submit */
+
+static int dequeued(sx_batch *b) {
+  pthread_mutex_lock(&b->mu);
+  b->queued--;
+  int cancel = b->cancel_req, free_now = loop_may_free(b);
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+  if (free_now) {
+    batch_free(b);
+    return -1;
+  }
+  return cancel;
+}
+
+static void submit_run(sx__call *c) {
+  sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, submit_call));
+  sx_agent *a = b->a;
+  int cancel = dequeued(b); /* never frees here: the batch has not ended */
+  uv_timer_init(&a->loop, &b->timer);
+  b->timer.data = b;
+  b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
+                  .done = op_done, .owner = b};
+  sx__rpeer *peer = b->s->peer;
+  if (a->shutting_down) {
+    end_now(b, SX_ESHUTDOWN, "the agent is shutting down");
+    return;
+  }
+  if (b->plan.broken) {
+    end_now(b, SX_ENOMEM, "the batch ran out of memory while planning");
+    return;
+  }
+  if (cancel) {
+    b->reason = SX_BATCH_CANCELLED;
+    end_now(b, SX_ECANCELED, "cancelled before it started");
+    return;
+  }
+  if (peer->fatal) {
+    end_now(b, peer->fatal, peer->fatal_msg);
+    return;
+  }
+  if (b->op.n == 0) {
+    end_now(b, 0, NULL);
+    return;
+  }
+  uint64_t elapsed_ms = (sx__mono_ns() - b->submit_ns) / 1000000u;
+  uint64_t left = elapsed_ms < b->p.timeout_ms ? b->p.timeout_ms - elapsed_ms : 0;
+  uv_timer_start(&b->timer, expired, left, 0);
+  sx_transport *t = a->tr[b->s->kind];
+  int rc = 0;
+  if (peer->tp == NULL && (rc = t->ops->peer_open(t, &peer->cd->desc, &peer->tp)) != 0) {
+    end_now(b, rc, sx_errmsg());
+    return;
+  }
+  b->running = b->in_list = 1;
+  b->rprev = NULL;
+  b->rnext = a->running;
+  if (a->running)
+    a->running->rprev = b;
+  a->running = b;
+  if ((rc = peer->tp->t->ops->post(peer->tp, &b->op)) != 0) {
+    end_now(b, rc, sx_errmsg());
+    return;
+  }
+  b->post_ns = sx__mono_ns() - b->submit_ns;
+}
+
+int sx_batch_submit(sx_batch *b) {
+  if (b == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_submit: NULL batch");
+  pthread_mutex_lock(&b->mu);
+  if (b->state != SX_BATCH_NEW) {
+    pthread_mutex_unlock(&b->mu);
+    return sx__err(SX_EINVAL, "sx_batch_submit: the batch was already submitted");
+  }
+  b->state = SX_BATCH_RUNNING;
+  b->queued++;
+  b->submit_ns = sx__mono_ns();
+  pthread_mutex_unlock(&b->mu);
+  b->submit_call.run = submit_run;
+  int rc = sx__call_post(b->a, &b->submit_call);
+  if (rc) {
+    pthread_mutex_lock(&b->mu);
+    b->state = SX_BATCH_NEW;
+    b->queued--;
+    pthread_mutex_unlock(&b->mu);
+  }
+  return rc;
+}
+
+/* ------------------------------------------------------------ cancel */
+
+/* Loop thread: abort b if it is in flight. */
+static void cancel_now(sx_batch *b) {
+  if (!b->running)
+    return; /* ended, or submit_run will see cancel_req */
+  b->reason = SX_BATCH_CANCELLED;
+  sx_tpeer *tp = b->s->peer->tp;
+  tp->t->ops->abort(tp, &b->op, SX_ECANCELED);
+}
+
+static void cancel_run(sx__call *c) {
+  sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, cancel_call));
+  pthread_mutex_lock(&b->mu);
+  int ended = b->ended;
+  pthread_mutex_unlock(&b->mu);
+  if (!ended)
+    cancel_now(b);
+  dequeued(b);
+}
+
+/* mu held: ask for a cancel once; returns 1 if the caller must queue it. */
+static int want_cancel(sx_batch *b) {
+  if (b->ended || b->cancel_req)
+    return 0;
+  b->cancel_req = 1;
+  b->queued++;
+  return 1;
+}
+
+static void queue_cancel(sx_batch *b) {
+  b->cancel_call.run = cancel_run;
+  if (sx__call_post(b->a, &b->cancel_call) != 0) {
+    /* Shutting down: the agent ends the batch itself. */
+    pthread_mutex_lock(&b->mu);
+    b->queued--;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+  }
+}
+
+int sx_batch_cancel(sx_batch *b) {
+  if (b == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_cancel: NULL batch");
+  pthread_mutex_lock(&b->mu);
+  if (b->state == SX_BATCH_NEW) {
+    pthread_mutex_unlock(&b->mu);
+    return sx__err(SX_EINVAL, "sx_batch_cancel: the batch was never submitted");
+  }
+  int post = want_cancel(b);
+  pthread_mutex_unlock(&b->mu);
+  if (post)
+    queue_cancel(b);
+  return 0;
+}
+
+/* ------------------------------------------------------------ waiting */
+
+int sx_batch_wait(sx_batch *b, int timeout_ms) {
+  if (b == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_wait: NULL batch");
+  if (sx__on_loop(b->a))
+    return sx__err(SX_EBUSY, "sx_batch_wait cannot wait on the agent's thread");
+  struct timespec ts;
+  if (timeout_ms >= 0) {
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+  }
+  pthread_mutex_lock(&b->mu);
+  if (b->state == SX_BATCH_NEW) {
+    pthread_mutex_unlock(&b->mu);
+    return sx__err(SX_EINVAL, "sx_batch_wait: the batch was never submitted");
+  }
+  while (!b->settled) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&b->cv, &b->mu);
+    else if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0)
+      break;
+  }
+  int settled = b->settled;
+  pthread_mutex_unlock(&b->mu);
+  return settled ? 0 : sx__err(SX_ETIMEDOUT, "the batch is still running");
+}
+
+int sx_batch_poll(sx_batch *b) {
+  if (b == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_poll: NULL batch");
+  pthread_mutex_lock(&b->mu);
+  int ended = b->ended;
+  pthread_mutex_unlock(&b->mu);
+  return ended ? 0 : SX_EBUSY;
+}
+
+int sx_batch_fd(sx_batch *b) {
+  if (b == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_fd: NULL batch");
+  pthread_mutex_lock(&b->mu);
+  if (b->efd < 0) {
+    b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (b->efd >= 0 && b->settled) {
+      uint64_t one = 1;
+      ssize_t w = write(b->efd, &one, sizeof(one));
+      (void)w;
+    }
+  }
+  int fd = b->efd;
+  pthread_mutex_unlock(&b->mu);
+  return fd >= 0 ? fd : sx__err(SX_EIO, "sx_batch_fd: eventfd failed");
+}
+
+int sx_batch_result_get(sx_batch *b, sx_batch_result *out) {
+  if (b == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_batch_result_get: NULL argument");
+  pthread_mutex_lock(&b->mu);
+  int ended = b->ended;
+  pthread_mutex_unlock(&b->mu);
+  if (!ended)
+    return SX_EBUSY;
+  *out = b->res;
+  return 0;
+}
+
+/* ------------------------------------------------------------ destroy */
+
+void sx_batch_destroy(sx_batch *b) {
+  if (b == NULL)
+    return;
+  pthread_mutex_lock(&b->mu);
+  if (b->state == SX_BATCH_NEW) {
+    pthread_mutex_unlock(&b->mu);
+    batch_free(b);
+    return;
+  }
+  if (sx__on_loop(b->a)) {
+    /* A callback cannot wait for the loop it runs on: free at the end. */
+    int done = b->settled && b->queued == 0;
+    if (!done)
+      b->free_when_done = 1;
+    int running = !b->ended && !b->cancel_req;
+    if (running)
+      b->cancel_req = 1;
+    pthread_mutex_unlock(&b->mu);
+    if (done)
+      batch_free(b);
+    else if (running)
+      cancel_now(b);
+    return;
+  }
+  int post = want_cancel(b);
+  pthread_mutex_unlock(&b->mu);
+  if (post)
+    queue_cancel(b);
+  pthread_mutex_lock(&b->mu);
+  while (!b->settled || b->queued > 0)
+    pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+  batch_free(b);
+}
+
+/* ------------------------------------------------------------ shutdown */
+
+void sx__batches_abort(sx_agent *a, int status) {
+  while (a->running != NULL) {
+    sx_batch *b = a->running;
+    sx_tpeer *tp = b->s->peer->tp;
+    /* Abort settles its ranges (now or after a flush); take it off the
+     * list first so a slow abort cannot make this loop spin. */
+    unlink_running(b);
+    tp->t->ops->abort(tp, &b->op, status);
+  }
+}

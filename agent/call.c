@@ -1,0 +1,142 @@
+/*
+ * Cross-thread calls: any thread queues a call under the agent's lock and
+ * wakes the loop with uv_async_send(); the loop runs it and finishes it,
+ * possibly much later (when the store answers).  Waiters sleep on the
+ * agent's condition variable with a timeout; one that gives up leaves the
+ * call to the loop, which releases whatever result nobody will collect.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent_int.h"
+
+int sx__on_loop(const sx_agent *a) {
+  uv_thread_t self = uv_thread_self();
+  return uv_thread_equal(&self, &a->loop_tid);
+}
+
+static int enqueue(sx_agent *a, sx__call *c, int refs) {
+  c->a = a;
+  c->next = NULL;
+  c->done = 0;
+  c->refs = refs;
+  pthread_mutex_lock(&a->lock);
+  if (a->stopping) {
+    pthread_mutex_unlock(&a->lock);
+    return sx__err(SX_ESHUTDOWN, "the agent is shutting down");
+  }
+  *a->calls_tail = c;
+  a->calls_tail = &c->next;
+  pthread_mutex_unlock(&a->lock);
+  uv_async_send(&a->wake);
+  return 0;
+}
+
+int sx__call_post(sx_agent *a, sx__call *c) { return enqueue(a, c, 1); }
+
+static void deadline(struct timespec *ts, uint32_t ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += ms / 1000;
+  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+/* Drop one reference (lock held); returns 1 if the caller must free c. */
+static int unref_locked(sx__call *c) { return --c->refs == 0; }
+
+static void release(sx__call *c) {
+  if (c->discard)
+    c->discard(c);
+  if (!c->embedded)
+    free(c);
+}
+
+int sx__call_wait(sx_agent *a, sx__call *c, uint32_t timeout_ms, int *rc) {
+  if (sx__on_loop(a))
+    return sx__err(SX_EBUSY, "this call waits, so it cannot run on the agent's own "
+                   "thread (from a callback)");
+  int err = enqueue(a, c, 2);
+  if (err)
+    return err;
+  struct timespec ts;
+  deadline(&ts, timeout_ms);
+  pthread_mutex_lock(&a->lock);
+  while (!c->done) {
+    if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) == ETIMEDOUT && !c->done)
+      break;
+  }
+  if (c->done) {
+    c->refs--;
+    pthread_mutex_unlock(&a->lock);
+    *rc = c->rc;
+    return 0;
+  }
+  int last = unref_locked(c);
+  pthread_mutex_unlock(&a->lock);
+  if (last)
+    release(c); /* cannot happen before done, but keep the rule simple */
+  return sx__err(SX_ETIMEDOUT, "the agent did not answer within %u ms", timeout_ms);
+}
+
+void sx__call_finish(sx__call *c, int rc, const char *msg) {
+  sx_agent *a = c->a;
+  c->rc = rc;
+  snprintf(c->msg, sizeof(c->msg), "%s", rc && msg ? msg : "");
+  pthread_mutex_lock(&a->lock);
+  c->done = 1;
+  int last = unref_locked(c);
+  pthread_cond_broadcast(&a->cond);
+  pthread_mutex_unlock(&a->lock);
+  if (last)
+    release(c); /* posted, or its waiter gave up */
+}
+
+void sx__call_free(sx__call *c) {
+  if (!c->embedded)
+    free(c);
+}
+
+int sx__call_result(const sx__call *c, int rc) {
+  if (rc && c->msg[0])
+    return sx__err(rc, "%s", c->msg);
+  if (rc)
+    return sx__err(rc, "%s", sx_strerror(rc));
+  return 0;
+}
+
+static sx__call *take_all(sx_agent *a) {
+  pthread_mutex_lock(&a->lock);
+  sx__call *c = a->calls;
+  a->calls = NULL;
+  a->calls_tail = &a->calls;
+  pthread_mutex_unlock(&a->lock);
+  return c;
+}
+
+void sx__calls_run(uv_async_t *h) {
+  sx_agent *a = h->data;
+  sx__call *c = take_all(a);
+  while (c) {
+    sx__call *next = c->next;
+    c->run(c); /* each run fails fast once a->shutting_down is set */
+    c = next;
+  }
+}
+
+void sx__calls_drain(sx_agent *a) {
+  pthread_mutex_lock(&a->lock);
+  a->stopping = 1;
+  pthread_mutex_unlock(&a->lock);
+  sx__call *c = take_all(a);
+  while (c) {
+    sx__call *next = c->next;
+    c->run(c);
+    c = next;
+  }
+}

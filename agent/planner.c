@@ -1,0 +1,402 @@
+/*
+ * The batch planner (see planner.h).  Each add call runs in two passes: the
+ * first checks every entry against both sides without touching the plan,
+ * the second emits ranges.  So a bad entry leaves the plan as it was, and
+ * the second pass can rely on the first pass's bounds checks for its
+ * offset arithmetic.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "planner.h"
+
+#define NONE SIZE_MAX
+
+/* ------------------------------------------------------------ index */
+
+static int key_cmp(const void *a, const void *b) {
+  const sx_region *x = *(const sx_region *const *)a, *y = *(const sx_region *const *)b;
+  if (x->group != y->group)
+    return x->group < y->group ? -1 : 1;
+  if (x->slot != y->slot)
+    return x->slot < y->slot ? -1 : 1;
+  return x->layer_first < y->layer_first ? -1 : x->layer_first > y->layer_first;
+}
+
+static int id_cmp(const void *a, const void *b) {
+  const sx_region *x = *(const sx_region *const *)a, *y = *(const sx_region *const *)b;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static int addr_cmp(const void *a, const void *b) {
+  const sx_region *x = *(const sx_region *const *)a, *y = *(const sx_region *const *)b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n) {
+  size_t bytes = (n ? n : 1) * sizeof(const sx_region *);
+  sx__rindex t = {.n = n};
+  t.by_key = malloc(bytes);
+  t.by_id = malloc(bytes);
+  t.by_addr = malloc(bytes);
+  if (t.by_key == NULL || t.by_id == NULL || t.by_addr == NULL) {
+    sx__rindex_free(&t);
+    return sx__err(SX_ENOMEM, "indexing %u regions", n);
+  }
+  if (n) {
+    memcpy(t.by_key, regions, n * sizeof(*regions));
+    memcpy(t.by_id, regions, n * sizeof(*regions));
+    memcpy(t.by_addr, regions, n * sizeof(*regions));
+  }
+  qsort(t.by_key, n, sizeof(*t.by_key), key_cmp);
+  qsort(t.by_id, n, sizeof(*t.by_id), id_cmp);
+  qsort(t.by_addr, n, sizeof(*t.by_addr), addr_cmp);
+  *ix = t;
+  return 0;
+}
+
+int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d) {
+  const sx_region **v = malloc((d->n_regions ? d->n_regions : 1) * sizeof(*v));
+  if (v == NULL)
+    return sx__err(SX_ENOMEM, "indexing %s", d->name);
+  for (uint32_t i = 0; i < d->n_regions; i++)
+    v[i] = &d->regions[i];
+  int rc = sx__rindex_build(ix, v, d->n_regions);
+  free(v);
+  return rc;
+}
+
+void sx__rindex_free(sx__rindex *ix) {
+  free(ix->by_key);
+  free(ix->by_id);
+  free(ix->by_addr);
+  memset(ix, 0, sizeof(*ix));
+}
+
+const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group, uint32_t layer,
+                                uint32_t slot) {
+  /* The last region whose (group, slot, layer_first) is <= the key. */
+  size_t lo = 0, hi = ix->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    const sx_region *r = ix->by_key[mid];
+    int le = r->group < group ||
+             (r->group == group && (r->slot < slot || (r->slot == slot &&
+                                                       r->layer_first <= layer)));
+    if (le)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return NULL;
+  const sx_region *r = ix->by_key[lo - 1];
+  if (r->group != group || r->slot != slot || layer - r->layer_first >= r->layer_count)
+    return NULL;
+  return r;
+}
+
+const sx_region *sx__rindex_id(const sx__rindex *ix, uint32_t id) {
+  size_t lo = 0, hi = ix->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    uint32_t v = ix->by_id[mid]->id;
+    if (v == id)
+      return ix->by_id[mid];
+    if (v < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return NULL;
+}
+
+const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t len) {
+  size_t lo = 0, hi = ix->n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (ix->by_addr[mid]->addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == 0)
+    return NULL;
+  const sx_region *r = ix->by_addr[lo - 1];
+  uint64_t off = addr - r->addr;
+  if (off > r->length || len > r->length - off)
+    return NULL;
+  return r;
+}
+
+/* ------------------------------------------------------------ plan */
+
+void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *local,
+                   uint64_t slice, int need_lreg) {
+  memset(p, 0, sizeof(*p));
+  p->remote = remote;
+  p->local = local;
+  p->slice = slice ? slice : SX__PLAN_SLICE;
+  p->need_lreg = need_lreg;
+}
+
+void sx__plan_free(sx__plan *p) {
+  free(p->x);
+  free(p->pos);
+  p->x = NULL;
+  p->pos = NULL;
+  p->n = p->cap = p->pos_cap = 0;
+}
+
+static int reserve(sx__plan *p, size_t extra) {
+  if (p->cap - p->n >= extra)
+    return 0;
+  size_t cap = p->cap ? p->cap : 64;
+  while (cap - p->n < extra)
+    cap *= 2;
+  sx_xfer *x = realloc(p->x, cap * sizeof(*x));
+  if (x == NULL)
+    return SX_ENOMEM;
+  p->x = x;
+  p->cap = cap;
+  return 0;
+}
+
+static const char *slot_str(uint32_t slot, char buf[16]) { return sx_slot_name(slot, buf); }
+
+/* Pass one for a block entry: everything that can be wrong with it. */
+static int check_block(const sx__plan *p, const sx_block_read *r, uint32_t e) {
+  char s[16];
+  if (r->layer_count == 0 || r->slots == 0 || r->count == 0)
+    return sx__err(SX_EINVAL, "entry %u: layer_count, slots and count must be non-zero",
+                   e);
+  if (r->layer_first > UINT32_MAX - (r->layer_count - 1))
+    return sx__err(SX_EOVERFLOW, "entry %u: layer_first %u + layer_count %u overflows",
+                   e, r->layer_first, r->layer_count);
+  uint64_t end = (uint64_t)r->layer_first + r->layer_count;
+  for (uint64_t mask = r->slots; mask; mask &= mask - 1) {
+    uint32_t slot = (uint32_t)__builtin_ctzll(mask);
+    uint64_t layer = r->layer_first;
+    while (layer < end) {
+      const sx_region *R = sx__rindex_key(p->remote, r->group, (uint32_t)layer, slot);
+      if (R == NULL)
+        return sx__err(SX_ENOREGION, "entry %u: the remote segment has no region for "
+                       "group %u layer %lu slot %s", e, r->group, (unsigned long)layer,
+                       slot_str(slot, s));
+      const sx_region *L = sx__rindex_key(p->local, r->group, (uint32_t)layer, slot);
+      if (L == NULL)
+        return sx__err(SX_ENOREGION, "entry %u: no local region is registered for "
+                       "group %u layer %lu slot %s", e, r->group, (unsigned long)layer,
+                       slot_str(slot, s));
+      if (!(R->access & SX_ACCESS_REMOTE_READ))
+        return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote "
+                       "reads", e, R->id);
+      if (R->block_bytes != L->block_bytes)
+        return sx__err(SX_EINCOMPAT, "entry %u: block_bytes differs at group %u layer "
+                       "%lu slot %s: local %lu, remote %lu", e, r->group,
+                       (unsigned long)layer, slot_str(slot, s),
+                       (unsigned long)L->block_bytes, (unsigned long)R->block_bytes);
+      /* remote_block + count <= num_blocks, written so it cannot overflow. */
+      if (r->count > R->num_blocks || r->remote_block > R->num_blocks - r->count)
+        return sx__err(SX_EBOUNDS, "entry %u: remote blocks %lu..+%lu outside region %u "
+                       "(%lu blocks)", e, (unsigned long)r->remote_block,
+                       (unsigned long)r->count, R->id, (unsigned long)R->num_blocks);
+      if (r->count > L->num_blocks || r->local_block > L->num_blocks - r->count)
+        return sx__err(SX_EBOUNDS, "entry %u: local blocks %lu..+%lu outside local "
+                       "region %u (%lu blocks)", e, (unsigned long)r->local_block,
+                       (unsigned long)r->count, L->id, (unsigned long)L->num_blocks);
+      uint64_t rend = (uint64_t)R->layer_first + R->layer_count;
+      uint64_t lend = (uint64_t)L->layer_first + L->layer_count;
+      layer = rend < lend ? rend : lend;
+    }
+  }
+  return 0;
+}
+
+/* Pass one for a raw range entry. */
+static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
+  uint64_t end;
+  if (r->local == NULL || r->length == 0)
+    return sx__err(SX_EINVAL, "entry %u: local is NULL or length is 0", e);
+  const sx_region *R = sx__rindex_id(p->remote, r->remote_region);
+  if (R == NULL)
+    return sx__err(SX_ENOREGION, "entry %u: the remote segment has no region %u", e,
+                   r->remote_region);
+  if (!(R->access & SX_ACCESS_REMOTE_READ))
+    return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote reads",
+                   e, R->id);
+  if (!sx__add_ok(r->offset, r->length, &end))
+    return sx__err(SX_EOVERFLOW, "entry %u: offset + length overflows 64 bits", e);
+  if (end > R->length)
+    return sx__err(SX_EBOUNDS, "entry %u: bytes %lu..%lu outside remote region %u "
+                   "(%lu bytes)", e, (unsigned long)r->offset, (unsigned long)end, R->id,
+                   (unsigned long)R->length);
+  if (!sx__add_ok((uint64_t)(uintptr_t)r->local, r->length, &end))
+    return sx__err(SX_EOVERFLOW, "entry %u: local + length overflows the address space",
+                   e);
+  if (p->need_lreg &&
+      sx__rindex_addr(p->local, (uint64_t)(uintptr_t)r->local, r->length) == NULL)
+    return sx__err(SX_EINVAL, "entry %u: the destination is not inside a registered "
+                   "region (the transport needs registered memory)", e);
+  return 0;
+}
+
+/* Does range x continue with (R, L, roff, local)? */
+static int continues(const sx_xfer *x, const sx_region *R, const sx_lregion *L,
+                     uint64_t roff, uint8_t *local) {
+  return x->rreg == R && x->lreg == L && x->roff + x->length == roff &&
+         x->local + x->length == local;
+}
+
+/* Emit one contiguous range for entry e; j is its (slot, layer) position in
+ * the shape, or NONE (then the last range is the candidate to extend).  The
+ * candidate is filled up to the slice size, the rest goes into new ranges
+ * of at most the slice size. */
+static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
+                uint64_t roff, uint8_t *local, uint64_t len, uint32_t e) {
+  size_t k = j == NONE ? (p->n ? p->n - 1 : NONE) : p->pos[j];
+  p->bytes += len;
+  if (k != NONE && p->x[k].length < p->slice && continues(&p->x[k], R, L, roff, local)) {
+    uint64_t take = p->slice - p->x[k].length;
+    if (take > len)
+      take = len;
+    p->x[k].length += take;
+    p->x[k].entry_last = e;
+    roff += take;
+    local += take;
+    len -= take;
+    if (len == 0)
+      return 0;
+  }
+  while (len > 0) {
+    uint64_t piece = len < p->slice ? len : p->slice;
+    if (reserve(p, 1))
+      return SX_ENOMEM;
+    p->x[p->n++] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff,
+                             .length = piece, .entry_first = e, .entry_last = e,
+                             .status = 1};
+    roff += piece;
+    local += piece;
+    len -= piece;
+  }
+  if (j != NONE)
+    p->pos[j] = p->n - 1;
+  return 0;
+}
+
+/* Prepare the per-(slot, layer) merge positions for entry r's shape. */
+static int set_shape(sx__plan *p, const sx_block_read *r) {
+  if (p->have_shape && p->sh_group == r->group && p->sh_layer_first == r->layer_first &&
+      p->sh_layer_count == r->layer_count && p->sh_slots == r->slots)
+    return 0;
+  size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
+  if (need > p->pos_cap) {
+    size_t *pos = realloc(p->pos, need * sizeof(*pos));
+    if (pos == NULL)
+      return SX_ENOMEM;
+    p->pos = pos;
+    p->pos_cap = need;
+  }
+  for (size_t i = 0; i < need; i++)
+    p->pos[i] = NONE;
+  p->have_shape = 1;
+  p->sh_group = r->group;
+  p->sh_layer_first = r->layer_first;
+  p->sh_layer_count = r->layer_count;
+  p->sh_slots = r->slots;
+  return 0;
+}
+
+/* Pass two for a block entry that passed check_block(). */
+static int emit_block(sx__plan *p, const sx_block_read *r, uint32_t e) {
+  if (set_shape(p, r))
+    return SX_ENOMEM;
+  uint64_t end = (uint64_t)r->layer_first + r->layer_count;
+  size_t si = 0;
+  for (uint64_t mask = r->slots; mask; mask &= mask - 1, si++) {
+    uint32_t slot = (uint32_t)__builtin_ctzll(mask);
+    uint64_t layer = r->layer_first;
+    while (layer < end) {
+      const sx_region *R = sx__rindex_key(p->remote, r->group, (uint32_t)layer, slot);
+      const sx_region *Lr = sx__rindex_key(p->local, r->group, (uint32_t)layer, slot);
+      const sx_lregion *L = (const sx_lregion *)Lr;
+      uint64_t rend = (uint64_t)R->layer_first + R->layer_count;
+      uint64_t lend = (uint64_t)Lr->layer_first + Lr->layer_count;
+      uint64_t stop = rend < lend ? rend : lend;
+      if (stop > end)
+        stop = end;
+      uint64_t bb = R->block_bytes;
+      int dense = R->block_stride == bb && Lr->block_stride == bb;
+      /* The offsets below cannot overflow: blocks were checked against
+       * num_blocks, and a valid region's whole span fits in 64 bits. */
+      for (; layer < stop; layer++) {
+        size_t j = si * r->layer_count + (size_t)(layer - r->layer_first);
+        uint64_t roff = (layer - R->layer_first) * R->layer_stride +
+                        r->remote_block * R->block_stride;
+        uint8_t *local = (uint8_t *)(uintptr_t)(Lr->addr +
+                                                (layer - Lr->layer_first) * Lr->layer_stride +
+                                                r->local_block * Lr->block_stride);
+        if (dense) {
+          if (emit(p, j, R, L, roff, local, r->count * bb, e))
+            return SX_ENOMEM;
+          continue;
+        }
+        for (uint64_t b = 0; b < r->count; b++)
+          if (emit(p, j, R, L, roff + b * R->block_stride, local + b * Lr->block_stride,
+                   bb, e))
+            return SX_ENOMEM;
+      }
+    }
+  }
+  return 0;
+}
+
+static int add_common(sx__plan *p, size_t n, const char *what) {
+  if (p->broken)
+    return sx__err(p->broken, "the batch ran out of memory while planning");
+  if (n > UINT32_MAX - 1 - p->n_entries)
+    return sx__err(SX_ELIMIT, "%s: a batch holds at most %u entries", what,
+                   UINT32_MAX - 1);
+  return 0;
+}
+
+int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
+  int rc = add_common(p, n, "sx_batch_add_blocks");
+  if (rc)
+    return rc;
+  for (size_t i = 0; i < n; i++)
+    if ((rc = check_block(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
+      return rc;
+  for (size_t i = 0; i < n; i++) {
+    if (emit_block(p, &r[i], p->n_entries + (uint32_t)i)) {
+      p->broken = SX_ENOMEM;
+      return sx__err(SX_ENOMEM, "planning entry %zu", p->n_entries + i);
+    }
+  }
+  p->n_entries += (uint32_t)n;
+  return 0;
+}
+
+int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n) {
+  int rc = add_common(p, n, "sx_batch_add_ranges");
+  if (rc)
+    return rc;
+  for (size_t i = 0; i < n; i++)
+    if ((rc = check_range(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
+      return rc;
+  p->have_shape = 0; /* a range entry ends any run of block entries */
+  for (size_t i = 0; i < n; i++) {
+    uint32_t e = p->n_entries + (uint32_t)i;
+    const sx_region *R = sx__rindex_id(p->remote, r[i].remote_region);
+    const sx_region *Lr = sx__rindex_addr(p->local, (uint64_t)(uintptr_t)r[i].local,
+                                          r[i].length);
+    if (emit(p, NONE, R, (const sx_lregion *)Lr, r[i].offset, r[i].local, r[i].length,
+             e)) {
+      p->broken = SX_ENOMEM;
+      return sx__err(SX_ENOMEM, "planning entry %u", e);
+    }
+  }
+  p->n_entries += (uint32_t)n;
+  return 0;
+}

@@ -1,0 +1,87 @@
+/*
+ * The batch planner: block reads and raw range reads -> sx_xfer ranges.
+ * Not installed.
+ *
+ * Every entry is checked against both sides before anything is sent: the
+ * (group, layer, slot) keys exist, the remote region allows remote reads,
+ * block sizes agree and every block and byte range lies inside its region
+ * (overflow-safe).  Contiguous runs are merged (both sides contiguous, also
+ * across consecutive entries of the same shape) and ranges are cut at the
+ * slice size so large transfers spread over connections.
+ *
+ * Cost: regions are indexed by key, id and address (sorted arrays, binary
+ * search), each entry looks a region up once per region it crosses, and the
+ * output grows by doubling: no allocation per block.
+ *
+ * Threading: an index is immutable once built and may be read by many
+ * threads; a plan belongs to one batch and is used by one thread at a time.
+ */
+#ifndef SX_AGENT_PLANNER_H
+#define SX_AGENT_PLANNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/agent.h"
+#include "transport.h"
+
+/* Regions of one side, sorted three ways.  Entries point into the caller's
+ * storage (a descriptor's region array, or sx_lregion.r of registered
+ * regions), which must outlive the index. */
+typedef struct sx__rindex {
+  uint32_t n;
+  const sx_region **by_key;  /* (group, slot, layer_first) */
+  const sx_region **by_id;
+  const sx_region **by_addr;
+} sx__rindex;
+
+/* Build from n region pointers.  0 or SX_ENOMEM. */
+int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n);
+/* Build over a descriptor's regions. */
+int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d);
+void sx__rindex_free(sx__rindex *ix);
+
+/* The region holding (group, layer, slot), by id, or containing the byte
+ * range [addr, addr+len); NULL if none. */
+const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group, uint32_t layer,
+                                uint32_t slot);
+const sx_region *sx__rindex_id(const sx__rindex *ix, uint32_t id);
+const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t len);
+
+/* The default cut for long ranges. */
+#define SX__PLAN_SLICE (1u << 20)
+
+typedef struct sx__plan {
+  const sx__rindex *remote;
+  const sx__rindex *local; /* its regions are sx_lregion.r */
+  uint64_t slice;
+  int need_lreg;           /* raw range destinations must be registered */
+  sx_xfer *x;              /* the ranges so far */
+  size_t n, cap;
+  uint64_t bytes;          /* sum of the ranges' lengths */
+  uint32_t n_entries;
+  int broken;              /* an allocation failed half-way: unusable */
+  /* Merging across entries: the shape of the last block entry and, per
+   * (slot, layer) of it, the index of the range it last extended. */
+  int have_shape;
+  uint32_t sh_group, sh_layer_first, sh_layer_count;
+  uint64_t sh_slots;
+  size_t *pos;
+  size_t pos_cap;
+} sx__plan;
+
+void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *local,
+                   uint64_t slice, int need_lreg);
+void sx__plan_free(sx__plan *p);
+
+/*
+ * Plan n entries, numbered from p->n_entries on.  All or nothing: if any
+ * entry fails its checks, nothing of this call is added and sx_errmsg()
+ * names the entry (SX_EINVAL, SX_ENOREGION, SX_EDENIED, SX_EBOUNDS,
+ * SX_EOVERFLOW, SX_EINCOMPAT, SX_ELIMIT).  SX_ENOMEM may leave the plan
+ * broken; every later call then fails with it.
+ */
+int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n);
+int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n);
+
+#endif

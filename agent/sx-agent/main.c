@@ -1,0 +1,496 @@
+/*
+ * sx-agent: host a memory pool as a segment.  It registers the pool's
+ * regions (a layout given by flags or a layout file), optionally fills them
+ * with the verification pattern, publishes the segment, keeps its lease and
+ * serves reads until SIGTERM/SIGINT, when it unpublishes and exits 0.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pattern.h"
+#include "segxfer.h"
+#include "segxfer/agent.h"
+
+/* Exit codes. */
+enum { EXIT_CLEAN = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_FENCED = 3 };
+
+static const char usage_text[] =
+    "usage: sx-agent --name NAME [--metadata URL] [layout] [options]\n"
+    "\n"
+    "Host a memory pool as a segxfer segment: register it, publish it under NAME,\n"
+    "renew its lease and serve reads until SIGTERM or SIGINT (then unpublish and\n"
+    "exit 0).  One log line per event on stderr.\n"
+    "\n"
+    "  --name NAME            segment name (required), e.g. prefill-0/tp3\n"
+    "  --metadata URL         metadata store (default: $SX_METADATA_URL), e.g.\n"
+    "                         redis://127.0.0.1:6379?namespace=demo\n"
+    "  --listen HOST:PORT     data-plane address (default 0.0.0.0:0, any port)\n"
+    "  --advertise HOST       address peers connect to (default: the listen host,\n"
+    "                         or the interface that routes to the store)\n"
+    "  --transport KIND       tcp, rdma or auto (default auto: RDMA where a device\n"
+    "                         exists, TCP always)\n"
+    "  --lease-ms N           lease (default 5000; renewed every lease/3)\n"
+    "  --takeover             replace a live holder of NAME (it is fenced)\n"
+    "  --label KEY=VALUE      published label (repeatable)\n"
+    "  --fill SEED            fill every region with the verification pattern of SEED\n"
+    "                         (decimal or 0x-hex); readers check it with\n"
+    "                         `sxctl read NAME --verify SEED`\n"
+    "  --log-level LEVEL      error, warn, info (default) or debug\n"
+    "\n"
+    "layout by flags (one region per slot, all layers in it):\n"
+    "  --layers N             layers (default 1)\n"
+    "  --block-bytes N        bytes per block (default 64K; K/M/G suffixes)\n"
+    "  --num-blocks N         blocks per layer and slot\n"
+    "  --pool-size N          instead of --num-blocks: the pool's total size, split\n"
+    "                         over layers x slots x block-bytes\n"
+    "  --slots LIST           slots, e.g. K,V (default) or K,V,index\n"
+    "  --group N              KV-cache group (default 0)\n"
+    "  --dtype D              e.g. bf16 (default), fp8_e4m3\n"
+    "  --fingerprint F        model/layout fingerprint (default \"sx-agent\")\n"
+    "  --tag T                layout tag, e.g. NHD (default)\n"
+    "layout from a file:\n"
+    "  --layout FILE          JSON layout file (see the README; `sxctl show --json`\n"
+    "                         output is one); --dtype, --fingerprint, --tag override\n"
+    "\n"
+    "The fill pattern: byte o of region r is byte (o %% 8) of\n"
+    "splitmix64((SEED ^ r*0xD1B54A32D192ED03) + (o/8)*0x9E3779B97F4A7C15), little-endian.\n"
+    "\n"
+    "exit status: 0 after SIGTERM/SIGINT, 1 the name is held or refused, 2 usage,\n"
+    "configuration or store errors, 3 fenced (another agent took the name over).\n"
+    "\n"
+    "examples:\n"
+    "  sx-agent --name pool-0 --metadata redis://127.0.0.1:6379 \\\n"
+    "           --layers 32 --block-bytes 64K --pool-size 1G --fill 42\n"
+    "  sx-agent --name prefill-0/tp3 --layout llama70b.json --listen 10.0.0.5:7400\n";
+
+static sx_log_level log_level = SX_LOG_INFO;
+
+static void log_line(void *arg, sx_log_level level, const char *msg) {
+  (void)arg;
+  static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+  struct timespec ts;
+  struct tm tm;
+  char when[32];
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ %-5s %s\n", when, ts.tv_nsec / 1000000L,
+          names[level <= SX_LOG_DEBUG ? level : SX_LOG_DEBUG], msg);
+}
+
+static void say(sx_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void say(sx_log_level level, const char *fmt, ...) {
+  if (level > log_level)
+    return;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  log_line(NULL, level, msg);
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "sx-agent: ");
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "\n(sx-agent --help for usage)\n");
+  return EXIT_USAGE;
+}
+
+/* "64K", "1G", "4096" -> bytes; 0 on success. */
+static int parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (s[0] == '-' || end == s || errno)
+    return -1;
+  uint64_t mul = 1;
+  switch (*end) {
+  case 'k': case 'K': mul = 1ull << 10; end++; break;
+  case 'm': case 'M': mul = 1ull << 20; end++; break;
+  case 'g': case 'G': mul = 1ull << 30; end++; break;
+  case 't': case 'T': mul = 1ull << 40; end++; break;
+  default: break;
+  }
+  if (*end == 'i' || *end == 'B')
+    end++;
+  if (*end == 'B')
+    end++;
+  if (*end != '\0' || (v && mul > UINT64_MAX / v))
+    return -1;
+  *out = v * mul;
+  return 0;
+}
+
+typedef struct options {
+  const char *name, *metadata, *listen, *advertise, *layout_file;
+  const char *dtype, *fingerprint, *tag;
+  unsigned transports;
+  uint32_t lease_ms, layers, group;
+  uint64_t block_bytes, num_blocks, pool_size;
+  uint32_t slots[SX_MAX_SLOTS];
+  uint32_t n_slots;
+  int fill, takeover;
+  uint64_t seed;
+  sx_label labels[SX_MAX_LABELS];
+  uint32_t n_labels;
+} options;
+
+static int parse_slots(const char *s, options *o) {
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", s);
+  o->n_slots = 0;
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    if (o->n_slots == SX_MAX_SLOTS || sx_slot_parse(tok, &o->slots[o->n_slots]) != 0)
+      return -1;
+    o->n_slots++;
+  }
+  return o->n_slots ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, options *o) {
+  enum {
+    O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
+    O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
+    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_HELP
+  };
+  static const struct option opts[] = {
+      {"name", required_argument, NULL, O_NAME},
+      {"metadata", required_argument, NULL, O_METADATA},
+      {"listen", required_argument, NULL, O_LISTEN},
+      {"advertise", required_argument, NULL, O_ADVERTISE},
+      {"pool-size", required_argument, NULL, O_POOL},
+      {"layers", required_argument, NULL, O_LAYERS},
+      {"block-bytes", required_argument, NULL, O_BLOCK},
+      {"num-blocks", required_argument, NULL, O_NBLOCKS},
+      {"slots", required_argument, NULL, O_SLOTS},
+      {"group", required_argument, NULL, O_GROUP},
+      {"dtype", required_argument, NULL, O_DTYPE},
+      {"fingerprint", required_argument, NULL, O_FP},
+      {"tag", required_argument, NULL, O_TAG},
+      {"layout", required_argument, NULL, O_LAYOUT},
+      {"fill", required_argument, NULL, O_FILL},
+      {"lease-ms", required_argument, NULL, O_LEASE},
+      {"transport", required_argument, NULL, O_TRANSPORT},
+      {"takeover", no_argument, NULL, O_TAKEOVER},
+      {"log-level", required_argument, NULL, O_LOG},
+      {"label", required_argument, NULL, O_LABEL},
+      {"help", no_argument, NULL, O_HELP},
+      {NULL, 0, NULL, 0},
+  };
+  memset(o, 0, sizeof(*o));
+  o->metadata = getenv("SX_METADATA_URL");
+  o->transports = SX_TRANSPORTS_ALL;
+  o->lease_ms = 5000;
+  o->layers = 1;
+  o->block_bytes = 64 << 10;
+  o->slots[0] = SX_SLOT_K;
+  o->slots[1] = SX_SLOT_V;
+  o->n_slots = 2;
+  uint64_t v;
+  int c;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    switch (c) {
+    case O_NAME: o->name = optarg; break;
+    case O_METADATA: o->metadata = optarg; break;
+    case O_LISTEN: o->listen = optarg; break;
+    case O_ADVERTISE: o->advertise = optarg; break;
+    case O_LAYOUT: o->layout_file = optarg; break;
+    case O_DTYPE: o->dtype = optarg; break;
+    case O_FP: o->fingerprint = optarg; break;
+    case O_TAG: o->tag = optarg; break;
+    case O_TAKEOVER: o->takeover = 1; break;
+    case O_POOL:
+      if (parse_size(optarg, &o->pool_size) || o->pool_size == 0)
+        return usage_error("--pool-size '%s' is not a size", optarg);
+      break;
+    case O_BLOCK:
+      if (parse_size(optarg, &o->block_bytes) || o->block_bytes == 0)
+        return usage_error("--block-bytes '%s' is not a size", optarg);
+      break;
+    case O_NBLOCKS:
+      if (parse_size(optarg, &o->num_blocks) || o->num_blocks == 0)
+        return usage_error("--num-blocks '%s' is not a count", optarg);
+      break;
+    case O_LAYERS:
+      if (parse_size(optarg, &v) || v == 0 || v > UINT32_MAX)
+        return usage_error("--layers '%s' is not a count", optarg);
+      o->layers = (uint32_t)v;
+      break;
+    case O_GROUP:
+      if (parse_size(optarg, &v) || v > UINT32_MAX)
+        return usage_error("--group '%s' is not a number", optarg);
+      o->group = (uint32_t)v;
+      break;
+    case O_LEASE:
+      if (parse_size(optarg, &v) || v < 100 || v > 3600000)
+        return usage_error("--lease-ms '%s' is not 100..3600000", optarg);
+      o->lease_ms = (uint32_t)v;
+      break;
+    case O_SLOTS:
+      if (parse_slots(optarg, o))
+        return usage_error("--slots '%s': use names or numbers, e.g. K,V,index", optarg);
+      break;
+    case O_FILL:
+      if (sx__pattern_parse(optarg, &o->seed))
+        return usage_error("--fill '%s' is not a number", optarg);
+      o->fill = 1;
+      break;
+    case O_TRANSPORT:
+      if (strcmp(optarg, "tcp") == 0)
+        o->transports = SX_TRANSPORTS_TCP;
+      else if (strcmp(optarg, "rdma") == 0)
+        o->transports = SX_TRANSPORTS_RDMA;
+      else if (strcmp(optarg, "auto") == 0)
+        o->transports = SX_TRANSPORTS_ALL;
+      else
+        return usage_error("--transport '%s': use tcp, rdma or auto", optarg);
+      break;
+    case O_LOG:
+      if (strcmp(optarg, "error") == 0)
+        log_level = SX_LOG_ERROR;
+      else if (strcmp(optarg, "warn") == 0)
+        log_level = SX_LOG_WARN;
+      else if (strcmp(optarg, "info") == 0)
+        log_level = SX_LOG_INFO;
+      else if (strcmp(optarg, "debug") == 0)
+        log_level = SX_LOG_DEBUG;
+      else
+        return usage_error("--log-level '%s': use error, warn, info or debug", optarg);
+      break;
+    case O_LABEL: {
+      const char *eq = strchr(optarg, '=');
+      sx_label *l = &o->labels[o->n_labels];
+      if (eq == NULL || eq == optarg || o->n_labels == SX_MAX_LABELS ||
+          (size_t)(eq - optarg) > SX_LABEL_KEY_MAX || strlen(eq + 1) > SX_LABEL_VALUE_MAX)
+        return usage_error("--label '%s': use KEY=VALUE (at most %d)", optarg,
+                           SX_MAX_LABELS);
+      memcpy(l->key, optarg, (size_t)(eq - optarg));
+      l->key[eq - optarg] = '\0';
+      snprintf(l->value, sizeof(l->value), "%s", eq + 1);
+      o->n_labels++;
+      break;
+    }
+    case O_HELP:
+    case 'h':
+      fputs(usage_text, stdout);
+      exit(EXIT_CLEAN);
+    default:
+      return usage_error("unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind < argc)
+    return usage_error("unexpected argument '%s'", argv[optind]);
+  if (o->name == NULL)
+    return usage_error("--name is required");
+  if (o->metadata == NULL || o->metadata[0] == '\0')
+    return usage_error("no metadata store: use --metadata URL or set SX_METADATA_URL");
+  if (o->layout_file == NULL && o->num_blocks == 0 && o->pool_size == 0)
+    return usage_error("give --num-blocks, --pool-size or --layout");
+  return 0;
+}
+
+/* The regions to register: from the layout file or from the flags.
+ * d gets layout and regions (addresses still 0). */
+static int build_layout(const options *o, sx_desc *d) {
+  if (o->layout_file != NULL) {
+    int rc = sx_layout_load(o->layout_file, d);
+    if (rc) {
+      fprintf(stderr, "sx-agent: --layout %s: %s: %s\n", o->layout_file, sx_err_name(rc),
+              sx_errmsg());
+      return EXIT_USAGE;
+    }
+    if (d->n_regions == 0) {
+      fprintf(stderr, "sx-agent: --layout %s has no regions\n", o->layout_file);
+      sx_desc_free(d);
+      return EXIT_USAGE;
+    }
+  } else {
+    sx_desc_init(d);
+    uint64_t per_block_row = (uint64_t)o->layers * o->n_slots * o->block_bytes;
+    uint64_t nb = o->num_blocks;
+    if (nb == 0)
+      nb = o->pool_size / per_block_row;
+    if (nb == 0)
+      return usage_error("--pool-size %lu is smaller than one block per layer and slot "
+                         "(%lu bytes)", (unsigned long)o->pool_size,
+                         (unsigned long)per_block_row);
+    if (o->pool_size && o->num_blocks && o->pool_size < per_block_row * nb)
+      return usage_error("--pool-size is smaller than layers x slots x blocks x bytes");
+    for (uint32_t i = 0; i < o->n_slots; i++) {
+      sx_region r;
+      memset(&r, 0, sizeof(r));
+      r.id = i;
+      r.group = o->group;
+      r.layer_count = o->layers;
+      r.layer_stride = nb * o->block_bytes;
+      r.slot = o->slots[i];
+      r.block_bytes = r.block_stride = o->block_bytes;
+      r.num_blocks = nb;
+      r.length = r.layer_stride * o->layers;
+      if (sx_desc_add_region(d, &r) != 0)
+        return usage_error("too many slots");
+    }
+    snprintf(d->layout.fingerprint, sizeof(d->layout.fingerprint), "sx-agent");
+    snprintf(d->layout.tag, sizeof(d->layout.tag), "NHD");
+    snprintf(d->layout.dtype, sizeof(d->layout.dtype), "bf16");
+  }
+  if (o->fingerprint)
+    snprintf(d->layout.fingerprint, sizeof(d->layout.fingerprint), "%s", o->fingerprint);
+  if (o->tag)
+    snprintf(d->layout.tag, sizeof(d->layout.tag), "%s", o->tag);
+  if (o->dtype)
+    snprintf(d->layout.dtype, sizeof(d->layout.dtype), "%s", o->dtype);
+  return 0;
+}
+
+/* Bytes a region needs: its length, at least its blocks' span. */
+static uint64_t region_bytes(const sx_region *r) {
+  uint64_t span = (uint64_t)(r->layer_count - 1) * r->layer_stride +
+                  (r->num_blocks - 1) * r->block_stride + r->block_bytes;
+  return r->length > span ? r->length : span;
+}
+
+static double ms_since(const struct timespec *t0) {
+  struct timespec t1;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+int main(int argc, char **argv) {
+  options o;
+  int rc = parse_args(argc, argv, &o);
+  if (rc)
+    return rc;
+  sx_desc layout;
+  if ((rc = build_layout(&o, &layout)) != 0)
+    return rc;
+
+  /* Signals are taken by sigwait() below: block them before any thread
+   * starts, so the agent's thread never receives them. */
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  /* One anonymous mapping holds every region, page aligned. */
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < layout.n_regions; i++)
+    total += (region_bytes(&layout.regions[i]) + 4095) & ~4095ull;
+  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+  if (pool == MAP_FAILED) {
+    fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes: %s\n",
+            (unsigned long)total, strerror(errno));
+    sx_desc_free(&layout);
+    return EXIT_USAGE;
+  }
+
+  sx_agent_params p;
+  sx_agent_params_init(&p);
+  p.name = o.name;
+  p.metadata_url = o.metadata;
+  p.listen = o.listen ? o.listen : "0.0.0.0:0";
+  p.advertise = o.advertise;
+  p.transports = o.transports;
+  p.lease_ms = o.lease_ms;
+  p.layout = layout.layout;
+  p.labels = o.n_labels ? o.labels : layout.labels;
+  p.n_labels = o.n_labels ? o.n_labels : layout.n_labels;
+  p.log = log_line;
+  p.log_level = log_level;
+  sx_agent *a;
+  if ((rc = sx_agent_create(&p, &a)) != 0) {
+    say(SX_LOG_ERROR, "sx-agent: %s: %s", sx_err_name(rc), sx_errmsg());
+    munmap(pool, total);
+    sx_desc_free(&layout);
+    return EXIT_USAGE;
+  }
+
+  int exit_code = EXIT_USAGE;
+  uint64_t off = 0;
+  struct timespec t0;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (uint32_t i = 0; i < layout.n_regions; i++) {
+    const sx_region *r = &layout.regions[i];
+    uint64_t bytes = region_bytes(r);
+    sx_region_params rp = {.addr = pool + off, .length = bytes, .group = r->group,
+                           .layer_first = r->layer_first, .layer_count = r->layer_count,
+                           .layer_stride = r->layer_stride, .slot = r->slot,
+                           .block_bytes = r->block_bytes, .block_stride = r->block_stride,
+                           .num_blocks = r->num_blocks,
+                           .location = r->location[0] ? r->location : "cpu",
+                           .access = SX_ACCESS_REMOTE_READ};
+    uint32_t id;
+    if ((rc = sx_agent_register(a, &rp, &id)) != 0) {
+      say(SX_LOG_ERROR, "sx-agent: region %u: %s: %s", i, sx_err_name(rc), sx_errmsg());
+      goto out_destroy;
+    }
+    if (o.fill)
+      sx__pattern_fill(pool + off, bytes, o.seed, id, 0);
+    off += (bytes + 4095) & ~4095ull;
+  }
+  char size[32];
+  snprintf(size, sizeof(size), "%.1f MiB", (double)total / (1 << 20));
+  if (o.fill)
+    say(SX_LOG_INFO, "%s: %u regions, %s, filled with pattern seed %lu in %.0f ms", o.name,
+        layout.n_regions, size, (unsigned long)o.seed, ms_since(&t0));
+  else
+    say(SX_LOG_INFO, "%s: %u regions, %s", o.name, layout.n_regions, size);
+
+  if ((rc = sx_agent_publish(a, o.takeover ? SX_PUBLISH_TAKEOVER : 0)) != 0) {
+    say(SX_LOG_ERROR, "sx-agent: publish: %s: %s%s", sx_err_name(rc), sx_errmsg(),
+        rc == SX_EHELD ? " (use --takeover to replace it)" : "");
+    exit_code = rc == SX_EHELD || rc == SX_EFENCED ? EXIT_REFUSED : EXIT_USAGE;
+    goto out_destroy;
+  }
+  sx_desc d;
+  if (sx_agent_descriptor(a, &d) == 0) {
+    for (uint32_t i = 0; i < d.n_endpoints; i++)
+      say(SX_LOG_INFO, "ready: serving %s on %s://%s:%u", o.name,
+          d.endpoints[i].kind == SX_TRANSPORT_RDMA ? "rdma" : "tcp", d.endpoints[i].addr,
+          d.endpoints[i].port);
+    sx_desc_free(&d);
+  }
+
+  /* Wait for a signal; look at the lease once a second. */
+  for (;;) {
+    struct timespec tick = {.tv_sec = 1};
+    int sig = sigtimedwait(&sigs, NULL, &tick);
+    if (sig == SIGINT || sig == SIGTERM) {
+      say(SX_LOG_INFO, "received %s: unpublishing and stopping",
+          sig == SIGINT ? "SIGINT" : "SIGTERM");
+      exit_code = EXIT_CLEAN;
+      break;
+    }
+    sx_agent_status st;
+    if (sx_agent_status_get(a, &st) == 0 && st.state == SX_AGENT_FENCED) {
+      say(SX_LOG_ERROR, "another agent took %s over: stopping", o.name);
+      exit_code = EXIT_FENCED;
+      break;
+    }
+  }
+
+out_destroy:
+  sx_agent_destroy(a);
+  munmap(pool, total);
+  sx_desc_free(&layout);
+  return exit_code;
+}

@@ -1,0 +1,672 @@
+/*
+ * sxctl read, ping: the data path from the command line.  Both start a
+ * reader-only agent (no name, no listener), open the segment by name and
+ * read from it over the transport the agent picks (or --transport).
+ *
+ * read mirrors the segment's regions locally (same keys and block sizes,
+ * room for --batch x --depth blocks), reads whole blocks (every layer and
+ * slot of a group, as an engine moves a KV block) in pipelined batches and,
+ * with --verify SEED, checks every byte against sx-agent's fill pattern.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pattern.h"
+#include "segxfer/agent.h"
+#include "sxctl.h"
+
+static sx_log_level agent_log_level = SX_LOG_WARN;
+
+static void agent_log(void *arg, sx_log_level level, const char *msg) {
+  (void)arg;
+  static const char *const names[] = {"error", "warning", "info", "debug"};
+  fprintf(stderr, "sxctl: agent %s: %s\n", names[level <= SX_LOG_DEBUG ? level : 3], msg);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static const char *kind_name(sx_transport_kind k) {
+  return k == SX_TRANSPORT_RDMA ? "rdma" : k == SX_TRANSPORT_TCP ? "tcp" : "none";
+}
+
+static int parse_transport(const char *s, unsigned *out) {
+  if (strcmp(s, "tcp") == 0)
+    *out = SX_TRANSPORTS_TCP;
+  else if (strcmp(s, "rdma") == 0)
+    *out = SX_TRANSPORTS_RDMA;
+  else if (strcmp(s, "auto") == 0)
+    *out = SX_TRANSPORTS_ALL;
+  else
+    return -1;
+  return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (s[0] == '\0' || s[0] == '-' || *end != '\0')
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* A reader-only agent on the store of ctx. */
+static int start_agent(const sxctl_cmd *cmd, sxctl_ctx *ctx, unsigned transports,
+                       const sx_layout *layout, sx_agent **out) {
+  if (ctx->metadata == NULL) {
+    sxctl_err(cmd, "no metadata store given: use --metadata URL or set SX_METADATA_URL");
+    return SXCTL_ERROR;
+  }
+  sx_agent_params p;
+  sx_agent_params_init(&p);
+  p.metadata_url = ctx->metadata;
+  p.transports = transports;
+  p.log = agent_log;
+  p.log_level = agent_log_level;
+  if (layout != NULL)
+    p.layout = *layout;
+  int rc = sx_agent_create(&p, out);
+  if (rc) {
+    sxctl_err(cmd, "%s: %s", sx_err_name(rc), sx_errmsg());
+    return SXCTL_ERROR;
+  }
+  return SXCTL_OK;
+}
+
+static int open_segment(const sxctl_cmd *cmd, sx_agent *a, const char *name,
+                        uint32_t wait_ms, sx_segment **out) {
+  int rc = sx_segment_open(a, name, wait_ms, out);
+  if (rc == 0)
+    return SXCTL_OK;
+  sxctl_err(cmd, "%s: %s: %s", name, sx_err_name(rc), sx_errmsg());
+  return rc == SX_ENOENT ? SXCTL_NO : SXCTL_ERROR;
+}
+
+/* ------------------------------------------------------------------ read */
+
+/* The local copy of one remote region. */
+typedef struct mregion {
+  const sx_region *R;
+  uint8_t *base;
+  uint64_t layer_stride;
+} mregion;
+
+/* One entry shape per group: its layers and slots. */
+typedef struct group_shape {
+  uint32_t group, layer_first, layer_end;
+  uint64_t slots;
+} group_shape;
+
+typedef struct reader {
+  sx_agent *a;
+  sx_segment *seg;
+  const sx_desc *d;
+  mregion *m;
+  uint8_t *mem;
+  group_shape *g;
+  uint32_t n_groups;
+  uint64_t max_block; /* blocks every region has */
+  uint64_t per_block; /* bytes one block brings (all groups, layers, slots) */
+} reader;
+
+/* Register local regions mirroring the segment's, cap blocks each. */
+static int mirror(const sxctl_cmd *cmd, reader *r, uint64_t cap) {
+  const sx_desc *d = r->d;
+  uint64_t total = 0;
+  r->m = calloc(d->n_regions ? d->n_regions : 1, sizeof(*r->m));
+  r->g = calloc(d->n_regions ? d->n_regions : 1, sizeof(*r->g));
+  if (r->m == NULL || r->g == NULL) {
+    sxctl_err(cmd, "out of memory");
+    return SXCTL_ERROR;
+  }
+  r->max_block = UINT64_MAX;
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    const sx_region *R = &d->regions[i];
+    r->m[i].R = R;
+    r->m[i].layer_stride = cap * R->block_bytes;
+    total += r->m[i].layer_stride * R->layer_count;
+    if (R->num_blocks < r->max_block)
+      r->max_block = R->num_blocks;
+    r->per_block += R->block_bytes * R->layer_count;
+    group_shape *g = NULL;
+    for (uint32_t k = 0; k < r->n_groups && g == NULL; k++)
+      if (r->g[k].group == R->group)
+        g = &r->g[k];
+    if (g == NULL) {
+      g = &r->g[r->n_groups++];
+      *g = (group_shape){R->group, R->layer_first, R->layer_first + R->layer_count, 0};
+    }
+    if (R->layer_first < g->layer_first)
+      g->layer_first = R->layer_first;
+    if (R->layer_first + R->layer_count > g->layer_end)
+      g->layer_end = R->layer_first + R->layer_count;
+    g->slots |= 1ull << R->slot;
+  }
+  if ((r->mem = calloc(1, total ? total : 1)) == NULL) {
+    sxctl_err(cmd, "cannot allocate %" PRIu64 " bytes of local buffers", total);
+    return SXCTL_ERROR;
+  }
+  uint64_t off = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    const sx_region *R = r->m[i].R;
+    r->m[i].base = r->mem + off;
+    sx_region_params rp = {.addr = r->m[i].base,
+                           .length = r->m[i].layer_stride * R->layer_count,
+                           .group = R->group, .layer_first = R->layer_first,
+                           .layer_count = R->layer_count,
+                           .layer_stride = r->m[i].layer_stride, .slot = R->slot,
+                           .block_bytes = R->block_bytes, .num_blocks = cap};
+    off += rp.length;
+    uint32_t id;
+    int rc = sx_agent_register(r->a, &rp, &id);
+    if (rc) {
+      sxctl_err(cmd, "registering a local copy of region %u: %s: %s", R->id,
+                sx_err_name(rc), sx_errmsg());
+      return SXCTL_ERROR;
+    }
+  }
+  return SXCTL_OK;
+}
+
+/* Parse --blocks: "random:N", "all", or a list "0-9,17,40-41". */
+static int parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed,
+                        uint64_t **out, size_t *n) {
+  size_t cap = 64, k = 0;
+  uint64_t *v = malloc(cap * sizeof(*v));
+  if (v == NULL)
+    return -1;
+  if (strncmp(spec, "random:", 7) == 0) {
+    uint64_t count;
+    if (parse_u64(spec + 7, &count) || count == 0) {
+      free(v);
+      return -1;
+    }
+    uint64_t x = rand_seed;
+    for (uint64_t i = 0; i < count; i++) {
+      if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
+        return -1;
+      x ^= x << 13; /* xorshift64: reproducible for a given --seed */
+      x ^= x >> 7;
+      x ^= x << 17;
+      v[k++] = x % max;
+    }
+  } else {
+    char buf[4096];
+    if (strcmp(spec, "all") == 0)
+      snprintf(buf, sizeof(buf), "0-%" PRIu64, max - 1);
+    else
+      snprintf(buf, sizeof(buf), "%s", spec);
+    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+      uint64_t a, b;
+      char *dash = strchr(tok, '-');
+      if (dash) {
+        *dash = '\0';
+        if (parse_u64(tok, &a) || parse_u64(dash + 1, &b) || b < a) {
+          free(v);
+          return -1;
+        }
+      } else if (parse_u64(tok, &a)) {
+        free(v);
+        return -1;
+      } else {
+        b = a;
+      }
+      for (uint64_t x = a; x <= b; x++) {
+        if (x >= max) {
+          free(v);
+          return -2;
+        }
+        if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
+          return -1;
+        v[k++] = x;
+      }
+    }
+  }
+  *out = v;
+  *n = k;
+  return 0;
+}
+
+/* Check the blocks a batch brought; returns the bytes checked or -1. */
+static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blocks,
+                      size_t n, uint64_t first_local, uint64_t seed) {
+  int64_t checked = 0;
+  for (size_t i = 0; i < n; i++) {
+    for (uint32_t k = 0; k < r->d->n_regions; k++) {
+      const mregion *m = &r->m[k];
+      const sx_region *R = m->R;
+      for (uint32_t l = 0; l < R->layer_count; l++) {
+        const uint8_t *local = m->base + l * m->layer_stride +
+                               (first_local + i) * R->block_bytes;
+        uint64_t off = l * R->layer_stride + blocks[i] * R->block_stride, bad;
+        if (sx__pattern_check(local, R->block_bytes, seed, R->id, off, &bad) != 0) {
+          char s[16];
+          sxctl_err(cmd, "verify: block %" PRIu64 " group %u layer %u slot %s (region %u):"
+                    " byte %" PRIu64 " differs from the pattern of seed %" PRIu64,
+                    blocks[i], R->group, R->layer_first + l, sx_slot_name(R->slot, s),
+                    R->id, bad, seed);
+          return -1;
+        }
+        checked += (int64_t)R->block_bytes;
+      }
+    }
+  }
+  return checked;
+}
+
+/* Start a batch of n blocks into local blocks [first_local, +n). */
+static int submit(const sxctl_cmd *cmd, reader *r, const uint64_t *blocks, size_t n,
+                  uint64_t first_local, uint32_t timeout_ms, sx_batch **out) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  sx_batch *b;
+  int rc = sx_batch_create(r->seg, &bp, &b);
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    for (uint32_t g = 0; g < r->n_groups && rc == 0; g++) {
+      sx_block_read e = {.group = r->g[g].group, .layer_first = r->g[g].layer_first,
+                         .layer_count = r->g[g].layer_end - r->g[g].layer_first,
+                         .slots = r->g[g].slots, .remote_block = blocks[i],
+                         .local_block = first_local + i, .count = 1};
+      rc = sx_batch_add_blocks(b, &e, 1);
+    }
+  }
+  if (rc == 0)
+    rc = sx_batch_submit(b);
+  if (rc) {
+    sxctl_err(cmd, "batch: %s: %s", sx_err_name(rc), sx_errmsg());
+    sx_batch_destroy(b);
+    return SXCTL_ERROR;
+  }
+  *out = b;
+  return SXCTL_OK;
+}
+
+typedef struct read_opts {
+  const char *name, *blocks;
+  uint64_t batch, depth, seed, rand_seed;
+  int verify, json, no_check;
+  uint32_t timeout_ms, wait_ms;
+  unsigned transports;
+  sx_layout layout; /* what to expect; empty fields: the segment's */
+} read_opts;
+
+static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o) {
+  memset(o, 0, sizeof(*o));
+  o->blocks = "random:100";
+  o->batch = 64;
+  o->depth = 2;
+  o->timeout_ms = 10000;
+  o->wait_ms = 0;
+  o->transports = SX_TRANSPORTS_ALL;
+  o->rand_seed = (uint64_t)time(NULL) | 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t n;
+#define NEED(opt)                                                              \
+  if (v == NULL)                                                               \
+    return sxctl_usage(cmd, "%s needs a value", opt);                          \
+  i++
+    if (sxctl_is_help(cmd, a))
+      return -1;
+    if (strcmp(a, "--blocks") == 0) {
+      NEED(a);
+      o->blocks = v;
+    } else if (strcmp(a, "--verify") == 0) {
+      NEED(a);
+      if (sx__pattern_parse(v, &o->seed))
+        return sxctl_usage(cmd, "--verify '%s' is not a seed", v);
+      o->verify = 1;
+    } else if (strcmp(a, "--batch") == 0 || strcmp(a, "--depth") == 0) {
+      NEED(a);
+      if (parse_u64(v, &n) || n == 0 || n > 65536)
+        return sxctl_usage(cmd, "%s '%s' is not 1..65536", a, v);
+      *(a[2] == 'b' ? &o->batch : &o->depth) = n;
+    } else if (strcmp(a, "--seed") == 0) {
+      NEED(a);
+      if (parse_u64(v, &o->rand_seed) || o->rand_seed == 0)
+        return sxctl_usage(cmd, "--seed '%s' is not a non-zero number", v);
+    } else if (strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--wait-ms") == 0) {
+      NEED(a);
+      if (parse_u64(v, &n) || n > 3600000)
+        return sxctl_usage(cmd, "%s '%s' is not 0..3600000", a, v);
+      *(a[2] == 't' ? &o->timeout_ms : &o->wait_ms) = (uint32_t)n;
+    } else if (strcmp(a, "--transport") == 0) {
+      NEED(a);
+      if (parse_transport(v, &o->transports))
+        return sxctl_usage(cmd, "--transport '%s': use tcp, rdma or auto", v);
+    } else if (strcmp(a, "--fingerprint") == 0 || strcmp(a, "--dtype") == 0 ||
+               strcmp(a, "--tag") == 0) {
+      NEED(a);
+      char *dst = a[2] == 'f' ? o->layout.fingerprint : a[2] == 'd' ? o->layout.dtype
+                                                                    : o->layout.tag;
+      size_t size = a[2] == 'f' ? sizeof(o->layout.fingerprint) : sizeof(o->layout.tag);
+      if (strlen(v) >= size)
+        return sxctl_usage(cmd, "%s '%s' is too long", a, v);
+      memcpy(dst, v, strlen(v) + 1);
+    } else if (strcmp(a, "--no-check") == 0) {
+      o->no_check = 1;
+    } else if (strcmp(a, "--json") == 0) {
+      o->json = 1;
+    } else if (strcmp(a, "--verbose") == 0) {
+      agent_log_level = SX_LOG_INFO;
+    } else if (a[0] == '-') {
+      return sxctl_usage(cmd, "unknown option '%s'", a);
+    } else if (o->name == NULL) {
+      o->name = a;
+    } else {
+      return sxctl_usage(cmd, "unexpected argument '%s'", a);
+    }
+#undef NEED
+  }
+  if (o->name == NULL)
+    return sxctl_usage(cmd, "which segment? (sxctl read NAME ...)");
+  return 0;
+}
+
+static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
+  const sxctl_cmd *cmd = &sxctl_cmd_read;
+  read_opts o;
+  int rc = read_parse(cmd, argc, argv, &o);
+  if (rc)
+    return rc < 0 ? SXCTL_OK : rc;
+  reader r;
+  memset(&r, 0, sizeof(r));
+  uint64_t *blocks = NULL;
+  size_t n_blocks = 0;
+  sx_desc mine;
+  sx_batch **inflight = NULL;
+  int code = SXCTL_ERROR;
+  if ((rc = start_agent(cmd, ctx, o.transports, NULL, &r.a)) != SXCTL_OK)
+    return rc;
+  if ((code = open_segment(cmd, r.a, o.name, o.wait_ms, &r.seg)) != SXCTL_OK)
+    goto out;
+  code = SXCTL_ERROR;
+  r.d = sx_segment_desc(r.seg);
+  if ((rc = mirror(cmd, &r, o.batch * o.depth)) != SXCTL_OK)
+    goto out;
+
+  /* The compatibility check: the segment-wide facts are what the caller
+   * said to expect (--fingerprint, --dtype, --tag; the segment's own where
+   * not given), the regions are the local mirrors, registered above. */
+  sx_mismatch m;
+  const char *check = "compatible";
+  sx_desc local;
+  sx_desc_init(&local);
+  local.layout = r.d->layout;
+  if (o.layout.fingerprint[0])
+    memcpy(local.layout.fingerprint, o.layout.fingerprint, sizeof(o.layout.fingerprint));
+  if (o.layout.dtype[0])
+    memcpy(local.layout.dtype, o.layout.dtype, sizeof(o.layout.dtype));
+  if (o.layout.tag[0])
+    memcpy(local.layout.tag, o.layout.tag, sizeof(o.layout.tag));
+  rc = sx_agent_descriptor(r.a, &mine);
+  for (uint32_t i = 0; rc == 0 && i < mine.n_regions; i++)
+    rc = sx_desc_add_region(&local, &mine.regions[i]);
+  sx_desc_free(&mine);
+  if (rc == 0)
+    rc = sx_layout_check(&local, r.d, 0, &m);
+  sx_desc_free(&local);
+  if (rc == SX_EINCOMPAT) {
+    check = "INCOMPATIBLE";
+    if (!o.json)
+      printf("layout check: INCOMPATIBLE: %s\n", m.message);
+    if (!o.no_check) {
+      code = SXCTL_NO;
+      goto out;
+    }
+  } else if (rc) {
+    sxctl_err(cmd, "layout check: %s: %s", sx_err_name(rc), sx_errmsg());
+    goto out;
+  } else if (!o.json) {
+    printf("layout check: compatible (fingerprint %s, tag %s, dtype %s, %u regions)\n",
+           r.d->layout.fingerprint, r.d->layout.tag, r.d->layout.dtype, r.d->n_regions);
+  }
+
+  rc = parse_blocks(o.blocks, r.max_block, o.rand_seed, &blocks, &n_blocks);
+  if (rc == -2) {
+    sxctl_err(cmd, "--blocks %s: the segment has %" PRIu64 " blocks per region", o.blocks,
+              r.max_block);
+    goto out;
+  }
+  if (rc) {
+    code = sxctl_usage(cmd, "--blocks '%s': use random:N, all, or a list like 0-9,17",
+                       o.blocks);
+    goto out;
+  }
+  inflight = calloc(o.depth, sizeof(*inflight));
+  uint64_t bytes = 0, checked = 0, batches = 0, ranges = 0;
+  double transfer = 0, t0 = now_s();
+  size_t next = 0, done = 0;
+  /* Pipeline: up to depth batches in flight, each into its own slice of
+   * the local buffers; the oldest is waited for, checked, replaced. */
+  while (done < n_blocks) {
+    for (uint64_t s = 0; s < o.depth && next < n_blocks; s++) {
+      if (inflight[s] != NULL)
+        continue;
+      size_t n = n_blocks - next < o.batch ? n_blocks - next : o.batch;
+      if (submit(cmd, &r, blocks + next, n, s * o.batch, o.timeout_ms, &inflight[s]))
+        goto out;
+      next += n;
+    }
+    /* Wait for the batch holding the oldest blocks. */
+    uint64_t s = (done / o.batch) % o.depth;
+    sx_batch *b = inflight[s];
+    sx_batch_wait(b, -1);
+    sx_batch_result res;
+    sx_batch_result_get(b, &res);
+    size_t n = n_blocks - done < o.batch ? n_blocks - done : o.batch;
+    if (res.state != SX_BATCH_COMPLETED) {
+      sxctl_err(cmd, "batch %s: %s: %s", sx_batch_state_name(res.state),
+                sx_err_name(res.error), res.message);
+      goto out;
+    }
+    bytes += res.bytes;
+    ranges += res.n_ranges;
+    transfer += (double)res.transfer_ns / 1e9;
+    batches++;
+    if (o.verify) {
+      int64_t c = verify(cmd, &r, blocks + done, n, s * o.batch, o.seed);
+      if (c < 0) {
+        code = SXCTL_NO;
+        goto out;
+      }
+      checked += (uint64_t)c;
+    }
+    sx_batch_destroy(b);
+    inflight[s] = NULL;
+    done += n;
+  }
+  double wall = now_s() - t0;
+  char hb[32];
+  if (o.json) {
+    json_t *j = json_object();
+    json_object_set_new(j, "name", json_string(o.name));
+    json_object_set_new(j, "transport", json_string(kind_name(sx_segment_transport(r.seg))));
+    json_object_set_new(j, "check", json_string(check));
+    json_object_set_new(j, "blocks", json_integer((json_int_t)n_blocks));
+    json_object_set_new(j, "batches", json_integer((json_int_t)batches));
+    json_object_set_new(j, "ranges", json_integer((json_int_t)ranges));
+    json_object_set_new(j, "bytes", json_integer((json_int_t)bytes));
+    json_object_set_new(j, "seconds", json_real(wall));
+    json_object_set_new(j, "gb_per_s", json_real(wall > 0 ? (double)bytes / wall / 1e9 : 0));
+    json_object_set_new(j, "verified_bytes", json_integer((json_int_t)checked));
+    char *s = json_dumps(j, JSON_SORT_KEYS);
+    json_decref(j);
+    if (s)
+      puts(s);
+    free(s);
+  } else {
+    printf("read %zu blocks (%s) from %s via %s in %" PRIu64 " batches of up to %" PRIu64
+           " blocks (%" PRIu64 " ranges after merging)\n",
+           n_blocks, sxctl_bytes(bytes, hb, sizeof(hb)), o.name,
+           kind_name(sx_segment_transport(r.seg)), batches, o.batch, ranges);
+    printf("time %.3f s, %.2f GB/s (%d batches in flight; mean batch %.2f ms)\n", wall,
+           wall > 0 ? (double)bytes / wall / 1e9 : 0.0, (int)o.depth,
+           batches ? transfer * 1e3 / (double)batches : 0.0);
+    if (o.verify)
+      printf("verified every byte: %s against the pattern of seed %" PRIu64 "\n",
+             sxctl_bytes(checked, hb, sizeof(hb)), o.seed);
+  }
+  code = o.verify && checked != bytes ? SXCTL_NO : SXCTL_OK;
+
+out:
+  if (inflight != NULL) {
+    for (uint64_t s = 0; s < o.depth; s++)
+      sx_batch_destroy(inflight[s]);
+    free(inflight);
+  }
+  free(blocks);
+  sx_segment_close(r.seg);
+  sx_agent_destroy(r.a);
+  free(r.mem);
+  free(r.m);
+  free(r.g);
+  return code;
+}
+
+const sxctl_cmd sxctl_cmd_read = {
+    .name = "read",
+    .summary = "read blocks of a segment over the data path (and verify them)",
+    .help =
+        "usage: sxctl read NAME [--blocks SPEC] [--verify SEED] [options]\n"
+        "\n"
+        "Open NAME as a reader, check its layout, read whole blocks (every layer and\n"
+        "slot of each group) in pipelined batches and report bytes and GB/s.  With\n"
+        "--verify, check every byte against the fill pattern of `sx-agent --fill SEED`.\n"
+        "Exit 0 success, 1 not found / incompatible / a byte differs, 2 an error.\n"
+        "\n"
+        "  --blocks SPEC        random:N (default random:100), all, or a list such as\n"
+        "                       0-9,17,40-41 (block ids every region has)\n"
+        "  --verify SEED        check every byte read\n"
+        "  --batch N            blocks per batch (default 64)\n"
+        "  --depth N            batches in flight (default 2)\n"
+        "  --seed N             seed of random:N (default: the time; printed by --json)\n"
+        "  --timeout-ms MS      deadline per batch (default 10000)\n"
+        "  --wait-ms MS         wait that long for NAME to be published (default 0)\n"
+        "  --transport KIND     tcp, rdma or auto (default)\n"
+        "  --fingerprint F, --dtype D, --tag T\n"
+        "                       the layout this reader expects; the check fails (exit 1)\n"
+        "                       when the segment differs, unless --no-check\n"
+        "  --json               one JSON object with the figures\n"
+        "  --verbose            the agent's info messages on stderr\n"
+        "\n"
+        "examples:\n"
+        "  sxctl read pool-0 --blocks random:300 --verify 42\n"
+        "  sxctl read prefill-0/tp3 --blocks 0-1023 --batch 256 --depth 4 --json\n",
+    .run = read_run,
+};
+
+/* ------------------------------------------------------------------ ping */
+
+static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
+  const sxctl_cmd *cmd = &sxctl_cmd_ping;
+  const char *name = NULL;
+  uint64_t count = 3, timeout = 5000;
+  unsigned transports = SX_TRANSPORTS_ALL;
+  int json = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (sxctl_is_help(cmd, a))
+      return SXCTL_OK;
+    if (strcmp(a, "--count") == 0 || strcmp(a, "--timeout-ms") == 0) {
+      uint64_t n;
+      if (v == NULL || parse_u64(v, &n) || n == 0 || n > 3600000)
+        return sxctl_usage(cmd, "%s needs a number 1..3600000", a);
+      *(a[2] == 'c' ? &count : &timeout) = n;
+      i++;
+    } else if (strcmp(a, "--transport") == 0) {
+      if (v == NULL || parse_transport(v, &transports))
+        return sxctl_usage(cmd, "--transport: use tcp, rdma or auto");
+      i++;
+    } else if (strcmp(a, "--json") == 0) {
+      json = 1;
+    } else if (a[0] == '-') {
+      return sxctl_usage(cmd, "unknown option '%s'", a);
+    } else if (name == NULL) {
+      name = a;
+    } else {
+      return sxctl_usage(cmd, "unexpected argument '%s'", a);
+    }
+  }
+  if (name == NULL)
+    return sxctl_usage(cmd, "which segment? (sxctl ping NAME)");
+  sx_agent *a;
+  sx_segment *seg = NULL;
+  int code = start_agent(cmd, ctx, transports, NULL, &a);
+  if (code != SXCTL_OK)
+    return code;
+  if ((code = open_segment(cmd, a, name, 0, &seg)) != SXCTL_OK)
+    goto out;
+  const sx_desc *d = sx_segment_desc(seg);
+  char ep[128] = "-", inc[9];
+  for (uint32_t i = 0; i < d->n_endpoints; i++)
+    if (d->endpoints[i].kind == sx_segment_transport(seg))
+      sxctl_endpoint(&d->endpoints[i], ep, sizeof(ep));
+  uint64_t min = UINT64_MAX, max = 0, sum = 0;
+  sx_transport_kind via = SX_TRANSPORT_NONE;
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t rtt;
+    int rc = sx_segment_ping(seg, (uint32_t)timeout, &rtt, &via);
+    if (rc) {
+      sxctl_err(cmd, "%s: %s: %s", name, sx_err_name(rc), sx_errmsg());
+      code = rc == SX_ESTALE || rc == SX_EACCESS || rc == SX_ENOENT ? SXCTL_NO
+                                                                    : SXCTL_ERROR;
+      goto out;
+    }
+    if (!json)
+      printf("%s: %s %s incarnation %s: rtt %" PRIu64 " us%s\n", name, kind_name(via), ep,
+             sxctl_short_inc(d->incarnation, inc), rtt, i == 0 ? " (with connect)" : "");
+    min = rtt < min ? rtt : min;
+    max = rtt > max ? rtt : max;
+    sum += rtt;
+  }
+  if (json) {
+    json_t *j = json_object();
+    json_object_set_new(j, "name", json_string(name));
+    json_object_set_new(j, "transport", json_string(kind_name(via)));
+    json_object_set_new(j, "endpoint", json_string(ep));
+    json_object_set_new(j, "count", json_integer((json_int_t)count));
+    json_object_set_new(j, "rtt_us_min", json_integer((json_int_t)min));
+    json_object_set_new(j, "rtt_us_avg", json_integer((json_int_t)(sum / count)));
+    json_object_set_new(j, "rtt_us_max", json_integer((json_int_t)max));
+    char *s = json_dumps(j, JSON_SORT_KEYS);
+    json_decref(j);
+    if (s)
+      puts(s);
+    free(s);
+  } else {
+    printf("%s: %" PRIu64 " pings via %s: min %" PRIu64 " us, avg %" PRIu64
+           " us, max %" PRIu64 " us\n",
+           name, count, kind_name(via), min, sum / count, max);
+  }
+  code = SXCTL_OK;
+out:
+  sx_segment_close(seg);
+  sx_agent_destroy(a);
+  return code;
+}
+
+const sxctl_cmd sxctl_cmd_ping = {
+    .name = "ping",
+    .summary = "connect to a segment's owner and time one-byte reads",
+    .help = "usage: sxctl ping NAME [--count N] [--timeout-ms MS] [--transport KIND] "
+            "[--json]\n"
+            "\n"
+            "Open NAME, connect to its owner over the transport the agent picks (or\n"
+            "--transport) and read one byte --count times (default 3): prints the\n"
+            "round-trip time of each (the first includes connecting) and which\n"
+            "transport answered.  Exit 0 success, 1 not found, stale or refused, 2 an\n"
+            "error (unreachable, timed out).\n"
+            "\n"
+            "example:\n"
+            "  sxctl ping prefill-0/tp3 --count 5\n",
+    .run = ping_run,
+};

@@ -1,0 +1,112 @@
+/* The TCP data-plane wire format (see tcp_frame.h for the layout). */
+#include <string.h>
+
+#include "tcp_frame.h"
+
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)(v >> 8);
+  p[1] = (uint8_t)v;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+
+static void put64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get64(const uint8_t *p) {
+  return (uint64_t)get32(p) << 32 | get32(p + 4);
+}
+
+void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]) {
+  put32(out, SX__FRAME_MAGIC);
+  out[4] = SX__FRAME_VERSION;
+  out[5] = f->type;
+  put16(out + 6, 0);
+  put64(out + 8, f->id);
+  put32(out + 16, f->region);
+  put32(out + 20, (uint32_t)f->status);
+  put64(out + 24, f->offset);
+  put64(out + 32, f->length);
+}
+
+int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
+  if (len < SX__FRAME_HDR)
+    return 0;
+  if (get32(buf) != SX__FRAME_MAGIC)
+    return SX_EPROTO;
+  if (buf[4] != SX__FRAME_VERSION)
+    return SX_EVERSION;
+  if (get16(buf + 6) != 0)
+    return SX_EPROTO;
+  sx__frame f;
+  f.type = buf[5];
+  f.id = get64(buf + 8);
+  f.region = get32(buf + 16);
+  f.status = (int32_t)get32(buf + 20);
+  f.offset = get64(buf + 24);
+  f.length = get64(buf + 32);
+  if (f.status > 0)
+    return SX_EPROTO;
+  switch (f.type) {
+  case SX__FRAME_HELLO:
+    if (f.status != 0 || f.length < SX__HELLO_FIXED || f.length > SX__HELLO_MAX)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_READ:
+    if (f.status != 0)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_HELLO_REPLY:
+    if (f.length != 0)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_READ_REPLY:
+    if (f.status != 0 && f.length != 0)
+      return SX_EPROTO;
+    break;
+  default:
+    return SX_EPROTO;
+  }
+  *out = f;
+  return SX__FRAME_HDR;
+}
+
+int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap) {
+  size_t n = strnlen(h->name, sizeof(h->name));
+  if (n > SX_NAME_MAX || cap < SX__HELLO_FIXED + n)
+    return SX_ENAME;
+  memcpy(out, h->incarnation, SX_INCARNATION_LEN);
+  memcpy(out + 16, h->token, SX_TOKEN_LEN);
+  put16(out + 32, (uint16_t)n);
+  memcpy(out + SX__HELLO_FIXED, h->name, n);
+  return (int)(SX__HELLO_FIXED + n);
+}
+
+int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out) {
+  if (len < SX__HELLO_FIXED || len > SX__HELLO_MAX)
+    return SX_EPROTO;
+  size_t n = get16(buf + 32);
+  if (n > SX_NAME_MAX || len != SX__HELLO_FIXED + n)
+    return SX_EPROTO;
+  for (size_t i = 0; i < n; i++) {
+    uint8_t c = buf[SX__HELLO_FIXED + i];
+    if (c < 0x20 || c > 0x7e)
+      return SX_EPROTO;
+  }
+  memcpy(out->incarnation, buf, SX_INCARNATION_LEN);
+  memcpy(out->token, buf + 16, SX_TOKEN_LEN);
+  memcpy(out->name, buf + SX__HELLO_FIXED, n);
+  out->name[n] = '\0';
+  return 0;
+}

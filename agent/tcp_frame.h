@@ -1,0 +1,91 @@
+/*
+ * The TCP data-plane wire format.  Not installed.
+ *
+ * Every frame starts with one fixed 40-byte header; all integers are
+ * big-endian (network order):
+ *
+ *   offset size  field
+ *    0     4     magic     0x53584631 ("SXF1")
+ *    4     1     version   1
+ *    5     1     type      1 HELLO, 2 HELLO_REPLY, 3 READ, 4 READ_REPLY
+ *    6     2     flags     0 (every other value is a protocol error)
+ *    8     8     id        request id, echoed in the reply
+ *   16     4     region    READ: region id in the target's descriptor
+ *   20     4     status    replies: 0 or a negative SX_E* code (int32)
+ *   24     8     offset    READ: byte offset in the region
+ *   32     8     length    HELLO: body bytes that follow; READ: bytes asked;
+ *                          READ_REPLY: payload bytes that follow (0 on error)
+ *
+ * A connection starts with HELLO (reader -> target), whose body is
+ *
+ *    0    16     incarnation the reader expects the target to have
+ *   16    16     access token from the target's descriptor
+ *   32     2     name length N (<= SX_NAME_MAX)
+ *   34     N     the reader's segment name (printable ASCII, may be empty)
+ *
+ * answered by HELLO_REPLY with status 0, SX_ESTALE (another incarnation),
+ * SX_EACCESS (bad token) or SX_EVERSION; on a failure the target closes.
+ * Then the reader pipelines READs; the target answers each, in order, with a
+ * READ_REPLY header followed by exactly `length` payload bytes.
+ *
+ * These are pure functions over byte buffers (no I/O, no allocation), so a
+ * fuzz target can drive them directly.
+ */
+#ifndef SX_AGENT_TCP_FRAME_H
+#define SX_AGENT_TCP_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segxfer/descriptor.h"
+
+#define SX__FRAME_MAGIC 0x53584631u
+#define SX__FRAME_VERSION 1
+#define SX__FRAME_HDR 40
+#define SX__HELLO_FIXED 34
+#define SX__HELLO_MAX (SX__HELLO_FIXED + SX_NAME_MAX)
+
+typedef enum sx__frame_type {
+  SX__FRAME_HELLO = 1,
+  SX__FRAME_HELLO_REPLY = 2,
+  SX__FRAME_READ = 3,
+  SX__FRAME_READ_REPLY = 4,
+} sx__frame_type;
+
+typedef struct sx__frame {
+  uint8_t type;    /* sx__frame_type */
+  uint64_t id;
+  uint32_t region;
+  int32_t status;
+  uint64_t offset;
+  uint64_t length;
+} sx__frame;
+
+typedef struct sx__hello {
+  uint8_t incarnation[SX_INCARNATION_LEN];
+  uint8_t token[SX_TOKEN_LEN];
+  char name[SX_NAME_MAX + 1];
+} sx__hello;
+
+/* Write f's header (version SX__FRAME_VERSION, flags 0) into out. */
+void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]);
+
+/*
+ * Parse one header from the first len bytes of buf.  Returns SX__FRAME_HDR
+ * when a whole valid header was read into *out, 0 when len is too short,
+ * SX_EPROTO for a bad magic, type, flags or a field that breaks the type's
+ * rules (HELLO body outside [SX__HELLO_FIXED, SX__HELLO_MAX], a request
+ * carrying a status, a failed reply carrying payload, a positive status),
+ * SX_EVERSION for another version.  *out is written only on success.
+ */
+int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
+
+/* Encode a HELLO body into out (SX__HELLO_MAX bytes suffice); returns its
+ * length, or SX_ENAME when the name is too long. */
+int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap);
+
+/* Parse a HELLO body of exactly len bytes.  0, or SX_EPROTO (length does not
+ * match the name length, name not printable). */
+int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out);
+
+#endif

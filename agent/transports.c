@@ -1,0 +1,17 @@
+/*
+ * The transports built into this library, in the order the agent prefers
+ * them for a peer.  RDMA is compiled in only when agent/rdma.c exists (the
+ * Makefile then defines SX_HAVE_RDMA), so the agent links and runs without
+ * it; a weak symbol would not do, since a static link would then silently
+ * leave rdma.o out of the program.
+ */
+#include "transport.h"
+
+const sx_transport_ops *const sx__transports[] = {
+#ifdef SX_HAVE_RDMA
+    &sx__rdma_ops,
+#endif
+    &sx__tcp_ops,
+};
+
+const unsigned sx__n_transports = sizeof(sx__transports) / sizeof(sx__transports[0]);

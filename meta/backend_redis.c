@@ -1,0 +1,856 @@
+/*
+ * redis:// and redis+sentinel:// metadata store (hiredis async on libuv).
+ *
+ * Keys for namespace NS and segment N (README "Key schema"):
+ *   sx:NS:seg:{N}    HASH d (descriptor), inc (hex), gen, pub, ren (server
+ *                    ms), lease, xd (the holder's encoded delete event);
+ *                    PEXPIRE = lease
+ *   sx:NS:fence:{N}  SET of fenced incarnations (hex), TTL 24 h
+ *   sx:NS:index      ZSET member N, score = lease expiry (server ms)
+ *   sx:NS:events     pub/sub channel of encoded SegmentEvents
+ *
+ * Connection handling (redis.h has the picture): ops issued while the
+ * session is being set up wait for it (bounded by their own timeout); ops
+ * issued while it is down fail at once with SX_EUNREACH.  Every op has a
+ * deadline of timeout_ms; when it passes, the op fails with SX_ETIMEDOUT and
+ * the connection is treated as dead, because a server that does not answer
+ * one command will not answer the ones queued behind it either.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "redis.h"
+
+typedef int (*q_start_fn)(rreq *q);
+typedef void (*q_reply_fn)(rreq *q, redisReply *r);
+
+struct rreq {
+  rreq *next, *prev;
+  redis_backend *rb;
+  sx_backend_cb cb;
+  void *arg;
+  const char *what;
+  uint64_t deadline; /* uv_now() ms */
+  int linked, done, started;
+  int outstanding; /* hiredis callbacks still to come */
+  int fail_rc;     /* a send failed half-way: fail at the next reply */
+  q_start_fn start;
+  q_reply_fn on_reply;
+  int step, got;
+
+  int script, eval;
+  char name[SX_NAME_MAX + 1];
+  char seg_key[SX_NAME_MAX + SX_NS_MAX + 24];
+  char fence_key[SX_NAME_MAX + SX_NS_MAX + 24];
+  char inc_hex[2 * SX_INCARNATION_LEN + 1];
+  char gen[24];
+  char lease[16];
+  int takeover;
+  uint8_t *value;
+  size_t len;
+  uint8_t *put_ev, *del_ev;
+  size_t put_ev_len, del_ev_len;
+  uint64_t server_now;
+
+  /* Results. */
+  sx_backend_reply rep;
+  uint8_t *got_value;
+  int64_t got_lease;
+  char **names;
+  uint8_t **values;
+  sx_backend_item *items;
+  size_t n_names;
+};
+
+/* ------------------------------------------------------------------ ops */
+
+static void q_free(rreq *q) {
+  free(q->value);
+  free(q->put_ev);
+  free(q->del_ev);
+  free(q->got_value);
+  for (size_t i = 0; i < q->n_names; i++) {
+    free(q->names[i]);
+    if (q->values)
+      free(q->values[i]);
+  }
+  free(q->names);
+  free(q->values);
+  free(q->items);
+  free(q);
+}
+
+static void q_release(rreq *q) {
+  if (q->done && q->outstanding == 0)
+    q_free(q);
+}
+
+static void q_unlink(rreq *q) {
+  redis_backend *rb = q->rb;
+  if (!q->linked)
+    return;
+  if (q->prev)
+    q->prev->next = q->next;
+  else
+    rb->head = q->next;
+  if (q->next)
+    q->next->prev = q->prev;
+  else
+    rb->tail = q->prev;
+  q->next = q->prev = NULL;
+  q->linked = 0;
+}
+
+static void op_timer_cb(uv_timer_t *t);
+
+static void arm_op_timer(redis_backend *rb) {
+  if (rb->state == RB_CLOSED)
+    return;
+  if (rb->head == NULL) {
+    uv_timer_stop(&rb->op_timer);
+    return;
+  }
+  uint64_t now = uv_now(rb->base.loop);
+  uint64_t d = rb->head->deadline;
+  uv_timer_start(&rb->op_timer, op_timer_cb, d > now ? d - now : 0, 0);
+}
+
+/* Complete an op: its callback runs here, once.  Does not free it. */
+static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
+  if (q->done)
+    return;
+  q->done = 1;
+  q_unlink(q);
+  q->rep.status = status;
+  /* fmt NULL keeps a message already written into rep. */
+  if (status != 0 && fmt != NULL)
+    vsnprintf(q->rep.message, sizeof(q->rep.message), fmt, ap);
+  else if (status == 0)
+    q->rep.message[0] = '\0';
+  q->cb(q->arg, &q->rep);
+  arm_op_timer(q->rb);
+}
+
+static void q_finish(rreq *q, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void q_finish(rreq *q, int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  q_vfinish(q, status, fmt, ap);
+  va_end(ap);
+}
+
+/* Fail every pending op (the list may change under the callbacks). */
+void sx__redis_fail_all(redis_backend *rb, int status, const char *msg) {
+  rreq *q;
+  while ((q = rb->head) != NULL) {
+    q_finish(q, status, "%s", msg);
+    q_release(q);
+  }
+}
+
+
+static void q_cb(redisAsyncContext *ac, void *reply, void *priv);
+
+static int q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
+  redis_backend *rb = q->rb;
+  if (rb->state != RB_READY || rb->data == NULL)
+    return sx__err(SX_EUNREACH, "%s: connection lost", rb->redacted);
+  if (redisAsyncCommandArgv(rb->data, q_cb, q, argc, argv, lens) != REDIS_OK)
+    return sx__err(SX_EUNREACH, "%s: the connection is closing", rb->redacted);
+  q->outstanding++;
+  return 0;
+}
+
+
+static void q_cb(redisAsyncContext *ac, void *reply, void *priv) {
+  rreq *q = priv;
+  redis_backend *rb = q->rb;
+  redisReply *r = reply;
+  /* q stays allocated while outstanding > 0, whatever the code below does. */
+  if (!q->done) {
+    if (r == NULL) {
+      if (ac == rb->data)
+        sx__redis_lost(rb, ac);
+      else
+        q_finish(q, SX_EUNREACH, "%s: %s: connection lost", q->name, q->what);
+    } else if (q->fail_rc) {
+      q_finish(q, q->fail_rc, "%s: %s: sending failed", q->name, q->what);
+    } else if (sx__redis_is_error(r, "READONLY")) {
+      /* The master we talk to became a replica: a failover happened.  Ask
+       * the sentinels again (redis+sentinel://) or reconnect. */
+      q_finish(q, SX_EUNREACH, "%s: %s: %s:%d is read-only now (failover?); reconnecting",
+               q->name, q->what, rb->host, rb->port);
+      sx__redis_session_fail(rb, SX_EUNREACH, "%s:%d answered READONLY (failover?)",
+                             rb->host, rb->port);
+    } else {
+      q->got++;
+      q->on_reply(q, r);
+    }
+  }
+  q->outstanding--;
+  q_release(q);
+}
+
+void sx__redis_flush_queued(redis_backend *rb) {
+  /* Send what waited for the connection, oldest first. */
+  for (rreq *q = rb->head; q != NULL && rb->state == RB_READY;) {
+    rreq *next = q->next;
+    if (!q->started) {
+      q->started = 1;
+      int rc = q->start(q);
+      if (rc != 0 && q->outstanding == 0) {
+        q_finish(q, rc, "%s: %s: %s", q->name, q->what, sx_errmsg());
+        q_release(q);
+      } else if (rc != 0) {
+        q->fail_rc = rc;
+      }
+    }
+    q = next;
+  }
+}
+
+static int q_issue(rreq *q) {
+  redis_backend *rb = q->rb;
+  if (rb->state == RB_CLOSED) {
+    q_free(q);
+    return sx__err(SX_ECANCELED, "metadata store is closed");
+  }
+  if (rb->state == RB_DOWN) {
+    q_free(q);
+    return sx__err(SX_EUNREACH, "%s: not connected (%s); reconnecting in the background",
+                   rb->redacted, rb->last_err);
+  }
+  uv_update_time(rb->base.loop);
+  q->deadline = uv_now(rb->base.loop) + rb->base.url.timeout_ms;
+  q->prev = rb->tail;
+  if (rb->tail)
+    rb->tail->next = q;
+  else
+    rb->head = q;
+  rb->tail = q;
+  q->linked = 1;
+  if (rb->state == RB_READY) {
+    q->started = 1;
+    int rc = q->start(q);
+    if (rc != 0) {
+      if (q->outstanding == 0) {
+        q_unlink(q);
+        q_free(q);
+        arm_op_timer(rb);
+        return rc;
+      }
+      q->fail_rc = rc;
+    }
+  }
+  arm_op_timer(rb);
+  return 0;
+}
+
+static void op_timer_cb(uv_timer_t *t) {
+  redis_backend *rb = t->data;
+  uint64_t now = uv_now(rb->base.loop);
+  rreq *q;
+  while ((q = rb->head) != NULL && q->deadline <= now && rb->state != RB_CLOSED) {
+    if (!q->started) {
+      q_finish(q, SX_ETIMEDOUT, "%s: %s: not connected to %s within %u ms (timeout_ms)",
+               q->name, q->what, rb->redacted, rb->base.url.timeout_ms);
+      q_release(q);
+      continue;
+    }
+    q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from %s:%d within %u ms (timeout_ms)",
+             q->name, q->what, rb->host, rb->port, rb->base.url.timeout_ms);
+    q_release(q);
+    sx__redis_session_fail(rb, SX_ETIMEDOUT,
+                           "%s:%d did not answer a command within %u ms; reconnecting",
+                           rb->host, rb->port, rb->base.url.timeout_ms);
+    return;
+  }
+  arm_op_timer(rb);
+}
+
+static void seg_keys(rreq *q) {
+  redis_backend *rb = q->rb;
+  snprintf(q->seg_key, sizeof(q->seg_key), "%s%s}", rb->seg_prefix, q->name);
+  snprintf(q->fence_key, sizeof(q->fence_key), "%s%s}", rb->fence_prefix, q->name);
+}
+
+static rreq *q_new(redis_backend *rb, const char *name, sx_backend_cb cb, void *arg,
+                   const char *what, q_start_fn start, q_reply_fn on_reply) {
+  rreq *q = calloc(1, sizeof(*q));
+  if (q == NULL)
+    return NULL;
+  q->rb = rb;
+  q->cb = cb;
+  q->arg = arg;
+  q->what = what;
+  q->start = start;
+  q->on_reply = on_reply;
+  q->rep.ttl_ms = -1;
+  q->rep.holder_ttl_ms = -1;
+  if (name != NULL) {
+    snprintf(q->name, sizeof(q->name), "%s", name);
+    seg_keys(q);
+  }
+  return q;
+}
+
+/* ------------------------------------------------------------- scripts */
+
+static int q_script(rreq *q) {
+  redis_backend *rb = q->rb;
+  const char *argv[16];
+  size_t lens[16];
+  int n = 0;
+  char fence_ttl[16];
+  snprintf(fence_ttl, sizeof(fence_ttl), "%u", SX_REDIS_FENCE_TTL_MS);
+#define ARG(p, l) (argv[n] = (const char *)(p), lens[n] = (l), n++)
+#define SARG(s) ARG(s, strlen(s))
+  if (q->eval || rb->script_sha[q->script][0] == '\0') {
+    SARG("EVAL");
+    SARG(sx__redis_scripts[q->script]);
+  } else {
+    SARG("EVALSHA");
+    SARG(rb->script_sha[q->script]);
+  }
+  SARG("2");
+  SARG(q->seg_key);
+  SARG(q->fence_key);
+  switch (q->script) {
+  case SX_SCRIPT_PUBLISH:
+    SARG(q->inc_hex);
+    SARG(q->gen);
+    ARG(q->value, q->len);
+    SARG(q->lease);
+    SARG(q->takeover ? "1" : "0");
+    ARG(q->put_ev, q->put_ev_len);
+    ARG(q->del_ev, q->del_ev_len);
+    SARG(rb->channel);
+    SARG(fence_ttl);
+    break;
+  case SX_SCRIPT_RENEW:
+    SARG(q->inc_hex);
+    SARG(q->lease);
+    break;
+  case SX_SCRIPT_UNPUBLISH:
+    SARG(q->inc_hex);
+    SARG(rb->channel);
+    break;
+  case SX_SCRIPT_REMOVE:
+    SARG(rb->channel);
+    SARG(fence_ttl);
+    break;
+  }
+#undef SARG
+#undef ARG
+  return q_send(q, n, argv, lens);
+}
+
+/*
+ * Common checks of a script reply.  Returns 1 when the op was dealt with
+ * (retried after NOSCRIPT, or failed), 0 with the status word in *word and
+ * the elements in r->element otherwise.
+ */
+static int script_reply(rreq *q, redisReply *r, const char **word) {
+  char desc[200];
+  if (sx__redis_is_error(r, "NOSCRIPT") && !q->eval) {
+    /* The server lost its script cache (SCRIPT FLUSH, a restart, a new
+     * master): send the body; EVAL caches it again. */
+    q->eval = 1;
+    int rc = q_script(q);
+    if (rc)
+      q_finish(q, rc, "%s: %s: %s", q->name, q->what, sx_errmsg());
+    return 1;
+  }
+  if (r->type == REDIS_REPLY_ERROR) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, sx__redis_map_error(r), "%s: %s failed: %s", q->name, q->what, desc);
+    return 1;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+      (r->element[0]->type != REDIS_REPLY_STRING &&
+       r->element[0]->type != REDIS_REPLY_STATUS)) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, SX_ESTORE, "%s: %s: unexpected reply from the store: %s", q->name, q->what,
+             desc);
+    return 1;
+  }
+  *word = r->element[0]->str;
+  return 0;
+}
+
+
+static int parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  if (s == NULL || *s < '0' || *s > '9')
+    return -1;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end != '\0')
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_i64(const char *s, int64_t *out) {
+  char *end;
+  if (s == NULL || *s == '\0')
+    return -1;
+  long long v = strtoll(s, &end, 10);
+  if (*end != '\0')
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static void fenced(rreq *q, const redisReply *r) {
+  const char *holder = sx__redis_elem_str(r, 1, 64);
+  if (holder != NULL && holder[0] != '\0')
+    q_finish(q, SX_EFENCED, "%s: %s: the name is now held by incarnation %s; this "
+             "incarnation (%s) lost it and must not write it again", q->name, q->what,
+             holder, q->inc_hex);
+  else
+    q_finish(q, SX_EFENCED, "%s: %s: incarnation %s was fenced (taken over, or removed "
+             "by an admin); start a new incarnation to publish again", q->name, q->what,
+             q->inc_hex);
+}
+
+/* After a successful publish/renew: put the name in the listing index with
+ * its expiry.  A failure here is not the op's failure (the segment is
+ * published); the next renew writes the entry again. */
+static int index_add(rreq *q) {
+  char score[32];
+  uint64_t lease = strtoull(q->lease, NULL, 10);
+  snprintf(score, sizeof(score), "%" PRIu64, q->server_now + lease);
+  const char *argv[] = {"ZADD", q->rb->index_key, score, q->name};
+  return q_send(q, 4, argv, NULL);
+}
+
+static int index_rem(rreq *q) {
+  const char *argv[] = {"ZREM", q->rb->index_key, q->name};
+  return q_send(q, 3, argv, NULL);
+}
+
+static void index_done(rreq *q, redisReply *r) {
+  (void)r;
+  q_finish(q, 0, NULL);
+}
+
+static void publish_reply(rreq *q, redisReply *r) {
+  const char *word;
+  if (script_reply(q, r, &word))
+    return;
+  if (strcmp(word, "OK") == 0) {
+    if (parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
+      q_finish(q, SX_ESTORE, "%s: %s: the script answered OK without a time", q->name,
+               q->what);
+      return;
+    }
+    q->on_reply = index_done;
+    if (index_add(q))
+      q_finish(q, 0, NULL);
+  } else if (strcmp(word, "FENCED") == 0) {
+    fenced(q, r);
+  } else if (strcmp(word, "HELD") == 0) {
+    const char *inc = sx__redis_elem_str(r, 1, 64);
+    uint64_t age = 0;
+    int64_t ttl = -1;
+    if (inc == NULL || strlen(inc) != 2 * SX_INCARNATION_LEN ||
+        sx_unhex(inc, q->rep.holder, SX_INCARNATION_LEN) != 0)
+      inc = "(unreadable)";
+    (void)parse_i64(sx__redis_elem_str(r, 3, 24), &ttl);
+    int64_t sage = 0;
+    if (parse_i64(sx__redis_elem_str(r, 2, 24), &sage) == 0 && sage > 0)
+      age = (uint64_t)sage;
+    q->rep.holder_age_ms = age;
+    q->rep.holder_ttl_ms = ttl;
+    q_finish(q, SX_EHELD, "%s is held by incarnation %s (last renewed %" PRIu64
+             " ms ago, lease left %" PRId64 " ms); publish with takeover to replace it",
+             q->name, inc, age, ttl);
+  } else if (strcmp(word, "GENERATION") == 0) {
+    const char *cur = sx__redis_elem_str(r, 1, 24);
+    q_finish(q, SX_EGENERATION, "%s: generation %s is not above the stored %s", q->name,
+             q->gen, cur ? cur : "?");
+  } else {
+    q_finish(q, SX_ESTORE, "%s: publish: unexpected script status", q->name);
+  }
+}
+
+static int start_script(rreq *q) { return q_script(q); }
+
+static int check_name(const char *name) {
+  if (name == NULL)
+    return sx__err(SX_EINVAL, "segment name is NULL");
+  return sx_name_validate(name);
+}
+
+static int redis_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb cb,
+                         void *arg) {
+  redis_backend *rb = (redis_backend *)b;
+  int rc = check_name(req->name);
+  if (rc)
+    return rc;
+  if (req->incarnation == NULL || req->lease_ms == 0 || req->value == NULL)
+    return sx__err(SX_EINVAL, "%s: publish needs an incarnation, a value and a lease",
+                   req->name);
+  if (req->len > SX_MAX_DESC_BYTES)
+    return sx__err(SX_ELIMIT, "%s: value of %zu bytes is over the %u-byte limit",
+                   req->name, req->len, SX_MAX_DESC_BYTES);
+  rreq *q = q_new(rb, req->name, cb, arg, "publish", start_script, publish_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: publish", req->name);
+  q->script = SX_SCRIPT_PUBLISH;
+  sx_hex(req->incarnation, SX_INCARNATION_LEN, q->inc_hex);
+  snprintf(q->gen, sizeof(q->gen), "%" PRIu64, req->generation);
+  snprintf(q->lease, sizeof(q->lease), "%u", req->lease_ms);
+  q->takeover = req->takeover;
+  q->value = malloc(req->len ? req->len : 1);
+  sx_event ev = {.kind = SX_EVENT_PUT, .generation = req->generation};
+  snprintf(ev.name, sizeof(ev.name), "%s", req->name);
+  memcpy(ev.incarnation, req->incarnation, SX_INCARNATION_LEN);
+  rc = q->value ? sx_event_encode(&ev, &q->put_ev, &q->put_ev_len) : SX_ENOMEM;
+  ev.kind = SX_EVENT_DELETE;
+  if (rc == 0)
+    rc = sx_event_encode(&ev, &q->del_ev, &q->del_ev_len);
+  if (rc) {
+    q_free(q);
+    return sx__err(rc, "%s: publish: cannot encode the event", req->name);
+  }
+  memcpy(q->value, req->value, req->len);
+  q->len = req->len;
+  return q_issue(q);
+}
+
+static void renew_reply(rreq *q, redisReply *r) {
+  const char *word;
+  if (script_reply(q, r, &word))
+    return;
+  if (strcmp(word, "OK") == 0) {
+    if (parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
+      q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
+      return;
+    }
+    q->on_reply = index_done;
+    if (index_add(q))
+      q_finish(q, 0, NULL);
+  } else if (strcmp(word, "GONE") == 0) {
+    q_finish(q, SX_EGONE, "%s: %s: the segment is gone from the store (lease expired, or "
+             "the store lost its data); republish it", q->name, q->what);
+  } else if (strcmp(word, "FENCED") == 0) {
+    fenced(q, r);
+  } else {
+    q_finish(q, SX_ESTORE, "%s: %s: unexpected script status", q->name, q->what);
+  }
+}
+
+static int redis_renew(sx_backend *b, const char *name, const uint8_t *inc,
+                       uint32_t lease_ms, sx_backend_cb cb, void *arg) {
+  int rc = check_name(name);
+  if (rc)
+    return rc;
+  if (inc == NULL || lease_ms == 0)
+    return sx__err(SX_EINVAL, "%s: renew needs an incarnation and a lease", name);
+  rreq *q = q_new((redis_backend *)b, name, cb, arg, "renew", start_script, renew_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: renew", name);
+  q->script = SX_SCRIPT_RENEW;
+  sx_hex(inc, SX_INCARNATION_LEN, q->inc_hex);
+  snprintf(q->lease, sizeof(q->lease), "%u", lease_ms);
+  return q_issue(q);
+}
+
+static void unpublish_reply(rreq *q, redisReply *r) {
+  const char *word;
+  if (script_reply(q, r, &word))
+    return;
+  if (strcmp(word, "OK") == 0) {
+    q->on_reply = index_done;
+    if (index_rem(q))
+      q_finish(q, 0, NULL);
+  } else if (strcmp(word, "GONE") == 0) {
+    q_finish(q, SX_EGONE, "%s: unpublish: the segment is already gone", q->name);
+  } else if (strcmp(word, "FENCED") == 0) {
+    fenced(q, r);
+  } else {
+    q_finish(q, SX_ESTORE, "%s: unpublish: unexpected script status", q->name);
+  }
+}
+
+static int redis_unpublish(sx_backend *b, const char *name, const uint8_t *inc,
+                           sx_backend_cb cb, void *arg) {
+  int rc = check_name(name);
+  if (rc)
+    return rc;
+  if (inc == NULL)
+    return sx__err(SX_EINVAL, "%s: unpublish needs an incarnation", name);
+  rreq *q = q_new((redis_backend *)b, name, cb, arg, "unpublish", start_script,
+                  unpublish_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: unpublish", name);
+  q->script = SX_SCRIPT_UNPUBLISH;
+  sx_hex(inc, SX_INCARNATION_LEN, q->inc_hex);
+  return q_issue(q);
+}
+
+static void remove_reply(rreq *q, redisReply *r) {
+  const char *word;
+  if (script_reply(q, r, &word))
+    return;
+  if (strcmp(word, "OK") == 0 || strcmp(word, "NOENT") == 0) {
+    /* Drop the index entry in both cases: a NOENT name may still be listed
+     * until its score is pruned. */
+    if (strcmp(word, "NOENT") == 0)
+      q->rep.status = SX_ENOENT;
+    q->on_reply = index_done;
+    if (index_rem(q) || q->rep.status)
+      q_finish(q, q->rep.status, "%s: no such segment", q->name);
+  } else {
+    q_finish(q, SX_ESTORE, "%s: remove: unexpected script status", q->name);
+  }
+}
+
+static int redis_remove(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
+  int rc = check_name(name);
+  if (rc)
+    return rc;
+  rreq *q = q_new((redis_backend *)b, name, cb, arg, "remove", start_script, remove_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: remove", name);
+  q->script = SX_SCRIPT_REMOVE;
+  return q_issue(q);
+}
+
+/* ------------------------------------------------------------ reads */
+
+/*
+ * One segment's value from an HMGET d lease reply and a PTTL reply.
+ * Returns 0 with *value (malloc'ed, or NULL when the key is gone), or an
+ * error code with msg filled (wrong type, oversized).
+ */
+static int read_value(const redisReply *h, const redisReply *ttl, uint8_t **value,
+                      size_t *len, int64_t *ttl_ms, int64_t *lease, char *msg,
+                      size_t msize) {
+  char desc[160];
+  *value = NULL;
+  *len = 0;
+  *ttl_ms = -1;
+  *lease = -1;
+  if (h->type == REDIS_REPLY_ERROR) {
+    sx__redis_describe(h, desc, sizeof(desc));
+    snprintf(msg, msize, "the stored value is not a segment (%s)", desc);
+    return sx__redis_map_error(h);
+  }
+  if (h->type != REDIS_REPLY_ARRAY || h->elements != 2) {
+    sx__redis_describe(h, desc, sizeof(desc));
+    snprintf(msg, msize, "unexpected reply to HMGET: %s", desc);
+    return SX_ESTORE;
+  }
+  const redisReply *d = h->element[0];
+  if (d->type == REDIS_REPLY_NIL)
+    return 0;
+  if (d->type != REDIS_REPLY_STRING) {
+    snprintf(msg, msize, "field d is not a string");
+    return SX_EDECODE;
+  }
+  if (d->len > SX_MAX_DESC_BYTES) {
+    snprintf(msg, msize, "stored value of %zu bytes is over the %u-byte limit", d->len,
+             SX_MAX_DESC_BYTES);
+    return SX_ELIMIT;
+  }
+  if (ttl->type == REDIS_REPLY_INTEGER && ttl->integer >= 0)
+    *ttl_ms = ttl->integer;
+  const char *l = sx__redis_elem_str(h, 1, 20);
+  int64_t lv;
+  if (l != NULL && parse_i64(l, &lv) == 0 && lv > 0)
+    *lease = lv;
+  *value = malloc(d->len ? d->len : 1);
+  if (*value == NULL) {
+    snprintf(msg, msize, "out of memory");
+    return SX_ENOMEM;
+  }
+  memcpy(*value, d->str, d->len);
+  *len = d->len;
+  return 0;
+}
+
+static void get_reply(rreq *q, redisReply *r) {
+  if (q->got == 1) {
+    /* Keep the HMGET reply's content until the PTTL reply arrives. */
+    if (r->type == REDIS_REPLY_ERROR) {
+      char desc[160];
+      sx__redis_describe(r, desc, sizeof(desc));
+      sx__reply_fail(&q->rep, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)",
+                     q->name, desc);
+      return;
+    }
+    redisReply ttl = {.type = REDIS_REPLY_NIL};
+    char msg[200] = "";
+    int rc = read_value(r, &ttl, &q->got_value, &q->len, &q->rep.ttl_ms, &q->got_lease,
+                        msg, sizeof(msg));
+    if (rc)
+      sx__reply_fail(&q->rep, rc, "%s: %s", q->name, msg);
+    return;
+  }
+  if (q->rep.status) {
+    q_finish(q, q->rep.status, NULL);
+    return;
+  }
+  if (q->got_value == NULL) {
+    q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
+    return;
+  }
+  if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
+    q->rep.ttl_ms = r->integer;
+    if (q->got_lease > 0)
+      q->rep.holder_age_ms =
+          q->got_lease > r->integer ? (uint64_t)(q->got_lease - r->integer) : 0;
+  }
+  q->rep.value = q->got_value;
+  q->rep.len = q->len;
+  q_finish(q, 0, NULL);
+}
+
+static int get_start(rreq *q) {
+  const char *hm[] = {"HMGET", q->seg_key, "d", "lease"};
+  const char *pt[] = {"PTTL", q->seg_key};
+  int rc = q_send(q, 4, hm, NULL);
+  return rc ? rc : q_send(q, 2, pt, NULL);
+}
+
+static int redis_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
+  int rc = check_name(name);
+  if (rc)
+    return rc;
+  rreq *q = q_new((redis_backend *)b, name, cb, arg, "get", get_start, get_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: get", name);
+  return q_issue(q);
+}
+
+/*
+ * list: prune the index (a failure is fine: read-only users may not write),
+ * read its members, then each member's value and TTL in one pipeline.
+ */
+static void list_values_reply(rreq *q, redisReply *r) {
+  size_t k = (size_t)(q->got - 3); /* replies of this step so far, minus one */
+  size_t i = k / 2;
+  if (i >= q->n_names)
+    return;
+  sx_backend_item *it = &q->items[i];
+  if (k % 2 == 0) {
+    redisReply ttl = {.type = REDIS_REPLY_NIL};
+    char msg[200] = "";
+    int64_t lease;
+    int rc = read_value(r, &ttl, &q->values[i], &it->len, &it->ttl_ms, &lease, msg,
+                        sizeof(msg));
+    if (rc != 0) {
+      /* One bad entry does not spoil the listing: report it in place. */
+      it->status = rc;
+      free(q->values[i]);
+      q->values[i] = NULL;
+      it->len = 0;
+    }
+    it->value = q->values[i];
+  } else {
+    if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0)
+      it->ttl_ms = r->integer;
+    if (i + 1 == q->n_names) {
+      q->rep.items = q->items;
+      q->rep.n_items = q->n_names;
+      q_finish(q, 0, NULL);
+    }
+  }
+}
+
+static void list_index_reply(rreq *q, redisReply *r) {
+  char desc[200];
+  if (q->got == 1) {
+    /* The prune: only a dead connection matters, which q_cb handles. */
+    return;
+  }
+  if (r->type == REDIS_REPLY_ERROR) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, sx__redis_map_error(r), "list: reading the index %s failed: %s", q->rb->index_key,
+             desc);
+    return;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements > SX_REDIS_MAX_LIST) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, SX_ESTORE, "list: unexpected index reply: %s", desc);
+    return;
+  }
+  size_t n = r->elements;
+  q->names = calloc(n + 1, sizeof(char *));
+  q->values = calloc(n + 1, sizeof(uint8_t *));
+  q->items = calloc(n + 1, sizeof(sx_backend_item));
+  if (q->names == NULL || q->values == NULL || q->items == NULL) {
+    q_finish(q, SX_ENOMEM, "list: out of memory for %zu entries", n);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const char *name = sx__redis_elem_str(r, i, SX_NAME_MAX);
+    /* Skip members that are no segment name: keys built from them could
+     * reach outside the namespace's hash tags. */
+    if (name == NULL || sx_name_validate(name) != 0)
+      continue;
+    if ((q->names[q->n_names] = strdup(name)) == NULL) {
+      q_finish(q, SX_ENOMEM, "list: out of memory");
+      return;
+    }
+    q->items[q->n_names].name = q->names[q->n_names];
+    q->items[q->n_names].ttl_ms = -1;
+    q->n_names++;
+  }
+  if (q->n_names == 0) {
+    q_finish(q, 0, NULL);
+    return;
+  }
+  q->on_reply = list_values_reply;
+  for (size_t i = 0; i < q->n_names; i++) {
+    char key[sizeof(q->seg_key)];
+    snprintf(key, sizeof(key), "%s%s}", q->rb->seg_prefix, q->names[i]);
+    const char *hm[] = {"HMGET", key, "d", "lease"};
+    const char *pt[] = {"PTTL", key};
+    int rc = q_send(q, 4, hm, NULL);
+    if (rc == 0)
+      rc = q_send(q, 2, pt, NULL);
+    if (rc) {
+      q_finish(q, rc, "list: %s", sx_errmsg());
+      return;
+    }
+  }
+}
+
+static int list_start(rreq *q) {
+  char cutoff[32];
+  uint64_t now = sx__wall_ms();
+  snprintf(cutoff, sizeof(cutoff), "%" PRIu64,
+           now > SX_REDIS_INDEX_GRACE_MS ? now - SX_REDIS_INDEX_GRACE_MS : 0);
+  const char *prune[] = {"ZREMRANGEBYSCORE", q->rb->index_key, "-inf", cutoff};
+  const char *range[] = {"ZRANGE", q->rb->index_key, "0", "-1"};
+  int rc = q_send(q, 4, prune, NULL);
+  return rc ? rc : q_send(q, 4, range, NULL);
+}
+
+static int redis_list(sx_backend *b, sx_backend_cb cb, void *arg) {
+  rreq *q = q_new((redis_backend *)b, NULL, cb, arg, "list", list_start, list_index_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "list");
+  snprintf(q->name, sizeof(q->name), "%s", b->url.ns);
+  return q_issue(q);
+}
+
+const sx_backend_ops sx__backend_redis_ops = {
+    .scheme = "redis",
+    .open = sx__redis_open,
+    .close = sx__redis_close,
+    .publish = redis_publish,
+    .renew = redis_renew,
+    .unpublish = redis_unpublish,
+    .get = redis_get,
+    .list = redis_list,
+    .remove = redis_remove,
+    .watch = sx__redis_watch,
+};

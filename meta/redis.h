@@ -1,0 +1,175 @@
+/*
+ * The Redis backend's shared internals (backend_redis.c, redis_conn.c,
+ * redis_sentinel.c, redis_scripts.c).  Not installed.
+ *
+ * One backend keeps a *session* with the master: a data connection (commands
+ * and Lua scripts) and, once watch() was called, a pub/sub connection (the
+ * namespace's event channel and keyspace notifications).  Both go up and down
+ * together: when either fails, both are dropped, pending commands fail, and
+ * the session reconnects after a backoff.  In Sentinel mode the master's
+ * address is resolved before each connect, and a separate connection to one
+ * sentinel listens for +switch-master.
+ */
+#ifndef SX_META_REDIS_H
+#define SX_META_REDIS_H
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <uv.h>
+
+#include "backend.h"
+
+/* Reconnect backoff: 50 ms doubling to 1 s; each wait is drawn uniformly
+ * from [half, all] of the current step ("equal jitter"), so many agents
+ * that lost the same server do not reconnect in lock step. */
+#define SX_REDIS_BACKOFF_MIN_MS 50u
+#define SX_REDIS_BACKOFF_MAX_MS 1000u
+/* Fence sets outlive any plausible zombie; refreshed on every addition. */
+#define SX_REDIS_FENCE_TTL_MS (24u * 3600u * 1000u)
+/* list prunes index entries that expired longer ago than this, so that a
+ * client clock ahead of the server's by less than this never hides live
+ * segments.  Entries in the window whose key is gone are skipped. */
+#define SX_REDIS_INDEX_GRACE_MS 30000u
+/* Sanity bounds on what the server may send us. */
+#define SX_REDIS_MAX_LIST 100000u
+
+enum {
+  SX_SCRIPT_PUBLISH,
+  SX_SCRIPT_RENEW,
+  SX_SCRIPT_UNPUBLISH,
+  SX_SCRIPT_REMOVE,
+  SX_SCRIPT_COUNT
+};
+extern const char *const sx__redis_scripts[SX_SCRIPT_COUNT];
+extern const char *const sx__redis_script_names[SX_SCRIPT_COUNT];
+
+typedef enum rb_state {
+  RB_STARTING,   /* opened; the first connect runs from the loop */
+  RB_DOWN,       /* waiting out a backoff (ops fail fast with SX_EUNREACH) */
+  RB_RESOLVING,  /* asking the sentinels for the master */
+  RB_CONNECTING, /* connecting to the master and running the handshake */
+  RB_READY,
+  RB_CLOSED,
+} rb_state;
+
+typedef struct rreq rreq;
+
+typedef struct redis_backend {
+  sx_backend base;
+  char redacted[600]; /* the URL without its password, for messages */
+  char seg_prefix[SX_NS_MAX + 16]; /* "sx:NS:seg:{" */
+  char fence_prefix[SX_NS_MAX + 16];
+  char index_key[SX_NS_MAX + 16];
+  char channel[SX_NS_MAX + 16];
+  char ks_pattern[SX_NS_MAX + 48]; /* "__keyspace@DB__:sx:NS:seg:*" */
+  size_t ks_prefix_len;            /* length of the pattern without '*' */
+  int sentinel;
+
+  rb_state state;
+  redisAsyncContext *data; /* commands; NULL when down */
+  redisAsyncContext *sub;  /* pub/sub; NULL unless watching and up */
+  int hs_left;             /* handshake replies still expected on data */
+  int sub_left;            /* subscription confirmations still expected */
+  char script_sha[SX_SCRIPT_COUNT][41];
+  char host[256]; /* the master in use */
+  int port;
+  uv_timer_t conn_timer; /* connect deadline, or the backoff wait */
+  uv_timer_t op_timer;   /* the oldest pending op's deadline */
+  uint32_t backoff_ms;
+  int watching;
+  char last_err[240];    /* why the session last failed, for fail-fast ops */
+  int reported_down;     /* on_conn(0) told since the last on_conn(1) */
+  int up_once;
+
+  /* Ops in issue order: queued while connecting, or sent. */
+  rreq *head, *tail;
+
+  /* Sentinel: resolution and the +switch-master listener. */
+  redisAsyncContext *sres;   /* the sentinel being asked */
+  int sres_next;             /* next sentinel to ask */
+  int sres_tried;
+  char sres_err[200];        /* last resolution failure, for the message */
+  redisAsyncContext *swatch; /* SUBSCRIBE +switch-master */
+  uv_timer_t swatch_timer;   /* its connect deadline or retry wait */
+  int swatch_next;
+
+  int handles; /* uv handles not yet closed */
+} redis_backend;
+
+/* redis_conn.c ------------------------------------------------------------ */
+
+/*
+ * Start a non-blocking connect to host:port on loop and attach it to the
+ * loop with segxfer's own libuv glue (see redis_conn.c for why not the stock
+ * adapter).  data goes to ac->data.  Returns the context, or NULL with a
+ * message in err (the connect failed at once, e.g. ECONNREFUSED on loopback).
+ */
+redisAsyncContext *sx__redis_connect(uv_loop_t *loop, const char *host, int port,
+                                     void *data, redisConnectCallback *on_connect,
+                                     redisDisconnectCallback *on_disconnect, char *err,
+                                     size_t errsize);
+
+/* The next backoff wait for a step (with jitter), and the step after it. */
+uint32_t sx__redis_backoff(uint32_t *step_ms);
+
+/* A short printable rendering of a reply for messages ("error 'ERR ...'",
+ * "integer 3", "nil", "array of 2"). */
+void sx__redis_describe(const redisReply *r, char *buf, size_t size);
+
+/* Copy src into dst, replacing every occurrence of secret (if non-empty)
+ * with "***" and non-printable bytes with '?'. */
+void sx__redis_scrub(char *dst, size_t size, const char *src, size_t len,
+                     const char *secret);
+
+/* True when r is an error reply starting with prefix (e.g. "NOSCRIPT"). */
+int sx__redis_is_error(const redisReply *r, const char *prefix);
+
+/* Element i of an array reply if it is a string of at most max bytes,
+ * else NULL. */
+const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max);
+
+/* The SX_E* code for an error reply: WRONGTYPE -> SX_EDECODE (not our
+ * value), NOAUTH/WRONGPASS/NOPERM -> SX_EAUTH, READONLY/MASTERDOWN/LOADING/
+ * TRYAGAIN/BUSY -> SX_EUNREACH, anything else SX_ESTORE. */
+int sx__redis_map_error(const redisReply *r);
+
+/* redis_sentinel.c -------------------------------------------------------- */
+
+/* Ask the sentinels for the master; on success sets rb->host/port and calls
+ * sx__redis_master_resolved(rb), on failure sx__redis_session_fail(). */
+void sx__redis_resolve(redis_backend *rb);
+/* Keep a subscription to +switch-master on one sentinel (sentinel mode). */
+void sx__redis_swatch_start(redis_backend *rb);
+void sx__redis_sentinel_close(redis_backend *rb);
+/* The sentinel being asked did not answer within connect_timeout_ms. */
+void sx__redis_sres_timeout(redis_backend *rb);
+
+/* backend_redis.c (ops) --------------------------------------------------- */
+
+/* Send the ops that waited for the session, oldest first. */
+void sx__redis_flush_queued(redis_backend *rb);
+/* Fail every pending op with status and msg (their callbacks run here). */
+void sx__redis_fail_all(redis_backend *rb, int status, const char *msg);
+
+/* redis_session.c ---------------------------------------------------------- */
+
+int sx__redis_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *hooks,
+                   sx_backend **out);
+void sx__redis_close(sx_backend *b);
+int sx__redis_watch(sx_backend *b);
+/* The data or pub/sub context ac died under a callback (hiredis is freeing
+ * it): forget it and fail the session. */
+void sx__redis_lost(redis_backend *rb, redisAsyncContext *ac);
+void sx__redis_master_resolved(redis_backend *rb);
+/* (Re)start the timer behind connect deadlines and backoff waits. */
+void sx__redis_arm_conn_timer(redis_backend *rb, uint64_t ms);
+/* Drop the session: fail pending ops with err (SX_EUNREACH when the
+ * connection died, SX_ETIMEDOUT...), tell on_conn, schedule a reconnect. */
+void sx__redis_session_fail(redis_backend *rb, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Close a context we own; safe inside its own callbacks. */
+void sx__redis_drop(redisAsyncContext **acp);
+
+extern const sx_backend_ops sx__backend_redis_ops;
+
+#endif

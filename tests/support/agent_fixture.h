@@ -1,0 +1,66 @@
+/*
+ * Agent fixtures for tests: a target agent holding a KV pool filled with
+ * the verification pattern, a reader agent with matching local regions,
+ * checks of what a block read brought, forged descriptors in a mem://
+ * store, and raw wire clients for the TCP data plane.
+ */
+#ifndef SX_AGENT_FIXTURE_H
+#define SX_AGENT_FIXTURE_H
+
+#include <stdint.h>
+
+#include "segxfer/agent.h"
+#include "sxtest.h"
+
+/* The pool shape every fixture agent uses. */
+#define SXT_LAYERS 4
+#define SXT_BLOCK 4096u
+#define SXT_TARGET_BLOCKS 64u
+#define SXT_READER_BLOCKS 32u
+#define SXT_KV ((1ull << SX_SLOT_K) | (1ull << SX_SLOT_V))
+
+typedef struct sxt_agent {
+  sx_agent *a;
+  uint8_t *mem[2];      /* K, V */
+  uint32_t id[2];
+  uint64_t blocks;
+  uint64_t seed;
+} sxt_agent;
+
+/* Parameters every fixture agent shares (layout, quiet log). */
+void sxt_params(sx_agent_params *p, const char *url, const char *name);
+
+/* A published target: regions K and V over SXT_LAYERS layers of
+ * SXT_TARGET_BLOCKS blocks, filled with the pattern for seed, serving on
+ * listen (NULL: "127.0.0.1:0"). */
+void sxt_target_start(sxt_agent *t, const char *url, const char *name,
+                      const char *listen, uint64_t seed);
+/* A reader with SXT_READER_BLOCKS blocks per layer and the same keys. */
+void sxt_reader_start(sxt_agent *r, const char *url, const char *name);
+void sxt_agent_stop(sxt_agent *t);
+
+/* Check that local blocks [lb, lb+count) of every layer and slot in an
+ * entry hold the target's blocks [rb, rb+count): 0 or -1 (and a message). */
+int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t seed,
+                      const sx_block_read *r);
+
+/* Publish a descriptor as-is into the mem:// store behind url. */
+void sxt_store_publish(const char *url, const sx_desc *d);
+
+/* Raw TCP client of the data plane (blocking, with a 5 s receive timeout). */
+int sxt_wire_connect(uint16_t port);
+/* Send HELLO; returns the status of HELLO_REPLY, or 1 when the connection
+ * closed without a reply. */
+int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
+                   const char *name);
+/* Send one READ and receive its reply: the status (payload into buf, which
+ * must hold length bytes), or 1 on a closed connection. */
+int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
+                  uint8_t *buf);
+/* 1 when the peer closed the connection (reads EOF within 5 s). */
+int sxt_wire_closed(int fd);
+
+/* The TCP port a descriptor publishes. */
+uint16_t sxt_tcp_port(const sx_desc *d);
+
+#endif

@@ -1,0 +1,847 @@
+/*
+ * The agent end to end inside one process: two agents on the mem:// store
+ * talking over real loopback TCP.  Publish, open by name, layout check,
+ * batched reads verified byte for byte, the wire checks (token,
+ * incarnation, bounds), deadlines, cancel, the lease state machine and
+ * region retirement.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "agent_fixture.h"
+#include "backend.h"
+#include "internal.h"
+#include "pattern.h"
+
+static int url_seq;
+
+static int pattern_ok(const uint8_t *p, uint64_t len, uint64_t seed, uint32_t region,
+                      uint64_t off) {
+  return sx__pattern_check(p, len, seed, region, off, NULL);
+}
+
+static void op_done_cb(void *arg, const sx_backend_reply *rep) {
+  (void)rep;
+  *(int *)arg = 1;
+}
+
+static void new_url(char *url, size_t size) {
+  snprintf(url, size, "mem://agent-%d-%d", (int)getpid(), url_seq++);
+}
+
+/* Random-looking block reads that stay inside both pools. */
+static void random_entries(sx_block_read *e, size_t n, uint32_t *rng) {
+  for (size_t i = 0; i < n; i++) {
+    *rng = *rng * 1103515245u + 12345u;
+    uint32_t v = *rng >> 8;
+    uint64_t count = 1 + v % 3;
+    e[i] = (sx_block_read){.group = 0, .layer_first = v % SXT_LAYERS,
+                           .layer_count = 1 + (v >> 4) % (SXT_LAYERS - v % SXT_LAYERS),
+                           .slots = 1 + (v >> 9) % 3,
+                           .remote_block = (v >> 12) % (SXT_TARGET_BLOCKS - count),
+                           .local_block = (uint64_t)(i * 3) % (SXT_READER_BLOCKS - count),
+                           .count = count};
+  }
+}
+
+static sx_batch_result run_batch(sx_segment *s, const sx_block_read *e, size_t n,
+                                 uint32_t timeout_ms) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(s, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, n));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL; /* not valid after destroy */
+  sx_batch_destroy(b);
+  return res;
+}
+
+/* ------------------------------------------------------------ reads */
+
+static void test_agent_publish_open_check_and_read(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-0", NULL, 42);
+  sxt_reader_start(&r, url, "decode-0");
+
+  sx_agent_status st;
+  sxt_ok(sx_agent_status_get(t.a, &st));
+  assert_int_equal(st.state, SX_AGENT_PUBLISHED);
+  assert_int_equal(st.generation, 1);
+
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-0", 1000, &seg));
+  const sx_desc *d = sx_segment_desc(seg);
+  assert_string_equal(d->name, "prefill-0");
+  assert_int_equal(d->n_regions, 2);
+  uint8_t inc[SX_INCARNATION_LEN];
+  sx_agent_incarnation(t.a, inc);
+  assert_memory_equal(d->incarnation, inc, SX_INCARNATION_LEN);
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
+  sx_mismatch m;
+  sxt_ok(sx_segment_check(seg, 0, &m));
+  assert_int_equal(m.kind, SX_MISMATCH_NONE);
+
+  /* Many random batches across all regions, every byte checked. */
+  uint32_t rng = 7;
+  sx_block_read e[64];
+  uint64_t total = 0;
+  for (int round = 0; round < 20; round++) {
+    random_entries(e, 64, &rng);
+    memset(r.mem[0], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
+    memset(r.mem[1], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
+    for (int k = 0; k < 64; k += 16) {
+      sx_batch_result res = run_batch(seg, e + k, 16, 10000);
+      if (res.state != SX_BATCH_COMPLETED)
+        fail_msg("batch %s: %s", sx_batch_state_name(res.state), res.message);
+      assert_int_equal(res.error, 0);
+      assert_int_equal(res.n_entries, 16);
+      assert_int_equal(res.n_failed, 0);
+      assert_true(res.n_ranges >= 1);
+      assert_true(res.post_ns <= res.transfer_ns);
+      assert_int_equal(res.transport, SX_TRANSPORT_TCP);
+      uint64_t want = 0;
+      for (int i = k; i < k + 16; i++)
+        want += e[i].count * SXT_BLOCK * e[i].layer_count *
+                (uint64_t)__builtin_popcountll(e[i].slots);
+      assert_int_equal(res.bytes, want);
+      total += res.bytes;
+      /* Entries of one batch that write the same local block land in no
+       * defined order (ranges run in parallel): check the others. */
+      for (int i = k; i < k + 16; i++) {
+        int shadowed = 0;
+        for (int j = k; j < k + 16 && !shadowed; j++)
+          shadowed = j != i && e[j].local_block < e[i].local_block + e[i].count &&
+                     e[i].local_block < e[j].local_block + e[j].count &&
+                     (e[i].slots & e[j].slots) &&
+                     e[j].layer_first < e[i].layer_first + e[i].layer_count &&
+                     e[i].layer_first < e[j].layer_first + e[j].layer_count;
+        if (!shadowed)
+          assert_int_equal(sxt_verify_blocks(&r, seg, 42, &e[i]), 0);
+      }
+    }
+  }
+  assert_true(total > 0);
+  sxt_ok(sx_agent_status_get(t.a, &st));
+  assert_true(st.served_reads > 0);
+  assert_int_equal(st.served_errors, 0);
+
+  /* A whole-layer read, K and V, the full local pool. */
+  sx_block_read all = {.layer_first = 0, .layer_count = SXT_LAYERS, .slots = SXT_KV,
+                       .remote_block = 5, .local_block = 0, .count = SXT_READER_BLOCKS};
+  sx_batch_result res = run_batch(seg, &all, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(res.n_ranges, 2 * SXT_LAYERS);
+  assert_int_equal(sxt_verify_blocks(&r, seg, 42, &all), 0);
+
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+typedef struct cb_state {
+  pthread_mutex_t mu;
+  int calls;
+  sx_batch_state state;
+  int wait_rc, publish_rc;
+} cb_state;
+
+static void batch_cb(sx_batch *b, void *arg) {
+  cb_state *s = arg;
+  sx_batch_result res;
+  /* Calls that wait fail on the agent thread; the result is already there. */
+  int wait_rc = sx_batch_wait(b, 0);
+  sxt_ok(sx_batch_result_get(b, &res));
+  pthread_mutex_lock(&s->mu);
+  s->calls++;
+  s->state = res.state;
+  s->wait_rc = wait_rc;
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void test_agent_range_reads_callback_and_eventfd(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-1", NULL, 1234);
+  sxt_reader_start(&r, url, NULL); /* reader-only: no name, no listener */
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-1", 1000, &seg));
+  /* Raw ranges into plain (unregistered) memory: fine over TCP. */
+  size_t len = 3 * 1024 * 1024 + 17;
+  uint8_t *dst = malloc(len);
+  sx_range_read rr[3] = {
+      {.local = dst, .remote_region = t.id[1], .offset = 1, .length = 100},
+      {.local = dst + 100, .remote_region = t.id[1], .offset = 101, .length = 1000},
+      {.local = dst + 4096, .remote_region = t.id[0], .offset = 4096,
+       .length = SXT_LAYERS * SXT_TARGET_BLOCKS * SXT_BLOCK - 4096},
+  };
+  cb_state cs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = batch_cb;
+  bp.cb_arg = &cs;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_ranges(b, rr, 3));
+  int fd = sx_batch_fd(b);
+  assert_true(fd >= 0);
+  assert_int_equal(sx_batch_poll(b), SX_EBUSY);
+  sx_batch_result res;
+  assert_int_equal(sx_batch_result_get(b, &res), SX_EBUSY);
+  sxt_ok(sx_batch_submit(b));
+  sxt_rc(sx_batch_submit(b), SX_EINVAL);
+  sxt_rc(sx_batch_add_ranges(b, rr, 1), SX_EINVAL);
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  assert_int_equal(poll(&pfd, 1, 10000), 1);
+  sxt_ok(sx_batch_poll(b));
+  sxt_ok(sx_batch_wait(b, 0));
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(res.n_entries, 3);
+  /* The first two entries are contiguous on both sides: one range. */
+  assert_int_equal(res.bytes, 100 + 1000 + rr[2].length);
+  assert_int_equal(cs.calls, 1);
+  assert_int_equal(cs.state, SX_BATCH_COMPLETED);
+  assert_int_equal(cs.wait_rc, SX_EBUSY);
+  assert_int_equal(pattern_ok(dst, 1100, 1234, t.id[1], 1), 0);
+  assert_int_equal(pattern_ok(dst + 4096, rr[2].length, 1234, t.id[0], 4096),
+                   0);
+  sx_batch_destroy(b);
+
+  /* An empty batch completes at once, and so does its callback. */
+  cs.calls = 0;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, 10000));
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(res.bytes, 0);
+  assert_int_equal(cs.calls, 1);
+  sx_batch_destroy(b);
+  /* A batch never submitted is just freed. */
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_rc(sx_batch_wait(b, 0), SX_EINVAL);
+  sxt_rc(sx_batch_cancel(b), SX_EINVAL);
+  sx_batch_destroy(b);
+  free(dst);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+/* ------------------------------------------------------------ checks */
+
+static void test_agent_check_reports_mismatch(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t;
+  sxt_target_start(&t, url, "prefill-2", NULL, 1);
+  sx_agent_params p;
+  sxt_params(&p, url, "decode-2");
+  sx_agent *a;
+  sxt_ok(sx_agent_create(&p, &a));
+  uint8_t *mem = calloc(1, 1 << 20);
+  sx_region_params rp = {.addr = mem, .length = 1 << 20, .layer_count = SXT_LAYERS,
+                         .layer_stride = 1 << 18, .slot = SX_SLOT_K, .block_bytes = 2048,
+                         .num_blocks = 128};
+  uint32_t id;
+  sxt_ok(sx_agent_register(a, &rp, &id));
+  rp.slot = SX_SLOT_V;
+  rp.addr = mem; /* the same memory twice is fine, the same key is not */
+  sxt_ok(sx_agent_register(a, &rp, &id));
+  sxt_rc(sx_agent_register(a, &rp, &id), SX_EOVERLAP);
+  rp.block_stride = 1024; /* below block_bytes */
+  rp.slot = SX_SLOT_INDEX;
+  sxt_rc(sx_agent_register(a, &rp, &id), SX_ESTRIDE);
+  rp.block_stride = 0;
+  rp.num_blocks = 1000; /* beyond the memory */
+  sxt_rc(sx_agent_register(a, &rp, &id), SX_EBOUNDS);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(a, "prefill-2", 1000, &seg));
+  sx_mismatch m;
+  sxt_rc(sx_segment_check(seg, 0, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_BLOCK_BYTES);
+  assert_non_null(strstr(m.message, "local 2048, remote 4096"));
+  /* Reads that would need equal block sizes are refused before sending. */
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  sxt_rc(sx_batch_add_blocks(b, &e, 1), SX_EINCOMPAT);
+  sx_batch_destroy(b);
+  sx_segment_close(seg);
+  sx_agent_destroy(a);
+  free(mem);
+  sxt_agent_stop(&t);
+}
+
+/* ------------------------------------------------------------ wire */
+
+static void test_agent_wire_rejects_bad_requests_and_keeps_serving(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-3", NULL, 99);
+  sxt_reader_start(&r, url, "decode-3");
+  sx_desc d;
+  sxt_ok(sx_agent_descriptor(t.a, &d));
+  uint16_t port = sxt_tcp_port(&d);
+  uint8_t bad[SX_TOKEN_LEN];
+  memcpy(bad, d.token, sizeof(bad));
+  bad[3] ^= 0x40;
+
+  /* A wrong token: refused with SX_EACCESS, then closed. */
+  int fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, d.incarnation, bad, "mallory"), SX_EACCESS);
+  assert_true(sxt_wire_closed(fd));
+  close(fd);
+  /* The incarnation of someone else: SX_ESTALE. */
+  uint8_t other[SX_INCARNATION_LEN];
+  memcpy(other, d.incarnation, sizeof(other));
+  other[0] ^= 1;
+  fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, other, d.token, "old-reader"), SX_ESTALE);
+  assert_true(sxt_wire_closed(fd));
+  close(fd);
+  /* A READ before HELLO, or garbage: closed without an answer. */
+  fd = sxt_wire_connect(port);
+  uint8_t buf[8192];
+  assert_int_equal(sxt_wire_read(fd, 1, t.id[0], 0, 16, buf), 1);
+  close(fd);
+  fd = sxt_wire_connect(port);
+  memset(buf, 0x5a, 64);
+  assert_int_equal(send(fd, buf, 64, MSG_NOSIGNAL), 64);
+  assert_true(sxt_wire_closed(fd));
+  close(fd);
+
+  /* A good connection: bad requests are answered and it keeps serving. */
+  fd = sxt_wire_connect(port);
+  sxt_ok(sxt_wire_hello(fd, d.incarnation, d.token, "tester"));
+  uint64_t len = d.regions[0].length;
+  assert_int_equal(sxt_wire_read(fd, 1, t.id[0], len - 10, 11, buf), SX_EBOUNDS);
+  assert_int_equal(sxt_wire_read(fd, 2, t.id[0], UINT64_MAX - 3, 8, buf), SX_EBOUNDS);
+  assert_int_equal(sxt_wire_read(fd, 3, 777, 0, 8, buf), SX_ENOREGION);
+  assert_int_equal(sxt_wire_read(fd, 4, t.id[0], 0, 0, buf), SX_EINVAL);
+  assert_int_equal(sxt_wire_read(fd, 5, t.id[0], 0, 1ull << 40, buf), SX_ELIMIT);
+  sxt_ok(sxt_wire_read(fd, 6, t.id[1], len - 4096, 4096, buf));
+  assert_int_equal(pattern_ok(buf, 4096, 99, t.id[1], len - 4096), 0);
+  /* Pipelined: several requests before reading any reply. */
+  for (uint64_t i = 0; i < 8; i++)
+    sxt_ok(sxt_wire_read(fd, 10 + i, t.id[0], i * 512, 512, buf));
+  close(fd);
+
+  /* Meanwhile the agent API reader is served as usual. */
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-3", 1000, &seg));
+  sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = 3,
+                     .local_block = 1, .count = 8};
+  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_verify_blocks(&r, seg, 99, &e), 0);
+  sx_agent_status st;
+  sxt_ok(sx_agent_status_get(t.a, &st));
+  assert_true(st.served_errors >= 7);
+  sx_segment_close(seg);
+  sx_desc_free(&d);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+static void test_agent_read_with_bad_token_fails_with_eaccess(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-4", NULL, 5);
+  sxt_reader_start(&r, url, "decode-4");
+  /* A forged descriptor: the target's endpoint and incarnation, but not its
+   * token (what a reader without the store's copy would present). */
+  sx_desc d;
+  sxt_ok(sx_agent_descriptor(t.a, &d));
+  snprintf(d.name, sizeof(d.name), "forged-4");
+  d.token[0] ^= 0xff;
+  d.generation = 1;
+  sxt_store_publish(url, &d);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "forged-4", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  memset(r.mem[0], 0xee, SXT_BLOCK);
+  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_EACCESS);
+  assert_int_equal(res.n_failed, 1);
+  assert_non_null(strstr(res.message, "access token"));
+  /* Nothing was written. */
+  for (size_t i = 0; i < SXT_BLOCK; i++)
+    assert_int_equal(r.mem[0][i], 0xee);
+  /* Later batches on this segment fail at once with the same error. */
+  res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.error, SX_EACCESS);
+  sx_segment_close(seg);
+  sx_desc_free(&d);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+/* ------------------------------------------------------------ staleness */
+
+static void test_agent_restarted_target_is_stale_then_reopens(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-5", NULL, 111);
+  sxt_reader_start(&r, url, "decode-5");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-5", 1000, &seg));
+  sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = 0,
+                     .local_block = 0, .count = 4};
+  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  uint16_t port = sxt_tcp_port(sx_segment_desc(seg));
+  uint8_t old_inc[SX_INCARNATION_LEN];
+  memcpy(old_inc, sx_segment_desc(seg)->incarnation, sizeof(old_inc));
+
+  /* Restart: same name, same port, new incarnation and new contents. */
+  sxt_agent_stop(&t);
+  char listen[32];
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
+  sxt_target_start(&t, url, "prefill-5", listen, 222);
+
+  /* The old segment never yields bytes: the connection broke, or the
+   * new target says the incarnation is stale. */
+  memset(r.mem[0], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
+  int stale = 0;
+  for (int i = 0; i < 5 && !stale; i++) {
+    res = run_batch(seg, &e, 1, 10000);
+    assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
+    assert_true(res.error == SX_ESTALE || res.error == SX_EDISCONN ||
+                res.error == SX_EUNREACH);
+    stale = res.error == SX_ESTALE;
+  }
+  assert_true(stale);
+  for (size_t i = 0; i < SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK; i++)
+    if (r.mem[0][i] != 0)
+      fail_msg("byte %zu written by a stale read", i);
+  /* And it stays stale, at once. */
+  res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.error, SX_ESTALE);
+  sx_segment_close(seg);
+
+  /* A re-open finds the new incarnation and reads its bytes. */
+  sxt_ok(sx_segment_open(r.a, "prefill-5", 1000, &seg));
+  assert_memory_not_equal(sx_segment_desc(seg)->incarnation, old_inc, SX_INCARNATION_LEN);
+  res = run_batch(seg, &e, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_verify_blocks(&r, seg, 222, &e), 0);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+/* ------------------------------------------------------------ deadlines */
+
+/* A "target" that accepts connections (the kernel does) and never answers. */
+static int silent_listener(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fd, 16), 0);
+  socklen_t len = sizeof(sa);
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  *port = ntohs(sa.sin_port);
+  return fd;
+}
+
+static void publish_silent(const char *url, const char *name, uint16_t port) {
+  sx_desc d;
+  sxt_desc_kv(&d, name, SXT_LAYERS, 0, SXT_BLOCK, SXT_TARGET_BLOCKS, 0);
+  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
+  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
+  d.endpoints[0].port = port;
+  d.lease_ms = 60000;
+  sxt_store_publish(url, &d);
+  sx_desc_free(&d);
+}
+
+static void test_agent_deadline_ends_batch_with_timeout(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-0", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-6");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-0", 1000, &seg));
+  sx_block_read e[2] = {{.layer_count = 2, .slots = SXT_KV, .count = 2},
+                        {.layer_count = 1, .slots = SXT_KV, .remote_block = 9,
+                         .local_block = 9, .count = 1}};
+  uint64_t t0 = sx__mono_ms();
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = 300;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, 2));
+  sxt_ok(sx_batch_submit(b));
+  sxt_rc(sx_batch_wait(b, 50), SX_ETIMEDOUT); /* still running */
+  sxt_ok(sx_batch_wait(b, 20000));
+  uint64_t took = sx__mono_ms() - t0;
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_TIMEOUT);
+  assert_int_equal(res.error, SX_ETIMEDOUT);
+  assert_int_equal(res.bytes, 0);
+  assert_int_equal(res.n_failed, 2);
+  assert_int_equal(res.failed[0], 0);
+  assert_int_equal(res.failed[1], 1);
+  assert_non_null(strstr(res.message, "deadline"));
+  assert_true(took >= 290);
+  assert_true(took < 10000);
+  sx_batch_destroy(b);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  close(lfd);
+}
+
+static void test_agent_cancel_ends_batch_cancelled(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-1", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-7");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-1", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  cb_state cs = {.mu = PTHREAD_MUTEX_INITIALIZER};
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = batch_cb;
+  bp.cb_arg = &cs;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, &e, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_cancel(b));
+  sxt_ok(sx_batch_cancel(b)); /* twice is fine */
+  sxt_ok(sx_batch_wait(b, 20000));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_CANCELLED);
+  assert_int_equal(res.error, SX_ECANCELED);
+  assert_int_equal(cs.calls, 1);
+  assert_int_equal(cs.state, SX_BATCH_CANCELLED);
+  sx_batch_destroy(b);
+  /* Destroying a running batch cancels and waits for it. */
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, &e, 1));
+  sxt_ok(sx_batch_submit(b));
+  sx_batch_destroy(b);
+  assert_int_equal(cs.calls, 2);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  close(lfd);
+}
+
+/* ------------------------------------------------------------ lease */
+
+static void wait_state(sx_agent *a, sx_agent_state want, uint64_t ms) {
+  uint64_t end = sx__mono_ms() + ms;
+  sx_agent_status st;
+  do {
+    sxt_ok(sx_agent_status_get(a, &st));
+    if (st.state == want)
+      return;
+    usleep(10000);
+  } while (sx__mono_ms() < end);
+  fail_msg("state %d, wanted %d", st.state, want);
+}
+
+static void test_agent_lease_reclaims_lost_segment(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sx_agent_params p;
+  sxt_params(&p, url, "prefill-8");
+  p.listen = "127.0.0.1:0";
+  p.lease_ms = 600;
+  sx_agent *a;
+  sxt_ok(sx_agent_create(&p, &a));
+  sxt_ok(sx_agent_publish(a, 0));
+  /* Renewals keep it alive well past one lease. */
+  usleep(1500 * 1000);
+  sx_agent_status st;
+  sxt_ok(sx_agent_status_get(a, &st));
+  assert_int_equal(st.state, SX_AGENT_PUBLISHED);
+  assert_true(st.renewals >= 2);
+  /* The store loses it (a restarted empty Redis does this): the agent
+   * republishes with the next generation by itself. */
+  uint8_t inc[SX_INCARNATION_LEN];
+  sx_agent_incarnation(a, inc);
+  sx_desc d;
+  sxt_ok(sx_agent_descriptor(a, &d));
+  uv_loop_t loop;
+  sx_backend *b;
+  uv_loop_init(&loop);
+  sxt_ok(sx__backend_open(&loop, url, NULL, &b));
+  int done = 0;
+  sxt_ok(sx__backend_unpublish(b, "prefill-8", inc, op_done_cb, &done));
+  while (!done)
+    uv_run(&loop, UV_RUN_ONCE);
+  sx__backend_close(b);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_loop_close(&loop);
+  uint64_t end = sx__mono_ms() + 5000;
+  do {
+    usleep(20000);
+    sxt_ok(sx_agent_status_get(a, &st));
+  } while (st.republishes == 0 && sx__mono_ms() < end);
+  assert_int_equal(st.republishes, 1);
+  assert_int_equal(st.state, SX_AGENT_PUBLISHED);
+  assert_int_equal(st.generation, 2);
+  sx_desc_free(&d);
+  sx_agent_destroy(a);
+}
+
+static void test_agent_takeover_fences_the_old_holder(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sx_agent_params p;
+  sxt_params(&p, url, "prefill-9");
+  p.listen = "127.0.0.1:0";
+  p.lease_ms = 600;
+  sx_agent *a1, *a2;
+  sxt_ok(sx_agent_create(&p, &a1));
+  sxt_ok(sx_agent_create(&p, &a2));
+  sxt_ok(sx_agent_publish(a1, 0));
+  /* The name is held: the error names the holder. */
+  sxt_rc(sx_agent_publish(a2, 0), SX_EHELD);
+  uint8_t inc[SX_INCARNATION_LEN];
+  char hex[33];
+  sx_agent_incarnation(a1, inc);
+  sx_hex(inc, sizeof(inc), hex);
+  assert_non_null(strstr(sx_errmsg(), hex));
+  sx_agent_status st;
+  sxt_ok(sx_agent_status_get(a2, &st));
+  assert_int_equal(st.state, SX_AGENT_UNPUBLISHED);
+  /* An explicit takeover wins; the old holder is fenced at its next renew. */
+  sxt_ok(sx_agent_publish(a2, SX_PUBLISH_TAKEOVER));
+  wait_state(a1, SX_AGENT_FENCED, 5000);
+  sxt_rc(sx_agent_publish(a1, 0), SX_EFENCED);
+  wait_state(a2, SX_AGENT_PUBLISHED, 100);
+  sx_agent_destroy(a1);
+  /* The fenced agent's shutdown did not remove the new holder's segment. */
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-9");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-9", 1000, &seg));
+  uint8_t inc2[SX_INCARNATION_LEN];
+  sx_agent_incarnation(a2, inc2);
+  assert_memory_equal(sx_segment_desc(seg)->incarnation, inc2, SX_INCARNATION_LEN);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  /* Unpublish removes it at once. */
+  sxt_ok(sx_agent_unpublish(a2));
+  sxt_reader_start(&r, url, "decode-9b");
+  sxt_rc(sx_segment_open(r.a, "prefill-9", 0, &seg), SX_ENOENT);
+  sxt_agent_stop(&r);
+  sx_agent_destroy(a2);
+}
+
+/* ------------------------------------------------------------ regions */
+
+static void test_agent_unregister_withdraws_the_region(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-10", NULL, 3);
+  sxt_reader_start(&r, url, "decode-10");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-10", 1000, &seg));
+  sx_block_read ek = {.layer_count = 1, .slots = 1ull << SX_SLOT_V, .count = 2};
+  assert_int_equal(run_batch(seg, &ek, 1, 10000).state, SX_BATCH_COMPLETED);
+  sxt_ok(sx_agent_unregister(t.a, t.id[1]));
+  sxt_rc(sx_agent_unregister(t.a, t.id[1]), SX_ENOREGION);
+  sx_agent_status st;
+  sxt_ok(sx_agent_status_get(t.a, &st));
+  assert_int_equal(st.generation, 2);
+  /* An old view of the segment asks for it: the target refuses. */
+  sx_batch_result res = run_batch(seg, &ek, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ENOREGION);
+  sx_segment_close(seg);
+  /* A fresh view no longer has it (the put event dropped the cached one). */
+  sxt_ok(sx_segment_open(r.a, "prefill-10", 1000, &seg));
+  assert_int_equal(sx_segment_desc(seg)->n_regions, 1);
+  assert_int_equal(sx_segment_desc(seg)->generation, 2);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+/* ------------------------------------------------------------ open */
+
+typedef struct late_pub {
+  const char *url;
+  sxt_agent t;
+} late_pub;
+
+static void *publish_late(void *arg) {
+  late_pub *lp = arg;
+  usleep(200 * 1000);
+  sxt_target_start(&lp->t, lp->url, "late-11", NULL, 11);
+  return NULL;
+}
+
+typedef struct async_open {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done, status;
+  sx_segment *seg;
+} async_open;
+
+static void opened(void *arg, int status, sx_segment *seg) {
+  async_open *o = arg;
+  pthread_mutex_lock(&o->mu);
+  o->done++;
+  o->status = status;
+  o->seg = seg;
+  pthread_cond_broadcast(&o->cv);
+  pthread_mutex_unlock(&o->mu);
+}
+
+static void test_agent_open_waits_for_the_name(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-11");
+  sx_segment *seg;
+  uint64_t t0 = sx__mono_ms();
+  sxt_rc(sx_segment_open(r.a, "never-11", 200, &seg), SX_ENOENT);
+  assert_true(sx__mono_ms() - t0 >= 190);
+  sxt_rc(sx_segment_open(r.a, "/bad", 200, &seg), SX_ENAME);
+
+  late_pub lp = {.url = url};
+  pthread_t th;
+  pthread_create(&th, NULL, publish_late, &lp);
+  async_open o = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  sxt_ok(sx_segment_open_async(r.a, "late-11", 30000, opened, &o));
+  sxt_ok(sx_segment_open(r.a, "late-11", 30000, &seg));
+  pthread_join(th, NULL);
+  pthread_mutex_lock(&o.mu);
+  while (!o.done)
+    pthread_cond_wait(&o.cv, &o.mu);
+  pthread_mutex_unlock(&o.mu);
+  sxt_ok(o.status);
+  assert_int_equal(o.done, 1);
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  assert_int_equal(run_batch(o.seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
+  sx_segment_close(o.seg);
+  uint64_t rtt;
+  sx_transport_kind via;
+  sxt_ok(sx_segment_ping(seg, 5000, &rtt, &via));
+  assert_int_equal(via, SX_TRANSPORT_TCP);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&lp.t);
+}
+
+/* ------------------------------------------------------------ threads */
+
+typedef struct worker {
+  sx_segment *seg;
+  sxt_agent *r;
+  int slot;
+  int ok;
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  w->ok = 1;
+  for (int i = 0; i < 30 && w->ok; i++) {
+    /* Each worker owns one slot of the local pool, so checks do not race. */
+    sx_block_read e = {.layer_first = (uint32_t)(i % SXT_LAYERS), .layer_count = 1,
+                       .slots = 1ull << w->slot, .remote_block = (uint64_t)(i * 7 % 60),
+                       .local_block = (uint64_t)(i % 28), .count = 4};
+    sx_batch *b;
+    if (sx_batch_create(w->seg, NULL, &b) || sx_batch_add_blocks(b, &e, 1) ||
+        sx_batch_submit(b) || sx_batch_wait(b, -1)) {
+      w->ok = 0;
+      break;
+    }
+    sx_batch_result res;
+    sx_batch_result_get(b, &res);
+    w->ok = res.state == SX_BATCH_COMPLETED && sxt_verify_blocks(w->r, w->seg, 77, &e) == 0;
+    sx_batch_destroy(b);
+  }
+  return NULL;
+}
+
+static void test_agent_batches_from_many_threads(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-12", NULL, 77);
+  sxt_reader_start(&r, url, "decode-12");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-12", 1000, &seg));
+  pthread_t th[2];
+  worker w[2];
+  for (int i = 0; i < 2; i++) {
+    w[i] = (worker){.seg = seg, .r = &r, .slot = i};
+    pthread_create(&th[i], NULL, worker_main, &w[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    assert_true(w[i].ok);
+  }
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_agent_publish_open_check_and_read),
+      cmocka_unit_test(test_agent_range_reads_callback_and_eventfd),
+      cmocka_unit_test(test_agent_check_reports_mismatch),
+      cmocka_unit_test(test_agent_wire_rejects_bad_requests_and_keeps_serving),
+      cmocka_unit_test(test_agent_read_with_bad_token_fails_with_eaccess),
+      cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
+      cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
+      cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
+      cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
+      cmocka_unit_test(test_agent_unregister_withdraws_the_region),
+      cmocka_unit_test(test_agent_open_waits_for_the_name),
+      cmocka_unit_test(test_agent_batches_from_many_threads),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,557 @@
+/*
+ * Multi-process end to end with a real redis-server: sx-agent processes
+ * (BUILD/bin/sx-agent) hold filled pools; readers in this process (the
+ * library) and as `sxctl read` processes open them by name and read over
+ * TCP.  Byte-exact reads, crafted wire requests, a target killed or
+ * stopped during a batch, restarts (stale, then a re-open), lease expiry
+ * and clean shutdown.
+ */
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent_fixture.h"
+#include "internal.h"
+#include "pattern.h"
+#include "redis_harness.h"
+#include "segxfer/store.h"
+
+/* The pool every sx-agent here holds. */
+#define LAYERS 4
+#define BLOCK 16384u
+#define BLOCKS 512u
+#define LOCAL_BLOCKS 256u
+#define N_SLOTS 3 /* K, V, index */
+
+static sxt_redis redis;
+static int have_redis;
+static char bindir[PATH_MAX];
+static char url[256];
+static char tmpdir[128];
+static int seq;
+
+#define NEED_REDIS()                                                           \
+  do {                                                                         \
+    if (!have_redis)                                                           \
+      skip();                                                                  \
+  } while (0)
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ------------------------------------------------------------ processes */
+
+static pid_t spawn(const char *log, const char *const argv[]) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    FILE *f = freopen(log, "a", stderr);
+    (void)f;
+    dup2(2, 1);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Wait for pid up to ms; its exit status, or -1 (then it is killed). */
+static int reap(pid_t pid, int ms) {
+  int st;
+  for (int waited = 0; waited <= ms; waited += 10) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid)
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    sleep_ms(10);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return -1;
+}
+
+typedef struct pool {
+  pid_t pid;
+  char name[64];
+  char log[256];
+  uint64_t seed;
+  uint8_t inc[SX_INCARNATION_LEN];
+} pool;
+
+/* The incarnation the store holds for name; 0, or SX_ENOENT. */
+static int stored_incarnation(const char *name, uint8_t inc[SX_INCARNATION_LEN]) {
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  int rc = sx_store_get(s, name, &d, NULL);
+  if (rc == 0) {
+    memcpy(inc, d.incarnation, SX_INCARNATION_LEN);
+    sx_desc_free(&d);
+  }
+  sx_store_close(s);
+  return rc;
+}
+
+/* Start an sx-agent and wait until the store holds a new incarnation of
+ * its name (not the one in p->inc when p->pid was set before). */
+static void pool_start(pool *p, const char *name, const char *listen, uint64_t seed,
+                       int takeover, uint32_t lease_ms) {
+  uint8_t old[SX_INCARNATION_LEN];
+  int had = stored_incarnation(name, old) == 0;
+  char exe[PATH_MAX + 16], lease[16], fill[32], blocks[16], bb[16], layers[16];
+  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(lease, sizeof(lease), "%u", lease_ms);
+  snprintf(fill, sizeof(fill), "%lu", (unsigned long)seed);
+  snprintf(blocks, sizeof(blocks), "%u", BLOCKS);
+  snprintf(bb, sizeof(bb), "%u", BLOCK);
+  snprintf(layers, sizeof(layers), "%u", LAYERS);
+  snprintf(p->name, sizeof(p->name), "%s", name);
+  snprintf(p->log, sizeof(p->log), "%s/%s.log", tmpdir, name);
+  p->seed = seed;
+  const char *argv[] = {exe, "--name", p->name, "--metadata", url, "--listen",
+                  listen ? listen : "127.0.0.1:0", "--layers", layers,
+                  "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V,index",
+                  "--fingerprint", "e2e/v1", "--fill", fill, "--lease-ms", lease,
+                  "--log-level", "info", takeover ? "--takeover" : NULL, NULL};
+  p->pid = spawn(p->log, argv);
+  for (int i = 0; i < 1000; i++) {
+    uint8_t inc[SX_INCARNATION_LEN];
+    if (stored_incarnation(name, inc) == 0 && (!had || memcmp(inc, old, sizeof(inc)))) {
+      memcpy(p->inc, inc, sizeof(inc));
+      return;
+    }
+    if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
+      fail_msg("sx-agent %s exited early; see %s", name, p->log);
+    sleep_ms(20);
+  }
+  fail_msg("sx-agent %s did not publish within 20 s; see %s", name, p->log);
+}
+
+static int pool_stop(pool *p, int sig) {
+  kill(p->pid, sig);
+  int rc = reap(p->pid, 20000);
+  p->pid = 0;
+  return rc;
+}
+
+/* ------------------------------------------------------------ readers */
+
+typedef struct rd {
+  sx_agent *a;
+  uint8_t *mem[N_SLOTS];
+} rd;
+
+static void reader_start(rd *r, const char *name) {
+  memset(r, 0, sizeof(*r));
+  sx_agent_params p;
+  sxt_params(&p, url, name);
+  snprintf(p.layout.fingerprint, sizeof(p.layout.fingerprint), "e2e/v1");
+  sxt_ok(sx_agent_create(&p, &r->a));
+  for (uint32_t s = 0; s < N_SLOTS; s++) {
+    uint64_t layer = (uint64_t)LOCAL_BLOCKS * BLOCK;
+    r->mem[s] = calloc(LAYERS, layer);
+    sx_region_params rp = {.addr = r->mem[s], .length = LAYERS * layer,
+                           .layer_count = LAYERS, .layer_stride = layer, .slot = s,
+                           .block_bytes = BLOCK, .num_blocks = LOCAL_BLOCKS};
+    uint32_t id;
+    sxt_ok(sx_agent_register(r->a, &rp, &id));
+  }
+}
+
+static void reader_stop(rd *r) {
+  sx_agent_destroy(r->a);
+  for (int s = 0; s < N_SLOTS; s++)
+    free(r->mem[s]);
+}
+
+/* Every block an entry brought equals the pool's pattern. */
+static int verify(const rd *r, const sx_segment *seg, uint64_t seed, const sx_block_read *e) {
+  const sx_desc *d = sx_segment_desc(seg);
+  for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++) {
+    for (uint32_t s = 0; s < N_SLOTS; s++) {
+      if (!(e->slots & (1ull << s)))
+        continue;
+      const sx_region *R = sx_desc_find(d, 0, l, s);
+      const uint8_t *local = r->mem[s] + (uint64_t)l * LOCAL_BLOCKS * BLOCK +
+                             e->local_block * BLOCK;
+      uint64_t off = (l - R->layer_first) * R->layer_stride + e->remote_block * R->block_stride;
+      if (sx__pattern_check(local, e->count * BLOCK, seed, R->id, off, NULL) != 0)
+        return -1;
+    }
+  }
+  return 0;
+}
+
+/* n entries over non-overlapping local blocks, random remote blocks,
+ * layers and slots. */
+static void entries(sx_block_read *e, size_t n, uint32_t *rng) {
+  uint64_t local = 0;
+  for (size_t i = 0; i < n; i++) {
+    *rng = *rng * 1103515245u + 12345u;
+    uint32_t v = *rng >> 4;
+    uint64_t count = 1 + v % 4;
+    uint32_t lf = (v >> 3) % LAYERS;
+    e[i] = (sx_block_read){.layer_first = lf,
+                           .layer_count = 1 + (v >> 6) % (LAYERS - lf),
+                           .slots = 1 + (v >> 9) % 7,
+                           .remote_block = (v >> 12) % (BLOCKS - count),
+                           .local_block = local, .count = count};
+    local += count;
+    assert_true(local <= LOCAL_BLOCKS);
+  }
+}
+
+static sx_batch_result batch(sx_segment *s, const sx_block_read *e, size_t n,
+                             uint32_t timeout_ms) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(s, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, n));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL;
+  sx_batch_destroy(b);
+  return res;
+}
+
+static void next_name(char *buf, size_t size, const char *prefix) {
+  snprintf(buf, size, "%s-%d", prefix, seq++);
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void test_e2e_random_blocks_are_byte_exact(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 4242, 0, 3000);
+  rd r;
+  reader_start(&r, "e2e-reader-0");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_mismatch m;
+  sxt_ok(sx_segment_check(seg, 0, &m));
+  uint32_t rng = 99;
+  sx_block_read e[100];
+  uint64_t bytes = 0;
+  for (int round = 0; round < 10; round++) {
+    entries(e, 100, &rng);
+    sx_batch_result res = batch(seg, e, 100, 20000);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("%s: %s", sx_batch_state_name(res.state), res.message);
+    for (int i = 0; i < 100; i++)
+      if (verify(&r, seg, 4242, &e[i]) != 0)
+        fail_msg("round %d entry %d: bytes differ", round, i);
+    bytes += res.bytes;
+  }
+  print_message("read and verified %lu bytes from %s\n", (unsigned long)bytes, name);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+static void test_e2e_two_reader_processes_in_parallel(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 777, 0, 3000);
+  char exe[PATH_MAX + 16], log[2][256];
+  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
+  pid_t pid[2];
+  for (int i = 0; i < 2; i++) {
+    snprintf(log[i], sizeof(log[i]), "%s/%s-reader%d.log", tmpdir, name, i);
+    const char *argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:300",
+                    "--verify", "777", "--seed", i ? "5" : "6", "--batch", "32",
+                    "--fingerprint", "e2e/v1", NULL};
+    pid[i] = spawn(log[i], argv);
+  }
+  for (int i = 0; i < 2; i++) {
+    int rc = reap(pid[i], 60000);
+    if (rc != 0)
+      fail_msg("sxctl read %d exited %d; see %s", i, rc, log[i]);
+  }
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+static void test_e2e_crafted_requests_are_rejected_and_serving_goes_on(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 31, 0, 3000);
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  sxt_ok(sx_store_get(s, name, &d, NULL));
+  sx_store_close(s);
+  uint16_t port = sxt_tcp_port(&d);
+  uint8_t bad[SX_TOKEN_LEN], other[SX_INCARNATION_LEN], buf[4096];
+  memcpy(bad, d.token, sizeof(bad));
+  bad[15] ^= 1;
+  memcpy(other, d.incarnation, sizeof(other));
+  other[7] ^= 0x80;
+  int fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, d.incarnation, bad, "intruder"), SX_EACCESS);
+  assert_true(sxt_wire_closed(fd));
+  close(fd);
+  fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, other, d.token, "stale-reader"), SX_ESTALE);
+  assert_true(sxt_wire_closed(fd));
+  close(fd);
+  /* Requests outside a region on an accepted connection, then a good one. */
+  fd = sxt_wire_connect(port);
+  sxt_ok(sxt_wire_hello(fd, d.incarnation, d.token, "prober"));
+  const sx_region *R = &d.regions[0];
+  assert_int_equal(sxt_wire_read(fd, 1, R->id, R->length, 1, buf), SX_EBOUNDS);
+  assert_int_equal(sxt_wire_read(fd, 2, R->id, UINT64_MAX - 3, 8, buf), SX_EBOUNDS);
+  assert_int_equal(sxt_wire_read(fd, 6, R->id, 0, 1ull << 63, buf), SX_ELIMIT);
+  assert_int_equal(sxt_wire_read(fd, 3, 4000, 0, 1, buf), SX_ENOREGION);
+  sxt_ok(sxt_wire_read(fd, 4, R->id, R->length - sizeof(buf), sizeof(buf), buf));
+  assert_int_equal(sx__pattern_check(buf, sizeof(buf), 31, R->id, R->length - sizeof(buf),
+                                     NULL), 0);
+  /* Others are served all along. */
+  rd r;
+  reader_start(&r, "e2e-reader-2");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e[10];
+  uint32_t rng = 3;
+  entries(e, 10, &rng);
+  sx_batch_result res = batch(seg, e, 10, 20000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  for (int i = 0; i < 10; i++)
+    assert_int_equal(verify(&r, seg, 31, &e[i]), 0);
+  sxt_ok(sxt_wire_read(fd, 5, R->id, 0, 16, buf));
+  close(fd);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  sx_desc_free(&d);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+static void test_e2e_target_killed_during_a_batch(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 8, 0, 1000);
+  rd r;
+  reader_start(&r, "e2e-reader-3");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e = {.layer_count = LAYERS, .slots = 7, .count = 64};
+  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+
+  /* Stopped: its connections stay up, nothing is answered; the batch is in
+   * flight when the target dies. */
+  kill(p.pid, SIGSTOP);
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = 15000;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sx_block_read big[4];
+  uint32_t rng = 5;
+  entries(big, 4, &rng);
+  sxt_ok(sx_batch_add_blocks(b, big, 4));
+  uint64_t t0 = sx__mono_ms();
+  sxt_ok(sx_batch_submit(b));
+  sleep_ms(200);
+  assert_int_equal(sx_batch_poll(b), SX_EBUSY);
+  kill(p.pid, SIGKILL);
+  assert_int_equal(reap(p.pid, 10000), 128 + SIGKILL);
+  p.pid = 0;
+  sxt_ok(sx_batch_wait(b, 20000));
+  uint64_t took = sx__mono_ms() - t0;
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_EDISCONN);
+  assert_int_equal(res.n_failed, 4);
+  assert_true(took < bp.timeout_ms);
+  print_message("batch failed %lu ms after submit: %s\n", (unsigned long)took, res.message);
+  sx_batch_destroy(b);
+
+  /* Later batches fail, never succeed; once the lease runs out the name is
+   * gone from the store. */
+  res = batch(seg, &e, 1, 5000);
+  assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
+  uint8_t inc[SX_INCARNATION_LEN];
+  uint64_t t1 = sx__mono_ms();
+  while (stored_incarnation(name, inc) == 0 && sx__mono_ms() - t1 < 10000)
+    sleep_ms(50);
+  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+  sx_segment_close(seg);
+  sxt_rc(sx_segment_open(r.a, name, 0, &seg), SX_ENOENT);
+  reader_stop(&r);
+}
+
+static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 9, 0, 60000);
+  rd r;
+  reader_start(&r, "e2e-reader-4");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e[20];
+  uint32_t rng = 11;
+  entries(e, 20, &rng);
+  assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
+  kill(p.pid, SIGSTOP);
+  memset(r.mem[0], 0xab, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
+  uint64_t t0 = sx__mono_ms();
+  sx_batch_result res = batch(seg, e, 20, 500);
+  uint64_t took = sx__mono_ms() - t0;
+  assert_int_equal(res.state, SX_BATCH_TIMEOUT);
+  assert_int_equal(res.n_failed, 20);
+  assert_true(took >= 450 && took < 10000);
+  /* Resumed, it answers the aborted requests: their payload is drained, the
+   * destinations stay as they were, and the next batch reads correctly. */
+  kill(p.pid, SIGCONT);
+  sleep_ms(300);
+  for (uint64_t i = 0; i < (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK; i++)
+    if (r.mem[0][i] != 0xab)
+      fail_msg("byte %lu of a timed-out batch's destination was written after it ended",
+               (unsigned long)i);
+  entries(e, 20, &rng);
+  res = batch(seg, e, 20, 20000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  for (int i = 0; i < 20; i++)
+    assert_int_equal(verify(&r, seg, 9, &e[i]), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64], listen[32];
+  next_name(name, sizeof(name), "pool");
+  snprintf(listen, sizeof(listen), "127.0.0.1:%d", sxt_free_port());
+  pool p;
+  pool_start(&p, name, listen, 100, 0, 3000);
+  rd r;
+  reader_start(&r, "e2e-reader-5");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e = {.layer_count = LAYERS, .slots = 7, .remote_block = 10, .count = 16};
+  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 100, &e), 0);
+
+  /* Crash, then a new incarnation takes the name over on the same port. */
+  pool_stop(&p, SIGKILL);
+  pool_start(&p, name, listen, 200, 1, 3000);
+  int stale = 0;
+  for (int i = 0; i < 10 && !stale; i++) {
+    sx_batch_result res = batch(seg, &e, 1, 10000);
+    assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
+    stale = res.error == SX_ESTALE;
+  }
+  assert_true(stale);
+  sx_segment_close(seg);
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  assert_memory_equal(sx_segment_desc(seg)->incarnation, p.inc, SX_INCARNATION_LEN);
+  memset(r.mem[0], 0, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
+  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 200, &e), 0);
+  assert_int_not_equal(verify(&r, seg, 100, &e), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+static void test_e2e_sigterm_unpublishes_at_once(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 1, 0, 60000);
+  /* A second agent cannot take the name without --takeover. */
+  char exe[PATH_MAX + 16], log[256];
+  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(log, sizeof(log), "%s/%s-second.log", tmpdir, name);
+  const char *argv[] = {exe, "--name", name, "--metadata", url, "--listen", "127.0.0.1:0",
+                  "--num-blocks", "4", NULL};
+  assert_int_equal(reap(spawn(log, argv), 20000), 1);
+  uint8_t inc[SX_INCARNATION_LEN];
+  sxt_ok(stored_incarnation(name, inc));
+  assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN);
+  /* SIGTERM: exit 0 and the segment is gone now, not at lease expiry. */
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+}
+
+/* ------------------------------------------------------------ setup */
+
+static int group_setup(void **state) {
+  (void)state;
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0)
+    return -1;
+  self[n] = '\0';
+  *strrchr(self, '/') = '\0'; /* BUILD/tests */
+  snprintf(bindir, sizeof(bindir), "%.*s/../bin", (int)(sizeof(bindir) - 8), self);
+  char exe[PATH_MAX + 16];
+  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  if (access(exe, X_OK) != 0) {
+    fprintf(stderr, "test_e2e_agent: %s is not built\n", exe);
+    return -1;
+  }
+  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-e2e-XXXXXX");
+  if (mkdtemp(tmpdir) == NULL)
+    return -1;
+  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
+  if (!have_redis) {
+    fprintf(stderr, "test_e2e_agent: cannot start redis-server (is the redis-server "
+            "package installed?): every test here is skipped\n");
+    return 0;
+  }
+  sxt_redis_url(&redis, url, sizeof(url), "namespace=e2e");
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  sxt_redis_stop_all();
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_e2e_random_blocks_are_byte_exact),
+      cmocka_unit_test(test_e2e_two_reader_processes_in_parallel),
+      cmocka_unit_test(test_e2e_crafted_requests_are_rejected_and_serving_goes_on),
+      cmocka_unit_test(test_e2e_target_killed_during_a_batch),
+      cmocka_unit_test(test_e2e_stopped_target_times_out_then_recovers),
+      cmocka_unit_test(test_e2e_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_e2e_sigterm_unpublishes_at_once),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

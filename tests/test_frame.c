@@ -1,0 +1,135 @@
+/* The TCP frame parser: round trips, byte order, and everything it rejects. */
+#include <string.h>
+
+#include "sxtest.h"
+#include "tcp_frame.h"
+
+static void test_frame_round_trip_and_byte_order(void **state) {
+  (void)state;
+  sx__frame f = {.type = SX__FRAME_READ, .id = 0x0102030405060708ull, .region = 0x0a0b0c0d,
+                 .status = 0, .offset = 0x1112131415161718ull, .length = 0x2122232425262728ull};
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame_encode(&f, b);
+  static const uint8_t want[SX__FRAME_HDR] = {
+      0x53, 0x58, 0x46, 0x31, 1, SX__FRAME_READ, 0, 0,
+      1, 2, 3, 4, 5, 6, 7, 8,
+      0x0a, 0x0b, 0x0c, 0x0d, 0, 0, 0, 0,
+      0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18,
+      0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28};
+  assert_memory_equal(b, want, sizeof(want));
+  sx__frame g;
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, f.type);
+  assert_true(g.id == f.id && g.region == f.region && g.offset == f.offset &&
+              g.length == f.length && g.status == 0);
+  /* A negative status survives the trip. */
+  sx__frame r = {.type = SX__FRAME_READ_REPLY, .id = 9, .status = SX_EBOUNDS};
+  sx__frame_encode(&r, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+  assert_int_equal(g.status, SX_EBOUNDS);
+}
+
+static void test_frame_needs_a_whole_header(void **state) {
+  (void)state;
+  sx__frame f = {.type = SX__FRAME_READ, .length = 10}, g;
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame_encode(&f, b);
+  for (size_t n = 0; n < SX__FRAME_HDR; n++)
+    assert_int_equal(sx__frame_decode(b, n, &g), 0);
+}
+
+static void test_frame_rejects_bad_headers(void **state) {
+  (void)state;
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame g, f = {.type = SX__FRAME_READ, .length = 4096};
+  sx__frame_encode(&f, b);
+  b[0] ^= 1; /* magic */
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  sx__frame_encode(&f, b);
+  b[4] = 2; /* version */
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EVERSION);
+  sx__frame_encode(&f, b);
+  b[5] = 9; /* type */
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  sx__frame_encode(&f, b);
+  b[7] = 1; /* flags */
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  /* A request that carries a status, a positive status, a failed reply
+   * that announces payload, a hello reply with payload. */
+  f.status = SX_EBOUNDS;
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  f = (sx__frame){.type = SX__FRAME_READ_REPLY, .status = 5};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  f = (sx__frame){.type = SX__FRAME_READ_REPLY, .status = SX_EBOUNDS, .length = 1};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  f = (sx__frame){.type = SX__FRAME_HELLO_REPLY, .length = 1};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  /* HELLO bodies outside their bounds are oversized frames. */
+  f = (sx__frame){.type = SX__FRAME_HELLO, .length = SX__HELLO_MAX + 1};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  f.length = SX__HELLO_FIXED - 1;
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  f.length = UINT64_MAX;
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+}
+
+static void test_hello_round_trip(void **state) {
+  (void)state;
+  sx__hello h, g;
+  memset(&h, 0, sizeof(h));
+  for (int i = 0; i < 16; i++) {
+    h.incarnation[i] = (uint8_t)i;
+    h.token[i] = (uint8_t)(0xf0 | i);
+  }
+  strcpy(h.name, "decode-3/tp1");
+  uint8_t b[SX__HELLO_MAX];
+  int n = sx__hello_encode(&h, b, sizeof(b));
+  assert_int_equal(n, SX__HELLO_FIXED + 12);
+  sxt_ok(sx__hello_decode(b, (size_t)n, &g));
+  assert_memory_equal(g.incarnation, h.incarnation, 16);
+  assert_memory_equal(g.token, h.token, 16);
+  assert_string_equal(g.name, "decode-3/tp1");
+  /* An empty name is allowed (reader-only agents). */
+  h.name[0] = '\0';
+  n = sx__hello_encode(&h, b, sizeof(b));
+  sxt_ok(sx__hello_decode(b, (size_t)n, &g));
+  assert_string_equal(g.name, "");
+}
+
+static void test_hello_rejects_inconsistent_bodies(void **state) {
+  (void)state;
+  sx__hello h, g;
+  memset(&h, 0, sizeof(h));
+  strcpy(h.name, "abc");
+  uint8_t b[SX__HELLO_MAX];
+  int n = sx__hello_encode(&h, b, sizeof(b));
+  /* The length must match the name length exactly. */
+  assert_int_equal(sx__hello_decode(b, (size_t)n - 1, &g), SX_EPROTO);
+  assert_int_equal(sx__hello_decode(b, (size_t)n + 1, &g), SX_EPROTO);
+  b[33] = 250; /* name length beyond the body */
+  assert_int_equal(sx__hello_decode(b, (size_t)n, &g), SX_EPROTO);
+  n = sx__hello_encode(&h, b, sizeof(b));
+  b[SX__HELLO_FIXED + 1] = '\n'; /* not printable */
+  assert_int_equal(sx__hello_decode(b, (size_t)n, &g), SX_EPROTO);
+  assert_int_equal(sx__hello_decode(b, 3, &g), SX_EPROTO);
+  /* The encoder refuses a buffer that is too small. */
+  assert_int_equal(sx__hello_encode(&h, b, SX__HELLO_FIXED + 2), SX_ENAME);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_frame_round_trip_and_byte_order),
+      cmocka_unit_test(test_frame_needs_a_whole_header),
+      cmocka_unit_test(test_frame_rejects_bad_headers),
+      cmocka_unit_test(test_hello_round_trip),
+      cmocka_unit_test(test_hello_rejects_inconsistent_bodies),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,390 @@
+/* The batch planner: mapping, merging, slicing, bounds, overflow, scale. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "planner.h"
+#include "sxtest.h"
+
+/* A remote descriptor (from the fixture) and a local side of registered
+ * regions with the same keys, backed by real memory. */
+typedef struct sides {
+  sx_desc remote;
+  sx_lregion *lregs;
+  uint32_t n_local;
+  uint8_t *mem;
+  sx__rindex rix, lix;
+} sides;
+
+static void make_local(sides *s, uint32_t layers, int per_layer, uint64_t block_bytes,
+                       uint64_t num_blocks, uint64_t stride_pad) {
+  uint32_t n = per_layer ? 2 * layers : 2;
+  uint64_t stride = block_bytes + stride_pad;
+  uint64_t layer_bytes = stride * num_blocks;
+  uint64_t per_region = per_layer ? layer_bytes : layer_bytes * layers;
+  s->mem = calloc(n, per_region);
+  assert_non_null(s->mem);
+  s->lregs = calloc(n, sizeof(*s->lregs));
+  s->n_local = n;
+  const sx_region **v = malloc(n * sizeof(*v));
+  for (uint32_t i = 0; i < n; i++) {
+    sx_region *r = &s->lregs[i].r;
+    r->id = 100 + i;
+    r->slot = per_layer ? (i < layers ? SX_SLOT_K : SX_SLOT_V) : i;
+    r->layer_first = per_layer ? i % layers : 0;
+    r->layer_count = per_layer ? 1 : layers;
+    r->layer_stride = per_layer ? 0 : layer_bytes;
+    r->block_bytes = block_bytes;
+    r->block_stride = stride;
+    r->num_blocks = num_blocks;
+    r->length = per_region;
+    r->addr = (uint64_t)(uintptr_t)(s->mem + (uint64_t)i * per_region);
+    r->access = SX_ACCESS_REMOTE_READ;
+    v[i] = r;
+  }
+  sxt_ok(sx__rindex_build(&s->lix, v, n));
+  free(v);
+}
+
+static void sides_init(sides *s, uint32_t layers, int remote_per_layer, int local_per_layer,
+                       uint64_t block_bytes, uint64_t rblocks, uint64_t lblocks) {
+  memset(s, 0, sizeof(*s));
+  sxt_desc_kv(&s->remote, "prefill-0", layers, remote_per_layer, block_bytes, rblocks, 0);
+  sxt_ok(sx__rindex_build_desc(&s->rix, &s->remote));
+  make_local(s, layers, local_per_layer, block_bytes, lblocks, 0);
+}
+
+static void sides_free(sides *s) {
+  sx__rindex_free(&s->rix);
+  sx__rindex_free(&s->lix);
+  sx_desc_free(&s->remote);
+  free(s->lregs);
+  free(s->mem);
+}
+
+static sx_block_read blk(uint32_t layer_first, uint32_t layer_count, uint64_t slots,
+                         uint64_t rb, uint64_t lb, uint64_t count) {
+  return (sx_block_read){.group = 0, .layer_first = layer_first,
+                         .layer_count = layer_count, .slots = slots,
+                         .remote_block = rb, .local_block = lb, .count = count};
+}
+
+#define KV ((1ull << SX_SLOT_K) | (1ull << SX_SLOT_V))
+
+static void test_rindex_finds_by_key_id_and_addr(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 80, 1, 0, 4096, 16, 16);
+  const sx_region *r = sx__rindex_key(&s.rix, 0, 17, SX_SLOT_V);
+  assert_non_null(r);
+  assert_int_equal(r->layer_first, 17);
+  assert_int_equal(r->slot, SX_SLOT_V);
+  assert_null(sx__rindex_key(&s.rix, 0, 80, SX_SLOT_K));
+  assert_null(sx__rindex_key(&s.rix, 1, 0, SX_SLOT_K));
+  assert_null(sx__rindex_key(&s.rix, 0, 0, 7));
+  assert_ptr_equal(sx__rindex_id(&s.rix, 5), &s.remote.regions[5]);
+  assert_null(sx__rindex_id(&s.rix, 1000));
+  /* Local strided regions: layer 79 of V is in the second region. */
+  r = sx__rindex_key(&s.lix, 0, 79, SX_SLOT_V);
+  assert_non_null(r);
+  assert_int_equal(r->id, 101);
+  const sx_region *a = sx__rindex_addr(&s.lix, s.lregs[1].r.addr + 10, 100);
+  assert_ptr_equal(a, &s.lregs[1].r);
+  assert_null(sx__rindex_addr(&s.lix, s.lregs[1].r.addr + s.lregs[1].r.length - 10,
+                              100));
+  assert_null(sx__rindex_addr(&s.lix, 1, 1));
+  sides_free(&s);
+}
+
+static void test_planner_merges_contiguous_blocks(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 4, 0, 0, 4096, 64, 64);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 1 << 20, 0);
+  /* One layer, one slot, 10 contiguous blocks: one range. */
+  sx_block_read r = blk(2, 1, 1ull << SX_SLOT_K, 5, 7, 10);
+  sxt_ok(sx__plan_add_blocks(&p, &r, 1));
+  assert_int_equal(p.n, 1);
+  const sx_region *R = &s.remote.regions[0];
+  assert_ptr_equal(p.x[0].rreg, R);
+  assert_int_equal(p.x[0].roff, 2 * R->layer_stride + 5 * 4096);
+  assert_int_equal(p.x[0].length, 10 * 4096);
+  assert_ptr_equal(p.x[0].local, (uint8_t *)(uintptr_t)(s.lregs[0].r.addr +
+                                                         2 * s.lregs[0].r.layer_stride +
+                                                         7 * 4096));
+  assert_ptr_equal(p.x[0].lreg, &s.lregs[0]);
+  assert_int_equal(p.x[0].status, 1);
+  assert_int_equal(p.bytes, 10 * 4096);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_merges_across_entries_of_one_shape(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 80, 0, 0, 4096, 256, 256);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 1 << 20, 0);
+  /* vLLM style: one entry per block, all layers, K and V; block ids
+   * consecutive on both sides: each (layer, slot) becomes one range. */
+  sx_block_read r[32];
+  for (int i = 0; i < 32; i++)
+    r[i] = blk(0, 80, KV, 100 + i, 10 + i, 1);
+  sxt_ok(sx__plan_add_blocks(&p, r, 16));
+  sxt_ok(sx__plan_add_blocks(&p, r + 16, 16)); /* also across add calls */
+  assert_int_equal(p.n, 160);
+  assert_int_equal(p.n_entries, 32);
+  for (size_t i = 0; i < p.n; i++) {
+    assert_int_equal(p.x[i].length, 32 * 4096);
+    assert_int_equal(p.x[i].entry_first, 0);
+    assert_int_equal(p.x[i].entry_last, 31);
+  }
+  /* A gap in the block ids starts new ranges. */
+  sx_block_read gap = blk(0, 80, KV, 200, 50, 1);
+  sxt_ok(sx__plan_add_blocks(&p, &gap, 1));
+  assert_int_equal(p.n, 320);
+  assert_int_equal(p.x[319].entry_first, 32);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_no_merge_when_one_side_is_not_contiguous(void **state) {
+  (void)state;
+  sides s;
+  memset(&s, 0, sizeof(s));
+  sxt_desc_kv(&s.remote, "prefill-0", 2, 0, 4096, 64, 0);
+  sxt_ok(sx__rindex_build_desc(&s.rix, &s.remote));
+  make_local(&s, 2, 0, 4096, 64, 512); /* padded local blocks */
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 1 << 20, 0);
+  sx_block_read r = blk(0, 1, 1ull << SX_SLOT_K, 0, 0, 8);
+  sxt_ok(sx__plan_add_blocks(&p, &r, 1));
+  assert_int_equal(p.n, 8);
+  for (size_t i = 0; i < 8; i++) {
+    assert_int_equal(p.x[i].length, 4096);
+    assert_int_equal(p.x[i].roff, i * 4096);
+    assert_ptr_equal(p.x[i].local,
+                     (uint8_t *)(uintptr_t)(s.lregs[0].r.addr + i * (4096 + 512)));
+  }
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_slices_large_ranges(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 1, 0, 0, 1 << 20, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 256 << 10, 0);
+  sx_block_read r = blk(0, 1, 1ull << SX_SLOT_K, 0, 0, 3); /* 3 MiB contiguous */
+  sxt_ok(sx__plan_add_blocks(&p, &r, 1));
+  assert_int_equal(p.n, 12);
+  uint64_t off = 0;
+  for (size_t i = 0; i < p.n; i++) {
+    assert_int_equal(p.x[i].length, 256 << 10);
+    assert_int_equal(p.x[i].roff, off);
+    off += p.x[i].length;
+  }
+  /* Raw ranges are sliced as well, and merged with a contiguous previous one. */
+  sx_range_read rr[2] = {
+      {.local = s.mem + (3 << 20), .remote_region = 0, .offset = 3 << 20, .length = 100},
+      {.local = s.mem + (3 << 20) + 100, .remote_region = 0, .offset = (3 << 20) + 100,
+       .length = 600 << 10},
+  };
+  sxt_ok(sx__plan_add_ranges(&p, rr, 2));
+  assert_int_equal(p.n, 15);
+  assert_int_equal(p.x[12].length, 256 << 10);
+  assert_int_equal(p.x[12].entry_first, 1);
+  assert_int_equal(p.x[12].entry_last, 2);
+  assert_int_equal(p.x[14].length, 100 + (600 << 10) - 2 * (256 << 10));
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_rejects_out_of_range_blocks(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 4, 0, 0, 4096, 64, 32); /* local holds fewer blocks */
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r = blk(0, 4, KV, 60, 0, 4);
+  sxt_ok(sx__plan_add_blocks(&p, &r, 1)); /* 60..63 is the remote's last block */
+  size_t n = p.n;
+  r.remote_block = 61;
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "remote blocks"));
+  r = blk(0, 4, KV, 0, 29, 4);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "local blocks"));
+  /* Huge values that would wrap a naive remote_block + count. */
+  r = blk(0, 1, KV, UINT64_MAX - 1, 0, 4);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EBOUNDS);
+  r = blk(0, 1, KV, 0, 0, UINT64_MAX);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EBOUNDS);
+  /* Nothing of the failed calls was added, and entries keep their numbers. */
+  assert_int_equal(p.n, n);
+  assert_int_equal(p.n_entries, 1);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_call_is_all_or_nothing(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 4, 0, 0, 4096, 64, 64);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r[3] = {blk(0, 4, KV, 0, 0, 1), blk(0, 4, KV, 1, 1, 1),
+                        blk(0, 5, KV, 2, 2, 1)}; /* layer 4 does not exist */
+  sxt_rc(sx__plan_add_blocks(&p, r, 3), SX_ENOREGION);
+  assert_non_null(strstr(sx_errmsg(), "entry 2"));
+  assert_int_equal(p.n, 0);
+  assert_int_equal(p.n_entries, 0);
+  assert_int_equal(p.bytes, 0);
+  /* The good entries still plan, and merge with what follows. */
+  sxt_ok(sx__plan_add_blocks(&p, r, 2));
+  assert_int_equal(p.n, 8);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_rejects_missing_keys_denied_and_bad_entries(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 4, 0, 0, 4096, 64, 64);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r = blk(0, 1, 1ull << SX_SLOT_INDEX, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_ENOREGION);
+  r = blk(0, 0, KV, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EINVAL);
+  r = blk(0, 1, 0, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EINVAL);
+  r = blk(0, 1, KV, 0, 0, 0);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EINVAL);
+  r = blk(UINT32_MAX, 2, KV, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EOVERFLOW);
+  /* A remote region without remote-read access. */
+  s.remote.regions[1].access = 0;
+  r = blk(0, 1, 1ull << SX_SLOT_V, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EDENIED);
+  sx_range_read rr = {.local = s.mem, .remote_region = 1, .offset = 0, .length = 8};
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EDENIED);
+  /* Different block sizes on the two sides. */
+  s.remote.regions[0].block_bytes = 2048;
+  r = blk(0, 1, 1ull << SX_SLOT_K, 0, 0, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EINCOMPAT);
+  assert_int_equal(p.n, 0);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_range_bounds_and_overflow(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 1 /* destinations must be registered */);
+  uint64_t len = s.remote.regions[0].length;
+  uint8_t *dst = (uint8_t *)(uintptr_t)s.lregs[0].r.addr;
+  sx_range_read rr = {.local = dst, .remote_region = 0, .offset = 0, .length = len};
+  sxt_ok(sx__plan_add_ranges(&p, &rr, 1));
+  rr.offset = 1;
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EBOUNDS);
+  rr = (sx_range_read){.local = dst, .remote_region = 0, .offset = UINT64_MAX - 10,
+                       .length = 100};
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EOVERFLOW);
+  rr = (sx_range_read){.local = dst, .remote_region = 99, .offset = 0, .length = 1};
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_ENOREGION);
+  rr = (sx_range_read){.local = (void *)(uintptr_t)(UINTPTR_MAX - 4), .remote_region = 0,
+                       .offset = 0, .length = 100};
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EOVERFLOW);
+  uint8_t unregistered[16];
+  rr = (sx_range_read){.local = unregistered, .remote_region = 0, .offset = 0,
+                       .length = sizeof(unregistered)};
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EINVAL);
+  rr.length = 0;
+  sxt_rc(sx__plan_add_ranges(&p, &rr, 1), SX_EINVAL);
+  assert_int_equal(p.n_entries, 1);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static void test_planner_empty_batch(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sxt_ok(sx__plan_add_blocks(&p, NULL, 0));
+  sxt_ok(sx__plan_add_ranges(&p, NULL, 0));
+  assert_int_equal(p.n, 0);
+  assert_int_equal(p.n_entries, 0);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* 1024 entries x 80 layers x 2 slots, per-layer remote regions (160) and
+ * strided local ones: contiguous ids merge to 160 ranges (sliced), and
+ * scattered ids give 163,840 ranges; both must plan fast. */
+static void test_planner_huge_batch_is_fast(void **state) {
+  (void)state;
+  sides s;
+  memset(&s, 0, sizeof(s));
+  sxt_desc_kv(&s.remote, "prefill-0", 80, 1, 4096, 4096, 0);
+  sxt_ok(sx__rindex_build_desc(&s.rix, &s.remote));
+  make_local(&s, 80, 0, 4096, 2048, 0);
+  sx_block_read *r = malloc(1024 * sizeof(*r));
+  for (int i = 0; i < 1024; i++)
+    r[i] = blk(0, 80, KV, (uint64_t)i, (uint64_t)i, 1);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 1 << 20, 0);
+  double t0 = now_s();
+  sxt_ok(sx__plan_add_blocks(&p, r, 1024));
+  double contiguous = now_s() - t0;
+  /* 1024 blocks x 4 KiB = 4 MiB per (layer, slot), cut at 1 MiB. */
+  assert_int_equal(p.n, 160 * 4);
+  assert_int_equal(p.bytes, 1024ull * 160 * 4096);
+  sx__plan_free(&p);
+
+  for (int i = 0; i < 1024; i++)
+    r[i] = blk(0, 80, KV, (uint64_t)(i * 3 % 4096), (uint64_t)(2047 - i), 1);
+  sx__plan_init(&p, &s.rix, &s.lix, 1 << 20, 0);
+  t0 = now_s();
+  sxt_ok(sx__plan_add_blocks(&p, r, 1024));
+  double scattered = now_s() - t0;
+  assert_int_equal(p.n, 1024 * 160);
+  print_message("planned 163840 block reads: contiguous %.2f ms, scattered %.2f ms\n",
+                contiguous * 1e3, scattered * 1e3);
+  /* Generous bounds (a shared 2-core machine, sanitizers): tens of ms
+   * expected. */
+  assert_true(contiguous < 2.0);
+  assert_true(scattered < 4.0);
+  sx__plan_free(&p);
+  free(r);
+  sides_free(&s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rindex_finds_by_key_id_and_addr),
+      cmocka_unit_test(test_planner_merges_contiguous_blocks),
+      cmocka_unit_test(test_planner_merges_across_entries_of_one_shape),
+      cmocka_unit_test(test_planner_no_merge_when_one_side_is_not_contiguous),
+      cmocka_unit_test(test_planner_slices_large_ranges),
+      cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
+      cmocka_unit_test(test_planner_call_is_all_or_nothing),
+      cmocka_unit_test(test_planner_rejects_missing_keys_denied_and_bad_entries),
+      cmocka_unit_test(test_planner_range_bounds_and_overflow),
+      cmocka_unit_test(test_planner_empty_batch),
+      cmocka_unit_test(test_planner_huge_batch_is_fast),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,396 @@
+/*
+ * sxctl run as a binary (BUILD/bin/sxctl) against a real redis-server:
+ * human output checked, --json parsed with jansson, exit codes.
+ */
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "redis_harness.h"
+#include "sxtest.h"
+
+static sxt_redis redis;
+static int have_redis;
+static char sxctl[PATH_MAX + 32];
+static char url[256];
+static char tmpdir[128];
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* Run sxctl with args (a shell fragment); capture stdout and stderr. */
+static int run(char **out, char **err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int run(char **out, char **err, const char *fmt, ...) {
+  char args[2048], cmd[PATH_MAX + 2560], opath[200], epath[200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(args, sizeof(args), fmt, ap);
+  va_end(ap);
+  snprintf(opath, sizeof(opath), "%s/out", tmpdir);
+  snprintf(epath, sizeof(epath), "%s/err", tmpdir);
+  snprintf(cmd, sizeof(cmd), "%s %s >%s 2>%s", sxctl, args, opath, epath);
+  int st = system(cmd);
+  assert_true(WIFEXITED(st));
+  const char *paths[2] = {opath, epath};
+  char **dst[2] = {out, err};
+  for (int i = 0; i < 2; i++) {
+    FILE *f = fopen(paths[i], "r");
+    assert_non_null(f);
+    char *buf = calloc(1, 1 << 20);
+    size_t n = fread(buf, 1, (1 << 20) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    if (dst[i])
+      *dst[i] = buf;
+    else
+      free(buf);
+  }
+  return WEXITSTATUS(st);
+}
+
+static void desc_make(sx_desc *d, const char *name, uint8_t inc, const char *role,
+                      uint64_t block_bytes, uint32_t lease_ms) {
+  sxt_desc_kv(d, name, 8, 0, block_bytes, 32, 1);
+  memset(d->incarnation, inc, SX_INCARNATION_LEN);
+  d->lease_ms = lease_ms;
+  d->published_at_ms = (uint64_t)time(NULL) * 1000;
+  assert_int_equal(sx_desc_set_label(d, "role", role), 0);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0)
+    return -1;
+  self[n] = '\0';
+  *strrchr(self, '/') = '\0'; /* BUILD/tests */
+  snprintf(sxctl, sizeof(sxctl), "%s/../bin/sxctl", self);
+  if (access(sxctl, X_OK) != 0) {
+    fprintf(stderr, "test_sxctl: %s is not built\n", sxctl);
+    return -1;
+  }
+  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-sxctl-XXXXXX");
+  if (mkdtemp(tmpdir) == NULL)
+    return -1;
+  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
+  if (!have_redis) {
+    fprintf(stderr, "test_sxctl: cannot start redis-server: tests skipped\n");
+    return 0;
+  }
+  sxt_redis_url(&redis, url, sizeof(url), "namespace=cli");
+  /* Seed: two compatible segments, one with other block sizes, one corrupt. */
+  sx_store *s;
+  if (sx_store_open(url, &s) != 0)
+    return -1;
+  sx_desc d;
+  desc_make(&d, "prefill-0/tp0", 0x11, "prefill", 4096, 60000);
+  d.generation = 3;
+  int rc = sx_store_publish(s, &d, 0);
+  sx_desc_free(&d);
+  desc_make(&d, "decode-0/tp0", 0x22, "decode", 4096, 60000);
+  rc |= sx_store_publish(s, &d, 0);
+  sx_desc_free(&d);
+  desc_make(&d, "decode-9/odd", 0x33, "decode", 8192, 60000);
+  rc |= sx_store_publish(s, &d, 0);
+  sx_desc_free(&d);
+  sx_store_close(s);
+  redisReply *r = sxt_redis_command(&redis, "HSET sx:cli:seg:{broken/0} d garbage!");
+  if (r)
+    freeReplyObject(r);
+  r = sxt_redis_command(&redis, "ZADD sx:cli:index 99999999999999 broken/0");
+  if (r)
+    freeReplyObject(r);
+  return rc;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  sxt_redis_stop_all();
+  char cmd[200];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+#define NEED_REDIS()                                                           \
+  do {                                                                         \
+    if (!have_redis)                                                           \
+      skip();                                                                  \
+  } while (0)
+
+static void test_sxctl_ls_human(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char *out, *err;
+  assert_int_equal(run(&out, &err, "--metadata '%s' ls", url), 0);
+  /* Header, every segment, the corrupt one marked; sorted by name. */
+  assert_non_null(strstr(out, "NAME"));
+  assert_non_null(strstr(out, "INCARNATION"));
+  assert_non_null(strstr(out, "LEASE LEFT"));
+  assert_non_null(strstr(out, "ENDPOINTS"));
+  char *a = strstr(out, "broken/0"), *b = strstr(out, "decode-0/tp0"),
+       *c = strstr(out, "decode-9/odd"), *p = strstr(out, "prefill-0/tp0");
+  assert_true(a && b && c && p && a < b && b < c && c < p);
+  assert_non_null(strstr(out, "!! broken/0: the stored descriptor is corrupt"));
+  assert_non_null(strstr(p, "11111111"));
+  assert_non_null(strstr(p, "tcp://10.1.2.3:7400"));
+  assert_non_null(strstr(p, "role=prefill"));
+  assert_non_null(strstr(err, "could not be read"));
+  free(out);
+  free(err);
+  /* The URL from the environment works the same. */
+  setenv("SX_METADATA_URL", url, 1);
+  assert_int_equal(run(&out, NULL, "ls --label role=decode"), 0);
+  unsetenv("SX_METADATA_URL");
+  assert_non_null(strstr(out, "decode-0/tp0"));
+  assert_non_null(strstr(out, "decode-9/odd"));
+  assert_null(strstr(out, "prefill-0/tp0"));
+  assert_null(strstr(out, "broken/0"));
+  free(out);
+}
+
+static void test_sxctl_ls_json(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char *out;
+  assert_int_equal(run(&out, NULL, "--metadata '%s' ls --json", url), 0);
+  json_error_t je;
+  json_t *arr = json_loads(out, 0, &je);
+  if (arr == NULL)
+    fail_msg("ls --json is not JSON: %s\n%s", je.text, out);
+  assert_true(json_is_array(arr));
+  assert_int_equal(json_array_size(arr), 4);
+  json_t *bad = json_array_get(arr, 0), *p = json_array_get(arr, 3);
+  assert_string_equal(json_string_value(json_object_get(bad, "name")), "broken/0");
+  assert_string_equal(json_string_value(json_object_get(bad, "status")), "error");
+  assert_non_null(strstr(json_string_value(json_object_get(bad, "message")), "corrupt"));
+  assert_string_equal(json_string_value(json_object_get(p, "name")), "prefill-0/tp0");
+  assert_string_equal(json_string_value(json_object_get(p, "status")), "ok");
+  assert_int_equal(json_integer_value(json_object_get(p, "generation")), 3);
+  assert_int_equal(json_integer_value(json_object_get(p, "regions")), 2);
+  assert_int_equal(json_integer_value(json_object_get(p, "total_bytes")), 2 * 8 * 32 * 4096);
+  assert_string_equal(json_string_value(json_object_get(p, "incarnation")),
+                      "11111111111111111111111111111111");
+  assert_string_equal(
+      json_string_value(json_object_get(json_object_get(p, "labels"), "role")), "prefill");
+  json_int_t left = json_integer_value(json_object_get(p, "lease_left_ms"));
+  assert_true(left > 30000 && left <= 60000);
+  json_decref(arr);
+  free(out);
+}
+
+static void test_sxctl_show(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char *out, *err;
+  assert_int_equal(run(&out, NULL, "--metadata '%s' show prefill-0/tp0", url), 0);
+  assert_non_null(strstr(out, "incarnation   11111111111111111111111111111111"));
+  assert_non_null(strstr(out, "generation    3"));
+  assert_non_null(strstr(out, "<redacted>"));
+  assert_null(strstr(out, "101112131415161718191a1b1c1d1e1f")); /* the fixture token */
+  assert_non_null(strstr(out, "LAYERS"));
+  assert_non_null(strstr(out, "0-7")); /* one region spans 8 layers */
+  assert_non_null(strstr(out, "1 redacted"));
+  assert_non_null(strstr(out, "fingerprint=llama-3-70b/bf16/v1"));
+  free(out);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' show prefill-0/tp0 --show-secrets", url),
+                   0);
+  assert_non_null(strstr(out, "101112131415161718191a1b1c1d1e1f"));
+  free(out);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' show prefill-0/tp0 --json", url), 0);
+  json_t *j = json_loads(out, 0, NULL);
+  assert_non_null(j);
+  assert_string_equal(json_string_value(json_object_get(j, "name")), "prefill-0/tp0");
+  assert_string_equal(json_string_value(json_object_get(j, "token")), "<redacted>");
+  assert_int_equal(json_array_size(json_object_get(j, "regions")), 2);
+  json_decref(j);
+  free(out);
+  /* Not found: exit 1.  Corrupt: exit 2 with the decode error. */
+  assert_int_equal(run(NULL, &err, "--metadata '%s' show nobody/0", url), 1);
+  assert_non_null(strstr(err, "no such segment"));
+  free(err);
+  assert_int_equal(run(NULL, &err, "--metadata '%s' show broken/0", url), 2);
+  assert_non_null(strstr(err, "corrupt"));
+  free(err);
+}
+
+static void test_sxctl_check(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char *out, *err;
+  assert_int_equal(
+      run(&out, NULL, "--metadata '%s' check prefill-0/tp0 --against decode-0/tp0", url), 0);
+  assert_non_null(strstr(out, "compatible"));
+  free(out);
+  assert_int_equal(
+      run(&out, NULL, "--metadata '%s' check prefill-0/tp0 --against decode-9/odd", url), 1);
+  assert_non_null(strstr(out, "incompatible"));
+  assert_non_null(strstr(out, "block_bytes"));
+  free(out);
+  assert_int_equal(run(&out, NULL,
+                       "--metadata '%s' check prefill-0/tp0 --against decode-9/odd --json",
+                       url),
+                   1);
+  json_t *j = json_loads(out, 0, NULL);
+  assert_non_null(j);
+  assert_true(json_is_false(json_object_get(j, "compatible")));
+  assert_string_equal(json_string_value(json_object_get(j, "field")), "block_bytes");
+  json_decref(j);
+  free(out);
+  /* A layout file written by show --json. */
+  assert_int_equal(run(NULL, NULL, "--metadata '%s' show decode-0/tp0 --json >%s/layout.json; "
+                       "cat %s/layout.json >&2", url, tmpdir, tmpdir), 0);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' check prefill-0/tp0 --layout %s/layout.json",
+                       url, tmpdir),
+                   0);
+  free(out);
+  assert_int_equal(run(NULL, &err, "--metadata '%s' check prefill-0/tp0 --against nobody/0",
+                       url),
+                   2);
+  assert_non_null(strstr(err, "no such segment"));
+  free(err);
+  assert_int_equal(run(NULL, &err, "--metadata '%s' check prefill-0/tp0", url), 2);
+  assert_non_null(strstr(err, "--against"));
+  free(err);
+}
+
+static void test_sxctl_unreachable_and_usage(void **state) {
+  (void)state;
+  char *out, *err;
+  int port = sxt_free_port();
+  assert_int_equal(run(NULL, &err, "--metadata 'redis://op:Very-Secret-1@127.0.0.1:%d' ls",
+                       port),
+                   2);
+  char hostport[64];
+  snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", port);
+  assert_non_null(strstr(err, hostport));
+  assert_non_null(strstr(err, "op:***@"));
+  assert_null(strstr(err, "Very-Secret-1"));
+  assert_non_null(strstr(err, "SX_EUNREACH"));
+  assert_non_null(strstr(err, "running")); /* the hint */
+  free(err);
+  unsetenv("SX_METADATA_URL");
+  assert_int_equal(run(NULL, &err, "ls"), 2);
+  assert_non_null(strstr(err, "SX_METADATA_URL"));
+  free(err);
+  assert_int_equal(run(NULL, &err, "--metadata 'redis://h:1?namespace=a b' ls"), 2);
+  assert_non_null(strstr(err, "SX_EURL"));
+  free(err);
+  assert_int_equal(run(NULL, &err, "frobnicate"), 2);
+  assert_non_null(strstr(err, "unknown command"));
+  free(err);
+  assert_int_equal(run(&out, NULL, "ls --help"), 0);
+  assert_non_null(strstr(out, "usage: sxctl ls"));
+  assert_non_null(strstr(out, "examples"));
+  free(out);
+  assert_int_equal(run(&out, NULL, "--help"), 0);
+  assert_non_null(strstr(out, "watch"));
+  free(out);
+}
+
+static void test_sxctl_rm(void **state) {
+  (void)state;
+  NEED_REDIS();
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc live, stale;
+  desc_make(&live, "rm/live", 0x44, "x", 4096, 60000);
+  desc_make(&stale, "rm/stale", 0x45, "x", 4096, 2000);
+  sxt_ok(sx_store_publish(s, &live, 0));
+  sxt_ok(sx_store_publish(s, &stale, 0));
+  char *out, *err;
+  /* A live segment is refused without --force. */
+  assert_int_equal(run(NULL, &err, "--metadata '%s' rm rm/live", url), 1);
+  assert_non_null(strstr(err, "alive"));
+  assert_non_null(strstr(err, "--force"));
+  free(err);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' rm rm/live --force", url), 0);
+  assert_non_null(strstr(out, "fenced"));
+  free(out);
+  sxt_rc(sx_store_renew(s, "rm/live", live.incarnation, 60000), SX_EFENCED);
+  /* One that missed renewals (more than half its lease ago) goes without. */
+  sleep_ms(1300);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' rm rm/stale", url), 0);
+  assert_non_null(strstr(out, "removed rm/stale"));
+  free(out);
+  assert_int_equal(run(NULL, &err, "--metadata '%s' rm rm/stale", url), 1);
+  assert_non_null(strstr(err, "no such segment"));
+  free(err);
+  sx_desc_free(&live);
+  sx_desc_free(&stale);
+  sx_store_close(s);
+}
+
+static void test_sxctl_watch_json(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char opath[200];
+  snprintf(opath, sizeof(opath), "%s/watch.out", tmpdir);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (freopen(opath, "w", stdout) == NULL)
+      _exit(127);
+    execl(sxctl, "sxctl", "--metadata", url, "watch", "--json", (char *)NULL);
+    _exit(127);
+  }
+  sleep_ms(800); /* let it subscribe */
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  desc_make(&d, "w/0", 0x66, "x", 4096, 60000);
+  d.generation = 42;
+  sxt_ok(sx_store_publish(s, &d, 0));
+  sxt_ok(sx_store_unpublish(s, "w/0", d.incarnation));
+  sx_desc_free(&d);
+  sx_store_close(s);
+  sleep_ms(500);
+  kill(pid, SIGINT);
+  int st;
+  waitpid(pid, &st, 0);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0); /* SIGINT ends it cleanly */
+  FILE *f = fopen(opath, "r");
+  assert_non_null(f);
+  char line[1024];
+  int puts_seen = 0, dels_seen = 0;
+  while (fgets(line, sizeof(line), f)) {
+    json_t *j = json_loads(line, 0, NULL);
+    if (j == NULL)
+      fail_msg("watch --json line is not JSON: %s", line);
+    const char *kind = json_string_value(json_object_get(j, "kind"));
+    const char *name = json_string_value(json_object_get(j, "name"));
+    assert_non_null(json_object_get(j, "time"));
+    if (name && strcmp(name, "w/0") == 0 && kind && strcmp(kind, "put") == 0) {
+      assert_int_equal(json_integer_value(json_object_get(j, "generation")), 42);
+      puts_seen++;
+    }
+    if (name && strcmp(name, "w/0") == 0 && kind && strcmp(kind, "delete") == 0)
+      dels_seen++;
+    json_decref(j);
+  }
+  fclose(f);
+  assert_int_equal(puts_seen, 1);
+  assert_int_equal(dels_seen, 1);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_sxctl_ls_human),
+      cmocka_unit_test(test_sxctl_ls_json),
+      cmocka_unit_test(test_sxctl_show),
+      cmocka_unit_test(test_sxctl_check),
+      cmocka_unit_test(test_sxctl_unreachable_and_usage),
+      cmocka_unit_test(test_sxctl_rm),
+      cmocka_unit_test(test_sxctl_watch_json),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

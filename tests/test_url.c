@@ -1,0 +1,194 @@
+/* Metadata URL parsing and redaction. */
+#include <string.h>
+
+#include "internal.h"
+#include "sxtest.h"
+#include "url.h"
+
+static void test_url_redis_defaults(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis://localhost", &u));
+  assert_string_equal(u.scheme, "redis");
+  assert_int_equal(u.n_hosts, 1);
+  assert_string_equal(u.hosts[0].host, "localhost");
+  assert_int_equal(u.hosts[0].port, 6379);
+  assert_int_equal(u.db, 0);
+  assert_string_equal(u.ns, "default");
+  assert_int_equal(u.connect_timeout_ms, 2000);
+  assert_int_equal(u.timeout_ms, 2000);
+  assert_int_equal(u.has_password, 0);
+  assert_string_equal(u.user, "");
+}
+
+static void test_url_redis_every_part(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis://agent-1:p%40ss%2Fw%3Ard@10.0.0.5:6390/3"
+                       "?namespace=cluster-a&connect_timeout_ms=250&timeout_ms=750",
+                       &u));
+  assert_string_equal(u.user, "agent-1");
+  assert_string_equal(u.password, "p@ss/w:rd"); /* percent-decoded */
+  assert_int_equal(u.has_password, 1);
+  assert_string_equal(u.hosts[0].host, "10.0.0.5");
+  assert_int_equal(u.hosts[0].port, 6390);
+  assert_int_equal(u.db, 3);
+  assert_string_equal(u.ns, "cluster-a");
+  assert_int_equal(u.connect_timeout_ms, 250);
+  assert_int_equal(u.timeout_ms, 750);
+  /* Password only (the default user). */
+  sxt_ok(sx__url_parse("redis://:only-pass@h:1", &u));
+  assert_string_equal(u.user, "");
+  assert_string_equal(u.password, "only-pass");
+  /* User without password. */
+  sxt_ok(sx__url_parse("redis://bob@h", &u));
+  assert_string_equal(u.user, "bob");
+  assert_int_equal(u.has_password, 0);
+}
+
+static void test_url_unencoded_specials_in_password(void **state) {
+  (void)state;
+  sx_url u;
+  /* '/', '?' and '@' unencoded in a password still parse. */
+  sxt_ok(sx__url_parse("redis://u:a/b?c@d@127.0.0.1:7000/2?namespace=n", &u));
+  assert_string_equal(u.user, "u");
+  assert_string_equal(u.password, "a/b?c@d");
+  assert_string_equal(u.hosts[0].host, "127.0.0.1");
+  assert_int_equal(u.hosts[0].port, 7000);
+  assert_int_equal(u.db, 2);
+  assert_string_equal(u.ns, "n");
+}
+
+static void test_url_ipv6(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis://[::1]:6380/1", &u));
+  assert_string_equal(u.hosts[0].host, "::1");
+  assert_int_equal(u.hosts[0].port, 6380);
+  assert_int_equal(u.db, 1);
+  sxt_ok(sx__url_parse("redis://[fe80::1%25eth0]", &u));
+  assert_string_equal(u.hosts[0].host, "fe80::1%25eth0");
+  assert_int_equal(u.hosts[0].port, 6379);
+  char buf[256];
+  sx__url_redact(&u, buf, sizeof(buf));
+  assert_non_null(strstr(buf, "[fe80::1%25eth0]:6379"));
+}
+
+static void test_url_sentinel_hosts(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis+sentinel://s1:26380,[::1],10.0.0.3/mymaster/4"
+                       "?namespace=x",
+                       &u));
+  assert_string_equal(u.scheme, "redis+sentinel");
+  assert_int_equal(u.n_hosts, 3);
+  assert_string_equal(u.hosts[0].host, "s1");
+  assert_int_equal(u.hosts[0].port, 26380);
+  assert_string_equal(u.hosts[1].host, "::1");
+  assert_int_equal(u.hosts[1].port, 26379);
+  assert_string_equal(u.hosts[2].host, "10.0.0.3");
+  assert_int_equal(u.hosts[2].port, 26379);
+  assert_string_equal(u.master, "mymaster");
+  assert_int_equal(u.db, 4);
+  sxt_ok(sx__url_parse("redis+sentinel://u:pw@s1/m", &u));
+  assert_string_equal(u.master, "m");
+  assert_int_equal(u.db, 0);
+  assert_string_equal(u.password, "pw");
+}
+
+static void test_url_other_schemes(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("etcd://e1:2379,e2?namespace=q", &u));
+  assert_int_equal(u.n_hosts, 2);
+  assert_int_equal(u.hosts[1].port, 2379);
+  sxt_ok(sx__url_parse("mem://unit-store?namespace=t", &u));
+  assert_string_equal(u.master, "unit-store");
+  assert_string_equal(u.ns, "t");
+}
+
+/* Each malformed URL: SX_EURL and a message naming the wrong part. */
+static void expect_bad(const char *url, const char *part) {
+  sx_url u;
+  int rc = sx__url_parse(url, &u);
+  if (rc != SX_EURL)
+    fail_msg("%s: %s, expected SX_EURL", url, sx_err_name(rc));
+  if (strstr(sx_errmsg(), part) == NULL)
+    fail_msg("%s: message '%s' does not name '%s'", url, sx_errmsg(), part);
+}
+
+static void test_url_malformed(void **state) {
+  (void)state;
+  expect_bad("", "empty");
+  expect_bad("localhost:6379", "scheme");
+  expect_bad("http://h", "scheme 'http'");
+  expect_bad("redis://", "host 1");
+  expect_bad("redis://h:0", "port '0'");
+  expect_bad("redis://h:65536", "port '65536'");
+  expect_bad("redis://h:12ab", "port '12ab'");
+  expect_bad("redis://[::1", "'[' without ']'");
+  expect_bad("redis://[::1]x", "junk after ']'");
+  expect_bad("redis://h!x", "character '!'");
+  expect_bad("redis://a,b", "redis+sentinel://");
+  expect_bad("redis://h/db1", "db 'db1'");
+  expect_bad("redis://h?namespace=bad ns", "namespace");
+  expect_bad("redis://h?namespace=", "namespace");
+  expect_bad("redis://h?timeout_ms=0", "timeout_ms");
+  expect_bad("redis://h?timeout_ms=abc", "timeout_ms");
+  expect_bad("redis://h?connect_timeout_ms=99999999", "connect_timeout_ms");
+  expect_bad("redis://h?colour=red", "unknown query parameter 'colour'");
+  expect_bad("redis://h?namespace", "no '='");
+  expect_bad("redis+sentinel://s1,s2", "master");
+  expect_bad("redis+sentinel://s1/", "master");
+  expect_bad("redis+sentinel://s1/m/x", "db 'x'");
+  expect_bad("redis://u%zz:p@h", "user");
+  expect_bad("etcd://u:p@h", "only for redis");
+  expect_bad("etcd://h/x", "takes no path");
+  expect_bad("mem://", "store name");
+  expect_bad("redis://h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h", "redis+sentinel://");
+  expect_bad("redis+sentinel://h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h/m", "more than 16");
+}
+
+/* The password never shows: not in parse errors, not in the redacted URL. */
+static void test_url_password_never_shown(void **state) {
+  (void)state;
+  sx_url u;
+  char buf[512];
+  const char *secret = "Top-Secret-77";
+  sxt_rc(sx__url_parse("redis://u:Top-Secret-77%zz@h", &u), SX_EURL);
+  assert_null(strstr(sx_errmsg(), secret));
+  assert_non_null(strstr(sx_errmsg(), "password"));
+  sxt_rc(sx__url_parse("redis://u:Top-Secret-77@h:99999", &u), SX_EURL);
+  assert_null(strstr(sx_errmsg(), secret));
+  sxt_rc(sx__url_parse("redis://u:Top-Secret-77@h?bogus=1", &u), SX_EURL);
+  assert_null(strstr(sx_errmsg(), secret));
+  sxt_rc(sx__url_parse("redis://u:Top/Secret-77@h:1/x", &u), SX_EURL);
+  assert_null(strstr(sx_errmsg(), "Secret-77"));
+
+  sxt_ok(sx__url_parse("redis://u:Top-Secret-77@h:7/2?namespace=ns1", &u));
+  sx__url_redact(&u, buf, sizeof(buf));
+  assert_null(strstr(buf, secret));
+  assert_string_equal(buf, "redis://u:***@h:7/2?namespace=ns1");
+  sxt_ok(sx__url_parse("redis+sentinel://:Top-Secret-77@a:1,b:2/mm/5", &u));
+  sx__url_redact(&u, buf, sizeof(buf));
+  assert_null(strstr(buf, secret));
+  assert_string_equal(buf, "redis+sentinel://:***@a:1,b:2/mm/5?namespace=default");
+  /* A short buffer still ends in a terminated string without the secret. */
+  sx__url_redact(&u, buf, 12);
+  assert_int_equal(strlen(buf), 11);
+  assert_null(strstr(buf, "Top"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_url_redis_defaults),
+      cmocka_unit_test(test_url_redis_every_part),
+      cmocka_unit_test(test_url_unencoded_specials_in_password),
+      cmocka_unit_test(test_url_ipv6),
+      cmocka_unit_test(test_url_sentinel_hosts),
+      cmocka_unit_test(test_url_other_schemes),
+      cmocka_unit_test(test_url_malformed),
+      cmocka_unit_test(test_url_password_never_shown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
