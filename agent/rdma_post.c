@@ -179,6 +179,9 @@ static void retire(rdma_conn *c, rdma_slot *s, int status, int is_flush, const c
   rdma_rop *rop = s->rop;
   c->inflight_bytes -= s->len;
   rdma_xs *xs = &rop->xs[s->xi];
+  if (status == 0 && s->bounce)
+    memcpy(rop->op->xfers[s->xi].local + s->off,
+           c->bounce + (size_t)(s - c->ring) * SX__XFER_UNREG_MAX, s->len);
   xs->inflight--;
   rop->inflight--;
   if (status != 0 && !rop->aborting) {
@@ -266,8 +269,9 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
       dequeue(rop);
 
     const sx_xfer *x = &op->xfers[xi];
-    const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
-    const struct ibv_mr *mr = rm != NULL ? rm->mr[dev] : NULL;
+    uint32_t pos = (c->head + n) % c->cap;
+    const rdma_mr *rm = x->lreg != NULL ? x->lreg->tpriv[SX_TRANSPORT_RDMA] : NULL;
+    const struct ibv_mr *mr = x->lreg == NULL ? c->bounce_mr : rm != NULL ? rm->mr[dev] : NULL;
     if (mr == NULL) {
       char msg[160];
       snprintf(msg, sizeof(msg), "local region %u is not registered on %s", x->lreg->r.id,
@@ -276,10 +280,11 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
       xfer_check(rop, xi);
       continue;
     }
-    uint32_t pos = (c->head + n) % c->cap;
     struct ibv_sge *sge = &c->sges[n];
     struct ibv_send_wr *wr = &c->wrs[n];
-    sge->addr = (uintptr_t)(x->local + off);
+    sge->addr = x->lreg == NULL
+                    ? (uintptr_t)(c->bounce + (size_t)pos * SX__XFER_UNREG_MAX)
+                    : (uintptr_t)(x->local + off);
     sge->length = len;
     sge->lkey = mr->lkey;
     memset(wr, 0, sizeof(*wr));
@@ -295,6 +300,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     s->xi = xi;
     s->off = off;
     s->len = len;
+    s->bounce = x->lreg == NULL;
     rop->xs[xi].inflight++;
     rop->inflight++;
     window += len;
@@ -541,6 +547,20 @@ static rdma_rop *rop_find(rdma_peer *p, const sx_op *op) {
   return NULL;
 }
 
+/* The destination lies in its local region, registered with RDMA. */
+static int check_local(const rdma_peer *p, const sx_xfer *x, size_t i) {
+  const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
+  if (rm == NULL || rm->mr[p->lep->dev->index] == NULL)
+    return sx__err(SX_EINVAL, "local region %u is not registered with RDMA on %s",
+                   x->lreg->r.id, p->lep->dev->name);
+  uint64_t a = (uint64_t)(uintptr_t)x->local;
+  if (a < x->lreg->r.addr || a - x->lreg->r.addr > x->lreg->r.length ||
+      x->length > x->lreg->r.length - (a - x->lreg->r.addr))
+    return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at %p lie outside local region %u", i,
+                   (unsigned long long)x->length, (void *)x->local, x->lreg->r.id);
+  return 0;
+}
+
 int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   rdma_peer *p = (rdma_peer *)tp;
   sx_rdma *t = p->t;
@@ -555,20 +575,14 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   /* Check everything before posting anything. */
   for (size_t i = 0; i < op->n; i++) {
     const sx_xfer *x = &op->xfers[i];
-    if (x->lreg == NULL)
+    rc = x->lreg != NULL ? check_local(p, x, i) : 0;
+    if (rc)
+      return rc;
+    if (x->lreg == NULL && x->length > SX__XFER_UNREG_MAX)
       return sx__err(SX_EINVAL,
                      "RDMA READ needs its destination in registered memory: range %zu "
-                     "(entries %u-%u) has no local region",
-                     i, x->entry_first, x->entry_last);
-    const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
-    if (rm == NULL || rm->mr[p->lep->dev->index] == NULL)
-      return sx__err(SX_EINVAL, "local region %u is not registered with RDMA on %s",
-                     x->lreg->r.id, p->lep->dev->name);
-    uint64_t a = (uint64_t)(uintptr_t)x->local;
-    if (a < x->lreg->r.addr || a - x->lreg->r.addr > x->lreg->r.length ||
-        x->length > x->lreg->r.length - (a - x->lreg->r.addr))
-      return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at %p lie outside local region %u",
-                     i, (unsigned long long)x->length, (void *)x->local, x->lreg->r.id);
+                     "(entries %u-%u, %llu bytes) has no local region",
+                     i, x->entry_first, x->entry_last, (unsigned long long)x->length);
     if (x->rreg == NULL)
       return sx__err(SX_EINVAL, "range %zu has no remote region", i);
     if (x->rreg->n_rkeys <= p->rkey_index)
@@ -578,7 +592,9 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
       return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at offset %llu lie outside remote "
                      "region %u", i, (unsigned long long)x->length,
                      (unsigned long long)x->roff, x->rreg->id);
-    slices += slices_of(x->length, t->slice);
+    /* A small read into unregistered memory is one slice through the
+     * QP's bounce buffer. */
+    slices += x->lreg != NULL ? slices_of(x->length, t->slice) : 1;
   }
 
   sx__rdma_enter(t);
