@@ -88,8 +88,10 @@ TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 # The RDMA suite (tests/rdma/): programs built here, run where an RDMA device
 # exists, which on most machines means inside the Soft-RoCE VM that
 # tests/rdma/run-in-rxe-vm.sh boots.  $(RDMA_PAYLOAD) is the VM's /payload.
+# The end-to-end test there runs sx-agent, sxctl and redis-server too.
 RDMA_PAYLOAD := $(BUILD)/rdma-tests
-RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/run.sh
+RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
+                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
 
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-rdma bench-rdma run install uninstall clean print-build
@@ -195,7 +197,16 @@ $(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
 
+$(RDMA_PAYLOAD)/test_rdma_e2e: $(BUILD)/obj/tests/rdma/test_rdma_e2e.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# Copies, not links: the directory is all the VM sees.
 $(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh
+	@mkdir -p $(dir $@)
+	@cp $< $@
+
+$(RDMA_PAYLOAD)/%: $(BUILD)/bin/%
 	@mkdir -p $(dir $@)
 	@cp $< $@
 

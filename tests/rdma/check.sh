@@ -47,7 +47,7 @@ vm_run() {  # vm_run NAME ARGS...   (env already set)
     tail -n 15 "$log" | sed 's/^/  | /'
     exit 0
   fi
-  grep -E '^(PASS|FAIL|RATIO|==)|\[peer\] (PASS|FAIL|==)|segxfer-read|^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+' "$log" | sed 's/^/  /'
+  grep -E '^(PASS|FAIL|RATIO|==)|\[peer\] (PASS|FAIL|==)|^\[ *(OK|FAILED|PASSED) *\]|segxfer-read|^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+' "$log" | sed 's/^/  /'
   if [ $rc -ne 0 ]; then
     echo "check-rdma: $name FAILED (exit $rc, ${secs}s); full log: $log"
     tail -n 60 "$log" | sed 's/^/  | /'
@@ -64,8 +64,11 @@ if [ "$mode" = perf ]; then
 fi
 
 fail=0
+# The end-to-end test needs redis-server in the guest.
+redis=$(command -v redis-server 2>/dev/null || true)
 # RoCE MTU 4096 (eth MTU 9000): ~1.5x faster under emulation.
-RXE_VM_MTU=${RXE_VM_MTU:-9000} vm_run one-vm ./run.sh one || fail=1
+RXE_VM_EXTRA_FILES="$redis ${RXE_VM_EXTRA_FILES:-}" RXE_VM_MTU=${RXE_VM_MTU:-9000} \
+  vm_run one-vm ./run.sh one || fail=1
 if [ "${SX_RDMA_TWO_VMS:-1}" != 0 ]; then
   # Two hosts over the default 1500-byte link (RoCE MTU 1024), 1 vCPU each.
   rm -rf "$payload/run"

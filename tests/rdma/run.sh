@@ -4,7 +4,8 @@
 # a host with a device.  cwd: the directory holding sx-rdma-test.
 #
 #   run.sh one        in-process selftest, a serve/read pair of processes, the
-#                     kill/restart test (one host)
+#                     kill/restart test, the end-to-end test with redis-server
+#                     and sx-agent (one host)
 #   run.sh two-peer   the target of the two-host test (second VM)
 #   run.sh two-main   the reader of the two-host test
 #   run.sh perf       sx-rdma-test bench vs ib_read_bw at 64 KiB and 1 MiB
@@ -30,6 +31,13 @@ one)
   wait "$spid" || fail=1
   step "target killed during a batch, restarted, re-opened"
   ./sx-rdma-test killtest --dir "$tmp" || fail=1
+  step "end to end: redis-server, sx-agent pools, readers and sxctl over RDMA"
+  if command -v redis-server >/dev/null 2>&1; then
+    ./test_rdma_e2e || fail=1
+  else
+    echo "FAIL  test_rdma_e2e: redis-server is not installed here"
+    fail=1
+  fi
   ;;
 two-peer)
   step "target for the two-host test on $dev ($(hostname 2>/dev/null))"
