@@ -78,8 +78,8 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_url test_planner test_frame \
-               test_cache test_agent test_rdma
+UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
+               test_frame test_cache test_agent test_rdma
 INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 TEST_SUPPORT := $(wildcard tests/support/*.c)
@@ -122,6 +122,10 @@ test: deps
 check: all $(TEST_BINS) $(RDMA_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@mkdir -p $(BUILD)/test-logs
+	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
+	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
+	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@$(MAKE) --no-print-directory check-rdma
 
@@ -136,8 +140,7 @@ bench-rdma: $(RDMA_BINS)
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	@echo "make run: the live demo needs the agent (issue 4), which has not landed yet."
-	@echo "make run: built so far: $(STATIC), $(BUILD)/lib/libsegxfer.so"
+	@agent/demo/run-demo.sh "$(BUILD)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "agent_int.h"
 
 extern const sx_transport_ops *const sx__transports[];
@@ -50,8 +51,7 @@ static const char *level_name(sx_log_level l) {
   return "?";
 }
 
-/* The default sink: one line on stderr with a UTC timestamp and the level. */
-static void stderr_log(void *arg, sx_log_level level, const char *msg) {
+void sx__log_stderr(void *arg, sx_log_level level, const char *msg) {
   (void)arg;
   struct timespec ts;
   struct tm tm;
@@ -150,7 +150,8 @@ static void on_event(void *arg, const sx_event *ev) {
 static void on_conn(void *arg, int up, int err, const char *msg) {
   sx_agent *a = arg;
   pthread_mutex_lock(&a->lock);
-  if (!a->conn_seen) {
+  int first = !a->conn_seen;
+  if (first) {
     a->conn_seen = 1;
     a->conn_err = up ? 0 : (err ? err : SX_EUNREACH);
     snprintf(a->conn_msg, sizeof(a->conn_msg), "%s", msg ? msg : "");
@@ -170,8 +171,10 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
     a->store_down = 0;
   } else if (!a->store_down) {
     a->store_down = 1;
-    sx__log(a, SX_LOG_WARN, "metadata store connection lost: %s",
-            msg && *msg ? msg : sx_strerror(err));
+    /* A failure of the very first connect is sx_agent_create()'s error. */
+    if (!first)
+      sx__log(a, SX_LOG_WARN, "metadata store connection lost: %s",
+              msg && *msg ? msg : sx_strerror(err));
   }
   if (!a->shutting_down)
     sx__lease_on_conn(a, up, err, msg);
@@ -206,11 +209,8 @@ int sx_agent_descriptor(sx_agent *a, sx_desc *out) {
   dc->c.run = desc_run;
   dc->c.discard = desc_discard;
   int rc, err = sx__call_wait(a, &dc->c, SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(dc);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&dc->c, rc);
   if (rc == 0)
     *out = dc->d;
@@ -221,33 +221,6 @@ int sx_agent_descriptor(sx_agent *a, sx_desc *out) {
 }
 
 /* ------------------------------------------------------------ addresses */
-
-/* Split "host:port" or "[v6]:port" into host and port. */
-static int split_hostport(const char *s, char *host, size_t hsize, uint16_t *port) {
-  const char *colon;
-  if (s[0] == '[') {
-    const char *close = strchr(s, ']');
-    if (close == NULL || close[1] != ':')
-      return SX_EINVAL;
-    if ((size_t)(close - s - 1) >= hsize)
-      return SX_EINVAL;
-    memcpy(host, s + 1, (size_t)(close - s - 1));
-    host[close - s - 1] = '\0';
-    colon = close + 1;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL || (size_t)(colon - s) >= hsize)
-      return SX_EINVAL;
-    memcpy(host, s, (size_t)(colon - s));
-    host[colon - s] = '\0';
-  }
-  char *end;
-  unsigned long v = strtoul(colon + 1, &end, 10);
-  if (colon[1] == '\0' || *end != '\0' || v > 65535)
-    return SX_EINVAL;
-  *port = (uint16_t)v;
-  return 0;
-}
 
 /* The local address the kernel would use to reach host (a UDP connect
  * sends nothing); "" if it cannot tell. */
@@ -283,7 +256,7 @@ static int pick_addresses(sx_agent *a, const sx_agent_params *p, const sx_url *u
   if (listen == NULL && p->name != NULL)
     listen = "0.0.0.0:0";
   if (listen != NULL) {
-    if (split_hostport(listen, host, sizeof(host), &port))
+    if (sx__hostport_split(listen, host, sizeof(host), &port))
       return sx__err(SX_EINVAL, "listen address '%.64s' is not host:port", listen);
     if ((a->listen = strdup(listen)) == NULL)
       return sx__err(SX_ENOMEM, "sx_agent_create");
@@ -322,6 +295,9 @@ static int check_params(const sx_agent_params *p) {
                    p->lease_ms);
   if ((p->transports & SX_TRANSPORTS_ALL) == 0)
     return sx__err(SX_EINVAL, "transports allows neither TCP nor RDMA");
+  if (p->slice_bytes > (64u << 20))
+    return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
+                   "target serves)", p->slice_bytes);
   if (p->conns_per_peer > 64)
     return sx__err(SX_EINVAL, "conns_per_peer %u is above 64", p->conns_per_peer);
   if (p->n_labels > SX_MAX_LABELS || (p->n_labels && p->labels == NULL))
@@ -374,7 +350,7 @@ static int copy_params(sx_agent *a, const sx_agent_params *p) {
   if (a->p.cache_ttl_ms == 0)
     a->p.cache_ttl_ms = 5000;
   if (a->p.log == NULL)
-    a->p.log = stderr_log;
+    a->p.log = sx__log_stderr;
   return 0;
 }
 
@@ -421,6 +397,28 @@ static int open_transports(sx_agent *a) {
   return 0;
 }
 
+/* Register the ping scratch bytes with every transport that registers
+ * memory; a failure only costs pings over that transport. */
+static void register_scratch(sx_agent *a) {
+  sx_region *r = &a->scratch.l.r;
+  r->id = UINT32_MAX; /* never published, never looked up by id */
+  r->layer_count = 1;
+  r->addr = (uint64_t)(uintptr_t)a->scratch_buf;
+  r->length = r->block_bytes = r->block_stride = sizeof(a->scratch_buf);
+  r->num_blocks = 1;
+  snprintf(r->location, sizeof(r->location), "cpu");
+  for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
+    sx_transport *t = a->tr[k];
+    if (t == NULL || t->ops->reg_mem == NULL)
+      continue;
+    if (t->ops->reg_mem(t, &a->scratch.l) == 0)
+      a->scratch_reg[k] = 1;
+    else
+      sx__log(a, SX_LOG_WARN, "%s: cannot register the ping buffer: %s", t->ops->name,
+              sx_errmsg());
+  }
+}
+
 static void close_transports(sx_agent *a) {
   for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
     sx_transport *t = a->tr[k];
@@ -431,6 +429,9 @@ static void close_transports(sx_agent *a) {
     for (uint32_t i = 0; lt && i < lt->n; i++)
       if (t->ops->dereg_mem)
         t->ops->dereg_mem(t, lt->v[i]);
+    if (a->scratch_reg[k] && t->ops->dereg_mem)
+      t->ops->dereg_mem(t, &a->scratch.l);
+    a->scratch_reg[k] = 0;
     t->ops->close(t);
     a->tr[k] = NULL;
     /* close() closed and freed the transport's peers: peers still held
@@ -516,6 +517,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   if ((rc = sx__cache_create(&a->loop, a->backend, &cp, &a->cache)) != 0 ||
       (rc = open_transports(a)) != 0)
     goto out_loop;
+  register_scratch(a);
   if (uv_thread_create(&a->thread, loop_main, a)) {
     rc = sx__err(SX_EIO, "sx_agent_create: cannot start the agent thread");
     goto out_loop;
@@ -524,13 +526,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   /* Wait for the store's first word: connected, or why not. */
   uint32_t wait_ms = url.connect_timeout_ms + CREATE_SLACK_MS;
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_sec += wait_ms / 1000;
-  ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
+  sx__deadline(&ts, wait_ms);
   pthread_mutex_lock(&a->lock);
   while (!a->conn_seen)
     if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) != 0)
@@ -542,9 +538,13 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   if (!seen || err) {
     char red[512];
     sx__url_redact(&url, red, sizeof(red));
-    rc = !seen ? sx__err(SX_ETIMEDOUT, "metadata store %s did not answer within %u ms",
-                         red, wait_ms)
-               : sx__err(err, "metadata store %s: %s", red, msg[0] ? msg : sx_strerror(err));
+    if (!seen)
+      rc = sx__err(SX_ETIMEDOUT, "metadata store %s did not answer within %u ms", red,
+                   wait_ms);
+    else if (msg[0]) /* the backend's message names the store already */
+      rc = sx__err(err, "%s", msg);
+    else
+      rc = sx__err(err, "metadata store %s: %s", red, sx_strerror(err));
     char keep[1024];
     snprintf(keep, sizeof(keep), "%s", sx_errmsg());
     sx_agent_destroy(a);
@@ -630,7 +630,8 @@ void sx_agent_destroy(sx_agent *a) {
   a->shutdown.embedded = 1;
   sx__call_post(a, &a->shutdown);
   uv_thread_join(&a->thread);
-  uv_loop_close(&a->loop);
+  if (uv_loop_close(&a->loop) != 0)
+    sx__log(a, SX_LOG_ERROR, "agent stopped with libuv handles still open (a bug)");
   sx__log(a, SX_LOG_INFO, "agent stopped");
   free_agent(a);
 }

@@ -14,6 +14,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 #include <uv.h>
 
 #include "backend.h"
@@ -48,9 +49,10 @@ struct sx__call {
 
 /* Queue c and wait up to timeout_ms for it.  Returns 0 when the call
  * finished (*rc is its result, and the caller must sx__call_free(c) after
- * reading what it needs), or SX_ETIMEDOUT/SX_ESHUTDOWN/SX_EBUSY when the
- * caller gave up (c then belongs to the agent).  On the agent thread
- * itself it fails with SX_EBUSY without queueing. */
+ * reading what it needs), or SX_ETIMEDOUT/SX_ESHUTDOWN/SX_EBUSY when it
+ * gave up: c is then no longer the caller's (freed now, or by the loop
+ * after it finishes, which runs discard).  On the agent thread itself it
+ * fails with SX_EBUSY without queueing. */
 int sx__call_wait(sx_agent *a, sx__call *c, uint32_t timeout_ms, int *rc);
 /* Queue c without waiting; the loop frees it (unless embedded).  Returns
  * SX_ESHUTDOWN when the agent no longer takes calls (c is then the
@@ -65,6 +67,9 @@ void sx__calls_run(uv_async_t *h);
 /* Loop thread, at shutdown: refuse new calls and run what is queued (every
  * run fails fast once a->shutting_down is set). */
 void sx__calls_drain(sx_agent *a);
+/* CLOCK_MONOTONIC now + ms, for condition waits (the agent's and batches'
+ * condition variables use that clock). */
+void sx__deadline(struct timespec *ts, uint32_t ms);
 /* Record a loop-side failure as the caller's sx_errmsg(). */
 int sx__call_result(const sx__call *c, int rc);
 
@@ -152,6 +157,8 @@ void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
 /* ------------------------------------------------------------ batches */
 
 void sx__batches_abort(sx_agent *a, int status);
+/* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
+int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
 
 /* ------------------------------------------------------------ the agent */
 
@@ -189,6 +196,12 @@ struct sx_agent {
   uv_timer_t drain_timer;
   uv_timer_t stop_timer;  /* runs the last step of shutdown */
 
+  /* A few registered bytes outside the published table: the destination
+   * of pings, which RDMA needs in registered memory. */
+  sx__lreg scratch;
+  uint8_t scratch_buf[64];
+  int scratch_reg[SX__TRANSPORT_SLOTS];
+
   sx__lease lease;
   sx_agent_status status; /* lock */
 
@@ -198,6 +211,9 @@ struct sx_agent {
   int shutting_down;      /* loop thread: destroy has begun */
 };
 
+/* The default log sink: one line on stderr with a UTC timestamp and the
+ * level (the programs use it for their own lines too). */
+void sx__log_stderr(void *arg, sx_log_level level, const char *msg);
 /* Log one line (the params' sink). */
 void sx__log(sx_agent *a, sx_log_level level, const char *fmt, ...) SX__PRINTF(3, 4);
 /* Loop thread: update the published state (and the status under lock). */

@@ -132,6 +132,15 @@ int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n) {
   return rc ? rc : sx__plan_add_ranges(&b->plan, r, n);
 }
 
+int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len) {
+  sx_agent *a = b->a;
+  if (len > sizeof(a->scratch_buf))
+    return sx__err(SX_ELIMIT, "at most %zu bytes into the scratch buffer",
+                   sizeof(a->scratch_buf));
+  int rc = check_new(b, "sx__batch_add_scratch");
+  return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
+}
+
 /* ------------------------------------------------------------ the end */
 
 static void batch_free(sx_batch *b) {
@@ -429,15 +438,8 @@ int sx_batch_wait(sx_batch *b, int timeout_ms) {
   if (sx__on_loop(b->a))
     return sx__err(SX_EBUSY, "sx_batch_wait cannot wait on the agent's thread");
   struct timespec ts;
-  if (timeout_ms >= 0) {
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-  }
+  if (timeout_ms >= 0)
+    sx__deadline(&ts, (uint32_t)timeout_ms);
   pthread_mutex_lock(&b->mu);
   if (b->state == SX_BATCH_NEW) {
     pthread_mutex_unlock(&b->mu);

@@ -18,6 +18,13 @@ int sx__on_loop(const sx_agent *a) {
   return uv_thread_equal(&self, &a->loop_tid);
 }
 
+static void release(sx__call *c) {
+  if (c->discard)
+    c->discard(c);
+  if (!c->embedded)
+    free(c);
+}
+
 static int enqueue(sx_agent *a, sx__call *c, int refs) {
   c->a = a;
   c->next = NULL;
@@ -37,7 +44,7 @@ static int enqueue(sx_agent *a, sx__call *c, int refs) {
 
 int sx__call_post(sx_agent *a, sx__call *c) { return enqueue(a, c, 1); }
 
-static void deadline(struct timespec *ts, uint32_t ms) {
+void sx__deadline(struct timespec *ts, uint32_t ms) {
   clock_gettime(CLOCK_MONOTONIC, ts);
   ts->tv_sec += ms / 1000;
   ts->tv_nsec += (long)(ms % 1000) * 1000000L;
@@ -50,22 +57,19 @@ static void deadline(struct timespec *ts, uint32_t ms) {
 /* Drop one reference (lock held); returns 1 if the caller must free c. */
 static int unref_locked(sx__call *c) { return --c->refs == 0; }
 
-static void release(sx__call *c) {
-  if (c->discard)
-    c->discard(c);
-  if (!c->embedded)
-    free(c);
-}
-
 int sx__call_wait(sx_agent *a, sx__call *c, uint32_t timeout_ms, int *rc) {
+  int err;
   if (sx__on_loop(a))
-    return sx__err(SX_EBUSY, "this call waits, so it cannot run on the agent's own "
-                   "thread (from a callback)");
-  int err = enqueue(a, c, 2);
-  if (err)
+    err = sx__err(SX_EBUSY, "this call waits, so it cannot run on the agent's own "
+                  "thread (from a callback)");
+  else
+    err = enqueue(a, c, 2);
+  if (err) {
+    release(c); /* never queued */
     return err;
+  }
   struct timespec ts;
-  deadline(&ts, timeout_ms);
+  sx__deadline(&ts, timeout_ms);
   pthread_mutex_lock(&a->lock);
   while (!c->done) {
     if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) == ETIMEDOUT && !c->done)
@@ -77,10 +81,8 @@ int sx__call_wait(sx_agent *a, sx__call *c, uint32_t timeout_ms, int *rc) {
     *rc = c->rc;
     return 0;
   }
-  int last = unref_locked(c);
+  c->refs--; /* the loop holds the last reference and frees it */
   pthread_mutex_unlock(&a->lock);
-  if (last)
-    release(c); /* cannot happen before done, but keep the rule simple */
   return sx__err(SX_ETIMEDOUT, "the agent did not answer within %u ms", timeout_ms);
 }
 

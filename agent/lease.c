@@ -419,11 +419,8 @@ static int lease_call_wait(sx_agent *a, int publish, unsigned flags) {
   lc->publish = publish;
   lc->flags = flags;
   int rc, err = sx__call_wait(a, &lc->c, SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(lc);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&lc->c, rc);
   sx__call_free(&lc->c);
   return rc;

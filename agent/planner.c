@@ -235,7 +235,9 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
   if (!sx__add_ok((uint64_t)(uintptr_t)r->local, r->length, &end))
     return sx__err(SX_EOVERFLOW, "entry %u: local + length overflows the address space",
                    e);
-  if (p->need_lreg && r->length > SX__XFER_UNREG_MAX &&
+  /* Probes (up to SX__XFER_UNREG_MAX bytes) may land anywhere: the
+   * transport bounces them through memory it registered itself. */
+  if (p->need_lreg && (r->length == 0 || r->length > SX__XFER_UNREG_MAX) &&
       sx__rindex_addr(p->local, (uint64_t)(uintptr_t)r->local, r->length) == NULL)
     return sx__err(SX_EINVAL, "entry %u: the destination is not inside a registered "
                    "region (the transport needs registered memory)", e);
@@ -398,5 +400,28 @@ int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n) {
     }
   }
   p->n_entries += (uint32_t)n;
+  return 0;
+}
+
+int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
+                      uint64_t roff, uint8_t *local, uint64_t len) {
+  uint64_t end;
+  int rc = add_common(p, 1, "sx__plan_add_xfer");
+  if (rc)
+    return rc;
+  uint32_t e = p->n_entries;
+  if (len == 0 || local == NULL)
+    return sx__err(SX_EINVAL, "entry %u: local is NULL or length is 0", e);
+  if (!(R->access & SX_ACCESS_REMOTE_READ))
+    return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote reads",
+                   e, R->id);
+  if (!sx__add_ok(roff, len, &end) || end > R->length)
+    return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
+  p->have_shape = 0;
+  if (emit(p, NONE, R, L, roff, local, len, e)) {
+    p->broken = SX_ENOMEM;
+    return sx__err(SX_ENOMEM, "planning entry %u", e);
+  }
+  p->n_entries++;
   return 0;
 }

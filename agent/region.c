@@ -233,11 +233,8 @@ int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t *id) {
   c->c.run = reg_run;
   c->rp = *r;
   int rc, err = sx__call_wait(a, &c->c, SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(c);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&c->c, rc);
   if (rc == 0)
     *id = c->id;
@@ -335,11 +332,8 @@ int sx_agent_unregister(sx_agent *a, uint32_t id) {
   u->c.run = unreg_run;
   u->id = id;
   int rc, err = sx__call_wait(a, &u->c, SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(u);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&u->c, rc);
   sx__call_free(&u->c);
   return rc;

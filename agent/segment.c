@@ -276,11 +276,8 @@ int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
     return rc;
   o->c.discard = open_discard;
   int err = sx__call_wait(a, &o->c, timeout_ms + SX__CALL_SLACK_MS, &rc);
-  if (err) {
-    if (err == SX_EBUSY || err == SX_ESHUTDOWN)
-      free(o);
-    return err;
-  }
+  if (err)
+    return err; /* the call is the agent's now */
   rc = sx__call_result(&o->c, rc);
   if (rc == 0)
     *out = o->seg;
@@ -367,17 +364,15 @@ int sx_segment_ping(sx_segment *s, uint32_t timeout_ms, uint64_t *rtt_us,
       target = &d->regions[i];
   if (target == NULL)
     return sx__err(SX_EDENIED, "%s has no region that allows remote reads", d->name);
-  uint8_t byte;
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = timeout_ms ? timeout_ms : 5000;
   sx_batch *b;
-  sx_range_read rr = {.local = &byte, .remote_region = target->id, .offset = 0,
-                      .length = 1};
   int rc = sx_batch_create(s, &bp, &b);
   if (rc)
     return rc;
-  if ((rc = sx_batch_add_ranges(b, &rr, 1)) == 0 && (rc = sx_batch_submit(b)) == 0 &&
+  /* One byte into the agent's registered scratch memory. */
+  if ((rc = sx__batch_add_scratch(b, target, 0, 1)) == 0 && (rc = sx_batch_submit(b)) == 0 &&
       (rc = sx_batch_wait(b, -1)) == 0) {
     sx_batch_result res;
     sx_batch_result_get(b, &res);

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "addr.h"
 #include "internal.h"
 #include "tcp_frame.h"
 #include "transport.h"
@@ -42,7 +43,7 @@
 /* Target side. */
 #define MAX_READ (64u << 20)        /* longest READ served */
 #define MAX_CONNS 1024              /* reader connections at once */
-#define MAX_CONNS_PER_READER 64     /* per reader name */
+#define MAX_CONNS_PER_READER 64     /* per reader name (unnamed: per address) */
 #define HELLO_TIMEOUT_MS 5000       /* a connection must say HELLO by then */
 #define SERVER_RBUF 16384           /* >= header + largest HELLO */
 #define REPLIES_PER_WRITE 256
@@ -82,7 +83,8 @@ struct sconn {
   uv_timer_t hello_timer;
   tcp_t *t;
   sconn *next, *prev;
-  char peer[64];
+  char peer[64];                 /* "ip:port" */
+  char host[48];                 /* "ip" */
   char reader[SX_NAME_MAX + 1];
   int hello_ok, closing, reading, handles;
   uint32_t queued;
@@ -231,9 +233,12 @@ static void s_hello(sconn *c, const sx__frame *f, const uint8_t *body) {
   int tok_bad = sx__ct_memcmp(h.token, x->token, SX_TOKEN_LEN) != 0;
   int status = inc_bad ? SX_ESTALE : tok_bad ? SX_EACCESS : 0;
   if (status == 0) {
+    /* Fairness between readers: named ones by name, unnamed (reader-only
+     * agents) by address. */
     uint32_t same = 0;
     for (sconn *o = t->sconns; o; o = o->next)
-      same += o != c && o->hello_ok && strcmp(o->reader, c->reader) == 0;
+      same += o != c && o->hello_ok && strcmp(o->reader, c->reader) == 0 &&
+              (h.name[0] != '\0' || strcmp(o->host, c->host) == 0);
     if (same >= MAX_CONNS_PER_READER)
       status = SX_ELIMIT;
   }
@@ -386,9 +391,8 @@ static void on_connection(uv_stream_t *server, int status) {
   struct sockaddr_storage ss;
   int len = sizeof(ss);
   if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) == 0) {
-    char ip[48];
-    uv_ip_name((struct sockaddr *)&ss, ip, sizeof(ip));
-    snprintf(c->peer, sizeof(c->peer), "%s:%u", ip,
+    uv_ip_name((struct sockaddr *)&ss, c->host, sizeof(c->host));
+    snprintf(c->peer, sizeof(c->peer), "%s:%u", c->host,
              ntohs(((struct sockaddr_in *)&ss)->sin_port));
   }
   if (t->n_sconns > MAX_CONNS) {
@@ -468,6 +472,10 @@ struct tpeer {
 static void p_fail_pending(tpeer *p, int err, const char *msg);
 static void c_fail(cconn *c, int err, const char *msg);
 
+static int c_live(const cconn *c) {
+  return c->state == C_CONNECTING || c->state == C_HELLO || c->state == C_READY;
+}
+
 static void p_maybe_free(tpeer *p) {
   if (!p->closing || p->handles > 0)
     return;
@@ -478,12 +486,24 @@ static void p_maybe_free(tpeer *p) {
   maybe_free_transport(t);
 }
 
+static void c_start(cconn *c);
+
 static void c_closed(uv_handle_t *h) {
   cconn *c = h->data;
   tpeer *p = c->p;
-  if ((uv_handle_t *)&c->h == h)
-    c->state = C_IDLE;
   p->handles--;
+  if ((uv_handle_t *)&c->h == h) {
+    c->state = C_IDLE;
+    /* Work posted while every connection was closing has nobody to send
+     * it: connect again (which fails it at once if the target is gone). */
+    if (!p->closing && p->q != NULL) {
+      int live = 0;
+      for (uint32_t i = 0; i < p->n_conns; i++)
+        live |= c_live(&p->conns[i]);
+      if (!live && p->have_sa)
+        c_start(c);
+    }
+  }
   p_maybe_free(p);
 }
 
@@ -500,9 +520,6 @@ static void schedule_pump(tpeer *p) {
     uv_idle_start(&t->pump, pump_cb);
 }
 
-static int c_live(const cconn *c) {
-  return c->state == C_CONNECTING || c->state == C_HELLO || c->state == C_READY;
-}
 
 /* Settle the oldest request in flight on c with status. */
 static void c_complete_head(cconn *c, int status, const char *msg) {
@@ -866,39 +883,6 @@ static void pump_cb(uv_idle_t *h) {
 
 /* ================================================================ ops */
 
-/* "host:port" or "[v6]:port" -> a socket address; 0 or -1. */
-static int parse_listen(const char *s, struct sockaddr_storage *ss, char *host,
-                        size_t hsize) {
-  const char *hb = s, *colon;
-  size_t hlen;
-  if (s[0] == '[') {
-    colon = strstr(s, "]:");
-    if (colon == NULL)
-      return -1;
-    hb = s + 1;
-    hlen = (size_t)(colon - hb);
-    colon++;
-  } else {
-    colon = strrchr(s, ':');
-    if (colon == NULL)
-      return -1;
-    hlen = (size_t)(colon - s);
-  }
-  if (hlen >= hsize)
-    return -1;
-  memcpy(host, hb, hlen);
-  host[hlen] = '\0';
-  char *end;
-  unsigned long port = strtoul(colon + 1, &end, 10);
-  if (colon[1] == '\0' || *end != '\0' || port > 65535)
-    return -1;
-  memset(ss, 0, sizeof(*ss));
-  if (uv_ip4_addr(host, (int)port, (struct sockaddr_in *)ss) != 0 &&
-      uv_ip6_addr(host, (int)port, (struct sockaddr_in6 *)ss) != 0)
-    return -1;
-  return 0;
-}
-
 static void tcp_close(sx_transport *base);
 
 static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
@@ -922,7 +906,7 @@ static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   char host[256];
   struct sockaddr_storage ss;
   int rc;
-  if (parse_listen(listen, &ss, host, sizeof(host)) != 0) {
+  if (sx__hostport_sockaddr(listen, &ss, host, sizeof(host)) != 0) {
     rc = sx__err(SX_EINVAL, "tcp: listen address '%.64s' is not IP:port", listen);
     tcp_close(&t->base); /* freed once the loop has closed its handles */
     return rc;

@@ -12,6 +12,7 @@
 #include "segxfer/descriptor.h"
 #include "segxfer/layout.h"
 #include "segxfer/store.h"
+#include "segxfer/agent.h"
 
 #define SX_VERSION_MAJOR 0
 #define SX_VERSION_MINOR 1

@@ -4,7 +4,6 @@
 
 #include "backend.h"
 #include "internal.h"
-#include "redis.h"
 
 /* Backends register here; a scheme whose ops are not built gives SX_ENOTSUP. */
 static const sx_backend_ops *const backends[] = {

@@ -28,7 +28,10 @@ typedef struct sx_backend_hooks {
   void (*on_event)(void *arg, const sx_event *ev);
   /* The connection came up (up=1: first connect, or back after an outage; an
    * agent then renews at once, which republishes if the store lost its
-   * data) or went down (up=0, err says why). */
+   * data) or went down (up=0, err says why).  A down is reported once per
+   * outage (the first failed attempt after open counts), not for every
+   * failed reconnect.  While watching, "up" includes the event
+   * subscription, so events may have been missed before an up=1. */
   void (*on_conn)(void *arg, int up, int err, const char *msg);
   void *arg;
 } sx_backend_hooks;
@@ -65,7 +68,7 @@ typedef struct sx_backend_reply {
   /* publish failing with SX_EHELD: who holds the name. */
   uint8_t holder[SX_INCARNATION_LEN];
   /* Since the holder last published or renewed.  Also filled by a
-   * successful get where the backend knows it (0 otherwise). */
+   * successful get (0 when the backend cannot tell). */
   uint64_t holder_age_ms;
   int64_t holder_ttl_ms;  /* its lease left */
   /* list: */
@@ -121,6 +124,7 @@ int sx__backend_open(uv_loop_t *loop, const char *url, const sx_backend_hooks *h
                      sx_backend **out);
 
 extern const sx_backend_ops sx__backend_mem_ops;
+extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
 
 /* Dispatchers: a missing slot returns SX_ENOTSUP. */
 #define SX__BACKEND_CALL(b, op, ...)                                           \

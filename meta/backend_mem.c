@@ -300,6 +300,7 @@ static int mem_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg)
     msg->rep.value = msg->value;
     msg->rep.len = e->len;
     msg->rep.ttl_ms = ttl_of(e);
+    msg->rep.holder_age_ms = sx__mono_ms() - e->touched_ms;
   }
   pthread_mutex_unlock(&mem_lock);
   enqueue(m, msg);

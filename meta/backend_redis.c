@@ -1,5 +1,8 @@
 /*
- * redis:// and redis+sentinel:// metadata store (hiredis async on libuv).
+ * redis:// and redis+sentinel:// metadata store (hiredis async on libuv):
+ * the ops and their replies.  The session (connect, handshake, events,
+ * reconnects) is in redis_session.c, Sentinel in redis_sentinel.c, the Lua
+ * scripts in redis_scripts.c.
  *
  * Keys for namespace NS and segment N (README "Key schema"):
  *   sx:NS:seg:{N}    HASH d (descriptor), inc (hex), gen, pub, ren (server

@@ -170,6 +170,5 @@ void sx__redis_session_fail(redis_backend *rb, int err, const char *fmt, ...)
 /* Close a context we own; safe inside its own callbacks. */
 void sx__redis_drop(redisAsyncContext **acp);
 
-extern const sx_backend_ops sx__backend_redis_ops;
 
 #endif

@@ -3,7 +3,7 @@
  * backend driven on a private libuv loop until each op's callback has run.
  * There is no second store implementation here, only waiting and decoding.
  */
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,9 @@ struct sx_store {
   char url[600];
   int conn;          /* 0 connecting, 1 up, < 0 down with this code */
   char conn_msg[512];
-  volatile sig_atomic_t interrupted;
+  /* Set by sx_store_interrupt() from a signal handler or another thread;
+   * lock-free atomics are safe in both. */
+  atomic_int interrupted;
   sx_store_watch_cb wcb;
   void *warg;
   int wstop;
@@ -195,9 +197,7 @@ static void get_cb(void *arg, const sx_backend_reply *rep) {
   if (rep->status != 0)
     return;
   w->lease.ttl_ms = rep->ttl_ms;
-  w->lease.renewed_ago_ms = rep->holder_age_ms > 0 || rep->ttl_ms >= 0
-                                ? (int64_t)rep->holder_age_ms
-                                : -1;
+  w->lease.renewed_ago_ms = rep->ttl_ms >= 0 ? (int64_t)rep->holder_age_ms : -1;
   w->status = decode(w->name, rep->value, rep->len, &w->desc, w->message,
                      sizeof(w->message));
   w->have_desc = w->status == 0;
@@ -207,6 +207,9 @@ int sx_store_get(sx_store *s, const char *name, sx_desc *desc, sx_store_lease *l
   wait_op w = {.s = s, .name = name};
   if (s == NULL || name == NULL || desc == NULL)
     return sx__err(SX_EINVAL, "sx_store_get: NULL argument");
+  /* Every backend gets the same name rules, whatever it checks itself. */
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -288,6 +291,8 @@ int sx_store_remove(sx_store *s, const char *name) {
   wait_op w = {.s = s};
   if (s == NULL || name == NULL)
     return sx__err(SX_EINVAL, "sx_store_remove: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -310,6 +315,8 @@ int sx_store_publish_raw(sx_store *s, const char *name,
       .lease_ms = lease_ms ? lease_ms : 5000,
       .takeover = (flags & SX_STORE_TAKEOVER) != 0,
   };
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -335,6 +342,8 @@ int sx_store_renew(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_renew: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -347,6 +356,8 @@ int sx_store_unpublish(sx_store *s, const char *name,
   wait_op w = {.s = s};
   if (s == NULL || name == NULL || incarnation == NULL)
     return sx__err(SX_EINVAL, "sx_store_unpublish: NULL argument");
+  if (sx_name_validate(name) != 0)
+    return SX_ENAME;
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
@@ -356,27 +367,26 @@ int sx_store_unpublish(sx_store *s, const char *name,
 int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   if (s == NULL || cb == NULL)
     return sx__err(SX_EINVAL, "sx_store_watch: NULL argument");
-  if (s->conn < 0)
-    return sx__err(s->conn, "%s", s->conn_msg);
-  int rc = sx__backend_watch(s->b);
+  int rc = ensure_conn(s);
+  if (rc != 0)
+    return rc;
+  rc = sx__backend_watch(s->b);
   if (rc != 0)
     return rc;
   s->wcb = cb;
   s->warg = arg;
   s->wstop = 0;
-  while (!s->wstop && !s->interrupted && s->conn >= 0)
+  while (!s->wstop && !atomic_load(&s->interrupted) && s->conn >= 0)
     uv_run(&s->loop, UV_RUN_ONCE);
   s->wcb = NULL;
   if (s->wstop)
     return 0;
-  if (s->interrupted) {
-    s->interrupted = 0;
+  if (atomic_exchange(&s->interrupted, 0))
     return sx__err(SX_ECANCELED, "watch interrupted");
-  }
   return sx__err(s->conn, "watch ended: %s", s->conn_msg);
 }
 
 void sx_store_interrupt(sx_store *s) {
-  s->interrupted = 1;
+  atomic_store(&s->interrupted, 1);
   uv_async_send(&s->wake);
 }

@@ -456,6 +456,32 @@ static void test_agent_restarted_target_is_stale_then_reopens(void **state) {
   sxt_agent_stop(&t);
 }
 
+static void test_agent_batches_fail_fast_after_the_target_dies(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-13", NULL, 13);
+  sxt_reader_start(&r, url, "decode-13");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-13", 1000, &seg));
+  sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .count = 4};
+  assert_int_equal(run_batch(seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
+  sxt_agent_stop(&t);
+  /* Whether the reader has noticed the closed connections yet or not, each
+   * batch fails promptly with a connection error: never at its deadline. */
+  for (int i = 0; i < 5; i++) {
+    uint64_t t0 = sx__mono_ms();
+    sx_batch_result res = run_batch(seg, &e, 1, 30000);
+    assert_int_equal(res.state, SX_BATCH_FAILED);
+    assert_true(res.error == SX_EDISCONN || res.error == SX_EUNREACH ||
+                res.error == SX_ENOENT);
+    assert_true(sx__mono_ms() - t0 < 10000);
+  }
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+}
+
 /* ------------------------------------------------------------ deadlines */
 
 /* A "target" that accepts connections (the kernel does) and never answers. */
@@ -835,6 +861,7 @@ int main(void) {
       cmocka_unit_test(test_agent_wire_rejects_bad_requests_and_keeps_serving),
       cmocka_unit_test(test_agent_read_with_bad_token_fails_with_eaccess),
       cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_agent_batches_fail_fast_after_the_target_dies),
       cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
       cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),

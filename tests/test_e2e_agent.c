@@ -173,20 +173,7 @@ static void reader_stop(rd *r) {
 
 /* Every block an entry brought equals the pool's pattern. */
 static int verify(const rd *r, const sx_segment *seg, uint64_t seed, const sx_block_read *e) {
-  const sx_desc *d = sx_segment_desc(seg);
-  for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++) {
-    for (uint32_t s = 0; s < N_SLOTS; s++) {
-      if (!(e->slots & (1ull << s)))
-        continue;
-      const sx_region *R = sx_desc_find(d, 0, l, s);
-      const uint8_t *local = r->mem[s] + (uint64_t)l * LOCAL_BLOCKS * BLOCK +
-                             e->local_block * BLOCK;
-      uint64_t off = (l - R->layer_first) * R->layer_stride + e->remote_block * R->block_stride;
-      if (sx__pattern_check(local, e->count * BLOCK, seed, R->id, off, NULL) != 0)
-        return -1;
-    }
-  }
-  return 0;
+  return sxt_verify(r->mem, LOCAL_BLOCKS, seg, seed, e);
 }
 
 /* n entries over non-overlapping local blocks, random remote blocks,
@@ -482,6 +469,61 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   assert_int_equal(pool_stop(&p, SIGTERM), 0);
 }
 
+static int count_in_file(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  char line[1024];
+  int n = 0;
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
+static void test_e2e_reader_killed_during_a_batch(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 12, 0, 3000);
+  char exe[PATH_MAX + 16], log[256];
+  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
+  snprintf(log, sizeof(log), "%s/%s-victim.log", tmpdir, name);
+  const char *argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:20000",
+                        "--batch", "256", "--depth", "4", "--seed", "9", NULL};
+  pid_t victim = spawn(log, argv);
+  /* Kill it once its connections are up and reads are flowing. */
+  for (int i = 0; i < 500 && count_in_file(p.log, "connected from") == 0; i++)
+    sleep_ms(10);
+  sleep_ms(200);
+  kill(victim, SIGKILL);
+  assert_int_equal(reap(victim, 10000), 128 + SIGKILL);
+  /* The target notices every connection go and frees it, and keeps serving. */
+  for (int i = 0; i < 500 && count_in_file(p.log, "disconnected") <
+                                 count_in_file(p.log, "connected from");
+       i++)
+    sleep_ms(10);
+  assert_true(count_in_file(p.log, "connected from") >= 1);
+  assert_int_equal(count_in_file(p.log, "disconnected"),
+                   count_in_file(p.log, "connected from"));
+  rd r;
+  reader_start(&r, "e2e-reader-6");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e[20];
+  uint32_t rng = 21;
+  entries(e, 20, &rng);
+  assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
+  for (int i = 0; i < 20; i++)
+    assert_int_equal(verify(&r, seg, 12, &e[i]), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  /* A clean exit (and, in sanitizer builds, no leak report). */
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
 static void test_e2e_sigterm_unpublishes_at_once(void **state) {
   (void)state;
   NEED_REDIS();
@@ -502,6 +544,46 @@ static void test_e2e_sigterm_unpublishes_at_once(void **state) {
   /* SIGTERM: exit 0 and the segment is gone now, not at lease expiry. */
   assert_int_equal(pool_stop(&p, SIGTERM), 0);
   assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+}
+
+static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  pool p;
+  pool_start(&p, name, NULL, 5, 0, 1500); /* renews every 500 ms */
+  sxt_redis_kill(&redis, SIGKILL);
+  assert_int_equal(sxt_redis_restart(&redis), 0);
+  /* The restarted Redis is empty; the agent notices (reconnect, renew ->
+   * gone) and republishes the same incarnation with the next generation. */
+  uint64_t t0 = sx__mono_ms();
+  uint8_t inc[SX_INCARNATION_LEN];
+  while (stored_incarnation(name, inc) != 0 && sx__mono_ms() - t0 < 20000)
+    sleep_ms(50);
+  sxt_ok(stored_incarnation(name, inc));
+  assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN);
+  print_message("republished %lu ms after the restart\n",
+                (unsigned long)(sx__mono_ms() - t0));
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  sxt_ok(sx_store_get(s, name, &d, NULL));
+  assert_true(d.generation >= 2);
+  sx_desc_free(&d);
+  sx_store_close(s);
+  /* And it serves as before. */
+  rd r;
+  reader_start(&r, "e2e-reader-7");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  sx_block_read e = {.layer_count = LAYERS, .slots = 7, .count = 8};
+  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 5, &e), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_true(count_in_file(p.log, "republishing") >= 1);
 }
 
 /* ------------------------------------------------------------ setup */
@@ -551,7 +633,9 @@ int main(void) {
       cmocka_unit_test(test_e2e_target_killed_during_a_batch),
       cmocka_unit_test(test_e2e_stopped_target_times_out_then_recovers),
       cmocka_unit_test(test_e2e_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_e2e_reader_killed_during_a_batch),
       cmocka_unit_test(test_e2e_sigterm_unpublishes_at_once),
+      cmocka_unit_test(test_e2e_store_restarted_empty_gets_the_segment_back),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -334,7 +335,7 @@ static int collect(void *arg, const sx_event *ev) {
 
 typedef struct actor {
   sx_store *watcher;
-  int done;
+  atomic_int done;
   int rc;
 } actor;
 
@@ -360,9 +361,9 @@ static void *actor_main(void *arg) {
     sx_desc_free(&d);
     sx_store_close(s);
   }
-  for (int i = 0; i < 100 && !a->done; i++)
+  for (int i = 0; i < 100 && !atomic_load(&a->done); i++)
     sleep_ms(100);
-  if (!a->done)
+  if (!atomic_load(&a->done))
     sx_store_interrupt(a->watcher);
   return NULL;
 }
@@ -377,7 +378,7 @@ static void test_store_watch_put_delete_expired(void **state) {
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, actor_main, &a), 0);
   int rc = sx_store_watch(s, collect, &log);
-  a.done = 1;
+  atomic_store(&a.done, 1);
   pthread_join(th, NULL);
   sxt_ok(a.rc);
   sxt_ok(rc); /* ended by the callback on the expiry, not by the interrupt */
@@ -421,6 +422,59 @@ static void test_store_watch_interrupt(void **state) {
   sx_store_close(s);
 }
 
+
+static int until_expired(void *arg, const sx_event *ev) {
+  return ev->kind == SX_EVENT_EXPIRED && strcmp(ev->name, (const char *)arg) == 0;
+}
+
+/* Interrupt a watch that has not ended by itself within 10 s. */
+typedef struct watchdog {
+  sx_store *s;
+  atomic_int done;
+} watchdog;
+
+static void *watchdog_main(void *arg) {
+  watchdog *w = arg;
+  for (int i = 0; i < 100 && !atomic_load(&w->done); i++)
+    sleep_ms(100);
+  if (!atomic_load(&w->done))
+    sx_store_interrupt(w->s);
+  return NULL;
+}
+
+static void test_store_select_db(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char url[256];
+  sx_store *s;
+  snprintf(url, sizeof(url), "redis://127.0.0.1:%d/3?namespace=dbt", main_redis.port);
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  desc_make(&d, "d/0", 0x11, 1, 1000);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  redisContext *c = sxt_redis_connect(&main_redis);
+  assert_non_null(c);
+  redisReply *r = redisCommand(c, "EXISTS sx:dbt:seg:{d/0}");
+  assert_int_equal(r->integer, 0); /* not in db 0 */
+  freeReplyObject(r);
+  r = redisCommand(c, "SELECT 3");
+  freeReplyObject(r);
+  r = redisCommand(c, "EXISTS sx:dbt:seg:{d/0}");
+  assert_int_equal(r->integer, 1);
+  freeReplyObject(r);
+  redisFree(c);
+  /* Expiry events come from db 3's keyspace channel. */
+  watchdog w = {.s = s};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, watchdog_main, &w), 0);
+  int rc = sx_store_watch(s, until_expired, (void *)"d/0");
+  atomic_store(&w.done, 1);
+  pthread_join(th, NULL);
+  sxt_ok(rc);
+  sx_desc_free(&d);
+  sx_store_close(s);
+}
+
 /* ---------------------------------------------------- corrupt values */
 
 static void test_store_corrupt_value(void **state) {
@@ -440,6 +494,16 @@ static void test_store_corrupt_value(void **state) {
   freeReplyObject(r);
   r = redisCommand(c, "SET sx:corrupt:seg:{str/0} just-a-string");
   freeReplyObject(r);
+  /* A value over the 1 MiB descriptor limit is refused, not decoded. */
+  size_t big = SX_MAX_DESC_BYTES + 4096;
+  char *huge = calloc(1, big);
+  assert_non_null(huge);
+  r = redisCommand(c, "HSET sx:corrupt:seg:{huge/0} d %b", huge, big);
+  assert_non_null(r);
+  freeReplyObject(r);
+  free(huge);
+  r = redisCommand(c, "ZADD sx:corrupt:index 99999999999999 huge/0");
+  freeReplyObject(r);
   r = redisCommand(c, "ZADD sx:corrupt:index 99999999999999 bad/0 99999999999999 str/0 "
                       "99999999999999 gone/0 99999999999999 %s", "bad name!");
   freeReplyObject(r);
@@ -452,24 +516,29 @@ static void test_store_corrupt_value(void **state) {
   assert_non_null(strstr(sx_errmsg(), "bad/0"));
   sxt_rc(sx_store_get(s, "str/0", &got, NULL), SX_EDECODE);
   assert_non_null(strstr(sx_errmsg(), "not a segment"));
+  sxt_rc(sx_store_get(s, "huge/0", &got, NULL), SX_ELIMIT);
+  assert_non_null(strstr(sx_errmsg(), "limit"));
 
   sx_store_entry *e;
   size_t n;
   sxt_ok(sx_store_list(s, &e, &n));
   /* gone/0 has no key and "bad name!" is no name: both left out. */
-  assert_int_equal(n, 3);
+  assert_int_equal(n, 4);
   assert_string_equal(e[0].name, "bad/0");
   assert_int_not_equal(e[0].status, 0);
   assert_non_null(strstr(e[0].message, "corrupt"));
   assert_string_equal(e[1].name, "good/0");
   assert_int_equal(e[1].status, 0);
   assert_int_equal(e[1].desc.n_regions, good.n_regions);
-  assert_string_equal(e[2].name, "str/0");
-  assert_int_equal(e[2].status, SX_EDECODE);
+  assert_string_equal(e[2].name, "huge/0");
+  assert_int_equal(e[2].status, SX_ELIMIT);
+  assert_string_equal(e[3].name, "str/0");
+  assert_int_equal(e[3].status, SX_EDECODE);
   sx_store_entries_free(e, n);
   /* An admin can remove corrupt entries. */
   sxt_ok(sx_store_remove(s, "str/0"));
   sxt_ok(sx_store_remove(s, "bad/0"));
+  sxt_ok(sx_store_remove(s, "huge/0"));
   sxt_ok(sx_store_list(s, &e, &n));
   assert_int_equal(n, 1);
   sx_store_entries_free(e, n);
@@ -507,39 +576,102 @@ static void test_store_auth_requirepass(void **state) {
   sxt_redis_stop(&r);
 }
 
-static void test_store_auth_acl_user(void **state) {
+/* The two ACL lines of the README, for namespace ns-a instead of prod. */
+static const char acl_agent[] =
+    "ACL SETUSER sx-agent-ns-a on >Acl-Pass-42 resetkeys ~sx:ns-a:* resetchannels "
+    "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role "
+    "+script|load +evalsha +eval +time +type +exists +hget +hmget +hset +del +pexpire "
+    "+pttl +sismember +sadd +publish +zadd +zrem +zrange +zremrangebyscore +subscribe "
+    "+psubscribe";
+static const char acl_reader[] =
+    "ACL SETUSER sx-reader-ns-a on >Reader-Pw-7 resetkeys %R~sx:ns-a:* resetchannels "
+    "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role +hmget "
+    "+pttl +zrange +subscribe +psubscribe";
+
+static void *interrupt_later(void *arg) {
+  sleep_ms(500);
+  sx_store_interrupt(arg);
+  return NULL;
+}
+
+static void test_store_auth_acl_users(void **state) {
   (void)state;
   NEED_REDIS();
   sxt_redis r;
-  /* The agent's user may touch only its namespace's keys and channel. */
-  sxt_redis_opts o = {.acl_user = "agent-a",
-                      .acl_pass = "Acl-Pass-42",
-                      .acl_rules = "~sx:ns-a:* &sx:ns-a:* resetchannels &sx:ns-a:* "
-                                   "&__keyspace@0__:sx:ns-a:* +@all"};
+  /* Also an ACL user given to the harness (its own option). */
+  sxt_redis_opts o = {.acl_user = "admin", .acl_pass = "Admin-Pw-1"};
   assert_int_equal(sxt_redis_start(&r, &o), 0);
+  redisContext *c = sxt_redis_connect(&r);
+  assert_non_null(c);
+  const char *lines[] = {acl_agent, acl_reader};
+  for (int i = 0; i < 2; i++) {
+    /* Word by word: the rules contain '%', which redisCommand would format. */
+    char buf[1024], *argv[64], *save = NULL;
+    int argc = 0;
+    snprintf(buf, sizeof(buf), "%s", lines[i]);
+    for (char *w = strtok_r(buf, " ", &save); w && argc < 64; w = strtok_r(NULL, " ", &save))
+      argv[argc++] = w;
+    redisReply *rep = redisCommandArgv(c, argc, (const char **)argv, NULL);
+    assert_non_null(rep);
+    if (rep->type == REDIS_REPLY_ERROR)
+      fail_msg("%s: %s", lines[i], rep->str);
+    freeReplyObject(rep);
+  }
+  redisFree(c);
   char url[256];
   sx_store *s;
-  sxt_redis_url(&r, url, sizeof(url), "namespace=ns-a");
-  sxt_ok(sx_store_open(url, &s));
   sx_desc d, got;
   desc_make(&d, "a/0", 0x11, 1, 30000);
+
+  /* The agent user: everything in its namespace. */
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:Acl-Pass-42@127.0.0.1:%d?namespace=ns-a",
+           r.port);
+  sxt_ok(sx_store_open(url, &s));
   sxt_ok(sx_store_publish(s, &d, 0));
+  sxt_ok(sx_store_renew(s, "a/0", d.incarnation, 30000));
   sxt_ok(sx_store_get(s, "a/0", &got, NULL));
   sx_desc_free(&got);
+  sx_store_entry *e;
+  size_t n;
+  sxt_ok(sx_store_list(s, &e, &n));
+  assert_int_equal(n, 1);
+  sx_store_entries_free(e, n);
   sx_store_close(s);
-  /* Another namespace is denied, with a clear error. */
-  sxt_redis_url(&r, url, sizeof(url), "namespace=ns-b");
+
+  /* ... and nothing in another namespace, with a clear error. */
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:Acl-Pass-42@127.0.0.1:%d?namespace=ns-b",
+           r.port);
   sxt_ok(sx_store_open(url, &s));
-  int rc = sx_store_publish(s, &d, 0);
-  assert_true(rc == SX_EAUTH || rc == SX_ESTORE);
-  fprintf(stderr, "publish outside the ACL: %s: %s\n", sx_err_name(rc), sx_errmsg());
+  sxt_rc(sx_store_publish(s, &d, 0), SX_EAUTH);
+  assert_non_null(strstr(sx_errmsg(), "NOPERM"));
   sx_store_close(s);
+
+  /* The reader: lists, gets and watches, but cannot write. */
+  snprintf(url, sizeof(url), "redis://sx-reader-ns-a:Reader-Pw-7@127.0.0.1:%d?namespace=ns-a",
+           r.port);
+  sxt_ok(sx_store_open(url, &s));
+  sxt_ok(sx_store_get(s, "a/0", &got, NULL));
+  sx_desc_free(&got);
+  sxt_ok(sx_store_list(s, &e, &n));
+  assert_int_equal(n, 1);
+  sx_store_entries_free(e, n);
+  d.generation = 2;
+  sxt_rc(sx_store_publish(s, &d, 0), SX_EAUTH);
+  sxt_rc(sx_store_remove(s, "a/0"), SX_EAUTH);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, interrupt_later, s), 0);
+  /* Subscribing is allowed: the watch runs until interrupted. */
+  sxt_rc(sx_store_watch(s, never, NULL), SX_ECANCELED);
+  pthread_join(th, NULL);
+  sx_store_close(s);
+
   /* The right user with a wrong password. */
-  snprintf(url, sizeof(url), "redis://agent-a:nope-nope@127.0.0.1:%d?namespace=ns-a",
+  snprintf(url, sizeof(url), "redis://sx-agent-ns-a:nope-nope@127.0.0.1:%d?namespace=ns-a",
            r.port);
   sxt_rc(sx_store_open(url, &s), SX_EAUTH);
   assert_null(strstr(sx_errmsg(), "nope-nope"));
-  assert_non_null(strstr(sx_errmsg(), "'agent-a'"));
+  assert_non_null(strstr(sx_errmsg(), "'sx-agent-ns-a'"));
+  assert_non_null(strstr(sx_errmsg(), "sx-agent-ns-a:***@"));
   sx_desc_free(&d);
   sxt_redis_stop(&r);
 }
@@ -836,11 +968,26 @@ static void test_store_sentinel_failover(void **state) {
   }
   assert_int_equal(sxt_redis_wait_replicas(&st, 1, 30000), 0);
   char url[256];
+  /* A plain URL that points at the replica: writes fail clearly. */
+  sxt_redis_url(&rp, url, sizeof(url), "namespace=sent");
+  sx_store *rs;
+  sxt_ok(sx_store_open(url, &rs));
+  sx_desc rd;
+  desc_make(&rd, "ro/0", 0x11, 1, 60000);
+  sxt_rc(sx_store_publish(rs, &rd, 0), SX_EUNREACH);
+  assert_non_null(strstr(sx_errmsg(), "read-only"));
+  sx_desc_free(&rd);
+  sx_store_close(rs);
   snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d,127.0.0.1:%d/mymaster"
            "?namespace=sent&timeout_ms=1000&connect_timeout_ms=1000",
            sxt_free_port(), st.port); /* the first sentinel is dead: skipped */
   sx_store *s;
   sxt_ok(sx_store_open(url, &s));
+  /* An idle async backend on the same URL: it must follow by itself. */
+  bk k;
+  bk_open(&k, url, "idle/0");
+  assert_true(bk_run(&k, &k.ups, 10000));
+  assert_int_equal(((redis_backend *)k.b)->port, m.port);
   sx_desc d, got;
   desc_make(&d, "s/0", 0x11, 1, 60000);
   sxt_ok(sx_store_publish(s, &d, 0));
@@ -858,6 +1005,16 @@ static void test_store_sentinel_failover(void **state) {
    * a write to it may be acknowledged and then lost at its resync (Redis
    * Sentinel's known window).  Check where writes land once it is demoted. */
   assert_int_equal(sxt_redis_wait_role(&m, "slave", 30000), 0);
+  /* The idle backend went down and came back up on the new master without
+   * issuing a command (+switch-master, or the old master dropping it). */
+  uint64_t t1 = sx__mono_ms();
+  while (sx__mono_ms() - t1 < 20000 &&
+         !(k.ups >= 2 && ((redis_backend *)k.b)->state == RB_READY &&
+           ((redis_backend *)k.b)->port == rp.port))
+    uv_run(&k.loop, UV_RUN_ONCE);
+  assert_int_equal(((redis_backend *)k.b)->port, rp.port);
+  assert_true(k.downs >= 1 && k.ups >= 2);
+  bk_close(&k);
   uint64_t t0 = sx__mono_ms();
   int rc = -1;
   while (sx__mono_ms() - t0 < 30000) {
@@ -894,9 +1051,10 @@ int main(void) {
       cmocka_unit_test(test_store_lease_expires_after_sigkill),
       cmocka_unit_test(test_store_watch_put_delete_expired),
       cmocka_unit_test(test_store_watch_interrupt),
+      cmocka_unit_test(test_store_select_db),
       cmocka_unit_test(test_store_corrupt_value),
       cmocka_unit_test(test_store_auth_requirepass),
-      cmocka_unit_test(test_store_auth_acl_user),
+      cmocka_unit_test(test_store_auth_acl_users),
       cmocka_unit_test(test_store_unreachable),
       cmocka_unit_test(test_store_command_timeout),
       cmocka_unit_test(test_backend_republishes_after_store_restart),

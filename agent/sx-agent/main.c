@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "agent_int.h"
 #include "pattern.h"
 #include "segxfer.h"
 #include "segxfer/agent.h"
@@ -74,19 +75,6 @@ static const char usage_text[] =
 
 static sx_log_level log_level = SX_LOG_INFO;
 
-static void log_line(void *arg, sx_log_level level, const char *msg) {
-  (void)arg;
-  static const char *const names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
-  struct timespec ts;
-  struct tm tm;
-  char when[32];
-  clock_gettime(CLOCK_REALTIME, &ts);
-  gmtime_r(&ts.tv_sec, &tm);
-  strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
-  fprintf(stderr, "%s.%03ldZ %-5s %s\n", when, ts.tv_nsec / 1000000L,
-          names[level <= SX_LOG_DEBUG ? level : SX_LOG_DEBUG], msg);
-}
-
 static void say(sx_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void say(sx_log_level level, const char *fmt, ...) {
@@ -97,7 +85,7 @@ static void say(sx_log_level level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  log_line(NULL, level, msg);
+  sx__log_stderr(NULL, level, msg);
 }
 
 static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -414,7 +402,7 @@ int main(int argc, char **argv) {
   p.layout = layout.layout;
   p.labels = o.n_labels ? o.labels : layout.labels;
   p.n_labels = o.n_labels ? o.n_labels : layout.n_labels;
-  p.log = log_line;
+  p.log = sx__log_stderr;
   p.log_level = log_level;
   sx_agent *a;
   if ((rc = sx_agent_create(&p, &a)) != 0) {

@@ -622,7 +622,7 @@ static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
       goto out;
     }
     if (!json)
-      printf("%s: %s %s incarnation %s: rtt %" PRIu64 " us%s\n", name, kind_name(via), ep,
+      printf("%s: %s incarnation %s: rtt %" PRIu64 " us%s\n", name, ep,
              sxctl_short_inc(d->incarnation, inc), rtt, i == 0 ? " (with connect)" : "");
     min = rtt < min ? rtt : min;
     max = rtt > max ? rtt : max;

@@ -78,7 +78,7 @@ typedef struct sx_agent_params {
   int rdma_gid_index;
   uint32_t rdma_slice_bytes;
   /* The planner cuts ranges longer than this so that one large transfer
-   * spreads over the connections (default 1 MiB). */
+   * spreads over the connections (default 1 MiB, at most 64 MiB). */
   uint32_t slice_bytes;
   /* Longest time an opened descriptor is reused from the resolver cache
    * without an event confirming it (default 5000; never above the

@@ -24,4 +24,7 @@ cc $extra -o "$dest/hello-static" "$here/hello.c" $(pkg-config --cflags segxfer)
   "$dest/opt/segxfer/lib/libsegxfer.a" \
   $(pkg-config --libs $(pkg-config --print-requires-private segxfer)) -lpthread -lm
 "$dest/hello-static" >/dev/null
+# The README's agent example, against the installed copy (in-process store).
+cc $extra -o "$dest/agent_example" "$here/agent_example.c" $(pkg-config --cflags --libs segxfer)
+LD_LIBRARY_PATH="$dest/opt/segxfer/lib" "$dest/agent_example" 2>/dev/null
 echo "install: headers, libraries and segxfer.pc work from $dest (shared and static)"

@@ -79,32 +79,36 @@ void sxt_agent_stop(sxt_agent *t) {
   t->mem[0] = t->mem[1] = NULL;
 }
 
-int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t seed,
-                      const sx_block_read *r) {
+int sxt_verify(uint8_t *const *mem, uint64_t local_blocks, const sx_segment *seg,
+               uint64_t seed, const sx_block_read *e) {
   const sx_desc *d = sx_segment_desc(seg);
-  for (uint32_t l = r->layer_first; l < r->layer_first + r->layer_count; l++) {
-    for (uint32_t s = 0; s < 2; s++) {
-      if (!(r->slots & (1ull << s)))
-        continue;
-      const sx_region *R = sx_desc_find(d, r->group, l, s);
+  for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++) {
+    for (uint64_t m = e->slots; m; m &= m - 1) {
+      uint32_t s = (uint32_t)__builtin_ctzll(m);
+      const sx_region *R = sx_desc_find(d, e->group, l, s);
       if (R == NULL) {
         print_error("no remote region for layer %u slot %u\n", l, s);
         return -1;
       }
-      const uint8_t *local = reader->mem[s] + (uint64_t)l * reader->blocks * SXT_BLOCK +
-                             r->local_block * SXT_BLOCK;
+      const uint8_t *local = mem[s] + ((uint64_t)l * local_blocks + e->local_block) *
+                                          R->block_bytes;
       uint64_t off = (l - R->layer_first) * R->layer_stride +
-                     r->remote_block * R->block_stride;
+                     e->remote_block * R->block_stride;
       uint64_t bad;
-      if (sx__pattern_check(local, r->count * SXT_BLOCK, seed, R->id, off, &bad) != 0) {
+      if (sx__pattern_check(local, e->count * R->block_bytes, seed, R->id, off, &bad)) {
         print_error("layer %u slot %u blocks %lu->%lu x%lu: byte %lu differs\n", l, s,
-                    (unsigned long)r->remote_block, (unsigned long)r->local_block,
-                    (unsigned long)r->count, (unsigned long)bad);
+                    (unsigned long)e->remote_block, (unsigned long)e->local_block,
+                    (unsigned long)e->count, (unsigned long)bad);
         return -1;
       }
     }
   }
   return 0;
+}
+
+int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t seed,
+                      const sx_block_read *r) {
+  return sxt_verify(reader->mem, reader->blocks, seg, seed, r);
 }
 
 /* ------------------------------------------------------------ store */

@@ -39,8 +39,13 @@ void sxt_target_start(sxt_agent *t, const char *url, const char *name,
 void sxt_reader_start(sxt_agent *r, const char *url, const char *name);
 void sxt_agent_stop(sxt_agent *t);
 
-/* Check that local blocks [lb, lb+count) of every layer and slot in an
- * entry hold the target's blocks [rb, rb+count): 0 or -1 (and a message). */
+/* Check that local blocks [local_block, +count) of every layer and slot of
+ * entry e hold the target's blocks [remote_block, +count) under the pattern
+ * of seed.  mem[slot] is the local region of each slot: layers of
+ * local_blocks dense blocks.  0 or -1 (and a message). */
+int sxt_verify(uint8_t *const *mem, uint64_t local_blocks, const sx_segment *seg,
+               uint64_t seed, const sx_block_read *e);
+/* sxt_verify() for a fixture reader. */
 int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t seed,
                       const sx_block_read *r);
 
