@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "addr.h"
 #include "rdma_int.h"
 
 _Static_assert(sizeof(sx__rdma_hello_wire) == 56, "hello must fit a RoCE/IB connect request");
@@ -250,20 +251,15 @@ void sx__rdma_tick_arm(sx_rdma *t) {
 
 /* ------------------------------------------------------------------ open/close */
 
-/* The port of a "host:port" listen address; 0 when absent. */
+/* The port of the listen address (rdma_cm has its own port space, so the
+ * TCP transport may use the same number); 0 when absent. */
 static int listen_port(const char *listen, uint16_t *port) {
+  char host[SX_ADDR_MAX + 1];
   *port = 0;
   if (listen == NULL || listen[0] == '\0')
     return 0;
-  const char *colon = strrchr(listen, ':');
-  if (colon == NULL || colon[1] == '\0')
-    return 0;
-  char *end;
-  errno = 0;
-  unsigned long v = strtoul(colon + 1, &end, 10);
-  if (errno != 0 || *end != '\0' || v > 65535)
-    return sx__err(SX_EINVAL, "listen address '%s': bad port", listen);
-  *port = (uint16_t)v;
+  if (sx__hostport_split(listen, host, sizeof(host), port) != 0)
+    return sx__err(SX_EINVAL, "listen address '%s' is not host:port", listen);
   return 0;
 }
 
