@@ -126,11 +126,20 @@ static void pool_start(pool *p, const char *name, const char *listen, uint64_t s
   snprintf(p->name, sizeof(p->name), "%s", name);
   snprintf(p->log, sizeof(p->log), "%s/%s.log", tmpdir, name);
   p->seed = seed;
-  const char *argv[] = {exe, "--name", p->name, "--metadata", url, "--listen",
-                        listen ? listen : "127.0.0.1:0", "--layers", layers,
-                        "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V",
-                        "--fingerprint", "rdma-e2e/v1", "--fill", fill, "--lease-ms", "3000",
-                        "--log-level", "info", takeover ? "--takeover" : NULL, NULL};
+  const char *argv[32] = {exe, "--name", p->name, "--metadata", url, "--listen",
+                          listen ? listen : "127.0.0.1:0", "--layers", layers,
+                          "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V",
+                          "--fingerprint", "rdma-e2e/v1", "--fill", fill, "--lease-ms", "3000",
+                          "--log-level", "info"};
+  int n = 23;
+  if (takeover)
+    argv[n++] = "--takeover";
+  /* In the VM the device is known: name it, as an operator would. */
+  if (getenv("RXE_DEV") != NULL) {
+    argv[n++] = "--rdma-devices";
+    argv[n++] = getenv("RXE_DEV");
+  }
+  argv[n] = NULL;
   p->pid = spawn(p->log, argv);
   for (int i = 0; i < 1500; i++) {
     uint8_t inc[SX_INCARNATION_LEN];
@@ -527,6 +536,23 @@ static void test_rdma_e2e_restarted_target_is_stale_then_reopens(void **state) {
   assert_int_equal(pool_stop(&p, SIGTERM), 0);
 }
 
+/* An agent told to use RDMA only, on a device that does not exist, refuses
+ * to start and says why. */
+static void test_rdma_e2e_unknown_rdma_device_is_refused(void **state) {
+  (void)state;
+  char name[64], exe[PATH_MAX + 16], log[300], out[8192];
+  next_name(name, sizeof(name), "rpool");
+  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
+  const char *argv[] = {exe, "--name", name, "--metadata", url, "--num-blocks", "4",
+                        "--transport", "rdma", "--rdma-devices", "nosuch0", NULL};
+  assert_int_equal(run(log, argv, out, sizeof(out)), 2);
+  if (strstr(out, "nosuch0") == NULL)
+    fail_msg("sx-agent does not name the missing device:\n%s", out);
+  uint8_t inc[SX_INCARNATION_LEN];
+  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -574,6 +600,7 @@ int main(void) {
       cmocka_unit_test(test_rdma_e2e_deadline_aborts_and_nothing_lands_after),
       cmocka_unit_test(test_rdma_e2e_target_killed_during_a_batch),
       cmocka_unit_test(test_rdma_e2e_restarted_target_is_stale_then_reopens),
+      cmocka_unit_test(test_rdma_e2e_unknown_rdma_device_is_refused),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
