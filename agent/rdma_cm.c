@@ -648,20 +648,37 @@ int sx__rdma_cm_open(sx_rdma *t) {
     rc = sx__err(SX_ENODEV, "rdma_create_id: %s", strerror(errno));
     goto out_close_poll;
   }
+  /* One listener for both families: endpoints publish IPv4 addresses, or
+   * IPv6 ones for ports that have no IPv4 address.  Where IPv6 is off, the
+   * IPv6 bind fails and IPv4 alone serves. */
+  struct sockaddr_in6 sin6;
   struct sockaddr_in sin;
-  memset(&sin, 0, sizeof(sin));
-  sin.sin_family = AF_INET;
-  sin.sin_addr.s_addr = htonl(INADDR_ANY);
-  sin.sin_port = htons(t->port);
-  if (rdma_bind_addr(t->listen_id, (struct sockaddr *)&sin) != 0) {
-    rc = sx__err(SX_EIO, "rdma_bind_addr(0.0.0.0:%u): %s", t->port, strerror(errno));
-    goto out_destroy_id;
+  int afonly = 0;
+  memset(&sin6, 0, sizeof(sin6));
+  sin6.sin6_family = AF_INET6;
+  sin6.sin6_addr = in6addr_any;
+  sin6.sin6_port = htons(t->port);
+  if (rdma_set_option(t->listen_id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &afonly,
+                      sizeof(afonly)) != 0 ||
+      rdma_bind_addr(t->listen_id, (struct sockaddr *)&sin6) != 0) {
+    memset(&sin, 0, sizeof(sin));
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_ANY);
+    sin.sin_port = htons(t->port);
+    if (rdma_bind_addr(t->listen_id, (struct sockaddr *)&sin) != 0) {
+      rc = sx__err(SX_EIO, "rdma_bind_addr(port %u): %s", t->port, strerror(errno));
+      goto out_destroy_id;
+    }
   }
   if (rdma_listen(t->listen_id, SX__RDMA_BACKLOG) != 0) {
     rc = sx__err(SX_EIO, "rdma_listen(port %u): %s", t->port, strerror(errno));
     goto out_destroy_id;
   }
   t->port = ntohs(rdma_get_src_port(t->listen_id));
+  sx__rdma_log(t, SX_LOG_DEBUG, "rdma_cm listens on %s port %u",
+               rdma_get_local_addr(t->listen_id)->sa_family == AF_INET6 ? "[::] (IPv4 and IPv6)"
+                                                                         : "0.0.0.0",
+               t->port);
   uv_poll_start(t->ch_poll, UV_READABLE, on_cm_event);
   return 0;
 
