@@ -226,7 +226,13 @@ void sx__rdma_conn_destroy(rdma_conn *c) {
 
 void sx__rdma_conn_failed(rdma_conn *c, int code, const char *msg) {
   rdma_peer *p = c->p;
-  sx__rdma_log(p->t, SX_LOG_WARN, "%s", msg);
+  /* The QPs of a peer usually fail together, for the same reason: say it
+   * once. */
+  uint64_t now = sx__mono_ms();
+  int again = code == p->last_fail && now - p->last_fail_ms < 1000;
+  p->last_fail = code;
+  p->last_fail_ms = now;
+  sx__rdma_log(p->t, again ? SX_LOG_DEBUG : SX_LOG_WARN, "%s", msg);
   sx__rdma_conn_destroy(c);
   /* Other QPs may still carry the work; if none can, the queued ops fail
    * with this error rather than wait for a connection that will not come. */
@@ -508,7 +514,9 @@ void sx__rdma_conn_teardown(rdma_conn *c, int reason, int requeue, const char *f
   c->state = RC_DRAIN;
   c->drained = 0;
   p->t->stats.teardowns++;
-  sx__rdma_log(p->t, requeue ? SX_LOG_DEBUG : SX_LOG_WARN, "QP %u to '%s': tearing down: %s",
+  /* Closing a segment or the agent, and aborts, are routine. */
+  int routine = requeue || reason == SX_ECANCELED || reason == SX_ESHUTDOWN;
+  sx__rdma_log(p->t, routine ? SX_LOG_DEBUG : SX_LOG_WARN, "QP %u to '%.64s': tearing down: %s",
                c->index, p->name, c->msg);
   /* rdma_disconnect moves the QP to error and tells the target; the
    * explicit modify covers a QP the CM no longer considers connected. */

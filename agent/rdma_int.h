@@ -298,6 +298,8 @@ struct rdma_peer {
   uint64_t queued_slices;
   int closing;
   int wants_pump; /* completions freed room: pump at the end of the round */
+  int last_fail;   /* last connect failure, to log a burst of them once */
+  uint64_t last_fail_ms;
   rdma_peer *prev, *next;
 };
 
