@@ -7,7 +7,8 @@
 #     (not root, or QEMU and the kernel cannot be installed).
 # Usage: tests/rdma/check.sh BUILD_DIR [perf]
 # Knobs: SX_RDMA_VM_TIMEOUT (seconds per VM run, default 600),
-#        SX_RDMA_TWO_VMS=0 to skip the two-VM run.
+#        SX_RDMA_TWO_VMS=0 to skip the two-VM run,
+#        SX_PERF_ROUNDS, SX_PERF_SECONDS, SX_PERF_ARGS for perf (see run.sh).
 set -u
 build=$1
 what=${2:-check}
@@ -59,7 +60,9 @@ vm_run() {  # vm_run NAME ARGS...   (env already set)
 
 if [ "$mode" = perf ]; then
   # One vCPU-heavy VM with RoCE MTU 4096, as CI would run it.
-  RXE_VM_MTU=${RXE_VM_MTU:-9000} vm_run perf ./run.sh perf
+  # The guest does not inherit this environment: pass the knobs along.
+  RXE_VM_MTU=${RXE_VM_MTU:-9000} vm_run perf "SX_PERF_ROUNDS=${SX_PERF_ROUNDS:-3} \
+SX_PERF_SECONDS=${SX_PERF_SECONDS:-4} SX_PERF_ARGS='${SX_PERF_ARGS:-}' ./run.sh perf"
   exit $?
 fi
 
