@@ -612,6 +612,40 @@ static int test_nothing_listening(void) {
   return rc;
 }
 
+/* An address on the local subnet where nobody answers: address resolution
+ * fails (or the connect times out) and the error names the CM event. */
+static int test_unreachable_address_names_the_cm_event(void) {
+  sx_desc d;
+  sx_desc_copy(&d, &F.desc);
+  for (uint32_t i = 0; i < d.n_endpoints; i++) {
+    sx_endpoint *e = &d.endpoints[i];
+    char *dot = strrchr(e->addr, '.');
+    if (e->kind == SX_TRANSPORT_RDMA && dot != NULL)
+      snprintf(dot + 1, sizeof(e->addr) - (size_t)(dot + 1 - e->addr), "%s",
+               strcmp(dot + 1, "99") ? "99" : "98");
+  }
+  sx_tpeer *p = NULL;
+  opx o;
+  int rc = F.rdr.t->ops->peer_open(F.rdr.t, &d, &p);
+  CHECK(rc == 0, "peer_open: %s", sx_errmsg());
+  opx_init(&o, 1);
+  opx_add(&o, F.rdr.mem[0], &F.rdr.regs[0], &d.regions[0], 0, opt.block_bytes);
+  uint64_t t0 = now_ms();
+  rc = run_op(&F.rdr, p, &o, 30000);
+  uint64_t took = now_ms() - t0;
+  int err = rc != 0 ? rc : o.op.first_error;
+  const char *msg = rc != 0 ? sx_errmsg() : o.op.message;
+  printf("      after %" PRIu64 " ms: %s: %s\n", took, sx_err_name(err), msg);
+  CHECK(err == SX_EUNREACH || err == SX_ETIMEDOUT, "got %s", sx_err_name(err));
+  CHECK(strstr(msg, "RDMA_CM_EVENT_") != NULL || strstr(msg, "rdma_resolve_addr") != NULL,
+        "the message names no CM event or call");
+  CHECK(took < 20000, "took %" PRIu64 " ms", took);
+  F.rdr.t->ops->peer_close(p);
+  opx_free(&o);
+  sx_desc_free(&d);
+  return 0;
+}
+
 static int test_post_without_local_region(void) {
   opx o;
   static uint8_t buf[4096];
@@ -831,6 +865,7 @@ static int cmd_selftest(void) {
   RUN(test_wrong_token_rejected);
   RUN(test_wrong_incarnation_rejected);
   RUN(test_nothing_listening);
+  RUN(test_unreachable_address_names_the_cm_event);
   RUN(test_post_without_local_region);
   RUN(test_small_read_into_unregistered_memory);
   RUN(test_abort_flushes_and_spares_others);
