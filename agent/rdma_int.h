@@ -40,8 +40,8 @@
 #define SX__RDMA_DEFAULT_CONNS 4u
 #define SX__RDMA_MAX_CONNS 64u
 /* Send queue slots per QP for READs (one more is kept for the drain WR).
- * 256 slices of 1 MiB keep far more bytes in flight than any link needs, and
- * the device caps it further (max_qp_wr). */
+ * Enough for small slices to fill the byte window below; the device may
+ * cap it further (max_qp_wr, max_cqe). */
 #define SX__RDMA_SQ_DEPTH 256u
 /* Signal at least every this many bytes of READs, so that an op's xfers
  * settle (and send-queue slots free up) as data arrives, not only at the end

@@ -5,10 +5,14 @@
  * READ work request.  A peer keeps a queue of ops with slices left to issue;
  * the pump hands them out to the peer's established QPs in chains (one
  * ibv_post_send, one doorbell, per chain), sharing the queue evenly between
- * the QPs.  Only the last WR of a chain and every sig_every-th WR or 4 MiB
- * within it are signalled: RC completes a send queue in order, so a signalled completion
+ * the QPs, each QP keeping at most SX__RDMA_QP_WINDOW bytes in flight.  Only
+ * the last WR of a chain and every sig_every-th WR or 4 MiB within it are
+ * signalled: RC completes a send queue in order, so a signalled completion
  * retires every unsignalled WR before it, and an error completes the failing
- * WR (and flushes the rest) even if it was unsignalled.
+ * WR (and flushes the rest) even if it was unsignalled.  Completions are
+ * handled in rounds: the channel events pending, then one pump per peer.
+ * The READ depth (max_rd_atomic) is left to the device: READs beyond it
+ * wait in the send queue.
  *
  * Each QP's send queue is a ring of slots (op, xfer, offset, length) indexed
  * by wr_id, so a completion finds its slices without a lookup or an
