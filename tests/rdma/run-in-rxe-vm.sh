@@ -8,8 +8,9 @@
 #   is also the cwd and is first in PATH.  One argument => run as a shell command line
 #   (dash: sh -c '...'); several arguments => run as an argv (each arg quoted as is).
 #   Prints the guest console (command stdout+stderr, merged) on stdout, progress on
-#   stderr, and exits with the guest command's exit status (125 if the VM died / timed
-#   out / failed to set up rxe0 before running it).
+#   stderr, and exits with the guest command's exit status (125 if the host setup
+#   failed - packages, kernel download - or the VM died / timed out / failed to set
+#   up rxe0 before running it).
 #
 #   Inside the guest (kernel from Debian's linux-image-amd64, busybox initramfs, root):
 #   rxe0 exists on eth0 (IPv4, MTU RXE_VM_MTU), all tools of ibverbs-utils,
@@ -71,8 +72,11 @@ done
 if [ -n "$need_install" ]; then
   [ -z "${RXE_VM_NO_APT:-}" ] || die "missing packages:$need_install"
   echo "[rxe-vm] apt-get install$need_install" >&2
-  apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need_install >/dev/null
+  # Setup failures exit 125 (die), like a VM that never starts: callers tell
+  # "cannot run here" from a failing guest command by that code.
+  apt-get update -qq >&2 || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $need_install >/dev/null ||
+    die "apt-get install$need_install failed"
 fi
 log "host packages ready"
 
@@ -83,7 +87,7 @@ KPKG=${RXE_VM_KERNEL_PKG:-}
 if [ -z "$KPKG" ]; then
   KPKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
   if [ -z "$KPKG" ] && [ -z "${RXE_VM_NO_APT:-}" ]; then
-    apt-get update -qq >&2
+    apt-get update -qq >&2 || die "apt-get update failed"
     KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
   fi
 fi
@@ -94,8 +98,10 @@ if [ ! -f "$KDIR/.done" ]; then
   log "downloading + extracting $KPKG"
   rm -rf "$KDIR"; mkdir -p "$KDIR/deb"
   (cd "$KDIR/deb" && apt-get download "$KPKG" >&2 2>/dev/null) || {
-    [ -z "${RXE_VM_NO_APT:-}" ] && apt-get update -qq >&2 && (cd "$KDIR/deb" && apt-get download "$KPKG" >&2); }
-  dpkg-deb --fsys-tarfile "$KDIR"/deb/*.deb | tar -x -C "$KDIR" ./boot ./lib/modules
+    [ -z "${RXE_VM_NO_APT:-}" ] && apt-get update -qq >&2 && (cd "$KDIR/deb" && apt-get download "$KPKG" >&2); } ||
+    die "cannot download $KPKG"
+  dpkg-deb --fsys-tarfile "$KDIR"/deb/*.deb | tar -x -C "$KDIR" ./boot ./lib/modules ||
+    die "cannot extract $KPKG"
   rm -rf "$KDIR/deb"
   depmod -b "$KDIR" "$KVER"
   touch "$KDIR/.done"
