@@ -194,11 +194,9 @@ static void conn_free_mem(rdma_conn *c) {
   free(c->ring);
   free(c->wrs);
   free(c->sges);
-  free(c->bounce);
   c->ring = NULL;
   c->wrs = NULL;
   c->sges = NULL;
-  c->bounce = NULL;
 }
 
 static void peer_free(rdma_peer *p) {

@@ -204,10 +204,6 @@ void sx__rdma_conn_destroy(rdma_conn *c) {
   if (c->id != NULL && c->id->qp != NULL)
     rdma_destroy_qp(c->id);
   c->qp = NULL;
-  if (c->bounce_mr != NULL) {
-    ibv_dereg_mr(c->bounce_mr);
-    c->bounce_mr = NULL;
-  }
   if (c->cq != NULL) {
     if (ibv_destroy_cq(c->cq) != 0)
       sx__rdma_log(c->p->t, SX_LOG_WARN, "ibv_destroy_cq: %s", strerror(errno));
@@ -285,22 +281,15 @@ static int conn_create_qp(rdma_conn *c) {
     free(c->ring);
     free(c->wrs);
     free(c->sges);
-    free(c->bounce);
     c->ring = calloc(cap, sizeof(*c->ring));
     c->wrs = calloc(cap, sizeof(*c->wrs));
     c->sges = calloc(cap, sizeof(*c->sges));
-    c->bounce = calloc(cap, SX__XFER_UNREG_MAX);
     c->cap = cap;
-    if (c->ring == NULL || c->wrs == NULL || c->sges == NULL || c->bounce == NULL) {
+    if (c->ring == NULL || c->wrs == NULL || c->sges == NULL) {
       c->cap = 0;
       return sx__err(SX_ENOMEM, "rdma: out of memory");
     }
   }
-  c->bounce_mr = ibv_reg_mr(d->pd, c->bounce, (size_t)cap * SX__XFER_UNREG_MAX,
-                            IBV_ACCESS_LOCAL_WRITE);
-  if (c->bounce_mr == NULL)
-    return sx__err(SX_ERDMA, "ibv_reg_mr(%s) of a %u-byte bounce buffer: %s", d->name,
-                   cap * SX__XFER_UNREG_MAX, strerror(errno));
   c->sig_every = cap / 4 > 0 ? cap / 4 : 1;
   c->head = c->tail = c->used = 0;
   c->inflight_bytes = 0;
@@ -312,10 +301,8 @@ static int conn_create_qp(rdma_conn *c) {
   /* Every posted WR may complete with an error (a CQE even if unsignalled),
    * plus the drain WR: cap + 2 entries never overflow. */
   c->cq = ibv_create_cq(d->verbs, (int)cap + 2, c, d->chan, 0);
-  if (c->cq == NULL) {
-    rc = sx__err(SX_ERDMA, "ibv_create_cq(%s, %u): %s", d->name, cap + 2, strerror(errno));
-    goto out_dereg_bounce;
-  }
+  if (c->cq == NULL)
+    return sx__err(SX_ERDMA, "ibv_create_cq(%s, %u): %s", d->name, cap + 2, strerror(errno));
   if (ibv_req_notify_cq(c->cq, 0) != 0) {
     rc = sx__err(SX_ERDMA, "ibv_req_notify_cq(%s): %s", d->name, strerror(errno));
     goto out_destroy_cq;
@@ -341,9 +328,6 @@ static int conn_create_qp(rdma_conn *c) {
 out_destroy_cq:
   ibv_destroy_cq(c->cq);
   c->cq = NULL;
-out_dereg_bounce:
-  ibv_dereg_mr(c->bounce_mr);
-  c->bounce_mr = NULL;
   return rc;
 }
 

@@ -199,7 +199,6 @@ typedef struct rdma_slot {
   uint32_t xi;
   uint32_t len;
   uint64_t off;
-  int bounce; /* landed in the QP's bounce buffer: copy out on success */
 } rdma_slot;
 
 typedef enum rdma_conn_state {
@@ -230,10 +229,6 @@ struct rdma_conn {
   rdma_slot *ring;
   struct ibv_send_wr *wrs; /* chain scratch: cap WRs, no mallocs per post */
   struct ibv_sge *sges;
-  /* SX__XFER_UNREG_MAX bytes per slot for reads into unregistered memory,
-   * registered on the conn's device while it is connected. */
-  uint8_t *bounce;
-  struct ibv_mr *bounce_mr;
   uint32_t path_mtu, rd_atomic; /* as the CM settled them */
   /* Teardown: why, and whether flushed slices go back to their op's queue
    * (abort of another op) or fail it (a real error). */

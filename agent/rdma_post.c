@@ -183,9 +183,6 @@ static void retire(rdma_conn *c, rdma_slot *s, int status, int is_flush, const c
   rdma_rop *rop = s->rop;
   c->inflight_bytes -= s->len;
   rdma_xs *xs = &rop->xs[s->xi];
-  if (status == 0 && s->bounce)
-    memcpy(rop->op->xfers[s->xi].local + s->off,
-           c->bounce + (size_t)(s - c->ring) * SX__XFER_UNREG_MAX, s->len);
   xs->inflight--;
   rop->inflight--;
   if (status != 0 && !rop->aborting) {
@@ -274,8 +271,8 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
 
     const sx_xfer *x = &op->xfers[xi];
     uint32_t pos = (c->head + n) % c->cap;
-    const rdma_mr *rm = x->lreg != NULL ? x->lreg->tpriv[SX_TRANSPORT_RDMA] : NULL;
-    const struct ibv_mr *mr = x->lreg == NULL ? c->bounce_mr : rm != NULL ? rm->mr[dev] : NULL;
+    const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
+    const struct ibv_mr *mr = rm != NULL ? rm->mr[dev] : NULL;
     if (mr == NULL) {
       char msg[160];
       snprintf(msg, sizeof(msg), "local region %u is not registered on %s", x->lreg->r.id,
@@ -286,9 +283,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     }
     struct ibv_sge *sge = &c->sges[n];
     struct ibv_send_wr *wr = &c->wrs[n];
-    sge->addr = x->lreg == NULL
-                    ? (uintptr_t)(c->bounce + (size_t)pos * SX__XFER_UNREG_MAX)
-                    : (uintptr_t)(x->local + off);
+    sge->addr = (uintptr_t)(x->local + off);
     sge->length = len;
     sge->lkey = mr->lkey;
     memset(wr, 0, sizeof(*wr));
@@ -304,7 +299,6 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     s->xi = xi;
     s->off = off;
     s->len = len;
-    s->bounce = x->lreg == NULL;
     rop->xs[xi].inflight++;
     rop->inflight++;
     window += len;
@@ -579,14 +573,13 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   /* Check everything before posting anything. */
   for (size_t i = 0; i < op->n; i++) {
     const sx_xfer *x = &op->xfers[i];
-    rc = x->lreg != NULL ? check_local(p, x, i) : 0;
-    if (rc)
-      return rc;
-    if (x->lreg == NULL && x->length > SX__XFER_UNREG_MAX)
+    if (x->lreg == NULL)
       return sx__err(SX_EINVAL,
                      "RDMA READ needs its destination in registered memory: range %zu "
                      "(entries %u-%u, %llu bytes) has no local region",
                      i, x->entry_first, x->entry_last, (unsigned long long)x->length);
+    if ((rc = check_local(p, x, i)) != 0)
+      return rc;
     if (x->rreg == NULL)
       return sx__err(SX_EINVAL, "range %zu has no remote region", i);
     if (x->rreg->n_rkeys <= p->rkey_index)
@@ -596,9 +589,7 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
       return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at offset %llu lie outside remote "
                      "region %u", i, (unsigned long long)x->length,
                      (unsigned long long)x->roff, x->rreg->id);
-    /* A small read into unregistered memory is one slice through the
-     * QP's bounce buffer. */
-    slices += x->lreg != NULL ? slices_of(x->length, t->slice) : 1;
+    slices += slices_of(x->length, t->slice);
   }
 
   sx__rdma_enter(t);
