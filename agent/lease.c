@@ -154,6 +154,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
   a->lease.busy = 0;
   if (a->shutting_down && r->internal) {
     done(r, rc);
+    pump(a); /* the shutdown's unpublish may wait behind this one */
     return;
   }
   sx_agent_state before = state_of(a);
@@ -219,6 +220,7 @@ static void renew_cb(void *arg, const sx_backend_reply *rep) {
   a->lease.busy = 0;
   if (a->shutting_down || rc == SX_ECANCELED) {
     done(r, rc);
+    pump(a); /* the shutdown's unpublish may wait behind this one */
     return;
   }
   if (rc == 0) {

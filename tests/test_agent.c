@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent_fixture.h"
@@ -646,6 +647,47 @@ static void test_agent_deadline_holds_after_a_slow_loop_iteration(void **state) 
   close(lfd);
 }
 
+/* Regression: destroying an agent while one of its renewals was in flight
+ * hung for good: the renewal's answer, seeing the agent shut down, did not
+ * move the lease queue on, so the unpublish queued behind it never ran and
+ * the agent thread never ended (sx-agent ignored SIGTERM under load). */
+static void *destroy_agent(void *arg) {
+  sx_agent_destroy(arg);
+  return NULL;
+}
+
+static void test_agent_destroy_while_a_renewal_is_in_flight(void **state) {
+  (void)state;
+  char url[64], store[64];
+  new_url(url, sizeof(url));
+  snprintf(store, sizeof(store), "%s", url + strlen("mem://"));
+  sx_agent_params p;
+  sxt_params(&p, url, "renewing-0");
+  p.listen = "127.0.0.1:0";
+  p.lease_ms = 600; /* renewed every 200 ms */
+  sx_agent *a;
+  sxt_ok(sx_agent_create(&p, &a));
+  sxt_ok(sx_agent_publish(a, 0));
+  /* From now on the store answers 800 ms late: the next renewal (within
+   * 200 ms) is still out when the agent is destroyed. */
+  sx__mem_set_delay(store, 1, 800);
+  usleep(400 * 1000);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, destroy_agent, a), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 15;
+  if (pthread_timedjoin_np(th, NULL, &until) != 0)
+    fail_msg("sx_agent_destroy did not return within 15 s of a renewal in flight");
+  sx__mem_set_delay(store, 0, 0);
+  /* It unpublished on the way out. */
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  sxt_rc(sx_store_get(s, "renewing-0", &d, NULL), SX_ENOENT);
+  sx_store_close(s);
+}
+
 static void test_agent_cancel_ends_batch_cancelled(void **state) {
   (void)state;
   char url[64];
@@ -960,6 +1002,7 @@ int main(void) {
       cmocka_unit_test(test_agent_batches_fail_fast_after_the_target_dies),
       cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
       cmocka_unit_test(test_agent_deadline_holds_after_a_slow_loop_iteration),
+      cmocka_unit_test(test_agent_destroy_while_a_renewal_is_in_flight),
       cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
