@@ -4,7 +4,10 @@
  * library) and as `sxctl read` processes open them by name and read over
  * TCP.  Byte-exact reads, crafted wire requests, a target killed or
  * stopped during a batch, restarts (stale, then a re-open), lease expiry
- * and clean shutdown.
+ * and clean shutdown, the store lost around the first publish.
+ *
+ * SXT_FILTER=pattern runs a subset; SXT_KEEP_LOGS=1 keeps the sx-agent logs
+ * and SXT_LOG_LEVEL=debug makes them verbose.
  */
 #include <limits.h>
 #include <signal.h>
