@@ -38,7 +38,7 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              libjansson-dev libcurl4-openssl-dev libmicrohttpd-dev libcmocka-dev \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
-             iproute2 procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
+             iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
              curl groff-base man-db python3-yaml shellcheck
 
 # ---------------------------------------------------------------- flags
@@ -87,14 +87,17 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_stats test_rdma
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics
+INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
+               test_faults test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
+                $(if $(wildcard agent/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
@@ -109,7 +112,8 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus check-rdma bench-rdma fuzz fuzz-run run cluster install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench-rdma fuzz fuzz-run \
+        memcheck soak run cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -134,10 +138,12 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(RDMA_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@$(MAKE) --no-print-directory check-fuzz-ci
+	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
@@ -157,6 +163,48 @@ check-rdma: $(RDMA_BINS)
 bench-rdma: $(RDMA_BINS)
 	@tests/rdma/check.sh "$(BUILD)" perf
 
+# `make check` runs every libFuzzer target for CI_FUZZ_SECONDS each, in the
+# plain build only (the fuzz build is sanitized by itself), when clang with
+# libFuzzer is there; it says so and skips otherwise.
+CI_FUZZ_SECONDS ?= 5
+# ... and a short soak (`make soak` runs a long one).
+CI_SOAK_SECONDS ?= 20
+check-fuzz-ci:
+	@mkdir -p $(BUILD)/test-logs
+	@if [ -n "$(SANITIZE)" ]; then \
+	  echo "  SKIP  fuzzing: it runs in the plain build's make check (its build is sanitized)"; \
+	elif ! printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
+	    clang -x c -fsanitize=fuzzer -o /dev/null - >/dev/null 2>&1; then \
+	  echo "  SKIP  fuzzing: clang with libFuzzer is not installed (make deps installs clang)"; \
+	else start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory BUILD=build-fuzz CC=clang \
+	      SANITIZE=fuzzer-no-link,address,undefined FUZZ_SECONDS=$(CI_FUZZ_SECONDS) \
+	      fuzz-run >$(BUILD)/test-logs/fuzz.log 2>&1; then \
+	    printf '  PASS  %-28s %5ss\n' "fuzz ($(CI_FUZZ_SECONDS) s per target)" $$(($$(date +%s) - start)); \
+	  else cat $(BUILD)/test-logs/fuzz.log | tail -n 60; echo "  FAIL  fuzz"; exit 1; fi; \
+	fi
+
+# Every unit test under valgrind memcheck: no error, no leak.
+MEMCHECK := valgrind -q --error-exitcode=1 --leak-check=full \
+            --errors-for-leak-kinds=definite,indirect,possible \
+            --show-leak-kinds=definite,indirect,possible
+memcheck: $(addprefix $(BUILD)/tests/,$(UNIT_TESTS))
+	@if [ -n "$(SANITIZE)" ]; then echo "memcheck: not with SANITIZE (valgrind and the sanitizers do not mix)"; exit 2; fi
+	@command -v valgrind >/dev/null || { echo "memcheck: valgrind is not installed (make deps)"; exit 2; }
+	@SX_TEST_WRAPPER="$(MEMCHECK)" SX_TEST_TIMEOUT=600 tests/run-tests.sh "$(BUILD)" memcheck $(UNIT_TESTS)
+
+# Readers verifying every byte against targets restarted at random
+# (tests/soak/soak.c): the report goes to the terminal, or with SOAK_QUIET=1
+# (make check) to BUILD/test-logs/soak.log, shown when it fails.
+DURATION ?= 60
+soak: all $(SOAK_BIN)
+	@mkdir -p $(BUILD)/test-logs
+	@if [ -z "$(SOAK_QUIET)" ]; then $(SOAK_BIN) $(DURATION); else start=$$(date +%s); \
+	  if $(SOAK_BIN) $(DURATION) >$(BUILD)/test-logs/soak.log 2>&1; then \
+	    printf '  PASS  %-28s %5ss\n' "soak ($(DURATION) s)" $$(($$(date +%s) - start)); \
+	    grep -E '^soak: [0-9]' $(BUILD)/test-logs/soak.log | sed 's/^/        /'; \
+	  else cat $(BUILD)/test-logs/soak.log; echo "  FAIL  soak"; exit 1; fi; fi
+
 check-fuzz-corpus: $(FUZZ_BINS)
 	@for t in $(FUZZ_TARGETS); do c=$${t#fuzz_}; \
 	  $(BUILD)/fuzz/$$t tests/fuzz/corpus/$$c tests/fuzz/regressions/$$c || exit 1; done
@@ -170,9 +218,11 @@ fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
 	@for t in $(FUZZ_TARGETS); do c=$${t#fuzz_}; \
 	  mkdir -p $(BUILD)/fuzz-corpus/$$c $(BUILD)/fuzz-crashes/$$c; \
 	  echo "fuzz: $$t for $(FUZZ_SECONDS) s"; \
+	  seeds=tests/fuzz/corpus/$$c; \
+	  if [ -d tests/fuzz/regressions/$$c ]; then seeds="$$seeds tests/fuzz/regressions/$$c"; fi; \
 	  $(BUILD)/fuzzer/$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=0 \
 	    -artifact_prefix=$(BUILD)/fuzz-crashes/$$c/ $(BUILD)/fuzz-corpus/$$c \
-	    tests/fuzz/corpus/$$c tests/fuzz/regressions/$$c 2>$(BUILD)/fuzz-$$c.log \
+	    $$seeds 2>$(BUILD)/fuzz-$$c.log \
 	    || { tail -n 40 $(BUILD)/fuzz-$$c.log; echo "fuzz: $$t crashed; the input is in $(BUILD)/fuzz-crashes/$$c/ (add it to tests/fuzz/regressions/$$c/)"; exit 1; }; \
 	  grep -E '^#[0-9]+.*DONE' $(BUILD)/fuzz-$$c.log | tail -n 1; \
 	done

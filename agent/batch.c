@@ -332,6 +332,9 @@ static void submit_run(sx__call *c) {
   }
   uint64_t elapsed_ms = (sx__mono_ns() - b->submit_ns) / 1000000u;
   uint64_t left = elapsed_ms < b->p.timeout_ms ? b->p.timeout_ms - elapsed_ms : 0;
+  /* Timers count from the loop's cached time, which is as old as this loop
+   * iteration: refresh it, or a busy iteration ends the batch early. */
+  uv_update_time(&a->loop);
   uv_timer_start(&b->timer, expired, left, 0);
   sx_transport *t = a->tr[b->s->kind];
   int rc = 0;

@@ -113,6 +113,20 @@ static void count_failure(sx_agent *a, int rc) {
   pthread_mutex_unlock(&a->lock);
 }
 
+/* The store did not take a publish (it was down, timed out or answered an
+ * error; sx_errmsg() says which).  While the user still wants the segment
+ * published, keep retrying from the renew timer and on reconnect: a store
+ * outage at the first publish must not leave the agent unpublished for
+ * good. */
+static void publish_retry_later(sx_agent *a, int rc) {
+  count_failure(a, rc);
+  if (a->lease.want && !a->shutting_down) {
+    sx__set_state(a, SX_AGENT_RECLAIMING, rc);
+    sx__log(a, SX_LOG_WARN, "%s; retrying every %u ms", sx_errmsg(), a->p.renew_ms);
+    arm(a);
+  }
+}
+
 /* Queue the operation the current state calls for: a renew when published,
  * a republish when reclaiming. */
 static void maintain(sx_agent *a, int front) {
@@ -140,6 +154,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
   a->lease.busy = 0;
   if (a->shutting_down && r->internal) {
     done(r, rc);
+    pump(a); /* the shutdown's unpublish may wait behind this one */
     return;
   }
   sx_agent_state before = state_of(a);
@@ -192,12 +207,7 @@ static void publish_cb(void *arg, const sx_backend_reply *rep) {
   } else {
     sx__err(rc, "%s: publish failed: %s", a->name, rep->message[0] ? rep->message :
             sx_strerror(rc));
-    count_failure(a, rc);
-    if (a->lease.want && !a->shutting_down) {
-      sx__set_state(a, SX_AGENT_RECLAIMING, rc);
-      sx__log(a, SX_LOG_WARN, "%s; retrying every %u ms", sx_errmsg(), a->p.renew_ms);
-      arm(a);
-    }
+    publish_retry_later(a, rc);
   }
   done(r, rc);
   pump(a);
@@ -210,6 +220,7 @@ static void renew_cb(void *arg, const sx_backend_reply *rep) {
   a->lease.busy = 0;
   if (a->shutting_down || rc == SX_ECANCELED) {
     done(r, rc);
+    pump(a); /* the shutdown's unpublish may wait behind this one */
     return;
   }
   if (rc == 0) {
@@ -286,7 +297,14 @@ static int start_publish(sx_agent *a, sx__lease_req *r) {
   };
   sx__log(a, SX_LOG_DEBUG, "publishing generation %lu: %u regions, %zu bytes%s",
           (unsigned long)r->generation, n_regions, len, req.takeover ? ", takeover" : "");
-  return sx__backend_publish(a->backend, &req, publish_cb, r);
+  rc = sx__backend_publish(a->backend, &req, publish_cb, r);
+  if (rc) {
+    /* Refused before it was sent (the store is down): the same as a
+     * failure the store answered. */
+    sx__errwrap(rc, "publish failed");
+    publish_retry_later(a, rc);
+  }
+  return rc;
 }
 
 static void pump(sx_agent *a) {
@@ -323,11 +341,10 @@ static void pump(sx_agent *a) {
     }
     if (rc) {
       /* Not sent at all (the store is down: SX_EUNREACH at once): a failed
-       * renewal all the same, for the counters. */
-      if (r->kind != REQ_UNPUBLISH && rc != SX_ESHUTDOWN)
+       * renewal all the same, for the counters.  A publish counts itself
+       * (start_publish() keeps retrying it). */
+      if (r->kind == REQ_RENEW && rc != SX_ESHUTDOWN)
         count_failure(a, rc);
-      if (r->kind == REQ_PUBLISH && l->want && !r->internal)
-        sx__log(a, SX_LOG_WARN, "publish failed: %s", sx_errmsg());
       done(r, rc);
       continue;
     }

@@ -33,6 +33,13 @@ static sx__rpeer *rpeer_get(sx_agent *a, sx_cdesc *cd, sx_transport_kind kind) {
   for (sx__rpeer *p = a->peers; p; p = p->next) {
     if (p->kind == kind && strcmp(p->cd->desc.name, cd->desc.name) == 0 &&
         memcmp(p->cd->desc.incarnation, cd->desc.incarnation, SX_INCARNATION_LEN) == 0) {
+      /* cd was just resolved: this incarnation is published (again, after
+       * its lease lapsed while it was stopped), whatever a refresh found
+       * before. */
+      if (p->fatal == SX_ENOENT) {
+        p->fatal = 0;
+        p->fatal_msg[0] = '\0';
+      }
       p->refs++;
       return p;
     }
@@ -73,6 +80,9 @@ static void refreshed(void *arg, int status, sx_cdesc *d, const char *msg) {
     snprintf(p->fatal_msg, sizeof(p->fatal_msg), "%.64s restarted: incarnation %.8s "
              "replaced %.8s; reopen the segment", p->cd->desc.name, now, old);
     sx__log(a, SX_LOG_WARN, "%s", p->fatal_msg);
+  } else if (status == 0 && p->fatal == SX_ENOENT) {
+    p->fatal = 0; /* published again by the same incarnation */
+    p->fatal_msg[0] = '\0';
   } else if (status == SX_ENOENT) {
     p->fatal = SX_ENOENT;
     snprintf(p->fatal_msg, sizeof(p->fatal_msg), "%.64s (incarnation %.8s) is no longer "

@@ -33,6 +33,14 @@ typedef struct sx_backend_hooks {
    * failed reconnect.  While watching, "up" includes the event
    * subscription, so events may have been missed before an up=1. */
   void (*on_conn)(void *arg, int up, int err, const char *msg);
+  /* After watch(): the watch is in place, and every change made from now
+   * on is delivered (until the next on_conn(down)).  Reported once the
+   * subscription is established, and again after each reconnect.  Redis
+   * subscribes asynchronously and cannot replay, so a change made between
+   * watch() and this hook may go unseen; etcd resumes from the newest
+   * revision seen before watch() and misses nothing.  Tests and tools that
+   * must see a change wait for this before making it.  May be NULL. */
+  void (*on_watch)(void *arg);
   void *arg;
 } sx_backend_hooks;
 
@@ -106,7 +114,8 @@ typedef struct sx_backend_ops {
   /* Admin removal: delete whoever holds it and fence that incarnation, so
    * a zombie cannot renew it back: 0 or SX_ENOENT. */
   int (*remove)(sx_backend *b, const char *name, sx_backend_cb cb, void *arg);
-  /* Start delivering events to hooks.on_event (idempotent). */
+  /* Start delivering events to hooks.on_event (idempotent); hooks.on_watch
+   * says when the watch is in place. */
   int (*watch)(sx_backend *b);
 } sx_backend_ops;
 
@@ -124,6 +133,9 @@ int sx__backend_open(uv_loop_t *loop, const char *url, const sx_backend_hooks *h
                      sx_backend **out);
 
 extern const sx_backend_ops sx__backend_mem_ops;
+/* Tests: with on, every mem:// backend on store `name` answers its ops from
+ * a timer callback ms after the op was called (0: at the next loop turn). */
+void sx__mem_set_delay(const char *name, int on, uint32_t ms);
 extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
 extern const sx_backend_ops sx__backend_etcd_ops; /* etcd://, etcd+https:// */
 

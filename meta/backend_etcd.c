@@ -639,11 +639,17 @@ static int etcd_unpublish(sx_backend *b, const char *name, const uint8_t *incarn
 /* ---------------------------------------------------------------- get */
 
 static void get_ttl(sx__etcd_op *o, int status, json_t *body, const char *msg) {
-  int64_t ttl = -1;
+  int64_t ttl = -1, granted = 0;
   (void)msg;
   /* The value is what was asked for; a lease left we cannot read is -1. */
   if (status == 0 && sx__etcd_i64(body, "TTL", &ttl) == 0)
     o->rep.ttl_ms = ttl >= 0 ? ttl * 1000 : 0;
+  /* A keepalive sets the lease left back to the granted length, so the
+   * difference is the time since the holder last renewed (to 1 s).  sxctl
+   * rm tells a live agent from one that stopped renewing by it. */
+  if (status == 0 && ttl >= 0 && sx__etcd_i64(body, "grantedTTL", &granted) == 0 &&
+      granted >= ttl)
+    o->rep.holder_age_ms = (uint64_t)(granted - ttl) * 1000;
   o->rep.value = o->out;
   o->rep.len = o->out_len;
   op_finish(o, 0, NULL);

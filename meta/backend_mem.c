@@ -31,6 +31,8 @@ typedef struct mem_store {
   char name[128];
   mem_entry *entries;
   mem_backend *instances;
+  int delayed;       /* answers come from a timer (sx__mem_set_delay) */
+  uint32_t delay_ms;
 } mem_store;
 
 static pthread_mutex_t mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -55,9 +57,10 @@ struct mem_backend {
   mem_store *store;
   uv_async_t async;
   uv_timer_t sweep;
+  uv_timer_t delay; /* sx__mem_set_delay() */
   pthread_mutex_t qlock;
   mem_msg *head, **tail;
-  int watching, closing, handles, announce_up;
+  int watching, closing, handles, announce_up, announce_watch;
 };
 
 static mem_store *store_get(const char *name) {
@@ -73,13 +76,30 @@ static mem_store *store_get(const char *name) {
   return s;
 }
 
+static void delay_cb(uv_timer_t *t);
+
 static void enqueue(mem_backend *m, mem_msg *msg) {
   pthread_mutex_lock(&m->qlock);
   msg->next = NULL;
   *m->tail = msg;
   m->tail = &msg->next;
   pthread_mutex_unlock(&m->qlock);
-  uv_async_send(&m->async);
+  /* Events come from other instances, possibly other threads, and with
+   * mem_lock held (broadcast): always through the async. */
+  if (msg->cb == NULL) {
+    uv_async_send(&m->async);
+    return;
+  }
+  /* An answer to one of this instance's ops (queued on its own loop thread,
+   * without mem_lock) may come from a timer instead. */
+  pthread_mutex_lock(&mem_lock);
+  int delayed = m->store != NULL && m->store->delayed;
+  uint32_t ms = m->store != NULL ? m->store->delay_ms : 0;
+  pthread_mutex_unlock(&mem_lock);
+  if (delayed && !uv_is_active((uv_handle_t *)&m->delay))
+    uv_timer_start(&m->delay, delay_cb, ms, 0);
+  else if (!delayed)
+    uv_async_send(&m->async);
 }
 
 static void free_msg(mem_msg *msg) {
@@ -362,8 +382,7 @@ static int mem_remove(sx_backend *b, const char *name, sx_backend_cb cb, void *a
   return 0;
 }
 
-static void deliver(uv_async_t *h) {
-  mem_backend *m = h->data;
+static void deliver_now(mem_backend *m) {
   pthread_mutex_lock(&m->qlock);
   mem_msg *msg = m->head;
   m->head = NULL;
@@ -373,6 +392,11 @@ static void deliver(uv_async_t *h) {
     m->announce_up = 0;
     if (m->base.hooks.on_conn)
       m->base.hooks.on_conn(m->base.hooks.arg, 1, 0, NULL);
+  }
+  if (m->announce_watch && !m->closing) {
+    m->announce_watch = 0;
+    if (m->base.hooks.on_watch)
+      m->base.hooks.on_watch(m->base.hooks.arg);
   }
   while (msg) {
     mem_msg *next = msg->next;
@@ -388,6 +412,24 @@ static void deliver(uv_async_t *h) {
   }
 }
 
+/* A delayed store answers from a timer callback, as real backends do for
+ * timeouts and as libcurl's multi interface does for ordinary answers
+ * (etcd): waits must end in that case too.  A timer started while the loop
+ * is not running is due at the next uv_run's first step. */
+static void delay_cb(uv_timer_t *t) { deliver_now(t->data); }
+
+static void deliver(uv_async_t *h) { deliver_now(h->data); }
+
+void sx__mem_set_delay(const char *name, int on, uint32_t ms) {
+  pthread_mutex_lock(&mem_lock);
+  mem_store *s = store_get(name);
+  if (s != NULL) {
+    s->delayed = on;
+    s->delay_ms = ms;
+  }
+  pthread_mutex_unlock(&mem_lock);
+}
+
 static void sweep_cb(uv_timer_t *t) {
   mem_backend *m = t->data;
   pthread_mutex_lock(&mem_lock);
@@ -398,8 +440,14 @@ static void sweep_cb(uv_timer_t *t) {
 static int mem_watch(sx_backend *b) {
   mem_backend *m = (mem_backend *)b;
   pthread_mutex_lock(&mem_lock);
+  int first = !m->watching;
   m->watching = 1;
   pthread_mutex_unlock(&mem_lock);
+  if (first) {
+    /* Broadcasts reach this instance from now on; say so from the loop. */
+    m->announce_watch = 1;
+    uv_async_send(&m->async);
+  }
   return uv_timer_start(&m->sweep, sweep_cb, 20, 20) ? SX_EIO : 0;
 }
 
@@ -407,7 +455,7 @@ static void closed_cb(uv_handle_t *h) {
   mem_backend *m = h->data;
   if (--m->handles > 0)
     return;
-  deliver(&m->async); /* cancel what is left */
+  deliver_now(m); /* cancel what is left */
   pthread_mutex_destroy(&m->qlock);
   free(m);
 }
@@ -425,6 +473,7 @@ static void mem_close(sx_backend *b) {
   m->closing = 1;
   uv_close((uv_handle_t *)&m->async, closed_cb);
   uv_close((uv_handle_t *)&m->sweep, closed_cb);
+  uv_close((uv_handle_t *)&m->delay, closed_cb);
 }
 
 static int mem_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *hooks,
@@ -441,8 +490,9 @@ static int mem_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *
   pthread_mutex_init(&m->qlock, NULL);
   uv_async_init(loop, &m->async, deliver);
   uv_timer_init(loop, &m->sweep);
-  m->async.data = m->sweep.data = m;
-  m->handles = 2;
+  uv_timer_init(loop, &m->delay);
+  m->async.data = m->sweep.data = m->delay.data = m;
+  m->handles = 3;
   pthread_mutex_lock(&mem_lock);
   m->store = store_get(url->master);
   if (m->store) {

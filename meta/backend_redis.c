@@ -386,28 +386,6 @@ static int script_reply(rreq *q, redisReply *r, const char **word) {
 }
 
 
-static int parse_u64(const char *s, uint64_t *out) {
-  char *end;
-  if (s == NULL || *s < '0' || *s > '9')
-    return -1;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (*end != '\0')
-    return -1;
-  *out = v;
-  return 0;
-}
-
-static int parse_i64(const char *s, int64_t *out) {
-  char *end;
-  if (s == NULL || *s == '\0')
-    return -1;
-  long long v = strtoll(s, &end, 10);
-  if (*end != '\0')
-    return -1;
-  *out = v;
-  return 0;
-}
-
 static void fenced(rreq *q, const redisReply *r) {
   const char *holder = sx__redis_elem_str(r, 1, 64);
   if (holder != NULL && holder[0] != '\0')
@@ -446,7 +424,7 @@ static void publish_reply(rreq *q, redisReply *r) {
   if (script_reply(q, r, &word))
     return;
   if (strcmp(word, "OK") == 0) {
-    if (parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
+    if (sx__redis_parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
       q_finish(q, SX_ESTORE, "%s: %s: the script answered OK without a time", q->name,
                q->what);
       return;
@@ -458,15 +436,10 @@ static void publish_reply(rreq *q, redisReply *r) {
     fenced(q, r);
   } else if (strcmp(word, "HELD") == 0) {
     const char *inc = sx__redis_elem_str(r, 1, 64);
-    uint64_t age = 0;
-    int64_t ttl = -1;
-    if (inc == NULL || strlen(inc) != 2 * SX_INCARNATION_LEN ||
-        sx_unhex(inc, q->rep.holder, SX_INCARNATION_LEN) != 0)
+    uint64_t age;
+    int64_t ttl;
+    if (sx__redis_parse_held(r, q->rep.holder, &age, &ttl) != 0)
       inc = "(unreadable)";
-    (void)parse_i64(sx__redis_elem_str(r, 3, 24), &ttl);
-    int64_t sage = 0;
-    if (parse_i64(sx__redis_elem_str(r, 2, 24), &sage) == 0 && sage > 0)
-      age = (uint64_t)sage;
     q->rep.holder_age_ms = age;
     q->rep.holder_ttl_ms = ttl;
     q_finish(q, SX_EHELD, "%s is held by incarnation %s (last renewed %" PRIu64
@@ -531,7 +504,7 @@ static void renew_reply(rreq *q, redisReply *r) {
   if (script_reply(q, r, &word))
     return;
   if (strcmp(word, "OK") == 0) {
-    if (parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
+    if (sx__redis_parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
       q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
       return;
     }
@@ -627,57 +600,6 @@ static int redis_remove(sx_backend *b, const char *name, sx_backend_cb cb, void 
 
 /* ------------------------------------------------------------ reads */
 
-/*
- * One segment's value from an HMGET d lease reply and a PTTL reply.
- * Returns 0 with *value (malloc'ed, or NULL when the key is gone), or an
- * error code with msg filled (wrong type, oversized).
- */
-static int read_value(const redisReply *h, const redisReply *ttl, uint8_t **value,
-                      size_t *len, int64_t *ttl_ms, int64_t *lease, char *msg,
-                      size_t msize) {
-  char desc[160];
-  *value = NULL;
-  *len = 0;
-  *ttl_ms = -1;
-  *lease = -1;
-  if (h->type == REDIS_REPLY_ERROR) {
-    sx__redis_describe(h, desc, sizeof(desc));
-    snprintf(msg, msize, "the stored value is not a segment (%s)", desc);
-    return sx__redis_map_error(h);
-  }
-  if (h->type != REDIS_REPLY_ARRAY || h->elements != 2) {
-    sx__redis_describe(h, desc, sizeof(desc));
-    snprintf(msg, msize, "unexpected reply to HMGET: %s", desc);
-    return SX_ESTORE;
-  }
-  const redisReply *d = h->element[0];
-  if (d->type == REDIS_REPLY_NIL)
-    return 0;
-  if (d->type != REDIS_REPLY_STRING) {
-    snprintf(msg, msize, "field d is not a string");
-    return SX_EDECODE;
-  }
-  if (d->len > SX_MAX_DESC_BYTES) {
-    snprintf(msg, msize, "stored value of %zu bytes is over the %u-byte limit", d->len,
-             SX_MAX_DESC_BYTES);
-    return SX_ELIMIT;
-  }
-  if (ttl->type == REDIS_REPLY_INTEGER && ttl->integer >= 0)
-    *ttl_ms = ttl->integer;
-  const char *l = sx__redis_elem_str(h, 1, 20);
-  int64_t lv;
-  if (l != NULL && parse_i64(l, &lv) == 0 && lv > 0)
-    *lease = lv;
-  *value = malloc(d->len ? d->len : 1);
-  if (*value == NULL) {
-    snprintf(msg, msize, "out of memory");
-    return SX_ENOMEM;
-  }
-  memcpy(*value, d->str, d->len);
-  *len = d->len;
-  return 0;
-}
-
 static void get_reply(rreq *q, redisReply *r) {
   if (q->got == 1) {
     /* Keep the HMGET reply's content until the PTTL reply arrives. */
@@ -690,8 +612,8 @@ static void get_reply(rreq *q, redisReply *r) {
     }
     redisReply ttl = {.type = REDIS_REPLY_NIL};
     char msg[200] = "";
-    int rc = read_value(r, &ttl, &q->got_value, &q->len, &q->rep.ttl_ms, &q->got_lease,
-                        msg, sizeof(msg));
+    int rc = sx__redis_read_value(r, &ttl, &q->got_value, &q->len, &q->rep.ttl_ms,
+                                  &q->got_lease, msg, sizeof(msg));
     if (rc)
       sx__reply_fail(&q->rep, rc, "%s: %s", q->name, msg);
     return;
@@ -746,8 +668,8 @@ static void list_values_reply(rreq *q, redisReply *r) {
     redisReply ttl = {.type = REDIS_REPLY_NIL};
     char msg[200] = "";
     int64_t lease;
-    int rc = read_value(r, &ttl, &q->values[i], &it->len, &it->ttl_ms, &lease, msg,
-                        sizeof(msg));
+    int rc = sx__redis_read_value(r, &ttl, &q->values[i], &it->len, &it->ttl_ms, &lease,
+                                  msg, sizeof(msg));
     if (rc != 0) {
       /* One bad entry does not spoil the listing: report it in place. */
       it->status = rc;

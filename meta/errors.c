@@ -35,7 +35,11 @@ const char *sx_strerror(int err) {
 const char *sx_errmsg(void) { return sx__msg; }
 
 int sx__verr(int code, const char *fmt, va_list ap) {
-  vsnprintf(sx__msg, sizeof(sx__msg), fmt, ap);
+  /* Format aside, then copy: callers add context to a failure from below
+   * by passing sx_errmsg() itself, which must not be written while read. */
+  char buf[sizeof(sx__msg)];
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  memcpy(sx__msg, buf, sizeof(buf));
   return code;
 }
 

@@ -329,6 +329,8 @@ static int watch_msg(void *arg, json_t *msg, char *err, size_t err_size) {
     if (eb->watch_now)
       eb->watch_rev = rev;
     eb->watch_now = 0;
+    if (eb->base.hooks.on_watch)
+      eb->base.hooks.on_watch(eb->base.hooks.arg);
   }
   const json_t *events = json_object_get(msg, "events");
   if (events != NULL && !json_is_array(events)) {

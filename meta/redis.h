@@ -133,6 +133,33 @@ const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max);
  * TRYAGAIN/BUSY -> SX_EUNREACH, anything else SX_ESTORE. */
 int sx__redis_map_error(const redisReply *r);
 
+/* redis_reply.c ------------------------------------------------------------ */
+
+/* Decimal integers as the scripts answer them (the whole string): 0 or -1. */
+int sx__redis_parse_u64(const char *s, uint64_t *out);
+int sx__redis_parse_i64(const char *s, int64_t *out);
+
+/*
+ * One segment's value from an HMGET d lease reply (h) and a PTTL reply
+ * (ttl; a nil reply when unknown).  Returns 0 with *value (malloc'ed, or
+ * NULL when the key is gone), *ttl_ms and *lease (-1 when unknown), or an
+ * error code with msg filled (wrong type, oversized).
+ */
+int sx__redis_read_value(const redisReply *h, const redisReply *ttl, uint8_t **value,
+                         size_t *len, int64_t *ttl_ms, int64_t *lease, char *msg,
+                         size_t msize);
+
+/* The publish script's HELD answer {"HELD", inc_hex, age_ms, ttl_ms}: the
+ * holder (0) or -1 when its incarnation is unreadable; age and ttl are
+ * filled either way (0 and -1 when unreadable). */
+int sx__redis_parse_held(const redisReply *r, uint8_t holder[SX_INCARNATION_LEN],
+                         uint64_t *age_ms, int64_t *ttl_ms);
+
+/* A keyspace notification on "<prefix>{NAME}" (pre bytes of prefix) saying
+ * "expired" or "evicted": 0 with the validated name, else -1. */
+int sx__redis_expiry_name(const char *prefix, size_t pre, const redisReply *chan,
+                          const redisReply *what, char name[SX_NAME_MAX + 1]);
+
 /* redis_sentinel.c -------------------------------------------------------- */
 
 /* Ask the sentinels for the master; on success sets rb->host/port and calls

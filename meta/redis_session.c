@@ -45,29 +45,24 @@ static void deliver_event(redis_backend *rb, const redisReply *payload) {
 /* "__keyspace@DB__:sx:NS:seg:{NAME}" with message "expired". */
 static void deliver_expiry(redis_backend *rb, const redisReply *chan,
                            const redisReply *what) {
-  if (chan->type != REDIS_REPLY_STRING || what->type != REDIS_REPLY_STRING)
-    return;
-  if (!(what->len == 7 && memcmp(what->str, "expired", 7) == 0) &&
-      !(what->len == 7 && memcmp(what->str, "evicted", 7) == 0))
-    return;
-  size_t pre = rb->ks_prefix_len;
-  if (chan->len < pre + 3 || memcmp(chan->str, rb->ks_pattern, pre) != 0 ||
-      chan->str[pre] != '{' || chan->str[chan->len - 1] != '}')
-    return;
-  size_t nlen = chan->len - pre - 2;
-  if (nlen == 0 || nlen > SX_NAME_MAX)
-    return;
   sx_event ev;
   memset(&ev, 0, sizeof(ev));
   ev.kind = SX_EVENT_EXPIRED;
-  memcpy(ev.name, chan->str + pre + 1, nlen);
-  if (sx_name_validate(ev.name) != 0)
+  if (sx__redis_expiry_name(rb->ks_pattern, rb->ks_prefix_len, chan, what, ev.name) != 0)
     return;
   if (rb->base.hooks.on_event)
     rb->base.hooks.on_event(rb->base.hooks.arg, &ev);
 }
 
 static void maybe_ready(redis_backend *rb);
+
+/* The subscription is confirmed: Redis delivers every message published
+ * after it. */
+static void watch_ready(redis_backend *rb) {
+  if (rb->state == RB_READY && rb->watching && rb->sub != NULL && rb->sub_left == 0 &&
+      rb->base.hooks.on_watch)
+    rb->base.hooks.on_watch(rb->base.hooks.arg);
+}
 
 static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
   redis_backend *rb = ac->data;
@@ -90,8 +85,14 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
     return;
   const char *kind = r->element[0]->str;
   if (strcmp(kind, "subscribe") == 0 || strcmp(kind, "psubscribe") == 0) {
-    if (rb->sub_left > 0 && --rb->sub_left == 0)
-      maybe_ready(rb);
+    if (rb->sub_left > 0 && --rb->sub_left == 0) {
+      /* Connecting: ready() reports it with the connection.  Already up
+       * (watch() came later): report it now. */
+      if (rb->state == RB_READY)
+        watch_ready(rb);
+      else
+        maybe_ready(rb);
+    }
   } else if (strcmp(kind, "message") == 0 && r->elements == 3) {
     deliver_event(rb, r->element[2]);
   } else if (strcmp(kind, "pmessage") == 0 && r->elements == 4) {
@@ -187,6 +188,7 @@ static void ready(redis_backend *rb) {
   rb->up_once = 1;
   if (rb->base.hooks.on_conn)
     rb->base.hooks.on_conn(rb->base.hooks.arg, 1, 0, NULL);
+  watch_ready(rb);
 }
 
 static void maybe_ready(redis_backend *rb) {

@@ -26,6 +26,8 @@ struct sx_store {
   sx_store_watch_cb wcb;
   void *warg;
   int wstop;
+  int wready;   /* cb(arg, NULL) was called */
+  int watching; /* the backend's watch() was called (it stays on) */
 };
 
 /* One op's outcome, copied out of the callback. */
@@ -44,8 +46,19 @@ typedef struct wait_op {
   size_t n;
 } wait_op;
 
+/*
+ * Every wait here is "run the loop once until a flag is set" (UV_RUN_ONCE).
+ * That mode runs due timers first and then blocks in poll: when the flag is
+ * set by a timer callback (libcurl's multi interface answers etcd requests
+ * from timers; Redis command timeouts fire from one), poll would then block
+ * until something else happens, forever if nothing does.  So whatever ends
+ * a wait also stops the loop (uv_stop makes that poll return at once).
+ */
+static void wake(sx_store *s) { uv_stop(&s->loop); }
+
 static void on_conn(void *arg, int up, int err, const char *msg) {
   sx_store *s = arg;
+  wake(s);
   if (up) {
     s->conn = 1;
     return;
@@ -56,13 +69,30 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
 
 static void on_event(void *arg, const sx_event *ev) {
   sx_store *s = arg;
-  if (s->wcb != NULL && !s->wstop && s->wcb(s->warg, ev) != 0)
+  if (s->wcb != NULL && !s->wstop && s->wcb(s->warg, ev) != 0) {
     s->wstop = 1;
+    wake(s);
+  }
+}
+
+/* The watch is in place: tell the caller once per sx_store_watch(). */
+static void on_watch(void *arg) {
+  sx_store *s = arg;
+  if (s->wcb != NULL && !s->wstop && !s->wready) {
+    s->wready = 1;
+    if (s->wcb(s->warg, NULL) != 0) {
+      s->wstop = 1;
+      wake(s);
+    }
+  }
 }
 
 static void on_wake(uv_async_t *h) { (void)h; }
 
-static void on_tick(uv_timer_t *t) { *(int *)t->data = 1; }
+static void on_tick(uv_timer_t *t) {
+  *(int *)t->data = 1;
+  uv_stop(t->loop);
+}
 
 static const char *hint(int code) {
   switch (code) {
@@ -84,7 +114,10 @@ static void drain_close(sx_store *s) {
   s->b = NULL;
   uv_close((uv_handle_t *)&s->wake, NULL);
   uv_close((uv_handle_t *)&s->tick, NULL);
-  uv_run(&s->loop, UV_RUN_DEFAULT);
+  /* Callbacks of cancelled ops stop the loop (wake()): run until every
+   * handle is closed. */
+  while (uv_run(&s->loop, UV_RUN_DEFAULT) != 0) {
+  }
   uv_loop_close(&s->loop);
 }
 
@@ -99,7 +132,8 @@ int sx_store_open(const char *url, sx_store **out) {
   }
   uv_async_init(&s->loop, &s->wake, on_wake);
   uv_timer_init(&s->loop, &s->tick);
-  sx_backend_hooks hooks = {.on_event = on_event, .on_conn = on_conn, .arg = s};
+  sx_backend_hooks hooks = {
+      .on_event = on_event, .on_conn = on_conn, .on_watch = on_watch, .arg = s};
   rc = sx__backend_open(&s->loop, url, &hooks, &s->b);
   if (rc != 0) {
     s->b = NULL;
@@ -170,6 +204,7 @@ static int wait_for(wait_op *w, int rc) {
 static void done_cb(void *arg, const sx_backend_reply *rep) {
   wait_op *w = arg;
   w->done = 1;
+  wake(w->s);
   w->status = rep->status;
   snprintf(w->message, sizeof(w->message), "%s", rep->message);
 }
@@ -370,12 +405,22 @@ int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg) {
   int rc = ensure_conn(s);
   if (rc != 0)
     return rc;
-  rc = sx__backend_watch(s->b);
-  if (rc != 0)
-    return rc;
   s->wcb = cb;
   s->warg = arg;
   s->wstop = 0;
+  /* A second watch on this store: the backend's watch is in place already
+   * (it stays on between calls). */
+  s->wready = 0;
+  if (s->watching) {
+    on_watch(s);
+  } else {
+    rc = sx__backend_watch(s->b);
+    if (rc != 0) {
+      s->wcb = NULL;
+      return rc;
+    }
+    s->watching = 1;
+  }
   while (!s->wstop && !atomic_load(&s->interrupted) && s->conn >= 0)
     uv_run(&s->loop, UV_RUN_ONCE);
   s->wcb = NULL;

@@ -3,7 +3,8 @@
 # Usage: tests/run-tests.sh BUILD_DIR SUITE_NAME test_name...
 # Each test's output goes to BUILD_DIR/test-logs/<name>.log and is shown when it
 # fails.  Exits non-zero when any test fails.  SX_TEST_TIMEOUT (seconds, default
-# 300) bounds each binary so a hang fails instead of wedging CI.
+# 300) bounds each binary so a hang fails instead of wedging CI.  SX_TEST_WRAPPER
+# (e.g. "valgrind --error-exitcode=1 ...") runs each binary under a tool.
 build=$1 suite=$2
 shift 2
 [ $# -eq 0 ] && exit 0
@@ -13,7 +14,9 @@ failed=""
 pass=0
 for t in "$@"; do
   start=$(date +%s.%N)
-  if timeout -k 10 "${SX_TEST_TIMEOUT:-300}" "$build/tests/$t" >"$logs/$t.log" 2>&1; then
+  # shellcheck disable=SC2086 # the wrapper is a command line
+  if timeout -k 10 "${SX_TEST_TIMEOUT:-300}" $SX_TEST_WRAPPER "$build/tests/$t" \
+      >"$logs/$t.log" 2>&1; then
     rc=0
   else
     rc=$?

@@ -9,10 +9,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "agent_fixture.h"
@@ -550,6 +552,142 @@ static void test_agent_deadline_ends_batch_with_timeout(void **state) {
   close(lfd);
 }
 
+/* Regression: a batch's deadline timer counted from the loop's cached time,
+ * which is as old as the loop iteration.  When an earlier call of the same
+ * iteration was slow (here a log sink that blocks), the batch ended TIMEOUT
+ * that much before its deadline. */
+static atomic_int slow_log_armed;
+
+static void slow_log(void *arg, sx_log_level level, const char *msg) {
+  (void)arg;
+  (void)level;
+  if (atomic_load(&slow_log_armed) && strstr(msg, "opened slow-1") != NULL) {
+    atomic_store(&slow_log_armed, 0);
+    usleep(400 * 1000);
+  }
+}
+
+typedef struct blocker {
+  atomic_int in_cb;
+  atomic_int release;
+} blocker;
+
+/* A batch callback that holds the loop until released. */
+static void block_loop(sx_batch *b, void *arg) {
+  (void)b;
+  blocker *k = arg;
+  atomic_store(&k->in_cb, 1);
+  while (!atomic_load(&k->release))
+    usleep(1000);
+}
+
+static void open_ignored(void *arg, int status, sx_segment *seg) {
+  (void)arg;
+  (void)status;
+  sx_segment_close(seg);
+}
+
+static void test_agent_deadline_holds_after_a_slow_loop_iteration(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "slow-0", port);
+  publish_silent(url, "slow-1", port);
+  sxt_agent r;
+  memset(&r, 0, sizeof(r));
+  sx_agent_params p;
+  sxt_params(&p, url, "decode-slow");
+  p.log = slow_log;
+  p.log_level = SX_LOG_DEBUG;
+  sxt_ok(sx_agent_create(&p, &r.a));
+  sx_segment *seg, *other;
+  sxt_ok(sx_segment_open(r.a, "slow-0", 1000, &seg));
+  sxt_ok(sx_segment_open(r.a, "slow-1", 1000, &other)); /* cached from now on */
+  sx_segment_close(other);
+  uint8_t one;
+  sx_range_read rr = {.local = &one, .remote_region = 0, .offset = 0, .length = 1};
+  /* Batch A's callback holds the loop while the next calls queue up. */
+  blocker k = {0};
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = 50;
+  bp.cb = block_loop;
+  bp.cb_arg = &k;
+  sx_batch *a, *b;
+  sxt_ok(sx_batch_create(seg, &bp, &a));
+  sxt_ok(sx_batch_add_ranges(a, &rr, 1));
+  sxt_ok(sx_batch_submit(a));
+  while (!atomic_load(&k.in_cb))
+    usleep(1000);
+  /* Two calls the loop takes together: an open whose log line blocks 400 ms,
+   * then a batch with a 600 ms deadline. */
+  atomic_store(&slow_log_armed, 1);
+  sxt_ok(sx_segment_open_async(r.a, "slow-1", 1000, open_ignored, NULL));
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = 600;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_ranges(b, &rr, 1));
+  uint64_t t0 = sx__mono_ms();
+  sxt_ok(sx_batch_submit(b));
+  atomic_store(&k.release, 1);
+  sxt_ok(sx_batch_wait(b, 20000));
+  uint64_t took = sx__mono_ms() - t0;
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_TIMEOUT);
+  if (took < 590)
+    fail_msg("a batch with a 600 ms deadline ended TIMEOUT after %lu ms",
+             (unsigned long)took);
+  sx_batch_destroy(b);
+  sx_batch_destroy(a);
+  sx_segment_close(seg);
+  sx_agent_destroy(r.a);
+  close(lfd);
+}
+
+/* Regression: destroying an agent while one of its renewals was in flight
+ * hung for good: the renewal's answer, seeing the agent shut down, did not
+ * move the lease queue on, so the unpublish queued behind it never ran and
+ * the agent thread never ended (sx-agent ignored SIGTERM under load). */
+static void *destroy_agent(void *arg) {
+  sx_agent_destroy(arg);
+  return NULL;
+}
+
+static void test_agent_destroy_while_a_renewal_is_in_flight(void **state) {
+  (void)state;
+  char url[64], store[64];
+  new_url(url, sizeof(url));
+  snprintf(store, sizeof(store), "%s", url + strlen("mem://"));
+  sx_agent_params p;
+  sxt_params(&p, url, "renewing-0");
+  p.listen = "127.0.0.1:0";
+  p.lease_ms = 600; /* renewed every 200 ms */
+  sx_agent *a;
+  sxt_ok(sx_agent_create(&p, &a));
+  sxt_ok(sx_agent_publish(a, 0));
+  /* From now on the store answers 800 ms late: the next renewal (within
+   * 200 ms) is still out when the agent is destroyed. */
+  sx__mem_set_delay(store, 1, 800);
+  usleep(400 * 1000);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, destroy_agent, a), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 15;
+  if (pthread_timedjoin_np(th, NULL, &until) != 0)
+    fail_msg("sx_agent_destroy did not return within 15 s of a renewal in flight");
+  sx__mem_set_delay(store, 0, 0);
+  /* It unpublished on the way out. */
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  sxt_rc(sx_store_get(s, "renewing-0", &d, NULL), SX_ENOENT);
+  sx_store_close(s);
+}
+
 static void test_agent_cancel_ends_batch_cancelled(void **state) {
   (void)state;
   char url[64];
@@ -863,6 +1001,8 @@ int main(void) {
       cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
       cmocka_unit_test(test_agent_batches_fail_fast_after_the_target_dies),
       cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
+      cmocka_unit_test(test_agent_deadline_holds_after_a_slow_loop_iteration),
+      cmocka_unit_test(test_agent_destroy_while_a_renewal_is_in_flight),
       cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),

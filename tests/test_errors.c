@@ -1,6 +1,9 @@
 /* The error table: every code has a distinct name and a message. */
 #include <string.h>
 
+#include <stdio.h>
+
+#include "internal.h"
 #include "sxtest.h"
 
 static const int all_codes[] = {
@@ -49,6 +52,23 @@ static void test_errors_message_is_per_thread_and_set_on_failure(void **state) {
   assert_non_null(strstr(sx_errmsg(), "0x20"));
 }
 
+/* Regression: a message that quotes the previous one (sx_errmsg() as an
+ * argument) came out garbled, because it was formatted over itself.
+ * Callers do this when they add context to a failure from below. */
+static void test_errors_message_may_quote_the_previous_one(void **state) {
+  (void)state;
+  char long_inner[300];
+  memset(long_inner, 'x', sizeof(long_inner) - 1);
+  long_inner[sizeof(long_inner) - 1] = '\0';
+  sx__err(SX_EUNREACH, "redis://127.0.0.1:6379?namespace=a: not connected (%s)", long_inner);
+  char expect[1024];
+  snprintf(expect, sizeof(expect), "publish failed: %s", sx_errmsg());
+  assert_int_equal(sx__err(SX_EUNREACH, "publish failed: %s", sx_errmsg()), SX_EUNREACH);
+  assert_string_equal(sx_errmsg(), expect);
+  assert_int_equal(sx__err(SX_EURL, "%s and %s", sx_errmsg(), sx_errmsg()), SX_EURL);
+  assert_non_null(strstr(sx_errmsg(), "publish failed: redis://127.0.0.1:6379?namespace=a"));
+}
+
 static void test_errors_version_string(void **state) {
   (void)state;
   assert_string_equal(sx_version(), "0.1.0");
@@ -59,6 +79,7 @@ int main(void) {
       cmocka_unit_test(test_errors_every_code_has_name_and_message),
       cmocka_unit_test(test_errors_unknown_and_ok),
       cmocka_unit_test(test_errors_message_is_per_thread_and_set_on_failure),
+      cmocka_unit_test(test_errors_message_may_quote_the_previous_one),
       cmocka_unit_test(test_errors_version_string),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

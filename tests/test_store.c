@@ -3,9 +3,12 @@
  * decoding and validation of what it reads, per-entry errors in listings.
  * The same calls against real Redis are in test_store_redis.c.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "backend.h"
 #include "sxtest.h"
 
 static void desc_make(sx_desc *d, const char *name, uint8_t inc) {
@@ -100,11 +103,59 @@ static void test_store_bad_arguments(void **state) {
   sx_store_close(s);
 }
 
+/* Regression: the synchronous client waited with uv_run(UV_RUN_ONCE), which
+ * runs due timers first and then blocks in poll.  When the answer came from
+ * a timer callback (libcurl's multi interface delivers etcd answers that
+ * way, often on a loaded machine), the wait blocked forever: sxctl show
+ * hung on etcd.  A mem:// store with a delay answers from a timer. */
+typedef struct delayed_run {
+  int rc, done;
+} delayed_run;
+
+static void *delayed_ops(void *arg) {
+  delayed_run *d = arg;
+  sx_store *s;
+  sx_desc desc, got;
+  sx_store_entry *e;
+  size_t n;
+  desc_make(&desc, "late/0", 0x31);
+  d->rc = sx_store_open("mem://unit-delayed?namespace=d", &s);
+  if (d->rc == 0)
+    d->rc = sx_store_publish(s, &desc, 0);
+  if (d->rc == 0 && (d->rc = sx_store_get(s, "late/0", &got, NULL)) == 0)
+    sx_desc_free(&got);
+  if (d->rc == 0 && (d->rc = sx_store_list(s, &e, &n)) == 0)
+    sx_store_entries_free(e, n);
+  if (d->rc == 0)
+    d->rc = sx_store_unpublish(s, "late/0", desc.incarnation);
+  if (d->rc == 0)
+    sx_store_close(s);
+  sx_desc_free(&desc);
+  d->done = 1;
+  return NULL;
+}
+
+static void test_store_answers_from_a_timer_end_the_wait(void **state) {
+  (void)state;
+  sx__mem_set_delay("unit-delayed", 1, 0);
+  delayed_run d = {0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, delayed_ops, &d), 0);
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 10;
+  if (pthread_timedjoin_np(th, NULL, &until) != 0)
+    fail_msg("a synchronous store call did not return within 10 s when its answer came "
+             "from a timer");
+  sxt_ok(d.rc);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_store_mem_roundtrip),
       cmocka_unit_test(test_store_mem_corrupt_entries),
       cmocka_unit_test(test_store_bad_arguments),
+      cmocka_unit_test(test_store_answers_from_a_timer_end_the_wait),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

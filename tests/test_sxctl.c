@@ -1,6 +1,8 @@
 /*
- * sxctl run as a binary (BUILD/bin/sxctl) against a real redis-server:
- * human output checked, --json parsed with jansson, exit codes.
+ * sxctl run as a binary (BUILD/bin/sxctl) against each store backend (a
+ * real redis-server, then a real etcd, from the store fixtures): human
+ * output checked, --json parsed with jansson, exit codes.  The same tests
+ * run for both; what differs is only the URL.
  */
 #include <jansson.h>
 #include <limits.h>
@@ -12,13 +14,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "etcd_harness.h"
+#include "procs.h"
 #include "redis_harness.h"
 #include "sxtest.h"
 
-static sxt_redis redis;
-static int have_redis;
+/* The backend of the group running now. */
+static const sxt_store_fixture *fx;
+static void *server;
+static int have_server;
 static char sxctl[PATH_MAX + 32];
-static char url[256];
+static char url[512];
 static char tmpdir[128];
 
 static void sleep_ms(int ms) {
@@ -65,8 +71,9 @@ static void desc_make(sx_desc *d, const char *name, uint8_t inc, const char *rol
   assert_int_equal(sx_desc_set_label(d, "role", role), 0);
 }
 
-static int group_setup(void **state) {
-  (void)state;
+static int group_setup_fx(const sxt_store_fixture *f) {
+  fx = f;
+  have_server = 0;
   char self[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0)
@@ -81,12 +88,16 @@ static int group_setup(void **state) {
   snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-sxctl-XXXXXX");
   if (mkdtemp(tmpdir) == NULL)
     return -1;
-  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
-  if (!have_redis) {
-    fprintf(stderr, "test_sxctl: cannot start redis-server: tests skipped\n");
+  int rc = fx->start(&server);
+  if (rc == 1) {
+    fprintf(stderr, "test_sxctl: the %s server is not installed (make deps): tests "
+            "skipped\n", fx->name);
     return 0;
   }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=cli");
+  if (rc != 0)
+    return -1;
+  have_server = 1;
+  fx->url(server, "cli", NULL, url, sizeof(url));
   /* Seed: two compatible segments, one with other block sizes, one corrupt. */
   sx_store *s;
   if (sx_store_open(url, &s) != 0)
@@ -94,7 +105,7 @@ static int group_setup(void **state) {
   sx_desc d;
   desc_make(&d, "prefill-0/tp0", 0x11, "prefill", 4096, 60000);
   d.generation = 3;
-  int rc = sx_store_publish(s, &d, 0);
+  rc = sx_store_publish(s, &d, 0);
   sx_desc_free(&d);
   desc_make(&d, "decode-0/tp0", 0x22, "decode", 4096, 60000);
   rc |= sx_store_publish(s, &d, 0);
@@ -103,32 +114,40 @@ static int group_setup(void **state) {
   rc |= sx_store_publish(s, &d, 0);
   sx_desc_free(&d);
   sx_store_close(s);
-  redisReply *r = sxt_redis_command(&redis, "HSET sx:cli:seg:{broken/0} d garbage!");
-  if (r)
-    freeReplyObject(r);
-  r = sxt_redis_command(&redis, "ZADD sx:cli:index 99999999999999 broken/0");
-  if (r)
-    freeReplyObject(r);
+  rc |= fx->plant(server, "cli", "broken/0", "garbage!", 8);
   return rc;
+}
+
+static int group_setup_redis(void **state) {
+  (void)state;
+  return group_setup_fx(&sxt_redis_fixture);
+}
+
+static int group_setup_etcd(void **state) {
+  (void)state;
+  return group_setup_fx(&sxt_etcd_fixture);
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  sxt_redis_stop_all();
+  if (have_server)
+    fx->stop(server);
+  server = NULL;
+  have_server = 0;
   char cmd[200];
   snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
   return system(cmd) == 0 ? 0 : -1;
 }
 
-#define NEED_REDIS()                                                           \
+#define NEED_SERVER()                                                          \
   do {                                                                         \
-    if (!have_redis)                                                           \
+    if (!have_server)                                                          \
       skip();                                                                  \
   } while (0)
 
 static void test_sxctl_ls_human(void **state) {
   (void)state;
-  NEED_REDIS();
+  NEED_SERVER();
   char *out, *err;
   assert_int_equal(run(&out, &err, "--metadata '%s' ls", url), 0);
   /* Header, every segment, the corrupt one marked; sorted by name. */
@@ -159,7 +178,7 @@ static void test_sxctl_ls_human(void **state) {
 
 static void test_sxctl_ls_json(void **state) {
   (void)state;
-  NEED_REDIS();
+  NEED_SERVER();
   char *out;
   assert_int_equal(run(&out, NULL, "--metadata '%s' ls --json", url), 0);
   json_error_t je;
@@ -189,7 +208,7 @@ static void test_sxctl_ls_json(void **state) {
 
 static void test_sxctl_show(void **state) {
   (void)state;
-  NEED_REDIS();
+  NEED_SERVER();
   char *out, *err;
   assert_int_equal(run(&out, NULL, "--metadata '%s' show prefill-0/tp0", url), 0);
   assert_non_null(strstr(out, "incarnation   11111111111111111111111111111111"));
@@ -224,7 +243,7 @@ static void test_sxctl_show(void **state) {
 
 static void test_sxctl_check(void **state) {
   (void)state;
-  NEED_REDIS();
+  NEED_SERVER();
   char *out, *err;
   assert_int_equal(
       run(&out, NULL, "--metadata '%s' check prefill-0/tp0 --against decode-0/tp0", url), 0);
@@ -264,15 +283,18 @@ static void test_sxctl_check(void **state) {
 
 static void test_sxctl_unreachable_and_usage(void **state) {
   (void)state;
-  char *out, *err;
+  char *out, *err, dead[512];
   int port = sxt_free_port();
-  assert_int_equal(run(NULL, &err, "--metadata 'redis://op:Very-Secret-1@127.0.0.1:%d' ls",
-                       port),
-                   2);
+  if (strcmp(fx->name, "redis") == 0)
+    snprintf(dead, sizeof(dead), "redis://op:Very-Secret-1@127.0.0.1:%d", port);
+  else
+    snprintf(dead, sizeof(dead), "etcd://127.0.0.1:%d?connect_timeout_ms=1000", port);
+  assert_int_equal(run(NULL, &err, "--metadata '%s' ls", dead), 2);
   char hostport[64];
   snprintf(hostport, sizeof(hostport), "127.0.0.1:%d", port);
   assert_non_null(strstr(err, hostport));
-  assert_non_null(strstr(err, "op:***@"));
+  if (strcmp(fx->name, "redis") == 0)
+    assert_non_null(strstr(err, "op:***@"));
   assert_null(strstr(err, "Very-Secret-1"));
   assert_non_null(strstr(err, "SX_EUNREACH"));
   assert_non_null(strstr(err, "running")); /* the hint */
@@ -298,12 +320,12 @@ static void test_sxctl_unreachable_and_usage(void **state) {
 
 static void test_sxctl_rm(void **state) {
   (void)state;
-  NEED_REDIS();
+  NEED_SERVER();
   sx_store *s;
   sxt_ok(sx_store_open(url, &s));
   sx_desc live, stale;
   desc_make(&live, "rm/live", 0x44, "x", 4096, 60000);
-  desc_make(&stale, "rm/stale", 0x45, "x", 4096, 2000);
+  desc_make(&stale, "rm/stale", 0x45, "x", 4096, 3000);
   sxt_ok(sx_store_publish(s, &live, 0));
   sxt_ok(sx_store_publish(s, &stale, 0));
   char *out, *err;
@@ -316,8 +338,9 @@ static void test_sxctl_rm(void **state) {
   assert_non_null(strstr(out, "fenced"));
   free(out);
   sxt_rc(sx_store_renew(s, "rm/live", live.incarnation, 60000), SX_EFENCED);
-  /* One that missed renewals (more than half its lease ago) goes without. */
-  sleep_ms(1300);
+  /* One that missed renewals (more than half its lease ago) goes without.
+   * (etcd tells the time since the last renewal to a second.) */
+  sleep_ms(1700);
   assert_int_equal(run(&out, NULL, "--metadata '%s' rm rm/stale", url), 0);
   assert_non_null(strstr(out, "removed rm/stale"));
   free(out);
@@ -331,18 +354,22 @@ static void test_sxctl_rm(void **state) {
 
 static void test_sxctl_watch_json(void **state) {
   (void)state;
-  NEED_REDIS();
-  char opath[200];
+  NEED_SERVER();
+  char opath[200], epath[200];
   snprintf(opath, sizeof(opath), "%s/watch.out", tmpdir);
+  snprintf(epath, sizeof(epath), "%s/watch.err", tmpdir);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
-    if (freopen(opath, "w", stdout) == NULL)
+    if (freopen(opath, "w", stdout) == NULL || freopen(epath, "w", stderr) == NULL)
       _exit(127);
     execl(sxctl, "sxctl", "--metadata", url, "watch", "--json", (char *)NULL);
     _exit(127);
   }
-  sleep_ms(800); /* let it subscribe */
+  /* sxctl says "watching" once its watch is in place. */
+  for (int i = 0; i < 3000 && sxt_count_in_file(epath, "watching") == 0; i++)
+    sleep_ms(10);
+  assert_int_equal(sxt_count_in_file(epath, "watching"), 1);
   sx_store *s;
   sxt_ok(sx_store_open(url, &s));
   sx_desc d;
@@ -352,7 +379,9 @@ static void test_sxctl_watch_json(void **state) {
   sxt_ok(sx_store_unpublish(s, "w/0", d.incarnation));
   sx_desc_free(&d);
   sx_store_close(s);
-  sleep_ms(500);
+  /* Both events printed, then a clean stop. */
+  for (int i = 0; i < 3000 && sxt_count_in_file(opath, "\"w/0\"") < 2; i++)
+    sleep_ms(10);
   kill(pid, SIGINT);
   int st;
   waitpid(pid, &st, 0);
@@ -392,5 +421,9 @@ int main(void) {
       cmocka_unit_test(test_sxctl_rm),
       cmocka_unit_test(test_sxctl_watch_json),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
+                                           group_teardown);
+  failed += cmocka_run_group_tests_name("sxctl on etcd", tests, group_setup_etcd,
+                                        group_teardown);
+  return failed;
 }

@@ -79,8 +79,9 @@ static const char usage_text[] =
     "The fill pattern: byte o of region r is byte (o % 8) of\n"
     "splitmix64((SEED ^ r*0xD1B54A32D192ED03) + (o/8)*0x9E3779B97F4A7C15), little-endian.\n"
     "\n"
-    "exit status: 0 after SIGTERM/SIGINT, 1 the name is held or refused, 2 usage,\n"
-    "configuration or store errors, 3 fenced (another agent took the name over).\n"
+    "exit status: 0 after SIGTERM/SIGINT, 1 the name is held or refused, 2 usage or\n"
+    "configuration errors or no store at start, 3 fenced (another agent took the name\n"
+    "over).  A store outage later, even at the first publish, is waited out.\n"
     "\n"
     "examples:\n"
     "  sx-agent --name pool-0 --metadata redis://127.0.0.1:6379 \\\n"
@@ -512,10 +513,19 @@ int main(int argc, char **argv) {
     say(SX_LOG_INFO, "%s: %u regions, %s", o.name, layout.n_regions, size);
 
   if ((rc = sx_agent_publish(a, o.takeover ? SX_PUBLISH_TAKEOVER : 0)) != 0) {
-    say(SX_LOG_ERROR, "sx-agent: publish: %s: %s%s", sx_err_name(rc), sx_errmsg(),
-        rc == SX_EHELD ? " (use --takeover to replace it)" : "");
-    exit_code = rc == SX_EHELD || rc == SX_EFENCED ? EXIT_REFUSED : EXIT_USAGE;
-    goto out_destroy;
+    sx_agent_status st;
+    if (sx_agent_status_get(a, &st) == 0 && st.state == SX_AGENT_RECLAIMING) {
+      /* The store is down or slow, which a daemon lives through: the agent
+       * keeps retrying and publishes when the store answers.  (The publish
+       * may even have landed with its answer lost.) */
+      say(SX_LOG_WARN, "sx-agent: publish: %s: %s; serving anyway and publishing when "
+          "the store answers", sx_err_name(rc), sx_errmsg());
+    } else {
+      say(SX_LOG_ERROR, "sx-agent: publish: %s: %s%s", sx_err_name(rc), sx_errmsg(),
+          rc == SX_EHELD ? " (use --takeover to replace it)" : "");
+      exit_code = rc == SX_EHELD || rc == SX_EFENCED ? EXIT_REFUSED : EXIT_USAGE;
+      goto out_destroy;
+    }
   }
   sx_desc d;
   if (sx_agent_descriptor(a, &d) == 0) {

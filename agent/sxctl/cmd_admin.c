@@ -18,8 +18,19 @@ static void on_signal(int sig) {
     sx_store_interrupt(watched); /* async-signal-safe */
 }
 
+typedef struct watch_ctx {
+  int json;
+  sx_store *s;
+} watch_ctx;
+
 static int print_event(void *arg, const sx_event *ev) {
-  int json = *(int *)arg;
+  const watch_ctx *w = arg;
+  int json = w->json;
+  if (ev == NULL) {
+    /* The watch is in place: every change from now on is printed. */
+    fprintf(stderr, "watching %s (Ctrl-C to stop)\n", sx_store_url(w->s));
+    return 0;
+  }
   struct timespec ts;
   struct tm tm;
   char when[64], inc[2 * SX_INCARNATION_LEN + 1];
@@ -78,9 +89,8 @@ static int watch_run(sxctl_ctx *ctx, int argc, char **argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  if (!json)
-    fprintf(stderr, "watching %s (Ctrl-C to stop)\n", sx_store_url(s));
-  int err = sx_store_watch(s, print_event, &json);
+  watch_ctx w = {.json = json, .s = s};
+  int err = sx_store_watch(s, print_event, &w);
   watched = NULL;
   if (err == SX_ECANCELED) {
     rc = SXCTL_OK;

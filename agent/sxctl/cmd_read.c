@@ -357,6 +357,8 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
       o->json = 1;
     } else if (strcmp(a, "--verbose") == 0) {
       agent_log_level = SX_LOG_INFO;
+    } else if (strcmp(a, "--debug") == 0) {
+      agent_log_level = SX_LOG_DEBUG;
     } else if (a[0] == '-') {
       return sxctl_usage(cmd, "unknown option '%s'", a);
     } else if (o->name == NULL) {
@@ -557,6 +559,7 @@ const sxctl_cmd sxctl_cmd_read = {
         "                       when the segment differs, unless --no-check\n"
         "  --json               one JSON object with the figures\n"
         "  --verbose            the agent's info messages on stderr\n"
+        "  --debug              and its debug messages\n"
         "\n"
         "examples:\n"
         "  sxctl read pool-0 --blocks random:300 --verify 42\n"

@@ -121,7 +121,10 @@ SX_EXTERN int sx_store_renew(sx_store *s, const char *name,
 SX_EXTERN int sx_store_unpublish(sx_store *s, const char *name,
                                  const uint8_t incarnation[SX_INCARNATION_LEN]);
 
-/* Called for each event; return non-zero to end sx_store_watch(). */
+/* Called for each event; return non-zero to end sx_store_watch().  Also
+ * called once with ev == NULL when the watch is in place: every change made
+ * from then on is delivered (a tool can say "watching" then, and a test
+ * can make its changes). */
 typedef int (*sx_store_watch_cb)(void *arg, const sx_event *ev);
 
 /*
@@ -129,7 +132,9 @@ typedef int (*sx_store_watch_cb)(void *arg, const sx_event *ev);
  * returns non-zero (then 0 is returned), the connection is lost (its error
  * is returned), or sx_store_interrupt() is called (SX_ECANCELED).  Expiry
  * events need keyspace notifications on the server (README); puts and
- * deletes do not.  Events that happen while not watching are not replayed.
+ * deletes do not.  Events that happen while not watching are not replayed;
+ * Redis subscribes asynchronously, so a change made before cb(arg, NULL)
+ * may be missed.
  */
 SX_EXTERN int sx_store_watch(sx_store *s, sx_store_watch_cb cb, void *arg);
 

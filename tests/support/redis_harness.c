@@ -219,12 +219,27 @@ static int start_server(sxt_redis *r) {
   argv[n++] = "redis-server";
   argv[n++] = "--port";
   argv[n++] = port;
+  /* One argument per address: redis-server quotes each argument when it
+   * builds the config line. */
+  char binds[128];
+  snprintf(binds, sizeof(binds), "%s", r->opts.bind ? r->opts.bind : "127.0.0.1");
   argv[n++] = "--bind";
-  argv[n++] = "127.0.0.1";
+  for (char *save = NULL, *tok = strtok_r(binds, " ", &save); tok && n < 8;
+       tok = strtok_r(NULL, " ", &save))
+    argv[n++] = tok;
+  if (r->opts.bind) {
+    /* Reached from a test's network namespace: not only from loopback. */
+    argv[n++] = "--protected-mode";
+    argv[n++] = "no";
+  }
   argv[n++] = "--save";
   argv[n++] = "";
   argv[n++] = "--appendonly";
-  argv[n++] = "no";
+  argv[n++] = r->opts.persist ? "yes" : "no";
+  if (r->opts.persist) {
+    argv[n++] = "--appendfsync";
+    argv[n++] = "always";
+  }
   argv[n++] = "--dir";
   argv[n++] = r->dir;
   argv[n++] = "--logfile";
@@ -337,14 +352,28 @@ void sxt_redis_kill(sxt_redis *r, int sig) {
     return;
   }
   kill(r->pid, sig);
-  if (sig == SIGSTOP)
+  if (sig == SIGSTOP) {
+    /* kill() only queues the signal, and Redis has background threads:
+     * wait until the whole server is frozen, so that the test's next
+     * request meets a stopped server. */
+    int st;
+    while (waitpid(r->pid, &st, WUNTRACED) < 0 && errno == EINTR) {
+    }
     r->stopped = 1;
-  else if (sig == SIGCONT)
+  } else if (sig == SIGCONT) {
     r->stopped = 0;
+  }
 }
 
-int sxt_redis_restart(sxt_redis *r) {
+static int restart(sxt_redis *r, int wipe) {
   reap(r);
+  if (wipe) {
+    /* Without persistence there is nothing to remove; with it, the
+     * append-only files are the data. */
+    char aof[200];
+    snprintf(aof, sizeof(aof), "%s/appendonlydir", r->dir);
+    rm_dir(aof);
+  }
   /* The same port: clients reconnect to the address they know. */
   for (int attempt = 0; attempt < 50; attempt++) {
     if (start_once(r) == 0)
@@ -353,6 +382,10 @@ int sxt_redis_restart(sxt_redis *r) {
   }
   return -1;
 }
+
+int sxt_redis_restart(sxt_redis *r) { return restart(r, 1); }
+
+int sxt_redis_restart_keep(sxt_redis *r) { return restart(r, 0); }
 
 void sxt_redis_url(const sxt_redis *r, char *buf, size_t size, const char *query) {
   const char *user = r->opts.acl_user, *pass = r->opts.acl_user ? r->opts.acl_pass
@@ -472,3 +505,82 @@ int sxt_redis_wait_role(const sxt_redis *r, const char *role, int timeout_ms) {
           timeout_ms);
   return -1;
 }
+
+/* ---------------------------------------------------------------- fixture */
+
+static int fx_start(void **server) {
+  sxt_redis *r = calloc(1, sizeof(*r));
+  if (r == NULL)
+    return -1;
+  sxt_redis_opts o = {.notify = "Kx", .persist = 1};
+  if (sxt_redis_start(r, &o) != 0) {
+    free(r);
+    /* The suite skips (saying so) when the program is missing. */
+    return access("/usr/bin/redis-server", X_OK) == 0 ? -1 : 1;
+  }
+  *server = r;
+  return 0;
+}
+
+static void fx_stop(void *server) {
+  sxt_redis_stop(server);
+  free(server);
+}
+
+static int fx_kill(void *server, int sig) {
+  sxt_redis *r = server;
+  if (r->pid <= 0)
+    return sig == SIGCONT ? 0 : -1;
+  sxt_redis_kill(r, sig);
+  return 0;
+}
+
+static int fx_restart(void *server, int wipe) {
+  return wipe ? sxt_redis_restart(server) : sxt_redis_restart_keep(server);
+}
+
+static void fx_url(void *server, const char *ns, const char *extra, char *buf,
+                   size_t size) {
+  char q[256];
+  snprintf(q, sizeof(q), "namespace=%s%s%s", ns, extra ? "&" : "", extra ? extra : "");
+  sxt_redis_url(server, buf, size, q);
+}
+
+static void fx_dead_url(void *server, const char *ns, char *buf, size_t size) {
+  (void)server;
+  snprintf(buf, size, "redis://127.0.0.1:%d?namespace=%s&connect_timeout_ms=1000",
+           sxt_free_port(), ns);
+}
+
+/* The value under the segment's key and the name in the listing index, as a
+ * buggy writer could leave them (no owner fields, no TTL). */
+static int fx_plant(void *server, const char *ns, const char *name, const void *value,
+                    size_t len) {
+  char key[300], index[128];
+  snprintf(key, sizeof(key), "sx:%s:seg:{%s}", ns, name);
+  snprintf(index, sizeof(index), "sx:%s:index", ns);
+  redisContext *c = sxt_redis_connect(server);
+  if (c == NULL)
+    return -1;
+  redisReply *a = redisCommand(c, "HSET %s d %b", key, value, len);
+  redisReply *b = redisCommand(c, "ZADD %s 99999999999999 %s", index, name);
+  int ok = a && a->type == REDIS_REPLY_INTEGER && b && b->type == REDIS_REPLY_INTEGER;
+  if (a)
+    freeReplyObject(a);
+  if (b)
+    freeReplyObject(b);
+  redisFree(c);
+  return ok ? 0 : -1;
+}
+
+const sxt_store_fixture sxt_redis_fixture = {
+    .name = "redis",
+    .start = fx_start,
+    .stop = fx_stop,
+    .kill = fx_kill,
+    .restart = fx_restart,
+    .url = fx_url,
+    .dead_url = fx_dead_url,
+    .plant = fx_plant,
+    .short_lease_ms = 1000,
+};

@@ -27,6 +27,7 @@
 #define SXT_REDIS_HARNESS_H
 
 #include "ports.h"
+#include "store_fixture.h"
 
 #include <sys/types.h>
 
@@ -43,6 +44,12 @@ typedef struct sxt_redis_opts {
   const char *acl_rules;
   const char *notify;        /* notify-keyspace-events, e.g. "Kx" */
   const sxt_redis *replica_of; /* start as a replica of this server */
+  /* Keep data across a SIGKILL (appendonly, fsync always), so that a
+   * restart may keep it (sxt_redis_restart_keep). */
+  int persist;
+  /* Addresses to listen on (space-separated; default "127.0.0.1"), e.g.
+   * also a veth address that agents in a network namespace reach. */
+  const char *bind;
 } sxt_redis_opts;
 
 struct sxt_redis {
@@ -69,6 +76,8 @@ void sxt_redis_kill(sxt_redis *r, int sig);
 
 /* Start it again on the same port with the same options, empty. */
 int sxt_redis_restart(sxt_redis *r);
+/* Start it again on the same port with the data it had (opts.persist). */
+int sxt_redis_restart_keep(sxt_redis *r);
 
 /* Stop (SIGKILL), reap and remove the directory.  Safe to call twice. */
 void sxt_redis_stop(sxt_redis *r);
@@ -98,6 +107,8 @@ int sxt_redis_wait_master(const sxt_redis *sentinel, int port, int timeout_ms);
 /* Wait until the server's ROLE is role ("master", "slave"). */
 int sxt_redis_wait_role(const sxt_redis *r, const char *role, int timeout_ms);
 
-/* A free TCP port on 127.0.0.1 (bound and released). */
+/* The store suite's fixture: a persisting redis-server with keyspace
+ * notifications (Kx), 1000 ms short leases. */
+extern const sxt_store_fixture sxt_redis_fixture;
 
 #endif

@@ -17,6 +17,8 @@ static void on_event(void *arg, const sx_event *ev) {
     s->events[s->n_events++] = *ev;
 }
 
+static void on_watch(void *arg) { ((sxt_store *)arg)->n_watch++; }
+
 static void on_conn(void *arg, int up, int err, const char *msg) {
   sxt_store *s = arg;
   if (up) {
@@ -88,10 +90,25 @@ int sxt_store_wait_conn(sxt_store *s, int up, int count, uint32_t timeout_ms) {
   return sxt_store_run_until(s, conn_count, want, timeout_ms);
 }
 
+static int watch_count(sxt_store *s, void *arg) { return s->n_watch >= *(int *)arg; }
+
+int sxt_store_wait_watch(sxt_store *s, int count, uint32_t timeout_ms) {
+  return sxt_store_run_until(s, watch_count, &count, timeout_ms);
+}
+
+int sxt_store_watch(sxt_store *s) {
+  int before = s->n_watch;
+  int rc = sx__backend_watch(s->b);
+  if (rc == 0 && sxt_store_wait_watch(s, before + 1, SXT_OP_DEADLINE_MS) != 0)
+    fail_msg("the watch was not in place within %d ms", SXT_OP_DEADLINE_MS);
+  return rc;
+}
+
 int sxt_store_open(sxt_store *s, const char *url, int wait_up) {
   memset(s, 0, sizeof(*s));
   assert_int_equal(uv_loop_init(&s->loop), 0);
-  sx_backend_hooks hooks = {on_event, on_conn, s};
+  sx_backend_hooks hooks = {
+      .on_event = on_event, .on_conn = on_conn, .on_watch = on_watch, .arg = s};
   int rc = sx__backend_open(&s->loop, url, &hooks, &s->b);
   if (rc != 0) {
     s->b = NULL;
@@ -163,8 +180,11 @@ static int replied(sxt_store *s, void *arg) {
 
 /* Wait for the callback of an op that started with rc. */
 static int await(sxt_store *s, int rc, sxt_reply *r, const char *what) {
-  if (rc != 0)
+  if (rc != 0) {
+    /* Refused before it started: the message is the calling thread's. */
+    snprintf(r->message, sizeof(r->message), "%s", sx_errmsg());
     return rc;
+  }
   if (sxt_store_run_until(s, replied, r, SXT_OP_DEADLINE_MS) != 0)
     fail_msg("%s: no answer within %d ms", what, SXT_OP_DEADLINE_MS);
   /* Let anything else that is due run, so a second callback would show. */

@@ -78,6 +78,7 @@ typedef struct sxt_store {
   unsigned char taken[SXT_MAX_EVENTS];
   size_t n_events;
   int n_up, n_down;
+  int n_watch; /* hooks.on_watch calls */
   int last_err;
   char last_msg[256];
 } sxt_store;
@@ -124,6 +125,12 @@ int sxt_store_count_events(const sxt_store *s, sx_event_kind kind, const char *n
  * been called: 0, or -1 on timeout. */
 int sxt_stores_await(sxt_store *const *stores, size_t n, sxt_reply *const *replies,
                      size_t n_replies, uint32_t timeout_ms);
+/* Start watching and wait (failing the test after SXT_OP_DEADLINE_MS) until
+ * the backend says the watch is in place: changes made after this returns
+ * are delivered.  Returns watch()'s status. */
+int sxt_store_watch(sxt_store *s);
+/* Wait until on_watch has been reported at least count times. */
+int sxt_store_wait_watch(sxt_store *s, int count, uint32_t timeout_ms);
 /* Wait until on_conn has reported up (or down) at least count times. */
 int sxt_store_wait_conn(sxt_store *s, int up, int count, uint32_t timeout_ms);
 

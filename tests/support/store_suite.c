@@ -158,7 +158,7 @@ static void open_store(sxt_suite *su, sxt_store *s, int watch) {
   sxt_suite_url(su, NULL, url, sizeof(url));
   sxt_ok(sxt_store_open(s, url, 1));
   if (watch)
-    sxt_ok(sx__backend_watch(s->b));
+    sxt_ok(sxt_store_watch(s));
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -515,10 +515,8 @@ void test_store_watch_reports_put_delete_expiry(void **state) {
   owner_init(&y, "forgotten", 1);
   open_store(su, &s, 0);
   open_store(su, &w, 1);
-  /* watch() is idempotent. */
+  /* watch() is idempotent; open_store() waited for it to be in place. */
   sxt_ok(sx__backend_watch(w.b));
-  /* Let the watch get established before the first change. */
-  sxt_store_run_for(&w, 300);
 
   sx_event ev;
   assert_status(publish(&s, &x, 5000, 0, &r), &r, 0);
@@ -724,8 +722,7 @@ void test_store_namespaces_are_isolated(void **state) {
   snprintf(ns2, sizeof(ns2), "%s-other", su->ns);
   su->fx->url(su->server, ns2, NULL, url, sizeof(url));
   sxt_ok(sxt_store_open(&s2, url, 1));
-  sxt_ok(sx__backend_watch(s2.b));
-  sxt_store_run_for(&s2, 300);
+  sxt_ok(sxt_store_watch(&s2));
 
   assert_status(publish(&s1, &a, 5000, 0, &r), &r, 0);
   sxt_reply_free(&r);

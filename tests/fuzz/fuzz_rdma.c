@@ -1,0 +1,44 @@
+/*
+ * Fuzz target: the RDMA transport's connection private data, which arrives
+ * from any peer that can reach the rdma_cm port: the reader's connect
+ * request (HELLO: name, expected incarnation, access token) as the target
+ * parses it, and the accept and reject data as the reader parses them.
+ * Built only when the RDMA transport is (agent/rdma.c exists).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "rdma_int.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  sx__rdma_hello h;
+  memset(&h, 0, sizeof(h));
+  int rc = sx__rdma_hello_parse(data, size, &h);
+  if (rc == 0) {
+    /* The name goes into logs: it must be a terminated string. */
+    if (memchr(h.name, '\0', sizeof(h.name)) == NULL)
+      abort();
+    /* What parses packs back to the same fields. */
+    sx__rdma_hello_wire w;
+    sx__rdma_hello back;
+    sx__rdma_hello_pack(&w, h.name, h.conn_index, h.incarnation, h.token);
+    if (sx__rdma_hello_parse(&w, sizeof(w), &back) != 0 ||
+        back.conn_index != h.conn_index ||
+        memcmp(back.incarnation, h.incarnation, SX_INCARNATION_LEN) != 0 ||
+        memcmp(back.token, h.token, SX_TOKEN_LEN) != 0)
+      abort();
+  } else if (rc != SX_EPROTO && rc != SX_EVERSION) {
+    abort();
+  }
+  uint8_t inc[SX_INCARNATION_LEN];
+  (void)sx__rdma_accept_parse(data, size, inc);
+  uint8_t reason = 0;
+  if (sx__rdma_reject_parse(data, size, &reason) == 1) {
+    (void)sx__rdma_reject_code(reason);
+    if (sx__rdma_reject_text(reason) == NULL)
+      abort();
+  }
+  return 0;
+}

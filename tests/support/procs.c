@@ -1,0 +1,93 @@
+/* Child processes for multi-process tests (see procs.h). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "procs.h"
+
+void sxt_sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+pid_t sxt_spawn(const char *log, const char *const argv[]) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    FILE *f = freopen(log, "a", stderr);
+    (void)f;
+    dup2(2, 1);
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+int sxt_reap(pid_t pid, int ms) {
+  int st;
+  for (int waited = 0; waited <= ms; waited += 10) {
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid)
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r < 0 && errno != EINTR)
+      return -1;
+    sxt_sleep_ms(10);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return -1;
+}
+
+int sxt_freeze(pid_t pid) {
+  if (kill(pid, SIGSTOP) != 0)
+    return -1;
+  /* The parent hears of the stop once the group stop is complete, that is
+   * once every thread has stopped. */
+  int st;
+  pid_t r;
+  while ((r = waitpid(pid, &st, WUNTRACED)) < 0 && errno == EINTR) {
+  }
+  return r == pid && WIFSTOPPED(st) ? 0 : -1;
+}
+
+int sxt_thaw(pid_t pid) {
+  if (kill(pid, SIGCONT) != 0)
+    return -1;
+  int st;
+  while (waitpid(pid, &st, WCONTINUED | WNOHANG) < 0 && errno == EINTR) {
+  }
+  return 0;
+}
+
+int sxt_count_in_file(const char *path, const char *needle) {
+  FILE *f = fopen(path, "r");
+  char line[4096];
+  int n = 0;
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof(line), f))
+    n += strstr(line, needle) != NULL;
+  fclose(f);
+  return n;
+}
+
+long sxt_rss_kib(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  long kib = -1;
+  if (f == NULL)
+    return -1;
+  while (fgets(line, sizeof(line), f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}

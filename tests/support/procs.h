@@ -1,0 +1,40 @@
+/*
+ * Child processes for multi-process tests: spawn with a log file, reap with
+ * a bound, and freeze/thaw (SIGSTOP/SIGCONT) that return only once the
+ * child is really stopped or running again.
+ *
+ * Why the wait: kill(SIGSTOP) only queues the signal.  The kernel wakes one
+ * thread of the target to start the group stop; until that thread gets a
+ * CPU, the target's other threads (an agent's event loop) keep running and
+ * serving.  On a loaded machine that takes hundreds of milliseconds, so a
+ * test that assumes "stopped" right after kill() is wrong.
+ */
+#ifndef SXT_PROCS_H
+#define SXT_PROCS_H
+
+#include <sys/types.h>
+
+/* fork + exec argv (argv[0] is the path); stdout and stderr go to log
+ * (appended).  The child dies with the test process (PR_SET_PDEATHSIG). */
+pid_t sxt_spawn(const char *log, const char *const argv[]);
+
+/* Wait for a child up to ms: its exit status, 128 + signal if killed, or -1
+ * when it did not end in time (it is then killed with SIGKILL and reaped). */
+int sxt_reap(pid_t pid, int ms);
+
+/* SIGSTOP a child and wait until the whole process has stopped (every
+ * thread): 0, or -1 if it is gone. */
+int sxt_freeze(pid_t pid);
+
+/* SIGCONT a frozen child: 0 or -1. */
+int sxt_thaw(pid_t pid);
+
+/* Lines of a file that contain needle (0 if the file cannot be read). */
+int sxt_count_in_file(const char *path, const char *needle);
+
+/* Resident set size of a process in KiB (VmRSS), or -1. */
+long sxt_rss_kib(pid_t pid);
+
+void sxt_sleep_ms(int ms);
+
+#endif
