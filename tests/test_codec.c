@@ -341,6 +341,39 @@ static void test_codec_rejects_duplicate_region_ids(void **state) {
   sx_desc_free(&d);
 }
 
+/* Key checks over many regions in a scrambled order (the sort's merge
+ * passes, not only its short runs): a valid set passes, and one overlap or
+ * one duplicate id anywhere is found. */
+static void test_codec_key_checks_scale_and_order(void **state) {
+  (void)state;
+  sx_desc d;
+  sxt_desc_kv(&d, "scrambled/0", 700, 1, 4096, 16, 0);
+  /* A fixed scramble: swap each region with one a stride away. */
+  for (uint32_t i = 0; i < d.n_regions; i++) {
+    uint32_t j = (i * 7919u + 13u) % d.n_regions;
+    sx_region t = d.regions[i];
+    d.regions[i] = d.regions[j];
+    d.regions[j] = t;
+  }
+  sxt_ok(sx_desc_validate(&d));
+  roundtrip(&d);
+  /* One region (V, layer 411) widened over layer 412 of V. */
+  uint32_t w = 0;
+  for (uint32_t i = 0; i < d.n_regions; i++)
+    if (d.regions[i].slot == SX_SLOT_V && d.regions[i].layer_first == 411)
+      w = i;
+  sx_region keep = d.regions[w];
+  d.regions[w].layer_count = 2;
+  d.regions[w].layer_stride = 65536;
+  d.regions[w].length = 2 * 65536;
+  expect_decode(&d, SX_EOVERLAP, "layer 412 slot V");
+  d.regions[w] = keep;
+  sxt_ok(sx_desc_validate(&d));
+  d.regions[d.n_regions - 3].id = d.regions[17].id;
+  expect_decode(&d, SX_EDUPLICATE, "appears twice");
+  sx_desc_free(&d);
+}
+
 static void test_codec_rejects_rkey_count_mismatch(void **state) {
   (void)state;
   sx_desc d;
@@ -445,6 +478,7 @@ int main(void) {
       cmocka_unit_test(test_codec_rejects_zero_layer_count),
       cmocka_unit_test(test_codec_rejects_overlapping_keys),
       cmocka_unit_test(test_codec_rejects_duplicate_region_ids),
+      cmocka_unit_test(test_codec_key_checks_scale_and_order),
       cmocka_unit_test(test_codec_rejects_rkey_count_mismatch),
       cmocka_unit_test(test_codec_rejects_missing_incarnation_or_token),
       cmocka_unit_test(test_codec_rejects_garbage_and_truncation),
