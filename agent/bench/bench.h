@@ -143,6 +143,14 @@ typedef struct bx_machine {
 
 void bx_machine_get(bx_machine *m);
 
+/* ------------------------------------------------------------ descriptors */
+
+struct sx_desc;
+/* A valid descriptor like a prefill engine's (codec.c): n per-layer regions
+ * (layer i/2, slot K or V) or, when strided, K and V over 80 layers in 2
+ * regions; a TCP and an RDMA endpoint, labels, a full layout.  0 or SX_E*. */
+int bx_make_desc(struct sx_desc *d, const char *name, uint32_t n, int strided);
+
 /* ------------------------------------------------------------ modes */
 
 typedef int (*bx_mode_fn)(const bx_common *o, int argc, char **argv);
@@ -168,6 +176,7 @@ typedef struct bx_fleet_params {
 
 typedef struct bx_fleet_stats {
   uint64_t renews, renew_errors, publishes;
+  uint64_t late; /* renewals skipped: the previous one was still in flight */
   double renew_p50_us, renew_p99_us;
 } bx_fleet_stats;
 

@@ -39,9 +39,9 @@ enum { ROUNDS = 5 };
 
 /* A descriptor like a prefill engine's: n per-layer regions (layer i/2,
  * slot K or V), or the strided layout (2 regions over 80 layers). */
-static int make_desc(sx_desc *d, uint32_t n, int strided) {
+int bx_make_desc(sx_desc *d, const char *name, uint32_t n, int strided) {
   sx_desc_init(d);
-  snprintf(d->name, sizeof(d->name), "prefill-0/tp3");
+  snprintf(d->name, sizeof(d->name), "%s", name);
   for (int i = 0; i < SX_INCARNATION_LEN; i++)
     d->incarnation[i] = (uint8_t)(0x3a + i);
   for (int i = 0; i < SX_TOKEN_LEN; i++)
@@ -265,7 +265,7 @@ int bx_codec_main(const bx_common *o, int argc, char **argv) {
     uint8_t *pb = NULL;
     char *js = NULL;
     size_t pb_len = 0;
-    if (make_desc(&d, n, is_strided) != 0 || sx_desc_encode(&d, &pb, &pb_len) != 0 ||
+    if (bx_make_desc(&d, "prefill-0/tp3", n, is_strided) != 0 || sx_desc_encode(&d, &pb, &pb_len) != 0 ||
         sx_desc_to_json(&d, 1, &js) != 0) {
       fprintf(stderr, "sx-bench codec: %s: %s: %s\n", name, sx_err_name(sx_desc_validate(&d)),
               sx_errmsg());

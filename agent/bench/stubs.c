@@ -3,7 +3,6 @@
 
 #include "bench.h"
 
-const char bx_meta_help[] = "sx-bench meta: not written yet\n";
 const char bx_read_help[] = "sx-bench read: not written yet\n";
 const char bx_target_help[] = "sx-bench target: not written yet\n";
 
@@ -12,10 +11,6 @@ static int not_yet(const char *mode) {
   return BX_USAGE;
 }
 
-int bx_meta_main(const bx_common *o, int argc, char **argv) {
-  (void)o, (void)argc, (void)argv;
-  return not_yet("meta");
-}
 int bx_read_main(const bx_common *o, int argc, char **argv) {
   (void)o, (void)argc, (void)argv;
   return not_yet("read");
