@@ -147,6 +147,7 @@ int bx_mb_open(mb *m) {
     return -1;
   }
   const sx_url_host *h = &m->url.hosts[0];
+  m->info = bx_mb_sync_connect(m); /* without it, no server CPU figures */
   m->raw = sx__redis_connect(&m->loop, h->host, h->port, m, raw_connected, raw_disconnected,
                              err, sizeof(err));
   if (m->raw == NULL) {
@@ -195,9 +196,50 @@ void bx_mb_close(mb *m) {
   if (m->raw)
     redisAsyncFree(m->raw);
   m->raw = NULL;
+  if (m->info)
+    redisFree(m->info);
+  m->info = NULL;
   uv_run(&m->loop, UV_RUN_DEFAULT);
   uv_loop_close(&m->loop);
   m->loop_init = 0;
+}
+
+redisContext *bx_mb_sync_connect(const mb *m) {
+  struct timeval tv = {5, 0};
+  redisContext *c = redisConnectWithTimeout(m->url.hosts[0].host, m->url.hosts[0].port, tv);
+  if (c == NULL || c->err) {
+    if (c)
+      redisFree(c);
+    return NULL;
+  }
+  redisReply *r = NULL;
+  if (m->url.has_password)
+    r = m->url.user[0] ? redisCommand(c, "AUTH %s %s", m->url.user, m->url.password)
+                       : redisCommand(c, "AUTH %s", m->url.password);
+  if (r)
+    freeReplyObject(r);
+  if (m->url.db) {
+    r = redisCommand(c, "SELECT %d", m->url.db);
+    if (r)
+      freeReplyObject(r);
+  }
+  return c;
+}
+
+double bx_mb_server_cpu(const mb *m) {
+  if (m->info == NULL)
+    return -1;
+  redisReply *r = redisCommand(m->info, "INFO cpu");
+  double v = -1;
+  if (r != NULL && r->type == REDIS_REPLY_STRING) {
+    const char *u = strstr(r->str, "used_cpu_user:"), *sy = strstr(r->str, "used_cpu_sys:");
+    if (u != NULL && sy != NULL)
+      v = strtod(u + strlen("used_cpu_user:"), NULL) +
+          strtod(sy + strlen("used_cpu_sys:"), NULL);
+  }
+  if (r)
+    freeReplyObject(r);
+  return v;
 }
 
 /* ------------------------------------------------------------ closed loop */
@@ -215,7 +257,7 @@ void bx_run_done(bx_slot *s, int status, const char *msg) {
       snprintf(r->msg, sizeof(r->msg), "%s", msg && *msg ? msg : sx_strerror(status));
     }
     r->stop = 1;
-  } else if (s->t0 >= r->t_warm && now <= r->t_end) {
+  } else if ((r->all_ops++, s->t0 >= r->t_warm && now <= r->t_end)) {
     r->ops++;
     bx_lat_add(&r->lat, now - s->t0);
   }
@@ -262,6 +304,7 @@ void bx_run_free(bx_run *r) {
  * (r->err, r->msg say which). */
 int bx_run_round(bx_run *r, double secs) {
   double warm = secs * 0.2 < 0.1 ? secs * 0.2 : 0.1;
+  double srv0 = bx_mb_server_cpu(r->m), cpu0 = bx_cpu_self();
   uint64_t now = bx_now_ns();
   r->t_warm = now + (uint64_t)(warm * 1e9);
   r->t_end = r->t_warm + (uint64_t)(secs * 1e9);
@@ -270,6 +313,12 @@ int bx_run_round(bx_run *r, double secs) {
   while (r->inflight > 0)
     uv_run(&r->m->loop, UV_RUN_ONCE);
   r->secs += secs;
+  r->cpu_client += bx_cpu_self() - cpu0;
+  double srv1 = bx_mb_server_cpu(r->m);
+  if (srv0 >= 0 && srv1 >= srv0 && r->cpu_server >= 0)
+    r->cpu_server += srv1 - srv0;
+  else
+    r->cpu_server = -1;
   return r->errors ? -1 : 0;
 }
 
@@ -460,13 +509,22 @@ static void unpopulate(mb *m) {
 
 /* ------------------------------------------------------------ measuring */
 
-typedef struct pairres {
-  double rate[2], p50[2], p99[2];
-} pairres;
+typedef struct opres {
+  double rate, p50, p99, cpu_us, srv_us; /* per op; srv_us < 0: unknown */
+} opres;
+
+static void take(opres *o, bx_run *r) {
+  o->rate = bx_run_rate(r);
+  o->p50 = bx_lat_pct(&r->lat, 0.5) / 1e3;
+  o->p99 = bx_lat_pct(&r->lat, 0.99) / 1e3;
+  double n = r->all_ops ? (double)r->all_ops : 1;
+  o->cpu_us = r->cpu_client * 1e6 / n;
+  o->srv_us = r->cpu_server >= 0 ? r->cpu_server * 1e6 / n : -1;
+}
 
 /* Two ops at one concurrency, in alternating rounds. */
 static int measure_pair(mb *m, bx_issue_fn a, bx_issue_fn b, uint32_t conc, double secs,
-                        pairres *out, char *err, size_t esize) {
+                        opres out[2], char *err, size_t esize) {
   bx_run r[2];
   bx_issue_fn fn[2] = {a, b};
   int rc = 0;
@@ -481,25 +539,21 @@ static int measure_pair(mb *m, bx_issue_fn a, bx_issue_fn b, uint32_t conc, doub
         rc = -1;
       }
   for (int k = 0; k < 2; k++) {
-    out->rate[k] = bx_run_rate(&r[k]);
-    out->p50[k] = bx_lat_pct(&r[k].lat, 0.5) / 1e3;
-    out->p99[k] = bx_lat_pct(&r[k].lat, 0.99) / 1e3;
+    take(&out[k], &r[k]);
     bx_run_free(&r[k]);
   }
   return rc;
 }
 
-static int measure_one(mb *m, bx_issue_fn f, uint32_t conc, double secs, double *rate,
-                       double *p50, double *p99, char *err, size_t esize) {
+static int measure_one(mb *m, bx_issue_fn f, uint32_t conc, double secs, opres *out,
+                       char *err, size_t esize) {
   bx_run r;
   if (bx_run_init(&r, m, "", f, conc) != 0)
     return -1;
   int rc = bx_run_round(&r, secs);
   if (rc)
     snprintf(err, esize, "%s: %s", sx_err_name(r.err), r.msg);
-  *rate = bx_run_rate(&r);
-  *p50 = bx_lat_pct(&r.lat, 0.5) / 1e3;
-  *p99 = bx_lat_pct(&r.lat, 0.99) / 1e3;
+  take(out, &r);
   bx_run_free(&r);
   return rc;
 }
@@ -520,20 +574,23 @@ static double warm_peek_ns(mb *m, double secs) {
   return t * 1e9 / (double)iters;
 }
 
-static void add_row(bx_table *t, const char *op, uint32_t conc, double rate, double p50,
-                    double p99, double base) {
+static void add_row(bx_table *t, const char *op, uint32_t conc, const opres *o,
+                    double base) {
   bx_row *row = bx_row_add(t);
   bx_set_str(row, "op", "%s", op);
   if (conc)
     bx_set_num(row, "conc", conc);
-  bx_set_num(row, "ops_s", rate);
-  if (p50 > 0)
-    bx_set_num(row, "p50_us", p50);
-  if (p99 > 0)
-    bx_set_num(row, "p99_us", p99);
+  bx_set_num(row, "ops_s", o->rate);
+  if (o->p50 > 0)
+    bx_set_num(row, "p50_us", o->p50);
+  if (o->p99 > 0)
+    bx_set_num(row, "p99_us", o->p99);
+  bx_set_num(row, "cpu_us", o->cpu_us);
+  if (o->srv_us >= 0)
+    bx_set_num(row, "srv_us", o->srv_us);
   if (base > 0) {
     bx_set_num(row, "raw_get_ops_s", base);
-    bx_set_num(row, "ratio", rate / base);
+    bx_set_num(row, "ratio", o->rate / base);
   }
 }
 
@@ -545,7 +602,7 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   bx_meta_opts mo = {.url = NULL, .n_conc = 4, .conc = {1, 4, 16, 64}, .regions = 2,
                      .n_ls = 3, .ls = {1000, 10000, 100000}, .n_fleet = 2,
                      .fleet = {1000, 10000}, .fleet_conns = 4, .readers = 4,
-                     .lease_ms = 5000};
+                     .lease_ms = 5000, .ops = MB_OP_ALL};
   int rc = bx_meta_parse(&mo, argc, argv);
   if (rc)
     return rc;
@@ -588,7 +645,8 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   static const bx_col cols[] = {
       {"op", "OPERATION", NULL},          {"conc", "IN FLIGHT", "%.0f"},
       {"ops_s", "OPS/S", "%.0f"},         {"p50_us", "P50 US", "%.1f"},
-      {"p99_us", "P99 US", "%.1f"},       {"raw_get_ops_s", "RAW GET OPS/S", "%.0f"},
+      {"p99_us", "P99 US", "%.1f"},       {"cpu_us", "CLIENT CPU US/OP", "%.2f"},
+      {"srv_us", "SERVER CPU US/OP", "%.2f"}, {"raw_get_ops_s", "RAW GET OPS/S", "%.0f"},
       {"ratio", "VS RAW GET", "%.2fx"},
   };
   bx_table *t = bx_table_add(rep, "meta", "Metadata store operations against raw hiredis "
@@ -604,48 +662,63 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   double cold1_p50 = 0;
   for (int ci = 0; ci < mo.n_conc; ci++) {
     uint32_t c = (uint32_t)mo.conc[ci];
-    pairres pr;
-    double rate, p50, p99;
-    bx_progress("raw GET and cold resolve, %u in flight", c);
-    if (measure_pair(&m, op_raw_get, op_cold, c, 2 * o->duration, &pr, err, sizeof(err)))
-      goto fail;
-    double base = pr.rate[0];
-    add_row(t, "raw GET (baseline)", c, pr.rate[0], pr.p50[0], pr.p99[0], 0);
-    bx_progress("raw HMGET+PTTL, %u in flight", c);
-    if (measure_one(&m, op_raw_hmget, c, o->duration, &rate, &p50, &p99, err, sizeof(err)))
-      goto fail;
-    add_row(t, "raw HMGET+PTTL", c, rate, p50, p99, base);
-    add_row(t, "cold resolve", c, pr.rate[1], pr.p50[1], pr.p99[1], base);
-    if (c == 1)
-      cold1_p50 = pr.p50[1];
-    char what[64];
-    snprintf(what, sizeof(what), "cold resolve vs raw GET, %u in flight", c);
-    bx_target(rep, what, pr.rate[1] / base, "x", ">=", 0.9, "ops/s ratio, same run");
-    bx_series_add(bx_plot_series(&plot, "raw GET (baseline)", 1), c, base);
-    bx_series_add(bx_plot_series(&plot, "cold resolve", 0), c, pr.rate[1]);
-    uint64_t fetches;
-    sx_cache_stats cs;
-    sx__cache_stats(m.c, &cs);
-    fetches = cs.fetches;
-    if (measure_one(&m, op_warm, c, o->duration, &rate, &p50, &p99, err, sizeof(err)))
-      goto fail;
-    sx__cache_stats(m.c, &cs);
-    if (cs.fetches != fetches) {
-      snprintf(err, sizeof(err), "warm resolve: %" PRIu64 " store reads: the cache missed",
-               cs.fetches - fetches);
-      goto fail;
+    opres pr[2], one;
+    memset(pr, 0, sizeof(pr));
+    double base = 0;
+    if (mo.ops & MB_OP_RESOLVE) {
+      bx_progress("raw GET and cold resolve, %u in flight", c);
+      if (measure_pair(&m, op_raw_get, op_cold, c, 2 * o->duration, pr, err, sizeof(err)))
+        goto fail;
+      base = pr[0].rate;
+      add_row(t, "raw GET (baseline)", c, &pr[0], 0);
     }
-    add_row(t, "warm resolve (async call)", c, rate, p50, p99, base);
-    bx_progress("publish and renew, %u in flight", c);
-    if (measure_one(&m, op_publish, c, o->duration, &rate, &p50, &p99, err, sizeof(err)))
-      goto fail;
-    add_row(t, "publish", c, rate, p50, p99, base);
-    bx_series_add(bx_plot_series(&plot, "publish", 0), c, rate);
-    if (measure_one(&m, op_renew, c, o->duration, &rate, &p50, &p99, err, sizeof(err)))
-      goto fail;
-    add_row(t, "renew", c, rate, p50, p99, base);
-    bx_series_add(bx_plot_series(&plot, "renew", 0), c, rate);
+    if (mo.ops & MB_OP_HMGET) {
+      bx_progress("raw HMGET+PTTL, %u in flight", c);
+      if (measure_one(&m, op_raw_hmget, c, o->duration, &one, err, sizeof(err)))
+        goto fail;
+      add_row(t, "raw HMGET+PTTL", c, &one, base);
+    }
+    if (mo.ops & MB_OP_RESOLVE) {
+      add_row(t, "cold resolve", c, &pr[1], base);
+      if (c == 1)
+        cold1_p50 = pr[1].p50;
+      char what[64];
+      snprintf(what, sizeof(what), "cold resolve vs raw GET, %u in flight", c);
+      bx_target(rep, what, pr[1].rate / base, "x", ">=", 0.9, "ops/s ratio, same run");
+      bx_series_add(bx_plot_series(&plot, "raw GET (baseline)", 1), c, base);
+      bx_series_add(bx_plot_series(&plot, "cold resolve", 0), c, pr[1].rate);
+    }
+    if (mo.ops & MB_OP_WARM) {
+      sx_cache_stats cs;
+      sx__cache_stats(m.c, &cs);
+      uint64_t fetches = cs.fetches;
+      if (measure_one(&m, op_warm, c, o->duration, &one, err, sizeof(err)))
+        goto fail;
+      sx__cache_stats(m.c, &cs);
+      if (cs.fetches != fetches) {
+        snprintf(err, sizeof(err), "warm resolve: %" PRIu64 " store reads: the cache missed",
+                 cs.fetches - fetches);
+        goto fail;
+      }
+      add_row(t, "warm resolve (async call)", c, &one, base);
+    }
+    if (mo.ops & (MB_OP_PUBLISH | MB_OP_RENEW))
+      bx_progress("publish and renew, %u in flight", c);
+    if (mo.ops & MB_OP_PUBLISH) {
+      if (measure_one(&m, op_publish, c, o->duration, &one, err, sizeof(err)))
+        goto fail;
+      add_row(t, "publish", c, &one, base);
+      bx_series_add(bx_plot_series(&plot, "publish", 0), c, one.rate);
+    }
+    if (mo.ops & MB_OP_RENEW) {
+      if (measure_one(&m, op_renew, c, o->duration, &one, err, sizeof(err)))
+        goto fail;
+      add_row(t, "renew", c, &one, base);
+      bx_series_add(bx_plot_series(&plot, "renew", 0), c, one.rate);
+    }
   }
+  if (!(mo.ops & MB_OP_WARM))
+    goto after_warm;
   bx_progress("warm resolve (cache peek)");
   double peek = warm_peek_ns(&m, o->duration);
   if (peek < 0) {
@@ -661,6 +734,7 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
               "x", ">=", 100, "cold p50 latency / warm peek time, same run");
   else
     bx_target_skip(rep, "warm resolve faster than cold", "concurrency 1 not measured");
+after_warm:
   if (bx_meta_ls(&m, &mo, rep, err, sizeof(err)) != 0 ||
       bx_meta_fleet(&m, &mo, rep, err, sizeof(err)) != 0)
     goto fail;

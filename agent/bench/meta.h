@@ -28,7 +28,17 @@ typedef struct bx_meta_opts {
   uint64_t fleet[8];
   int n_fleet;
   uint32_t fleet_conns, readers, lease_ms;
+  unsigned ops; /* MB_OP_* to run */
 } bx_meta_opts;
+
+enum {
+  MB_OP_RESOLVE = 1u << 0, /* raw GET + cold resolve (the pair) */
+  MB_OP_HMGET = 1u << 1,
+  MB_OP_WARM = 1u << 2,
+  MB_OP_PUBLISH = 1u << 3,
+  MB_OP_RENEW = 1u << 4,
+  MB_OP_ALL = 0x1f,
+};
 
 /* The bench's store client: backend + cache (as an agent has them) and a
  * raw hiredis connection, all on one loop. */
@@ -45,6 +55,7 @@ typedef struct mb {
   char conn_msg[512];
   redisAsyncContext *raw;
   int raw_up;
+  struct redisContext *info; /* blocking, for INFO (server CPU time) */
   /* One segment per slot of the largest concurrency. */
   uint32_t n;
   char **names, **seg_keys, **raw_keys;
@@ -81,6 +92,10 @@ struct bx_run {
    * before the end, their latencies, the seconds counted. */
   uint64_t ops, errors;
   double secs;
+  /* Every request answered (warm-up included) and the CPU seconds spent
+   * meanwhile by this process and by the server (INFO cpu; < 0 unknown). */
+  uint64_t all_ops;
+  double cpu_client, cpu_server;
   bx_lat lat;
   int err;
   char msg[256];
@@ -88,6 +103,11 @@ struct bx_run {
 };
 
 int bx_mb_open(mb *m);
+/* A blocking connection to the bench's server, authenticated and on its db;
+ * NULL on failure. */
+struct redisContext *bx_mb_sync_connect(const mb *m);
+/* The server's used CPU seconds (user + sys), or -1. */
+double bx_mb_server_cpu(const mb *m);
 void bx_mb_close(mb *m);
 
 int bx_run_init(bx_run *r, mb *m, const char *what, bx_issue_fn issue, uint32_t conc);

@@ -27,6 +27,27 @@ int bx_meta_parse(bx_meta_opts *mo, int argc, char **argv) {
     i++;
     if (strcmp(a, "--metadata") == 0) {
       mo->url = v;
+    } else if (strcmp(a, "--ops") == 0) {
+      static const struct {
+        const char *name;
+        unsigned bit;
+      } names[] = {{"resolve", MB_OP_RESOLVE}, {"hmget", MB_OP_HMGET}, {"warm", MB_OP_WARM},
+                   {"publish", MB_OP_PUBLISH}, {"renew", MB_OP_RENEW}, {"all", MB_OP_ALL}};
+      char buf[128];
+      snprintf(buf, sizeof(buf), "%s", v);
+      mo->ops = 0;
+      for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        unsigned bit = 0;
+        for (size_t k = 0; k < sizeof(names) / sizeof(names[0]); k++)
+          if (strcmp(tok, names[k].name) == 0)
+            bit = names[k].bit;
+        if (bit == 0) {
+          fprintf(stderr, "sx-bench meta: --ops: '%s' is not resolve, hmget, warm, "
+                  "publish, renew or all\n", tok);
+          return BX_USAGE;
+        }
+        mo->ops |= bit;
+      }
     } else if (strcmp(a, "--conc") == 0) {
       mo->n_conc = bx_parse_list(v, mo->conc, 16, 0);
       for (int k = 0; k < mo->n_conc; k++)
@@ -87,29 +108,6 @@ static void url_with_ns(const mb *m, const char *suffix, char *buf, size_t size)
            p + strlen("namespace="), suffix, p + strlen("namespace=") + vlen);
 }
 
-/* A blocking hiredis connection to the bench's server, authenticated. */
-static redisContext *raw_sync_connect(const mb *m) {
-  struct timeval tv = {5, 0};
-  redisContext *c = redisConnectWithTimeout(m->url.hosts[0].host, m->url.hosts[0].port, tv);
-  if (c == NULL || c->err) {
-    if (c)
-      redisFree(c);
-    return NULL;
-  }
-  redisReply *r = NULL;
-  if (m->url.has_password)
-    r = m->url.user[0] ? redisCommand(c, "AUTH %s %s", m->url.user, m->url.password)
-                       : redisCommand(c, "AUTH %s", m->url.password);
-  if (r)
-    freeReplyObject(r);
-  if (m->url.db) {
-    r = redisCommand(c, "SELECT %d", m->url.db);
-    if (r)
-      freeReplyObject(r);
-  }
-  return c;
-}
-
 /* ------------------------------------------------------------ ls */
 
 typedef struct pubctx {
@@ -167,7 +165,7 @@ static int ls_publish(uv_loop_t *loop, sx_backend *b, uint32_t from, uint32_t to
 /* What ls is made of, done raw: ZRANGE of the index, then HMGET d lease and
  * PTTL of every member in one pipeline; nothing decoded.  Seconds, or -1. */
 static double raw_ls(const mb *m, const char *ns, size_t expect) {
-  redisContext *c = raw_sync_connect(m);
+  redisContext *c = bx_mb_sync_connect(m);
   if (c == NULL)
     return -1;
   double t0 = bx_now();
@@ -323,7 +321,7 @@ static int op_fleet_resolve(bx_run *r, bx_slot *s) {
 }
 
 static int64_t commands_processed(const mb *m) {
-  redisContext *c = raw_sync_connect(m);
+  redisContext *c = bx_mb_sync_connect(m);
   if (c == NULL)
     return -1;
   int64_t v = -1;
