@@ -732,6 +732,51 @@ static int redis_get(sx_backend *b, const char *name, sx_backend_cb cb, void *ar
   return q_issue(q);
 }
 
+/* fetch: the value alone, in one HMGET (no PTTL), handed to the caller
+ * straight from hiredis' reply, which lives until the callback returns. */
+static void fetch_reply(rreq *q, redisReply *r) {
+  char desc[160];
+  if (r->type == REDIS_REPLY_ERROR) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)", q->name,
+             desc);
+    return;
+  }
+  if (r->type != REDIS_REPLY_ARRAY || r->elements != 1) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    q_finish(q, SX_ESTORE, "%s: unexpected reply to HMGET: %s", q->name, desc);
+    return;
+  }
+  const redisReply *d = r->element[0];
+  if (d->type == REDIS_REPLY_NIL) {
+    q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
+  } else if (d->type != REDIS_REPLY_STRING) {
+    q_finish(q, SX_EDECODE, "%s: field d is not a string", q->name);
+  } else if (d->len > SX_MAX_DESC_BYTES) {
+    q_finish(q, SX_ELIMIT, "%s: stored value of %zu bytes is over the %u-byte limit", q->name,
+             d->len, SX_MAX_DESC_BYTES);
+  } else {
+    q->rep.value = (const uint8_t *)d->str;
+    q->rep.len = d->len;
+    q_finish(q, 0, NULL);
+  }
+}
+
+static int fetch_start(rreq *q) {
+  const char *hm[] = {"HMGET", q->seg_key, "d"};
+  return q_send(q, 3, hm, NULL);
+}
+
+static int redis_fetch(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
+  int rc = check_name(name);
+  if (rc)
+    return rc;
+  rreq *q = q_new((redis_backend *)b, name, cb, arg, "get", fetch_start, fetch_reply);
+  if (q == NULL)
+    return sx__err(SX_ENOMEM, "%s: get", name);
+  return q_issue(q);
+}
+
 /*
  * list: prune the index (a failure is fine: read-only users may not write),
  * read its members, then each member's value and TTL in one pipeline.
@@ -853,6 +898,7 @@ const sx_backend_ops sx__backend_redis_ops = {
     .renew = redis_renew,
     .unpublish = redis_unpublish,
     .get = redis_get,
+    .fetch = redis_fetch,
     .list = redis_list,
     .remove = redis_remove,
     .watch = sx__redis_watch,
