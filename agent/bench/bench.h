@@ -151,6 +151,10 @@ struct sx_desc;
  * regions; a TCP and an RDMA endpoint, labels, a full layout.  0 or SX_E*. */
 int bx_make_desc(struct sx_desc *d, const char *name, uint32_t n, int strided);
 
+struct sx_layout;
+/* The layout both ends of `read` publish and expect. */
+void bx_bench_layout(struct sx_layout *l);
+
 /* ------------------------------------------------------------ modes */
 
 typedef int (*bx_mode_fn)(const bx_common *o, int argc, char **argv);
