@@ -4,6 +4,8 @@
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
 #   make run       deps + build + a live demo on a local redis-server
+#   make bench     build + the representative benchmarks (about 5 minutes) into
+#                  $(BUILD)/bench/: tables, CSV, plots
 #   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs)
 #
 # SANITIZE=address,undefined builds into its own directory (build-address-undefined)
@@ -94,7 +96,7 @@ TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run bench install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -127,6 +129,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
+	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 
 check-fuzz-corpus: $(FUZZ_BINS)
@@ -152,6 +155,12 @@ fuzz-run: $(FUZZ_TARGETS:%=$(BUILD)/fuzzer/%)
 run: deps
 	@$(MAKE) --no-print-directory all
 	@agent/demo/run-demo.sh "$(BUILD)"
+
+# The representative benchmark set: each figure with its same-run baseline,
+# the issue's targets judged on their ratios.  BENCH_DURATION scales it.
+BENCH_DURATION ?= 1
+bench: all
+	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.

@@ -222,6 +222,10 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
     s[i].chunk = q->size;
     s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
     s[i].buf = malloc((size_t)(s[i].slots * q->size));
+    /* Touch it now: first-touch page faults inside the window would make
+     * the baseline weaker than it is (segxfer's buffers are warm too). */
+    if (s[i].buf != NULL)
+      memset(s[i].buf, 0, (size_t)(s[i].slots * q->size));
     s[i].fd = raw_connect(t->raw_port);
     s[i].verify = q->verify;
     s[i].seed = q->seed;
