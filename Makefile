@@ -81,7 +81,7 @@ PROG_BINS := $(PROGRAMS:%=$(BUILD)/bin/%)
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent
+               test_frame test_cache test_agent test_rdma
 INTEG_TESTS := test_store_redis test_sxctl test_e2e_agent
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 
@@ -95,8 +95,17 @@ FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
+# The RDMA suite (tests/rdma/): programs built here, run where an RDMA device
+# exists, which on most machines means inside the Soft-RoCE VM that
+# tests/rdma/run-in-rxe-vm.sh boots.  $(RDMA_PAYLOAD) is the VM's /payload.
+# The end-to-end test there runs sx-agent, sxctl and redis-server too.
+RDMA_PAYLOAD := $(BUILD)/rdma-tests
+RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
+                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
+
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus fuzz fuzz-run run bench install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus check-rdma fuzz fuzz-run run bench bench-rdma \
+        install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -121,7 +130,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(RDMA_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
@@ -131,6 +140,16 @@ check: all $(TEST_BINS) $(FUZZ_BINS)
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+	@$(MAKE) --no-print-directory check-rdma
+
+# Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
+# only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
+check-rdma: $(RDMA_BINS)
+	@tests/rdma/check.sh "$(BUILD)"
+
+# segxfer's batched READs against ib_read_bw on the same rxe device.
+bench-rdma: $(RDMA_BINS)
+	@tests/rdma/check.sh "$(BUILD)" perf
 
 check-fuzz-corpus: $(FUZZ_BINS)
 	@for t in $(FUZZ_TARGETS); do c=$${t#fuzz_}; \
@@ -215,6 +234,23 @@ $(BUILD)/obj/tests/%.o: tests/%.c | $(GEN_H)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/test_rdma_e2e: $(BUILD)/obj/tests/rdma/test_rdma_e2e.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# Copies, not links: the directory is all the VM sees.
+$(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh
+	@mkdir -p $(dir $@)
+	@cp $< $@
+
+$(RDMA_PAYLOAD)/%: $(BUILD)/bin/%
+	@mkdir -p $(dir $@)
+	@cp $< $@
 
 # segxfer.pc is written for the PREFIX/LIBDIR in effect, by `make all` into
 # the build dir and again by `make install` for the install location.

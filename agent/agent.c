@@ -434,6 +434,12 @@ static void close_transports(sx_agent *a) {
     a->scratch_reg[k] = 0;
     t->ops->close(t);
     a->tr[k] = NULL;
+    /* close() closed and freed the transport's peers: peers still held
+     * (by a cache refresh that completes during shutdown) must not close
+     * them again. */
+    for (sx__rpeer *p = a->peers; p != NULL; p = p->next)
+      if (p->kind == (sx_transport_kind)k)
+        p->tp = NULL;
   }
 }
 

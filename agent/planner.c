@@ -235,7 +235,9 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
   if (!sx__add_ok((uint64_t)(uintptr_t)r->local, r->length, &end))
     return sx__err(SX_EOVERFLOW, "entry %u: local + length overflows the address space",
                    e);
-  if (p->need_lreg &&
+  /* Probes (up to SX__XFER_UNREG_MAX bytes) may land anywhere: the
+   * transport bounces them through memory it registered itself. */
+  if (p->need_lreg && (r->length == 0 || r->length > SX__XFER_UNREG_MAX) &&
       sx__rindex_addr(p->local, (uint64_t)(uintptr_t)r->local, r->length) == NULL)
     return sx__err(SX_EINVAL, "entry %u: the destination is not inside a registered "
                    "region (the transport needs registered memory)", e);

@@ -56,10 +56,16 @@ typedef struct sx_tctx {
   void *agent;
 } sx_tctx;
 
+/* Reads of at most this many bytes may land outside the registered regions
+ * (lreg NULL) on every transport: RDMA bounces them through a small buffer
+ * it registered itself.  It serves probes such as sx_segment_ping(). */
+#define SX__XFER_UNREG_MAX 64
+
 /* One range to read: length bytes at roff of remote region rreg into local. */
 typedef struct sx_xfer {
   uint8_t *local;
-  const sx_lregion *lreg; /* local region holding the destination, or NULL */
+  const sx_lregion *lreg; /* local region holding the destination, or NULL
+                           * (RDMA: only up to SX__XFER_UNREG_MAX bytes) */
   const sx_region *rreg;  /* in the peer's descriptor (remote addr, rkeys) */
   uint64_t roff;
   uint64_t length;

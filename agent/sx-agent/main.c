@@ -39,6 +39,10 @@ static const char usage_text[] =
     "                         or the interface that routes to the store)\n"
     "  --transport KIND       tcp, rdma or auto (default auto: RDMA where a device\n"
     "                         exists, TCP always)\n"
+    "  --rdma-devices LIST    RDMA devices to serve on, e.g. mlx5_0,mlx5_1 (default:\n"
+    "                         every device with an active port)\n"
+    "  --rdma-gid-index N     GID index on every RDMA port (default: a RoCE v2 GID\n"
+    "                         with an IPv4 address; index 0 on InfiniBand)\n"
     "  --lease-ms N           lease (default 5000; renewed every lease/3)\n"
     "  --takeover             replace a live holder of NAME (it is fenced)\n"
     "  --label KEY=VALUE      published label (repeatable)\n"
@@ -127,6 +131,8 @@ static int parse_size(const char *s, uint64_t *out) {
 typedef struct options {
   const char *name, *metadata, *listen, *advertise, *layout_file;
   const char *dtype, *fingerprint, *tag;
+  const char *rdma_devices;
+  int rdma_gid_index;
   unsigned transports;
   uint32_t lease_ms, layers, group;
   uint64_t block_bytes, num_blocks, pool_size;
@@ -154,7 +160,7 @@ static int parse_args(int argc, char **argv, options *o) {
   enum {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
     O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
-    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_HELP
+    O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_RDMA_DEVICES, O_RDMA_GID, O_HELP
   };
   static const struct option opts[] = {
       {"name", required_argument, NULL, O_NAME},
@@ -174,6 +180,8 @@ static int parse_args(int argc, char **argv, options *o) {
       {"fill", required_argument, NULL, O_FILL},
       {"lease-ms", required_argument, NULL, O_LEASE},
       {"transport", required_argument, NULL, O_TRANSPORT},
+      {"rdma-devices", required_argument, NULL, O_RDMA_DEVICES},
+      {"rdma-gid-index", required_argument, NULL, O_RDMA_GID},
       {"takeover", no_argument, NULL, O_TAKEOVER},
       {"log-level", required_argument, NULL, O_LOG},
       {"label", required_argument, NULL, O_LABEL},
@@ -183,6 +191,7 @@ static int parse_args(int argc, char **argv, options *o) {
   memset(o, 0, sizeof(*o));
   o->metadata = getenv("SX_METADATA_URL");
   o->transports = SX_TRANSPORTS_ALL;
+  o->rdma_gid_index = -1;
   o->lease_ms = 5000;
   o->layers = 1;
   o->block_bytes = 64 << 10;
@@ -238,6 +247,12 @@ static int parse_args(int argc, char **argv, options *o) {
       if (sx__pattern_parse(optarg, &o->seed))
         return usage_error("--fill '%s' is not a number", optarg);
       o->fill = 1;
+      break;
+    case O_RDMA_DEVICES: o->rdma_devices = optarg; break;
+    case O_RDMA_GID:
+      if (parse_size(optarg, &v) || v > 255)
+        return usage_error("--rdma-gid-index '%s' is not 0..255", optarg);
+      o->rdma_gid_index = (int)v;
       break;
     case O_TRANSPORT:
       if (strcmp(optarg, "tcp") == 0)
@@ -398,6 +413,8 @@ int main(int argc, char **argv) {
   p.listen = o.listen ? o.listen : "0.0.0.0:0";
   p.advertise = o.advertise;
   p.transports = o.transports;
+  p.rdma_devices = o.rdma_devices;
+  p.rdma_gid_index = o.rdma_gid_index;
   p.lease_ms = o.lease_ms;
   p.layout = layout.layout;
   p.labels = o.n_labels ? o.labels : layout.labels;

@@ -1,0 +1,415 @@
+/*
+ * The RDMA transport's internals, shared by its files.  Not installed.
+ *
+ *   rdma.c       ops table, open/close, peers, the wire structs, error mapping
+ *   rdma_dev.c   devices, ports and GIDs, memory registration, pack/usable
+ *   rdma_cm.c    the rdma_cm event channel: listener, accept, connect, teardown
+ *   rdma_post.c  batched RDMA READs: slicing, WR chains, completions, abort
+ *
+ * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
+ * asynchronous mode on one event channel and every device has one completion
+ * channel; both fds are polled by the loop (uv_poll), so nothing blocks except
+ * peer_close() and close(), which wait (bounded, local) for the flush of the
+ * queue pairs they tear down, because they must settle every op before they
+ * return.
+ *
+ * Reentrancy: settling an xfer can run the agent's op->done callback, which
+ * may call back into the transport (post, abort, peer_close, close).  So the
+ * transport never settles while it walks its own structures: settled xfers
+ * are queued on their op and delivered when the outermost entry point leaves
+ * (sx__rdma_leave), and objects freed by a nested call are only reclaimed
+ * once no entry point is active.
+ */
+#ifndef SX_AGENT_RDMA_INT_H
+#define SX_AGENT_RDMA_INT_H
+
+#include <infiniband/verbs.h>
+#include <linux/types.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "internal.h"
+#include "transport.h"
+
+#define SX__RDMA_MAX_EPS SX_MAX_DEVICES /* published endpoints (device ports) */
+#define SX__RDMA_MAX_DEVS SX_MAX_DEVICES
+#define SX__RDMA_DEFAULT_SLICE (1u << 20)
+#define SX__RDMA_MIN_SLICE 64u
+#define SX__RDMA_DEFAULT_CONNS 4u
+#define SX__RDMA_MAX_CONNS 64u
+/* Send queue slots per QP for READs (one more is kept for the drain WR).
+ * 256 slices of 1 MiB keep far more bytes in flight than any link needs, and
+ * the device caps it further (max_qp_wr). */
+#define SX__RDMA_SQ_DEPTH 256u
+/* Signal at least every this many bytes of READs, so that an op's xfers
+ * settle (and send-queue slots free up) as data arrives, not only at the end
+ * of a long chain of large slices. */
+#define SX__RDMA_SIGNAL_BYTES (4u << 20)
+/* Bytes of READs in flight per QP.  Far above any link's bandwidth-delay
+ * product (100 Gb/s x 10 us is 125 KB), and it bounds how long one
+ * ibv_post_send may take: Soft-RoCE runs the protocol inside the poster's
+ * system call, over loopback the whole transfer of what was posted. */
+#define SX__RDMA_QP_WINDOW (8u << 20)
+#define SX__RDMA_RESOLVE_MS 2000
+#define SX__RDMA_CONNECT_MS 10000u
+#define SX__RDMA_DRAIN_MS 5000u
+#define SX__RDMA_TICK_MS 100u
+#define SX__RDMA_BACKLOG 128
+#define SX__RDMA_DRAIN_WR_ID UINT64_MAX
+
+/* ------------------------------------------------------------------ wire */
+
+#define SX__RDMA_WIRE_VERSION 1
+#define SX__RDMA_NAME_BYTES 16
+
+/*
+ * Connect private data, reader -> target.  56 bytes: the most rdma_cm carries
+ * in a connect request over IB and RoCE (92-byte IB CM REQ private data minus
+ * rdma_cm's 36-byte header).  Multi-byte fields are big-endian.  The reader's
+ * name is only for the target's logs, so it is cut to 16 bytes.
+ */
+typedef struct sx__rdma_hello_wire {
+  uint8_t magic[2];  /* 'S' 'X' */
+  uint8_t version;   /* SX__RDMA_WIRE_VERSION */
+  uint8_t flags;     /* 0 */
+  __be32 conn_index; /* which of the reader's QPs to this peer */
+  uint8_t incarnation[SX_INCARNATION_LEN]; /* the target incarnation expected */
+  uint8_t token[SX_TOKEN_LEN];             /* the segment's access token */
+  char name[SX__RDMA_NAME_BYTES];          /* reader name, NUL-padded, cut */
+} sx__rdma_hello_wire;
+
+/* Accept private data, target -> reader: who accepted. */
+typedef struct sx__rdma_accept_wire {
+  uint8_t magic[2];
+  uint8_t version;
+  uint8_t flags;
+  uint8_t incarnation[SX_INCARNATION_LEN]; /* the target's own */
+} sx__rdma_accept_wire;
+
+/* Reject private data, target -> reader: why. */
+typedef struct sx__rdma_reject_wire {
+  uint8_t magic[2];
+  uint8_t version;
+  uint8_t reason;  /* SX__RDMA_REJ_* */
+  __be32 reserved; /* 0 */
+} sx__rdma_reject_wire;
+
+enum {
+  SX__RDMA_REJ_ACCESS = 1,  /* bad access token -> SX_EACCESS */
+  SX__RDMA_REJ_STALE = 2,   /* other incarnation -> SX_ESTALE */
+  SX__RDMA_REJ_VERSION = 3, /* unknown hello version -> SX_EVERSION */
+  SX__RDMA_REJ_PROTO = 4,   /* malformed hello -> SX_EPROTO */
+  SX__RDMA_REJ_NOMEM = 5,   /* target out of resources -> SX_ENOMEM */
+  SX__RDMA_REJ_SHUTDOWN = 6, /* target closing -> SX_ESHUTDOWN */
+  SX__RDMA_REJ_NODEV = 7     /* arrived on a device the target does not use */
+};
+
+typedef struct sx__rdma_hello {
+  uint32_t conn_index;
+  uint8_t incarnation[SX_INCARNATION_LEN];
+  uint8_t token[SX_TOKEN_LEN];
+  char name[SX__RDMA_NAME_BYTES + 1];
+} sx__rdma_hello;
+
+void sx__rdma_hello_pack(sx__rdma_hello_wire *w, const char *name, uint32_t conn_index,
+                         const uint8_t *incarnation, const uint8_t *token);
+/* 0, SX_EPROTO (not a segxfer hello, too short) or SX_EVERSION. */
+int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out);
+void sx__rdma_accept_pack(sx__rdma_accept_wire *w, const uint8_t *incarnation);
+/* 1 and the incarnation if buf is a segxfer accept, else 0. */
+int sx__rdma_accept_parse(const void *buf, size_t len, uint8_t *incarnation);
+void sx__rdma_reject_pack(sx__rdma_reject_wire *w, uint8_t reason);
+/* 1 and *reason if buf is a segxfer reject, else 0. */
+int sx__rdma_reject_parse(const void *buf, size_t len, uint8_t *reason);
+/* SX_E* code and text for a reject reason. */
+int sx__rdma_reject_code(uint8_t reason);
+const char *sx__rdma_reject_text(uint8_t reason);
+/* SX_E* code for a work-completion status (SUCCESS -> 0). */
+int sx__rdma_wc_code(enum ibv_wc_status st);
+/* Text for an IB CM reject status (event->status of RDMA_CM_EVENT_REJECTED). */
+const char *sx__rdma_cm_reject_status_text(int status);
+
+/* ------------------------------------------------------------------ objects */
+
+typedef struct sx_rdma sx_rdma;
+typedef struct rdma_peer rdma_peer;
+typedef struct rdma_conn rdma_conn;
+typedef struct rdma_rop rdma_rop;
+
+/* What an rdma_cm_id's context points to (first member of each). */
+enum { RDMA_CM_LISTENER = 1, RDMA_CM_READER = 2, RDMA_CM_TARGET = 3 };
+typedef struct rdma_cmctx {
+  int kind;
+} rdma_cmctx;
+
+/* One device in use: librdmacm's own context for it, so that PDs, CQs and
+ * QPs created here match the cm_ids that rdma_cm binds to the device. */
+typedef struct rdma_dev {
+  sx_rdma *t;
+  int index;
+  struct ibv_context *verbs;
+  char name[SX_TAG_MAX + 1];
+  struct ibv_device_attr attr;
+  struct ibv_pd *pd;
+  struct ibv_comp_channel *chan; /* reader CQs' events */
+  uv_poll_t *chan_poll;
+  struct ibv_cq *idle_cq; /* target QPs post nothing; they share this CQ */
+} rdma_dev;
+
+/* One published endpoint: an active port of a device, its GID and address. */
+typedef struct rdma_ep {
+  rdma_dev *dev;
+  uint8_t port_num;
+  uint8_t link_layer; /* IBV_LINK_LAYER_* */
+  int gid_index;
+  int gid_type;       /* IBV_GID_TYPE_* */
+  uint8_t gid[SX_GID_LEN];
+  uint32_t mtu;       /* active MTU in bytes */
+  uint32_t max_msg_sz;
+  char addr[SX_ADDR_MAX + 1]; /* numeric IP rdma_cm resolves to this port */
+  int has_ipv4;
+  struct in_addr ipv4, mask;
+} rdma_ep;
+
+/* lreg->tpriv[SX_TRANSPORT_RDMA]: one MR per device. */
+typedef struct rdma_mr {
+  sx_lregion *lreg;
+  struct ibv_mr *mr[SX__RDMA_MAX_DEVS];
+  struct rdma_mr *prev, *next;
+} rdma_mr;
+
+/* Target side: one accepted connection.  The reader posts; the target's
+ * QP only responds, so it posts nothing and needs no completions. */
+typedef struct rdma_tconn {
+  rdma_cmctx cm; /* RDMA_CM_TARGET */
+  sx_rdma *t;
+  struct rdma_cm_id *id;
+  rdma_dev *dev;
+  int established;
+  char reader[SX__RDMA_NAME_BYTES + 1];
+  uint32_t conn_index;
+  struct rdma_tconn *prev, *next;
+} rdma_tconn;
+
+/* A READ in flight: which slice of which xfer a send-queue slot carries. */
+typedef struct rdma_slot {
+  rdma_rop *rop;
+  uint32_t xi;
+  uint32_t len;
+  uint64_t off;
+  int bounce; /* landed in the QP's bounce buffer: copy out on success */
+} rdma_slot;
+
+typedef enum rdma_conn_state {
+  RC_IDLE = 0,  /* no cm_id */
+  RC_ADDR,      /* rdma_resolve_addr */
+  RC_ROUTE,     /* rdma_resolve_route */
+  RC_CONNECT,   /* rdma_connect */
+  RC_UP,        /* established: READs may be posted */
+  RC_DRAIN,     /* QP in error, waiting for the flush of what was posted */
+} rdma_conn_state;
+
+/* Reader side: one RC QP to a peer. */
+struct rdma_conn {
+  rdma_cmctx cm; /* RDMA_CM_READER */
+  rdma_peer *p;
+  uint32_t index;
+  rdma_conn_state state;
+  int last_event; /* last rdma_cm event seen, for timeout messages */
+  struct rdma_cm_id *id;
+  rdma_dev *dev;
+  struct ibv_cq *cq;
+  struct ibv_qp *qp;
+  uint64_t deadline_ms; /* connect or drain deadline */
+  /* Send queue: ring of cap slots, used from tail to head. */
+  uint32_t cap, sig_every;
+  uint32_t head, tail, used;
+  uint64_t inflight_bytes;
+  rdma_slot *ring;
+  struct ibv_send_wr *wrs; /* chain scratch: cap WRs, no mallocs per post */
+  struct ibv_sge *sges;
+  /* SX__XFER_UNREG_MAX bytes per slot for reads into unregistered memory,
+   * registered on the conn's device while it is connected. */
+  uint8_t *bounce;
+  struct ibv_mr *bounce_mr;
+  uint32_t path_mtu, rd_atomic; /* as the CM settled them */
+  /* Teardown: why, and whether flushed slices go back to their op's queue
+   * (abort of another op) or fail it (a real error). */
+  int reason;
+  int requeue;
+  char msg[200];
+  int drain_posted, drained, reap;
+};
+
+/* Per xfer of an op. */
+typedef struct rdma_xs {
+  uint64_t next_off; /* bytes issued so far */
+  uint32_t inflight; /* slices posted, not retired */
+  uint32_t requeued; /* slices waiting in the op's retry list */
+  int status;        /* first error of this xfer */
+  int final;         /* status it settled with */
+  uint8_t issued;    /* every slice issued (next_off == length) */
+  uint8_t settled;
+} rdma_xs;
+
+typedef struct rdma_retry {
+  uint32_t xi;
+  uint32_t len;
+  uint64_t off;
+} rdma_retry;
+
+/* The transport's state of one posted op. */
+struct rdma_rop {
+  sx_op *op;
+  rdma_peer *p;
+  rdma_xs *xs;
+  uint32_t *dq; /* settled xfers, in order, waiting to be delivered */
+  size_t dq_r, dq_w, delivered;
+  size_t next_xi;          /* first xfer not fully issued */
+  uint64_t qslices;        /* slices not issued yet (incl. retries) */
+  rdma_retry *retry;
+  size_t n_retry, cap_retry;
+  uint64_t inflight;       /* slices posted, not retired */
+  int error;               /* first error (0 while none) */
+  char msg[256];
+  int aborting, abort_status;
+  int queued, in_dlist;
+  rdma_rop *prev, *next;   /* peer's list of live rops */
+  rdma_rop *qprev, *qnext; /* peer's work queue */
+  rdma_rop *dnext;         /* transport's delivery list */
+};
+
+struct rdma_peer {
+  sx_tpeer base;
+  sx_rdma *t;
+  char name[SX_NAME_MAX + 1];
+  uint8_t incarnation[SX_INCARNATION_LEN];
+  uint8_t token[SX_TOKEN_LEN];
+  struct sockaddr_storage dst; /* remote rdma_cm address and port */
+  char where[SX_ADDR_MAX + 48]; /* "addr:port (device)" for messages */
+  uint32_t rkey_index;         /* which of a region's rkeys */
+  rdma_ep *lep;                /* local endpoint chosen for this peer */
+  rdma_conn *conns;
+  uint32_t n_conns, rr;
+  rdma_rop *rops;              /* live rops */
+  rdma_rop *qhead, *qtail;     /* rops with slices to issue */
+  uint64_t queued_slices;
+  int closing;
+  int wants_pump; /* completions freed room: pump at the end of the round */
+  rdma_peer *prev, *next;
+};
+
+/* Counters for tests and debugging (read with sx__rdma_stats_get). */
+typedef struct sx__rdma_stats {
+  uint64_t posts;      /* ibv_post_send calls (doorbells) for READs */
+  uint64_t wrs;        /* READ work requests posted */
+  uint64_t signaled;   /* of them, signalled */
+  uint64_t cqes;       /* work completions polled */
+  uint64_t cq_events;  /* completion channel events */
+  uint64_t connects;   /* QPs established */
+  uint64_t teardowns;  /* QPs torn down */
+  uint64_t requeued;   /* slices flushed by an abort and issued again */
+  uint64_t rejects;    /* connect requests this target rejected */
+} sx__rdma_stats;
+
+struct sx_rdma {
+  sx_transport base;
+  sx__rdma_stats stats;
+  rdma_cmctx listen_cm; /* RDMA_CM_LISTENER */
+  struct ibv_context **dev_list;
+  rdma_dev devs[SX__RDMA_MAX_DEVS];
+  int n_devs;
+  rdma_ep eps[SX__RDMA_MAX_EPS];
+  int n_eps;
+  struct rdma_event_channel *ch;
+  uv_poll_t *ch_poll;
+  struct rdma_cm_id *listen_id;
+  uint16_t port;
+  uv_timer_t *tick;    /* connect and drain deadlines */
+  int tick_on;
+  uv_timer_t *flusher; /* deferred delivery of settled xfers */
+  uint32_t slice, conns_per_peer;
+  rdma_mr *mrs;
+  rdma_peer *peers;
+  rdma_peer *zombies;  /* closed while an entry point was active */
+  rdma_tconn *tconns;
+  rdma_rop *dhead, *dtail;
+  int busy;
+  int closed;
+};
+
+/* ------------------------------------------------------------------ rdma.c */
+
+void sx__rdma_log(sx_rdma *t, sx_log_level level, const char *fmt, ...) SX__PRINTF(3, 4);
+/* Entry points bracket their work with these.  leave() delivers settled
+ * xfers when the outermost entry point ends: at once if flush_now, else
+ * from a zero-delay timer (so that post() and abort() never run op->done
+ * before they return), and reclaims closed peers and the transport. */
+void sx__rdma_enter(sx_rdma *t);
+void sx__rdma_leave(sx_rdma *t, int flush_now);
+/* Arm the tick timer (connect and drain deadlines). */
+void sx__rdma_tick_arm(sx_rdma *t);
+const char *sx__rdma_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
+
+/* A copy of the transport's counters; zeroes if t is not an RDMA transport. */
+void sx__rdma_stats_get(const sx_transport *t, sx__rdma_stats *out);
+
+/* ------------------------------------------------------------------ rdma_dev.c */
+
+/* Find devices, ports, GIDs; allocate PDs and completion channels. */
+int sx__rdma_devs_open(sx_rdma *t);
+void sx__rdma_devs_close(sx_rdma *t);
+rdma_dev *sx__rdma_dev_by_verbs(sx_rdma *t, struct ibv_context *verbs);
+int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *r);
+void sx__rdma_dereg_mem(sx_transport *tt, sx_lregion *r);
+int sx__rdma_pack(sx_transport *tt, sx_desc *d);
+int sx__rdma_usable(sx_transport *tt, const sx_desc *remote);
+/* Pick the remote endpoint and local endpoint for a peer: returns the
+ * index of the remote endpoint in remote->endpoints (and its ordinal among
+ * the RDMA endpoints, i.e. the rkey index), or -1. */
+int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_ep **lep);
+
+/* ------------------------------------------------------------------ rdma_cm.c */
+
+int sx__rdma_cm_open(sx_rdma *t);
+void sx__rdma_cm_close(sx_rdma *t);
+/* Start connecting an idle conn: 0, or an SX_E* code (message set) when
+ * rdma_cm refused at once. */
+int sx__rdma_conn_start(rdma_conn *c);
+/* Tear a conn down: an established one goes to RC_DRAIN (QP to error,
+ * drain WR posted) and is reaped once its flush completes; one still
+ * connecting is destroyed at once.  The first reason sticks. */
+void sx__rdma_conn_teardown(rdma_conn *c, int reason, int requeue, const char *fmt, ...)
+    SX__PRINTF(4, 5);
+/* Destroy QP, CQ and cm_id of a drained (or never established) conn. */
+void sx__rdma_conn_destroy(rdma_conn *c);
+/* Connecting failed: destroy, and fail the peer's queued work if no other
+ * conn can carry it. */
+void sx__rdma_conn_failed(rdma_conn *c, int code, const char *msg);
+/* Deadlines: connect timeouts and drains that never complete. */
+void sx__rdma_conns_tick(sx_rdma *t, uint64_t now);
+
+/* ------------------------------------------------------------------ rdma_post.c */
+
+int sx__rdma_post(sx_tpeer *tp, sx_op *op);
+void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status);
+/* Issue queued slices on the peer's established QPs; (re)connect when none
+ * is up or connecting. */
+void sx__rdma_pump(rdma_peer *p);
+/* Drain a CQ: retire completed slots (the caller pumps the peer after). */
+void sx__rdma_conn_poll(rdma_conn *c);
+/* Completion channel of a device became readable. */
+void sx__rdma_on_cq_event(uv_poll_t *h, int status, int events);
+/* A drained conn: retire what is left, destroy, and go on with the queue. */
+void sx__rdma_conn_finish(rdma_conn *c);
+/* Fail every rop of the peer that still has slices to issue. */
+void sx__rdma_peer_fail_queue(rdma_peer *p, int code, const char *msg);
+/* Settle what is left of every rop of a closing peer. */
+void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg);
+/* Deliver settled xfers to their ops (may run op->done). */
+void sx__rdma_deliver(sx_rdma *t);
+void sx__rdma_rop_free(rdma_rop *rop);
+
+#endif
