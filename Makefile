@@ -178,7 +178,7 @@ run: deps
 # The representative benchmark set: each figure with its same-run baseline,
 # the issue's targets judged on their ratios.  BENCH_DURATION scales it.
 BENCH_DURATION ?= 1
-bench: all
+bench: all $(RDMA_BINS)
 	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
 
 # ---------------------------------------------------------------- build rules

@@ -144,7 +144,8 @@ static int reader_start(rd *R, uint32_t conns, const char *url, const char *name
   p.transports = R->o->rdma ? SX_TRANSPORTS_RDMA : SX_TRANSPORTS_TCP;
   p.conns_per_peer = conns;
   p.log = quiet_log;
-  p.log_level = SX_LOG_WARN;
+  /* Errors only: closing a segment at the end of a case is not news. */
+  p.log_level = SX_LOG_ERROR;
   bx_bench_layout(&p.layout);
   int rc = sx_agent_create(&p, &R->a);
   for (int g = 0; g < R->o->n_sizes && rc == 0; g++) {

@@ -307,12 +307,21 @@ static int write_plot(const bx_report *r, const bx_plot *p, const char *path) {
   pid_t pid = fork();
   if (pid == 0) {
     execlp("gnuplot", "gnuplot", script, (char *)NULL);
-    fprintf(stderr, "sx-bench: cannot run gnuplot: %s (install gnuplot-nox)\n",
-            strerror(errno));
     _exit(127);
   }
   int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+  if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) {
+    fprintf(stderr, "sx-bench: gnuplot failed on %s\n", script);
+    return -1;
+  }
+  if (WEXITSTATUS(st) == 127) {
+    /* No gnuplot here (a test VM, a minimal host): the script is all a
+     * machine with gnuplot needs, so this is not a failure. */
+    fprintf(stderr, "sx-bench: gnuplot is not installed; run `gnuplot %s` where it is "
+            "(gnuplot-nox) to draw %s\n", script, path);
+    return 0;
+  }
+  if (WEXITSTATUS(st) != 0) {
     fprintf(stderr, "sx-bench: gnuplot failed on %s\n", script);
     return -1;
   }

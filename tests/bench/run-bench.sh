@@ -47,9 +47,9 @@ part read-tcp-conns read --duration "$d" --sizes 64K,1M --batches 64 --ids scatt
   --conns 1,2,4,8 --plot "$out/read-tcp-conns.png"
 
 # RDMA: on a device when there is one, else inside the Soft-RoCE VM.
-if [ -x tests/rdma/bench-rdma.sh ]; then
+if [ -x tests/rdma/run-in-rxe-vm.sh ]; then
   step "RDMA: sx-bench read --transport rdma against ib_read_bw on the same device"
-  if tests/rdma/bench-rdma.sh "$build" "$d" "$out"; then
+  if tests/bench/rdma-bench.sh "$build" "$d" "$out"; then
     cat "$out/read-rdma.txt"
   else
     echo "make bench: the RDMA part failed (log: $out/read-rdma.log)"
