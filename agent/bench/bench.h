@@ -64,6 +64,8 @@ void bx_target_skip(bx_report *r, const char *what, const char *why);
 typedef struct bx_series {
   char name[96];
   int baseline;
+  int color; /* 1.. a palette entry, 0 automatic */
+  int dash;  /* 1 solid, 2 dashed, 3 dotted; 0 automatic */
   int n;
   double x[64], y[64];
 } bx_series;

@@ -484,7 +484,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                              cols, (int)(sizeof(cols) / sizeof(cols[0])));
   bx_plot plot = {.logx = 1, .xbytes = 1};
   snprintf(plot.title, sizeof(plot.title), "segxfer batched %s reads against %s", tr,
-           o.rdma ? "ib\\_read\\_bw" : "a raw TCP stream, same two processes");
+           o.rdma ? "ib_read_bw, same device" : "a raw TCP stream, same two processes");
   snprintf(plot.xlabel, sizeof(plot.xlabel), "block size");
   snprintf(plot.ylabel, sizeof(plot.ylabel), "GB/s");
   /* Local destinations: depth batches of the largest batch of each size. */
@@ -601,10 +601,14 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         bx_set_num(row, "blocks_s", base_gb * 1e9 / (double)size);
       }
       char sname[96];
-      snprintf(sname, sizeof(sname), "%s, %u %s", o.baseline == BASE_IB ? "ib\\_read\\_bw"
-               : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
-      if (o.baseline != BASE_NONE)
-        bx_series_add(bx_plot_series(&plot, sname, 1), (double)size, base_gb);
+      snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
+               ? "ib_read_bw" : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
+      if (o.baseline != BASE_NONE) {
+        bx_series *se = bx_plot_series(&plot, sname, 1);
+        if (se != NULL)
+          se->dash = 2 + ci % 3;
+        bx_series_add(se, (double)size, base_gb);
+      }
       uint64_t tb = 0;
       for (int k = 0; k < nres; k++)
         if (rc_list[k].batch <= o.target_batch && rc_list[k].batch > tb)
@@ -617,7 +621,17 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         snprintf(sname, sizeof(sname), "segxfer batch %llu, %s, %u %s",
                  (unsigned long long)c->batch, c->scattered ? "scattered" : "contiguous",
                  conns, o.rdma ? "QPs" : "conns");
-        bx_series_add(bx_plot_series(&plot, sname, 0), (double)size, gb);
+        /* Colour by batch size (and connections), solid for scattered ids,
+         * dashed for contiguous ones. */
+        bx_series *se = bx_plot_series(&plot, sname, 0);
+        if (se != NULL) {
+          int bi = 0;
+          while (bi < o.n_batches && o.batches[bi] != c->batch)
+            bi++;
+          se->color = 1 + (bi + ci * o.n_batches) % 10;
+          se->dash = c->scattered ? 1 : 3;
+        }
+        bx_series_add(se, (double)size, gb);
         int want_sc = o.scattered;
         if (ci == 0 && c->batch == tb && c->scattered == want_sc && base_gb > 0 &&
             (size == 65536 || size == 1048576))

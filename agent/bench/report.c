@@ -218,15 +218,19 @@ void bx_series_add(bx_series *s, double x, double y) {
   s->n++;
 }
 
-/* gnuplot strings are single-quoted: double any quote inside. */
+/* A gnuplot string in double quotes, where "\n" is a line break: quotes
+ * and backslashes inside are escaped, line breaks written as \n. */
 static void gp_quote(FILE *f, const char *s) {
-  fputc('\'', f);
+  fputc('"', f);
   for (; *s; s++) {
-    if (*s == '\'')
-      fputc('\'', f);
-    fputc(*s, f);
+    if (*s == '"' || *s == '\\')
+      fputc('\\', f);
+    if (*s == '\n')
+      fputs("\\n", f);
+    else
+      fputc(*s, f);
   }
-  fputc('\'', f);
+  fputc('"', f);
 }
 
 static int write_plot(const bx_report *r, const bx_plot *p, const char *path) {
@@ -244,15 +248,15 @@ static int write_plot(const bx_report *r, const bx_plot *p, const char *path) {
     fprintf(stderr, "sx-bench: cannot write %s: %s\n", script, strerror(errno));
     return -1;
   }
-  fprintf(f, "# sx-bench %s: gnuplot %s draws %s\n", r->mode, script, path);
+  fprintf(f, "# sx-bench %s: `gnuplot %s` draws %s\n", r->mode, script, path);
   fprintf(f, "set terminal pngcairo size 1000,620 font 'sans,10'\nset output ");
   gp_quote(f, path);
   fprintf(f, "\nset title ");
-  char title[400];
-  snprintf(title, sizeof(title), "%s\\n{/*0.8 %d CPUs, %s, load %.2f at start}", p->title,
-           r->m_start.nproc, r->m_start.cpu, r->m_start.load1);
+  char title[640];
+  snprintf(title, sizeof(title), "%s\n%d CPUs (%s), %s, load %.2f at start", p->title,
+           r->m_start.nproc, r->m_start.cpu, r->m_start.kernel, r->m_start.load1);
   gp_quote(f, title);
-  fprintf(f, " enhanced\nset xlabel ");
+  fprintf(f, " noenhanced\nset xlabel ");
   gp_quote(f, p->xlabel);
   fprintf(f, "\nset ylabel ");
   gp_quote(f, p->ylabel);
@@ -288,15 +292,26 @@ static int write_plot(const bx_report *r, const bx_plot *p, const char *path) {
       fprintf(f, "%.6g %.6g\n", p->s[i].x[k], p->s[i].y[k]);
     fprintf(f, "EOD\n");
   }
+  /* A palette that stays apart on white; baselines are thick, black,
+   * dashed. */
+  static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                        "#9467bd", "#8c564b", "#e377c2", "#17becf",
+                                        "#bcbd22", "#7f7f7f"};
+  const int np = (int)(sizeof(palette) / sizeof(palette[0]));
   fprintf(f, "plot ");
   int first = 1, color = 0;
   for (int i = 0; i < p->n; i++) {
-    if (p->s[i].n == 0)
+    const bx_series *s = &p->s[i];
+    if (s->n == 0)
       continue;
-    fprintf(f, "%s$d%d using 1:2 with linespoints lw 2 pt %d dt %d lc %d title ",
-            first ? "" : ", \\\n     ", i, p->s[i].baseline ? 6 : 7,
-            p->s[i].baseline ? 2 : 1, ++color);
-    gp_quote(f, p->s[i].name);
+    int c = s->color ? s->color - 1 : color++;
+    if (s->baseline)
+      fprintf(f, "%s$d%d using 1:2 with linespoints lw 3 pt 6 dt %d lc rgb \"black\" "
+              "title ", first ? "" : ", \\\n     ", i, s->dash ? s->dash : 2);
+    else
+      fprintf(f, "%s$d%d using 1:2 with linespoints lw 2 pt 7 dt %d lc rgb \"%s\" title ",
+              first ? "" : ", \\\n     ", i, s->dash ? s->dash : 1, palette[c % np]);
+    gp_quote(f, s->name);
     first = 0;
   }
   fprintf(f, "\n");
