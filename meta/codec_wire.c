@@ -31,7 +31,11 @@ typedef struct cur {
 
 enum { WT_VARINT = 0, WT_64 = 1, WT_LEN = 2, WT_32 = 5 };
 
-static int get_varint(cur *c, uint64_t *v) {
+static inline int get_varint(cur *c, uint64_t *v) {
+  if (c->p < c->end && c->p[0] < 0x80) {
+    *v = *c->p++;
+    return 0;
+  }
   uint64_t x = 0;
   for (int i = 0; i < 10; i++) {
     if (c->p == c->end)
@@ -46,8 +50,15 @@ static int get_varint(cur *c, uint64_t *v) {
   return -1;
 }
 
-/* A field key: protobuf-c reads at most 5 bytes and refuses field 0. */
-static int get_tag(cur *c, uint32_t *field, int *wt) {
+/* A field key: protobuf-c reads at most 5 bytes and refuses field 0.  Keys
+ * of fields 1..15 are one byte: that case comes first. */
+static inline int get_tag(cur *c, uint32_t *field, int *wt) {
+  if (c->p < c->end && c->p[0] < 0x80 && c->p[0] >= 8) {
+    *field = c->p[0] >> 3;
+    *wt = c->p[0] & 7;
+    c->p++;
+    return 0;
+  }
   size_t left = (size_t)(c->end - c->p), max = left > 5 ? 5 : left;
   if (left == 0)
     return -1;
@@ -75,9 +86,19 @@ static int get_tag(cur *c, uint32_t *field, int *wt) {
   return -1;
 }
 
-/* A length prefix (at most 5 bytes, 32 bits) and the bytes it covers. */
-static int get_bytes(cur *c, cur *out) {
-  size_t left = (size_t)(c->end - c->p), max = left < 5 ? left : 5;
+/* A length prefix (at most 5 bytes, 32 bits) and the bytes it covers;
+ * lengths below 128 (one byte) come first. */
+static inline int get_bytes(cur *c, cur *out) {
+  size_t left = (size_t)(c->end - c->p);
+  if (left > 0 && c->p[0] < 0x80) {
+    if (c->p[0] > left - 1)
+      return -1;
+    out->p = c->p + 1;
+    out->end = out->p + c->p[0];
+    c->p = out->end;
+    return 0;
+  }
+  size_t max = left < 5 ? left : 5;
   uint32_t len = 0;
   size_t i;
   for (i = 0; i < max; i++) {
@@ -410,8 +431,8 @@ static int parse_regions(ProtobufCAllocator *a, const cur *occ, size_t n_occ,
   for (size_t k = 0; k < n_occ; k++) {
     cur c = occ[k];
     while (c.p < c.end) {
-      uint32_t f;
-      int wt;
+      uint32_t f = 0;
+      int wt = 0;
       uint64_t v = 0;
       cur s;
       get_tag(&c, &f, &wt);
@@ -487,8 +508,8 @@ Sxpb__SegmentDescriptor *sx__desc_wire_unpack(ProtobufCAllocator *a, const uint8
   /* Pass 2: the fields, in order. */
   c = (cur){buf, buf + len};
   while (c.p < c.end) {
-    uint32_t f;
-    int wt;
+    uint32_t f = 0;
+    int wt = 0;
     uint64_t v = 0;
     cur s = {NULL, NULL};
     get_tag(&c, &f, &wt);
