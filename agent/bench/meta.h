@@ -49,6 +49,7 @@ typedef struct mb {
   char url_text[600];
   sx_url url;
   int srv_port;           /* our private redis-server, 0 if --metadata */
+  int redis;              /* a plain redis:// store: the raw baselines run */
   sx_backend *b;
   sx_cache *c;
   int up;                 /* 1 connected, < 0 failed */

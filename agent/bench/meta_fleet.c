@@ -256,7 +256,9 @@ int bx_meta_ls(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t 
                  bad, have);
         goto out;
       }
-      if ((raw[r] = raw_ls(m, u.ns, have)) < 0) {
+      if (!m->redis)
+        raw[r] = 0;
+      else if ((raw[r] = raw_ls(m, u.ns, have)) < 0) {
         snprintf(err, esize, "ls: the raw pipeline failed");
         goto out;
       }
@@ -266,8 +268,10 @@ int bx_meta_ls(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t 
     bx_set_num(row, "segments", have);
     bx_set_num(row, "ls_s", lm);
     bx_set_num(row, "us_per_seg", lm * 1e6 / have);
-    bx_set_num(row, "raw_s", rm);
-    bx_set_num(row, "ratio", lm / rm);
+    if (rm > 0) {
+      bx_set_num(row, "raw_s", rm);
+      bx_set_num(row, "ratio", lm / rm);
+    }
     if (have == 10000)
       ls10k = lm;
   }
@@ -321,6 +325,8 @@ static int op_fleet_resolve(bx_run *r, bx_slot *s) {
 }
 
 static int64_t commands_processed(const mb *m) {
+  if (!m->redis)
+    return -1;
   redisContext *c = bx_mb_sync_connect(m);
   if (c == NULL)
     return -1;
