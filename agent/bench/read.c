@@ -57,6 +57,10 @@ const char bx_read_help[] =
     "  --rdma-ip IP        address ib_read_bw's client connects to (default 127.0.0.1)\n"
     "  --target-batch N    batch size the targets are judged at (default 64, or the\n"
     "                      largest below it that ran)\n"
+    "  --rounds N          measure each case in N windows, each after a baseline\n"
+    "                      window of its own, and judge it against those (default 1:\n"
+    "                      the baseline in two halves around all cases of a size);\n"
+    "                      steadier ratios on a busy machine, twice the time\n"
     "\n"
     "targets: TCP batched reads of 64K blocks >= 0.8x the raw stream, 1M >= 0.9x;\n"
     "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M (judged on scattered ids\n"
@@ -81,7 +85,7 @@ typedef struct ropts {
   uint64_t conns[8];
   int n_conns;
   uint32_t depth;
-  uint64_t group_bytes, max_batch_bytes, target_batch;
+  uint64_t group_bytes, max_batch_bytes, target_batch, rounds;
   int verify, baseline;
   const char *rdma_dev, *rdma_ip;
 } ropts;
@@ -251,12 +255,13 @@ static int check_bytes(rd *R, const rcase *c, const slotb *s, uint32_t k) {
   return 0;
 }
 
-static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, char *err,
-                    size_t esize) {
+/* One window of a case: its figures into *out, its batch latencies added to
+ * *lat (the caller's, which may gather several rounds). */
+static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, bx_lat *lat,
+                    char *err, size_t esize) {
   uint32_t depth = R->o->depth;
   slotb *sl = calloc(depth, sizeof(*sl));
   sx_block_read *ent = calloc((size_t)c->batch, sizeof(*ent));
-  bx_lat lat = {0};
   int rc = 0, measuring = 0, done = 0;
   uint64_t next = 0;
   memset(out, 0, sizeof(*out));
@@ -296,7 +301,7 @@ static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, char *e
       out->bytes += res.bytes;
       out->blocks += c->batch;
       out->batches++;
-      bx_lat_add(&lat, res.transfer_ns);
+      bx_lat_add(lat, res.transfer_ns);
       t_last = t;
       done = t - t0 >= secs;
     }
@@ -313,8 +318,6 @@ static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, char *e
   if (rc != 0 && err[0] == '\0')
     snprintf(err, esize, "batch: %s: %s", sx_err_name(rc), sx_errmsg());
   out->secs = t_last - t0;
-  out->p50_ms = bx_lat_pct(&lat, 0.5) / 1e6;
-  out->p99_ms = bx_lat_pct(&lat, 0.99) / 1e6;
   goto out;
 oom:
   snprintf(err, esize, "out of memory");
@@ -326,8 +329,52 @@ out:
   }
   free(sl);
   free(ent);
-  bx_lat_free(&lat);
   return rc;
+}
+
+/* Add one window's figures to a running total (CPU unknown stays unknown). */
+static void accumulate(bx_caseres *acc, const bx_caseres *r) {
+  acc->secs += r->secs;
+  acc->bytes += r->bytes;
+  acc->blocks += r->blocks;
+  acc->batches += r->batches;
+  acc->cpu_reader = acc->cpu_reader < 0 || r->cpu_reader < 0 ? -1 : acc->cpu_reader + r->cpu_reader;
+  acc->cpu_target = acc->cpu_target < 0 || r->cpu_target < 0 ? -1 : acc->cpu_target + r->cpu_target;
+}
+
+static double gbps(const bx_caseres *r) {
+  return r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
+}
+
+/* One baseline window of secs, added to *acc.  ib_read_bw gives a rate:
+ * it counts as one second at that rate. */
+static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs,
+                      bx_caseres *acc, char *err, size_t esize) {
+  const ropts *o = R->o;
+  uint64_t size = o->sizes[g];
+  if (o->baseline == BASE_STREAM) {
+    bx_stream_req sq = {.size = size, .group = (uint32_t)g, .region = R->region[g],
+                        .group_bytes = o->group_bytes, .conns = conns,
+                        .dst_bytes = stream_dst(o, size), .secs = secs,
+                        .verify = o->verify, .seed = R->seed};
+    bx_caseres r;
+    if (bx_raw_stream(&R->t, &sq, &r, err, esize))
+      return -1;
+    accumulate(acc, &r);
+  } else if (o->baseline == BASE_IB) {
+    if (dev == NULL) {
+      snprintf(err, esize, "ib_read_bw: no RDMA device (--rdma-device)");
+      return -1;
+    }
+    double gb = bx_ib_read_bw(dev, o->rdma_ip, size, conns, secs, err, esize);
+    if (gb < 0)
+      return -1;
+    bx_caseres r = {.secs = 1, .bytes = (uint64_t)(gb * 1e9), .cpu_reader = -1,
+                    .cpu_target = -1};
+    r.blocks = r.bytes / size;
+    accumulate(acc, &r);
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ report */
@@ -409,11 +456,14 @@ static int parse(ropts *o, int argc, char **argv) {
       o->contig = strcmp(v, "contiguous") == 0 || strcmp(v, "both") == 0;
       o->scattered = strcmp(v, "scattered") == 0 || strcmp(v, "both") == 0;
       ok = o->contig || o->scattered;
-    } else if (strcmp(a, "--depth") == 0 || strcmp(a, "--target-batch") == 0) {
+    } else if (strcmp(a, "--depth") == 0 || strcmp(a, "--target-batch") == 0 ||
+               strcmp(a, "--rounds") == 0) {
       uint64_t x;
       ok = bx_parse_list(v, &x, 1, 0) == 1 && x >= 1 && x <= 65536;
       if (a[2] == 'd')
         o->depth = (uint32_t)x;
+      else if (a[2] == 'r')
+        o->rounds = x > 100 ? 100 : x;
       else
         o->target_batch = x;
     } else if (strcmp(a, "--group-bytes") == 0) {
@@ -455,7 +505,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   ropts o = {.n_sizes = 6, .sizes = {4096, 16384, 65536, 262144, 1 << 20, 4 << 20},
              .n_batches = 5, .batches = {1, 16, 64, 256, 1024}, .contig = 1, .scattered = 1,
              .n_conns = 1, .conns = {4}, .depth = 2, .group_bytes = 64ull << 20,
-             .max_batch_bytes = 64ull << 20, .target_batch = 64, .baseline = -1,
+             .max_batch_bytes = 64ull << 20, .target_batch = 64, .baseline = -1, .rounds = 1,
              .rdma_ip = "127.0.0.1"};
   int rc = parse(&o, argc, argv);
   if (rc)
@@ -504,8 +554,9 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
     for (int b = 0; b < o.n_batches; b++)
       cases += o.batches[b] * o.sizes[g] <= o.max_batch_bytes ? o.contig + o.scattered : 0;
   }
-  int steps = cases * o.n_conns + o.n_sizes * o.n_conns + 1;
-  bx_progress_start(co, "read", steps, (double)steps * (co->duration + 0.3) + 3);
+  int steps = cases * o.n_conns + (o.rounds == 1 ? o.n_sizes * o.n_conns : 0) + 1;
+  bx_progress_start(co, "read", steps,
+                    (double)steps * (co->duration * (o.rounds > 1 ? 2 : 1) + 0.3) + 3);
   bx_progress("starting the target (filling %d x %llu MiB)", o.n_sizes,
               (unsigned long long)(o.group_bytes >> 20));
   if (bx_target_spawn(&R.t, url, name, o.sizes, o.n_sizes, o.group_bytes, R.seed,
@@ -516,10 +567,14 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                 "a warm-up", o.depth);
   bx_table_note(t, "baseline: %s", o.baseline == BASE_STREAM
                 ? "raw TCP stream of the same pool memory, chunk = block size, same "
-                  "connection count (a thread per connection on each side), measured "
-                  "in two halves around the cases of each size"
-                : o.baseline == BASE_IB ? "ib_read_bw -s BLOCK -q CONNS on the same device"
+                  "connection count (a thread per connection on each side)"
+                : o.baseline == BASE_IB ? "ib_read_bw -s BLOCK -q CONNS -n N on the same device"
                                         : "none");
+  if (o.baseline != BASE_NONE)
+    bx_table_note(t, o.rounds > 1 ? "each case: %llu windows, each right after a baseline "
+                  "window of its own; VS BASELINE is against those windows, the baseline "
+                  "row sums them" : "the baseline: %llu window in two halves, before and "
+                  "after the cases of its block size", (unsigned long long)o.rounds);
   if (o.verify)
     bx_table_note(t, "--verify: every byte checked against the pattern, inside the timing");
   double judged[2] = {-1, -1}; /* 64K, 1M ratios */
@@ -538,59 +593,63 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       uint64_t size = o.sizes[g];
       if (R.local_blocks[g] == 0)
         continue;
-      bx_caseres half[2], base;
-      memset(half, 0, sizeof(half));
-      memset(&base, 0, sizeof(base));
       char b[16];
-      bx_stream_req sq = {.size = size, .group = (uint32_t)g, .region = R.region[g],
-                          .group_bytes = o.group_bytes, .conns = conns,
-                          .dst_bytes = stream_dst(&o, size), .secs = co->duration / 2,
-                          .verify = o.verify, .seed = R.seed};
-      double base_gb = 0;
-      bx_progress("%s baseline, %s blocks, %u conns", o.baseline == BASE_IB ? "ib_read_bw"
-                  : "raw stream", bx_size_name(size, b, sizeof(b)), conns);
-      if (o.baseline == BASE_STREAM && bx_raw_stream(&R.t, &sq, &half[0], err, sizeof(err)))
-        goto fail_reader;
-      if (o.baseline == BASE_IB) {
-        if (dev == NULL) {
-          snprintf(err, sizeof(err), "ib_read_bw: no RDMA device (--rdma-device)");
-          goto fail_reader;
-        }
-        if ((base_gb = bx_ib_read_bw(dev, o.rdma_ip, size, conns, co->duration, err,
-                                     sizeof(err))) < 0)
-          goto fail_reader;
-      }
+      bx_size_name(size, b, sizeof(b));
+      const char *bname = o.baseline == BASE_IB ? "ib_read_bw" : "raw stream";
       /* The cases of this size. */
-      int first_row = -1;
-      bx_caseres res[32];
       rcase rc_list[32];
       int nres = 0;
       for (int bi = 0; bi < o.n_batches; bi++) {
         if (o.batches[bi] * size > o.max_batch_bytes)
           continue;
-        for (int sc = 0; sc < 2; sc++) {
-          if ((sc == 0 && !o.contig) || (sc == 1 && !o.scattered) || nres == 32)
-            continue;
-          rcase c = {.g = g, .size = size, .batch = o.batches[bi], .scattered = sc};
-          bx_progress("%s %s blocks, batch %llu, %s, %u conns", tr, b,
-                      (unsigned long long)c.batch, sc ? "scattered" : "contiguous", conns);
-          if (run_case(&R, &c, co->duration, &res[nres], err, sizeof(err)) != 0)
-            goto fail_reader;
-          rc_list[nres++] = c;
-        }
+        for (int sc = 0; sc < 2; sc++)
+          if (((sc == 0 && o.contig) || (sc == 1 && o.scattered)) && nres < 32)
+            rc_list[nres++] = (rcase){.g = g, .size = size, .batch = o.batches[bi],
+                                      .scattered = sc};
       }
-      if (o.baseline == BASE_STREAM) {
-        sq.secs = co->duration / 2;
-        if (bx_raw_stream(&R.t, &sq, &half[1], err, sizeof(err)))
+      /* With one round, the baseline is measured in two halves around all
+       * cases of the size; with more, each case alternates with a baseline
+       * window of its own, round after round, and is judged against it. */
+      bx_caseres res[32], cbase[32], base = {0};
+      bx_lat lat[32];
+      memset(res, 0, sizeof(res));
+      memset(cbase, 0, sizeof(cbase));
+      memset(lat, 0, sizeof(lat));
+      int rounds = (int)o.rounds, have_base = o.baseline != BASE_NONE;
+      double slice = co->duration / rounds;
+      if (rounds == 1 && have_base) {
+        bx_progress("%s baseline, %s blocks, %u conns", bname, b, conns);
+        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err)))
           goto fail_reader;
-        base.secs = half[0].secs + half[1].secs;
-        base.bytes = half[0].bytes + half[1].bytes;
-        base.blocks = half[0].blocks + half[1].blocks;
-        base.cpu_reader = half[0].cpu_reader + half[1].cpu_reader;
-        base.cpu_target = half[0].cpu_target >= 0 && half[1].cpu_target >= 0
-                              ? half[0].cpu_target + half[1].cpu_target
-                              : -1;
-        base_gb = base.secs > 0 ? (double)base.bytes / base.secs / 1e9 : 0;
+      }
+      for (int k = 0; k < nres; k++) {
+        const rcase *c = &rc_list[k];
+        bx_progress("%s %s blocks, batch %llu, %s, %u conns%s", tr, b,
+                    (unsigned long long)c->batch, c->scattered ? "scattered" : "contiguous",
+                    conns, rounds > 1 ? ", alternating with the baseline" : "");
+        for (int r = 0; r < rounds; r++) {
+          bx_caseres one;
+          if (rounds > 1 && have_base &&
+              base_round(&R, g, conns, dev, slice, &cbase[k], err, sizeof(err)))
+            goto fail_reader;
+          if (run_case(&R, c, slice, &one, &lat[k], err, sizeof(err)) != 0)
+            goto fail_reader;
+          accumulate(&res[k], &one);
+        }
+        res[k].p50_ms = bx_lat_pct(&lat[k], 0.5) / 1e6;
+        res[k].p99_ms = bx_lat_pct(&lat[k], 0.99) / 1e6;
+        bx_lat_free(&lat[k]);
+        if (rounds > 1)
+          accumulate(&base, &cbase[k]);
+      }
+      if (rounds == 1 && have_base) {
+        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err)))
+          goto fail_reader;
+        for (int k = 0; k < nres; k++)
+          cbase[k] = base;
+      }
+      double base_gb = gbps(&base);
+      if (o.baseline == BASE_STREAM) {
         add_row(t, "raw stream", size, 0, "-", conns, &base, 0);
       } else if (o.baseline == BASE_IB) {
         bx_row *row = bx_row_add(t);
@@ -603,7 +662,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       char sname[96];
       snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
                ? "ib_read_bw" : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
-      if (o.baseline != BASE_NONE) {
+      if (have_base) {
         bx_series *se = bx_plot_series(&plot, sname, 1);
         if (se != NULL)
           se->dash = 2 + ci % 3;
@@ -615,14 +674,14 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           tb = rc_list[k].batch;
       for (int k = 0; k < nres; k++) {
         const rcase *c = &rc_list[k];
+        double gb = gbps(&res[k]), cb = gbps(&cbase[k]);
         add_row(t, tr, size, c->batch, c->scattered ? "scattered" : "contiguous", conns,
-                &res[k], base_gb);
-        double gb = res[k].secs > 0 ? (double)res[k].bytes / res[k].secs / 1e9 : 0;
+                &res[k], cb);
         snprintf(sname, sizeof(sname), "segxfer batch %llu, %s, %u %s",
                  (unsigned long long)c->batch, c->scattered ? "scattered" : "contiguous",
                  conns, o.rdma ? "QPs" : "conns");
         /* Colour by batch size (and connections), solid for scattered ids,
-         * dashed for contiguous ones. */
+         * dotted for contiguous ones. */
         bx_series *se = bx_plot_series(&plot, sname, 0);
         if (se != NULL) {
           int bi = 0;
@@ -632,12 +691,10 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           se->dash = c->scattered ? 1 : 3;
         }
         bx_series_add(se, (double)size, gb);
-        int want_sc = o.scattered;
-        if (ci == 0 && c->batch == tb && c->scattered == want_sc && base_gb > 0 &&
+        if (ci == 0 && c->batch == tb && c->scattered == o.scattered && cb > 0 &&
             (size == 65536 || size == 1048576))
-          judged[size == 65536 ? 0 : 1] = gb / base_gb;
+          judged[size == 65536 ? 0 : 1] = gb / cb;
       }
-      (void)first_row;
     }
     reader_stop(&R);
   }

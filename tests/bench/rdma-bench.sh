@@ -17,9 +17,10 @@ vm=$here/tests/rdma/run-in-rxe-vm.sh
 # Small pools and batches of at most 16 MiB: the guest has 1 GiB, and rxe
 # under emulation moves tens of MB/s, so a window of 3 s holds several
 # batches even at 1 MiB blocks.
-rd=$(awk -v d="$d" 'BEGIN { x = 3 * d; print (x < 3 ? 3 : x) }')
+# Each case in 2 windows, each after an ib_read_bw run of its own.
+rd=$(awk -v d="$d" 'BEGIN { x = 4 * d; print (x < 4 ? 4 : x) }')
 args="read --transport rdma --sizes 64K,1M --batches 16,64 --ids scattered --conns 1 \
-  --group-bytes 16M --max-batch-bytes 16M --duration $rd --quiet \
+  --group-bytes 16M --max-batch-bytes 16M --duration $rd --rounds 2 --quiet \
   --csv read-rdma.csv --plot read-rdma.png"
 
 rm -f "$payload/read-rdma.csv" "$payload/read-rdma.png.gp" "$payload/read-rdma.txt"
