@@ -29,7 +29,7 @@ run read "$bin" read --sizes 4K,64K --batches 1,8 --conns 1,2 --duration 0.15 --
 run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 900 \
   --csv "$out/meta.csv" --quiet
 if command -v gnuplot >/dev/null 2>&1; then
-  run read-plot "$bin" read --sizes 64K --batches 4 --ids scattered --duration 0.1 \
+  run read-plot "$bin" read --sizes 64K --batches 4 --ids scattered --duration 0.2 --rounds 2 \
     --group-bytes 2M --plot "$out/read.png" --quiet
   [ -s "$out/read.png" ] || { echo "  FAIL  --plot wrote no PNG"; fail=1; }
 fi
