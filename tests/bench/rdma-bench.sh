@@ -17,9 +17,10 @@ vm=$here/tests/rdma/run-in-rxe-vm.sh
 # Small pools and batches of at most 16 MiB: the guest has 1 GiB, and rxe
 # under emulation moves tens of MB/s, so a window of 3 s holds several
 # batches even at 1 MiB blocks.
-# Each case in 2 windows, each after an ib_read_bw run of its own.
+# Each case in 2 windows, each after an ib_read_bw run of its own, with as
+# many QPs (4, the agent's default, judged; and 1).
 rd=$(awk -v d="$d" 'BEGIN { x = 4 * d; print (x < 4 ? 4 : x) }')
-args="read --transport rdma --sizes 64K,1M --batches 16,64 --ids scattered --conns 1 \
+args="read --transport rdma --sizes 64K,1M --batches 16,64 --ids scattered --conns 4,1 \
   --group-bytes 16M --max-batch-bytes 16M --duration $rd --rounds 2 --quiet \
   --csv read-rdma.csv --plot read-rdma.png"
 
