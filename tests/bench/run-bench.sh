@@ -48,7 +48,7 @@ part read-tcp read --duration "$d" --sizes 4K,16K,64K,256K,1M,4M --batches 1,16,
   --ids both --conns 4 --plot "$out/read-tcp.png"
 td=$(awk -v d="$d" 'BEGIN { print 3 * d }')
 part read-targets read --duration "$td" --rounds 3 --sizes 64K,1M --batches 64 --ids scattered \
-  --conns 4,1,2,8 --plot "$out/read-targets.png"
+  --conns 1,2,4,8 --plot "$out/read-targets.png"
 
 # RDMA: on a device when there is one, else inside the Soft-RoCE VM.
 if [ -x tests/rdma/run-in-rxe-vm.sh ]; then
