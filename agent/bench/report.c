@@ -249,7 +249,7 @@ static int write_plot(const bx_report *r, const bx_plot *p, const char *path) {
     return -1;
   }
   fprintf(f, "# sx-bench %s: `gnuplot %s` draws %s\n", r->mode, script, path);
-  fprintf(f, "set terminal pngcairo size 1000,620 font 'sans,10'\nset output ");
+  fprintf(f, "set terminal pngcairo size 1000,620 font 'sans,10' noenhanced\nset output ");
   gp_quote(f, path);
   fprintf(f, "\nset title ");
   char title[640];

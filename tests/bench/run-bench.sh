@@ -10,6 +10,8 @@ build=$1
 d=${2:-1}
 bin=$(cd "$build/bin" && pwd)/sx-bench
 out=$build/bench
+# A fresh directory: nothing of an earlier run is mistaken for this one's.
+rm -rf "$out"
 mkdir -p "$out"
 fail=0
 start=$(date +%s)
