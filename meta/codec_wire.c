@@ -8,8 +8,9 @@
  * 317-byte, 2-region descriptor).
  *
  * It accepts and rejects what protobuf-c 1.4 does, field by field:
- *   - tags of up to 5 bytes; field number 0, groups and wire types 6/7 are
- *     errors; unknown fields are skipped;
+ *   - tags of up to 5 bytes; field number 0 in a one-byte key, groups and
+ *     wire types 6/7 are errors; unknown fields (field 0 in a longer key
+ *     among them) are skipped;
  *   - a known field with the wrong wire type is an error; repeated scalar
  *     fields are read packed or not, and several occurrences concatenate;
  *   - a scalar, string or bytes field seen twice keeps the last value;
@@ -17,10 +18,11 @@
  *     repeated fields concatenate (earlier first), strings and bytes are the
  *     later occurrence's if it has them, scalars are always the later one's;
  *   - uint32 fields take the low 32 bits of their varint; varints have at
- *     most 10 bytes, length prefixes at most 5 (32 bits).
+ *     most 10 bytes, length prefixes at most 5 and at most INT_MAX.
  * tests/test_codec.c checks both readers against each other on crafted and
  * on mutated encodings.
  */
+#include <limits.h>
 #include <string.h>
 
 #include "codec_wire.h"
@@ -50,8 +52,8 @@ static inline int get_varint(cur *c, uint64_t *v) {
   return -1;
 }
 
-/* A field key: protobuf-c reads at most 5 bytes and refuses field 0.  Keys
- * of fields 1..15 are one byte: that case comes first. */
+/* A field key: protobuf-c reads at most 5 bytes and refuses a one-byte key
+ * of field 0.  Keys of fields 1..15 are one byte: that case comes first. */
 static inline int get_tag(cur *c, uint32_t *field, int *wt) {
   if (c->p < c->end && c->p[0] < 0x80 && c->p[0] >= 8) {
     *field = c->p[0] >> 3;
@@ -77,16 +79,18 @@ static inline int get_tag(cur *c, uint32_t *field, int *wt) {
       tag |= (uint32_t)(b & 0x7f) << shift;
       shift += 7;
     } else {
+      /* protobuf-c refuses field 0 only in a one-byte key; a longer key
+       * for field 0 is an unknown field to it, so here too. */
       tag |= (uint32_t)b << shift;
       c->p += i + 1;
       *field = tag;
-      return tag == 0 ? -1 : 0;
+      return 0;
     }
   }
   return -1;
 }
 
-/* A length prefix (at most 5 bytes, 32 bits) and the bytes it covers;
+/* A length prefix (at most 5 bytes, at most INT_MAX) and the bytes it covers;
  * lengths below 128 (one byte) come first. */
 static inline int get_bytes(cur *c, cur *out) {
   size_t left = (size_t)(c->end - c->p);
@@ -99,14 +103,15 @@ static inline int get_bytes(cur *c, cur *out) {
     return 0;
   }
   size_t max = left < 5 ? left : 5;
-  uint32_t len = 0;
+  uint64_t len = 0;
   size_t i;
   for (i = 0; i < max; i++) {
-    len |= (uint32_t)(c->p[i] & 0x7f) << (7 * i);
+    len |= (uint64_t)(c->p[i] & 0x7f) << (7 * i);
     if (!(c->p[i] & 0x80))
       break;
   }
-  if (i == max || len > left - i - 1)
+  /* protobuf-c refuses lengths above INT_MAX as well as past the end. */
+  if (i == max || len > INT_MAX || len > left - i - 1)
     return -1;
   out->p = c->p + i + 1;
   out->end = out->p + len;
@@ -489,7 +494,7 @@ Sxpb__SegmentDescriptor *sx__desc_wire_unpack(ProtobufCAllocator *a, const uint8
     if (get_tag(&c, &f, &wt))
       return NULL;
     int want = f == 2 || f == 3 || (f >= 7 && f <= 11) ? WT_LEN : WT_VARINT;
-    if (f <= 11 && wt != want)
+    if (f >= 1 && f <= 11 && wt != want)
       return NULL;
     if (skip(&c, wt))
       return NULL;
@@ -513,7 +518,7 @@ Sxpb__SegmentDescriptor *sx__desc_wire_unpack(ProtobufCAllocator *a, const uint8
     uint64_t v = 0;
     cur s = {NULL, NULL};
     get_tag(&c, &f, &wt);
-    if (f > 11) {
+    if (f == 0 || f > 11) {
       skip(&c, wt);
       continue;
     }

@@ -652,17 +652,24 @@ static void test_codec_wire_reader_matches_protobuf_c_crafted(void **state) {
       }
       same_answer(w.b, w.n, "crafted");
     }
-    /* Malformed: a group, wire type 7, field 0, a truncated length, a
-     * varint of 11 bytes, a 6-byte key. */
+    /* Odd tails: a group, wire type 7, field 0 in a one-byte key (refused)
+     * and in two-byte keys of each wire type (an unknown field to protobuf-c,
+     * found by fuzzing), a truncated length, a varint of 11 bytes, a 6-byte
+     * key, a 5-byte length above 32 bits (refused, not wrapped: fuzzing). */
     static const uint8_t bad[][14] = {
         {0x0b, 0x0c},
         {0x0f, 0x00},
         {0x00, 0x01},
+        {0x80, 0x00, 0x41},
+        {0x81, 0x00, '1', '2', '3', '4', '5', '6', '7', '8'},
+        {0x82, 0x00, 0x02, 'a', 'b'},
+        {0x85, 0x00, '1', '2', '3', '4'},
         {0x12, 0x05, 'a'},
         {0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
         {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0x00},
+        {0x62, 0x80, 0x80, 0x80, 0x80, 0x50, 0x08, 0x01},
     };
-    static const size_t bad_len[] = {2, 2, 2, 3, 12, 7};
+    static const size_t bad_len[] = {2, 2, 2, 3, 10, 5, 6, 3, 12, 7, 8};
     for (size_t k = 0; k < sizeof(bad_len) / sizeof(bad_len[0]); k++) {
       w.n = 0;
       w_raw(&w, buf, len);
