@@ -5,6 +5,8 @@
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
 #   make run       deps + build + a live demo on a local redis-server
 #   make cluster   deps + build + the multi-host demo on network namespaces (root)
+#   make bench     build + the representative benchmarks (about 5 minutes) into
+#                  $(BUILD)/bench/: tables, CSV, plots
 #   make install   PREFIX=/usr/local DESTDIR= (headers, libraries, segxfer.pc, programs,
 #                  manual pages); make uninstall removes exactly those files
 #
@@ -112,8 +114,8 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench-rdma fuzz fuzz-run \
-        memcheck soak run cluster install uninstall clean print-build
+.PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
+        fuzz-run memcheck soak run cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
 
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
@@ -149,6 +151,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
+	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
@@ -235,6 +238,12 @@ run: deps
 cluster: deps
 	@$(MAKE) --no-print-directory all
 	@SXLC_BIN=$(BUILD)/bin deploy/local-cluster.sh demo
+
+# The representative benchmark set: each figure with its same-run baseline,
+# the issue's targets judged on their ratios.  BENCH_DURATION scales it.
+BENCH_DURATION ?= 1
+bench: all $(RDMA_BINS)
+	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.

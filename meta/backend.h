@@ -109,6 +109,11 @@ typedef struct sx_backend_ops {
                    sx_backend_cb cb, void *arg);
   /* Read one value: 0 or SX_ENOENT. */
   int (*get)(sx_backend *b, const char *name, sx_backend_cb cb, void *arg);
+  /* The same without the lease facts (the reply's ttl_ms is -1 and
+   * holder_age_ms 0): what a resolver cache needs, and cheaper where the
+   * store keeps those facts apart (Redis: one HMGET instead of HMGET and
+   * PTTL).  Optional: sx__backend_fetch() falls back to get. */
+  int (*fetch)(sx_backend *b, const char *name, sx_backend_cb cb, void *arg);
   /* All live segments of the namespace, without scanning the keyspace. */
   int (*list)(sx_backend *b, sx_backend_cb cb, void *arg);
   /* Admin removal: delete whoever holds it and fence that incarnation, so
@@ -156,6 +161,12 @@ static inline int sx__backend_watch(sx_backend *b) {
 #define sx__backend_unpublish(b, name, inc, cb, arg)                           \
   SX__BACKEND_CALL(b, unpublish, name, inc, cb, arg)
 #define sx__backend_get(b, name, cb, arg) SX__BACKEND_CALL(b, get, name, cb, arg)
+/* fetch is an optimisation of get, so a backend without it serves get. */
+static inline int sx__backend_fetch(sx_backend *b, const char *name, sx_backend_cb cb,
+                                    void *arg) {
+  return b->ops->fetch ? b->ops->fetch(b, name, cb, arg)
+                       : SX__BACKEND_CALL(b, get, name, cb, arg);
+}
 #define sx__backend_list(b, cb, arg) SX__BACKEND_CALL(b, list, cb, arg)
 #define sx__backend_remove(b, name, cb, arg) SX__BACKEND_CALL(b, remove, name, cb, arg)
 

@@ -287,7 +287,7 @@ static int start_fetch(sx_cache *c, slot *s) {
     return sx__err(SX_ENOMEM, "cache: resolving %s", s->name);
   f->c = c;
   snprintf(f->name, sizeof(f->name), "%s", s->name);
-  int rc = sx__backend_get(c->b, s->name, fetch_cb, f);
+  int rc = sx__backend_fetch(c->b, s->name, fetch_cb, f);
   if (rc) {
     free(f);
     return rc;

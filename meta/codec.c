@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codec_wire.h"
 #include "internal.h"
 #include "segxfer.pb-c.h"
 #include "segxfer/descriptor.h"
@@ -455,7 +456,9 @@ static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
   return sx_desc_validate(d);
 }
 
-int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
+/* Decode with the wire reader (codec_wire.c), or with protobuf-c's generic
+ * unpacker when reference is set (tests compare the two). */
+static int decode_with(const uint8_t *buf, size_t len, sx_desc *out, int reference) {
   uint32_t counts[16];
   if (buf == NULL && len != 0)
     return sx__err(SX_EINVAL, "descriptor buffer is NULL");
@@ -473,7 +476,8 @@ int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
 
   arena a;
   arena_init(&a);
-  Sxpb__SegmentDescriptor *m = sxpb__segment_descriptor__unpack(&a.pb, len, buf);
+  Sxpb__SegmentDescriptor *m = reference ? sxpb__segment_descriptor__unpack(&a.pb, len, buf)
+                                          : sx__desc_wire_unpack(&a.pb, buf, len);
   if (m == NULL) {
     arena_release(&a);
     return sx__err(SX_EDECODE, "descriptor is not a valid SegmentDescriptor");
@@ -494,6 +498,14 @@ int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
   }
   *out = d;
   return 0;
+}
+
+int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
+  return decode_with(buf, len, out, 0);
+}
+
+int sx__desc_decode_reference(const uint8_t *buf, size_t len, sx_desc *out) {
+  return decode_with(buf, len, out, 1);
 }
 
 /* ---------------------------------------------------------------- events */

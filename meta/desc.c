@@ -31,8 +31,16 @@ static size_t array_cap(size_t n) {
   return n == 0 ? 0 : cap;
 }
 
+/* Only the n elements are zeroed: decoding fills every one of them, and
+ * zeroing the unused capacity too (up to twice as much) was a measurable
+ * part of decoding a large descriptor. */
 void *sx__desc_array(size_t n, size_t size) {
-  return n == 0 ? NULL : calloc(array_cap(n), size);
+  if (n == 0)
+    return NULL;
+  void *p = malloc(array_cap(n) * size);
+  if (p != NULL)
+    memset(p, 0, n * size);
+  return p;
 }
 
 static void *dup_array(const void *src, size_t n, size_t size) {

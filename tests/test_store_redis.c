@@ -631,6 +631,70 @@ static void bk_close(bk *k) {
   free(k->val);
 }
 
+/* A fetch copies the reply's value out in its callback. */
+typedef struct fetched {
+  int calls, status;
+  int64_t ttl_ms;
+  uint8_t value[4096];
+  size_t len;
+} fetched;
+
+static void fetched_cb(void *arg, const sx_backend_reply *rep) {
+  fetched *f = arg;
+  f->calls++;
+  f->status = rep->status;
+  f->ttl_ms = rep->ttl_ms;
+  f->len = rep->status == 0 && rep->len <= sizeof(f->value) ? rep->len : 0;
+  if (f->len)
+    memcpy(f->value, rep->value, f->len);
+}
+
+/* fetch (what the resolver cache uses): the stored bytes in one command,
+ * no lease facts; missing, wrong-typed and oversized values as get has them. */
+static void test_backend_fetch(void **state) {
+  (void)state;
+  NEED_REDIS();
+  char url[256];
+  url_ns(main_redis, url, sizeof(url), "fetch");
+  bk k;
+  bk_open(&k, url, "f/0");
+  assert_true(bk_run(&k, &k.ups, 5000));
+  sxt_ok(bk_publish(&k));
+  assert_true(bk_run(&k, &k.published, 5000));
+  fetched f = {0};
+  sxt_ok(sx__backend_fetch(k.b, "f/0", fetched_cb, &f));
+  assert_true(bk_run(&k, &f.calls, 5000));
+  assert_int_equal(f.status, 0);
+  assert_int_equal(f.ttl_ms, -1);
+  assert_int_equal(f.len, k.len);
+  assert_memory_equal(f.value, k.val, k.len);
+
+  memset(&f, 0, sizeof(f));
+  sxt_ok(sx__backend_fetch(k.b, "nobody/0", fetched_cb, &f));
+  assert_true(bk_run(&k, &f.calls, 5000));
+  assert_int_equal(f.status, SX_ENOENT);
+
+  redisReply *r = sxt_redis_command(main_redis, "SET sx:fetch:seg:{str/0} just-a-string");
+  freeReplyObject(r);
+  memset(&f, 0, sizeof(f));
+  sxt_ok(sx__backend_fetch(k.b, "str/0", fetched_cb, &f));
+  assert_true(bk_run(&k, &f.calls, 5000));
+  assert_int_equal(f.status, SX_EDECODE);
+
+  size_t big = SX_MAX_DESC_BYTES + 1;
+  char *huge = calloc(1, big);
+  assert_non_null(huge);
+  r = sxt_redis_command(main_redis, "HSET sx:fetch:seg:{huge/0} d %b", huge, big);
+  freeReplyObject(r);
+  free(huge);
+  memset(&f, 0, sizeof(f));
+  sxt_ok(sx__backend_fetch(k.b, "huge/0", fetched_cb, &f));
+  assert_true(bk_run(&k, &f.calls, 5000));
+  assert_int_equal(f.status, SX_ELIMIT);
+  sxt_rc(sx__backend_fetch(k.b, "bad name!", fetched_cb, &f), SX_ENAME);
+  bk_close(&k);
+}
+
 /* ------------------------------------------------------------- sentinel */
 
 static void test_store_sentinel_failover(void **state) {
@@ -781,6 +845,7 @@ int main(void) {
       cmocka_unit_test(test_store_auth_acl_users),
       cmocka_unit_test(test_store_unreachable),
       cmocka_unit_test(test_store_command_timeout),
+      cmocka_unit_test(test_backend_fetch),
       cmocka_unit_test(test_store_sentinel_failover),
       cmocka_unit_test(test_store_sentinel_watch_stays_subscribed),
   };

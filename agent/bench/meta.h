@@ -1,0 +1,131 @@
+/*
+ * sx-bench meta's insides, shared by meta.c (setup, closed-loop runner,
+ * per-op figures), meta_fleet.c (options, ls, the fleet run) and fleet.c
+ * (the simulated agents' thread).
+ */
+#ifndef SX_BENCH_META_H
+#define SX_BENCH_META_H
+
+#include <hiredis/async.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "backend.h"
+#include "bench.h"
+#include "cache.h"
+#include "url.h"
+
+/* The resolve segments never expire during a run: nothing renews them. */
+#define MB_LEASE_MS 600000u
+
+typedef struct bx_meta_opts {
+  const char *url;
+  uint64_t conc[16];
+  int n_conc;
+  uint32_t regions;
+  uint64_t ls[8];
+  int n_ls;
+  uint64_t fleet[8];
+  int n_fleet;
+  uint32_t fleet_conns, readers, lease_ms;
+  unsigned ops; /* MB_OP_* to run */
+} bx_meta_opts;
+
+enum {
+  MB_OP_RESOLVE = 1u << 0, /* raw GET + cold resolve (the pair) */
+  MB_OP_HMGET = 1u << 1,
+  MB_OP_WARM = 1u << 2,
+  MB_OP_PUBLISH = 1u << 3,
+  MB_OP_RENEW = 1u << 4,
+  MB_OP_ALL = 0x1f,
+};
+
+/* The bench's store client: backend + cache (as an agent has them) and a
+ * raw hiredis connection, all on one loop. */
+typedef struct mb {
+  const bx_common *o;
+  uv_loop_t loop;
+  int loop_init;
+  char url_text[600];
+  sx_url url;
+  int srv_port;           /* our private redis-server, 0 if --metadata */
+  int redis;              /* a plain redis:// store: the raw baselines run */
+  sx_backend *b;
+  sx_cache *c;
+  int up;                 /* 1 connected, < 0 failed */
+  char conn_msg[512];
+  redisAsyncContext *raw;
+  int raw_up;
+  struct redisContext *info; /* blocking, for INFO (server CPU time) */
+  /* One segment per slot of the largest concurrency. */
+  uint32_t n;
+  char **names, **seg_keys, **raw_keys;
+  uint8_t **values;
+  size_t *lens;
+  uint8_t (*incs)[SX_INCARNATION_LEN];
+  uint64_t *gens;
+} mb;
+
+typedef struct bx_run bx_run;
+
+/* A request slot of a closed loop. */
+typedef struct bx_slot {
+  bx_run *r;
+  uint32_t i;     /* slot index: which segment it works on */
+  uint64_t t0;    /* when its request was sent */
+  int parts;      /* replies still expected (raw pipelines) */
+  void *user;
+} bx_slot;
+
+/* Send slot s's next request; 0, or an SX_E* code (then nothing was sent). */
+typedef int (*bx_issue_fn)(bx_run *r, bx_slot *s);
+
+struct bx_run {
+  mb *m;
+  const char *what;
+  bx_issue_fn issue;
+  uint32_t conc;
+  bx_slot *slots;
+  uint64_t t_warm, t_end;
+  uint32_t inflight;
+  int stop;
+  /* Accumulated over rounds: requests sent after the warm-up and answered
+   * before the end, their latencies, the seconds counted. */
+  uint64_t ops, errors;
+  double secs;
+  /* Every request answered (warm-up included) and the CPU seconds spent
+   * meanwhile by this process and by the server (INFO cpu; < 0 unknown). */
+  uint64_t all_ops;
+  double cpu_client, cpu_server;
+  bx_lat lat;
+  int err;
+  char msg[256];
+  void *user;
+};
+
+int bx_mb_open(mb *m);
+/* A blocking connection to the bench's server, authenticated and on its db;
+ * NULL on failure. */
+struct redisContext *bx_mb_sync_connect(const mb *m);
+/* The server's used CPU seconds (user + sys), or -1. */
+double bx_mb_server_cpu(const mb *m);
+void bx_mb_close(mb *m);
+
+int bx_run_init(bx_run *r, mb *m, const char *what, bx_issue_fn issue, uint32_t conc);
+void bx_run_free(bx_run *r);
+int bx_run_round(bx_run *r, double secs);
+double bx_run_rate(const bx_run *r);
+/* A slot's request ended with status: count it, send the next. */
+void bx_run_done(bx_slot *s, int status, const char *msg);
+
+/* A connection hook that stores 1 (up) or the error in *(int *)arg. */
+void bx_flag_conn(void *arg, int up, int err, const char *msg);
+/* A cold resolve of the bench segment of slot s (modulo their number). */
+int bx_meta_cold_issue(bx_run *r, bx_slot *s);
+
+/* meta_fleet.c */
+int bx_meta_parse(bx_meta_opts *mo, int argc, char **argv);
+int bx_meta_ls(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t esize);
+int bx_meta_fleet(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t esize);
+
+#endif

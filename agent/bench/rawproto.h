@@ -1,0 +1,28 @@
+/*
+ * The control and raw-stream protocol between `sx-bench read` and
+ * `sx-bench target`: not segxfer's data plane, but the baseline next to it.
+ * A request is 32 bytes, integers big-endian:
+ *   magic "SXBR", op, a, b, c
+ *   STREAM: send group b's memory in chunks of a bytes, wrapping around,
+ *           until the reader closes the connection
+ *   RUSAGE: answer 16 bytes: user and system CPU time of the target, ns
+ *   QUIT:   unpublish and exit
+ */
+#ifndef SX_BENCH_RAWPROTO_H
+#define SX_BENCH_RAWPROTO_H
+
+#include <endian.h>
+#include <stdint.h>
+
+#define BX_RAW_MAGIC "SXBR"
+#define BX_MAX_SIZES 16
+
+enum { BX_RAW_STREAM = 1, BX_RAW_RUSAGE = 2, BX_RAW_QUIT = 3 };
+
+typedef struct bx_rawreq {
+  char magic[4];
+  uint32_t op;
+  uint64_t a, b, c;
+} bx_rawreq;
+
+#endif

@@ -1,0 +1,434 @@
+/*
+ * sx-bench read's far end and baselines: spawning `sx-bench target`, its
+ * control requests (CPU time), the raw TCP stream between the same two
+ * processes, and perftest's ib_read_bw on the same RDMA device.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "pattern.h"
+#include "rawproto.h"
+#include "read.h"
+#include "segxfer/descriptor.h"
+
+/* ------------------------------------------------------------ the target */
+
+int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
+                    int n, uint64_t group_bytes, uint64_t seed, const char *transport) {
+  int in[2], out[2];
+  memset(t, 0, sizeof(*t));
+  t->in_fd = t->out_fd = -1;
+  if (pipe(in) != 0 || pipe(out) != 0) {
+    fprintf(stderr, "sx-bench read: pipe: %s\n", strerror(errno));
+    return -1;
+  }
+  char list[512] = "", gb[32], sd[32], b[16];
+  for (int i = 0; i < n; i++)
+    snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? "," : "",
+             bx_size_name(sizes[i], b, sizeof(b)));
+  snprintf(gb, sizeof(gb), "%llu", (unsigned long long)group_bytes);
+  snprintf(sd, sizeof(sd), "%llu", (unsigned long long)seed);
+  pid_t pid = fork();
+  if (pid < 0) {
+    fprintf(stderr, "sx-bench read: fork: %s\n", strerror(errno));
+    return -1;
+  }
+  if (pid == 0) {
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    close(in[0]);
+    close(in[1]);
+    close(out[0]);
+    close(out[1]);
+    execl("/proc/self/exe", "sx-bench", "target", "--metadata", url, "--name", name,
+          "--sizes", list, "--group-bytes", gb, "--seed", sd, "--transport", transport,
+          (char *)NULL);
+    fprintf(stderr, "sx-bench read: cannot start sx-bench target: %s\n", strerror(errno));
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  t->pid = pid;
+  t->in_fd = in[1];
+  t->out_fd = out[0];
+  /* Filling the pool takes a while: wait up to a minute for "ready". */
+  char line[64];
+  size_t got = 0;
+  while (got < sizeof(line) - 1) {
+    struct pollfd pfd = {.fd = t->out_fd, .events = POLLIN};
+    if (poll(&pfd, 1, 60000) <= 0)
+      break;
+    ssize_t r = read(t->out_fd, line + got, 1);
+    if (r <= 0)
+      break;
+    if (line[got] == '\n')
+      break;
+    got++;
+  }
+  line[got] = '\0';
+  unsigned port;
+  if (sscanf(line, "ready %u", &port) != 1 || port == 0 || port > 65535) {
+    fprintf(stderr, "sx-bench read: the target did not start (it said '%s')\n", line);
+    bx_target_stop(t);
+    return -1;
+  }
+  t->raw_port = (uint16_t)port;
+  return 0;
+}
+
+void bx_target_stop(bx_tproc *t) {
+  if (t->in_fd >= 0)
+    close(t->in_fd); /* its lifeline: it unpublishes and exits */
+  if (t->out_fd >= 0)
+    close(t->out_fd);
+  t->in_fd = t->out_fd = -1;
+  if (t->pid > 0) {
+    int st;
+    for (int i = 0; i < 100; i++) {
+      if (waitpid(t->pid, &st, WNOHANG) == t->pid) {
+        t->pid = 0;
+        return;
+      }
+      struct timespec ts = {0, 50000000};
+      nanosleep(&ts, NULL);
+    }
+    kill(t->pid, SIGKILL);
+    waitpid(t->pid, &st, 0);
+    t->pid = 0;
+  }
+}
+
+static int raw_connect(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  if (fd < 0)
+    return -1;
+  if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+static int send_req(int fd, uint32_t op, uint64_t a, uint64_t b) {
+  bx_rawreq q;
+  memcpy(q.magic, BX_RAW_MAGIC, 4);
+  q.op = htonl(op);
+  q.a = htobe64(a);
+  q.b = htobe64(b);
+  q.c = 0;
+  return send(fd, &q, sizeof(q), MSG_NOSIGNAL) == (ssize_t)sizeof(q) ? 0 : -1;
+}
+
+static int recv_full(int fd, void *p, size_t n) {
+  uint8_t *b = p;
+  while (n > 0) {
+    ssize_t r = recv(fd, b, n, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+double bx_target_cpu(bx_tproc *t) {
+  if (t->ctl_fd <= 0 && (t->ctl_fd = raw_connect(t->raw_port)) < 0) {
+    t->ctl_fd = 0;
+    return -1;
+  }
+  uint64_t r[2];
+  if (send_req(t->ctl_fd, BX_RAW_RUSAGE, 0, 0) != 0 || recv_full(t->ctl_fd, r, sizeof(r))) {
+    close(t->ctl_fd);
+    t->ctl_fd = 0;
+    return -1;
+  }
+  return (double)(be64toh(r[0]) + be64toh(r[1])) / 1e9;
+}
+
+/* ------------------------------------------------------------ raw stream */
+
+typedef struct sreader {
+  pthread_t th;
+  int fd;
+  uint8_t *buf;
+  uint64_t chunk, slots;
+  atomic_uint_fast64_t bytes;
+  atomic_int stop;
+  int failed;
+  /* --verify: where the stream is in the group's memory. */
+  int verify, bad;
+  uint64_t seed, span, off;
+  uint32_t region;
+} sreader;
+
+static void *sreader_main(void *arg) {
+  sreader *s = arg;
+  uint64_t slot = 0;
+  while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+    uint8_t *dst = s->buf + slot * s->chunk;
+    if (recv_full(s->fd, dst, (size_t)s->chunk) != 0) {
+      s->failed = 1;
+      break;
+    }
+    if (s->verify) {
+      if (sx__pattern_check(dst, s->chunk, s->seed, s->region, s->off, NULL) != 0)
+        s->bad = 1;
+      s->off += s->chunk;
+      if (s->off == s->span)
+        s->off = 0;
+    }
+    atomic_fetch_add_explicit(&s->bytes, s->chunk, memory_order_relaxed);
+    slot = (slot + 1) % s->slots;
+  }
+  return NULL;
+}
+
+static uint64_t stream_bytes(sreader *s, int n) {
+  uint64_t b = 0;
+  for (int i = 0; i < n; i++)
+    b += atomic_load_explicit(&s[i].bytes, memory_order_relaxed);
+  return b;
+}
+
+int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *err,
+                  size_t esize) {
+  sreader *s = calloc((size_t)q->conns, sizeof(*s));
+  int rc = -1, started = 0;
+  memset(out, 0, sizeof(*out));
+  if (s == NULL)
+    return -1;
+  for (uint32_t i = 0; i < q->conns; i++) {
+    s[i].chunk = q->size;
+    s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
+    s[i].buf = malloc((size_t)(s[i].slots * q->size));
+    /* Touch it now: first-touch page faults inside the window would make
+     * the baseline weaker than it is (segxfer's buffers are warm too). */
+    if (s[i].buf != NULL)
+      memset(s[i].buf, 0, (size_t)(s[i].slots * q->size));
+    s[i].fd = raw_connect(t->raw_port);
+    s[i].verify = q->verify;
+    s[i].seed = q->seed;
+    s[i].region = q->region;
+    s[i].span = q->group_bytes / q->size * q->size;
+    if (s[i].buf == NULL || s[i].fd < 0 || send_req(s[i].fd, BX_RAW_STREAM, q->size, q->group)) {
+      snprintf(err, esize, "raw stream: cannot connect to the target");
+      goto out;
+    }
+    if (pthread_create(&s[i].th, NULL, sreader_main, &s[i]) != 0) {
+      snprintf(err, esize, "raw stream: cannot start a thread");
+      goto out;
+    }
+    started = (int)i + 1;
+  }
+  /* Warm up, then count bytes over the window, with both processes' CPU. */
+  struct timespec w = {0, 150000000};
+  nanosleep(&w, NULL);
+  double t0 = bx_now(), c0 = bx_cpu_self(), tc0 = bx_target_cpu(t);
+  uint64_t b0 = stream_bytes(s, started);
+  struct timespec d = {(time_t)q->secs, (long)((q->secs - (double)(time_t)q->secs) * 1e9)};
+  nanosleep(&d, NULL);
+  uint64_t b1 = stream_bytes(s, started);
+  double t1 = bx_now(), c1 = bx_cpu_self(), tc1 = bx_target_cpu(t);
+  out->secs = t1 - t0;
+  out->bytes = b1 - b0;
+  out->blocks = out->bytes / q->size;
+  out->cpu_reader = c1 - c0;
+  out->cpu_target = tc0 >= 0 && tc1 >= tc0 ? tc1 - tc0 : -1;
+  rc = 0;
+out:
+  for (int i = 0; i < started; i++)
+    atomic_store(&s[i].stop, 1);
+  /* Closing wakes the readers (and stops the target's senders). */
+  for (uint32_t i = 0; i < q->conns; i++)
+    if (s[i].fd >= 0)
+      shutdown(s[i].fd, SHUT_RDWR);
+  for (int i = 0; i < started; i++) {
+    pthread_join(s[i].th, NULL);
+    if (s[i].bad) {
+      snprintf(err, esize, "raw stream: --verify: received bytes differ from the pattern");
+      rc = -1;
+    } else if (s[i].failed && rc == 0 && !atomic_load(&s[i].stop)) {
+      snprintf(err, esize, "raw stream: the connection broke");
+      rc = -1;
+    }
+  }
+  for (uint32_t i = 0; i < q->conns; i++) {
+    if (s[i].fd >= 0)
+      close(s[i].fd);
+    free(s[i].buf);
+  }
+  free(s);
+  return rc;
+}
+
+/* ------------------------------------------------------------ ib_read_bw */
+
+/* Run a program, its stdout into buf; returns its exit status or -1. */
+static int run_capture(const char *const argv[], char *buf, size_t size, int timeout_s) {
+  int p[2];
+  if (pipe(p) != 0)
+    return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(p[1], STDOUT_FILENO);
+    dup2(p[1], STDERR_FILENO);
+    close(p[0]);
+    close(p[1]);
+    execvp(argv[0], (char *const *)argv);
+    _exit(127);
+  }
+  close(p[1]);
+  size_t got = 0;
+  double end = bx_now() + timeout_s;
+  while (bx_now() < end) {
+    struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+    if (poll(&pfd, 1, 200) < 0)
+      break;
+    if (pfd.revents) {
+      ssize_t r = read(p[0], buf + got, size - 1 - got);
+      if (r <= 0)
+        break;
+      got += (size_t)r;
+      if (got == size - 1)
+        break;
+    }
+  }
+  buf[got] = '\0';
+  close(p[0]);
+  /* Its output ended; give it until the deadline to exit (it may close its
+   * stdout a moment before it is gone). */
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (bx_now() >= end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* One ib_read_bw server + client pair of iters iterations: MiB/s (BW
+ * average), or -1 with err filled; *took its wall time. */
+static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, uint32_t qps,
+                              uint64_t iters, double *took, char *err, size_t esize) {
+  char s_size[24], s_iters[24], s_qps[16], s_port[16];
+  static int port_seq;
+  snprintf(s_size, sizeof(s_size), "%llu", (unsigned long long)size);
+  snprintf(s_iters, sizeof(s_iters), "%llu", (unsigned long long)iters);
+  snprintf(s_qps, sizeof(s_qps), "%u", qps ? qps : 1);
+  snprintf(s_port, sizeof(s_port), "%d", 18515 + (getpid() + port_seq++) % 2000);
+  const char *srv[] = {"ib_read_bw", "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
+                       "-p", s_port, "-F", NULL};
+  const char *cli[] = {"ib_read_bw", "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
+                       "-p", s_port, "-F", ip, NULL};
+  /* The server's words go to a file, for the message if it fails. */
+  char slog[64];
+  snprintf(slog, sizeof(slog), "/tmp/sx-bench-ib-%d.log", (int)getpid());
+  pid_t spid = fork();
+  if (spid == 0) {
+    int fd = open(slog, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    execvp(srv[0], (char *const *)srv);
+    _exit(127);
+  }
+  char out[8192] = "";
+  int rc = -1;
+  double t0 = bx_now();
+  /* The server needs a moment to listen (seconds under emulation); retry
+   * the client while it is alive. */
+  for (int attempt = 0; attempt < 20 && rc != 0 && spid > 0; attempt++) {
+    struct timespec ts = {0, 500000000};
+    nanosleep(&ts, NULL);
+    int st;
+    if (waitpid(spid, &st, WNOHANG) == spid) {
+      spid = -1;
+      int n = snprintf(out, sizeof(out), "the ib_read_bw server exited (status %d): ", st);
+      FILE *f = fopen(slog, "r");
+      if (f != NULL && n > 0) {
+        size_t r = fread(out + n, 1, sizeof(out) - (size_t)n - 1, f);
+        out[(size_t)n + r] = '\0';
+      }
+      if (f)
+        fclose(f);
+      break;
+    }
+    t0 = bx_now();
+    rc = run_capture(cli, out, sizeof(out), 600);
+  }
+  *took = bx_now() - t0;
+  unlink(slog);
+  int st;
+  if (spid > 0 && waitpid(spid, &st, WNOHANG) == 0) {
+    kill(spid, SIGKILL);
+    waitpid(spid, &st, 0);
+  }
+  if (rc != 0) {
+    snprintf(err, esize, "ib_read_bw -d %s -s %s -n %s failed (exit %d): %.200s", dev, s_size,
+             s_iters, rc, out);
+    return -1;
+  }
+  /* The result line: #bytes #iterations BW peak[MiB/sec] BW average[MiB/sec] MsgRate */
+  const char *h = strstr(out, "BW average");
+  const char *line = h ? strchr(h, '\n') : NULL;
+  double bytes = 0, n = 0, peak = 0, avg = -1;
+  if (line == NULL || sscanf(line + 1, "%lf %lf %lf %lf", &bytes, &n, &peak, &avg) != 4 ||
+      avg <= 0) {
+    fprintf(stderr, "sx-bench read: ib_read_bw said:\n%s\n", out);
+    snprintf(err, esize, "ib_read_bw: no result in its output (above)");
+    return -1;
+  }
+  return avg;
+}
+
+/*
+ * ib_read_bw between a server and a client on the same device (perftest's
+ * RDMA READ bandwidth, the RDMA baseline), in iteration mode: its duration
+ * mode reports nothing for large messages on slow devices (every READ of
+ * the first window still in flight), so a short run sizes a second one to
+ * last about secs.  GB/s, or -1 with err filled.
+ */
+double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qps,
+                     double secs, char *err, size_t esize) {
+  uint64_t n = (8ull << 20) / size;
+  if (n < 20)
+    n = 20;
+  double took, mib = ib_read_bw_once(dev, ip, size, qps, n, &took, err, esize);
+  if (mib < 0)
+    return -1;
+  if (took < secs) {
+    double scale = took > 0.01 ? secs / took : 100;
+    uint64_t m = (uint64_t)((double)n * scale);
+    if (m > 10000000)
+      m = 10000000;
+    if (m > n && (mib = ib_read_bw_once(dev, ip, size, qps, m, &took, err, esize)) < 0)
+      return -1;
+  }
+  return mib * 1048576.0 / 1e9;
+}

@@ -1,0 +1,362 @@
+/* sx-bench helpers: clocks, latency percentiles, sizes, progress, a private
+ * redis-server, machine facts. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+/* ------------------------------------------------------------ clocks */
+
+double bx_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+uint64_t bx_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+double bx_cpu_self(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+         (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* ------------------------------------------------------------ statistics */
+
+void bx_lat_add(bx_lat *l, uint64_t ns) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? l->cap * 2 : 4096;
+    uint64_t *v = realloc(l->v, cap * sizeof(*v));
+    if (v == NULL)
+      return; /* keep what we have: percentiles of fewer samples */
+    l->v = v;
+    l->cap = cap;
+  }
+  l->v[l->n++] = ns;
+  l->sorted = 0;
+}
+
+static int u64_cmp(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+double bx_lat_pct(bx_lat *l, double q) {
+  if (l->n == 0)
+    return 0;
+  if (!l->sorted) {
+    qsort(l->v, l->n, sizeof(*l->v), u64_cmp);
+    l->sorted = 1;
+  }
+  /* Nearest rank: the smallest sample with at least q of them at or below. */
+  size_t k = (size_t)(q * (double)l->n + 0.999999);
+  if (k == 0)
+    k = 1;
+  if (k > l->n)
+    k = l->n;
+  return (double)l->v[k - 1];
+}
+
+void bx_lat_reset(bx_lat *l) {
+  l->n = 0;
+  l->sorted = 0;
+}
+
+void bx_lat_free(bx_lat *l) {
+  free(l->v);
+  memset(l, 0, sizeof(*l));
+}
+
+static int dbl_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+double bx_median(double *v, int n) {
+  if (n <= 0)
+    return 0;
+  qsort(v, (size_t)n, sizeof(*v), dbl_cmp);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* ------------------------------------------------------------ sizes */
+
+int bx_parse_size(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (s[0] < '0' || s[0] > '9' || errno)
+    return -1;
+  uint64_t mul = 1;
+  switch (*end) {
+  case 'k': case 'K': mul = 1ull << 10; end++; break;
+  case 'm': case 'M': mul = 1ull << 20; end++; break;
+  case 'g': case 'G': mul = 1ull << 30; end++; break;
+  default: break;
+  }
+  if (mul > 1 && *end == 'i')
+    end++;
+  if (mul > 1 && *end == 'B')
+    end++;
+  if (*end != '\0' || v > UINT64_MAX / mul)
+    return -1;
+  *out = v * mul;
+  return 0;
+}
+
+int bx_parse_list(const char *s, uint64_t *out, int max, int sizes) {
+  char buf[512];
+  int n = 0;
+  if (strlen(s) >= sizeof(buf))
+    return -1;
+  strcpy(buf, s);
+  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    uint64_t v;
+    if (n == max)
+      return -1;
+    if (sizes) {
+      if (bx_parse_size(tok, &v))
+        return -1;
+    } else {
+      char *end;
+      errno = 0;
+      unsigned long long x = strtoull(tok, &end, 10);
+      if (tok[0] < '0' || tok[0] > '9' || *end != '\0' || errno)
+        return -1;
+      v = x;
+    }
+    out[n++] = v;
+  }
+  return n;
+}
+
+const char *bx_size_name(uint64_t b, char *buf, size_t size) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0)
+    snprintf(buf, size, "%lluG", (unsigned long long)(b >> 30));
+  else if (b >= (1ull << 20) && b % (1ull << 20) == 0)
+    snprintf(buf, size, "%lluM", (unsigned long long)(b >> 20));
+  else if (b >= 1024 && b % 1024 == 0)
+    snprintf(buf, size, "%lluK", (unsigned long long)(b >> 10));
+  else
+    snprintf(buf, size, "%llu", (unsigned long long)b);
+  return buf;
+}
+
+/* ------------------------------------------------------------ progress */
+
+static struct {
+  int on, tty, steps, step, width;
+  double t0, est;
+  char mode[16];
+} prog;
+
+void bx_progress_start(const bx_common *o, const char *mode, int steps, double est_s) {
+  memset(&prog, 0, sizeof(prog));
+  /* Runs of a few seconds need no progress; longer ones do. */
+  prog.on = !o->quiet && est_s > 3.0;
+  prog.tty = isatty(STDERR_FILENO);
+  prog.steps = steps;
+  prog.t0 = bx_now();
+  prog.est = est_s;
+  snprintf(prog.mode, sizeof(prog.mode), "%s", mode);
+  if (prog.on && !prog.tty)
+    fprintf(stderr, "sx-bench %s: %d steps, about %.0f s\n", mode, steps, est_s);
+}
+
+void bx_progress(const char *fmt, ...) {
+  char what[200];
+  va_list ap;
+  prog.step++;
+  if (!prog.on)
+    return;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  double el = bx_now() - prog.t0;
+  double left = prog.est - el;
+  if (prog.step > 1 && prog.steps > 0)
+    left = el / (prog.step - 1) * (prog.steps - prog.step + 1);
+  if (left < 0)
+    left = 0;
+  char line[300];
+  int n = snprintf(line, sizeof(line), "[%s %d/%d, %.0f s, ~%.0f s left] %s", prog.mode,
+                   prog.step, prog.steps, el, left, what);
+  if (prog.tty) {
+    int pad = prog.width > n ? prog.width - n : 0;
+    fprintf(stderr, "\r%s%*s", line, pad, "");
+    prog.width = n;
+  } else {
+    fprintf(stderr, "%s\n", line);
+  }
+}
+
+void bx_progress_end(void) {
+  if (prog.on && prog.tty && prog.width > 0)
+    fprintf(stderr, "\r%*s\r", prog.width, "");
+  if (prog.on)
+    fprintf(stderr, "sx-bench %s: finished in %.1f s\n", prog.mode, bx_now() - prog.t0);
+  prog.on = 0;
+}
+
+/* ------------------------------------------------------------ redis-server */
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof(a);
+  if (fd < 0)
+    return -1;
+  if (bind(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static int redis_ping(int port) {
+  struct timeval tv = {0, 200000};
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", port, tv);
+  int ok = 0;
+  if (c != NULL && !c->err) {
+    redisReply *r = redisCommand(c, "PING");
+    ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+    if (r)
+      freeReplyObject(r);
+  }
+  if (c)
+    redisFree(c);
+  return ok;
+}
+
+static void rm_rf(const char *dir) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    execlp("rm", "rm", "-rf", dir, (char *)NULL);
+    _exit(127);
+  }
+  if (pid > 0)
+    waitpid(pid, NULL, 0);
+}
+
+int bx_redis_start(bx_redis *r) {
+  memset(r, 0, sizeof(*r));
+  snprintf(r->dir, sizeof(r->dir), "/tmp/sx-bench-redis.XXXXXX");
+  if (mkdtemp(r->dir) == NULL) {
+    fprintf(stderr, "sx-bench: cannot make a directory for redis-server: %s\n",
+            strerror(errno));
+    return -1;
+  }
+  /* A port found free may be taken before redis binds it: try a few. */
+  for (int attempt = 0; attempt < 5; attempt++) {
+    int port = free_port();
+    if (port < 0)
+      continue;
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", port);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0)
+      break;
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent)
+        _exit(1);
+      int devnull = open("/dev/null", O_RDWR);
+      if (devnull >= 0) {
+        dup2(devnull, STDIN_FILENO);
+        dup2(devnull, STDOUT_FILENO);
+      }
+      /* No persistence, expiry notifications as agents expect them. */
+      execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", r->dir, "--daemonize", "no",
+             "--notify-keyspace-events", "Kx", "--loglevel", "warning", (char *)NULL);
+      fprintf(stderr, "sx-bench: cannot run redis-server: %s (install redis-server, or "
+              "give --metadata URL)\n", strerror(errno));
+      _exit(127);
+    }
+    for (int i = 0; i < 100; i++) {
+      int st;
+      if (waitpid(pid, &st, WNOHANG) == pid) {
+        pid = 0;
+        break;
+      }
+      if (redis_ping(port)) {
+        r->pid = pid;
+        r->port = port;
+        return 0;
+      }
+      struct timespec ts = {0, 50000000};
+      nanosleep(&ts, NULL);
+    }
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, NULL, 0);
+    }
+  }
+  fprintf(stderr, "sx-bench: redis-server did not start\n");
+  rm_rf(r->dir);
+  return -1;
+}
+
+void bx_redis_stop(bx_redis *r) {
+  if (r->pid > 0) {
+    kill(r->pid, SIGKILL);
+    waitpid(r->pid, NULL, 0);
+  }
+  if (r->dir[0])
+    rm_rf(r->dir);
+  memset(r, 0, sizeof(*r));
+}
+
+/* ------------------------------------------------------------ machine */
+
+void bx_machine_get(bx_machine *m) {
+  memset(m, 0, sizeof(*m));
+  m->nproc = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  snprintf(m->cpu, sizeof(m->cpu), "unknown");
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  while (f != NULL && fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "model name", 10) == 0) {
+      char *v = strchr(line, ':');
+      if (v != NULL) {
+        v++;
+        while (*v == ' ' || *v == '\t')
+          v++;
+        v[strcspn(v, "\n")] = '\0';
+        snprintf(m->cpu, sizeof(m->cpu), "%s", v);
+      }
+      break;
+    }
+  }
+  if (f)
+    fclose(f);
+  struct utsname u;
+  if (uname(&u) == 0)
+    snprintf(m->kernel, sizeof(m->kernel), "%s %s", u.sysname, u.release);
+  double la[1];
+  if (getloadavg(la, 1) == 1)
+    m->load1 = la[0];
+}
