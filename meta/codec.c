@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "codec_wire.h"
 #include "internal.h"
 #include "segxfer.pb-c.h"
 #include "segxfer/descriptor.h"
@@ -456,9 +455,7 @@ static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
   return sx_desc_validate(d);
 }
 
-/* Decode with the wire reader (codec_wire.c), or with protobuf-c's generic
- * unpacker when reference is set (tests compare the two). */
-static int decode_with(const uint8_t *buf, size_t len, sx_desc *out, int reference) {
+int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
   uint32_t counts[16];
   if (buf == NULL && len != 0)
     return sx__err(SX_EINVAL, "descriptor buffer is NULL");
@@ -476,8 +473,7 @@ static int decode_with(const uint8_t *buf, size_t len, sx_desc *out, int referen
 
   arena a;
   arena_init(&a);
-  Sxpb__SegmentDescriptor *m = reference ? sxpb__segment_descriptor__unpack(&a.pb, len, buf)
-                                          : sx__desc_wire_unpack(&a.pb, buf, len);
+  Sxpb__SegmentDescriptor *m = sxpb__segment_descriptor__unpack(&a.pb, len, buf);
   if (m == NULL) {
     arena_release(&a);
     return sx__err(SX_EDECODE, "descriptor is not a valid SegmentDescriptor");
@@ -498,14 +494,6 @@ static int decode_with(const uint8_t *buf, size_t len, sx_desc *out, int referen
   }
   *out = d;
   return 0;
-}
-
-int sx_desc_decode(const uint8_t *buf, size_t len, sx_desc *out) {
-  return decode_with(buf, len, out, 0);
-}
-
-int sx__desc_decode_reference(const uint8_t *buf, size_t len, sx_desc *out) {
-  return decode_with(buf, len, out, 1);
 }
 
 /* ---------------------------------------------------------------- events */

@@ -74,8 +74,4 @@ int sx__layout_validate(const sx_desc *d);
  * Tests use it to build descriptors that break one rule. */
 int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len);
 
-/* sx_desc_decode() through protobuf-c's generic unpacker instead of the
- * wire reader: the reference the tests hold the wire reader to. */
-int sx__desc_decode_reference(const uint8_t *buf, size_t len, sx_desc *out);
-
 #endif
