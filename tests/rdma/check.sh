@@ -48,7 +48,7 @@ vm_run() {  # vm_run NAME ARGS...   (env already set)
     tail -n 15 "$log" | sed 's/^/  | /'
     exit 0
   fi
-  grep -E '^(PASS|FAIL|RATIO|round|==)|\[peer\] (PASS|FAIL|==)|^\[ *(OK|FAILED|PASSED) *\]|segxfer-read|^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+' "$log" | sed 's/^/  /'
+  grep -E '^(PASS|FAIL|RATIO|round|==)|\[peer\] (PASS|FAIL|==)|^\[ *(OK|FAILED|PASSED|ERROR|LINE) *\]|segxfer-read|^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+' "$log" | sed 's/^/  /'
   if [ $rc -ne 0 ]; then
     echo "check-rdma: $name FAILED (exit $rc, ${secs}s); full log: $log"
     tail -n 60 "$log" | sed 's/^/  | /'

@@ -99,6 +99,21 @@ typedef struct pool {
   uint8_t inc[SX_INCARNATION_LEN];
 } pool;
 
+/* Fail the test after showing the end of the pool's log (inside the VM the
+ * log is gone once the test ends). */
+static void show_log(const char *log) {
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "echo '== end of %s'; tail -n 30 '%s'", log, log);
+  if (system(cmd) != 0)
+    fprintf(stderr, "(no log at %s)\n", log);
+}
+
+#define pool_fail(p, ...)                                                      \
+  do {                                                                         \
+    show_log((p)->log);                                                        \
+    fail_msg(__VA_ARGS__);                                                     \
+  } while (0)
+
 static int stored_incarnation(const char *name, uint8_t inc[SX_INCARNATION_LEN]) {
   sx_store *s;
   sxt_ok(sx_store_open(url, &s));
@@ -148,10 +163,10 @@ static void pool_start(pool *p, const char *name, const char *listen, uint64_t s
       return;
     }
     if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
-      fail_msg("sx-agent %s exited early; see %s", name, p->log);
+      pool_fail(p, "sx-agent %s exited early; see %s", name, p->log);
     sleep_ms(20);
   }
-  fail_msg("sx-agent %s did not publish within 30 s; see %s", name, p->log);
+  pool_fail(p, "sx-agent %s did not publish within 30 s; see %s", name, p->log);
 }
 
 /* Where each thread of a process that will not exit is stuck, and the end
@@ -298,17 +313,19 @@ static void test_rdma_e2e_random_blocks_are_byte_exact(void **state) {
     entries(e, 100, &rng);
     sx_batch_result res = batch(seg, e, 100, 30000);
     if (res.state != SX_BATCH_COMPLETED)
-      fail_msg("%s: %s", sx_batch_state_name(res.state), res.message);
+      pool_fail(&p, "round %d: %s: %s", round, sx_batch_state_name(res.state), res.message);
     assert_int_equal(res.transport, SX_TRANSPORT_RDMA);
     for (int i = 0; i < 100; i++)
       if (verify(&r, seg, 4242, &e[i]) != 0)
-        fail_msg("round %d entry %d: bytes differ", round, i);
+        pool_fail(&p, "round %d entry %d: bytes differ", round, i);
     bytes += res.bytes;
   }
   /* And the whole pool in one batch. */
   sx_batch_result res = batch(seg, &whole_pool, 1, 60000);
-  assert_int_equal(res.state, SX_BATCH_COMPLETED);
-  assert_int_equal(verify(&r, seg, 4242, &whole_pool), 0);
+  if (res.state != SX_BATCH_COMPLETED)
+    pool_fail(&p, "whole pool: %s: %s", sx_batch_state_name(res.state), res.message);
+  if (verify(&r, seg, 4242, &whole_pool) != 0)
+    pool_fail(&p, "whole pool: bytes differ");
   print_message("read and verified %lu bytes over RDMA from %s, then the whole pool "
                 "(%lu bytes in %u ranges, %.1f MiB/s)\n",
                 (unsigned long)bytes, name, (unsigned long)res.bytes, res.n_ranges,
