@@ -1,8 +1,8 @@
 #!/bin/sh
 # Check the manual pages: each renders without a single groff or man warning,
 # names the version being built, and describes every option that the
-# program's --help prints (and, for programs with commands, every option of
-# `PROGRAM COMMAND --help`).  Keeps the pages true to the help texts.
+# program's --help prints (and, for programs with commands or modes, every
+# option of `PROGRAM COMMAND --help`).  Keeps the pages true to the help texts.
 # Usage: tests/man/check.sh BUILD_DIR VERSION PAGE...
 #   PAGE is <dir>/<program>.1; the program is BUILD_DIR/bin/<program>.
 set -eu
@@ -32,8 +32,11 @@ for page in "$@"; do
   #    it: \-\-name).
   [ -x "$bin" ] || { bad "$page: $bin is not built"; continue; }
   "$bin" --help >"$tmp/help" 2>&1 || true
-  # Commands: the lines after "commands:" up to the next blank line.
-  cmds=$(awk '/^commands:/ {on=1; next} on && /^$/ {on=0} on {print $1}' "$tmp/help")
+  # Commands (sx-bench calls them modes): the first word of the lines after
+  # "commands:" or "modes:" up to the next blank line, leaving out the
+  # deeper-indented continuation lines of a description.
+  cmds=$(awk '/^(commands|modes):/ {on=1; next} on && /^$/ {on=0} on && /^  [^ ]/ {print $1}' \
+    "$tmp/help")
   for c in $cmds; do
     "$bin" "$c" --help >>"$tmp/help" 2>&1 || true
   done
