@@ -77,7 +77,7 @@ sed 's/^/  agent | /' "$work/agent.log"
 step "3. sxctl ls: what the store holds"
 "$bin/sxctl" ls
 
-step "4. a reader opens $name by name, checks the layout, reads 400 random blocks in batches and verifies every byte"
+step "4. the second agent, a reader (sxctl read runs one in its own process), opens $name by name, checks the layout, reads 400 random blocks in batches and verifies every byte"
 echo "\$ sxctl read $name --blocks random:400 --batch 50 --depth 2 --verify 42 --fingerprint demo-llama/v1 --dtype bf16 --tag NHD"
 "$bin/sxctl" read "$name" --blocks random:400 --batch 50 --depth 2 --verify 42 \
   --fingerprint demo-llama/v1 --dtype bf16 --tag NHD
