@@ -9,21 +9,17 @@
  * SXT_FILTER=pattern runs a subset; SXT_KEEP_LOGS=1 keeps the sx-agent logs
  * and SXT_LOG_LEVEL=debug makes them verbose.
  */
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "agent_fixture.h"
 #include "internal.h"
 #include "pattern.h"
-#include "procs.h"
-#include "redis_harness.h"
+#include "proc_env.h"
 #include "segxfer/store.h"
 
 /* The pool every sx-agent here holds. */
@@ -33,86 +29,24 @@
 #define LOCAL_BLOCKS 256u
 #define N_SLOTS 3 /* K, V, index */
 
-static sxt_redis redis;
-static int have_redis;
-static char bindir[PATH_MAX];
-static char url[256];
-static char tmpdir[128];
+static sxt_proc_env env;
 static int seq;
-
-#define NEED_REDIS()                                                           \
-  do {                                                                         \
-    if (!have_redis)                                                           \
-      skip();                                                                  \
-  } while (0)
 
 #define sleep_ms sxt_sleep_ms
 #define spawn sxt_spawn
 #define reap sxt_reap
 #define count_in_file sxt_count_in_file
 
-typedef struct pool {
-  pid_t pid;
-  char name[64];
-  char log[256];
-  uint64_t seed;
-  uint8_t inc[SX_INCARNATION_LEN];
-} pool;
-
-/* The incarnation the store holds for name; 0, or SX_ENOENT. */
-static int stored_incarnation(const char *name, uint8_t inc[SX_INCARNATION_LEN]) {
-  sx_store *s;
-  sxt_ok(sx_store_open(url, &s));
-  sx_desc d;
-  int rc = sx_store_get(s, name, &d, NULL);
-  if (rc == 0) {
-    memcpy(inc, d.incarnation, SX_INCARNATION_LEN);
-    sx_desc_free(&d);
-  }
-  sx_store_close(s);
-  return rc;
-}
-
 /* Start an sx-agent and wait until the store holds a new incarnation of
- * its name (not the one in p->inc when p->pid was set before). */
-static void pool_start(pool *p, const char *name, const char *listen, uint64_t seed,
+ * its name (not the one it held before). */
+static void pool_start(sxt_pool *p, const char *name, const char *listen, uint64_t seed,
                        int takeover, uint32_t lease_ms) {
-  uint8_t old[SX_INCARNATION_LEN];
-  int had = stored_incarnation(name, old) == 0;
-  char exe[PATH_MAX + 16], lease[16], fill[32], blocks[16], bb[16], layers[16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  snprintf(lease, sizeof(lease), "%u", lease_ms);
-  snprintf(fill, sizeof(fill), "%lu", (unsigned long)seed);
-  snprintf(blocks, sizeof(blocks), "%u", BLOCKS);
-  snprintf(bb, sizeof(bb), "%u", BLOCK);
-  snprintf(layers, sizeof(layers), "%u", LAYERS);
-  snprintf(p->name, sizeof(p->name), "%s", name);
-  snprintf(p->log, sizeof(p->log), "%s/%s.log", tmpdir, name);
-  p->seed = seed;
-  const char *argv[] = {exe, "--name", p->name, "--metadata", url, "--listen",
-                  listen ? listen : "127.0.0.1:0", "--layers", layers,
-                  "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V,index",
-                  "--fingerprint", "e2e/v1", "--fill", fill, "--lease-ms", lease,
-                  "--log-level", getenv("SXT_LOG_LEVEL") ? getenv("SXT_LOG_LEVEL") : "info", takeover ? "--takeover" : NULL, NULL};
-  p->pid = spawn(p->log, argv);
-  for (int i = 0; i < 1000; i++) {
-    uint8_t inc[SX_INCARNATION_LEN];
-    if (stored_incarnation(name, inc) == 0 && (!had || memcmp(inc, old, sizeof(inc)))) {
-      memcpy(p->inc, inc, sizeof(inc));
-      return;
-    }
-    if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
-      fail_msg("sx-agent %s exited early; see %s", name, p->log);
-    sleep_ms(20);
-  }
-  fail_msg("sx-agent %s did not publish within 20 s; see %s", name, p->log);
-}
-
-static int pool_stop(pool *p, int sig) {
-  kill(p->pid, sig);
-  int rc = reap(p->pid, 20000);
-  p->pid = 0;
-  return rc;
+  const char *level = getenv("SXT_LOG_LEVEL");
+  sxt_pool_opts o = {.listen = listen, .layers = LAYERS, .block_bytes = BLOCK,
+                     .num_blocks = BLOCKS, .slots = "K,V,index", .fingerprint = "e2e/v1",
+                     .lease_ms = lease_ms, .log_level = level ? level : "info",
+                     .takeover = takeover, .publish_ms = 20000};
+  sxt_pool_start(&env, p, name, seed, &o);
 }
 
 /* ------------------------------------------------------------ readers */
@@ -125,7 +59,7 @@ typedef struct rd {
 static void reader_start(rd *r, const char *name) {
   memset(r, 0, sizeof(*r));
   sx_agent_params p;
-  sxt_params(&p, url, name);
+  sxt_params(&p, env.url, name);
   snprintf(p.layout.fingerprint, sizeof(p.layout.fingerprint), "e2e/v1");
   sxt_ok(sx_agent_create(&p, &r->a));
   for (uint32_t s = 0; s < N_SLOTS; s++) {
@@ -194,10 +128,10 @@ static void next_name(char *buf, size_t size, const char *prefix) {
 
 static void test_e2e_random_blocks_are_byte_exact(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 4242, 0, 3000);
   rd r;
   reader_start(&r, "e2e-reader-0");
@@ -221,22 +155,22 @@ static void test_e2e_random_blocks_are_byte_exact(void **state) {
   print_message("read and verified %lu bytes from %s\n", (unsigned long)bytes, name);
   sx_segment_close(seg);
   reader_stop(&r);
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_two_reader_processes_in_parallel(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 777, 0, 3000);
   char exe[PATH_MAX + 16], log[2][256];
-  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
   pid_t pid[2];
   for (int i = 0; i < 2; i++) {
-    snprintf(log[i], sizeof(log[i]), "%s/%s-reader%d.log", tmpdir, name, i);
-    const char *argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:300",
+    snprintf(log[i], sizeof(log[i]), "%s/%s-reader%d.log", env.tmpdir, name, i);
+    const char *argv[] = {exe, "--metadata", env.url, "read", name, "--blocks", "random:300",
                     "--verify", "777", "--seed", i ? "5" : "6", "--batch", "32",
                     "--fingerprint", "e2e/v1", NULL};
     pid[i] = spawn(log[i], argv);
@@ -246,18 +180,18 @@ static void test_e2e_two_reader_processes_in_parallel(void **state) {
     if (rc != 0)
       fail_msg("sxctl read %d exited %d; see %s", i, rc, log[i]);
   }
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_crafted_requests_are_rejected_and_serving_goes_on(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 31, 0, 3000);
   sx_store *s;
-  sxt_ok(sx_store_open(url, &s));
+  sxt_ok(sx_store_open(env.url, &s));
   sx_desc d;
   sxt_ok(sx_store_get(s, name, &d, NULL));
   sx_store_close(s);
@@ -303,15 +237,15 @@ static void test_e2e_crafted_requests_are_rejected_and_serving_goes_on(void **st
   sx_segment_close(seg);
   reader_stop(&r);
   sx_desc_free(&d);
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_target_killed_during_a_batch(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 8, 0, 1000);
   rd r;
   reader_start(&r, "e2e-reader-3");
@@ -363,9 +297,9 @@ static void test_e2e_target_killed_during_a_batch(void **state) {
   assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
   uint8_t inc[SX_INCARNATION_LEN];
   uint64_t t1 = sx__mono_ms();
-  while (stored_incarnation(name, inc) == 0 && sx__mono_ms() - t1 < 10000)
+  while (sxt_stored_incarnation(&env, name, inc) == 0 && sx__mono_ms() - t1 < 10000)
     sleep_ms(50);
-  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+  assert_int_equal(sxt_stored_incarnation(&env, name, inc), SX_ENOENT);
   sx_segment_close(seg);
   sxt_rc(sx_segment_open(r.a, name, 0, &seg), SX_ENOENT);
   reader_stop(&r);
@@ -373,10 +307,10 @@ static void test_e2e_target_killed_during_a_batch(void **state) {
 
 static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 9, 0, 60000);
   rd r;
   reader_start(&r, "e2e-reader-4");
@@ -409,16 +343,16 @@ static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
     assert_int_equal(verify(&r, seg, 9, &e[i]), 0);
   sx_segment_close(seg);
   reader_stop(&r);
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64], listen[32];
   next_name(name, sizeof(name), "pool");
   snprintf(listen, sizeof(listen), "127.0.0.1:%d", sxt_free_port());
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, listen, 100, 0, 3000);
   rd r;
   reader_start(&r, "e2e-reader-5");
@@ -429,7 +363,7 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   assert_int_equal(verify(&r, seg, 100, &e), 0);
 
   /* Crash, then a new incarnation takes the name over on the same port. */
-  pool_stop(&p, SIGKILL);
+  sxt_pool_stop(&p, SIGKILL);
   pool_start(&p, name, listen, 200, 1, 3000);
   int stale = 0;
   for (int i = 0; i < 10 && !stale; i++) {
@@ -447,20 +381,20 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   assert_int_not_equal(verify(&r, seg, 100, &e), 0);
   sx_segment_close(seg);
   reader_stop(&r);
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_reader_killed_during_a_batch(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 12, 0, 3000);
   char exe[PATH_MAX + 16], log[256];
-  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
-  snprintf(log, sizeof(log), "%s/%s-victim.log", tmpdir, name);
-  const char *argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:20000",
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/%s-victim.log", env.tmpdir, name);
+  const char *argv[] = {exe, "--metadata", env.url, "read", name, "--blocks", "random:20000",
                         "--batch", "256", "--depth", "4", "--seed", "9", NULL};
   pid_t victim = spawn(log, argv);
   /* Kill it once its connections are up and reads are flowing. */
@@ -490,52 +424,52 @@ static void test_e2e_reader_killed_during_a_batch(void **state) {
   sx_segment_close(seg);
   reader_stop(&r);
   /* A clean exit (and, in sanitizer builds, no leak report). */
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 static void test_e2e_sigterm_unpublishes_at_once(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 1, 0, 60000);
   /* A second agent cannot take the name without --takeover. */
   char exe[PATH_MAX + 16], log[256];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  snprintf(log, sizeof(log), "%s/%s-second.log", tmpdir, name);
-  const char *argv[] = {exe, "--name", name, "--metadata", url, "--listen", "127.0.0.1:0",
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
+  snprintf(log, sizeof(log), "%s/%s-second.log", env.tmpdir, name);
+  const char *argv[] = {exe, "--name", name, "--metadata", env.url, "--listen", "127.0.0.1:0",
                   "--num-blocks", "4", NULL};
   assert_int_equal(reap(spawn(log, argv), 20000), 1);
   uint8_t inc[SX_INCARNATION_LEN];
-  sxt_ok(stored_incarnation(name, inc));
+  sxt_ok(sxt_stored_incarnation(&env, name, inc));
   assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN);
   /* SIGTERM: exit 0 and the segment is gone now, not at lease expiry. */
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
-  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_stored_incarnation(&env, name, inc), SX_ENOENT);
 }
 
 static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 5, 0, 1500); /* renews every 500 ms */
-  sxt_redis_kill(&redis, SIGKILL);
-  assert_int_equal(sxt_redis_restart(&redis), 0);
+  sxt_redis_kill(&env.redis, SIGKILL);
+  assert_int_equal(sxt_redis_restart(&env.redis), 0);
   /* The restarted Redis is empty; the agent notices (reconnect, renew ->
    * gone) and republishes the same incarnation with the next generation. */
   uint64_t t0 = sx__mono_ms();
   uint8_t inc[SX_INCARNATION_LEN];
-  while (stored_incarnation(name, inc) != 0 && sx__mono_ms() - t0 < 20000)
+  while (sxt_stored_incarnation(&env, name, inc) != 0 && sx__mono_ms() - t0 < 20000)
     sleep_ms(50);
-  sxt_ok(stored_incarnation(name, inc));
+  sxt_ok(sxt_stored_incarnation(&env, name, inc));
   assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN);
   print_message("republished %lu ms after the restart\n",
                 (unsigned long)(sx__mono_ms() - t0));
   sx_store *s;
-  sxt_ok(sx_store_open(url, &s));
+  sxt_ok(sx_store_open(env.url, &s));
   sx_desc d;
   sxt_ok(sx_store_get(s, name, &d, NULL));
   assert_true(d.generation >= 2);
@@ -551,7 +485,7 @@ static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
   assert_int_equal(verify(&r, seg, 5, &e), 0);
   sx_segment_close(seg);
   reader_stop(&r);
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
   assert_true(count_in_file(p.log, "republishing") >= 1);
 }
 
@@ -563,37 +497,37 @@ static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
  * answer is lost every time. */
 static void test_e2e_store_lost_during_first_publish_agent_publishes_later(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "pool");
-  redisReply *rep = sxt_redis_command(&redis, "CLIENT PAUSE 60000 WRITE");
+  redisReply *rep = sxt_redis_command(&env.redis, "CLIENT PAUSE 60000 WRITE");
   assert_non_null(rep);
   freeReplyObject(rep);
-  pool p;
+  sxt_pool p;
   char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
   snprintf(p.name, sizeof(p.name), "%s", name);
-  snprintf(p.log, sizeof(p.log), "%s/%s.log", tmpdir, name);
-  const char *argv[] = {exe, "--name", name, "--metadata", url, "--listen", "127.0.0.1:0",
+  snprintf(p.log, sizeof(p.log), "%s/%s.log", env.tmpdir, name);
+  const char *argv[] = {exe, "--name", name, "--metadata", env.url, "--listen", "127.0.0.1:0",
                         "--num-blocks", "8", "--lease-ms", "1500", "--log-level", "debug",
                         NULL};
   p.pid = spawn(p.log, argv);
   for (int i = 0; i < 2000 && count_in_file(p.log, "publishing generation 1") == 0; i++)
     sleep_ms(10);
   assert_int_equal(count_in_file(p.log, "publishing generation 1"), 1);
-  sxt_redis_kill(&redis, SIGKILL);
-  assert_int_equal(sxt_redis_restart(&redis), 0);
+  sxt_redis_kill(&env.redis, SIGKILL);
+  assert_int_equal(sxt_redis_restart(&env.redis), 0);
   uint64_t t0 = sx__mono_ms();
   uint8_t inc[SX_INCARNATION_LEN];
-  while (stored_incarnation(name, inc) != 0 && sx__mono_ms() - t0 < 10000 &&
+  while (sxt_stored_incarnation(&env, name, inc) != 0 && sx__mono_ms() - t0 < 10000 &&
          waitpid(p.pid, NULL, WNOHANG) == 0)
     sleep_ms(20);
   if (waitpid(p.pid, NULL, WNOHANG) == p.pid)
     fail_msg("sx-agent exited after its first publish lost the store; see %s", p.log);
-  sxt_ok(stored_incarnation(name, inc));
+  sxt_ok(sxt_stored_incarnation(&env, name, inc));
   print_message("published %lu ms after the store came back\n",
                 (unsigned long)(sx__mono_ms() - t0));
-  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
 /* Regression: a publish refused at once because the store connection was
@@ -601,17 +535,17 @@ static void test_e2e_store_lost_during_first_publish_agent_publishes_later(void 
  * it, although publish promises to keep retrying (RECLAIMING). */
 static void test_e2e_publish_while_store_down_is_retried(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char name[64];
   next_name(name, sizeof(name), "lib");
   sxt_agent t;
   memset(&t, 0, sizeof(t));
   sx_agent_params prm;
-  sxt_params(&prm, url, name);
+  sxt_params(&prm, env.url, name);
   prm.listen = "127.0.0.1:0";
   prm.lease_ms = 1500;
   sxt_ok(sx_agent_create(&prm, &t.a));
-  sxt_redis_kill(&redis, SIGKILL);
+  sxt_redis_kill(&env.redis, SIGKILL);
   sx_agent_status st;
   for (int i = 0; i < 500; i++) {
     sxt_ok(sx_agent_status_get(t.a, &st));
@@ -623,7 +557,7 @@ static void test_e2e_publish_while_store_down_is_retried(void **state) {
   assert_int_not_equal(sx_agent_publish(t.a, 0), 0);
   sxt_ok(sx_agent_status_get(t.a, &st));
   assert_int_equal(st.state, SX_AGENT_RECLAIMING);
-  assert_int_equal(sxt_redis_restart(&redis), 0);
+  assert_int_equal(sxt_redis_restart(&env.redis), 0);
   uint64_t t0 = sx__mono_ms();
   while (sx__mono_ms() - t0 < 10000) {
     sxt_ok(sx_agent_status_get(t.a, &st));
@@ -633,7 +567,7 @@ static void test_e2e_publish_while_store_down_is_retried(void **state) {
   }
   assert_int_equal(st.state, SX_AGENT_PUBLISHED);
   uint8_t inc[SX_INCARNATION_LEN], mine[SX_INCARNATION_LEN];
-  sxt_ok(stored_incarnation(name, inc));
+  sxt_ok(sxt_stored_incarnation(&env, name, inc));
   sx_agent_incarnation(t.a, mine);
   assert_memory_equal(inc, mine, SX_INCARNATION_LEN);
   print_message("published %lu ms after the store came back\n",
@@ -645,42 +579,14 @@ static void test_e2e_publish_while_store_down_is_retried(void **state) {
 
 static int group_setup(void **state) {
   (void)state;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0)
-    return -1;
-  self[n] = '\0';
-  *strrchr(self, '/') = '\0'; /* BUILD/tests */
-  snprintf(bindir, sizeof(bindir), "%.*s/../bin", (int)(sizeof(bindir) - 8), self);
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  if (access(exe, X_OK) != 0) {
-    fprintf(stderr, "test_e2e_agent: %s is not built\n", exe);
-    return -1;
-  }
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-e2e-XXXXXX");
-  if (mkdtemp(tmpdir) == NULL)
-    return -1;
-  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
-  if (!have_redis) {
-    fprintf(stderr, "test_e2e_agent: cannot start redis-server (is the redis-server "
-            "package installed?): every test here is skipped\n");
-    return 0;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=e2e");
-  return 0;
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_e2e_agent",
+                                                       .tmp = "e2e", .need = "sx-agent",
+                                                       .ns = "e2e", .notify = "Kx"});
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  sxt_redis_stop_all();
-  if (getenv("SXT_KEEP_LOGS") != NULL) {
-    fprintf(stderr, "test_e2e_agent: logs kept in %s (SXT_KEEP_LOGS)\n", tmpdir);
-    return 0;
-  }
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sxt_proc_env_teardown(&env);
 }
 
 int main(void) {

@@ -33,9 +33,8 @@
 
 #include "agent_fixture.h"
 #include "internal.h"
-#include "procs.h"
+#include "proc_env.h"
 #include "redis.h"
-#include "redis_harness.h"
 #include "segxfer/store.h"
 
 /* The pool every sx-agent here holds: 4 layers x K,V x 64 blocks of 16 KiB. */
@@ -45,8 +44,7 @@
 #define LOCAL_BLOCKS 64u
 #define KV 3u /* slots K and V */
 
-static char bindir[PATH_MAX];
-static char tmpdir[128];
+static sxt_proc_env env;
 static int seq;
 
 /* ------------------------------------------------------------ helpers */
@@ -94,7 +92,7 @@ static void agent_spawn(agent_proc *p, const char *name, const char *url,
                         const char *listen, uint32_t lease_ms, uint64_t seed,
                         const char *netns) {
   char exe[PATH_MAX + 16], lease[16], fill[32], blocks[16], bb[16], layers[16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
   snprintf(lease, sizeof(lease), "%u", lease_ms);
   snprintf(fill, sizeof(fill), "%lu", (unsigned long)seed);
   snprintf(blocks, sizeof(blocks), "%u", BLOCKS);
@@ -102,7 +100,7 @@ static void agent_spawn(agent_proc *p, const char *name, const char *url,
   snprintf(layers, sizeof(layers), "%u", LAYERS);
   memset(p, 0, sizeof(*p));
   snprintf(p->name, sizeof(p->name), "%s", name);
-  snprintf(p->log, sizeof(p->log), "%s/%s-%d.log", tmpdir, name, seq++);
+  snprintf(p->log, sizeof(p->log), "%s/%s-%d.log", env.tmpdir, name, seq++);
   snprintf(p->url, sizeof(p->url), "%s", url);
   p->seed = seed;
   const char *argv[40];
@@ -236,29 +234,17 @@ static void fill_dest(reader *r, uint8_t v) {
     memset(r->mem[s], v, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
 }
 
-/* ------------------------------------------------------------ the store */
-
-static sxt_redis redis;
-static int have_redis;
-static char url[256];
-
-#define NEED_REDIS()                                                           \
-  do {                                                                         \
-    if (!have_redis)                                                           \
-      skip();                                                                  \
-  } while (0)
-
 /* ------------------------------------------------------------ agents */
 
 static void test_fault_agent_sigkill_segment_gone_within_a_lease(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   const uint32_t lease = 1000;
   agent_proc p;
-  agent_spawn(&p, "killed", url, NULL, lease, 11, NULL);
+  agent_spawn(&p, "killed", env.url, NULL, lease, 11, NULL);
   agent_wait_published(&p, NULL, 20000);
   reader r;
-  reader_start(&r, url);
+  reader_start(&r, env.url);
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, p.name, 5000, &seg));
   sx_block_read e = blocks_of(0, 16);
@@ -279,7 +265,7 @@ static void test_fault_agent_sigkill_segment_gone_within_a_lease(void **state) {
       fail_msg("a batch COMPLETED %lu ms after its target was killed",
                (unsigned long)(sx__mono_ms() - t0));
     assert_true(untouched(&r, &e, 0xab));
-    if (!gone && stored(url, p.name, NULL, NULL) == SX_ENOENT) {
+    if (!gone && stored(env.url, p.name, NULL, NULL) == SX_ENOENT) {
       gone = 1;
       gone_ms = sx__mono_ms() - t0;
     }
@@ -298,13 +284,13 @@ static void test_fault_agent_sigkill_segment_gone_within_a_lease(void **state) {
 
 static void test_fault_agent_stopped_past_lease_republishes(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   const uint32_t lease = 1000, deadline = 2500;
   agent_proc p;
-  agent_spawn(&p, "sleeper", url, NULL, lease, 12, NULL);
+  agent_spawn(&p, "sleeper", env.url, NULL, lease, 12, NULL);
   agent_wait_published(&p, NULL, 20000);
   reader r;
-  reader_start(&r, url);
+  reader_start(&r, env.url);
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, p.name, 5000, &seg));
   sx_block_read e = blocks_of(8, 8);
@@ -321,10 +307,10 @@ static void test_fault_agent_stopped_past_lease_republishes(void **state) {
   sxt_ok(sx_batch_add_blocks(b, &e, 1));
   uint64_t t0 = sx__mono_ms();
   sxt_ok(sx_batch_submit(b));
-  while (stored(url, p.name, NULL, NULL) == 0 && sx__mono_ms() - t0 < lease + 3000)
+  while (stored(env.url, p.name, NULL, NULL) == 0 && sx__mono_ms() - t0 < lease + 3000)
     sxt_sleep_ms(20);
   uint64_t expired = sx__mono_ms() - t0;
-  assert_int_equal(stored(url, p.name, NULL, NULL), SX_ENOENT);
+  assert_int_equal(stored(env.url, p.name, NULL, NULL), SX_ENOENT);
   sxt_sleep_ms(200); /* the expiry event reaches the reader's cache */
   if (expired + 200 < deadline - 100)
     assert_int_equal(sx_batch_poll(b), SX_EBUSY);
@@ -340,10 +326,10 @@ static void test_fault_agent_stopped_past_lease_republishes(void **state) {
   uint64_t t1 = sx__mono_ms();
   uint8_t inc[SX_INCARNATION_LEN];
   uint64_t gen = 0;
-  while ((stored(url, p.name, inc, &gen) != 0 || gen < 2) && sx__mono_ms() - t1 < 10000)
+  while ((stored(env.url, p.name, inc, &gen) != 0 || gen < 2) && sx__mono_ms() - t1 < 10000)
     sxt_sleep_ms(10);
   uint64_t back = sx__mono_ms() - t1;
-  sxt_ok(stored(url, p.name, inc, &gen));
+  sxt_ok(stored(env.url, p.name, inc, &gen));
   assert_memory_equal(inc, p.inc, SX_INCARNATION_LEN); /* the same process */
   assert_true(gen >= 2);                               /* a new generation */
   print_message("measured: stopped agent's segment expired %lu ms after SIGSTOP (lease "
@@ -374,18 +360,18 @@ static void test_fault_agent_stopped_past_lease_republishes(void **state) {
 
 static void test_fault_agent_stopped_while_another_took_the_name_is_fenced(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   const uint32_t lease = 1000;
   agent_proc a, b;
-  agent_spawn(&a, "contested", url, NULL, lease, 13, NULL);
+  agent_spawn(&a, "contested", env.url, NULL, lease, 13, NULL);
   agent_wait_published(&a, NULL, 20000);
   assert_int_equal(sxt_freeze(a.pid), 0);
   /* Its lease runs out; a second agent claims the free name (no takeover). */
   uint64_t t0 = sx__mono_ms();
-  while (stored(url, a.name, NULL, NULL) == 0 && sx__mono_ms() - t0 < lease + 3000)
+  while (stored(env.url, a.name, NULL, NULL) == 0 && sx__mono_ms() - t0 < lease + 3000)
     sxt_sleep_ms(20);
-  assert_int_equal(stored(url, a.name, NULL, NULL), SX_ENOENT);
-  agent_spawn(&b, "contested", url, NULL, lease, 14, NULL);
+  assert_int_equal(stored(env.url, a.name, NULL, NULL), SX_ENOENT);
+  agent_spawn(&b, "contested", env.url, NULL, lease, 14, NULL);
   agent_wait_published(&b, a.inc, 20000);
   /* The first wakes up: it must find it lost the name and stop, while the
    * store shows the second as the only owner all along. */
@@ -394,7 +380,7 @@ static void test_fault_agent_stopped_while_another_took_the_name_is_fenced(void 
   int status = -1, samples = 0;
   while (sx__mono_ms() - t1 < 10000) {
     uint8_t inc[SX_INCARNATION_LEN];
-    int rc = stored(url, a.name, inc, NULL);
+    int rc = stored(env.url, a.name, inc, NULL);
     if (rc == 0) {
       samples++;
       if (memcmp(inc, b.inc, SX_INCARNATION_LEN) != 0)
@@ -415,7 +401,7 @@ static void test_fault_agent_stopped_while_another_took_the_name_is_fenced(void 
   /* The second keeps the name, renewing, past a few leases. */
   sxt_sleep_ms(2 * lease);
   uint8_t inc[SX_INCARNATION_LEN];
-  sxt_ok(stored(url, b.name, inc, NULL));
+  sxt_ok(stored(env.url, b.name, inc, NULL));
   assert_memory_equal(inc, b.inc, SX_INCARNATION_LEN);
   assert_int_equal(waitpid(b.pid, NULL, WNOHANG), 0);
   assert_int_equal(sxt_count_in_file(b.log, "fenced"), 0);
@@ -429,25 +415,25 @@ static void test_fault_agent_stopped_while_another_took_the_name_is_fenced(void 
 
 static void test_fault_store_restarted_empty_every_agent_republishes(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   enum { N = 3 };
   const uint32_t lease = 1500, renew = lease / 3;
   agent_proc p[N];
   for (int i = 0; i < N; i++) {
     char name[32];
     snprintf(name, sizeof(name), "survivor-%d", i);
-    agent_spawn(&p[i], name, url, NULL, lease, 20 + (uint64_t)i, NULL);
+    agent_spawn(&p[i], name, env.url, NULL, lease, 20 + (uint64_t)i, NULL);
   }
   for (int i = 0; i < N; i++)
     agent_wait_published(&p[i], NULL, 20000);
-  sxt_redis_kill(&redis, SIGKILL);
-  assert_int_equal(sxt_redis_restart(&redis), 0);
+  sxt_redis_kill(&env.redis, SIGKILL);
+  assert_int_equal(sxt_redis_restart(&env.redis), 0);
   uint64_t t0 = sx__mono_ms(), back[N] = {0};
   int left = N;
   while (left > 0 && sx__mono_ms() - t0 < 20000) {
     for (int i = 0; i < N; i++) {
       uint8_t inc[SX_INCARNATION_LEN];
-      if (back[i] == 0 && stored(url, p[i].name, inc, NULL) == 0) {
+      if (back[i] == 0 && stored(env.url, p[i].name, inc, NULL) == 0) {
         assert_memory_equal(inc, p[i].inc, SX_INCARNATION_LEN);
         back[i] = sx__mono_ms() - t0;
         left--;
@@ -492,7 +478,7 @@ static int64_t renewed_at(const sxt_redis *r, const char *ns, const char *name) 
 
 static void test_fault_sentinel_failover_agents_follow(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   enum { N = 2 };
   sxt_redis m, rp, st;
   assert_int_equal(sxt_redis_start(&m, NULL), 0);
@@ -583,7 +569,7 @@ static int sh(const char *fmt, ...) {
   vsnprintf(cmd, sizeof(cmd), fmt, ap);
   va_end(ap);
   char full[1200];
-  snprintf(full, sizeof(full), "%s >>%s/net.log 2>&1", cmd, tmpdir);
+  snprintf(full, sizeof(full), "%s >>%s/net.log 2>&1", cmd, env.tmpdir);
   int st = system(full);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
@@ -726,7 +712,7 @@ static uint64_t until_reads_work(sx_segment *seg, reader *r, uint64_t seed,
 
 static void test_fault_partition_loss_slow_link_down_then_heal(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   if (net_setup() != 0)
     skip();
   have_netem = sh("ip netns exec %s tc qdisc add dev sxfn0 root netem delay 1ms", netns) == 0;
@@ -855,12 +841,12 @@ static int fd_count(pid_t pid) {
 
 static void test_fault_reader_killed_during_batches_target_frees_all(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   agent_proc p;
-  agent_spawn(&p, "victim-target", url, NULL, 5000, 50, NULL);
+  agent_spawn(&p, "victim-target", env.url, NULL, 5000, 50, NULL);
   agent_wait_published(&p, NULL, 20000);
   sx_store *s;
-  sxt_ok(sx_store_open(url, &s));
+  sxt_ok(sx_store_open(env.url, &s));
   sx_desc d;
   sxt_ok(sx_store_get(s, p.name, &d, NULL));
   sx_store_close(s);
@@ -871,9 +857,9 @@ static void test_fault_reader_killed_during_batches_target_frees_all(void **stat
   assert_int_equal(established_on(port), 0);
   for (int round = 0; round < 3; round++) {
     char exe[PATH_MAX + 16], log[300];
-    snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
-    snprintf(log, sizeof(log), "%s/reader-%d.log", tmpdir, round);
-    const char *argv[] = {exe, "--metadata", url, "read", p.name, "--blocks",
+    snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+    snprintf(log, sizeof(log), "%s/reader-%d.log", env.tmpdir, round);
+    const char *argv[] = {exe, "--metadata", env.url, "read", p.name, "--blocks",
                           "random:100000", "--batch", "64", "--depth", "4", "--fingerprint",
                           "faults/v1", NULL};
     pid_t victim = sxt_spawn(log, argv);
@@ -900,7 +886,7 @@ static void test_fault_reader_killed_during_batches_target_frees_all(void **stat
   assert_true(rss1 < rss0 + 16 * 1024);
   /* And it serves the next reader. */
   reader r;
-  reader_start(&r, url);
+  reader_start(&r, env.url);
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, p.name, 5000, &seg));
   sx_block_read e = blocks_of(4, 12);
@@ -923,43 +909,15 @@ static void test_fault_reader_killed_during_batches_target_frees_all(void **stat
 
 static int group_setup(void **state) {
   (void)state;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0)
-    return -1;
-  self[n] = '\0';
-  *strrchr(self, '/') = '\0'; /* BUILD/tests */
-  snprintf(bindir, sizeof(bindir), "%.*s/../bin", (int)(sizeof(bindir) - 8), self);
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  if (access(exe, X_OK) != 0) {
-    fprintf(stderr, "test_faults: %s is not built\n", exe);
-    return -1;
-  }
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-faults-XXXXXX");
-  if (mkdtemp(tmpdir) == NULL)
-    return -1;
-  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
-  if (!have_redis) {
-    fprintf(stderr, "test_faults: cannot start redis-server (is the redis-server "
-            "package installed?): every test here is skipped\n");
-    return 0;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=faults");
-  return 0;
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_faults",
+                                                       .tmp = "faults", .need = "sx-agent",
+                                                       .ns = "faults", .notify = "Kx"});
 }
 
 static int group_teardown(void **state) {
   (void)state;
   net_down();
-  sxt_redis_stop_all();
-  if (getenv("SXT_KEEP_LOGS") != NULL) {
-    fprintf(stderr, "test_faults: logs kept in %s (SXT_KEEP_LOGS)\n", tmpdir);
-    return 0;
-  }
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sxt_proc_env_teardown(&env);
 }
 
 int main(void) {

@@ -5,20 +5,17 @@
  * exactly what was read or refused, and /ready must follow the lease: 503
  * while the store is gone, 200 again once the agent has republished.
  */
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
 
 #include "agent_fixture.h"
-#include "redis_harness.h"
+#include "proc_env.h"
 #include "segxfer/store.h"
 
 /* The pool of every sx-agent here: 2 layers x K,V x 64 blocks of 4 KiB. */
@@ -27,51 +24,7 @@
 #define BLOCK 4096u
 #define BLOCKS 64u
 
-static sxt_redis redis;
-static int have_redis;
-static char bindir[PATH_MAX];
-static char url[256];
-static char tmpdir[128];
-
-#define NEED_REDIS()                                                           \
-  do {                                                                         \
-    if (!have_redis)                                                           \
-      skip();                                                                  \
-  } while (0)
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
-
-/* ------------------------------------------------------------ processes */
-
-static pid_t spawn(const char *log, const char *const argv[]) {
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    FILE *f = freopen(log, "a", stderr);
-    (void)f;
-    dup2(2, 1);
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  return pid;
-}
-
-/* Wait for pid up to ms: its exit status, or -1 (it is killed then). */
-static int reap(pid_t pid, int ms) {
-  int st;
-  for (int waited = 0; waited <= ms; waited += 10) {
-    if (waitpid(pid, &st, WNOHANG) == pid)
-      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    sleep_ms(10);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &st, 0);
-  return -1;
-}
+static sxt_proc_env env;
 
 /* ------------------------------------------------------------ http */
 
@@ -157,7 +110,7 @@ static void wait_status(pid_t pid, uint16_t port, const char *path, long status,
       return;
     if (pid > 0 && waitpid(pid, NULL, WNOHANG) == pid)
       fail_msg("sx-agent exited early; see %s", log);
-    sleep_ms(50);
+    sxt_sleep_ms(50);
   }
   fail_msg("%s answered %ld, not %ld, for %d ms; see %s", path, last, status, ms, log);
 }
@@ -173,7 +126,7 @@ typedef struct agent_proc {
 
 static void agent_start(agent_proc *ap, const char *name, uint64_t seed) {
   char exe[PATH_MAX + 16], mlisten[32], fill[32], blocks[16], bb[16], layers[16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
   ap->mport = (uint16_t)sxt_free_port();
   snprintf(mlisten, sizeof(mlisten), "127.0.0.1:%u", ap->mport);
   snprintf(fill, sizeof(fill), "%lu", (unsigned long)seed);
@@ -181,18 +134,18 @@ static void agent_start(agent_proc *ap, const char *name, uint64_t seed) {
   snprintf(bb, sizeof(bb), "%u", BLOCK);
   snprintf(layers, sizeof(layers), "%u", LAYERS);
   snprintf(ap->name, sizeof(ap->name), "%s", name);
-  snprintf(ap->log, sizeof(ap->log), "%s/%s.log", tmpdir, name);
-  const char *argv[] = {exe, "--name", ap->name, "--metadata", url, "--listen",
+  snprintf(ap->log, sizeof(ap->log), "%s/%s.log", env.tmpdir, name);
+  const char *argv[] = {exe, "--name", ap->name, "--metadata", env.url, "--listen",
                         "127.0.0.1:0", "--layers", layers, "--block-bytes", bb,
                         "--num-blocks", blocks, "--slots", "K,V", "--fill", fill,
                         "--lease-ms", "3000", "--metrics-listen", mlisten, NULL};
-  ap->pid = spawn(ap->log, argv);
+  ap->pid = sxt_spawn_ok(ap->log, argv);
   wait_status(ap->pid, ap->mport, "/ready", 200, 20000, ap->log);
 }
 
 static void agent_stop(agent_proc *ap) {
   kill(ap->pid, SIGTERM);
-  assert_int_equal(reap(ap->pid, 20000), 0);
+  assert_int_equal(sxt_reap(ap->pid, 20000), 0);
   ap->pid = 0;
 }
 
@@ -200,7 +153,7 @@ static void agent_stop(agent_proc *ap) {
 
 static void test_metrics_counters_follow_reads_and_refusals(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   agent_proc ap;
   agent_start(&ap, "metrics-pool-0", 11);
 
@@ -237,11 +190,11 @@ static void test_metrics_counters_follow_reads_and_refusals(void **state) {
   /* A reader process reads 10 blocks of every layer and slot: the target
    * served exactly those bytes. */
   char exe[PATH_MAX + 16], log[300];
-  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
-  snprintf(log, sizeof(log), "%s/reader.log", tmpdir);
-  const char *argv[] = {exe, "--metadata", url, "read", ap.name, "--blocks", "0-9",
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/reader.log", env.tmpdir);
+  const char *argv[] = {exe, "--metadata", env.url, "read", ap.name, "--blocks", "0-9",
                         "--verify", "11", NULL};
-  int rc = reap(spawn(log, argv), 30000);
+  int rc = sxt_reap(sxt_spawn_ok(log, argv), 30000);
   if (rc != 0)
     fail_msg("sxctl read exited %d; see %s", rc, log);
   double bytes = 10.0 * LAYERS * SLOTS * BLOCK;
@@ -250,7 +203,7 @@ static void test_metrics_counters_follow_reads_and_refusals(void **state) {
   assert_true(reads >= LAYERS * SLOTS); /* blocks 0-9 of a layer: one range each */
 
   /* A second read moves the counters again, by exactly as much. */
-  rc = reap(spawn(log, argv), 30000);
+  rc = sxt_reap(sxt_spawn_ok(log, argv), 30000);
   assert_int_equal(rc, 0);
   assert_true(metric(ap.mport, "segxfer_served_bytes_total{transport=\"tcp\"}") ==
               2 * bytes);
@@ -259,7 +212,7 @@ static void test_metrics_counters_follow_reads_and_refusals(void **state) {
 
   /* A crafted HELLO with a wrong token is refused and counted by its error. */
   sx_store *st;
-  sxt_ok(sx_store_open(url, &st));
+  sxt_ok(sx_store_open(env.url, &st));
   sx_desc d;
   sxt_ok(sx_store_get(st, ap.name, &d, NULL));
   sx_store_close(st);
@@ -288,14 +241,14 @@ static void test_metrics_counters_follow_reads_and_refusals(void **state) {
 
 static void test_metrics_ready_follows_the_store(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   agent_proc ap;
   agent_start(&ap, "metrics-pool-1", 12);
   assert_true(metric(ap.mport, "segxfer_store_reconnects_total") == 0);
 
   /* The store dies: not ready (the segment cannot be found), and the failed
    * renewals are counted; the process itself stays healthy. */
-  sxt_redis_kill(&redis, SIGKILL);
+  sxt_redis_kill(&env.redis, SIGKILL);
   wait_status(ap.pid, ap.mport, "/ready", 503, 10000, ap.log);
   reply r = http("GET", ap.mport, "/ready");
   assert_int_equal(r.status, 503);
@@ -305,7 +258,7 @@ static void test_metrics_ready_follows_the_store(void **state) {
   assert_true(metric(ap.mport, "segxfer_ready") == 0);
   for (int i = 0; i < 100 && metric(ap.mport, "segxfer_lease_renew_failures_total") < 1;
        i++)
-    sleep_ms(100);
+    sxt_sleep_ms(100);
   assert_true(metric(ap.mport, "segxfer_lease_renew_failures_total") >= 1);
   r = http("GET", ap.mport, "/healthz");
   assert_int_equal(r.status, 200);
@@ -313,7 +266,7 @@ static void test_metrics_ready_follows_the_store(void **state) {
 
   /* It comes back empty: the agent finds its lease gone, republishes with
    * the next generation, and is ready again. */
-  assert_int_equal(sxt_redis_restart(&redis), 0);
+  assert_int_equal(sxt_redis_restart(&env.redis), 0);
   wait_status(ap.pid, ap.mport, "/ready", 200, 20000, ap.log);
   assert_true(metric(ap.mport, "segxfer_store_up") == 1);
   assert_true(metric(ap.mport, "segxfer_store_reconnects_total") >= 1);
@@ -326,17 +279,17 @@ static void test_metrics_ready_follows_the_store(void **state) {
 
 static void test_metrics_bad_listen_address_is_a_usage_error(void **state) {
   (void)state;
-  NEED_REDIS();
+  SXT_NEED_REDIS(&env);
   char exe[PATH_MAX + 16], log[300];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  snprintf(log, sizeof(log), "%s/bad-listen.log", tmpdir);
-  const char *argv[] = {exe, "--name", "metrics-bad", "--metadata", url, "--listen",
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
+  snprintf(log, sizeof(log), "%s/bad-listen.log", env.tmpdir);
+  const char *argv[] = {exe, "--name", "metrics-bad", "--metadata", env.url, "--listen",
                         "127.0.0.1:0", "--num-blocks", "4", "--metrics-listen",
                         "not-an-address", NULL};
-  assert_int_equal(reap(spawn(log, argv), 20000), 2);
+  assert_int_equal(sxt_reap(sxt_spawn_ok(log, argv), 20000), 2);
   /* It never published. */
   sx_store *st;
-  sxt_ok(sx_store_open(url, &st));
+  sxt_ok(sx_store_open(env.url, &st));
   sx_desc d;
   sxt_rc(sx_store_get(st, "metrics-bad", &d, NULL), SX_ENOENT);
   sx_store_close(st);
@@ -346,41 +299,18 @@ static void test_metrics_bad_listen_address_is_a_usage_error(void **state) {
 
 static int group_setup(void **state) {
   (void)state;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0)
-    return -1;
-  self[n] = '\0';
-  *strrchr(self, '/') = '\0'; /* BUILD/tests */
-  snprintf(bindir, sizeof(bindir), "%.*s/../bin", (int)(sizeof(bindir) - 8), self);
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  if (access(exe, X_OK) != 0) {
-    fprintf(stderr, "test_metrics: %s is not built\n", exe);
-    return -1;
-  }
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
     return -1;
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-metrics-XXXXXX");
-  if (mkdtemp(tmpdir) == NULL)
-    return -1;
-  have_redis = sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) == 0;
-  if (!have_redis) {
-    fprintf(stderr, "test_metrics: cannot start redis-server (is the redis-server "
-            "package installed?): every test here is skipped\n");
-    return 0;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=metrics");
-  return 0;
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_metrics",
+                                                       .tmp = "metrics", .need = "sx-agent",
+                                                       .ns = "metrics", .notify = "Kx"});
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  sxt_redis_stop_all();
+  int rc = sxt_proc_env_teardown(&env);
   curl_global_cleanup();
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return rc;
 }
 
 int main(void) {

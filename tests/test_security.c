@@ -22,20 +22,18 @@
 
 #include "agent_fixture.h"
 #include "internal.h"
-#include "procs.h"
-#include "redis_harness.h"
+#include "proc_env.h"
 #include "segxfer/store.h"
 
 #define PASSWORD "Sx-S3cret-Pw-4711"
 #define ADMIN_PASSWORD "Adm1n-S3cret-0815"
 
-static char bindir[PATH_MAX];
-static char tmpdir[128];
+static sxt_proc_env env;
 
-/* Does any file in tmpdir contain needle?  Prints where. */
+/* Does any file in env.tmpdir contain needle?  Prints where. */
 static int found_in_logs(const char *needle) {
   char cmd[PATH_MAX + 256];
-  snprintf(cmd, sizeof(cmd), "grep -rlF -- '%s' %s", needle, tmpdir);
+  snprintf(cmd, sizeof(cmd), "grep -rlF -- '%s' %s", needle, env.tmpdir);
   return system(cmd) == 0;
 }
 
@@ -56,11 +54,11 @@ static void test_security_no_secret_in_any_output(void **state) {
   sxt_redis_url(&r, url, sizeof(url), "namespace=sec");
   snprintf(bad, sizeof(bad), "redis://sx-agent:Wrong-%s@127.0.0.1:%d?namespace=sec",
            PASSWORD, r.port);
-  snprintf(agent, sizeof(agent), "%s/sx-agent", bindir);
-  snprintf(sxctl, sizeof(sxctl), "%s/sxctl", bindir);
+  snprintf(agent, sizeof(agent), "%s/sx-agent", env.bindir);
+  snprintf(sxctl, sizeof(sxctl), "%s/sxctl", env.bindir);
 
   /* An agent at debug level, serving a reader at debug level. */
-  snprintf(log, sizeof(log), "%s/agent.log", tmpdir);
+  snprintf(log, sizeof(log), "%s/agent.log", env.tmpdir);
   const char *av[] = {agent, "--name", "secret/0", "--metadata", url, "--listen",
                       "127.0.0.1:0", "--num-blocks", "16", "--fill", "5", "--log-level",
                       "debug", NULL};
@@ -105,7 +103,7 @@ static void test_security_no_secret_in_any_output(void **state) {
   };
   for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
     char out[300];
-    snprintf(out, sizeof(out), "%s/%s.out", tmpdir, runs[i].file);
+    snprintf(out, sizeof(out), "%s/%s.out", env.tmpdir, runs[i].file);
     int st = run(out, runs[i].argv);
     if (st != runs[i].expect)
       fail_msg("%s exited %d, expected %d; see %s", runs[i].file, st, runs[i].expect, out);
@@ -117,7 +115,7 @@ static void test_security_no_secret_in_any_output(void **state) {
   assert_true(sxt_count_in_file(log, "published generation 1") == 1);
   assert_true(sxt_count_in_file(log, "DEBUG") >= 1);
   char f[300];
-  snprintf(f, sizeof(f), "%s/bad-ls.out", tmpdir);
+  snprintf(f, sizeof(f), "%s/bad-ls.out", env.tmpdir);
   assert_true(sxt_count_in_file(f, "sx-agent:***@") >= 1);
   /* ...and none of them holds a secret. */
   if (found_in_logs(PASSWORD))
@@ -129,7 +127,7 @@ static void test_security_no_secret_in_any_output(void **state) {
   /* Unless asked for. */
   const char *asked[] = {sxctl, "--metadata", url, "show", "secret/0", "--show-secrets",
                          NULL};
-  snprintf(f, sizeof(f), "%s/asked.out", tmpdir);
+  snprintf(f, sizeof(f), "%s/asked.out", env.tmpdir);
   /* The segment was unpublished at SIGTERM: publish it again as a store
    * client would, with the same token, to show the flag works. */
   sx_desc_init(&d);
@@ -216,27 +214,13 @@ static void test_security_silent_connection_is_closed(void **state) {
 
 static int group_setup(void **state) {
   (void)state;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0)
-    return -1;
-  self[n] = '\0';
-  *strrchr(self, '/') = '\0'; /* BUILD/tests */
-  snprintf(bindir, sizeof(bindir), "%.*s/../bin", (int)(sizeof(bindir) - 8), self);
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-security-XXXXXX");
-  return mkdtemp(tmpdir) == NULL ? -1 : 0;
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_security",
+                                                       .tmp = "security"});
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  sxt_redis_stop_all();
-  if (getenv("SXT_KEEP_LOGS") != NULL) {
-    fprintf(stderr, "test_security: logs kept in %s (SXT_KEEP_LOGS)\n", tmpdir);
-    return 0;
-  }
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sxt_proc_env_teardown(&env);
 }
 
 int main(void) {

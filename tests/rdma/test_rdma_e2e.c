@@ -7,20 +7,16 @@
  * sx-agent and sxctl are looked up next to this program (check.sh copies
  * them into the VM's payload directory); redis-server on PATH.
  */
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "agent_fixture.h"
 #include "internal.h"
 #include "pattern.h"
-#include "redis_harness.h"
+#include "proc_env.h"
 #include "segxfer/store.h"
 
 /* The pools: K and V over LAYERS layers, 128 MiB per side in all, so that a
@@ -32,57 +28,19 @@
 #define N_SLOTS 2
 #define POOL_BYTES ((uint64_t)LAYERS * BLOCKS * BLOCK)
 
-static sxt_redis redis;
-static char bindir[PATH_MAX];
-static char url[256];
-static char tmpdir[128];
+static sxt_proc_env env;
 static int seq;
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
-}
 
 /* ------------------------------------------------------------ processes */
 
-static pid_t spawn(const char *log, const char *const argv[]) {
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (freopen(log, "a", stderr) == NULL)
-      _exit(126);
-    dup2(2, 1);
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  return pid;
-}
-
-static void dump_stuck(pid_t pid, const char *log);
-
 /* Wait for pid up to ms: its exit status, or -1 (it is then killed, after
  * saying where it was stuck). */
-static int reap_log(pid_t pid, int ms, const char *log) {
-  int st;
-  for (int waited = 0; waited <= ms; waited += 10) {
-    if (waitpid(pid, &st, WNOHANG) == pid)
-      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    sleep_ms(10);
-  }
-  fprintf(stderr, "pid %d still runs after %d ms:\n", (int)pid, ms);
-  dump_stuck(pid, log);
-  kill(pid, SIGKILL);
-  waitpid(pid, &st, 0);
-  return -1;
-}
-
-static int reap(pid_t pid, int ms) { return reap_log(pid, ms, "/dev/null"); }
+static int reap(pid_t pid, int ms) { return sxt_reap_log(pid, ms, NULL); }
 
 /* Run a program to its end; its exit status, its output in out. */
 static int run(const char *log, const char *const argv[], char *out, size_t size) {
   unlink(log);
-  int rc = reap(spawn(log, argv), 60000);
+  int rc = reap(sxt_spawn_ok(log, argv), 60000);
   FILE *f = fopen(log, "r");
   size_t n = f != NULL ? fread(out, 1, size - 1, f) : 0;
   out[n] = '\0';
@@ -91,103 +49,31 @@ static int run(const char *log, const char *const argv[], char *out, size_t size
   return rc;
 }
 
-typedef struct pool {
-  pid_t pid;
-  char name[64];
-  char log[256];
-  uint64_t seed;
-  uint8_t inc[SX_INCARNATION_LEN];
-} pool;
-
 /* Fail the test after showing the end of the pool's log (inside the VM the
  * log is gone once the test ends). */
-static void show_log(const char *log) {
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd), "echo '== end of %s'; tail -n 30 '%s'", log, log);
-  if (system(cmd) != 0)
-    fprintf(stderr, "(no log at %s)\n", log);
-}
-
 #define pool_fail(p, ...)                                                      \
   do {                                                                         \
-    show_log((p)->log);                                                        \
+    sxt_show_log((p)->log);                                                    \
     fail_msg(__VA_ARGS__);                                                     \
   } while (0)
 
-static int stored_incarnation(const char *name, uint8_t inc[SX_INCARNATION_LEN]) {
-  sx_store *s;
-  sxt_ok(sx_store_open(url, &s));
-  sx_desc d;
-  int rc = sx_store_get(s, name, &d, NULL);
-  if (rc == 0) {
-    memcpy(inc, d.incarnation, SX_INCARNATION_LEN);
-    sx_desc_free(&d);
-  }
-  sx_store_close(s);
-  return rc;
-}
-
 /* Start an sx-agent and wait until the store holds a new incarnation. */
-static void pool_start(pool *p, const char *name, const char *listen, uint64_t seed,
+static void pool_start(sxt_pool *p, const char *name, const char *listen, uint64_t seed,
                        int takeover) {
-  uint8_t old[SX_INCARNATION_LEN];
-  int had = stored_incarnation(name, old) == 0;
-  char exe[PATH_MAX + 16], fill[32], blocks[16], bb[16], layers[16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  snprintf(fill, sizeof(fill), "%lu", (unsigned long)seed);
-  snprintf(blocks, sizeof(blocks), "%u", BLOCKS);
-  snprintf(bb, sizeof(bb), "%u", BLOCK);
-  snprintf(layers, sizeof(layers), "%u", LAYERS);
-  snprintf(p->name, sizeof(p->name), "%s", name);
-  snprintf(p->log, sizeof(p->log), "%s/%s.log", tmpdir, name);
-  p->seed = seed;
-  const char *argv[32] = {exe, "--name", p->name, "--metadata", url, "--listen",
-                          listen ? listen : "127.0.0.1:0", "--layers", layers,
-                          "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V",
-                          "--fingerprint", "rdma-e2e/v1", "--fill", fill, "--lease-ms", "3000",
-                          "--log-level", "info"};
-  int n = 23;
-  if (takeover)
-    argv[n++] = "--takeover";
   /* In the VM the device is known: name it, as an operator would. */
-  if (getenv("RXE_DEV") != NULL) {
-    argv[n++] = "--rdma-devices";
-    argv[n++] = getenv("RXE_DEV");
-  }
-  argv[n] = NULL;
-  p->pid = spawn(p->log, argv);
-  for (int i = 0; i < 1500; i++) {
-    uint8_t inc[SX_INCARNATION_LEN];
-    if (stored_incarnation(name, inc) == 0 && (!had || memcmp(inc, old, sizeof(inc)))) {
-      memcpy(p->inc, inc, sizeof(inc));
-      return;
-    }
-    if (waitpid(p->pid, NULL, WNOHANG) == p->pid)
-      pool_fail(p, "sx-agent %s exited early; see %s", name, p->log);
-    sleep_ms(20);
-  }
-  pool_fail(p, "sx-agent %s did not publish within 30 s; see %s", name, p->log);
+  const char *dev[] = {"--rdma-devices", getenv("RXE_DEV"), NULL};
+  sxt_pool_opts o = {.listen = listen, .layers = LAYERS, .block_bytes = BLOCK,
+                     .num_blocks = BLOCKS, .slots = "K,V", .fingerprint = "rdma-e2e/v1",
+                     .lease_ms = 3000, .log_level = "info", .takeover = takeover,
+                     .more = dev[1] != NULL ? dev : NULL, .publish_ms = 30000};
+  sxt_pool_start(&env, p, name, seed, &o);
 }
 
-/* Where each thread of a process that will not exit is stuck, and the end
- * of its log: printed before it is killed. */
-static void dump_stuck(pid_t pid, const char *log) {
-  char cmd[600];
-  snprintf(cmd, sizeof(cmd),
-           "for t in /proc/%d/task/*; do echo \"== $t $(cat $t/comm) wchan=$(cat $t/wchan)\"; "
-           "cat $t/stack $t/syscall 2>/dev/null; done; echo '== log'; tail -n 30 %s",
-           (int)pid, log);
-  if (system(cmd) != 0)
-    fprintf(stderr, "(could not inspect pid %d)\n", (int)pid);
-}
-
-static int pool_stop(pool *p, int sig) {
-  kill(p->pid, sig);
-  int rc = reap_log(p->pid, 20000, p->log);
+static int pool_stop(sxt_pool *p, int sig) {
+  int rc = sxt_pool_stop(p, sig);
   if (rc == -1)
     fail_msg("sx-agent %s did not exit within 20 s of signal %d; see %s", p->name, sig,
              p->log);
-  p->pid = 0;
   return rc;
 }
 
@@ -201,7 +87,7 @@ typedef struct rd {
 static void reader_start(rd *r, const char *name) {
   memset(r, 0, sizeof(*r));
   sx_agent_params p;
-  sxt_params(&p, url, name);
+  sxt_params(&p, env.url, name);
   snprintf(p.layout.fingerprint, sizeof(p.layout.fingerprint), "rdma-e2e/v1");
   sxt_ok(sx_agent_create(&p, &r->a));
   for (uint32_t s = 0; s < N_SLOTS; s++) {
@@ -299,7 +185,7 @@ static void test_rdma_e2e_random_blocks_are_byte_exact(void **state) {
   (void)state;
   char name[64];
   next_name(name, sizeof(name), "rpool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 4242, 0);
   rd r;
   reader_start(&r, "rdma-e2e-reader-0");
@@ -340,7 +226,7 @@ static void test_rdma_e2e_out_of_range_rejected_before_posting(void **state) {
   (void)state;
   char name[64];
   next_name(name, sizeof(name), "rpool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 77, 0);
   rd r;
   reader_start(&r, "rdma-e2e-reader-1");
@@ -385,16 +271,16 @@ static void test_rdma_e2e_sxctl_show_ping_and_parallel_reads(void **state) {
   (void)state;
   char name[64], exe[PATH_MAX + 16], log[300], out[8192];
   next_name(name, sizeof(name), "rpool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 31337, 0);
-  snprintf(exe, sizeof(exe), "%s/sxctl", bindir);
-  snprintf(log, sizeof(log), "%s/show.log", tmpdir);
-  const char *show[] = {exe, "--metadata", url, "show", name, NULL};
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/show.log", env.tmpdir);
+  const char *show[] = {exe, "--metadata", env.url, "show", name, NULL};
   assert_int_equal(run(log, show, out, sizeof(out)), 0);
   if (strstr(out, "rdma://") == NULL || strstr(out, "device ") == NULL)
     fail_msg("sxctl show lists no RDMA endpoint:\n%s", out);
-  snprintf(log, sizeof(log), "%s/ping.log", tmpdir);
-  const char *ping[] = {exe, "--metadata", url, "ping", name, "--count", "3", NULL};
+  snprintf(log, sizeof(log), "%s/ping.log", env.tmpdir);
+  const char *ping[] = {exe, "--metadata", env.url, "ping", name, "--count", "3", NULL};
   assert_int_equal(run(log, ping, out, sizeof(out)), 0);
   if (strstr(out, "via rdma") == NULL && strstr(out, ": rdma ") == NULL)
     fail_msg("sxctl ping did not answer over RDMA:\n%s", out);
@@ -403,12 +289,12 @@ static void test_rdma_e2e_sxctl_show_ping_and_parallel_reads(void **state) {
   pid_t pids[2];
   char logs[2][300];
   for (int i = 0; i < 2; i++) {
-    snprintf(logs[i], sizeof(logs[i]), "%s/read-%d.log", tmpdir, i);
+    snprintf(logs[i], sizeof(logs[i]), "%s/read-%d.log", env.tmpdir, i);
     unlink(logs[i]);
-    const char *rd_argv[] = {exe, "--metadata", url, "read", name, "--blocks", "random:200",
+    const char *rd_argv[] = {exe, "--metadata", env.url, "read", name, "--blocks", "random:200",
                              "--verify", "31337", "--fingerprint", "rdma-e2e/v1",
                              "--transport", "rdma", NULL};
-    pids[i] = spawn(logs[i], rd_argv);
+    pids[i] = sxt_spawn_ok(logs[i], rd_argv);
   }
   for (int i = 0; i < 2; i++) {
     int rc = reap(pids[i], 60000);
@@ -430,7 +316,7 @@ static void test_rdma_e2e_deadline_aborts_and_nothing_lands_after(void **state) 
   (void)state;
   char name[64];
   next_name(name, sizeof(name), "rpool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 5, 0);
   rd r;
   reader_start(&r, "rdma-e2e-reader-2");
@@ -454,7 +340,7 @@ static void test_rdma_e2e_deadline_aborts_and_nothing_lands_after(void **state) 
     snap[s] = malloc(POOL_BYTES);
     memcpy(snap[s], r.mem[s], POOL_BYTES);
   }
-  sleep_ms(1000);
+  sxt_sleep_ms(1000);
   for (int s = 0; s < N_SLOTS; s++) {
     if (memcmp(snap[s], r.mem[s], POOL_BYTES) != 0)
       fail_msg("slot %d of a timed-out batch's destination changed after it ended", s);
@@ -478,7 +364,7 @@ static void test_rdma_e2e_target_killed_during_a_batch(void **state) {
   (void)state;
   char name[64];
   next_name(name, sizeof(name), "rpool");
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, NULL, 8, 0);
   rd r;
   reader_start(&r, "rdma-e2e-reader-3");
@@ -488,7 +374,7 @@ static void test_rdma_e2e_target_killed_during_a_batch(void **state) {
   const uint32_t deadline = 20000;
   sx_batch *b = submit(seg, &whole_pool, 1, deadline);
   uint64_t t0 = sx__mono_ms();
-  sleep_ms(300);
+  sxt_sleep_ms(300);
   assert_int_equal(sx_batch_poll(b), SX_EBUSY);
   kill(p.pid, SIGKILL);
   assert_int_equal(reap(p.pid, 10000), 128 + SIGKILL);
@@ -522,7 +408,7 @@ static void test_rdma_e2e_restarted_target_is_stale_then_reopens(void **state) {
   char name[64], listen[32];
   next_name(name, sizeof(name), "rpool");
   snprintf(listen, sizeof(listen), "127.0.0.1:%d", sxt_free_port());
-  pool p;
+  sxt_pool p;
   pool_start(&p, name, listen, 100, 0);
   rd r;
   reader_start(&r, "rdma-e2e-reader-4");
@@ -559,53 +445,32 @@ static void test_rdma_e2e_unknown_rdma_device_is_refused(void **state) {
   (void)state;
   char name[64], exe[PATH_MAX + 16], log[300], out[8192];
   next_name(name, sizeof(name), "rpool");
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  snprintf(log, sizeof(log), "%s/%s.log", tmpdir, name);
-  const char *argv[] = {exe, "--name", name, "--metadata", url, "--num-blocks", "4",
+  snprintf(exe, sizeof(exe), "%s/sx-agent", env.bindir);
+  snprintf(log, sizeof(log), "%s/%s.log", env.tmpdir, name);
+  const char *argv[] = {exe, "--name", name, "--metadata", env.url, "--num-blocks", "4",
                         "--transport", "rdma", "--rdma-devices", "nosuch0", NULL};
   assert_int_equal(run(log, argv, out, sizeof(out)), 2);
   if (strstr(out, "nosuch0") == NULL)
     fail_msg("sx-agent does not name the missing device:\n%s", out);
   uint8_t inc[SX_INCARNATION_LEN];
-  assert_int_equal(stored_incarnation(name, inc), SX_ENOENT);
+  assert_int_equal(sxt_stored_incarnation(&env, name, inc), SX_ENOENT);
 }
 
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
   (void)state;
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0)
-    return -1;
-  self[n] = '\0';
-  *strrchr(self, '/') = '\0';
-  snprintf(bindir, sizeof(bindir), "%s", self);
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sx-agent", bindir);
-  if (access(exe, X_OK) != 0) {
-    fprintf(stderr, "test_rdma_e2e: %s is missing\n", exe);
-    return -1;
-  }
-  snprintf(tmpdir, sizeof(tmpdir), "/tmp/sxt-rdma-e2e-XXXXXX");
-  if (mkdtemp(tmpdir) == NULL)
-    return -1;
   /* Unlike the host suites this one never skips: it only runs where RDMA
    * is, and redis-server is part of its setup. */
-  if (sxt_redis_start(&redis, &(sxt_redis_opts){.notify = "Kx"}) != 0) {
-    fprintf(stderr, "test_rdma_e2e: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=rdma-e2e");
-  return 0;
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_rdma_e2e",
+                                                       .tmp = "rdma-e2e", .bin_here = 1,
+                                                       .need = "sx-agent", .ns = "rdma-e2e",
+                                                       .notify = "Kx", .redis_required = 1});
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  sxt_redis_stop_all();
-  char cmd[200];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
-  return system(cmd) == 0 ? 0 : -1;
+  return sxt_proc_env_teardown(&env);
 }
 
 int main(void) {

@@ -21,8 +21,8 @@ pid_t sxt_spawn(const char *log, const char *const argv[]) {
   pid_t pid = fork();
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    FILE *f = freopen(log, "a", stderr);
-    (void)f;
+    if (freopen(log, "a", stderr) == NULL)
+      _exit(126);
     dup2(2, 1);
     execv(argv[0], (char *const *)argv);
     _exit(127);
@@ -30,8 +30,28 @@ pid_t sxt_spawn(const char *log, const char *const argv[]) {
   return pid;
 }
 
-int sxt_reap(pid_t pid, int ms) {
+void sxt_show_log(const char *log) {
+  char cmd[600];
+  snprintf(cmd, sizeof(cmd), "echo '== end of %s'; tail -n 30 '%s'", log, log);
+  if (system(cmd) != 0)
+    fprintf(stderr, "(no log at %s)\n", log);
+}
+
+/* Where each thread of a process that will not exit is stuck. */
+static void show_stuck(pid_t pid) {
+  char cmd[300];
+  snprintf(cmd, sizeof(cmd),
+           "for t in /proc/%d/task/*; do echo \"== $t $(cat $t/comm) wchan=$(cat $t/wchan)\"; "
+           "cat $t/stack $t/syscall 2>/dev/null; done",
+           (int)pid);
+  if (system(cmd) != 0)
+    fprintf(stderr, "(could not inspect pid %d)\n", (int)pid);
+}
+
+static int reap(pid_t pid, int ms, int show, const char *log) {
   int st;
+  if (pid <= 0)
+    return -1; /* waitpid would take any child */
   for (int waited = 0; waited <= ms; waited += 10) {
     pid_t r = waitpid(pid, &st, WNOHANG);
     if (r == pid)
@@ -40,10 +60,20 @@ int sxt_reap(pid_t pid, int ms) {
       return -1;
     sxt_sleep_ms(10);
   }
+  if (show) {
+    fprintf(stderr, "pid %d still runs after %d ms:\n", (int)pid, ms);
+    show_stuck(pid);
+    if (log != NULL)
+      sxt_show_log(log);
+  }
   kill(pid, SIGKILL);
   waitpid(pid, &st, 0);
   return -1;
 }
+
+int sxt_reap(pid_t pid, int ms) { return reap(pid, ms, 0, NULL); }
+
+int sxt_reap_log(pid_t pid, int ms, const char *log) { return reap(pid, ms, 1, log); }
 
 int sxt_freeze(pid_t pid) {
   if (kill(pid, SIGSTOP) != 0)

@@ -15,12 +15,23 @@
 #include <sys/types.h>
 
 /* fork + exec argv (argv[0] is the path); stdout and stderr go to log
- * (appended).  The child dies with the test process (PR_SET_PDEATHSIG). */
+ * (appended; the child exits 126 if log cannot be opened).  The child dies
+ * with the test process (PR_SET_PDEATHSIG).  -1 if fork fails. */
 pid_t sxt_spawn(const char *log, const char *const argv[]);
 
 /* Wait for a child up to ms: its exit status, 128 + signal if killed, or -1
- * when it did not end in time (it is then killed with SIGKILL and reaped). */
+ * when it did not end in time (it is then killed with SIGKILL and reaped),
+ * or when pid is not a child (pid <= 0 included). */
 int sxt_reap(pid_t pid, int ms);
+
+/* sxt_reap, but a child that did not end in time is described before it is
+ * killed: where each of its threads waits (wchan, kernel stack, syscall),
+ * then the end of log (NULL: no log). */
+int sxt_reap_log(pid_t pid, int ms, const char *log);
+
+/* Print the last 30 lines of log (where a test's logs do not outlive it, as
+ * in the RDMA VM, this is all that is left of them). */
+void sxt_show_log(const char *log);
 
 /* SIGSTOP a child and wait until the whole process has stopped (every
  * thread): 0, or -1 if it is gone. */
