@@ -148,6 +148,18 @@ static void s_violation(sconn *c, const char *what) {
   s_close(c);
 }
 
+/* The reader went away (end of stream, or an error reading or writing):
+ * one line for it, then close.  err is 0 or a libuv error. */
+static void s_lost(sconn *c, int err) {
+  if (!c->closing) {
+    const sx_tctx *x = ctx_of(c->t);
+    x->log(x->agent, SX_LOG_INFO, "tcp: reader %s from %s disconnected%s%s",
+           c->reader[0] ? c->reader : "(no hello)", c->peer, err ? ": " : "",
+           err ? uv_strerror(err) : "");
+  }
+  s_close(c);
+}
+
 static void s_read_start(sconn *c);
 
 static void s_written(uv_write_t *req, int status) {
@@ -161,7 +173,11 @@ static void s_written(uv_write_t *req, int status) {
   free(w);
   if (c->closing && !close_after)
     return;
-  if (status < 0 || close_after) {
+  if (status < 0) {
+    s_lost(c, status);
+    return;
+  }
+  if (close_after) {
     s_close(c);
     return;
   }
@@ -199,13 +215,14 @@ static int s_flush(sconn *c, int close_after) {
     }
   }
   c->queued += n;
-  if (uv_write(&w->req, (uv_stream_t *)&c->h, bufs, nb, s_written) != 0) {
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->h, bufs, nb, s_written);
+  if (rc != 0) {
     for (uint32_t i = 0; i < n; i++)
       if (w->lregs[i] != NULL)
         w->lregs[i]->inflight--;
     c->queued -= n;
     free(w);
-    s_close(c);
+    s_lost(c, rc);
     return -1;
   }
   return 0;
@@ -340,11 +357,7 @@ static void s_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   sconn *c = s->data;
   (void)buf;
   if (nread < 0) {
-    const sx_tctx *x = ctx_of(c->t);
-    x->log(x->agent, SX_LOG_INFO, "tcp: reader %s from %s disconnected%s%s",
-           c->reader[0] ? c->reader : "(no hello)", c->peer,
-           nread == UV_EOF ? "" : ": ", nread == UV_EOF ? "" : uv_strerror((int)nread));
-    s_close(c);
+    s_lost(c, nread == UV_EOF ? 0 : (int)nread);
     return;
   }
   c->rlen += (size_t)nread;
