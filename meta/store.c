@@ -19,7 +19,7 @@ struct sx_store {
   sx_backend *b;
   char url[600];
   int conn;          /* 0 connecting, 1 up, < 0 down with this code */
-  char conn_msg[768];
+  char conn_msg[1024];
   /* Set by sx_store_interrupt() from a signal handler or another thread;
    * lock-free atomics are safe in both. */
   atomic_int interrupted;

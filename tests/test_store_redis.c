@@ -970,6 +970,41 @@ static void test_store_sentinel_auth(void **state) {
   sxt_redis_stop(&m);
 }
 
+/* A sentinel_password for sentinels without one: AUTH with a password
+ * alone is an error there (refused like a wrong password), while AUTH as
+ * "default" succeeds on a user without password, so
+ * sentinel_user=default&sentinel_password=... works before and after the
+ * sentinels get requirepass (the README's way to introduce one). */
+static void test_store_sentinel_password_before_requirepass(void **state) {
+  (void)state;
+  NEED_REDIS();
+  sxt_redis m, st;
+  assert_int_equal(sxt_redis_start(&m, NULL), 0);
+  if (sxt_sentinel_start(&st, &m, "openmaster") != 0) {
+    sxt_redis_stop(&m);
+    skip(); /* redis-sentinel not installed */
+  }
+  char url[256], who[64];
+  snprintf(who, sizeof(who), "sentinel 127.0.0.1:%d: ", st.port);
+  snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d/openmaster?namespace=open"
+           "&connect_timeout_ms=1000&sentinel_password=" SENT_PW, st.port);
+  expect_sentinel_auth_error(url, (const char *[]){who, "AUTH refused: ERR AUTH",
+                                                   "without any password configured",
+                                                   NULL});
+  snprintf(url, sizeof(url), "redis+sentinel://127.0.0.1:%d/openmaster?namespace=open"
+           "&connect_timeout_ms=1000&sentinel_user=default&sentinel_password=" SENT_PW,
+           st.port);
+  sx_store *s;
+  sxt_ok(sx_store_open(url, &s));
+  sx_desc d;
+  desc_make(&d, "open/0", 0x31, 1, 60000);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  sx_desc_free(&d);
+  sx_store_close(s);
+  sxt_redis_stop(&st);
+  sxt_redis_stop(&m);
+}
+
 int main(void) {
   const char *filter = getenv("SXT_FILTER");
   if (filter && *filter)
@@ -989,6 +1024,7 @@ int main(void) {
       cmocka_unit_test(test_store_sentinel_failover),
       cmocka_unit_test(test_store_sentinel_watch_stays_subscribed),
       cmocka_unit_test(test_store_sentinel_auth),
+      cmocka_unit_test(test_store_sentinel_password_before_requirepass),
   };
   return cmocka_run_group_tests_name("store suite and Redis specifics on redis-server",
                                      tests, group_setup, group_teardown);
