@@ -534,7 +534,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
     if (pthread_cond_timedwait(&a->cond, &a->lock, &ts) != 0)
       break;
   int seen = a->conn_seen, err = a->conn_err;
-  char msg[256];
+  char msg[sizeof(a->conn_msg)];
   snprintf(msg, sizeof(msg), "%s", a->conn_msg);
   pthread_mutex_unlock(&a->lock);
   if (!seen || err) {

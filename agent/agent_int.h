@@ -223,7 +223,7 @@ struct sx_agent {
   sx_cache *cache;
   int conn_seen;          /* lock: the first on_conn arrived */
   int conn_err;           /* lock: its error */
-  char conn_msg[256];     /* lock */
+  char conn_msg[1024];    /* lock */
   int store_down;
 
   sx_tctx tctx;

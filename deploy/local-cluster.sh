@@ -18,7 +18,7 @@
 # deploy/etcd/) run as they are; only paths and the *-PASSWORD placeholders
 # (random per cluster) are filled in.  Agents
 # use the ACL user sx-agent-prod through the sentinels, sxctl the read-only
-# sx-reader-prod.
+# sx-reader-prod; both give the sentinels their password (sentinel_password).
 #
 # Usage: deploy/local-cluster.sh COMMAND
 #   up       build the cluster and leave it running
@@ -188,7 +188,7 @@ load_secrets() {
   [ -f "$DIR/secrets" ] || die "no cluster is up under prefix $PREFIX ($DIR/secrets is missing)"
   # shellcheck disable=SC1091
   . "$DIR/secrets"
-  local s="$NET.21:26379,$NET.22:26379,$NET.23:26379/$MASTER?namespace=prod"
+  local s="$NET.21:26379,$NET.22:26379,$NET.23:26379/$MASTER?namespace=prod&sentinel_password=$SENTINEL_CLIENT_PW"
   AGENT_URL="redis+sentinel://sx-agent-prod:$AGENT_PW@$s"
   READER_URL="redis+sentinel://sx-reader-prod:$READER_PW@$s"
   ADMIN_URL="redis+sentinel://sx-admin-prod:$ADMIN_PW@$s"
@@ -202,7 +202,12 @@ rcli() {
   shift
   REDISCLI_AUTH=$ADMIN_PW on "$h" redis-cli --user sx-admin-prod --no-auth-warning "$@"
 }
-scli() { local h=$1; shift; on "$h" redis-cli "$@"; }
+# redis-cli to a sentinel, with the sentinels' own password (requirepass).
+scli() {
+  local h=$1
+  shift
+  REDISCLI_AUTH=$SENTINEL_CLIENT_PW on "$h" redis-cli --no-auth-warning "$@"
+}
 # Conditions to wait for (functions, so that no password is ever on a
 # command line).
 role_connected() { rcli "$1" -h "$2" role | grep -qx connected; }
@@ -254,6 +259,7 @@ render() {
       -e "s/AGENT-PASSWORD/$AGENT_PW/g; s/READER-PASSWORD/$READER_PW/g" \
       -e "s/ADMIN-PASSWORD/$ADMIN_PW/g; s/REPLICA-PASSWORD/$REPLICA_PW/g" \
       -e "s/SENTINEL-PASSWORD/$SENTINEL_PW/g" \
+      -e "s/SENTINEL-CLIENT-PASSWORD/$SENTINEL_CLIENT_PW/g" \
       -e "s/10\.0\.0\./$NET./g" "$1"
 }
 
@@ -338,6 +344,7 @@ up() {
     echo "ADMIN_PW=$(rand)"
     echo "REPLICA_PW=$(rand)"
     echo "SENTINEL_PW=$(rand)"
+    echo "SENTINEL_CLIENT_PW=$(rand)"
   } >"$DIR/secrets"
   chmod 600 "$DIR/secrets"
   load_secrets

@@ -77,7 +77,7 @@ typedef struct redis_backend {
   uv_timer_t op_timer;   /* the oldest pending op's deadline */
   uint32_t backoff_ms;
   int watching;
-  char last_err[240];    /* why the session last failed, for fail-fast ops */
+  char last_err[720];    /* why the session last failed, for fail-fast ops */
   int reported_down;     /* on_conn(0) told since the last on_conn(1) */
   int up_once;
 
@@ -88,7 +88,8 @@ typedef struct redis_backend {
   redisAsyncContext *sres;   /* the sentinel being asked */
   int sres_next;             /* next sentinel to ask */
   int sres_tried;
-  char sres_err[200];        /* last resolution failure, for the message */
+  char sres_err[320];        /* last resolution failure, for the message */
+  char sres_auth_err[320];   /* this round's last AUTH/permission refusal */
   redisAsyncContext *swatch; /* SUBSCRIBE +switch-master */
   uv_timer_t swatch_timer;   /* its connect deadline or retry wait */
   int swatch_next;

@@ -10,8 +10,15 @@
  * reconnects: after a disconnect, a -READONLY reply, or a +switch-master
  * message, which a separate connection to one sentinel listens for.
  *
- * Sentinels are contacted without AUTH (sentinel passwords are a separate
- * setting from the master's; see the README).
+ * Sentinels have credentials of their own (their requirepass or ACL users,
+ * separate from the master's): with sentinel_password (and sentinel_user) in
+ * the URL, both connections to a sentinel send AUTH [user] password first,
+ * pipelined before their command.  A refused AUTH (WRONGPASS), or a sentinel
+ * that wants one when none is set (NOAUTH) or denies the command (NOPERM),
+ * fails that sentinel like any other failure, and the next one is asked; when
+ * none answered, the session fails with SX_EAUTH if any of them refused us so
+ * (a wrong password is not fixed by retrying).  Error texts are scrubbed of
+ * the sentinel password.  Without sentinel_password nothing is sent first.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,20 +33,76 @@ static const sx_url_host *sres_host(redis_backend *rb) {
   return &rb->base.url.hosts[rb->sres_next % rb->base.url.n_hosts];
 }
 
-/* The sentinel being asked failed: remember why, try the next one. */
+/* The sentinel being asked failed: remember why (auth: also as the round's
+ * authentication failure), try the next one. */
+static void sres_vfailed(redis_backend *rb, int auth, const char *fmt, va_list ap) {
+  const sx_url_host *h = sres_host(rb);
+  int o = snprintf(rb->sres_err, sizeof(rb->sres_err), "sentinel %s:%u: ", h->host, h->port);
+  if (o > 0 && (size_t)o < sizeof(rb->sres_err))
+    vsnprintf(rb->sres_err + o, sizeof(rb->sres_err) - (size_t)o, fmt, ap);
+  if (auth)
+    memcpy(rb->sres_auth_err, rb->sres_err, sizeof(rb->sres_auth_err));
+  sx__redis_drop(&rb->sres);
+  rb->sres_next = (rb->sres_next + 1) % rb->base.url.n_hosts;
+  sres_attempt(rb);
+}
+
 static void sres_failed(redis_backend *rb, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void sres_failed(redis_backend *rb, const char *fmt, ...) {
   va_list ap;
-  const sx_url_host *h = sres_host(rb);
-  int o = snprintf(rb->sres_err, sizeof(rb->sres_err), "sentinel %s:%u: ", h->host, h->port);
   va_start(ap, fmt);
-  if (o > 0 && (size_t)o < sizeof(rb->sres_err))
-    vsnprintf(rb->sres_err + o, sizeof(rb->sres_err) - (size_t)o, fmt, ap);
+  sres_vfailed(rb, 0, fmt, ap);
   va_end(ap);
-  sx__redis_drop(&rb->sres);
-  rb->sres_next = (rb->sres_next + 1) % rb->base.url.n_hosts;
-  sres_attempt(rb);
+}
+
+static void sres_auth_failed(redis_backend *rb, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void sres_auth_failed(redis_backend *rb, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  sres_vfailed(rb, 1, fmt, ap);
+  va_end(ap);
+}
+
+/* An error reply's text, printable and without the sentinel password. */
+static void sentinel_error_text(const redis_backend *rb, const redisReply *r, char *buf,
+                                size_t size) {
+  sx__redis_scrub(buf, size, r->str, r->len,
+                  rb->base.url.has_sentinel_password ? rb->base.url.sentinel_password
+                                                     : NULL);
+}
+
+/* AUTH [sentinel_user] sentinel_password; its argument count. */
+static int sentinel_auth_argv(const redis_backend *rb, const char **argv) {
+  int n = 0;
+  argv[n++] = "AUTH";
+  if (rb->base.url.sentinel_user[0])
+    argv[n++] = rb->base.url.sentinel_user;
+  argv[n++] = rb->base.url.sentinel_password;
+  return n;
+}
+
+static void sres_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
+  redis_backend *rb = ac->data;
+  redisReply *r = reply;
+  char text[160];
+  (void)priv;
+  if (ac != rb->sres)
+    return;
+  if (r == NULL) {
+    rb->sres = NULL;
+    sres_failed(rb, "connection lost: %s", ac->errstr);
+    return;
+  }
+  if (r->type == REDIS_REPLY_ERROR) {
+    sentinel_error_text(rb, r, text, sizeof(text));
+    sres_auth_failed(rb, "AUTH%s%s%s refused: %s; check sentinel_user and "
+                     "sentinel_password in the URL", rb->base.url.sentinel_user[0] ? " as '" : "",
+                     rb->base.url.sentinel_user, rb->base.url.sentinel_user[0] ? "'" : "",
+                     text);
+  }
+  /* +OK: the SENTINEL command queued behind it answers next. */
 }
 
 static void sres_reply(redisAsyncContext *ac, void *reply, void *priv) {
@@ -55,6 +118,17 @@ static void sres_reply(redisAsyncContext *ac, void *reply, void *priv) {
   }
   if (r->type == REDIS_REPLY_NIL) {
     sres_failed(rb, "does not know master '%s'", rb->base.url.master);
+    return;
+  }
+  if (r->type == REDIS_REPLY_ERROR && sx__redis_map_error(r) == SX_EAUTH) {
+    char text[160];
+    sentinel_error_text(rb, r, text, sizeof(text));
+    if (sx__redis_is_error(r, "NOAUTH"))
+      sres_auth_failed(rb, "requires AUTH (%s); set sentinel_password (and "
+                       "sentinel_user) in the URL", text);
+    else
+      sres_auth_failed(rb, "refused SENTINEL get-master-addr-by-name (%s); check "
+                       "sentinel_user's permissions", text);
     return;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
@@ -104,8 +178,16 @@ static void sres_attempt(redis_backend *rb) {
   if (rb->state != RB_RESOLVING)
     return;
   if (rb->sres_tried >= rb->base.url.n_hosts) {
-    sx__redis_session_fail(rb, SX_EUNREACH, "no sentinel gave the address of master "
-                           "'%s' (last: %s)", rb->base.url.master, rb->sres_err);
+    /* A sentinel that refused us is the thing to fix: say so first. */
+    if (rb->sres_auth_err[0] && strcmp(rb->sres_auth_err, rb->sres_err) != 0)
+      sx__redis_session_fail(rb, SX_EAUTH, "no sentinel gave the address of master "
+                             "'%s' (%s; last: %s)", rb->base.url.master,
+                             rb->sres_auth_err, rb->sres_err);
+    else
+      sx__redis_session_fail(rb, rb->sres_auth_err[0] ? SX_EAUTH : SX_EUNREACH,
+                             "no sentinel gave the address of master '%s' (%s%s)",
+                             rb->base.url.master, rb->sres_auth_err[0] ? "" : "last: ",
+                             rb->sres_err);
     return;
   }
   rb->sres_tried++;
@@ -117,12 +199,18 @@ static void sres_attempt(redis_backend *rb) {
     sres_failed(rb, "cannot connect: %s", err);
     return;
   }
+  if (rb->base.url.has_sentinel_password) {
+    const char *auth[3];
+    int n = sentinel_auth_argv(rb, auth);
+    redisAsyncCommandArgv(rb->sres, sres_auth_reply, NULL, n, auth, NULL);
+  }
   const char *argv[] = {"SENTINEL", "get-master-addr-by-name", rb->base.url.master};
   redisAsyncCommandArgv(rb->sres, sres_reply, NULL, 3, argv, NULL);
 }
 
 void sx__redis_resolve(redis_backend *rb) {
   rb->sres_tried = 0;
+  rb->sres_auth_err[0] = '\0';
   sres_attempt(rb);
 }
 
@@ -178,6 +266,23 @@ static void swatch_msg(redisAsyncContext *ac, void *reply, void *priv) {
                            "%s:%d; reconnecting", name, rb->host, rb->port, newip, newport);
 }
 
+/* AUTH on the watch connection: refused, try the next sentinel (the
+ * resolver, asking the same sentinels, reports why). */
+static void swatch_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
+  redis_backend *rb = ac->data;
+  redisReply *r = reply;
+  (void)priv;
+  if (ac != rb->swatch)
+    return;
+  if (r == NULL) {
+    rb->swatch = NULL;
+    swatch_retry(rb);
+    return;
+  }
+  if (r->type == REDIS_REPLY_ERROR)
+    swatch_retry(rb);
+}
+
 static void swatch_on_connect(const redisAsyncContext *cac, int status) {
   redisAsyncContext *ac = (redisAsyncContext *)cac;
   redis_backend *rb = ac->data;
@@ -213,6 +318,11 @@ static void swatch_timer_cb(uv_timer_t *t) {
   if (rb->swatch == NULL) {
     swatch_retry(rb);
     return;
+  }
+  if (rb->base.url.has_sentinel_password) {
+    const char *auth[3];
+    int n = sentinel_auth_argv(rb, auth);
+    redisAsyncCommandArgv(rb->swatch, swatch_auth_reply, NULL, n, auth, NULL);
   }
   const char *argv[] = {"SUBSCRIBE", "+switch-master"};
   redisAsyncCommandArgv(rb->swatch, swatch_msg, NULL, 2, argv, NULL);

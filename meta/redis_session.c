@@ -331,7 +331,7 @@ void sx__redis_drop(redisAsyncContext **acp) {
 }
 
 void sx__redis_session_fail(redis_backend *rb, int err, const char *fmt, ...) {
-  char detail[240], msg[sizeof(rb->redacted) + sizeof(detail) + 4];
+  char detail[720], msg[sizeof(rb->redacted) + sizeof(detail) + 4];
   va_list ap;
   if (rb->state == RB_CLOSED || rb->state == RB_DOWN)
     return;

@@ -19,7 +19,7 @@ struct sx_store {
   sx_backend *b;
   char url[600];
   int conn;          /* 0 connecting, 1 up, < 0 down with this code */
-  char conn_msg[512];
+  char conn_msg[1024];
   /* Set by sx_store_interrupt() from a signal handler or another thread;
    * lock-free atomics are safe in both. */
   atomic_int interrupted;
@@ -94,11 +94,14 @@ static void on_tick(uv_timer_t *t) {
   uv_stop(t->loop);
 }
 
-static const char *hint(int code) {
+static const char *hint(const sx_store *s, int code) {
   switch (code) {
   case SX_EUNREACH:
     return "is the server running, and are host and port right?";
   case SX_EAUTH:
+    if (s->b != NULL && strcmp(s->b->url.scheme, "redis+sentinel") == 0)
+      return "check the user and password in the URL (user:password@ for the master, "
+             "sentinel_user and sentinel_password for the sentinels)";
     return "check the user and password in the URL";
   case SX_ETIMEDOUT:
     return "the server did not answer in time: is it overloaded or stopped, or does a "
@@ -144,7 +147,7 @@ int sx_store_open(const char *url, sx_store **out) {
     uv_run(&s->loop, UV_RUN_ONCE);
   if (s->conn < 0) {
     rc = sx__err(s->conn, "cannot use the metadata store: %s; %s", s->conn_msg,
-                 hint(s->conn));
+                 hint(s, s->conn));
     goto out_close;
   }
   *out = s;
@@ -186,7 +189,7 @@ static int ensure_conn(sx_store *s) {
   uv_timer_stop(&s->tick);
   if (s->conn > 0)
     return 0;
-  return sx__err(s->conn, "%s; %s", s->conn_msg, hint(s->conn));
+  return sx__err(s->conn, "%s; %s", s->conn_msg, hint(s, s->conn));
 }
 
 /* Run the loop until the op's callback ran.  The backend's own deadlines

@@ -101,38 +101,98 @@ static int parse_host(const char *s, size_t len, int idx, uint16_t dport,
   return 0;
 }
 
+/* Is q[0..klen) the key k? */
+static int key_is(const char *q, size_t klen, const char *k) {
+  return klen == strlen(k) && memcmp(q, k, klen) == 0;
+}
+
 static int parse_query(const char *q, sx_url *u) {
+  int sentinel = strcmp(u->scheme, "redis+sentinel") == 0;
+  /* Once sentinel_password was read, errors quote nothing of the query: an
+   * unencoded '&' in the password makes its tail look like further items. */
+  int quiet = 0;
   while (*q) {
     size_t len = strcspn(q, "&");
     const char *eq = memchr(q, '=', len);
-    if (eq == NULL)
+    if (eq == NULL) {
+      if (quiet)
+        return sx__err(SX_EURL, "metadata URL: a query item after sentinel_password has "
+                       "no '=' (not shown; percent-encode '&' in a password as %%26)");
       return sx__err(SX_EURL, "metadata URL: query item '%.*s' has no '='",
                      (int)(len > 40 ? 40 : len), q);
+    }
     size_t klen = (size_t)(eq - q), vlen = len - klen - 1;
     const char *v = eq + 1;
-    if (klen == 9 && memcmp(q, "namespace", 9) == 0) {
+    /* How much of a bad value or key an error may quote. */
+    int vshow = quiet ? 0 : (int)(vlen > 64 ? 64 : vlen);
+    if (key_is(q, klen, "namespace")) {
       if (pct_decode(v, vlen, u->ns, sizeof(u->ns)) || sx_ns_validate(u->ns))
-        return sx__err(SX_EURL, "metadata URL: namespace '%.*s': %s",
-                       (int)(vlen > 64 ? 64 : vlen), v, sx_errmsg());
-    } else if (klen == 10 && memcmp(q, "timeout_ms", 10) == 0) {
+        return sx__err(SX_EURL, "metadata URL: namespace '%.*s': %s", vshow, v,
+                       sx_errmsg());
+    } else if (key_is(q, klen, "timeout_ms")) {
       if (parse_u32(v, vlen, 3600000, &u->timeout_ms) || u->timeout_ms == 0)
         return sx__err(SX_EURL, "metadata URL: timeout_ms '%.*s' is not 1..3600000",
-                       (int)(vlen > 16 ? 16 : vlen), v);
-    } else if (klen == 18 && memcmp(q, "connect_timeout_ms", 18) == 0) {
+                       vshow > 16 ? 16 : vshow, v);
+    } else if (key_is(q, klen, "connect_timeout_ms")) {
       if (parse_u32(v, vlen, 3600000, &u->connect_timeout_ms) ||
           u->connect_timeout_ms == 0)
         return sx__err(SX_EURL,
                        "metadata URL: connect_timeout_ms '%.*s' is not 1..3600000",
-                       (int)(vlen > 16 ? 16 : vlen), v);
+                       vshow > 16 ? 16 : vshow, v);
+    } else if (key_is(q, klen, "sentinel_user")) {
+      if (!sentinel)
+        return sx__err(SX_EURL, "metadata URL: sentinel_user is only for "
+                       "redis+sentinel:// URLs (%s:// has no sentinels)", u->scheme);
+      if (vlen == 0)
+        return sx__err(SX_EURL, "metadata URL: sentinel_user is empty (leave it out to "
+                       "AUTH with sentinel_password alone)");
+      if (pct_decode(v, vlen, u->sentinel_user, sizeof(u->sentinel_user)))
+        return sx__err(SX_EURL, "metadata URL: sentinel_user is too long or badly "
+                       "%%-encoded");
+    } else if (key_is(q, klen, "sentinel_password")) {
+      if (!sentinel)
+        return sx__err(SX_EURL, "metadata URL: sentinel_password is only for "
+                       "redis+sentinel:// URLs (%s:// has no sentinels)",
+                       u->scheme);
+      if (vlen == 0)
+        return sx__err(SX_EURL, "metadata URL: sentinel_password is empty");
+      if (pct_decode(v, vlen, u->sentinel_password, sizeof(u->sentinel_password)))
+        return sx__err(SX_EURL, "metadata URL: sentinel_password is too long or badly "
+                       "%%-encoded (not shown)");
+      u->has_sentinel_password = 1;
+      quiet = 1;
+    } else if (quiet) {
+      return sx__err(SX_EURL, "metadata URL: unknown query parameter after "
+                     "sentinel_password (not shown; percent-encode '&' in a password "
+                     "as %%26)");
     } else {
       return sx__err(SX_EURL,
                      "metadata URL: unknown query parameter '%.*s' (known: namespace, "
-                     "connect_timeout_ms, timeout_ms)",
+                     "connect_timeout_ms, timeout_ms, sentinel_user, sentinel_password)",
                      (int)(klen > 40 ? 40 : klen), q);
     }
     q += len;
     if (*q == '&')
       q++;
+  }
+  if (u->sentinel_user[0] && !u->has_sentinel_password)
+    return sx__err(SX_EURL, "metadata URL: sentinel_user needs sentinel_password");
+  return 0;
+}
+
+/* Does [p, end) hold a sentinel credential query item ("?sentinel_..." or
+ * "&sentinel_...")?  Then the '@' taken for the end of the user info is in
+ * its value. */
+static int query_key_before(const char *p, const char *end) {
+  static const char *const keys[] = {"sentinel_password=", "sentinel_user="};
+  for (const char *c = p; c < end; c++) {
+    if (*c != '?' && *c != '&')
+      continue;
+    for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+      size_t n = strlen(keys[k]);
+      if ((size_t)(end - c - 1) >= n && memcmp(c + 1, keys[k], n) == 0)
+        return 1;
+    }
   }
   return 0;
 }
@@ -175,6 +235,11 @@ int sx__url_parse(const char *text, sx_url *out) {
    * '@' then still parses instead of being taken for a host or a query
    * (whose error messages would echo it). */
   const char *at = strrchr(p, '@');
+  /* ... except in a sentinel credential, where it would misplace the user
+   * info silently: there '@' must be percent-encoded. */
+  if (at != NULL && query_key_before(p, at))
+    return sx__err(SX_EURL, "metadata URL: '@' in sentinel_user or sentinel_password "
+                   "must be percent-encoded as %%40 (not shown)");
   const char *hosts = at ? at + 1 : p;
   const char *query = strchr(hosts, '?');
   const char *end = query ? query : hosts + strlen(hosts);

@@ -24,6 +24,11 @@ typedef struct sx_url {
   int has_password;
   char master[128];   /* redis+sentinel: the master name; mem: the store name */
   int db;             /* redis: SELECT db (0 when absent) */
+  /* redis+sentinel: AUTH [sentinel_user] sentinel_password to the sentinels
+   * (query keys; the sentinels' own credentials, not the master's). */
+  char sentinel_user[128];
+  char sentinel_password[256]; /* never printed */
+  int has_sentinel_password;
   char ns[SX_NS_MAX + 1];
   uint32_t connect_timeout_ms; /* default 2000 */
   uint32_t timeout_ms;         /* per command, default 2000 */
@@ -35,14 +40,18 @@ typedef struct sx_url {
  *   redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master[/db][?query]
  *   etcd://host[:port][,host[:port]...][?query]     (also etcd+https://)
  *   mem://name[?query]                              (in-process, for tests)
- * with query keys namespace, connect_timeout_ms, timeout_ms.  User and
- * password may be percent-encoded; IPv6 hosts go in brackets.  Default ports:
- * redis 6379, sentinel 26379, etcd 2379.  Returns 0 or SX_EURL with a
- * message naming the part that is wrong (the password is never echoed).
+ * with query keys namespace, connect_timeout_ms, timeout_ms, and for
+ * redis+sentinel:// also sentinel_user and sentinel_password (the sentinels'
+ * AUTH).  User, password and the sentinel credentials may be percent-encoded
+ * ('@' and '&' in the sentinel ones must be: %40, %26); IPv6 hosts go in
+ * brackets.  Default ports: redis 6379, sentinel 26379, etcd 2379.  Returns 0
+ * or SX_EURL with a message naming the part that is wrong (passwords are
+ * never echoed).
  */
 int sx__url_parse(const char *text, sx_url *out);
 
-/* The URL as text with the password replaced by "***". */
+/* The URL as text with the password replaced by "***"; of the query only
+ * the namespace is shown (so never the sentinel credentials). */
 void sx__url_redact(const sx_url *u, char *buf, size_t size);
 
 #endif

@@ -9,7 +9,8 @@
  *     generation) when the name is still free, and stops as fenced when
  *     another agent took it meanwhile; the store never shows two owners;
  *   - Redis killed and restarted empty: every agent republishes by itself;
- *   - Sentinel failover: agents follow the new master and keep renewing;
+ *   - Sentinel failover: agents follow the new master and keep renewing, also
+ *     through sentinels that require a password (which no log shows);
  *   - a partition between reader and target (target in a network namespace
  *     behind a veth pair): packet loss, a slow link and the link down make
  *     batches end at their deadline (TIMEOUT), and reads work again after
@@ -46,6 +47,8 @@
 
 static sxt_proc_env env;
 static int seq;
+/* The agents' --log-level (tests that check logs for secrets use debug). */
+static const char *agent_log_level = "info";
 
 /* ------------------------------------------------------------ helpers */
 
@@ -115,7 +118,7 @@ static void agent_spawn(agent_proc *p, const char *name, const char *url,
                         listen ? listen : "127.0.0.1:0", "--layers", layers,
                         "--block-bytes", bb, "--num-blocks", blocks, "--slots", "K,V",
                         "--fingerprint", "faults/v1", "--fill", fill, "--lease-ms", lease,
-                        "--log-level", "info", NULL};
+                        "--log-level", agent_log_level, NULL};
   for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++)
     argv[n++] = rest[i];
   p->pid = sxt_spawn(p->log, argv);
@@ -476,15 +479,17 @@ static int64_t renewed_at(const sxt_redis *r, const char *ns, const char *name) 
   return v;
 }
 
-static void test_fault_sentinel_failover_agents_follow(void **state) {
-  (void)state;
-  SXT_NEED_REDIS(&env);
+/* Two agents publish through a sentinel (with its own password when
+ * sentinel_pw is not NULL: the agents' URL carries sentinel_password), then
+ * SENTINEL FAILOVER: every agent renews on the new master by itself. */
+static void sentinel_failover_agents_follow(const char *sentinel_pw) {
   enum { N = 2 };
   sxt_redis m, rp, st;
   assert_int_equal(sxt_redis_start(&m, NULL), 0);
   sxt_redis_opts ro = {.replica_of = &m};
   assert_int_equal(sxt_redis_start(&rp, &ro), 0);
-  if (sxt_sentinel_start(&st, &m, "sxmaster") != 0) {
+  sxt_redis_opts so = {.requirepass = sentinel_pw};
+  if (sxt_sentinel_start_opts(&st, &m, "sxmaster", &so) != 0) {
     sxt_redis_stop(&rp);
     sxt_redis_stop(&m);
     print_message("skipped: redis-sentinel is not installed (make deps)\n");
@@ -494,8 +499,8 @@ static void test_fault_sentinel_failover_agents_follow(void **state) {
   char surl[256];
   snprintf(surl, sizeof(surl),
            "redis+sentinel://127.0.0.1:%d/sxmaster?namespace=fo&timeout_ms=1000"
-           "&connect_timeout_ms=1000",
-           st.port);
+           "&connect_timeout_ms=1000%s%s",
+           st.port, sentinel_pw ? "&sentinel_password=" : "", sentinel_pw ? sentinel_pw : "");
   const uint32_t lease = 2000;
   agent_proc p[N];
   for (int i = 0; i < N; i++) {
@@ -542,15 +547,55 @@ static void test_fault_sentinel_failover_agents_follow(void **state) {
     freeReplyObject(inc);
     assert_int_equal(waitpid(p[i].pid, NULL, WNOHANG), 0);
   }
-  print_message("measured: Sentinel switched in %lu ms; agents renewed on the new master "
+  print_message("measured: Sentinel%s switched in %lu ms; agents renewed on the new master "
                 "%lu and %lu ms after SENTINEL FAILOVER (lease %u ms)\n",
-                (unsigned long)switched, (unsigned long)renewed[0],
-                (unsigned long)renewed[1], lease);
+                sentinel_pw ? " (with a password)" : "", (unsigned long)switched,
+                (unsigned long)renewed[0], (unsigned long)renewed[1], lease);
   for (int i = 0; i < N; i++)
     assert_int_equal(agent_stop(&p[i], SIGTERM), 0);
+
+  if (sentinel_pw != NULL) {
+    /* An agent with a wrong sentinel password does not start, and says why:
+     * the sentinel, AUTH, WRONGPASS; no secret in its debug log. */
+    char bad[256];
+    snprintf(bad, sizeof(bad),
+             "redis+sentinel://127.0.0.1:%d/sxmaster?namespace=fo&connect_timeout_ms=1000"
+             "&sentinel_password=Wrong-Sent-Pw-77",
+             st.port);
+    agent_proc w;
+    agent_spawn(&w, "refused", bad, NULL, lease, 40, NULL);
+    int rc = sxt_reap_log(w.pid, 20000, w.log);
+    assert_true(rc > 0 && rc < 128); /* exited with an error */
+    char want[96];
+    snprintf(want, sizeof(want), "sentinel 127.0.0.1:%d: AUTH refused: WRONGPASS", st.port);
+    if (sxt_count_in_file(w.log, want) == 0) {
+      sxt_show_log(w.log);
+      fail_msg("the refused agent's log does not say '%s'", want);
+    }
+    assert_int_equal(sxt_count_in_file(w.log, "Wrong-Sent-Pw-77"), 0);
+    for (int i = 0; i < N; i++)
+      assert_int_equal(sxt_count_in_file(p[i].log, sentinel_pw), 0);
+  }
   sxt_redis_stop(&st);
   sxt_redis_stop(&rp);
   sxt_redis_stop(&m);
+}
+
+static void test_fault_sentinel_failover_agents_follow(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  sentinel_failover_agents_follow(NULL);
+}
+
+/* The same with sentinels that require a password (requirepass): the agents
+ * authenticate to them (resolution and the +switch-master watch), at debug
+ * log level, and never log the password. */
+static void test_fault_sentinel_with_password_failover_agents_follow(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  agent_log_level = "debug";
+  sentinel_failover_agents_follow("Sent-Fault-Pw-4242");
+  agent_log_level = "info";
 }
 
 /* ------------------------------------------------------------ partition */
@@ -928,6 +973,7 @@ int main(void) {
       cmocka_unit_test(test_fault_agent_stopped_while_another_took_the_name_is_fenced),
       cmocka_unit_test(test_fault_store_restarted_empty_every_agent_republishes),
       cmocka_unit_test(test_fault_sentinel_failover_agents_follow),
+      cmocka_unit_test(test_fault_sentinel_with_password_failover_agents_follow),
       cmocka_unit_test(test_fault_partition_loss_slow_link_down_then_heal),
       cmocka_unit_test(test_fault_reader_killed_during_batches_target_frees_all),
   };

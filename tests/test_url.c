@@ -1,4 +1,5 @@
 /* Metadata URL parsing and redaction. */
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -149,6 +150,114 @@ static void test_url_malformed(void **state) {
   expect_bad("redis+sentinel://h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h,h/m", "more than 16");
 }
 
+/* The sentinels' own credentials: query keys of redis+sentinel:// only. */
+static void test_url_sentinel_credentials(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis+sentinel://s1,s2/mm", &u));
+  assert_int_equal(u.has_sentinel_password, 0);
+  assert_string_equal(u.sentinel_user, "");
+  assert_string_equal(u.sentinel_password, "");
+  /* Password alone (the sentinels' requirepass), beside the master's. */
+  sxt_ok(sx__url_parse("redis+sentinel://u:master-pw@s1:26380,s2/mm/2"
+                       "?namespace=q&sentinel_password=s%40nt%26pw%3D1&timeout_ms=300",
+                       &u));
+  assert_int_equal(u.has_sentinel_password, 1);
+  assert_string_equal(u.sentinel_password, "s@nt&pw=1"); /* percent-decoded */
+  assert_string_equal(u.sentinel_user, "");
+  assert_string_equal(u.password, "master-pw");
+  assert_string_equal(u.user, "u");
+  assert_string_equal(u.master, "mm");
+  assert_int_equal(u.db, 2);
+  assert_string_equal(u.ns, "q");
+  assert_int_equal(u.timeout_ms, 300); /* items after it still count */
+  /* An ACL user on the sentinels, in either order. */
+  sxt_ok(sx__url_parse("redis+sentinel://s1/mm?sentinel_user=sx%2Dwatch&"
+                       "sentinel_password=pw",
+                       &u));
+  assert_string_equal(u.sentinel_user, "sx-watch");
+  assert_string_equal(u.sentinel_password, "pw");
+  sxt_ok(sx__url_parse("redis+sentinel://s1/mm?sentinel_password=pw&sentinel_user=w", &u));
+  assert_string_equal(u.sentinel_user, "w");
+  assert_int_equal(u.has_sentinel_password, 1);
+  /* Unencoded characters other than '&', '@' and '%' are taken as they are. */
+  sxt_ok(sx__url_parse("redis+sentinel://s1/mm?sentinel_password=a/b?c:d=e", &u));
+  assert_string_equal(u.sentinel_password, "a/b?c:d=e");
+  /* The limits of the user info fields: 127 and 255 bytes. */
+  char url[1024], v[300];
+  memset(v, 'p', 255);
+  v[255] = '\0';
+  snprintf(url, sizeof(url), "redis+sentinel://s1/mm?sentinel_password=%s", v);
+  sxt_ok(sx__url_parse(url, &u));
+  assert_int_equal(strlen(u.sentinel_password), 255);
+  snprintf(url, sizeof(url), "redis+sentinel://s1/mm?sentinel_password=%sp", v);
+  expect_bad(url, "sentinel_password is too long");
+  memset(v, 'u', 127);
+  v[127] = '\0';
+  snprintf(url, sizeof(url), "redis+sentinel://s1/mm?sentinel_password=x&sentinel_user=%s", v);
+  sxt_ok(sx__url_parse(url, &u));
+  assert_int_equal(strlen(u.sentinel_user), 127);
+  snprintf(url, sizeof(url), "redis+sentinel://s1/mm?sentinel_password=x&sentinel_user=%su",
+           v);
+  expect_bad(url, "sentinel_user is too long");
+
+  /* Only where there are sentinels. */
+  expect_bad("redis://h?sentinel_password=pw", "only for redis+sentinel://");
+  expect_bad("redis://h?sentinel_user=w", "only for redis+sentinel://");
+  expect_bad("etcd://e1?sentinel_password=pw", "only for redis+sentinel://");
+  expect_bad("etcd+https://e1?sentinel_user=w", "only for redis+sentinel://");
+  expect_bad("mem://t?sentinel_password=pw", "only for redis+sentinel://");
+  /* Malformed. */
+  expect_bad("redis+sentinel://s1/mm?sentinel_password=", "sentinel_password is empty");
+  expect_bad("redis+sentinel://s1/mm?sentinel_user=&sentinel_password=pw",
+             "sentinel_user is empty");
+  expect_bad("redis+sentinel://s1/mm?sentinel_user=w", "sentinel_user needs "
+             "sentinel_password");
+  expect_bad("redis+sentinel://s1/mm?sentinel_password=a%zz", "badly %-encoded");
+  expect_bad("redis+sentinel://s1/mm?sentinel_password=a%00b", "badly %-encoded");
+  expect_bad("redis+sentinel://s1/mm?sentinel_user=a%2", "sentinel_user");
+  /* An unencoded '@' would move the user info into the query: refused. */
+  expect_bad("redis+sentinel://s1/mm?sentinel_password=a@b/c", "%40");
+  expect_bad("redis+sentinel://u:p@s1/mm?namespace=n&sentinel_user=a@b&"
+             "sentinel_password=x",
+             "%40");
+  /* The unknown-key message lists the new keys. */
+  expect_bad("redis://h?sentinel_pass=x", "sentinel_password");
+}
+
+/* The sentinel password never shows either: not in parse errors (also when
+ * an unencoded '&' splits it), not in the redacted URL. */
+static void test_url_sentinel_password_never_shown(void **state) {
+  (void)state;
+  sx_url u;
+  char buf[512];
+  const char *bad[] = {
+      "redis://h?sentinel_password=Sent-Secret-91",
+      "etcd://h?sentinel_password=Sent-Secret-91",
+      "redis+sentinel://h/m?sentinel_password=Sent-Secret-91%zz",
+      "redis+sentinel://h/m?sentinel_password=Sent-Secret-91@x/m2",
+      "redis+sentinel://h/m?sentinel_password=Sent&Secret-91",     /* no '=' */
+      "redis+sentinel://h/m?sentinel_password=Sent&Secret-91=x",   /* unknown key */
+      "redis+sentinel://h/m?sentinel_password=Sent&namespace=Secret-91!",
+      "redis+sentinel://h/m?sentinel_password=Sent&timeout_ms=Secret-91",
+      "redis+sentinel://h/m?sentinel_password=Sent-Secret-91&sentinel_user=",
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    int rc = sx__url_parse(bad[i], &u);
+    if (rc != SX_EURL)
+      fail_msg("%s: %s, expected SX_EURL", bad[i], sx_err_name(rc));
+    if (strstr(sx_errmsg(), "Secret") != NULL)
+      fail_msg("%s: the message shows the secret: %s", bad[i], sx_errmsg());
+  }
+  sxt_ok(sx__url_parse("redis+sentinel://mu:Master-Pw-5@a:1,b:2/mm/5?namespace=n1&"
+                       "sentinel_user=watcher&sentinel_password=Sent-Secret-91",
+                       &u));
+  sx__url_redact(&u, buf, sizeof(buf));
+  assert_string_equal(buf, "redis+sentinel://mu:***@a:1,b:2/mm/5?namespace=n1");
+  assert_null(strstr(buf, "Sent-Secret"));
+  assert_null(strstr(buf, "sentinel_"));
+}
+
 /* The password never shows: not in parse errors, not in the redacted URL. */
 static void test_url_password_never_shown(void **state) {
   (void)state;
@@ -189,6 +298,8 @@ int main(void) {
       cmocka_unit_test(test_url_other_schemes),
       cmocka_unit_test(test_url_malformed),
       cmocka_unit_test(test_url_password_never_shown),
+      cmocka_unit_test(test_url_sentinel_credentials),
+      cmocka_unit_test(test_url_sentinel_password_never_shown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

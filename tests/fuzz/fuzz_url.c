@@ -1,4 +1,4 @@
-/* Fuzz target: metadata URL parsing.  Parsed URLs redact their password. */
+/* Fuzz target: metadata URL parsing.  Parsed URLs redact their passwords. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,5 +28,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (strncmp(red, want, strlen(want)) != 0)
       abort();
   }
+  /* Sentinel credentials: only on redis+sentinel://, a user only with a
+   * password, and the redacted form shows no query item but the namespace,
+   * so nothing of them. */
+  if ((u.has_sentinel_password || u.sentinel_user[0]) &&
+      strcmp(u.scheme, "redis+sentinel") != 0)
+    abort();
+  if (u.sentinel_user[0] && !u.has_sentinel_password)
+    abort();
+  if (u.has_sentinel_password && u.sentinel_password[0] == '\0')
+    abort();
+  /* The redacted form's query is the namespace alone. */
+  char tail[128];
+  snprintf(tail, sizeof(tail), "?namespace=%s", u.ns);
+  size_t rlen = strlen(red), tlen = strlen(tail);
+  if (rlen < tlen || strcmp(red + rlen - tlen, tail) != 0 || strchr(u.ns, '?') != NULL)
+    abort();
   return 0;
 }

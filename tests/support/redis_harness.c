@@ -294,8 +294,16 @@ static int write_sentinel_conf(sxt_redis *r, char *path, size_t size) {
           "sentinel parallel-syncs %s 1\n",
           r->port, r->dir, r->dir, r->master_name, r->master_port, r->master_name,
           r->master_name, r->master_name);
+  if (r->master_auth)
+    fprintf(f, "sentinel auth-pass %s %s\n", r->master_name, r->master_auth);
+  /* The sentinel's own credentials (Redis >= 6.2 sentinels know ACL users;
+   * requirepass is the default user's password). */
   if (r->opts.requirepass)
-    fprintf(f, "sentinel auth-pass %s %s\n", r->master_name, r->opts.requirepass);
+    fprintf(f, "requirepass \"%s\"\n", r->opts.requirepass);
+  if (r->opts.acl_user)
+    fprintf(f, "user %s on >%s %s\n", r->opts.acl_user,
+            r->opts.acl_pass ? r->opts.acl_pass : "",
+            r->opts.acl_rules ? r->opts.acl_rules : "allchannels +@all");
   fclose(f);
   return 0;
 }
@@ -336,9 +344,20 @@ int sxt_redis_start(sxt_redis *r, const sxt_redis_opts *o) {
 }
 
 int sxt_sentinel_start(sxt_redis *s, const sxt_redis *master, const char *name) {
+  return sxt_sentinel_start_opts(s, master, name, NULL);
+}
+
+int sxt_sentinel_start_opts(sxt_redis *s, const sxt_redis *master, const char *name,
+                            const sxt_redis_opts *o) {
   memset(s, 0, sizeof(*s));
   s->sentinel = 1;
-  s->opts.requirepass = master->opts.requirepass;
+  if (o) {
+    s->opts.requirepass = o->requirepass;
+    s->opts.acl_user = o->acl_user;
+    s->opts.acl_pass = o->acl_pass;
+    s->opts.acl_rules = o->acl_rules;
+  }
+  s->master_auth = master->opts.requirepass;
   snprintf(s->master_name, sizeof(s->master_name), "%s", name);
   s->master_port = master->port;
   return start_fresh(s);
@@ -409,7 +428,7 @@ redisContext *sxt_redis_connect(const sxt_redis *r) {
     return NULL;
   }
   redisSetTimeout(c, tv);
-  if (r->opts.requirepass && !r->sentinel) {
+  if (r->opts.requirepass) {
     redisReply *rep = redisCommand(c, "AUTH %s", r->opts.requirepass);
     int ok = rep && rep->type != REDIS_REPLY_ERROR;
     if (rep)

@@ -19,7 +19,9 @@
  * Sentinel setups: start a master, a replica with .replica_of = &master, and
  * a sentinel with sxt_sentinel_start(&s, &master, "mymaster");
  * sxt_redis_wait_replicas() waits until the sentinel knows the replica, so
- * that SENTINEL FAILOVER can succeed.
+ * that SENTINEL FAILOVER can succeed.  sxt_sentinel_start_opts() gives the
+ * sentinel a password of its own (requirepass in its config) and an ACL
+ * user; the harness' own commands to it then authenticate.
  *
  * Functions return 0 or -1 and print why to stderr.  Not thread-safe.
  */
@@ -36,7 +38,9 @@
 typedef struct sxt_redis sxt_redis;
 
 typedef struct sxt_redis_opts {
-  const char *requirepass;   /* password of the default user */
+  /* Password of the default user.  Sentinels (sxt_sentinel_start_opts): the
+   * sentinel's own requirepass, which clients must AUTH with. */
+  const char *requirepass;
   /* An ACL user created at start: `user NAME on >PASS RULES`.  rules
    * defaults to "~* &* +@all". */
   const char *acl_user;
@@ -61,6 +65,7 @@ struct sxt_redis {
   sxt_redis_opts opts;
   char master_name[64]; /* sentinel: the monitored master */
   int master_port;
+  const char *master_auth; /* sentinel: the master's requirepass (auth-pass) */
   int slot;       /* in the harness' registry of running servers */
 };
 
@@ -68,8 +73,16 @@ struct sxt_redis {
 int sxt_redis_start(sxt_redis *r, const sxt_redis_opts *o);
 
 /* Start redis-sentinel monitoring master under name (quorum 1,
- * down-after 1000 ms, failover-timeout 5000 ms). */
+ * down-after 1000 ms, failover-timeout 5000 ms); it authenticates to the
+ * master with the master's requirepass. */
 int sxt_sentinel_start(sxt_redis *s, const sxt_redis *master, const char *name);
+
+/* The same with options for the sentinel itself: o->requirepass (its
+ * `requirepass`: clients must AUTH), o->acl_user/acl_pass/acl_rules (an ACL
+ * user on it, `user NAME on >PASS RULES`, rules default
+ * "allchannels +@all").  The other fields are ignored.  o may be NULL. */
+int sxt_sentinel_start_opts(sxt_redis *s, const sxt_redis *master, const char *name,
+                            const sxt_redis_opts *o);
 
 /* Send a signal (SIGKILL: and reap it; SIGSTOP/SIGCONT: pause/resume). */
 void sxt_redis_kill(sxt_redis *r, int sig);
@@ -90,7 +103,8 @@ void sxt_redis_stop_all(void);
 void sxt_redis_url(const sxt_redis *r, char *buf, size_t size, const char *query);
 
 /* A blocking hiredis connection, authenticated as the server's admin
- * (requirepass) when it has one.  NULL on failure.  redisFree() it. */
+ * (requirepass) when it has one (a sentinel: its own requirepass).  NULL on
+ * failure.  redisFree() it. */
 redisContext *sxt_redis_connect(const sxt_redis *r);
 
 /* Run one command (printf-style, as redisCommand) on a fresh connection and
