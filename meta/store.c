@@ -217,8 +217,7 @@ static int decode(const char *name, const uint8_t *value, size_t len, sx_desc *d
                   char *msg, size_t msize) {
   int rc = sx_desc_decode(value, len, d);
   if (rc != 0) {
-    snprintf(msg, msize, "%s: the stored descriptor is corrupt: %s (%s)", name,
-             sx_errmsg(), sx_err_name(rc));
+    snprintf(msg, msize, "%s: the stored descriptor is corrupt: %s", name, sx_errmsg());
     return rc;
   }
   if (strcmp(d->name, name) != 0) {
