@@ -669,8 +669,8 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
                 "completion sends the next), for the library and the raw client alike");
   bx_table_note(t, "value: a descriptor of %u regions, %zu bytes; server %s", mo.regions,
                 m.lens[0], mo.url ? "given by --metadata" : "a private redis-server");
-  bx_table_note(t, "raw GET and cold resolve alternate in 3 rounds; raw HMGET+PTTL is the "
-                "store part of a resolve without decoding");
+  bx_table_note(t, "raw GET and cold resolve alternate in 3 rounds; raw HMGET+PTTL is what "
+                "sx_store_get sends (two commands), not decoded; a cold resolve sends one HMGET");
   char err[400] = "";
   double cold1_p50 = 0;
   for (int ci = 0; ci < mo.n_conc; ci++) {
