@@ -242,7 +242,8 @@ cluster: deps
 # The representative benchmark set: each figure with its same-run baseline,
 # the issue's targets judged on their ratios.  BENCH_DURATION scales it.
 BENCH_DURATION ?= 1
-bench: all $(RDMA_BINS)
+bench: deps
+	@$(MAKE) --no-print-directory all $(RDMA_BINS)
 	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
 
 # ---------------------------------------------------------------- build rules
