@@ -118,6 +118,10 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
         fuzz-run memcheck soak run cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
 
+# Builds use every core; a -j on the command line wins (make -j1 for a serial
+# build).  Tests themselves run one after another in the recipes.
+MAKEFLAGS += -j$(shell nproc)
+
 all: $(STATIC) $(BUILD)/lib/libsegxfer.so $(PROG_BINS) $(BUILD)/segxfer.pc
 
 print-build:
