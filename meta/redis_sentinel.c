@@ -230,17 +230,27 @@ static void swatch_retry(redis_backend *rb) {
     uv_timer_start(&rb->swatch_timer, swatch_timer_cb, SX_REDIS_BACKOFF_MAX_MS, 0);
 }
 
-static void swatch_msg(redisAsyncContext *ac, void *reply, void *priv) {
+/* The backend a watch reply is for, or NULL when the reply is for an old
+ * watch connection, or when there is no reply (the connection went: the
+ * watch moves on to the next sentinel). */
+static redis_backend *swatch_reply_of(redisAsyncContext *ac, const redisReply *r) {
   redis_backend *rb = ac->data;
-  redisReply *r = reply;
-  (void)priv;
   if (ac != rb->swatch)
-    return;
+    return NULL;
   if (r == NULL) {
     rb->swatch = NULL;
     swatch_retry(rb);
-    return;
+    return NULL;
   }
+  return rb;
+}
+
+static void swatch_msg(redisAsyncContext *ac, void *reply, void *priv) {
+  redisReply *r = reply;
+  redis_backend *rb = swatch_reply_of(ac, r);
+  (void)priv;
+  if (rb == NULL)
+    return;
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 3 ||
       r->element[0]->type != REDIS_REPLY_STRING)
     return;
@@ -269,17 +279,10 @@ static void swatch_msg(redisAsyncContext *ac, void *reply, void *priv) {
 /* AUTH on the watch connection: refused, try the next sentinel (the
  * resolver, asking the same sentinels, reports why). */
 static void swatch_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
-  redis_backend *rb = ac->data;
   redisReply *r = reply;
+  redis_backend *rb = swatch_reply_of(ac, r);
   (void)priv;
-  if (ac != rb->swatch)
-    return;
-  if (r == NULL) {
-    rb->swatch = NULL;
-    swatch_retry(rb);
-    return;
-  }
-  if (r->type == REDIS_REPLY_ERROR)
+  if (rb != NULL && r->type == REDIS_REPLY_ERROR)
     swatch_retry(rb);
 }
 

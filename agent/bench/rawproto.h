@@ -12,6 +12,7 @@
 #define SX_BENCH_RAWPROTO_H
 
 #include <endian.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define BX_RAW_MAGIC "SXBR"
@@ -24,5 +25,10 @@ typedef struct bx_rawreq {
   uint32_t op;
   uint64_t a, b, c;
 } bx_rawreq;
+
+/* Blocking socket I/O of exactly n bytes (EINTR retried): 0, or -1 when the
+ * connection failed or ended first. */
+int bx_send_all(int fd, const void *p, size_t n);
+int bx_recv_all(int fd, void *p, size_t n);
 
 #endif

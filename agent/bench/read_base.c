@@ -135,21 +135,7 @@ static int send_req(int fd, uint32_t op, uint64_t a, uint64_t b) {
   q.a = htobe64(a);
   q.b = htobe64(b);
   q.c = 0;
-  return send(fd, &q, sizeof(q), MSG_NOSIGNAL) == (ssize_t)sizeof(q) ? 0 : -1;
-}
-
-static int recv_full(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n > 0) {
-    ssize_t r = recv(fd, b, n, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
+  return bx_send_all(fd, &q, sizeof(q));
 }
 
 double bx_target_cpu(bx_tproc *t) {
@@ -158,7 +144,7 @@ double bx_target_cpu(bx_tproc *t) {
     return -1;
   }
   uint64_t r[2];
-  if (send_req(t->ctl_fd, BX_RAW_RUSAGE, 0, 0) != 0 || recv_full(t->ctl_fd, r, sizeof(r))) {
+  if (send_req(t->ctl_fd, BX_RAW_RUSAGE, 0, 0) != 0 || bx_recv_all(t->ctl_fd, r, sizeof(r))) {
     close(t->ctl_fd);
     t->ctl_fd = 0;
     return -1;
@@ -187,7 +173,7 @@ static void *sreader_main(void *arg) {
   uint64_t slot = 0;
   while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
     uint8_t *dst = s->buf + slot * s->chunk;
-    if (recv_full(s->fd, dst, (size_t)s->chunk) != 0) {
+    if (bx_recv_all(s->fd, dst, (size_t)s->chunk) != 0) {
       s->failed = 1;
       break;
     }

@@ -64,41 +64,13 @@ static void on_term(int sig) {
   T.quit = 1;
 }
 
-static int send_all(int fd, const void *p, size_t n) {
-  const uint8_t *b = p;
-  while (n > 0) {
-    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return -1;
-    b += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-static int recv_all(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n > 0) {
-    ssize_t r = recv(fd, b, n, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return -1;
-    b += r;
-    n -= (size_t)r;
-  }
-  return 0;
-}
-
 /* Stream group g in chunks until the reader hangs up. */
 static void stream(int fd, uint64_t chunk, uint64_t g) {
   if (g >= (uint64_t)T.n || chunk == 0 || chunk > T.len[g])
     return;
   uint64_t span = T.len[g] / chunk * chunk, off = 0;
   while (!T.quit) {
-    if (send_all(fd, T.mem[g] + off, (size_t)chunk) != 0)
+    if (bx_send_all(fd, T.mem[g] + off, (size_t)chunk) != 0)
       return;
     off += chunk;
     if (off == span)
@@ -109,7 +81,7 @@ static void stream(int fd, uint64_t chunk, uint64_t g) {
 static void *conn_main(void *arg) {
   int fd = (int)(intptr_t)arg;
   bx_rawreq q;
-  while (!T.quit && recv_all(fd, &q, sizeof(q)) == 0) {
+  while (!T.quit && bx_recv_all(fd, &q, sizeof(q)) == 0) {
     if (memcmp(q.magic, BX_RAW_MAGIC, 4) != 0)
       break;
     uint32_t op = ntohl(q.op);
@@ -123,7 +95,7 @@ static void *conn_main(void *arg) {
                                (uint64_t)ru.ru_utime.tv_usec * 1000u),
                        htobe64((uint64_t)ru.ru_stime.tv_sec * 1000000000u +
                                (uint64_t)ru.ru_stime.tv_usec * 1000u)};
-      if (send_all(fd, r, sizeof(r)) != 0)
+      if (bx_send_all(fd, r, sizeof(r)) != 0)
         break;
     } else if (op == BX_RAW_QUIT) {
       T.quit = 1;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "rawproto.h"
 
 /* ------------------------------------------------------------ clocks */
 
@@ -216,6 +217,36 @@ void bx_progress_end(void) {
   if (prog.on)
     fprintf(stderr, "sx-bench %s: finished in %.1f s\n", prog.mode, bx_now() - prog.t0);
   prog.on = 0;
+}
+
+/* ------------------------------------------------------------ sockets */
+
+int bx_send_all(int fd, const void *p, size_t n) {
+  const uint8_t *b = p;
+  while (n > 0) {
+    ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    b += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int bx_recv_all(int fd, void *p, size_t n) {
+  uint8_t *b = p;
+  while (n > 0) {
+    ssize_t r = recv(fd, b, n, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    b += r;
+    n -= (size_t)r;
+  }
+  return 0;
 }
 
 /* ------------------------------------------------------------ redis-server */
