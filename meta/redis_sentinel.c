@@ -83,18 +83,28 @@ static int sentinel_auth_argv(const redis_backend *rb, const char **argv) {
   return n;
 }
 
-static void sres_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
+/* The backend a resolver reply is for, or NULL when the reply is for an old
+ * resolver connection, or when there is no reply (the connection went: the
+ * next sentinel is asked). */
+static redis_backend *sres_reply_of(redisAsyncContext *ac, const redisReply *r) {
   redis_backend *rb = ac->data;
-  redisReply *r = reply;
-  char text[160];
-  (void)priv;
   if (ac != rb->sres)
-    return;
+    return NULL;
   if (r == NULL) {
     rb->sres = NULL;
     sres_failed(rb, "connection lost: %s", ac->errstr);
-    return;
+    return NULL;
   }
+  return rb;
+}
+
+static void sres_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
+  redisReply *r = reply;
+  redis_backend *rb = sres_reply_of(ac, r);
+  char text[160];
+  (void)priv;
+  if (rb == NULL)
+    return;
   if (r->type == REDIS_REPLY_ERROR) {
     sentinel_error_text(rb, r, text, sizeof(text));
     sres_auth_failed(rb, "AUTH%s%s%s refused: %s; check sentinel_user and "
@@ -106,16 +116,11 @@ static void sres_auth_reply(redisAsyncContext *ac, void *reply, void *priv) {
 }
 
 static void sres_reply(redisAsyncContext *ac, void *reply, void *priv) {
-  redis_backend *rb = ac->data;
   redisReply *r = reply;
+  redis_backend *rb = sres_reply_of(ac, r);
   (void)priv;
-  if (ac != rb->sres)
+  if (rb == NULL)
     return;
-  if (r == NULL) {
-    rb->sres = NULL;
-    sres_failed(rb, "connection lost: %s", ac->errstr);
-    return;
-  }
   if (r->type == REDIS_REPLY_NIL) {
     sres_failed(rb, "does not know master '%s'", rb->base.url.master);
     return;
