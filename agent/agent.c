@@ -93,7 +93,7 @@ static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int
 
 /* ------------------------------------------------------------ state */
 
-static const char *state_name(sx_agent_state s) {
+const char *sx__agent_state_name(sx_agent_state s) {
   switch (s) {
   case SX_AGENT_UNPUBLISHED:
     return "unpublished";
@@ -104,7 +104,7 @@ static const char *state_name(sx_agent_state s) {
   case SX_AGENT_FENCED:
     return "fenced";
   }
-  return "?";
+  return "unknown";
 }
 
 void sx__set_state(sx_agent *a, sx_agent_state s, int err) {
@@ -114,7 +114,7 @@ void sx__set_state(sx_agent *a, sx_agent_state s, int err) {
   a->status.last_error = err;
   pthread_mutex_unlock(&a->lock);
   if (old != s)
-    sx__log(a, SX_LOG_DEBUG, "state %s -> %s", state_name(old), state_name(s));
+    sx__log(a, SX_LOG_DEBUG, "state %s -> %s", sx__agent_state_name(old), sx__agent_state_name(s));
 }
 
 int sx_agent_status_get(sx_agent *a, sx_agent_status *out) {

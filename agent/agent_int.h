@@ -258,6 +258,8 @@ void sx__log_stderr(void *arg, sx_log_level level, const char *msg);
 void sx__log(sx_agent *a, sx_log_level level, const char *fmt, ...) SX__PRINTF(3, 4);
 /* Loop thread: update the published state (and the status under lock). */
 void sx__set_state(sx_agent *a, sx_agent_state s, int err);
+/* The state's name as logs and metrics labels show it ("published", ...). */
+const char *sx__agent_state_name(sx_agent_state s);
 int sx__on_loop(const sx_agent *a);
 
 /* Defaults for waits that the loop bounds by itself; the cross-thread

@@ -57,20 +57,6 @@ static void by_error(FILE *f, const char *name, const char *help, const uint64_t
       fprintf(f, "%s{error=\"%s\"} %lu\n", name, sx_err_name(-e), (unsigned long)v[e]);
 }
 
-static const char *state_label(sx_agent_state s) {
-  switch (s) {
-  case SX_AGENT_UNPUBLISHED:
-    return "unpublished";
-  case SX_AGENT_PUBLISHED:
-    return "published";
-  case SX_AGENT_RECLAIMING:
-    return "reclaiming";
-  case SX_AGENT_FENCED:
-    return "fenced";
-  }
-  return "unknown";
-}
-
 static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   char inc[2 * SX_INCARNATION_LEN + 1];
   sx_hex(a->incarnation, SX_INCARNATION_LEN, inc);
@@ -86,7 +72,7 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   static const sx_agent_state states[] = {SX_AGENT_UNPUBLISHED, SX_AGENT_PUBLISHED,
                                           SX_AGENT_RECLAIMING, SX_AGENT_FENCED};
   for (unsigned i = 0; i < sizeof(states) / sizeof(states[0]); i++)
-    fprintf(f, "segxfer_agent_state{state=\"%s\"} %d\n", state_label(states[i]),
+    fprintf(f, "segxfer_agent_state{state=\"%s\"} %d\n", sx__agent_state_name(states[i]),
             s->state == states[i]);
   gauge(f, "segxfer_ready",
         "1 when the segment is published, the store is up and it confirmed the lease "
