@@ -53,23 +53,6 @@ static void random_entries(sx_block_read *e, size_t n, uint32_t *rng) {
   }
 }
 
-static sx_batch_result run_batch(sx_segment *s, const sx_block_read *e, size_t n,
-                                 uint32_t timeout_ms) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL; /* not valid after destroy */
-  sx_batch_destroy(b);
-  return res;
-}
-
 /* ------------------------------------------------------------ reads */
 
 static void test_agent_publish_open_check_and_read(void **state) {
@@ -107,7 +90,7 @@ static void test_agent_publish_open_check_and_read(void **state) {
     memset(r.mem[0], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
     memset(r.mem[1], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
     for (int k = 0; k < 64; k += 16) {
-      sx_batch_result res = run_batch(seg, e + k, 16, 10000);
+      sx_batch_result res = sxt_run_batch(seg, e + k, 16, 10000);
       if (res.state != SX_BATCH_COMPLETED)
         fail_msg("batch %s: %s", sx_batch_state_name(res.state), res.message);
       assert_int_equal(res.error, 0);
@@ -145,7 +128,7 @@ static void test_agent_publish_open_check_and_read(void **state) {
   /* A whole-layer read, K and V, the full local pool. */
   sx_block_read all = {.layer_first = 0, .layer_count = SXT_LAYERS, .slots = SXT_KV,
                        .remote_block = 5, .local_block = 0, .count = SXT_READER_BLOCKS};
-  sx_batch_result res = run_batch(seg, &all, 1, 10000);
+  sx_batch_result res = sxt_run_batch(seg, &all, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   assert_int_equal(res.n_ranges, 2 * SXT_LAYERS);
   assert_int_equal(sxt_verify_blocks(&r, seg, 42, &all), 0);
@@ -354,7 +337,7 @@ static void test_agent_wire_rejects_bad_requests_and_keeps_serving(void **state)
   sxt_ok(sx_segment_open(r.a, "prefill-3", 1000, &seg));
   sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = 3,
                      .local_block = 1, .count = 8};
-  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_verify_blocks(&r, seg, 99, &e), 0);
   sx_agent_status st;
@@ -385,7 +368,7 @@ static void test_agent_read_with_bad_token_fails_with_eaccess(void **state) {
   sxt_ok(sx_segment_open(r.a, "forged-4", 1000, &seg));
   sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
   memset(r.mem[0], 0xee, SXT_BLOCK);
-  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_FAILED);
   assert_int_equal(res.error, SX_EACCESS);
   assert_int_equal(res.n_failed, 1);
@@ -394,7 +377,7 @@ static void test_agent_read_with_bad_token_fails_with_eaccess(void **state) {
   for (size_t i = 0; i < SXT_BLOCK; i++)
     assert_int_equal(r.mem[0][i], 0xee);
   /* Later batches on this segment fail at once with the same error. */
-  res = run_batch(seg, &e, 1, 10000);
+  res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.error, SX_EACCESS);
   sx_segment_close(seg);
   sx_desc_free(&d);
@@ -415,7 +398,7 @@ static void test_agent_restarted_target_is_stale_then_reopens(void **state) {
   sxt_ok(sx_segment_open(r.a, "prefill-5", 1000, &seg));
   sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = 0,
                      .local_block = 0, .count = 4};
-  sx_batch_result res = run_batch(seg, &e, 1, 10000);
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   uint16_t port = sxt_tcp_port(sx_segment_desc(seg));
   uint8_t old_inc[SX_INCARNATION_LEN];
@@ -432,7 +415,7 @@ static void test_agent_restarted_target_is_stale_then_reopens(void **state) {
   memset(r.mem[0], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
   int stale = 0;
   for (int i = 0; i < 5 && !stale; i++) {
-    res = run_batch(seg, &e, 1, 10000);
+    res = sxt_run_batch(seg, &e, 1, 10000);
     assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
     assert_true(res.error == SX_ESTALE || res.error == SX_EDISCONN ||
                 res.error == SX_EUNREACH);
@@ -443,14 +426,14 @@ static void test_agent_restarted_target_is_stale_then_reopens(void **state) {
     if (r.mem[0][i] != 0)
       fail_msg("byte %zu written by a stale read", i);
   /* And it stays stale, at once. */
-  res = run_batch(seg, &e, 1, 10000);
+  res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.error, SX_ESTALE);
   sx_segment_close(seg);
 
   /* A re-open finds the new incarnation and reads its bytes. */
   sxt_ok(sx_segment_open(r.a, "prefill-5", 1000, &seg));
   assert_memory_not_equal(sx_segment_desc(seg)->incarnation, old_inc, SX_INCARNATION_LEN);
-  res = run_batch(seg, &e, 1, 10000);
+  res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_verify_blocks(&r, seg, 222, &e), 0);
   sx_segment_close(seg);
@@ -468,13 +451,13 @@ static void test_agent_batches_fail_fast_after_the_target_dies(void **state) {
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, "prefill-13", 1000, &seg));
   sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .count = 4};
-  assert_int_equal(run_batch(seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
   sxt_agent_stop(&t);
   /* Whether the reader has noticed the closed connections yet or not, each
    * batch fails promptly with a connection error: never at its deadline. */
   for (int i = 0; i < 5; i++) {
     uint64_t t0 = sx__mono_ms();
-    sx_batch_result res = run_batch(seg, &e, 1, 30000);
+    sx_batch_result res = sxt_run_batch(seg, &e, 1, 30000);
     assert_int_equal(res.state, SX_BATCH_FAILED);
     assert_true(res.error == SX_EDISCONN || res.error == SX_EUNREACH ||
                 res.error == SX_ENOENT);
@@ -848,14 +831,14 @@ static void test_agent_unregister_withdraws_the_region(void **state) {
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, "prefill-10", 1000, &seg));
   sx_block_read ek = {.layer_count = 1, .slots = 1ull << SX_SLOT_V, .count = 2};
-  assert_int_equal(run_batch(seg, &ek, 1, 10000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &ek, 1, 10000).state, SX_BATCH_COMPLETED);
   sxt_ok(sx_agent_unregister(t.a, t.id[1]));
   sxt_rc(sx_agent_unregister(t.a, t.id[1]), SX_ENOREGION);
   sx_agent_status st;
   sxt_ok(sx_agent_status_get(t.a, &st));
   assert_int_equal(st.generation, 2);
   /* An old view of the segment asks for it: the target refuses. */
-  sx_batch_result res = run_batch(seg, &ek, 1, 10000);
+  sx_batch_result res = sxt_run_batch(seg, &ek, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_FAILED);
   assert_int_equal(res.error, SX_ENOREGION);
   sx_segment_close(seg);
@@ -925,7 +908,7 @@ static void test_agent_open_waits_for_the_name(void **state) {
   sxt_ok(o.status);
   assert_int_equal(o.done, 1);
   sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
-  assert_int_equal(run_batch(o.seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(o.seg, &e, 1, 10000).state, SX_BATCH_COMPLETED);
   sx_segment_close(o.seg);
   uint64_t rtt;
   sx_transport_kind via;

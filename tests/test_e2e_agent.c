@@ -103,23 +103,6 @@ static void entries(sx_block_read *e, size_t n, uint32_t *rng) {
   }
 }
 
-static sx_batch_result batch(sx_segment *s, const sx_block_read *e, size_t n,
-                             uint32_t timeout_ms) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL;
-  sx_batch_destroy(b);
-  return res;
-}
-
 static void next_name(char *buf, size_t size, const char *prefix) {
   snprintf(buf, size, "%s-%d", prefix, seq++);
 }
@@ -144,7 +127,7 @@ static void test_e2e_random_blocks_are_byte_exact(void **state) {
   uint64_t bytes = 0;
   for (int round = 0; round < 10; round++) {
     entries(e, 100, &rng);
-    sx_batch_result res = batch(seg, e, 100, 20000);
+    sx_batch_result res = sxt_run_batch(seg, e, 100, 20000);
     if (res.state != SX_BATCH_COMPLETED)
       fail_msg("%s: %s", sx_batch_state_name(res.state), res.message);
     for (int i = 0; i < 100; i++)
@@ -228,7 +211,7 @@ static void test_e2e_crafted_requests_are_rejected_and_serving_goes_on(void **st
   sx_block_read e[10];
   uint32_t rng = 3;
   entries(e, 10, &rng);
-  sx_batch_result res = batch(seg, e, 10, 20000);
+  sx_batch_result res = sxt_run_batch(seg, e, 10, 20000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   for (int i = 0; i < 10; i++)
     assert_int_equal(verify(&r, seg, 31, &e[i]), 0);
@@ -252,7 +235,7 @@ static void test_e2e_target_killed_during_a_batch(void **state) {
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
   sx_block_read e = {.layer_count = LAYERS, .slots = 7, .count = 64};
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
 
   /* Stopped: its connections stay up, nothing is answered; the batch is in
    * flight when the target dies.  (Frozen for real: kill(SIGSTOP) alone
@@ -293,7 +276,7 @@ static void test_e2e_target_killed_during_a_batch(void **state) {
 
   /* Later batches fail, never succeed; once the lease runs out the name is
    * gone from the store. */
-  res = batch(seg, &e, 1, 5000);
+  res = sxt_run_batch(seg, &e, 1, 5000);
   assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
   uint8_t inc[SX_INCARNATION_LEN];
   uint64_t t1 = sx__mono_ms();
@@ -319,11 +302,11 @@ static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
   sx_block_read e[20];
   uint32_t rng = 11;
   entries(e, 20, &rng);
-  assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_freeze(p.pid), 0);
   memset(r.mem[0], 0xab, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
   uint64_t t0 = sx__mono_ms();
-  sx_batch_result res = batch(seg, e, 20, 500);
+  sx_batch_result res = sxt_run_batch(seg, e, 20, 500);
   uint64_t took = sx__mono_ms() - t0;
   assert_int_equal(res.state, SX_BATCH_TIMEOUT);
   assert_int_equal(res.n_failed, 20);
@@ -337,7 +320,7 @@ static void test_e2e_stopped_target_times_out_then_recovers(void **state) {
       fail_msg("byte %lu of a timed-out batch's destination was written after it ended",
                (unsigned long)i);
   entries(e, 20, &rng);
-  res = batch(seg, e, 20, 20000);
+  res = sxt_run_batch(seg, e, 20, 20000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   for (int i = 0; i < 20; i++)
     assert_int_equal(verify(&r, seg, 9, &e[i]), 0);
@@ -359,7 +342,7 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
   sx_block_read e = {.layer_count = LAYERS, .slots = 7, .remote_block = 10, .count = 16};
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 100, &e), 0);
 
   /* Crash, then a new incarnation takes the name over on the same port. */
@@ -367,7 +350,7 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   pool_start(&p, name, listen, 200, 1, 3000);
   int stale = 0;
   for (int i = 0; i < 10 && !stale; i++) {
-    sx_batch_result res = batch(seg, &e, 1, 10000);
+    sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
     assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
     stale = res.error == SX_ESTALE;
   }
@@ -376,7 +359,7 @@ static void test_e2e_restarted_target_is_stale_then_reopens(void **state) {
   sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
   assert_memory_equal(sx_segment_desc(seg)->incarnation, p.inc, SX_INCARNATION_LEN);
   memset(r.mem[0], 0, (uint64_t)LAYERS * LOCAL_BLOCKS * BLOCK);
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 200, &e), 0);
   assert_int_not_equal(verify(&r, seg, 100, &e), 0);
   sx_segment_close(seg);
@@ -418,7 +401,7 @@ static void test_e2e_reader_killed_during_a_batch(void **state) {
   sx_block_read e[20];
   uint32_t rng = 21;
   entries(e, 20, &rng);
-  assert_int_equal(batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, e, 20, 20000).state, SX_BATCH_COMPLETED);
   for (int i = 0; i < 20; i++)
     assert_int_equal(verify(&r, seg, 12, &e[i]), 0);
   sx_segment_close(seg);
@@ -481,7 +464,7 @@ static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
   sx_segment *seg;
   sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
   sx_block_read e = {.layer_count = LAYERS, .slots = 7, .count = 8};
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 5, &e), 0);
   sx_segment_close(seg);
   reader_stop(&r);

@@ -31,22 +31,6 @@ static sx_agent_stats stats(sx_agent *a) {
   return s;
 }
 
-static sx_batch_result run_batch(sx_segment *s, const sx_block_read *e, size_t n) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = 10000;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL;
-  sx_batch_destroy(b);
-  return res;
-}
-
 static uint64_t sum(const uint64_t *v, size_t n) {
   uint64_t t = 0;
   for (size_t i = 0; i < n; i++)
@@ -100,7 +84,7 @@ static void test_stats_count_batches_bytes_and_latency(void **state) {
                      .remote_block = 3, .local_block = 0, .count = 5};
   uint64_t want_bytes = 0, want_us = 0;
   for (int i = 0; i < 3; i++) {
-    sx_batch_result res = run_batch(seg, &e, 1);
+    sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
     assert_int_equal(res.state, SX_BATCH_COMPLETED);
     assert_int_equal(res.bytes, 5ull * SXT_LAYERS * 2 * SXT_BLOCK);
     want_bytes += res.bytes;
@@ -151,7 +135,7 @@ static void test_stats_count_batches_bytes_and_latency(void **state) {
   /* The target dies: the next batch fails, is counted by its error, and the
    * transport failure forces one cache refresh. */
   sxt_agent_stop(&t);
-  sx_batch_result res = run_batch(seg, &e, 1);
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
   assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
   s = stats(r.a);
   assert_int_equal(s.batches[SX_BATCH_FAILED] + s.batches[SX_BATCH_TIMEOUT], 1);

@@ -119,19 +119,7 @@ static sx_segment *open_rdma(rd *r, const char *name) {
 
 /* Every block an entry brought equals the pool's pattern. */
 static int verify(const rd *r, const sx_segment *seg, uint64_t seed, const sx_block_read *e) {
-  const sx_desc *d = sx_segment_desc(seg);
-  for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++) {
-    for (uint32_t s = 0; s < N_SLOTS; s++) {
-      if (!(e->slots & (1ull << s)))
-        continue;
-      const sx_region *R = sx_desc_find(d, 0, l, s);
-      const uint8_t *local = r->mem[s] + (uint64_t)l * BLOCKS * BLOCK + e->local_block * BLOCK;
-      uint64_t off = (l - R->layer_first) * R->layer_stride + e->remote_block * R->block_stride;
-      if (sx__pattern_check(local, e->count * BLOCK, seed, R->id, off, NULL) != 0)
-        return -1;
-    }
-  }
-  return 0;
+  return sxt_verify(r->mem, BLOCKS, seg, seed, e);
 }
 
 /* n entries over non-overlapping local blocks, random remote blocks,
@@ -149,28 +137,6 @@ static void entries(sx_block_read *e, size_t n, uint32_t *rng) {
     local += count;
     assert_true(local <= BLOCKS);
   }
-}
-
-static sx_batch *submit(sx_segment *s, const sx_block_read *e, size_t n, uint32_t timeout_ms) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  return b;
-}
-
-static sx_batch_result batch(sx_segment *s, const sx_block_read *e, size_t n,
-                             uint32_t timeout_ms) {
-  sx_batch *b = submit(s, e, n, timeout_ms);
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL;
-  sx_batch_destroy(b);
-  return res;
 }
 
 static void next_name(char *buf, size_t size, const char *prefix) {
@@ -197,7 +163,7 @@ static void test_rdma_e2e_random_blocks_are_byte_exact(void **state) {
   uint64_t bytes = 0;
   for (int round = 0; round < 6; round++) {
     entries(e, 100, &rng);
-    sx_batch_result res = batch(seg, e, 100, 30000);
+    sx_batch_result res = sxt_run_batch(seg, e, 100, 30000);
     if (res.state != SX_BATCH_COMPLETED)
       pool_fail(&p, "round %d: %s: %s", round, sx_batch_state_name(res.state), res.message);
     assert_int_equal(res.transport, SX_TRANSPORT_RDMA);
@@ -207,7 +173,7 @@ static void test_rdma_e2e_random_blocks_are_byte_exact(void **state) {
     bytes += res.bytes;
   }
   /* And the whole pool in one batch. */
-  sx_batch_result res = batch(seg, &whole_pool, 1, 60000);
+  sx_batch_result res = sxt_run_batch(seg, &whole_pool, 1, 60000);
   if (res.state != SX_BATCH_COMPLETED)
     pool_fail(&p, "whole pool: %s: %s", sx_batch_state_name(res.state), res.message);
   if (verify(&r, seg, 4242, &whole_pool) != 0)
@@ -257,7 +223,7 @@ static void test_rdma_e2e_out_of_range_rejected_before_posting(void **state) {
   sx_batch_destroy(b);
   /* A good batch on the same segment still works. */
   sx_block_read good = {.layer_count = 1, .slots = 1, .remote_block = BLOCKS - 4, .count = 4};
-  res = batch(seg, &good, 1, 20000);
+  res = sxt_run_batch(seg, &good, 1, 20000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 77, &good), 0);
   sx_segment_close(seg);
@@ -322,11 +288,11 @@ static void test_rdma_e2e_deadline_aborts_and_nothing_lands_after(void **state) 
   reader_start(&r, "rdma-e2e-reader-2");
   sx_segment *seg = open_rdma(&r, name);
   sx_block_read one = {.layer_count = 1, .slots = 1, .count = 1};
-  assert_int_equal(batch(seg, &one, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &one, 1, 20000).state, SX_BATCH_COMPLETED);
   for (int s = 0; s < N_SLOTS; s++)
     memset(r.mem[s], 0xab, POOL_BYTES);
   uint64_t t0 = sx__mono_ms();
-  sx_batch_result res = batch(seg, &whole_pool, 1, 300);
+  sx_batch_result res = sxt_run_batch(seg, &whole_pool, 1, 300);
   uint64_t took = sx__mono_ms() - t0;
   print_message("whole-pool batch with a 300 ms deadline: %s after %lu ms, %lu bytes: %s\n",
                 sx_batch_state_name(res.state), (unsigned long)took, (unsigned long)res.bytes,
@@ -349,7 +315,7 @@ static void test_rdma_e2e_deadline_aborts_and_nothing_lands_after(void **state) 
   sx_block_read e[50];
   uint32_t rng = 3;
   entries(e, 50, &rng);
-  res = batch(seg, e, 50, 30000);
+  res = sxt_run_batch(seg, e, 50, 30000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   for (int i = 0; i < 50; i++)
     assert_int_equal(verify(&r, seg, 5, &e[i]), 0);
@@ -370,9 +336,9 @@ static void test_rdma_e2e_target_killed_during_a_batch(void **state) {
   reader_start(&r, "rdma-e2e-reader-3");
   sx_segment *seg = open_rdma(&r, name);
   sx_block_read one = {.layer_count = 1, .slots = 1, .count = 1};
-  assert_int_equal(batch(seg, &one, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &one, 1, 20000).state, SX_BATCH_COMPLETED);
   const uint32_t deadline = 20000;
-  sx_batch *b = submit(seg, &whole_pool, 1, deadline);
+  sx_batch *b = sxt_batch_submit(seg, &whole_pool, 1, deadline);
   uint64_t t0 = sx__mono_ms();
   sxt_sleep_ms(300);
   assert_int_equal(sx_batch_poll(b), SX_EBUSY);
@@ -395,7 +361,7 @@ static void test_rdma_e2e_target_killed_during_a_batch(void **state) {
   assert_true(res.n_failed >= 1);
   assert_true(took < deadline);
   sx_batch_destroy(b);
-  res = batch(seg, &one, 1, 5000);
+  res = sxt_run_batch(seg, &one, 1, 5000);
   assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
   sx_segment_close(seg);
   reader_stop(&r);
@@ -414,14 +380,14 @@ static void test_rdma_e2e_restarted_target_is_stale_then_reopens(void **state) {
   reader_start(&r, "rdma-e2e-reader-4");
   sx_segment *seg = open_rdma(&r, name);
   sx_block_read e = {.layer_count = LAYERS, .slots = 3, .remote_block = 10, .count = 16};
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 100, &e), 0);
 
   pool_stop(&p, SIGKILL);
   pool_start(&p, name, listen, 200, 1);
   int stale = 0;
   for (int i = 0; i < 10 && !stale; i++) {
-    sx_batch_result res = batch(seg, &e, 1, 10000);
+    sx_batch_result res = sxt_run_batch(seg, &e, 1, 10000);
     assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
     print_message("old descriptor: %s: %s\n", sx_err_name(res.error), res.message);
     stale = res.error == SX_ESTALE;
@@ -431,7 +397,7 @@ static void test_rdma_e2e_restarted_target_is_stale_then_reopens(void **state) {
   seg = open_rdma(&r, name);
   assert_memory_equal(sx_segment_desc(seg)->incarnation, p.inc, SX_INCARNATION_LEN);
   memset(r.mem[0], 0, POOL_BYTES);
-  assert_int_equal(batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &e, 1, 20000).state, SX_BATCH_COMPLETED);
   assert_int_equal(verify(&r, seg, 200, &e), 0);
   assert_int_not_equal(verify(&r, seg, 100, &e), 0);
   sx_segment_close(seg);

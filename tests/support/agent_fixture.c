@@ -111,6 +111,31 @@ int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t s
   return sxt_verify(reader->mem, reader->blocks, seg, seed, r);
 }
 
+/* ------------------------------------------------------------ batches */
+
+sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
+                           uint32_t timeout_ms) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(s, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, n));
+  sxt_ok(sx_batch_submit(b));
+  return b;
+}
+
+sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
+                              uint32_t timeout_ms) {
+  sx_batch *b = sxt_batch_submit(s, e, n, timeout_ms);
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL; /* not valid after destroy */
+  sx_batch_destroy(b);
+  return res;
+}
+
 /* ------------------------------------------------------------ store */
 
 typedef struct pub_state {

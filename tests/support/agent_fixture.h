@@ -49,6 +49,14 @@ int sxt_verify(uint8_t *const *mem, uint64_t local_blocks, const sx_segment *seg
 int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t seed,
                       const sx_block_read *r);
 
+/* A batch of n block reads with a deadline of timeout_ms, submitted. */
+sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
+                           uint32_t timeout_ms);
+/* Submit, wait for the end, destroy: the result (its failed list cleared,
+ * since it does not outlive the batch). */
+sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
+                              uint32_t timeout_ms);
+
 /* Publish a descriptor as-is into the mem:// store behind url. */
 void sxt_store_publish(const char *url, const sx_desc *d);
 
