@@ -51,8 +51,8 @@ TEST_LIBS   = $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
 
 OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
-# The RDMA transport is linked in when its source exists (agent/transports.c).
-HAVE_RDMA   := $(if $(wildcard agent/rdma.c),-DSX_HAVE_RDMA)
+# The RDMA transport is linked in when its source exists (agent/transport/transports.c).
+HAVE_RDMA   := $(if $(wildcard agent/transport/rdma/rdma.c),-DSX_HAVE_RDMA)
 CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
@@ -67,7 +67,10 @@ ALL_LDFLAGS = $(LDFLAGS_SX) $(LDFLAGS)
 PROTO     := proto/segxfer.proto
 GEN_C     := $(BUILD)/gen/segxfer.pb-c.c
 GEN_H     := $(BUILD)/gen/segxfer.pb-c.h
-LIB_SRCS  := $(wildcard meta/*.c) $(wildcard agent/*.c)
+# The library: the metadata core (meta/) and its store backends (meta/<backend>/),
+# the agent core (agent/) and its transports (agent/transport/<name>/).  The
+# other folders under agent/ are programs.
+LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/transport/*.c agent/transport/*/*.c)
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/segxfer.pb-c.o
 STATIC    := $(BUILD)/lib/libsegxfer.a
 SHARED    := $(BUILD)/lib/libsegxfer.so.$(VERSION)
@@ -99,7 +102,7 @@ SOAK_BIN    := $(BUILD)/tests/soak/soak
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
 FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
-                $(if $(wildcard agent/rdma.c),fuzz_rdma)
+                $(if $(wildcard agent/transport/rdma/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
@@ -268,8 +271,8 @@ $(BUILD)/obj/%.o: %.c | $(GEN_H)
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-# The transport list changes when agent/rdma.c appears.
-$(BUILD)/obj/agent/transports.o: $(wildcard agent/rdma.c)
+# The transport list changes when agent/transport/rdma/rdma.c appears.
+$(BUILD)/obj/agent/transport/transports.o: $(wildcard agent/transport/rdma/rdma.c)
 
 $(BUILD)/obj/gen/segxfer.pb-c.o: $(GEN_C) $(GEN_H)
 	@mkdir -p $(dir $@)

@@ -22,7 +22,7 @@
 #include "internal.h"
 #include "planner.h"
 #include "segxfer/agent.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 /* ------------------------------------------------------------ calls */
 

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "transport.h"
+#include "transport/transport.h"
 
 void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg) {
   sx_xfer *x = &op->xfers[idx];

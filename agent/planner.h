@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "segxfer/agent.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 /* Regions of one side, sorted three ways.  Entries point into the caller's
  * storage (a descriptor's region array, or sx_lregion.r of registered

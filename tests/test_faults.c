@@ -35,7 +35,7 @@
 #include "agent_fixture.h"
 #include "internal.h"
 #include "proc_env.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "segxfer/store.h"
 
 /* The pool every sx-agent here holds: 4 layers x K,V x 64 blocks of 16 KiB. */

@@ -2,7 +2,7 @@
  * mapping of outcomes onto segxfer codes, and open() without a device. */
 #include <string.h>
 
-#include "rdma_int.h"
+#include "transport/rdma/rdma_int.h"
 #include "sxtest.h"
 
 static const uint8_t inc[SX_INCARNATION_LEN] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};

@@ -16,7 +16,7 @@
 
 #include <signal.h>
 
-#include "etcd.h"
+#include "etcd/etcd.h"
 #include "etcd_harness.h"
 #include "fake_http.h"
 #include "internal.h"

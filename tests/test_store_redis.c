@@ -23,7 +23,7 @@
 
 #include "backend.h"
 #include "internal.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "redis_harness.h"
 #include "store_suite.h"
 

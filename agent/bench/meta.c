@@ -38,7 +38,7 @@
 #include "cache.h"
 #include "internal.h"
 #include "meta.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "segxfer/store.h"
 
 const char bx_meta_help[] =

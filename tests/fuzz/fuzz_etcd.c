@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "etcd.h"
+#include "etcd/etcd.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -3,12 +3,12 @@
  * from any peer that can reach the rdma_cm port: the reader's connect
  * request (HELLO: name, expected incarnation, access token) as the target
  * parses it, and the accept and reject data as the reader parses them.
- * Built only when the RDMA transport is (agent/rdma.c exists).
+ * Built only when the RDMA transport is (agent/transport/rdma/rdma.c exists).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "rdma_int.h"
+#include "transport/rdma/rdma_int.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "internal.h"
-#include "redis.h"
+#include "redis/redis.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

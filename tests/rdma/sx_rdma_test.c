@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rdma_int.h"
+#include "transport/rdma/rdma_int.h"
 #include "segxfer.h"
 
 /* ------------------------------------------------------------------ options */

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "etcd.h"
+#include "etcd/etcd.h"
 #include "etcd_harness.h"
 #include "internal.h"
 #include "sxtest.h"

@@ -1,6 +1,7 @@
 /*
  * redis:// and redis+sentinel:// metadata store (hiredis async on libuv):
- * the ops and their replies.  The session (connect, handshake, events,
+ * the ops and their replies.  Requests (RESP, replies, deadlines) are in
+ * redis_req.c; the session (connect, handshake, events,
  * reconnects) is in redis_session.c, Sentinel in redis_sentinel.c, the Lua
  * scripts in redis_scripts.c.
  *
@@ -27,335 +28,12 @@
 #include "internal.h"
 #include "redis.h"
 
-typedef int (*q_start_fn)(rreq *q);
-typedef void (*q_reply_fn)(rreq *q, redisReply *r);
-
-struct rreq {
-  rreq *next, *prev;
-  redis_backend *rb;
-  sx_backend_cb cb;
-  void *arg;
-  const char *what;
-  uint64_t deadline; /* uv_now() ms */
-  int linked, done, started;
-  int outstanding; /* hiredis callbacks still to come */
-  int fail_rc;     /* a send failed half-way: fail at the next reply */
-  q_start_fn start;
-  q_reply_fn on_reply;
-  int step, got;
-
-  int script, eval;
-  char name[SX_NAME_MAX + 1];
-  char seg_key[SX_NAME_MAX + SX_NS_MAX + 24];
-  char fence_key[SX_NAME_MAX + SX_NS_MAX + 24];
-  char inc_hex[2 * SX_INCARNATION_LEN + 1];
-  char gen[24];
-  char lease[16];
-  int takeover;
-  uint8_t *value;
-  size_t len;
-  uint8_t *put_ev, *del_ev;
-  size_t put_ev_len, del_ev_len;
-  uint64_t server_now;
-
-  /* Results. */
-  sx_backend_reply rep;
-  uint8_t *got_value;
-  int64_t got_lease;
-  char **names;
-  uint8_t **values;
-  sx_backend_item *items;
-  size_t n_names;
-};
-
-/* ------------------------------------------------------------------ ops */
-
-static void q_free(rreq *q) {
-  free(q->value);
-  free(q->put_ev);
-  free(q->del_ev);
-  free(q->got_value);
-  for (size_t i = 0; i < q->n_names; i++) {
-    free(q->names[i]);
-    if (q->values)
-      free(q->values[i]);
-  }
-  free(q->names);
-  free(q->values);
-  free(q->items);
-  free(q);
-}
-
-static void q_release(rreq *q) {
-  if (q->done && q->outstanding == 0)
-    q_free(q);
-}
-
-static void q_unlink(rreq *q) {
-  redis_backend *rb = q->rb;
-  if (!q->linked)
-    return;
-  if (q->prev)
-    q->prev->next = q->next;
-  else
-    rb->head = q->next;
-  if (q->next)
-    q->next->prev = q->prev;
-  else
-    rb->tail = q->prev;
-  q->next = q->prev = NULL;
-  q->linked = 0;
-}
-
-static void op_timer_cb(uv_timer_t *t);
-
-static void arm_op_timer(redis_backend *rb) {
-  if (rb->state == RB_CLOSED)
-    return;
-  if (rb->head == NULL) {
-    uv_timer_stop(&rb->op_timer);
-    return;
-  }
-  uint64_t now = uv_now(rb->base.loop);
-  uint64_t d = rb->head->deadline;
-  uv_timer_start(&rb->op_timer, op_timer_cb, d > now ? d - now : 0, 0);
-}
-
-/* Complete an op: its callback runs here, once.  Does not free it. */
-static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
-  if (q->done)
-    return;
-  q->done = 1;
-  q_unlink(q);
-  q->rep.status = status;
-  /* fmt NULL keeps a message already written into rep. */
-  if (status != 0 && fmt != NULL)
-    vsnprintf(q->rep.message, sizeof(q->rep.message), fmt, ap);
-  else if (status == 0)
-    q->rep.message[0] = '\0';
-  q->cb(q->arg, &q->rep);
-  arm_op_timer(q->rb);
-}
-
-static void q_finish(rreq *q, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void q_finish(rreq *q, int status, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  q_vfinish(q, status, fmt, ap);
-  va_end(ap);
-}
-
-/* Fail every pending op (the list may change under the callbacks). */
-void sx__redis_fail_all(redis_backend *rb, int status, const char *msg) {
-  rreq *q;
-  while ((q = rb->head) != NULL) {
-    q_finish(q, status, "%s", msg);
-    q_release(q);
-  }
-}
-
-
-static void q_cb(redisAsyncContext *ac, void *reply, void *priv);
-
-/* Append a RESP header, "*<n>\r\n" or "$<n>\r\n", at p; returns its end. */
-static char *resp_head(char *p, char kind, size_t n) {
-  char digits[24];
-  int nd = 0;
-  do {
-    digits[nd++] = (char)('0' + n % 10);
-    n /= 10;
-  } while (n);
-  *p++ = kind;
-  while (nd)
-    *p++ = digits[--nd];
-  *p++ = '\r';
-  *p++ = '\n';
-  return p;
-}
-
-/*
- * Send one command.  The request is written in Redis' wire format (RESP)
- * here and handed to hiredis as is: its own formatter (sdscatfmt, one
- * reallocation per argument) was a third of the client's work per cold
- * resolve (callgrind), more than the rest of the backend's.
- */
-static int q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
-  redis_backend *rb = q->rb;
-  if (rb->state != RB_READY || rb->data == NULL)
-    return sx__err(SX_EUNREACH, "%s: connection lost", rb->redacted);
-  size_t al[16], total = 16;
-  if (argc > 16)
-    return sx__err(SX_EINVAL, "%s: %s: too many arguments", q->name, q->what);
-  for (int i = 0; i < argc; i++) {
-    al[i] = lens ? lens[i] : strlen(argv[i]);
-    total += al[i] + 32;
-  }
-  char stack[1024], *buf = total <= sizeof(stack) ? stack : malloc(total);
-  if (buf == NULL)
-    return sx__err(SX_ENOMEM, "%s: %s", q->name, q->what);
-  char *p = resp_head(buf, '*', (size_t)argc);
-  for (int i = 0; i < argc; i++) {
-    p = resp_head(p, '$', al[i]);
-    memcpy(p, argv[i], al[i]);
-    p += al[i];
-    *p++ = '\r';
-    *p++ = '\n';
-  }
-  int rc = redisAsyncFormattedCommand(rb->data, q_cb, q, buf, (size_t)(p - buf));
-  if (buf != stack)
-    free(buf);
-  if (rc != REDIS_OK)
-    return sx__err(SX_EUNREACH, "%s: the connection is closing", rb->redacted);
-  q->outstanding++;
-  return 0;
-}
-
-static void q_cb(redisAsyncContext *ac, void *reply, void *priv) {
-  rreq *q = priv;
-  redis_backend *rb = q->rb;
-  redisReply *r = reply;
-  /* q stays allocated while outstanding > 0, whatever the code below does. */
-  if (!q->done) {
-    if (r == NULL) {
-      if (ac == rb->data)
-        sx__redis_lost(rb, ac);
-      else
-        q_finish(q, SX_EUNREACH, "%s: %s: connection lost", q->name, q->what);
-    } else if (q->fail_rc) {
-      q_finish(q, q->fail_rc, "%s: %s: sending failed", q->name, q->what);
-    } else if (sx__redis_is_error(r, "READONLY")) {
-      /* The master we talk to became a replica: a failover happened.  Ask
-       * the sentinels again (redis+sentinel://) or reconnect. */
-      q_finish(q, SX_EUNREACH, "%s: %s: %s:%d is read-only now (failover?); reconnecting",
-               q->name, q->what, rb->host, rb->port);
-      sx__redis_session_fail(rb, SX_EUNREACH, "%s:%d answered READONLY (failover?)",
-                             rb->host, rb->port);
-    } else {
-      q->got++;
-      q->on_reply(q, r);
-    }
-  }
-  q->outstanding--;
-  q_release(q);
-}
-
-void sx__redis_flush_queued(redis_backend *rb) {
-  /* Send what waited for the connection, oldest first. */
-  for (rreq *q = rb->head; q != NULL && rb->state == RB_READY;) {
-    rreq *next = q->next;
-    if (!q->started) {
-      q->started = 1;
-      int rc = q->start(q);
-      if (rc != 0 && q->outstanding == 0) {
-        q_finish(q, rc, "%s: %s: %s", q->name, q->what, sx_errmsg());
-        q_release(q);
-      } else if (rc != 0) {
-        q->fail_rc = rc;
-      }
-    }
-    q = next;
-  }
-}
-
-static int q_issue(rreq *q) {
-  redis_backend *rb = q->rb;
-  if (rb->state == RB_CLOSED) {
-    q_free(q);
-    return sx__err(SX_ECANCELED, "metadata store is closed");
-  }
-  if (rb->state == RB_DOWN) {
-    q_free(q);
-    return sx__err(SX_EUNREACH, "%s: not connected (%s); reconnecting in the background",
-                   rb->redacted, rb->last_err);
-  }
-  uv_update_time(rb->base.loop);
-  q->deadline = uv_now(rb->base.loop) + rb->base.url.timeout_ms;
-  q->prev = rb->tail;
-  if (rb->tail)
-    rb->tail->next = q;
-  else
-    rb->head = q;
-  rb->tail = q;
-  q->linked = 1;
-  if (rb->state == RB_READY) {
-    q->started = 1;
-    int rc = q->start(q);
-    if (rc != 0) {
-      if (q->outstanding == 0) {
-        q_unlink(q);
-        q_free(q);
-        arm_op_timer(rb);
-        return rc;
-      }
-      q->fail_rc = rc;
-    }
-  }
-  arm_op_timer(rb);
-  return 0;
-}
-
-static void op_timer_cb(uv_timer_t *t) {
-  redis_backend *rb = t->data;
-  uint64_t now = uv_now(rb->base.loop);
-  rreq *q;
-  while ((q = rb->head) != NULL && q->deadline <= now && rb->state != RB_CLOSED) {
-    if (!q->started) {
-      q_finish(q, SX_ETIMEDOUT, "%s: %s: not connected to %s within %u ms (timeout_ms)",
-               q->name, q->what, rb->redacted, rb->base.url.timeout_ms);
-      q_release(q);
-      continue;
-    }
-    q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from %s:%d within %u ms (timeout_ms)",
-             q->name, q->what, rb->host, rb->port, rb->base.url.timeout_ms);
-    q_release(q);
-    sx__redis_session_fail(rb, SX_ETIMEDOUT,
-                           "%s:%d did not answer a command within %u ms; reconnecting",
-                           rb->host, rb->port, rb->base.url.timeout_ms);
-    return;
-  }
-  arm_op_timer(rb);
-}
-
-/* prefix + name + "}" into dst (sized for the longest prefix and name). */
-static void key_of(char *dst, const char *prefix, const char *name, size_t nlen) {
-  size_t plen = strlen(prefix);
-  memcpy(dst, prefix, plen);
-  memcpy(dst + plen, name, nlen);
-  dst[plen + nlen] = '}';
-  dst[plen + nlen + 1] = '\0';
-}
-
-static rreq *q_new(redis_backend *rb, const char *name, sx_backend_cb cb, void *arg,
-                   const char *what, q_start_fn start, q_reply_fn on_reply) {
-  rreq *q = calloc(1, sizeof(*q));
-  if (q == NULL)
-    return NULL;
-  q->rb = rb;
-  q->cb = cb;
-  q->arg = arg;
-  q->what = what;
-  q->start = start;
-  q->on_reply = on_reply;
-  q->rep.ttl_ms = -1;
-  q->rep.holder_ttl_ms = -1;
-  if (name != NULL) {
-    /* Names were validated (at most SX_NAME_MAX bytes): plain copies, no
-     * printf, on the path every resolve takes. */
-    size_t n = strnlen(name, SX_NAME_MAX);
-    memcpy(q->name, name, n);
-    q->name[n] = '\0';
-    key_of(q->seg_key, q->rb->seg_prefix, q->name, n);
-  }
-  return q;
-}
-
 /* ------------------------------------------------------------- scripts */
 
 static int q_script(rreq *q) {
   redis_backend *rb = q->rb;
   /* Only the scripts touch the fence set. */
-  key_of(q->fence_key, rb->fence_prefix, q->name, strlen(q->name));
+  sx__redis_key(q->fence_key, rb->fence_prefix, q->name, strlen(q->name));
   const char *argv[16];
   size_t lens[16];
   int n = 0;
@@ -400,7 +78,7 @@ static int q_script(rreq *q) {
   }
 #undef SARG
 #undef ARG
-  return q_send(q, n, argv, lens);
+  return sx__redis_q_send(q, n, argv, lens);
 }
 
 /*
@@ -416,19 +94,19 @@ static int script_reply(rreq *q, redisReply *r, const char **word) {
     q->eval = 1;
     int rc = q_script(q);
     if (rc)
-      q_finish(q, rc, "%s: %s: %s", q->name, q->what, sx_errmsg());
+      sx__redis_q_finish(q, rc, "%s: %s: %s", q->name, q->what, sx_errmsg());
     return 1;
   }
   if (r->type == REDIS_REPLY_ERROR) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, sx__redis_map_error(r), "%s: %s failed: %s", q->name, q->what, desc);
+    sx__redis_q_finish(q, sx__redis_map_error(r), "%s: %s failed: %s", q->name, q->what, desc);
     return 1;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
       (r->element[0]->type != REDIS_REPLY_STRING &&
        r->element[0]->type != REDIS_REPLY_STATUS)) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, SX_ESTORE, "%s: %s: unexpected reply from the store: %s", q->name, q->what,
+    sx__redis_q_finish(q, SX_ESTORE, "%s: %s: unexpected reply from the store: %s", q->name, q->what,
              desc);
     return 1;
   }
@@ -440,11 +118,11 @@ static int script_reply(rreq *q, redisReply *r, const char **word) {
 static void fenced(rreq *q, const redisReply *r) {
   const char *holder = sx__redis_elem_str(r, 1, 64);
   if (holder != NULL && holder[0] != '\0')
-    q_finish(q, SX_EFENCED, "%s: %s: the name is now held by incarnation %s; this "
+    sx__redis_q_finish(q, SX_EFENCED, "%s: %s: the name is now held by incarnation %s; this "
              "incarnation (%s) lost it and must not write it again", q->name, q->what,
              holder, q->inc_hex);
   else
-    q_finish(q, SX_EFENCED, "%s: %s: incarnation %s was fenced (taken over, or removed "
+    sx__redis_q_finish(q, SX_EFENCED, "%s: %s: incarnation %s was fenced (taken over, or removed "
              "by an admin); start a new incarnation to publish again", q->name, q->what,
              q->inc_hex);
 }
@@ -457,17 +135,17 @@ static int index_add(rreq *q) {
   uint64_t lease = strtoull(q->lease, NULL, 10);
   snprintf(score, sizeof(score), "%" PRIu64, q->server_now + lease);
   const char *argv[] = {"ZADD", q->rb->index_key, score, q->name};
-  return q_send(q, 4, argv, NULL);
+  return sx__redis_q_send(q, 4, argv, NULL);
 }
 
 static int index_rem(rreq *q) {
   const char *argv[] = {"ZREM", q->rb->index_key, q->name};
-  return q_send(q, 3, argv, NULL);
+  return sx__redis_q_send(q, 3, argv, NULL);
 }
 
 static void index_done(rreq *q, redisReply *r) {
   (void)r;
-  q_finish(q, 0, NULL);
+  sx__redis_q_finish(q, 0, NULL);
 }
 
 static void publish_reply(rreq *q, redisReply *r) {
@@ -476,13 +154,13 @@ static void publish_reply(rreq *q, redisReply *r) {
     return;
   if (strcmp(word, "OK") == 0) {
     if (sx__redis_parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
-      q_finish(q, SX_ESTORE, "%s: %s: the script answered OK without a time", q->name,
+      sx__redis_q_finish(q, SX_ESTORE, "%s: %s: the script answered OK without a time", q->name,
                q->what);
       return;
     }
     q->on_reply = index_done;
     if (index_add(q))
-      q_finish(q, 0, NULL);
+      sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "FENCED") == 0) {
     fenced(q, r);
   } else if (strcmp(word, "HELD") == 0) {
@@ -493,15 +171,15 @@ static void publish_reply(rreq *q, redisReply *r) {
       inc = "(unreadable)";
     q->rep.holder_age_ms = age;
     q->rep.holder_ttl_ms = ttl;
-    q_finish(q, SX_EHELD, "%s is held by incarnation %s (last renewed %" PRIu64
+    sx__redis_q_finish(q, SX_EHELD, "%s is held by incarnation %s (last renewed %" PRIu64
              " ms ago, lease left %" PRId64 " ms); publish with takeover to replace it",
              q->name, inc, age, ttl);
   } else if (strcmp(word, "GENERATION") == 0) {
     const char *cur = sx__redis_elem_str(r, 1, 24);
-    q_finish(q, SX_EGENERATION, "%s: generation %s is not above the stored %s", q->name,
+    sx__redis_q_finish(q, SX_EGENERATION, "%s: generation %s is not above the stored %s", q->name,
              q->gen, cur ? cur : "?");
   } else {
-    q_finish(q, SX_ESTORE, "%s: publish: unexpected script status", q->name);
+    sx__redis_q_finish(q, SX_ESTORE, "%s: publish: unexpected script status", q->name);
   }
 }
 
@@ -525,7 +203,7 @@ static int redis_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb
   if (req->len > SX_MAX_DESC_BYTES)
     return sx__err(SX_ELIMIT, "%s: value of %zu bytes is over the %u-byte limit",
                    req->name, req->len, SX_MAX_DESC_BYTES);
-  rreq *q = q_new(rb, req->name, cb, arg, "publish", start_script, publish_reply);
+  rreq *q = sx__redis_q_new(rb, req->name, cb, arg, "publish", start_script, publish_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: publish", req->name);
   q->script = SX_SCRIPT_PUBLISH;
@@ -542,12 +220,12 @@ static int redis_publish(sx_backend *b, const sx_publish_req *req, sx_backend_cb
   if (rc == 0)
     rc = sx_event_encode(&ev, &q->del_ev, &q->del_ev_len);
   if (rc) {
-    q_free(q);
+    sx__redis_q_free(q);
     return sx__err(rc, "%s: publish: cannot encode the event", req->name);
   }
   memcpy(q->value, req->value, req->len);
   q->len = req->len;
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 static void renew_reply(rreq *q, redisReply *r) {
@@ -556,19 +234,19 @@ static void renew_reply(rreq *q, redisReply *r) {
     return;
   if (strcmp(word, "OK") == 0) {
     if (sx__redis_parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
-      q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
+      sx__redis_q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
       return;
     }
     q->on_reply = index_done;
     if (index_add(q))
-      q_finish(q, 0, NULL);
+      sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "GONE") == 0) {
-    q_finish(q, SX_EGONE, "%s: %s: the segment is gone from the store (lease expired, or "
+    sx__redis_q_finish(q, SX_EGONE, "%s: %s: the segment is gone from the store (lease expired, or "
              "the store lost its data); republish it", q->name, q->what);
   } else if (strcmp(word, "FENCED") == 0) {
     fenced(q, r);
   } else {
-    q_finish(q, SX_ESTORE, "%s: %s: unexpected script status", q->name, q->what);
+    sx__redis_q_finish(q, SX_ESTORE, "%s: %s: unexpected script status", q->name, q->what);
   }
 }
 
@@ -579,13 +257,13 @@ static int redis_renew(sx_backend *b, const char *name, const uint8_t *inc,
     return rc;
   if (inc == NULL || lease_ms == 0)
     return sx__err(SX_EINVAL, "%s: renew needs an incarnation and a lease", name);
-  rreq *q = q_new((redis_backend *)b, name, cb, arg, "renew", start_script, renew_reply);
+  rreq *q = sx__redis_q_new((redis_backend *)b, name, cb, arg, "renew", start_script, renew_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: renew", name);
   q->script = SX_SCRIPT_RENEW;
   sx_hex(inc, SX_INCARNATION_LEN, q->inc_hex);
   snprintf(q->lease, sizeof(q->lease), "%u", lease_ms);
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 static void unpublish_reply(rreq *q, redisReply *r) {
@@ -595,13 +273,13 @@ static void unpublish_reply(rreq *q, redisReply *r) {
   if (strcmp(word, "OK") == 0) {
     q->on_reply = index_done;
     if (index_rem(q))
-      q_finish(q, 0, NULL);
+      sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "GONE") == 0) {
-    q_finish(q, SX_EGONE, "%s: unpublish: the segment is already gone", q->name);
+    sx__redis_q_finish(q, SX_EGONE, "%s: unpublish: the segment is already gone", q->name);
   } else if (strcmp(word, "FENCED") == 0) {
     fenced(q, r);
   } else {
-    q_finish(q, SX_ESTORE, "%s: unpublish: unexpected script status", q->name);
+    sx__redis_q_finish(q, SX_ESTORE, "%s: unpublish: unexpected script status", q->name);
   }
 }
 
@@ -612,13 +290,13 @@ static int redis_unpublish(sx_backend *b, const char *name, const uint8_t *inc,
     return rc;
   if (inc == NULL)
     return sx__err(SX_EINVAL, "%s: unpublish needs an incarnation", name);
-  rreq *q = q_new((redis_backend *)b, name, cb, arg, "unpublish", start_script,
+  rreq *q = sx__redis_q_new((redis_backend *)b, name, cb, arg, "unpublish", start_script,
                   unpublish_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: unpublish", name);
   q->script = SX_SCRIPT_UNPUBLISH;
   sx_hex(inc, SX_INCARNATION_LEN, q->inc_hex);
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 static void remove_reply(rreq *q, redisReply *r) {
@@ -632,9 +310,9 @@ static void remove_reply(rreq *q, redisReply *r) {
       q->rep.status = SX_ENOENT;
     q->on_reply = index_done;
     if (index_rem(q) || q->rep.status)
-      q_finish(q, q->rep.status, "%s: no such segment", q->name);
+      sx__redis_q_finish(q, q->rep.status, "%s: no such segment", q->name);
   } else {
-    q_finish(q, SX_ESTORE, "%s: remove: unexpected script status", q->name);
+    sx__redis_q_finish(q, SX_ESTORE, "%s: remove: unexpected script status", q->name);
   }
 }
 
@@ -642,11 +320,11 @@ static int redis_remove(sx_backend *b, const char *name, sx_backend_cb cb, void 
   int rc = check_name(name);
   if (rc)
     return rc;
-  rreq *q = q_new((redis_backend *)b, name, cb, arg, "remove", start_script, remove_reply);
+  rreq *q = sx__redis_q_new((redis_backend *)b, name, cb, arg, "remove", start_script, remove_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: remove", name);
   q->script = SX_SCRIPT_REMOVE;
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 /* ------------------------------------------------------------ reads */
@@ -670,11 +348,11 @@ static void get_reply(rreq *q, redisReply *r) {
     return;
   }
   if (q->rep.status) {
-    q_finish(q, q->rep.status, NULL);
+    sx__redis_q_finish(q, q->rep.status, NULL);
     return;
   }
   if (q->got_value == NULL) {
-    q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
+    sx__redis_q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
     return;
   }
   if (r->type == REDIS_REPLY_INTEGER && r->integer >= 0) {
@@ -685,24 +363,24 @@ static void get_reply(rreq *q, redisReply *r) {
   }
   q->rep.value = q->got_value;
   q->rep.len = q->len;
-  q_finish(q, 0, NULL);
+  sx__redis_q_finish(q, 0, NULL);
 }
 
 static int get_start(rreq *q) {
   const char *hm[] = {"HMGET", q->seg_key, "d", "lease"};
   const char *pt[] = {"PTTL", q->seg_key};
-  int rc = q_send(q, 4, hm, NULL);
-  return rc ? rc : q_send(q, 2, pt, NULL);
+  int rc = sx__redis_q_send(q, 4, hm, NULL);
+  return rc ? rc : sx__redis_q_send(q, 2, pt, NULL);
 }
 
 static int redis_get(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
   int rc = check_name(name);
   if (rc)
     return rc;
-  rreq *q = q_new((redis_backend *)b, name, cb, arg, "get", get_start, get_reply);
+  rreq *q = sx__redis_q_new((redis_backend *)b, name, cb, arg, "get", get_start, get_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: get", name);
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 /* fetch: the value alone, in one HMGET (no PTTL), handed to the caller
@@ -711,43 +389,43 @@ static void fetch_reply(rreq *q, redisReply *r) {
   char desc[160];
   if (r->type == REDIS_REPLY_ERROR) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)", q->name,
+    sx__redis_q_finish(q, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)", q->name,
              desc);
     return;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements != 1) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, SX_ESTORE, "%s: unexpected reply to HMGET: %s", q->name, desc);
+    sx__redis_q_finish(q, SX_ESTORE, "%s: unexpected reply to HMGET: %s", q->name, desc);
     return;
   }
   const redisReply *d = r->element[0];
   if (d->type == REDIS_REPLY_NIL) {
-    q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
+    sx__redis_q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
   } else if (d->type != REDIS_REPLY_STRING) {
-    q_finish(q, SX_EDECODE, "%s: field d is not a string", q->name);
+    sx__redis_q_finish(q, SX_EDECODE, "%s: field d is not a string", q->name);
   } else if (d->len > SX_MAX_DESC_BYTES) {
-    q_finish(q, SX_ELIMIT, "%s: stored value of %zu bytes is over the %u-byte limit", q->name,
+    sx__redis_q_finish(q, SX_ELIMIT, "%s: stored value of %zu bytes is over the %u-byte limit", q->name,
              d->len, SX_MAX_DESC_BYTES);
   } else {
     q->rep.value = (const uint8_t *)d->str;
     q->rep.len = d->len;
-    q_finish(q, 0, NULL);
+    sx__redis_q_finish(q, 0, NULL);
   }
 }
 
 static int fetch_start(rreq *q) {
   const char *hm[] = {"HMGET", q->seg_key, "d"};
-  return q_send(q, 3, hm, NULL);
+  return sx__redis_q_send(q, 3, hm, NULL);
 }
 
 static int redis_fetch(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
   int rc = check_name(name);
   if (rc)
     return rc;
-  rreq *q = q_new((redis_backend *)b, name, cb, arg, "get", fetch_start, fetch_reply);
+  rreq *q = sx__redis_q_new((redis_backend *)b, name, cb, arg, "get", fetch_start, fetch_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "%s: get", name);
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 /*
@@ -780,7 +458,7 @@ static void list_values_reply(rreq *q, redisReply *r) {
     if (i + 1 == q->n_names) {
       q->rep.items = q->items;
       q->rep.n_items = q->n_names;
-      q_finish(q, 0, NULL);
+      sx__redis_q_finish(q, 0, NULL);
     }
   }
 }
@@ -793,13 +471,13 @@ static void list_index_reply(rreq *q, redisReply *r) {
   }
   if (r->type == REDIS_REPLY_ERROR) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, sx__redis_map_error(r), "list: reading the index %s failed: %s", q->rb->index_key,
+    sx__redis_q_finish(q, sx__redis_map_error(r), "list: reading the index %s failed: %s", q->rb->index_key,
              desc);
     return;
   }
   if (r->type != REDIS_REPLY_ARRAY || r->elements > SX_REDIS_MAX_LIST) {
     sx__redis_describe(r, desc, sizeof(desc));
-    q_finish(q, SX_ESTORE, "list: unexpected index reply: %s", desc);
+    sx__redis_q_finish(q, SX_ESTORE, "list: unexpected index reply: %s", desc);
     return;
   }
   size_t n = r->elements;
@@ -807,7 +485,7 @@ static void list_index_reply(rreq *q, redisReply *r) {
   q->values = calloc(n + 1, sizeof(uint8_t *));
   q->items = calloc(n + 1, sizeof(sx_backend_item));
   if (q->names == NULL || q->values == NULL || q->items == NULL) {
-    q_finish(q, SX_ENOMEM, "list: out of memory for %zu entries", n);
+    sx__redis_q_finish(q, SX_ENOMEM, "list: out of memory for %zu entries", n);
     return;
   }
   for (size_t i = 0; i < n; i++) {
@@ -817,7 +495,7 @@ static void list_index_reply(rreq *q, redisReply *r) {
     if (name == NULL || sx_name_validate(name) != 0)
       continue;
     if ((q->names[q->n_names] = strdup(name)) == NULL) {
-      q_finish(q, SX_ENOMEM, "list: out of memory");
+      sx__redis_q_finish(q, SX_ENOMEM, "list: out of memory");
       return;
     }
     q->items[q->n_names].name = q->names[q->n_names];
@@ -825,20 +503,20 @@ static void list_index_reply(rreq *q, redisReply *r) {
     q->n_names++;
   }
   if (q->n_names == 0) {
-    q_finish(q, 0, NULL);
+    sx__redis_q_finish(q, 0, NULL);
     return;
   }
   q->on_reply = list_values_reply;
   for (size_t i = 0; i < q->n_names; i++) {
     char key[sizeof(q->seg_key)];
-    key_of(key, q->rb->seg_prefix, q->names[i], strlen(q->names[i]));
+    sx__redis_key(key, q->rb->seg_prefix, q->names[i], strlen(q->names[i]));
     const char *hm[] = {"HMGET", key, "d", "lease"};
     const char *pt[] = {"PTTL", key};
-    int rc = q_send(q, 4, hm, NULL);
+    int rc = sx__redis_q_send(q, 4, hm, NULL);
     if (rc == 0)
-      rc = q_send(q, 2, pt, NULL);
+      rc = sx__redis_q_send(q, 2, pt, NULL);
     if (rc) {
-      q_finish(q, rc, "list: %s", sx_errmsg());
+      sx__redis_q_finish(q, rc, "list: %s", sx_errmsg());
       return;
     }
   }
@@ -851,16 +529,16 @@ static int list_start(rreq *q) {
            now > SX_REDIS_INDEX_GRACE_MS ? now - SX_REDIS_INDEX_GRACE_MS : 0);
   const char *prune[] = {"ZREMRANGEBYSCORE", q->rb->index_key, "-inf", cutoff};
   const char *range[] = {"ZRANGE", q->rb->index_key, "0", "-1"};
-  int rc = q_send(q, 4, prune, NULL);
-  return rc ? rc : q_send(q, 4, range, NULL);
+  int rc = sx__redis_q_send(q, 4, prune, NULL);
+  return rc ? rc : sx__redis_q_send(q, 4, range, NULL);
 }
 
 static int redis_list(sx_backend *b, sx_backend_cb cb, void *arg) {
-  rreq *q = q_new((redis_backend *)b, NULL, cb, arg, "list", list_start, list_index_reply);
+  rreq *q = sx__redis_q_new((redis_backend *)b, NULL, cb, arg, "list", list_start, list_index_reply);
   if (q == NULL)
     return sx__err(SX_ENOMEM, "list");
   snprintf(q->name, sizeof(q->name), "%s", b->url.ns);
-  return q_issue(q);
+  return sx__redis_q_issue(q);
 }
 
 const sx_backend_ops sx__backend_redis_ops = {

@@ -31,7 +31,7 @@
 #include <sys/socket.h>
 
 #include "internal.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 #define SX__RDMA_MAX_EPS SX_MAX_DEVICES /* published endpoints (device ports) */
 #define SX__RDMA_MAX_DEVS SX_MAX_DEVICES

@@ -1,6 +1,6 @@
 /*
  * The transports built into this library, in the order the agent prefers
- * them for a peer.  RDMA is compiled in only when agent/rdma.c exists (the
+ * them for a peer.  RDMA is compiled in only when agent/transport/rdma/rdma.c exists (the
  * Makefile then defines SX_HAVE_RDMA), so the agent links and runs without
  * it; a weak symbol would not do, since a static link would then silently
  * leave rdma.o out of the program.

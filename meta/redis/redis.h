@@ -172,7 +172,69 @@ void sx__redis_sentinel_close(redis_backend *rb);
 /* The sentinel being asked did not answer within connect_timeout_ms. */
 void sx__redis_sres_timeout(redis_backend *rb);
 
-/* backend_redis.c (ops) --------------------------------------------------- */
+/* redis_req.c (requests) --------------------------------------------------- */
+
+typedef int (*sx__redis_start_fn)(rreq *q);
+typedef void (*sx__redis_reply_fn)(rreq *q, redisReply *r);
+
+/* One store op: its commands, the replies it waits for, its result. */
+typedef int (*sx__redis_start_fn)(rreq *q);
+typedef void (*sx__redis_reply_fn)(rreq *q, redisReply *r);
+
+struct rreq {
+  rreq *next, *prev;
+  redis_backend *rb;
+  sx_backend_cb cb;
+  void *arg;
+  const char *what;
+  uint64_t deadline; /* uv_now() ms */
+  int linked, done, started;
+  int outstanding; /* hiredis callbacks still to come */
+  int fail_rc;     /* a send failed half-way: fail at the next reply */
+  sx__redis_start_fn start;
+  sx__redis_reply_fn on_reply;
+  int step, got;
+
+  int script, eval;
+  char name[SX_NAME_MAX + 1];
+  char seg_key[SX_NAME_MAX + SX_NS_MAX + 24];
+  char fence_key[SX_NAME_MAX + SX_NS_MAX + 24];
+  char inc_hex[2 * SX_INCARNATION_LEN + 1];
+  char gen[24];
+  char lease[16];
+  int takeover;
+  uint8_t *value;
+  size_t len;
+  uint8_t *put_ev, *del_ev;
+  size_t put_ev_len, del_ev_len;
+  uint64_t server_now;
+
+  /* Results. */
+  sx_backend_reply rep;
+  uint8_t *got_value;
+  int64_t got_lease;
+  char **names;
+  uint8_t **values;
+  sx_backend_item *items;
+  size_t n_names;
+};
+
+/* A new op on name (may be NULL); start sends its commands, on_reply takes
+ * each reply.  NULL when out of memory. */
+rreq *sx__redis_q_new(redis_backend *rb, const char *name, sx_backend_cb cb, void *arg,
+                      const char *what, sx__redis_start_fn start, sx__redis_reply_fn on_reply);
+/* Send it now, or queue it for the session being set up; fails it at once
+ * when the store is down.  0, or an error and the op was not taken. */
+int sx__redis_q_issue(rreq *q);
+/* One command in RESP (argc words); 0 or an error. */
+int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens);
+/* Deliver the op's result (status, message) and release it. */
+void sx__redis_q_finish(rreq *q, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void sx__redis_q_free(rreq *q);
+/* prefix + name + "}" into dst (sized for the longest prefix and name). */
+void sx__redis_key(char *dst, const char *prefix, const char *name, size_t nlen);
+
 
 /* Send the ops that waited for the session, oldest first. */
 void sx__redis_flush_queued(redis_backend *rb);
