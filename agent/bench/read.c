@@ -48,7 +48,9 @@ const char bx_read_help[] =
     "  --conns LIST        connections (TCP) or QPs (RDMA) per peer (default 4)\n"
     "  --depth N           batches in flight (default 2)\n"
     "  --group-bytes N     target memory per block size (default 64M)\n"
-    "  --max-batch-bytes N skip batches larger than this (default 64M)\n"
+    "  --max-batch-bytes N skip batches larger than this (default 64M); skipped cases\n"
+    "                      are listed, and a case that fails says why in its row (NOTE)\n"
+    "                      while the others still run\n"
     "  --verify            check every byte read (segxfer and raw stream) against\n"
     "                      the fill pattern; the checking time is in the figures\n"
     "  --baseline KIND     stream, ib_read_bw or none (default: stream for tcp,\n"
@@ -153,8 +155,6 @@ static int reader_start(rd *R, uint32_t conns, const char *url, const char *name
   bx_bench_layout(&p.layout);
   int rc = sx_agent_create(&p, &R->a);
   for (int g = 0; g < R->o->n_sizes && rc == 0; g++) {
-    if (R->local_blocks[g] == 0)
-      continue;
     sx_region_params r = {.addr = R->local[g],
                           .length = R->local_blocks[g] * R->o->sizes[g],
                           .group = (uint32_t)g, .layer_count = 1, .slot = SX_SLOT_K,
@@ -205,6 +205,7 @@ typedef struct rcase {
   int g;
   uint64_t size, batch;
   int scattered;
+  char note[200]; /* why it was skipped or failed; "" when it ran */
 } rcase;
 
 typedef struct slotb {
@@ -387,10 +388,11 @@ static const bx_col cols[] = {
     {"p99_ms", "P99 MS", "%.3f"},        {"cpu_s_gb", "CPU S/GB", "%.2f"},
     {"cpu_reader_s_gb", "READER", "%.2f"}, {"cpu_target_s_gb", "TARGET", "%.2f"},
     {"baseline_gb_s", "BASELINE GB/S", "%.3f"}, {"ratio", "VS BASELINE", "%.2fx"},
+    {"note", "NOTE", NULL},
 };
 
-static void add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch, const char *ids,
-                    uint32_t conns, const bx_caseres *r, double base) {
+static bx_row *add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
+                       const char *ids, uint32_t conns, const bx_caseres *r, double base) {
   bx_row *row = bx_row_add(t);
   char b[16];
   double gb = r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
@@ -400,9 +402,10 @@ static void add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch, 
     bx_set_num(row, "batch", (double)batch);
   bx_set_str(row, "ids", "%s", ids);
   bx_set_num(row, "conns", conns);
-  bx_set_num(row, "gb_s", gb);
-  if (r->secs > 0)
+  if (r->secs > 0) {
+    bx_set_num(row, "gb_s", gb);
     bx_set_num(row, "blocks_s", (double)r->blocks / r->secs);
+  }
   if (batch) {
     bx_set_num(row, "p50_ms", r->p50_ms);
     bx_set_num(row, "p99_ms", r->p99_ms);
@@ -419,6 +422,12 @@ static void add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch, 
     bx_set_num(row, "baseline_gb_s", base);
     bx_set_num(row, "ratio", gb / base);
   }
+  return row;
+}
+
+static bx_row *add_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
+                            const bx_caseres *r) {
+  return add_row(t, name, size, 0, "-", conns, r, 0);
 }
 
 /* ------------------------------------------------------------ options */
@@ -537,19 +546,28 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
            o.rdma ? "ib_read_bw, same device" : "a raw TCP stream, same two processes");
   snprintf(plot.xlabel, sizeof(plot.xlabel), "block size");
   snprintf(plot.ylabel, sizeof(plot.ylabel), "GB/s");
-  /* Local destinations: depth batches of the largest batch of each size. */
-  int cases = 0;
+  /* Local destinations: depth batches of the largest batch of each size;
+   * one block where no batch of the size runs, so the reader still has
+   * every key the target publishes and the layout check passes. */
+  char size_err[BX_MAX_SIZES][160], gone[96] = "";
+  int cases = 0, failed = 0;
+  memset(size_err, 0, sizeof(size_err));
   for (int g = 0; g < o.n_sizes; g++) {
     uint64_t mb = max_batch(&o, o.sizes[g]);
-    R.local_blocks[g] = mb * o.depth;
-    if (mb == 0)
-      continue;
+    R.local_blocks[g] = mb ? mb * o.depth : 1;
     R.local[g] = mmap(NULL, R.local_blocks[g] * o.sizes[g], PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (R.local[g] == MAP_FAILED) {
-      fprintf(stderr, "sx-bench read: cannot map local buffers\n");
-      R.local[g] = NULL;
-      goto fail;
+      snprintf(size_err[g], sizeof(size_err[g]), "cannot map %llu MiB of local buffers",
+               (unsigned long long)(R.local_blocks[g] * o.sizes[g] >> 20));
+      R.local_blocks[g] = 1;
+      R.local[g] = mmap(NULL, o.sizes[g], PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (R.local[g] == MAP_FAILED) {
+        R.local[g] = NULL;
+        snprintf(err, sizeof(err), "cannot map local buffers");
+        goto fail;
+      }
     }
     for (int b = 0; b < o.n_batches; b++)
       cases += o.batches[b] * o.sizes[g] <= o.max_batch_bytes ? o.contig + o.scattered : 0;
@@ -583,60 +601,103 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
     judged[k][0] = judged[k][1] = -1;
   for (int ci = 0; ci < o.n_conns; ci++) {
     uint32_t conns = (uint32_t)o.conns[ci];
-    if (reader_start(&R, conns, url, name, err, sizeof(err)) != 0) {
+    /* Why no case of these connections can run ("" while they can). */
+    char reader_err[600] = "";
+    err[0] = '\0';
+    if (R.t.pid == 0) /* the target is gone: what ended it is in gone */
+      snprintf(reader_err, sizeof(reader_err), "%s", gone);
+    else if (reader_start(&R, conns, url, name, err, sizeof(err)) != 0) {
+      snprintf(reader_err, sizeof(reader_err), "%s", err);
       reader_stop(&R);
-      goto fail;
     }
     const char *dev = o.rdma_dev;
-    const sx_desc *d = sx_segment_desc(R.seg);
-    for (uint32_t e = 0; dev == NULL && e < d->n_endpoints; e++)
+    const sx_desc *d = R.seg != NULL ? sx_segment_desc(R.seg) : NULL;
+    for (uint32_t e = 0; d != NULL && dev == NULL && e < d->n_endpoints; e++)
       if (d->endpoints[e].kind == SX_TRANSPORT_RDMA)
         dev = d->endpoints[e].device;
     for (int g = 0; g < o.n_sizes; g++) {
       uint64_t size = o.sizes[g];
-      if (R.local_blocks[g] == 0)
-        continue;
       char b[16];
       bx_size_name(size, b, sizeof(b));
       const char *bname = o.baseline == BASE_IB ? "ib_read_bw" : "raw stream";
-      /* The cases of this size. */
+      /* The cases of this size; those that cannot run say why. */
       rcase rc_list[32];
-      int nres = 0;
+      int nres = 0, runnable = 0;
       for (int bi = 0; bi < o.n_batches; bi++) {
-        if (o.batches[bi] * size > o.max_batch_bytes)
-          continue;
-        for (int sc = 0; sc < 2; sc++)
-          if (((sc == 0 && o.contig) || (sc == 1 && o.scattered)) && nres < 32)
-            rc_list[nres++] = (rcase){.g = g, .size = size, .batch = o.batches[bi],
-                                      .scattered = sc};
+        for (int sc = 0; sc < 2; sc++) {
+          if (!((sc == 0 && o.contig) || (sc == 1 && o.scattered)) || nres == 32)
+            continue;
+          rcase *c = &rc_list[nres++];
+          *c = (rcase){.g = g, .size = size, .batch = o.batches[bi], .scattered = sc};
+          char mb[16];
+          if (c->batch * size > o.max_batch_bytes)
+            snprintf(c->note, sizeof(c->note), "skipped: %llu x %s is over --max-batch-bytes %s",
+                     (unsigned long long)c->batch, b,
+                     bx_size_name(o.max_batch_bytes, mb, sizeof(mb)));
+          else if (!sc && c->batch > o.group_bytes / size)
+            snprintf(c->note, sizeof(c->note), "skipped: the target's group holds %llu "
+                     "blocks, fewer than the batch's contiguous ids",
+                     (unsigned long long)(o.group_bytes / size));
+          else if (size_err[g][0] || reader_err[0])
+            snprintf(c->note, sizeof(c->note), "not run: %s",
+                     size_err[g][0] ? size_err[g] : reader_err);
+          runnable += c->note[0] == '\0';
+        }
       }
       /* With one round, the baseline is measured in two halves around all
        * cases of the size; with more, each case alternates with a baseline
-       * window of its own, round after round, and is judged against it. */
+       * window of its own, round after round, and is judged against it.  A
+       * baseline that fails leaves the cases without one, and says why. */
       bx_caseres res[32], cbase[32], base = {0};
       bx_lat lat[32];
+      char base_err[240] = "";
       memset(res, 0, sizeof(res));
       memset(cbase, 0, sizeof(cbase));
       memset(lat, 0, sizeof(lat));
-      int rounds = (int)o.rounds, have_base = o.baseline != BASE_NONE;
+      int rounds = (int)o.rounds, have_base = o.baseline != BASE_NONE && runnable > 0;
       double slice = co->duration / rounds;
       if (rounds == 1 && have_base) {
         bx_progress("%s baseline, %s blocks, %u conns", bname, b, conns);
-        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err)))
-          goto fail_reader;
+        err[0] = '\0';
+        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err))) {
+          snprintf(base_err, sizeof(base_err), "failed: %s", err);
+          have_base = 0;
+        }
       }
       for (int k = 0; k < nres; k++) {
-        const rcase *c = &rc_list[k];
+        rcase *c = &rc_list[k];
+        if (c->note[0] == '\0' && reader_err[0])
+          snprintf(c->note, sizeof(c->note), "not run: %s", reader_err);
+        if (c->note[0])
+          continue;
         bx_progress("%s %s blocks, batch %llu, %s, %u conns%s", tr, b,
                     (unsigned long long)c->batch, c->scattered ? "scattered" : "contiguous",
                     conns, rounds > 1 ? ", alternating with the baseline" : "");
-        for (int r = 0; r < rounds; r++) {
+        for (int r = 0; r < rounds && c->note[0] == '\0'; r++) {
           bx_caseres one;
+          err[0] = '\0';
           if (rounds > 1 && have_base &&
-              base_round(&R, g, conns, dev, slice, &cbase[k], err, sizeof(err)))
-            goto fail_reader;
-          if (run_case(&R, c, slice, &one, &lat[k], err, sizeof(err)) != 0)
-            goto fail_reader;
+              base_round(&R, g, conns, dev, slice, &cbase[k], err, sizeof(err))) {
+            snprintf(base_err, sizeof(base_err), "failed: %s", err);
+            have_base = 0;
+          }
+          err[0] = '\0';
+          if (run_case(&R, c, slice, &one, &lat[k], err, sizeof(err)) != 0) {
+            /* Say why, and go on with a fresh reader: the failure may have
+             * left its connections in any state. */
+            snprintf(c->note, sizeof(c->note), "failed: %s", err);
+            reader_stop(&R);
+            err[0] = '\0';
+            if (bx_target_exited(&R.t, gone, sizeof(gone))) {
+              snprintf(c->note, sizeof(c->note), "failed: %s", gone);
+              snprintf(reader_err, sizeof(reader_err), "%s", gone);
+            }
+            else if (reader_start(&R, conns, url, name, err, sizeof(err)) != 0) {
+              snprintf(reader_err, sizeof(reader_err), "%s", err);
+              reader_stop(&R);
+            }
+            break;
+          }
           accumulate(&res[k], &one);
         }
         res[k].p50_ms = bx_lat_pct(&lat[k], 0.5) / 1e6;
@@ -646,21 +707,20 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           accumulate(&base, &cbase[k]);
       }
       if (rounds == 1 && have_base) {
-        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err)))
-          goto fail_reader;
+        err[0] = '\0';
+        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err))) {
+          snprintf(base_err, sizeof(base_err), "failed: %s", err);
+          have_base = 0;
+        }
         for (int k = 0; k < nres; k++)
-          cbase[k] = base;
+          cbase[k] = have_base ? base : (bx_caseres){0};
       }
-      double base_gb = gbps(&base);
-      if (o.baseline == BASE_STREAM) {
-        add_row(t, "raw stream", size, 0, "-", conns, &base, 0);
-      } else if (o.baseline == BASE_IB) {
-        bx_row *row = bx_row_add(t);
-        bx_set_str(row, "transport", "ib_read_bw");
-        bx_set_str(row, "block", "%s", b);
-        bx_set_num(row, "conns", conns);
-        bx_set_num(row, "gb_s", base_gb);
-        bx_set_num(row, "blocks_s", base_gb * 1e9 / (double)size);
+      double base_gb = have_base ? gbps(&base) : 0;
+      if (base_err[0] || have_base) {
+        bx_row *row = add_base_row(t, o.baseline == BASE_IB ? "ib_read_bw" : "raw stream",
+                                   size, conns, &base);
+        if (base_err[0])
+          bx_set_str(row, "note", "%s", base_err);
       }
       char sname[96];
       snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
@@ -673,16 +733,27 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       uint64_t tb = 0;
       for (int k = 0; k < nres; k++)
-        if (rc_list[k].batch <= o.target_batch && rc_list[k].batch > tb)
+        if (rc_list[k].note[0] == '\0' && rc_list[k].batch <= o.target_batch &&
+            rc_list[k].batch > tb)
           tb = rc_list[k].batch;
       for (int k = 0; k < nres; k++) {
         const rcase *c = &rc_list[k];
+        const char *ids = c->scattered ? "scattered" : "contiguous";
+        if (c->note[0]) {
+          failed += strncmp(c->note, "skipped", 7) != 0;
+          bx_row *row = bx_row_add(t);
+          bx_set_str(row, "transport", "%s", tr);
+          bx_set_str(row, "block", "%s", b);
+          bx_set_num(row, "batch", (double)c->batch);
+          bx_set_str(row, "ids", "%s", ids);
+          bx_set_num(row, "conns", conns);
+          bx_set_str(row, "note", "%s", c->note);
+          continue;
+        }
         double gb = gbps(&res[k]), cb = gbps(&cbase[k]);
-        add_row(t, tr, size, c->batch, c->scattered ? "scattered" : "contiguous", conns,
-                &res[k], cb);
+        add_row(t, tr, size, c->batch, ids, conns, &res[k], cb);
         snprintf(sname, sizeof(sname), "segxfer batch %llu, %s, %u %s",
-                 (unsigned long long)c->batch, c->scattered ? "scattered" : "contiguous",
-                 conns, o.rdma ? "QPs" : "conns");
+                 (unsigned long long)c->batch, ids, conns, o.rdma ? "QPs" : "conns");
         /* Colour by batch size (and connections), solid for scattered ids,
          * dotted for contiguous ones. */
         bx_series *se = bx_plot_series(&plot, sname, 0);
@@ -725,8 +796,6 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   }
   rc = BX_OK;
   goto out;
-fail_reader:
-  reader_stop(&R);
 fail:
   fprintf(stderr, "sx-bench read: %s\n", err[0] ? err : "failed");
   rc = BX_FAIL;
@@ -741,6 +810,11 @@ out:
   bx_redis_stop(&srv);
   if (rc == BX_OK && bx_report_emit(rep, &plot) != 0)
     rc = BX_FAIL;
+  if (rc == BX_OK && failed > 0) {
+    fprintf(stderr, "sx-bench read: %d case%s failed (the NOTE column says why); the others "
+            "ran\n", failed, failed > 1 ? "s" : "");
+    rc = BX_FAIL;
+  }
   bx_report_free(rep);
   return rc;
 }

@@ -37,6 +37,8 @@ typedef struct bx_stream_req {
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
                     int n, uint64_t group_bytes, uint64_t seed, const char *transport);
 void bx_target_stop(bx_tproc *t);
+/* 1 when the target has ended (reaped; why says how), else 0. */
+int bx_target_exited(bx_tproc *t, char *why, size_t size);
 /* The target's CPU seconds so far (user + system, all threads), or -1. */
 double bx_target_cpu(bx_tproc *t);
 

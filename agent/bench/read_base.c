@@ -113,6 +113,18 @@ void bx_target_stop(bx_tproc *t) {
   }
 }
 
+int bx_target_exited(bx_tproc *t, char *why, size_t size) {
+  int st;
+  if (t->pid <= 0 || waitpid(t->pid, &st, WNOHANG) != t->pid)
+    return 0;
+  t->pid = 0;
+  if (WIFSIGNALED(st))
+    snprintf(why, size, "the target process was killed by signal %d", WTERMSIG(st));
+  else
+    snprintf(why, size, "the target process exited with status %d", WEXITSTATUS(st));
+  return 1;
+}
+
 static int raw_connect(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
@@ -204,6 +216,9 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
   memset(out, 0, sizeof(*out));
   if (s == NULL)
     return -1;
+  /* Connections not yet made must not close stdin on the way out. */
+  for (uint32_t i = 0; i < q->conns; i++)
+    s[i].fd = -1;
   for (uint32_t i = 0; i < q->conns; i++) {
     s[i].chunk = q->size;
     s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
