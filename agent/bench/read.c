@@ -35,9 +35,10 @@ const char bx_read_help[] =
     "memory).  Baseline in the same run: for tcp the raw socket stream between the\n"
     "same two processes (blocking sockets, one thread per connection on each side,\n"
     "the block size as the chunk; measured in two halves around the cases of each\n"
-    "size); for rdma perftest's ib_read_bw on the same device.  Reported: GB/s\n"
-    "(10^9 bytes), blocks/s, p50/p99 batch latency (submit to end) and CPU seconds\n"
-    "per GB of both processes (getrusage).\n"
+    "size); for rdma perftest's ib_read_bw on the same device (and an ib_write_bw\n"
+    "row).  Reported: GB/s (10^9 bytes), blocks/s, p50/p99 batch latency (submit\n"
+    "to end) and CPU seconds per GB of both processes on every row (getrusage; the\n"
+    "perftest programs' from wait4, as child processes), and both ratios.\n"
     "\n"
     "  --metadata URL      redis:// store (default: a private redis-server)\n"
     "  --transport KIND    tcp (default) or rdma\n"
@@ -65,7 +66,8 @@ const char bx_read_help[] =
     "                      steadier ratios on a busy machine, twice the time\n"
     "\n"
     "targets: TCP batched reads of 64K blocks >= 0.8x the raw stream, 1M >= 0.9x;\n"
-    "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M (judged on scattered ids\n"
+    "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M; CPU per GB (both sides)\n"
+    "<= 1.5x the baseline's at 64K and 1M (judged on scattered ids\n"
     "when they ran, for each --conns value: both sides use that many connections).\n"
     "\n"
     "examples:\n"
@@ -347,10 +349,17 @@ static double gbps(const bx_caseres *r) {
   return r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
 }
 
-/* One baseline window of secs, added to *acc.  ib_read_bw gives a rate:
- * it counts as one second at that rate. */
-static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs,
-                      bx_caseres *acc, char *err, size_t esize) {
+/* CPU seconds per GB of both processes, or -1 when unknown. */
+static double cpu_gb(const bx_caseres *r) {
+  return r->bytes > 0 && r->cpu_reader >= 0 && r->cpu_target >= 0
+             ? (r->cpu_reader + r->cpu_target) / ((double)r->bytes / 1e9)
+             : -1;
+}
+
+/* One baseline window of secs, added to *acc; ib is the perftest program
+ * for an RDMA baseline (ib_read_bw, or ib_write_bw for its row only). */
+static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char *ib,
+                      double secs, bx_caseres *acc, char *err, size_t esize) {
   const ropts *o = R->o;
   uint64_t size = o->sizes[g];
   if (o->baseline == BASE_STREAM) {
@@ -364,15 +373,12 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs
     accumulate(acc, &r);
   } else if (o->baseline == BASE_IB) {
     if (dev == NULL) {
-      snprintf(err, esize, "ib_read_bw: no RDMA device (--rdma-device)");
+      snprintf(err, esize, "%s: no RDMA device (--rdma-device)", ib);
       return -1;
     }
-    double gb = bx_ib_read_bw(dev, o->rdma_ip, size, conns, secs, err, esize);
-    if (gb < 0)
+    bx_caseres r;
+    if (bx_ib_bw(ib, dev, o->rdma_ip, size, conns, secs, &r, err, esize))
       return -1;
-    bx_caseres r = {.secs = 1, .bytes = (uint64_t)(gb * 1e9), .cpu_reader = -1,
-                    .cpu_target = -1};
-    r.blocks = r.bytes / size;
     accumulate(acc, &r);
   }
   return 0;
@@ -388,11 +394,12 @@ static const bx_col cols[] = {
     {"p99_ms", "P99 MS", "%.3f"},        {"cpu_s_gb", "CPU S/GB", "%.2f"},
     {"cpu_reader_s_gb", "READER", "%.2f"}, {"cpu_target_s_gb", "TARGET", "%.2f"},
     {"baseline_gb_s", "BASELINE GB/S", "%.3f"}, {"ratio", "VS BASELINE", "%.2fx"},
-    {"note", "NOTE", NULL},
+    {"cpu_ratio", "CPU/GB VS BASELINE", "%.2fx"}, {"note", "NOTE", NULL},
 };
 
 static bx_row *add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
-                       const char *ids, uint32_t conns, const bx_caseres *r, double base) {
+                       const char *ids, uint32_t conns, const bx_caseres *r,
+                       const bx_caseres *base) {
   bx_row *row = bx_row_add(t);
   char b[16];
   double gb = r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
@@ -411,23 +418,24 @@ static bx_row *add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batc
     bx_set_num(row, "p99_ms", r->p99_ms);
   }
   double gbytes = (double)r->bytes / 1e9;
-  if (gbytes > 0 && r->cpu_reader >= 0) {
+  if (gbytes > 0 && r->cpu_reader >= 0)
     bx_set_num(row, "cpu_reader_s_gb", r->cpu_reader / gbytes);
-    if (r->cpu_target >= 0) {
-      bx_set_num(row, "cpu_target_s_gb", r->cpu_target / gbytes);
-      bx_set_num(row, "cpu_s_gb", (r->cpu_reader + r->cpu_target) / gbytes);
-    }
+  if (gbytes > 0 && r->cpu_target >= 0)
+    bx_set_num(row, "cpu_target_s_gb", r->cpu_target / gbytes);
+  if (cpu_gb(r) >= 0)
+    bx_set_num(row, "cpu_s_gb", cpu_gb(r));
+  if (base != NULL && gbps(base) > 0) {
+    bx_set_num(row, "baseline_gb_s", gbps(base));
+    bx_set_num(row, "ratio", gb / gbps(base));
   }
-  if (base > 0) {
-    bx_set_num(row, "baseline_gb_s", base);
-    bx_set_num(row, "ratio", gb / base);
-  }
+  if (base != NULL && cpu_gb(base) > 0 && cpu_gb(r) >= 0)
+    bx_set_num(row, "cpu_ratio", cpu_gb(r) / cpu_gb(base));
   return row;
 }
 
 static bx_row *add_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
                             const bx_caseres *r) {
-  return add_row(t, name, size, 0, "-", conns, r, 0);
+  return add_row(t, name, size, 0, "-", conns, r, NULL);
 }
 
 /* ------------------------------------------------------------ options */
@@ -595,10 +603,10 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                   "after the cases of its block size", (unsigned long long)o.rounds);
   if (o.verify)
     bx_table_note(t, "--verify: every byte checked against the pattern, inside the timing");
-  /* The targets' ratios: [connections index][64K, 1M]. */
-  double judged[8][2];
-  for (int k = 0; k < 8; k++)
-    judged[k][0] = judged[k][1] = -1;
+  /* The targets' ratios: [connections index][64K, 1M][GB/s, CPU per GB]. */
+  double judged[8][2][2];
+  for (int k = 0; k < 8 * 2 * 2; k++)
+    (&judged[0][0][0])[k] = -1;
   for (int ci = 0; ci < o.n_conns; ci++) {
     uint32_t conns = (uint32_t)o.conns[ci];
     /* Why no case of these connections can run ("" while they can). */
@@ -659,7 +667,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       if (rounds == 1 && have_base) {
         bx_progress("%s baseline, %s blocks, %u conns", bname, b, conns);
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err))) {
+        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err, sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
         }
@@ -677,7 +685,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           bx_caseres one;
           err[0] = '\0';
           if (rounds > 1 && have_base &&
-              base_round(&R, g, conns, dev, slice, &cbase[k], err, sizeof(err))) {
+              base_round(&R, g, conns, dev, "ib_read_bw", slice, &cbase[k], err, sizeof(err))) {
             snprintf(base_err, sizeof(base_err), "failed: %s", err);
             have_base = 0;
           }
@@ -708,7 +716,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       if (rounds == 1 && have_base) {
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, co->duration / 2, &base, err, sizeof(err))) {
+        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err, sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
         }
@@ -721,6 +729,16 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                                    size, conns, &base);
         if (base_err[0])
           bx_set_str(row, "note", "%s", base_err);
+      }
+      /* RDMA: ib_write_bw too, for its CPU per GB (a row, not a ratio's
+       * baseline: segxfer reads). */
+      if (o.baseline == BASE_IB && runnable > 0) {
+        bx_caseres wb = {0};
+        err[0] = '\0';
+        int wrc = base_round(&R, g, conns, dev, "ib_write_bw", co->duration / 2, &wb, err,
+                             sizeof(err));
+        bx_row *row = add_base_row(t, "ib_write_bw", size, conns, &wb);
+        bx_set_str(row, "note", wrc ? "failed: %s" : "for CPU per GB only%s", err);
       }
       char sname[96];
       snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
@@ -751,7 +769,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           continue;
         }
         double gb = gbps(&res[k]), cb = gbps(&cbase[k]);
-        add_row(t, tr, size, c->batch, ids, conns, &res[k], cb);
+        add_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k]);
         snprintf(sname, sizeof(sname), "segxfer batch %llu, %s, %u %s",
                  (unsigned long long)c->batch, ids, conns, o.rdma ? "QPs" : "conns");
         /* Colour by batch size (and connections), solid for scattered ids,
@@ -766,8 +784,12 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         }
         bx_series_add(se, (double)size, gb);
         if (c->batch == tb && c->scattered == o.scattered && cb > 0 &&
-            (size == 65536 || size == 1048576))
-          judged[ci][size == 65536 ? 0 : 1] = gb / cb;
+            (size == 65536 || size == 1048576)) {
+          double *j = judged[ci][size == 65536 ? 0 : 1];
+          j[0] = gb / cb;
+          if (cpu_gb(&cbase[k]) > 0 && cpu_gb(&res[k]) >= 0)
+            j[1] = cpu_gb(&res[k]) / cpu_gb(&cbase[k]);
+        }
       }
     }
     reader_stop(&R);
@@ -775,23 +797,24 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   /* One verdict per block size and connection count: both sides always
    * run with the same number of connections (the raw stream with a thread
    * per connection on each side, the agents with one event loop each). */
-  static const char *const what[2][2] = {
-      {"TCP batched reads, 64K blocks, vs raw stream", "TCP batched reads, 1M blocks, vs raw stream"},
-      {"RDMA batched reads, 64K blocks, vs ib_read_bw", "RDMA batched reads, 1M blocks, vs ib_read_bw"}};
-  for (int ci = 0; ci < o.n_conns; ci++) {
-    for (int k = 0; k < 2; k++) {
-      double limit = o.rdma ? 0.9 : (k == 0 ? 0.8 : 0.9);
-      char tname[160], basis[160];
-      snprintf(tname, sizeof(tname), "%s, %llu %s", what[o.rdma][k],
-               (unsigned long long)o.conns[ci], o.rdma ? "QPs" : "conns");
-      snprintf(basis, sizeof(basis), "GB/s ratio, same run, batch %llu or the largest below, "
-               "%s ids", (unsigned long long)o.target_batch,
-               o.scattered ? "scattered" : "contiguous");
-      if (judged[ci][k] >= 0)
-        bx_target(rep, tname, judged[ci][k], "x", ">=", limit, basis);
-      else if (ci == 0)
-        bx_target_skip(rep, tname, o.baseline == BASE_NONE ? "--baseline none"
-                                                          : "block size not run");
+  for (int m = 0; m < 2; m++) {
+    for (int ci = 0; ci < o.n_conns; ci++) {
+      for (int k = 0; k < 2; k++) {
+        double limit = m ? 1.5 : o.rdma ? 0.9 : (k == 0 ? 0.8 : 0.9);
+        char tname[160], basis[160];
+        snprintf(tname, sizeof(tname), "%s %s, %s blocks, vs %s, %llu %s",
+                 o.rdma ? "RDMA" : "TCP", m ? "CPU per GB (both sides)" : "batched reads",
+                 k ? "1M" : "64K", o.rdma ? "ib_read_bw" : "raw stream",
+                 (unsigned long long)o.conns[ci], o.rdma ? "QPs" : "conns");
+        snprintf(basis, sizeof(basis), "%s ratio, same run, batch %llu or the largest below, "
+                 "%s ids", m ? "CPU s/GB" : "GB/s", (unsigned long long)o.target_batch,
+                 o.scattered ? "scattered" : "contiguous");
+        if (judged[ci][k][m] >= 0)
+          bx_target(rep, tname, judged[ci][k][m], "x", m ? "<=" : ">=", limit, basis);
+        else if (ci == 0)
+          bx_target_skip(rep, tname, o.baseline == BASE_NONE ? "--baseline none"
+                         : m ? "block size not run, or CPU time unknown" : "block size not run");
+      }
     }
   }
   rc = BX_OK;

@@ -44,7 +44,9 @@ double bx_target_cpu(bx_tproc *t);
 
 int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *err,
                   size_t esize);
-double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qps,
-                     double secs, char *err, size_t esize);
+/* prog: "ib_read_bw" or "ib_write_bw"; the client counts as the reader,
+ * the server as the target.  0, or -1 with err filled. */
+int bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
+             double secs, bx_caseres *out, char *err, size_t esize);
 
 #endif

@@ -391,7 +391,7 @@ static const char *verdict(const target *t) {
 static void print_targets(FILE *out, const bx_report *r) {
   if (r->ntargets == 0)
     return;
-  fprintf(out, "\nTargets (issue 6), judged on this run's figures:\n");
+  fprintf(out, "\nTargets, judged on this run's figures:\n");
   int w = 0;
   for (int i = 0; i < r->ntargets; i++)
     if ((int)strlen(r->targets[i].what) > w)

@@ -71,7 +71,7 @@ fi
   echo "load:    $(cut -d' ' -f1-3 /proc/loadavg) at the end"
   echo "took:    $(($(date +%s) - start)) s"
   echo
-  echo "Targets (issue 6), judged on ratios from this run (read: the alternating rounds"
+  echo "Targets (issues 6 and 16), judged on ratios from this run (read: the alternating rounds"
   echo "of read-targets and read-rdma; read-tcp's own lines are single windows):"
   for f in codec meta read-targets read-rdma; do
     [ -f "$out/$f.txt" ] && sed -n '/^Targets/,$p' "$out/$f.txt" | grep -v '^Targets' |

@@ -67,6 +67,10 @@ grep -q '^codec,codec,"per-layer 80 layers x K,V",160,decode+validate' "$out/cod
   { echo "  FAIL  codec CSV lacks the 160-region row"; fail=1; }
 grep -q '^read,read,tcp,64K,8,scattered,2,' "$out/read.csv" ||
   { echo "  FAIL  read CSV lacks a row"; fail=1; }
+# Every row, the baseline's included, has its CPU seconds per GB.
+awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "cpu_s_gb") c = i; next }
+  $3 != "" && $c == "" { bad = 1 } END { exit !(c && !bad && NR > 8) }' "$out/read.csv" ||
+  { echo "  FAIL  read CSV: a row without CPU per GB"; fail=1; }
 grep -q '"mode": "codec"' "$out/codec-json.txt" ||
   { echo "  FAIL  codec --json printed no JSON"; fail=1; }
 for t in cold ls fleet; do
