@@ -67,11 +67,12 @@ struct sx_cache {
   sx_cache_stats stats;
 };
 
-/* A store read in flight: it names its slot by name, so the slot may go
- * away (the cache closing) while the backend still holds this. */
+/* A store read in flight.  Its slot stays while it is in flight (a
+ * fetching slot is never swept or freed) unless the cache closes, which
+ * fetch_cb checks before it looks at the slot. */
 typedef struct fetch {
   sx_cache *c;
-  char name[SX_NAME_MAX + 1];
+  slot *s;
 } fetch;
 
 /* ------------------------------------------------------------ descriptors */
@@ -286,7 +287,7 @@ static int start_fetch(sx_cache *c, slot *s) {
   if (f == NULL)
     return sx__err(SX_ENOMEM, "cache: resolving %s", s->name);
   f->c = c;
-  snprintf(f->name, sizeof(f->name), "%s", s->name);
+  f->s = s;
   int rc = sx__backend_fetch(c->b, s->name, fetch_cb, f);
   if (rc) {
     free(f);
@@ -306,10 +307,17 @@ static void maybe_free_cache(sx_cache *c) {
   }
 }
 
-/* Decode and check a store value for name into a new cdesc (refs 1). */
-static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc **out,
-                  char *msg, size_t msize) {
-  sx_cdesc *d = calloc(1, sizeof(*d));
+/* Decode and check a store value for name into a new cdesc (refs 1), or,
+ * when the value is byte for byte the one cur was decoded from, a new
+ * reference to cur: decoding and checking the same bytes again could only
+ * give the same descriptor. */
+static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc *cur,
+                  sx_cdesc **out, char *msg, size_t msize) {
+  if (cur != NULL && cur->raw_len == rep->len && memcmp(cur->raw, rep->value, rep->len) == 0) {
+    *out = sx__cdesc_ref(cur);
+    return 0;
+  }
+  sx_cdesc *d = calloc(1, sizeof(*d) + rep->len);
   if (d == NULL) {
     snprintf(msg, msize, "cache: out of memory decoding %s", name);
     return SX_ENOMEM;
@@ -329,6 +337,9 @@ static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc **out,
   }
   d->refs = 1;
   d->fetched_ms = sx__mono_ms();
+  memcpy(d + 1, rep->value, rep->len);
+  d->raw = (const uint8_t *)(d + 1);
+  d->raw_len = rep->len;
   *out = d;
   return 0;
 }
@@ -337,7 +348,7 @@ static void fetch_cb(void *arg, const sx_backend_reply *rep) {
   fetch *f = arg;
   sx_cache *c = f->c;
   c->gets_in_flight--;
-  slot *s = c->closing ? NULL : find_slot(c, f->name);
+  slot *s = c->closing ? NULL : f->s;
   free(f);
   if (s == NULL) {
     maybe_free_cache(c);
@@ -353,10 +364,11 @@ static void fetch_cb(void *arg, const sx_backend_reply *rep) {
   }
   int status = rep->status;
   char msg[512];
-  sx__strlcpy(msg, rep->message, sizeof(msg));
+  if (status != 0)
+    sx__strlcpy(msg, rep->message, sizeof(msg));
   sx_cdesc *d = NULL;
   if (status == 0)
-    status = decode(s->name, rep, &d, msg, sizeof(msg));
+    status = decode(s->name, rep, s->d, &d, msg, sizeof(msg));
   if (status == 0) {
     drop_desc(s);
     s->d = d;
@@ -562,11 +574,15 @@ int sx__cache_resolve(sx_cache *c, const char *name, unsigned flags, uint32_t wa
   if (rc)
     return rc;
   slot *s = get_slot(c, name);
-  creq *r = calloc(1, sizeof(*r));
+  /* Not calloc: its message (most of it) is written only on a failure. */
+  creq *r = malloc(sizeof(*r));
   if (s == NULL || r == NULL) {
     free(r);
     return sx__err(SX_ENOMEM, "cache: resolving %s", name);
   }
+  r->next = NULL;
+  r->status = 0;
+  r->d = NULL;
   r->cb = cb;
   r->arg = arg;
   uint64_t now = uv_now(c->loop);
