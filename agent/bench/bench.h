@@ -110,6 +110,9 @@ double bx_median(double *v, int n);
 
 /* CPU time of this process (all threads), seconds. */
 double bx_cpu_self(void);
+/* Seconds pid's threads (alive now) have spent runnable but waiting for a
+ * CPU (/proc/PID/task/TID/schedstat), or -1 when the kernel does not say. */
+double bx_runq_wait(pid_t pid);
 
 /* "4K" "64KiB" "1M" "4096" -> bytes.  0 or -1. */
 int bx_parse_size(const char *s, uint64_t *out);

@@ -10,7 +10,11 @@
  * batch size, contiguous or scattered ids) keeps --depth batches in flight,
  * each of `batch` one-block entries into local blocks of its own, and
  * counts the batches that end in the window (between two batch ends, after
- * a warm-up), with both processes' CPU time over the same window.  The raw
+ * a warm-up that lasts until every batch in flight was submitted after a
+ * batch ended), with both processes' CPU time over the same window, and
+ * their threads' time waiting for a CPU (schedstat).  Local buffers are
+ * populated before the first case (first-touch faults are not a read's
+ * cost in steady state: an engine's KV cache is touched).  The raw
  * stream of each block size is measured in two halves around its cases, so
  * drift of the shared machine falls on both alike.
  */
@@ -68,7 +72,10 @@ const char bx_read_help[] =
     "targets: TCP batched reads of 64K blocks >= 0.8x the raw stream, 1M >= 0.9x;\n"
     "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M; CPU per GB (both sides)\n"
     "<= 1.5x the baseline's at 64K and 1M (judged on scattered ids\n"
-    "when they ran, for each --conns value: both sides use that many connections).\n"
+    "when they ran, for each --conns value: both sides use that many connections);\n"
+    "p99 batch latency <= 2x p50 for batches of 16-128 blocks of 64K-1M.  CPU WAIT\n"
+    "MS/BATCH: time both processes' threads were runnable but waited for a CPU\n"
+    "(schedstat), per batch: on a busy machine the tails follow it.\n"
     "\n"
     "examples:\n"
     "  sx-bench read\n"
@@ -258,6 +265,13 @@ static int check_bytes(rd *R, const rcase *c, const slotb *s, uint32_t k) {
   return 0;
 }
 
+/* Run-queue wait of the reader's and the target's threads so far, or -1:
+ * a batch's tail on a busy machine is mostly this (schedstat, issue 16). */
+static double runq_both(rd *R) {
+  double a = bx_runq_wait(getpid()), b = bx_runq_wait(R->t.pid);
+  return a >= 0 && b >= 0 ? a + b : -1;
+}
+
 /* One window of a case: its figures into *out, its batch latencies added to
  * *lat (the caller's, which may gather several rounds). */
 static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, bx_lat *lat,
@@ -274,7 +288,7 @@ static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, bx_lat 
     if ((sl[k].ids = calloc((size_t)c->batch, sizeof(uint64_t))) == NULL)
       goto oom;
   double warm = secs * 0.2 < 0.15 ? secs * 0.2 : 0.15;
-  double t_begin = bx_now(), t0 = 0, t_last = 0, c0 = 0, tc0 = 0;
+  double t_begin = bx_now(), t0 = 0, t_last = 0, c0 = 0, tc0 = 0, rq0 = -1;
   for (uint32_t k = 0; k < depth && rc == 0; k++)
     rc = submit(R, c, &sl[k], k, ent, &next);
   for (uint64_t n = 0; rc == 0 && !done; n++) {
@@ -294,12 +308,15 @@ static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, bx_lat 
       rc = -1;
       break;
     }
-    if (!measuring && t - t_begin >= warm) {
-      /* The window opens at a batch end; this batch is not counted. */
+    if (!measuring && t - t_begin >= warm && n + 1 >= 2 * (uint64_t)depth) {
+      /* The window opens at a batch end, once every batch in flight was
+       * submitted after a batch ended (the first ones wait for connections
+       * and for each other); this batch is not counted. */
       measuring = 1;
       t0 = t;
       c0 = bx_cpu_self();
       tc0 = bx_target_cpu(&R->t);
+      rq0 = runq_both(R);
     } else if (measuring) {
       out->bytes += res.bytes;
       out->blocks += c->batch;
@@ -314,8 +331,9 @@ static int run_case(rd *R, const rcase *c, double secs, bx_caseres *out, bx_lat 
       rc = submit(R, c, &sl[k], k, ent, &next);
     else if (rc == 0) {
       out->cpu_reader = bx_cpu_self() - c0;
-      double tc1 = bx_target_cpu(&R->t);
+      double tc1 = bx_target_cpu(&R->t), rq1 = runq_both(R);
       out->cpu_target = tc0 >= 0 && tc1 >= tc0 ? tc1 - tc0 : -1;
+      out->runq = rq0 >= 0 && rq1 >= rq0 ? rq1 - rq0 : -1;
     }
   }
   if (rc != 0 && err[0] == '\0')
@@ -335,27 +353,6 @@ out:
   return rc;
 }
 
-/* Add one window's figures to a running total (CPU unknown stays unknown). */
-static void accumulate(bx_caseres *acc, const bx_caseres *r) {
-  acc->secs += r->secs;
-  acc->bytes += r->bytes;
-  acc->blocks += r->blocks;
-  acc->batches += r->batches;
-  acc->cpu_reader = acc->cpu_reader < 0 || r->cpu_reader < 0 ? -1 : acc->cpu_reader + r->cpu_reader;
-  acc->cpu_target = acc->cpu_target < 0 || r->cpu_target < 0 ? -1 : acc->cpu_target + r->cpu_target;
-}
-
-static double gbps(const bx_caseres *r) {
-  return r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
-}
-
-/* CPU seconds per GB of both processes, or -1 when unknown. */
-static double cpu_gb(const bx_caseres *r) {
-  return r->bytes > 0 && r->cpu_reader >= 0 && r->cpu_target >= 0
-             ? (r->cpu_reader + r->cpu_target) / ((double)r->bytes / 1e9)
-             : -1;
-}
-
 /* One baseline window of secs, added to *acc; ib is the perftest program
  * for an RDMA baseline (ib_read_bw, or ib_write_bw for its row only). */
 static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char *ib,
@@ -370,7 +367,7 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char 
     bx_caseres r;
     if (bx_raw_stream(&R->t, &sq, &r, err, esize))
       return -1;
-    accumulate(acc, &r);
+    bx_accumulate(acc, &r);
   } else if (o->baseline == BASE_IB) {
     if (dev == NULL) {
       snprintf(err, esize, "%s: no RDMA device (--rdma-device)", ib);
@@ -379,63 +376,9 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char 
     bx_caseres r;
     if (bx_ib_bw(ib, dev, o->rdma_ip, size, conns, secs, &r, err, esize))
       return -1;
-    accumulate(acc, &r);
+    bx_accumulate(acc, &r);
   }
   return 0;
-}
-
-/* ------------------------------------------------------------ report */
-
-static const bx_col cols[] = {
-    {"transport", "TRANSPORT", NULL},    {"block", "BLOCK", NULL},
-    {"batch", "BATCH", "%.0f"},          {"ids", "IDS", NULL},
-    {"conns", "CONNS", "%.0f"},          {"gb_s", "GB/S", "%.3f"},
-    {"blocks_s", "BLOCKS/S", "%.0f"},    {"p50_ms", "P50 MS", "%.3f"},
-    {"p99_ms", "P99 MS", "%.3f"},        {"cpu_s_gb", "CPU S/GB", "%.2f"},
-    {"cpu_reader_s_gb", "READER", "%.2f"}, {"cpu_target_s_gb", "TARGET", "%.2f"},
-    {"baseline_gb_s", "BASELINE GB/S", "%.3f"}, {"ratio", "VS BASELINE", "%.2fx"},
-    {"cpu_ratio", "CPU/GB VS BASELINE", "%.2fx"}, {"note", "NOTE", NULL},
-};
-
-static bx_row *add_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
-                       const char *ids, uint32_t conns, const bx_caseres *r,
-                       const bx_caseres *base) {
-  bx_row *row = bx_row_add(t);
-  char b[16];
-  double gb = r->secs > 0 ? (double)r->bytes / r->secs / 1e9 : 0;
-  bx_set_str(row, "transport", "%s", tr);
-  bx_set_str(row, "block", "%s", bx_size_name(size, b, sizeof(b)));
-  if (batch)
-    bx_set_num(row, "batch", (double)batch);
-  bx_set_str(row, "ids", "%s", ids);
-  bx_set_num(row, "conns", conns);
-  if (r->secs > 0) {
-    bx_set_num(row, "gb_s", gb);
-    bx_set_num(row, "blocks_s", (double)r->blocks / r->secs);
-  }
-  if (batch) {
-    bx_set_num(row, "p50_ms", r->p50_ms);
-    bx_set_num(row, "p99_ms", r->p99_ms);
-  }
-  double gbytes = (double)r->bytes / 1e9;
-  if (gbytes > 0 && r->cpu_reader >= 0)
-    bx_set_num(row, "cpu_reader_s_gb", r->cpu_reader / gbytes);
-  if (gbytes > 0 && r->cpu_target >= 0)
-    bx_set_num(row, "cpu_target_s_gb", r->cpu_target / gbytes);
-  if (cpu_gb(r) >= 0)
-    bx_set_num(row, "cpu_s_gb", cpu_gb(r));
-  if (base != NULL && gbps(base) > 0) {
-    bx_set_num(row, "baseline_gb_s", gbps(base));
-    bx_set_num(row, "ratio", gb / gbps(base));
-  }
-  if (base != NULL && cpu_gb(base) > 0 && cpu_gb(r) >= 0)
-    bx_set_num(row, "cpu_ratio", cpu_gb(r) / cpu_gb(base));
-  return row;
-}
-
-static bx_row *add_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
-                            const bx_caseres *r) {
-  return add_row(t, name, size, 0, "-", conns, r, NULL);
 }
 
 /* ------------------------------------------------------------ options */
@@ -548,7 +491,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                              "against ib_read_bw on the same device (baseline), same run"
                              : "Batched TCP reads between two processes against a raw TCP "
                              "stream between the same two processes (baseline), same run",
-                             cols, (int)(sizeof(cols) / sizeof(cols[0])));
+                             bx_read_cols, bx_read_ncols);
   bx_plot plot = {.logx = 1, .xbytes = 1};
   snprintf(plot.title, sizeof(plot.title), "segxfer batched %s reads against %s", tr,
            o.rdma ? "ib_read_bw, same device" : "a raw TCP stream, same two processes");
@@ -563,8 +506,11 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   for (int g = 0; g < o.n_sizes; g++) {
     uint64_t mb = max_batch(&o, o.sizes[g]);
     R.local_blocks[g] = mb ? mb * o.depth : 1;
+    /* Populated now, as an engine's KV cache is: first-touch page faults
+     * (65,536 for 2 x 128 MiB) inside the window were a 1M x 128 case's
+     * p99, at 3-5x its p50. */
     R.local[g] = mmap(NULL, R.local_blocks[g] * o.sizes[g], PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_POPULATE, -1, 0);
     if (R.local[g] == MAP_FAILED) {
       snprintf(size_err[g], sizeof(size_err[g]), "cannot map %llu MiB of local buffers",
                (unsigned long long)(R.local_blocks[g] * o.sizes[g] >> 20));
@@ -603,10 +549,10 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                   "after the cases of its block size", (unsigned long long)o.rounds);
   if (o.verify)
     bx_table_note(t, "--verify: every byte checked against the pattern, inside the timing");
-  /* The targets' ratios: [connections index][64K, 1M][GB/s, CPU per GB]. */
-  double judged[8][2][2];
-  for (int k = 0; k < 8 * 2 * 2; k++)
-    (&judged[0][0][0])[k] = -1;
+  /* What the targets are judged on, per connection count. */
+  bx_judged judged[8];
+  for (int k = 0; k < 8; k++)
+    judged[k] = (bx_judged){.ratio = {-1, -1}, .cpu = {-1, -1}, .tail = -1};
   for (int ci = 0; ci < o.n_conns; ci++) {
     uint32_t conns = (uint32_t)o.conns[ci];
     /* Why no case of these connections can run ("" while they can). */
@@ -706,13 +652,13 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
             }
             break;
           }
-          accumulate(&res[k], &one);
+          bx_accumulate(&res[k], &one);
         }
         res[k].p50_ms = bx_lat_pct(&lat[k], 0.5) / 1e6;
         res[k].p99_ms = bx_lat_pct(&lat[k], 0.99) / 1e6;
         bx_lat_free(&lat[k]);
         if (rounds > 1)
-          accumulate(&base, &cbase[k]);
+          bx_accumulate(&base, &cbase[k]);
       }
       if (rounds == 1 && have_base) {
         err[0] = '\0';
@@ -723,9 +669,9 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         for (int k = 0; k < nres; k++)
           cbase[k] = have_base ? base : (bx_caseres){0};
       }
-      double base_gb = have_base ? gbps(&base) : 0;
+      double base_gb = have_base ? bx_gbps(&base) : 0;
       if (base_err[0] || have_base) {
-        bx_row *row = add_base_row(t, o.baseline == BASE_IB ? "ib_read_bw" : "raw stream",
+        bx_row *row = bx_read_base_row(t, o.baseline == BASE_IB ? "ib_read_bw" : "raw stream",
                                    size, conns, &base);
         if (base_err[0])
           bx_set_str(row, "note", "%s", base_err);
@@ -737,7 +683,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         err[0] = '\0';
         int wrc = base_round(&R, g, conns, dev, "ib_write_bw", co->duration / 2, &wb, err,
                              sizeof(err));
-        bx_row *row = add_base_row(t, "ib_write_bw", size, conns, &wb);
+        bx_row *row = bx_read_base_row(t, "ib_write_bw", size, conns, &wb);
         bx_set_str(row, "note", wrc ? "failed: %s" : "for CPU per GB only%s", err);
       }
       char sname[96];
@@ -768,8 +714,15 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           bx_set_str(row, "note", "%s", c->note);
           continue;
         }
-        double gb = gbps(&res[k]), cb = gbps(&cbase[k]);
-        add_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k]);
+        double gb = bx_gbps(&res[k]), cb = bx_gbps(&cbase[k]);
+        bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k]);
+        bx_judged *j = &judged[ci];
+        if (c->batch >= 16 && c->batch <= 128 && size >= 65536 && size <= 1048576 &&
+            res[k].p50_ms > 0 && res[k].p99_ms / res[k].p50_ms > j->tail) {
+          j->tail = res[k].p99_ms / res[k].p50_ms;
+          snprintf(j->tail_case, sizeof(j->tail_case), "%s x %llu %s", b,
+                   (unsigned long long)c->batch, ids);
+        }
         snprintf(sname, sizeof(sname), "segxfer batch %llu, %s, %u %s",
                  (unsigned long long)c->batch, ids, conns, o.rdma ? "QPs" : "conns");
         /* Colour by batch size (and connections), solid for scattered ids,
@@ -785,38 +738,17 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         bx_series_add(se, (double)size, gb);
         if (c->batch == tb && c->scattered == o.scattered && cb > 0 &&
             (size == 65536 || size == 1048576)) {
-          double *j = judged[ci][size == 65536 ? 0 : 1];
-          j[0] = gb / cb;
-          if (cpu_gb(&cbase[k]) > 0 && cpu_gb(&res[k]) >= 0)
-            j[1] = cpu_gb(&res[k]) / cpu_gb(&cbase[k]);
+          int m = size == 65536 ? 0 : 1;
+          j->ratio[m] = gb / cb;
+          if (bx_cpu_gb(&cbase[k]) > 0 && bx_cpu_gb(&res[k]) >= 0)
+            j->cpu[m] = bx_cpu_gb(&res[k]) / bx_cpu_gb(&cbase[k]);
         }
       }
     }
     reader_stop(&R);
   }
-  /* One verdict per block size and connection count: both sides always
-   * run with the same number of connections (the raw stream with a thread
-   * per connection on each side, the agents with one event loop each). */
-  for (int m = 0; m < 2; m++) {
-    for (int ci = 0; ci < o.n_conns; ci++) {
-      for (int k = 0; k < 2; k++) {
-        double limit = m ? 1.5 : o.rdma ? 0.9 : (k == 0 ? 0.8 : 0.9);
-        char tname[160], basis[160];
-        snprintf(tname, sizeof(tname), "%s %s, %s blocks, vs %s, %llu %s",
-                 o.rdma ? "RDMA" : "TCP", m ? "CPU per GB (both sides)" : "batched reads",
-                 k ? "1M" : "64K", o.rdma ? "ib_read_bw" : "raw stream",
-                 (unsigned long long)o.conns[ci], o.rdma ? "QPs" : "conns");
-        snprintf(basis, sizeof(basis), "%s ratio, same run, batch %llu or the largest below, "
-                 "%s ids", m ? "CPU s/GB" : "GB/s", (unsigned long long)o.target_batch,
-                 o.scattered ? "scattered" : "contiguous");
-        if (judged[ci][k][m] >= 0)
-          bx_target(rep, tname, judged[ci][k][m], "x", m ? "<=" : ">=", limit, basis);
-        else if (ci == 0)
-          bx_target_skip(rep, tname, o.baseline == BASE_NONE ? "--baseline none"
-                         : m ? "block size not run, or CPU time unknown" : "block size not run");
-      }
-    }
-  }
+  bx_read_targets(rep, judged, o.conns, o.n_conns, o.rdma, o.target_batch, o.scattered,
+                  o.baseline == BASE_NONE);
   rc = BX_OK;
   goto out;
 fail:

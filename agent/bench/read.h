@@ -1,10 +1,13 @@
-/* sx-bench read's insides: read.c (the agent side, cases, report) and
- * read_base.c (the spawned target, its control requests, the baselines). */
+/* sx-bench read's insides: read.c (the agent side, the cases), read_base.c
+ * (the spawned target, its control requests, the baselines) and
+ * read_report.c (rows and targets). */
 #ifndef SX_BENCH_READ_H
 #define SX_BENCH_READ_H
 
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "bench.h"
 
 /* A running `sx-bench target`. */
 typedef struct bx_tproc {
@@ -20,6 +23,7 @@ typedef struct bx_caseres {
   uint64_t bytes, blocks, batches;
   double p50_ms, p99_ms;
   double cpu_reader, cpu_target; /* CPU seconds in the window; < 0 unknown */
+  double runq;       /* seconds both processes' threads waited for a CPU; < 0 unknown */
 } bx_caseres;
 
 typedef struct bx_stream_req {
@@ -48,5 +52,29 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
  * the server as the target.  0, or -1 with err filled. */
 int bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
              double secs, bx_caseres *out, char *err, size_t esize);
+
+/* read_report.c: a case's totals, the table's rows, the targets. */
+typedef struct bx_judged {
+  double ratio[2], cpu[2]; /* [64K, 1M]: GB/s and CPU-per-GB ratios; < 0 not run */
+  double tail;             /* worst p99/p50 of batches of 16-128 blocks of 64K-1M */
+  char tail_case[64];      /* which case that was */
+} bx_judged;
+
+/* Add one window's figures to a running total (CPU unknown stays unknown). */
+void bx_accumulate(bx_caseres *acc, const bx_caseres *r);
+double bx_gbps(const bx_caseres *r);
+/* CPU seconds per GB of both processes, or -1 when unknown. */
+double bx_cpu_gb(const bx_caseres *r);
+extern const bx_col bx_read_cols[];
+extern const int bx_read_ncols;
+/* A row of the table; base (NULL: none) gives its two ratios. */
+bx_row *bx_read_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
+                    const char *ids, uint32_t conns, const bx_caseres *r,
+                    const bx_caseres *base);
+bx_row *bx_read_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
+                         const bx_caseres *r);
+/* The targets, from one bx_judged per --conns value. */
+void bx_read_targets(bx_report *rep, const bx_judged *j, const uint64_t *conns, int n,
+                     int rdma, uint64_t target_batch, int scattered, int no_baseline);
 
 #endif
