@@ -187,6 +187,7 @@ typedef struct bx_fleet_stats {
   uint64_t renews, renew_errors, publishes;
   uint64_t late; /* renewals skipped: the previous one was still in flight */
   double renew_p50_us, renew_p99_us;
+  double late_p99_ms, late_max_ms; /* from falling due to the answer */
 } bx_fleet_stats;
 
 /* Publish every agent, then renew each lease every lease/3 on a thread of

@@ -5,7 +5,9 @@
  * many leases per connection).  Renewals are spread evenly over the renew
  * period, so the store sees a steady K*3/lease renewals per second rather
  * than bursts.  A renewal still in flight when its agent's next one falls
- * due is counted as late and skipped, as a real agent's lease timer would.
+ * due is counted as skipped, as a real agent's lease timer would.  Each
+ * renewal's lateness is the time from when it fell due to its answer: what
+ * the store's load eats of the lease's margin (lease - lease/3).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@
 typedef struct agent {
   struct bx_fleet *f;
   uint32_t i;
-  uint64_t t0;
+  uint64_t t0, due; /* sent, fell due (bx_now_ns) */
   int busy;
 } agent;
 
@@ -49,7 +51,7 @@ struct bx_fleet {
   char err[300];
   bx_fleet_stats st;
   uint64_t late;
-  bx_lat lat;
+  bx_lat lat, lateness;
 };
 
 void bx_fleet_name(uint32_t i, char *buf, size_t size) {
@@ -82,6 +84,7 @@ static void renewed(void *arg, const sx_backend_reply *rep) {
   if (rep->status == 0) {
     f->st.renews++;
     bx_lat_add(&f->lat, ns);
+    bx_lat_add(&f->lateness, bx_now_ns() - a->due);
   } else {
     f->st.renew_errors++;
   }
@@ -102,6 +105,7 @@ static void tick(uv_timer_t *t) {
     }
     bx_fleet_name(a->i, name, sizeof(name));
     a->t0 = bx_now_ns();
+    a->due = f->t0 + (uint64_t)((double)f->scheduled * f->period_ns / n);
     sx_backend *b = f->b[a->i % f->p.conns];
     if (sx__backend_renew(b, name, f->incs[a->i], f->p.lease_ms, renewed, a) == 0) {
       a->busy = 1;
@@ -299,8 +303,11 @@ void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out) {
   f->late = 0;
   out->renew_p50_us = bx_lat_pct(&f->lat, 0.5) / 1e3;
   out->renew_p99_us = bx_lat_pct(&f->lat, 0.99) / 1e3;
+  out->late_p99_ms = bx_lat_pct(&f->lateness, 0.99) / 1e6;
+  out->late_max_ms = bx_lat_pct(&f->lateness, 1.0) / 1e6;
   memset(&f->st, 0, sizeof(f->st));
   bx_lat_reset(&f->lat);
+  bx_lat_reset(&f->lateness);
   pthread_mutex_unlock(&f->mu);
 }
 
@@ -319,6 +326,7 @@ void bx_fleet_stop(bx_fleet *f) {
   free(f->b);
   free(f->up);
   bx_lat_free(&f->lat);
+  bx_lat_free(&f->lateness);
   pthread_mutex_destroy(&f->mu);
   pthread_cond_destroy(&f->cv);
   free(f);

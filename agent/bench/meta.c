@@ -67,9 +67,12 @@ const char bx_meta_help[] =
     "  --regions N      regions of the resolved descriptor: 2 is the strided 80-layer\n"
     "                   layout (default), other counts are per-layer regions\n"
     "  --ls LIST        segment counts to list (default 1000,10000,100000; 0: none)\n"
-    "  --fleet LIST     simulated agents renewing leases (default 1000,10000; 0: none)\n"
+    "  --fleet LIST     simulated agents renewing leases, at most 100000 (default\n"
+    "                   1000,10000,100000; 0: none)\n"
     "  --fleet-conns N  store connections the fleet shares (default 4)\n"
-    "  --readers N      resolves in flight during the fleet run (default 4)\n"
+    "  --readers N      fleet readers, each with a store connection and cache of its\n"
+    "                   own, one resolve in flight (default 64)\n"
+    "  --reader-rate N  resolves/s per reader, open loop (default 100; 0: closed loop)\n"
     "  --lease-ms N     the fleet's lease, renewed every lease/3 (default 5000)\n"
     "  --ops LIST       run only these of the per-operation cases: resolve (cold\n"
     "                   resolve and raw GET), hmget (a raw HMGET+PTTL of the\n"
@@ -622,8 +625,9 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   mb m;
   memset(&m, 0, sizeof(m));
   bx_meta_opts mo = {.url = NULL, .n_conc = 4, .conc = {1, 4, 16, 64}, .regions = 2,
-                     .n_ls = 3, .ls = {1000, 10000, 100000}, .n_fleet = 2,
-                     .fleet = {1000, 10000}, .fleet_conns = 4, .readers = 4,
+                     .n_ls = 3, .ls = {1000, 10000, 100000}, .n_fleet = 3,
+                     .fleet = {1000, 10000, 100000}, .fleet_conns = 4, .readers = 64,
+                     .reader_rate = 100,
                      .lease_ms = 5000, .ops = MB_OP_ALL};
   int rc = bx_meta_parse(&mo, argc, argv);
   if (rc)
@@ -652,6 +656,7 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
             "redis:// server); the library's figures alone\n", m.url.scheme);
   m.o = o;
   m.srv_port = srv.port;
+  m.srv_pid = srv.pid;
   bx_report *rep = bx_report_new("meta", o);
   bx_plot plot = {.logx = 1};
   snprintf(plot.title, sizeof(plot.title),
@@ -787,7 +792,8 @@ out:
   unpopulate(&m);
   bx_mb_close(&m);
   bx_redis_stop(&srv);
-  if (rc == BX_OK && bx_report_emit(rep, &plot) != 0)
+  /* What was measured is shown even when a later part failed. */
+  if (bx_report_emit(rep, &plot) != 0)
     rc = BX_FAIL;
   bx_report_free(rep);
   return rc;
