@@ -79,7 +79,7 @@ static redisReply *cmd(const char *fmt, const char *arg) {
 
 /* ---------------------------------------------------------- key schema */
 
-/* The keys the README documents for admins, written as it says, and the
+/* The keys docs/store.md documents for admins, written as it says, and the
  * synchronous client's messages over them. */
 static void test_redis_key_schema_is_documented(void **state) {
   (void)state;
@@ -343,7 +343,7 @@ static void test_store_auth_requirepass(void **state) {
   sxt_redis_stop(&r);
 }
 
-/* The two ACL lines of the README, for namespace ns-a instead of prod. */
+/* The two ACL lines of docs/store.md, for namespace ns-a instead of prod. */
 static const char acl_agent[] =
     "ACL SETUSER sx-agent-ns-a on >Acl-Pass-42 resetkeys ~sx:ns-a:* resetchannels "
     "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role "

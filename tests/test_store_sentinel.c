@@ -241,7 +241,7 @@ static void test_store_sentinel_auth(void **state) {
   sxt_redis_opts ro = {.requirepass = SENT_MASTER_PW, .replica_of = &m};
   assert_int_equal(sxt_redis_start(&rp, &ro), 0);
   /* The sx-watch user may do what segxfer needs of a sentinel, no more
-   * (the README's rules): ask for the master, hear +switch-master. */
+   * (the rules in docs/store.md): ask for the master, hear +switch-master. */
   sxt_redis_opts so = {.requirepass = SENT_PW, .acl_user = "sx-watch",
                        .acl_pass = SENT_USER_PW,
                        .acl_rules = "resetchannels &+switch-master -@all "
@@ -323,7 +323,7 @@ static void test_store_sentinel_auth(void **state) {
  * alone is an error there (refused like a wrong password), while AUTH as
  * "default" succeeds on a user without password, so
  * sentinel_user=default&sentinel_password=... works before and after the
- * sentinels get requirepass (the README's way to introduce one). */
+ * sentinels get requirepass (docs/store.md's way to introduce one). */
 static void test_store_sentinel_password_before_requirepass(void **state) {
   (void)state;
   NEED_REDIS();
