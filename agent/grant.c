@@ -16,9 +16,10 @@
  * so an RDMA producer is found by incarnation: in an exact grant, in the
  * names learnt before, or else in one listing of the namespace.
  *
- * Revocation bumps an epoch that transports watch: TCP refuses the next
- * write of a producer no grant covers any more, RDMA disconnects its queue
- * pairs (grants_changed).  Everything here runs on the loop thread.
+ * Every change bumps an epoch that transports watch: TCP refuses the next
+ * write of a producer no grant covers any more (and takes writes again on
+ * the same connection once a grant covers it again), RDMA disconnects its
+ * queue pairs (grants_changed).  Everything here runs on the loop thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,6 +101,7 @@ static void grant_run(sx__call *c) {
     memcpy(g->inc, gc->inc, SX_INCARNATION_LEN);
     g->next = ps->grants;
     ps->grants = g;
+    ps->epoch++; /* connections refused since a revoke look again */
     sx__log(a, SX_LOG_INFO, "granted writes to %s%s%.8s", who,
             gc->any_name || gc->any_inc ? "" : " incarnation ",
             gc->any_name || gc->any_inc ? "" : inc);

@@ -268,3 +268,7 @@ uint16_t sxt_tcp_port(const sx_desc *d) {
   fail_msg("no TCP endpoint in %s", d->name);
   return 0;
 }
+
+int sxt_wire_send(int fd, const void *p, size_t n) { return send_all(fd, p, n); }
+
+int sxt_wire_recv(int fd, void *p, size_t n) { return recv_all(fd, p, n); }

@@ -74,6 +74,9 @@ int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
  * must hold length bytes), or 1 on a closed connection. */
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
                   uint8_t *buf);
+/* Send or receive exactly n bytes: 0, or -1 when the connection failed. */
+int sxt_wire_send(int fd, const void *p, size_t n);
+int sxt_wire_recv(int fd, void *p, size_t n);
 /* 1 when the peer closed the connection (reads EOF within 5 s). */
 int sxt_wire_closed(int fd);
 

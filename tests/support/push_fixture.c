@@ -4,6 +4,7 @@
 
 #include "pattern.h"
 #include "push_fixture.h"
+#include "transport/tcp/tcp_frame.h"
 
 void sxt_consumer_start(sxt_agent *c, const char *url, const char *name, uint32_t access) {
   memset(c, 0, sizeof(*c));
@@ -114,4 +115,40 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
   assert_int_equal(k, n);
   assert_int_equal(no->bytes, bytes);
   sx_notice_free(no);
+}
+
+/* ------------------------------------------------------------ wire */
+
+static int wire_frame(int fd, uint8_t type, uint64_t id, uint32_t region, uint64_t offset,
+                      const void *body, uint64_t length, uint8_t want) {
+  uint8_t hdr[SX__FRAME_HDR];
+  sx__frame f = {.type = type, .id = id, .region = region, .offset = offset, .length = length};
+  sx__frame_encode(&f, hdr);
+  if (sxt_wire_send(fd, hdr, sizeof(hdr)) || (length && sxt_wire_send(fd, body, length)))
+    return 1;
+  uint8_t rep[SX__FRAME_HDR];
+  if (sxt_wire_recv(fd, rep, sizeof(rep)))
+    return 1;
+  sx__frame g;
+  assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, want);
+  assert_int_equal(g.id, id);
+  return g.status;
+}
+
+int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token) {
+  uint8_t body[SX__WAUTH_BODY];
+  memcpy(body, incarnation, SX_INCARNATION_LEN);
+  memcpy(body + SX_INCARNATION_LEN, token, SX_TOKEN_LEN);
+  return wire_frame(fd, SX__FRAME_WAUTH, 1, 0, 0, body, sizeof(body), SX__FRAME_WAUTH_REPLY);
+}
+
+int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const void *data,
+                   uint64_t length) {
+  return wire_frame(fd, SX__FRAME_WRITE, id, region, offset, data, length,
+                    SX__FRAME_WRITE_REPLY);
+}
+
+int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len) {
+  return wire_frame(fd, SX__FRAME_NOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
 }

@@ -35,4 +35,11 @@ int sxt_blocks_zero(const sxt_agent *consumer, const sx_block_write *w);
 void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname, uint64_t tag,
                        const sx_block_write *w, size_t n, int timeout_ms);
 
+/* Raw push frames on a connection that said HELLO (sxt_wire_hello): each
+ * returns the status of its reply, or 1 when the connection closed. */
+int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token);
+int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const void *data,
+                   uint64_t length);
+int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len);
+
 #endif
