@@ -1,10 +1,35 @@
 /* Push-mode fixtures (see push_fixture.h). */
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pattern.h"
 #include "push_fixture.h"
 #include "transport/tcp/tcp_frame.h"
+
+void sxt_mem_url(char *url, size_t size, const char *prefix) {
+  static int seq;
+  snprintf(url, size, "mem://%s-%d-%d", prefix, (int)getpid(), seq++);
+}
+
+void sxt_pair_start(sxt_pair *x, uint32_t access) {
+  sxt_mem_url(x->url, sizeof(x->url), "push");
+  sxt_consumer_start(&x->c, x->url, "decode-0", access);
+  sxt_target_start(&x->p, x->url, "prefill-0", NULL, 42);
+  sxt_ok(sx_segment_open(x->p.a, "decode-0", 2000, &x->seg));
+}
+
+void sxt_pair_stop(sxt_pair *x) {
+  sx_segment_close(x->seg);
+  sxt_agent_stop(&x->p);
+  sxt_agent_stop(&x->c);
+}
+
+int sxt_fd_readable(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
 
 void sxt_consumer_start(sxt_agent *c, const char *url, const char *name, uint32_t access) {
   memset(c, 0, sizeof(*c));

@@ -12,6 +12,23 @@
 #define SXT_CONSUMER_BLOCKS 48u
 #define SXT_RW (SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE)
 
+/* A fresh mem:// store URL: mem://PREFIX-PID-N. */
+void sxt_mem_url(char *url, size_t size, const char *prefix);
+
+/* A consumer "decode-0" (access as given) and a producer "prefill-0" (a
+ * fixture target of seed 42) on a fresh mem:// store, the consumer opened
+ * by the producer as seg. */
+typedef struct sxt_pair {
+  char url[64];
+  sxt_agent c, p;
+  sx_segment *seg;
+} sxt_pair;
+void sxt_pair_start(sxt_pair *x, uint32_t access);
+void sxt_pair_stop(sxt_pair *x);
+
+/* 1 when fd is readable now. */
+int sxt_fd_readable(int fd);
+
 /* A published consumer: zeroed K and V regions of SXT_CONSUMER_BLOCKS
  * blocks per layer with this access, serving on 127.0.0.1:0. */
 void sxt_consumer_start(sxt_agent *c, const char *url, const char *name, uint32_t access);
