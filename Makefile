@@ -91,9 +91,10 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma
+               test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
+               test_push test_push_tcp
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
-               test_faults test_faults_store test_faults_net test_security
+               test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 # The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
@@ -103,7 +104,7 @@ SOAK_BIN    := $(BUILD)/tests/soak/soak
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis fuzz_notice \
                 $(if $(wildcard agent/transport/rdma/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)

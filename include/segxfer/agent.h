@@ -131,7 +131,9 @@ typedef struct sx_region_params {
   uint64_t block_stride;   /* 0 is taken as block_bytes */
   uint64_t num_blocks;
   const char *location;    /* NULL is "cpu" */
-  uint32_t access;         /* SX_ACCESS_REMOTE_READ to let peers read it */
+  uint32_t access;         /* SX_ACCESS_REMOTE_READ to let peers read it,
+                            * SX_ACCESS_REMOTE_WRITE to let granted producers
+                            * write it (segxfer/push.h) */
 } sx_region_params;
 
 /*
@@ -265,6 +267,14 @@ typedef struct sx_agent_stats {
   /* Now. */
   uint64_t open_segments;
   uint64_t regions, region_bytes; /* registered */
+
+  /* Push mode, consumer side (segxfer/push.h): producers' writes into this
+   * agent's memory that it served itself (TCP; RDMA WRITEs are one-sided),
+   * writes refused, and notices accepted. */
+  uint64_t served_writes[SX_STATS_TRANSPORTS];
+  uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
+  uint64_t refused_writes[SX_STATS_TRANSPORTS];
+  uint64_t notices;
 } sx_agent_stats;
 
 /*
@@ -377,6 +387,8 @@ typedef struct sx_batch_params {
   uint32_t timeout_ms;   /* deadline from submit; 0 = 30000 */
   sx_batch_cb cb;        /* optional; runs once on the agent thread */
   void *cb_arg;
+  unsigned flags;        /* SX_BATCH_WRITE (segxfer/push.h); 0: a read batch */
+  uint64_t tag;          /* write batches: carried to the consumer's notice */
 } sx_batch_params;
 
 SX_EXTERN void sx_batch_params_init(sx_batch_params *p);
