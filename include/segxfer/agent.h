@@ -399,6 +399,22 @@ SX_EXTERN int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch 
 SX_EXTERN int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n);
 SX_EXTERN int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n);
 
+/*
+ * Add block reads given as arrays, the way engines hold a request's blocks:
+ * for i < n, block remote_ids[i] of the remote segment goes to block
+ * local_ids[i] of this agent, for every layer in [layer_first,
+ * layer_first+layer_count) and every slot in the slots mask of group.
+ * Each run of ids consecutive on both sides becomes one entry (ids 7,8,9
+ * -> 20,21,22 are one entry of count 3), so entry numbers (in messages and
+ * sx_batch_result.failed) count runs, not ids.  The arrays are read during
+ * the call only.  Planned and checked as sx_batch_add_blocks(), all or
+ * nothing, with the same errors; n == 0 adds nothing.
+ */
+SX_EXTERN int sx_batch_add_block_ids(sx_batch *b, uint32_t group, uint32_t layer_first,
+                                     uint32_t layer_count, uint64_t slots,
+                                     const uint64_t *remote_ids, const uint64_t *local_ids,
+                                     size_t n);
+
 /* Start the batch; never waits.  Once this returns 0 the batch ends exactly
  * once, in COMPLETED, FAILED, TIMEOUT or CANCELLED, and the callback (if
  * any) runs.  Errors: SX_EINVAL (submitted before), SX_ESHUTDOWN. */
