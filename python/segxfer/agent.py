@@ -23,7 +23,7 @@ from . import _lib
 from ._handle import Handle
 from .batch import Batch, _timeout_ms, _slots_mask, _u32, _u64
 from .errors import IncompatibleLayout, check, code, invalid
-from .memory import memory_of
+from .memory import memory_of, pointer_location
 
 _lib_ = _lib.lib
 _live_agents = weakref.WeakSet()
@@ -206,7 +206,8 @@ class Agent:
             start + (l - layer_first) * layer_stride + b * block_stride
         and block_bytes long.  layer_stride defaults to length / layers,
         block_stride to block_bytes, num_blocks to what fits in a layer.
-        location ("cpu", "cuda:N") defaults to the tensor's device.
+        location ("cpu", "cuda:N") defaults to the tensor's device (for a raw
+        address: what the CUDA driver says of it, "cpu" without a driver).
         Readers see the region from the next publish()."""
         if memory is not None:
             if addr is not None:
@@ -220,7 +221,7 @@ class Agent:
         else:
             if addr is None or length is None:
                 raise invalid("register needs memory, or addr= and length=")
-            loc, keepalive = location or "cpu", None
+            loc, keepalive = location or pointer_location(addr), None
         _u64(addr, "addr")
         _u64(length, "length")
         layers = _u32(layers, "layers")

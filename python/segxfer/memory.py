@@ -105,6 +105,40 @@ def memory_of(obj, location=None):
     return ctypes.addressof(view), mv.nbytes, location or "cpu", (obj, mv, view)
 
 
+_cuda = []  # [libcuda or None], loaded on first use
+
+
+def _libcuda():
+    if not _cuda:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuInit.argtypes = [ctypes.c_uint]
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                                  ctypes.c_uint64]
+            _cuda.append(lib if lib.cuInit(0) == 0 else None)
+        except (OSError, AttributeError):
+            _cuda.append(None)
+    return _cuda[0]
+
+
+def pointer_location(addr):
+    """"cuda:N" when the CUDA driver knows addr as device memory of GPU N,
+    else "cpu" (also where there is no driver).  For raw addresses, which
+    carry no device of their own (LMDeploy registers data_ptr() values)."""
+    cu = _libcuda()
+    if cu is None:
+        return "cpu"
+    kind, ordinal = ctypes.c_uint(0), ctypes.c_int(-1)
+    # CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2,
+    # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9 (cuda.h).  A pointer the
+    # driver does not know (plain host memory) fails: it is "cpu".
+    if cu.cuPointerGetAttribute(ctypes.byref(kind), 2, addr) != 0 or kind.value != 2:
+        return "cpu"
+    if cu.cuPointerGetAttribute(ctypes.byref(ordinal), 9, addr) != 0:
+        return "cpu"
+    return "cuda:%d" % ordinal.value
+
+
 # ------------------------------------------------------------------ ids
 
 

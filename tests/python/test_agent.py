@@ -111,6 +111,11 @@ def test_agent_register_tensor_layouts(url):
         n = numpy.zeros((2, 4096), dtype=numpy.uint8)
         r2 = a.register(n, layers=2, slot="V", block_bytes=1024)
         assert (r2.num_blocks, r2.layer_stride) == (4, 4096)
+        # A raw address: its location comes from the CUDA driver, which
+        # does not know host memory (or is absent): "cpu".
+        raw = (ctypes.c_char * 8192)()
+        r3 = a.register(addr=ctypes.addressof(raw), length=8192, group=4, block_bytes=4096)
+        assert r3.location == "cpu" and r3.num_blocks == 2
 
 
 def test_agent_check_reports_the_structured_mismatch(url):
