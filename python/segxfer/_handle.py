@@ -11,14 +11,20 @@ every use of a closed handle raises instead of passing a dangling pointer.
 
 A handle also counts callers that are inside a C call which must not race
 with destroy (a batch wait in another thread): close() asks the object to
-stop (cancel) and waits for them to leave before it destroys.
+stop (cancel) and waits for them to leave before it destroys.  That wait
+polls: it only happens when a close races a wait in another thread, and a
+plain lock per handle keeps every batch cheap to make.
 """
 import threading
+import time
 
 from .errors import invalid
 
 
 class Handle:
+    __slots__ = ("ptr", "_destroy", "_stop", "what", "parent", "children", "keep",
+                 "closed", "_users", "_lock")
+
     def __init__(self, ptr, destroy, what, parent=None, stop=None):
         self.ptr = ptr
         self._destroy = destroy
@@ -29,7 +35,7 @@ class Handle:
         self.keep = []            # Python objects the C object may use
         self.closed = False
         self._users = 0
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
         if parent is not None:
             parent.children.add(self)
 
@@ -40,30 +46,28 @@ class Handle:
 
     def __enter__(self):
         """Use the pointer in a C call that must finish before destroy."""
-        with self._cv:
+        with self._lock:
             if self.closed:
                 raise invalid("%s is closed" % self.what)
             self._users += 1
         return self.ptr
 
     def __exit__(self, *exc):
-        with self._cv:
+        with self._lock:
             self._users -= 1
-            if self._users == 0:
-                self._cv.notify_all()
 
     def close(self):
-        with self._cv:
+        with self._lock:
             if self.closed:
                 return
             self.closed = True
+            users = self._users
         for child in list(self.children):
             child.close()
-        with self._cv:
-            if self._users and self._stop is not None:
-                self._stop(self.ptr)
-            while self._users:
-                self._cv.wait()
+        if users and self._stop is not None:
+            self._stop(self.ptr)
+        while self._users:
+            time.sleep(0.001)
         self._destroy(self.ptr)
         self.ptr = None
         self.keep = []

@@ -166,10 +166,7 @@ class Batch:
 
     def __init__(self, segment, timeout=30.0):
         self.segment = segment
-        p = _lib.new_struct(_lib.BatchParams)
-        _lib_.sx_batch_params_init(p)
-        if timeout is not None:
-            p.timeout_ms = _timeout_ms(timeout, "timeout")
+        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"))
         out = ctypes.c_void_p()
         check(_lib_.sx_batch_create(segment._h.get(), p, ctypes.byref(out)))
         # The handle's destroy must not reference the Batch (it would keep
@@ -357,6 +354,23 @@ def _as_list(keep, n):
     if hasattr(keep, "tolist"):
         return keep.tolist()
     return [keep[i] for i in range(n)]
+
+
+_PARAMS = {}
+
+
+def _params(timeout_ms):
+    """Batch parameters for a deadline (the library copies them at create):
+    made once per deadline, not once per batch."""
+    p = _PARAMS.get(timeout_ms)
+    if p is None:
+        p = _lib.new_struct(_lib.BatchParams)
+        _lib_.sx_batch_params_init(p)
+        if timeout_ms is not None:
+            p.timeout_ms = timeout_ms
+        if len(_PARAMS) < 64:
+            _PARAMS[timeout_ms] = p
+    return p
 
 
 def _timeout_ms(seconds, what):

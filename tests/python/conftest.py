@@ -197,7 +197,23 @@ class SxAgentProc:
         raise RuntimeError("sx-agent did not get ready:\n" + out)
 
     def pause(self):
-        os.kill(self.proc.pid, 19)   # SIGSTOP: connections hang, nothing answers
+        """SIGSTOP, and wait until every thread has stopped (the signal is
+        delivered asynchronously): connections then hang, nothing answers."""
+        os.kill(self.proc.pid, 19)
+        task_dir = "/proc/%d/task" % self.proc.pid
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            states = []
+            for tid in os.listdir(task_dir):
+                try:
+                    with open("%s/%s/stat" % (task_dir, tid)) as f:
+                        states.append(f.read().rpartition(")")[2].split()[0])
+                except FileNotFoundError:
+                    pass
+            if states and all(st in "tT" for st in states):
+                return
+            time.sleep(0.005)
+        raise RuntimeError("sx-agent did not stop")
 
     def resume(self):
         os.kill(self.proc.pid, 18)   # SIGCONT

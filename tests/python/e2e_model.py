@@ -199,6 +199,9 @@ def run_decode(args):
                        **agent_layout(args)) as agent:
         agent.register_blocks(cache[0], "K")
         agent.register_blocks(cache[1], "V")
+        if args.go_on_stdin:       # ready: the test starts the clock now
+            say({"ready": True})
+            sys.stdin.readline()
         try:
             with agent.open(args.peer, timeout=args.open_timeout) as seg:
                 seg.check()
@@ -267,6 +270,8 @@ def main(argv=None):
     ap.add_argument("--lease-ms", type=int, default=2000)
     ap.add_argument("--open-timeout", type=float, default=5.0)
     ap.add_argument("--skip-pull", action="store_true")
+    ap.add_argument("--go-on-stdin", action="store_true",
+                    help="decode: set up, print ready, open the peer after a line on stdin")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     return {"prefill": run_prefill, "decode": run_decode,
