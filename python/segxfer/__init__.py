@@ -15,7 +15,6 @@ from .agent import Agent, Region, Segment
 from .batch import Batch, BatchResult
 from .errors import CODES, IncompatibleLayout, SegxferError
 from .errors import *  # noqa: F401,F403  (SX_EINVAL, SX_ENOENT, ...: one class per code)
-from . import errors as _errors
 
 __version__ = _lib.text(_lib.lib.sx_version())
 library_path = _lib.lib_path
@@ -38,4 +37,3 @@ def dtype_name(dtype):
 __all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "SegxferError",
            "IncompatibleLayout", "CODES", "dtype_name", "library_path", "SLOT_K", "SLOT_V",
            "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]
-del _errors

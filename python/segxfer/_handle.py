@@ -73,3 +73,22 @@ class Handle:
         self.keep = []
         if self.parent is not None:
             self.parent.children.discard(self)
+
+
+class Owned:
+    """What Agent, Segment and Batch share: a handle in self._h, closed by
+    close() (idempotent), on leaving a `with` block and when collected."""
+
+    def close(self):
+        h = getattr(self, "_h", None)
+        if h is not None:
+            h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()

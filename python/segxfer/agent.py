@@ -20,7 +20,7 @@ import os
 import weakref
 
 from . import _lib
-from ._handle import Handle
+from ._handle import Handle, Owned
 from .batch import Batch, _timeout_ms, _slots_mask, _u32, _u64
 from .errors import IncompatibleLayout, check, code, invalid
 from .memory import memory_of, pointer_location
@@ -104,7 +104,7 @@ class Region:
                                                  self.location))
 
 
-class Agent:
+class Agent(Owned):
     """A transfer agent: its own thread, store connection and data plane.
 
     name          the segment name to publish (None: a reader only)
@@ -374,31 +374,22 @@ class Agent:
     def close(self):
         """Close segments and batches, unpublish, stop the agent, release
         the registered memory.  Idempotent."""
-        h = getattr(self, "_h", None)
-        if h is not None:
-            h.close()
-            self.regions = {}
+        super().close()
+        self.regions = {}
+        if _live_agents is not None:     # None late in interpreter shutdown
             _live_agents.discard(self)
 
     @property
     def closed(self):
         return self._h.closed
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-
     def __repr__(self):
         return "Agent(%r, %s)" % (self.name, "closed" if self._h.closed else "open")
 
 
-class Segment:
-    """A peer's segment, opened by name (Agent.open).  A context manager."""
+class Segment(Owned):
+    """A peer's segment, opened by name (Agent.open).  close() (also on
+    leaving a `with` block) destroys its batches first."""
 
     def __init__(self, agent, name, timeout=5.0):
         self.agent = agent
@@ -480,19 +471,3 @@ class Segment:
         except BaseException:
             b.close()
             raise
-
-    def close(self):
-        """Destroy its batches, then close.  Idempotent."""
-        h = getattr(self, "_h", None)
-        if h is not None:
-            h.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
-

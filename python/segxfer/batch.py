@@ -14,7 +14,7 @@ import functools
 import os
 
 from . import _lib
-from ._handle import Handle
+from ._handle import Handle, Owned
 from .errors import code, check, error, invalid
 from .memory import ids_of, memory_of
 
@@ -158,11 +158,11 @@ def _destroy(s, ptr):
     _lib_.sx_batch_destroy(ptr)
 
 
-class Batch:
+class Batch(Owned):
     """Reads from one segment into this agent's memory.  Made by
     Segment.batch() (empty) or Segment.read_blocks()/read_ranges()
-    (submitted).  A context manager: destroyed on exit (a running batch is
-    cancelled and waited for first)."""
+    (submitted).  close() destroys it (a running batch is cancelled and
+    waited for first); so do leaving a `with` block and collection."""
 
     def __init__(self, segment, timeout=30.0):
         self.segment = segment
@@ -332,20 +332,6 @@ class Batch:
                 os.close(fd)
         return self.result().raise_for_state()
 
-    def close(self):
-        """Destroy the batch (cancel and wait first if it runs).  Idempotent."""
-        h = getattr(self, "_h", None)
-        if h is not None:
-            h.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 def _as_list(keep, n):
@@ -381,5 +367,3 @@ def _timeout_ms(seconds, what):
     if not 0 <= ms < 2**31:
         raise invalid("%s must be between 0 and 2**31 ms (got %r s)" % (what, seconds))
     return ms
-
-

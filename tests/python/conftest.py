@@ -249,3 +249,29 @@ def reader(url):
     a.mem = register_kv(a, READER_BLOCKS)
     yield a
     a.close()
+
+
+@pytest.fixture
+def stuck(reader, sx_agent):
+    """(segment, its owner): an sx-agent that is stopped (SIGSTOP) after the
+    reader opened it, so batches on it hang until their deadline or a
+    cancel.  target.resume() lets them finish."""
+    target = sx_agent("stuck-0")
+    seg = reader.open("stuck-0")
+    target.pause()
+    yield seg, target
+    seg.close()
+
+
+def cancel_while_awaited(batch):
+    """Await batch in a task and cancel the task: the batch is cancelled
+    with it (pytest.raises checks the task ends CancelledError)."""
+    import asyncio
+
+    async def main():
+        task = asyncio.ensure_future(batch._wait_async())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(main())

@@ -8,6 +8,7 @@ import select
 import pytest
 
 import segxfer
+from conftest import cancel_while_awaited
 
 
 def threads():
@@ -31,10 +32,8 @@ def test_async_await_several_batches_concurrently(pair):
     seg.close()
 
 
-def test_async_in_flight_batches_take_no_thread_and_leave_the_loop_free(reader, sx_agent):
-    target = sx_agent("slow-0")
-    seg = reader.open("slow-0")
-    target.pause()
+def test_async_in_flight_batches_take_no_thread_and_leave_the_loop_free(stuck):
+    seg, target = stuck
 
     async def main():
         before = threads()
@@ -55,13 +54,10 @@ def test_async_in_flight_batches_take_no_thread_and_leave_the_loop_free(reader, 
     before, during, ticks, results = asyncio.run(main())
     assert ticks == 10 and during == before
     assert all(r.ok for r in results)
-    seg.close()
 
 
-def test_async_await_raises_the_batch_error(reader, sx_agent):
-    target = sx_agent("late-0")
-    seg = reader.open("late-0")
-    target.pause()
+def test_async_await_raises_the_batch_error(stuck):
+    seg, _ = stuck
 
     async def main():
         with seg.read_blocks([1], [1], timeout=0.3) as b:
@@ -72,33 +68,19 @@ def test_async_await_raises_the_batch_error(reader, sx_agent):
     exc = asyncio.run(main())
     assert isinstance(exc, TimeoutError)
     assert exc.result.state == "TIMEOUT" and exc.result.failed == (0,)
-    seg.close()
 
 
-def test_async_task_cancel_cancels_the_batch(reader, sx_agent):
-    target = sx_agent("cancel-0")
-    seg = reader.open("cancel-0")
-    target.pause()
+def test_async_task_cancel_cancels_the_batch(stuck):
+    seg, _ = stuck
     b = seg.read_blocks([2, 3], [2, 3], timeout=20)
-
-    async def main():
-        task = asyncio.ensure_future(b._wait_async())
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
+    cancel_while_awaited(b)
     assert b.wait(5)
     assert b.result().state == "CANCELLED"
     b.close()
-    seg.close()
 
 
-def test_async_close_while_awaited(reader, sx_agent):
-    target = sx_agent("closed-0")
-    seg = reader.open("closed-0")
-    target.pause()
+def test_async_close_while_awaited(stuck):
+    seg, _ = stuck
     b = seg.read_blocks([2], [2], timeout=20)
 
     async def main():
@@ -112,7 +94,6 @@ def test_async_close_while_awaited(reader, sx_agent):
     exc = asyncio.run(main())
     assert exc.result.state == "CANCELLED"
     assert b.result().state == "CANCELLED"    # kept past destroy
-    seg.close()
 
 
 def test_async_fileno_turns_readable_at_the_end(pair):

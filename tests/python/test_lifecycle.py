@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import segxfer
-from conftest import LAYOUT, READER_BLOCKS, Pair, register_kv
+from conftest import LAYOUT, READER_BLOCKS, Pair, cancel_while_awaited, register_kv
 
 
 def fds():
@@ -19,10 +19,8 @@ def threads():
     return len(os.listdir("/proc/self/task"))
 
 
-def test_lifecycle_cancel_a_running_batch(reader, sx_agent):
-    target = sx_agent("stuck-0")
-    seg = reader.open("stuck-0")
-    target.pause()
+def test_lifecycle_cancel_a_running_batch(stuck):
+    seg, _ = stuck
     b = seg.read_blocks([1, 2, 3], [1, 2, 3], timeout=30)
     assert not b.done() and not b.wait(0.1)
     with pytest.raises(segxfer.SX_EBUSY, match="not ended"):
@@ -35,24 +33,18 @@ def test_lifecycle_cancel_a_running_batch(reader, sx_agent):
         res.raise_for_state()
     b.cancel()   # after the end: a no-op
     b.close()
-    seg.close()
 
 
-def test_lifecycle_deadline_ends_the_batch(reader, sx_agent):
-    target = sx_agent("slow-1")
-    seg = reader.open("slow-1")
-    target.pause()
+def test_lifecycle_deadline_ends_the_batch(stuck):
+    seg, _ = stuck
     b = seg.read_blocks([1], [1], timeout=0.2)
     assert b.wait(5)
     assert b.result().state == "TIMEOUT" and b.result().error_name == "SX_ETIMEDOUT"
     b.close()
-    seg.close()
 
 
-def test_lifecycle_close_while_another_thread_waits(reader, sx_agent):
-    target = sx_agent("stuck-1")
-    seg = reader.open("stuck-1")
-    target.pause()
+def test_lifecycle_close_while_another_thread_waits(stuck):
+    seg, target = stuck
     b = seg.read_blocks([4], [4], timeout=30)
     got = []
     t = threading.Thread(target=lambda: got.append(b.wait()))
@@ -63,13 +55,10 @@ def test_lifecycle_close_while_another_thread_waits(reader, sx_agent):
     t.join(5)
     assert not t.is_alive() and got == [True]
     assert b.result().state == "CANCELLED"
-    seg.close()
 
 
-def test_lifecycle_agent_close_ends_everything_below_it(reader, sx_agent):
-    target = sx_agent("stuck-2")
-    seg = reader.open("stuck-2")
-    target.pause()
+def test_lifecycle_agent_close_ends_everything_below_it(stuck, reader):
+    seg, _ = stuck
     running = seg.read_blocks([5], [5], timeout=30)
     fresh = seg.batch()
     reader.close()       # batches, then the segment, then the agent
@@ -125,15 +114,7 @@ def test_lifecycle_no_fd_or_thread_left_after_close(url, sx_agent):
         register_kv(r, READER_BLOCKS)
         seg = r.open("stuck-leak")
         target.pause()
-        b = seg.read_blocks([1], [1], timeout=30)
-
-        async def main():
-            t = asyncio.ensure_future(b._wait_async())
-            await asyncio.sleep(0.05)
-            t.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await t
-        asyncio.run(main())
+        cancel_while_awaited(seg.read_blocks([1], [1], timeout=30))
     target.stop()
     gc.collect()
     assert fds() == fd0
