@@ -163,7 +163,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(PY_TEST_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
-	@tests/python/run.sh "$(BUILD)"
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
@@ -180,7 +180,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(PY_TEST_BINS)
 # Only the Python package's tests (deps first, like test).
 test-python: deps
 	@$(MAKE) --no-print-directory all $(PY_TEST_BINS)
-	@tests/python/run.sh "$(BUILD)"
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 
 # Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.

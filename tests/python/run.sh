@@ -1,14 +1,14 @@
 #!/bin/sh
 # The Python package's tests (tests/python/), for `make check`: one PASS/FAIL
 # line, the pytest output in BUILD/test-logs/python.log (shown on failure).
-# They run with Debian's interpreter, /usr/bin/python3, which is where
+# They run with Debian's interpreter, /usr/bin/python3 ($PYTHON overrides), where
 # python3-torch, python3-numpy and python3-pytest (make deps) install; the
 # conftest starts its own redis-server on a free loopback port.
 #
 # Usage: tests/python/run.sh BUILD_DIR [pytest args...]
 build=${1:-build}
 shift
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3}
 logs="$build/test-logs"
 mkdir -p "$logs"
 if ! $py -c 'import pytest, torch, numpy' 2>/dev/null; then
