@@ -93,17 +93,20 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent test_stats test_rdma test_batch_ids
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
-               test_faults test_security
+               test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
+               test_push test_push_tcp test_batch_ids
+INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
+               test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+# The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
+DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis fuzz_notice \
                 $(if $(wildcard agent/transport/rdma/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
@@ -159,7 +162,7 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(PY_TEST_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
@@ -175,6 +178,8 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(PY_TEST_BINS)
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+	@tests/docs/check-links.sh "$(BUILD)"
+	@tests/docs/check-example.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-rdma
 
 # Only the Python package's tests (deps first, like test).
@@ -326,7 +331,8 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
-$(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
+# sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
+$(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
 

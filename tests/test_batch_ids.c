@@ -1,9 +1,10 @@
 /*
- * sx_batch_add_block_ids: block reads given as arrays of ids, between two
- * agents on the mem:// store over loopback TCP.  Scattered ids land in the
- * right local blocks, runs consecutive on both sides become one entry,
- * out-of-range ids are refused with nothing added, and bad arguments fail
- * cleanly.
+ * sx_batch_add_block_ids (include/segxfer/push.h) on read batches: block
+ * reads given as arrays of ids, the way engines (and the Python package)
+ * hand them over, between two agents on the mem:// store over loopback TCP.
+ * Scattered ids land in the right local blocks, runs consecutive on both
+ * sides become one entry, out-of-range ids are refused with nothing added,
+ * and bad arguments fail cleanly.
  */
 #include <stdio.h>
 #include <string.h>
@@ -32,6 +33,15 @@ static void pair_stop(pair *p) {
   sxt_agent_stop(&p->t);
 }
 
+/* The call as engines make it: one group, a layer range, a slot mask. */
+static int add_ids(sx_batch *b, uint32_t layer_first, uint32_t layer_count, uint64_t slots,
+                   const uint64_t *remote, const uint64_t *local, size_t n) {
+  sx_block_ids ids = {.group = 0, .layer_first = layer_first, .layer_count = layer_count,
+                      .slots = slots, .local = local, .n_local = n, .remote = remote,
+                      .n_remote = n};
+  return sx_batch_add_block_ids(b, &ids);
+}
+
 static void clear_reader(pair *p) {
   for (int s = 0; s < 2; s++)
     memset(p->r.mem[s], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
@@ -43,7 +53,7 @@ static sx_batch_result run_ids(pair *p, uint32_t layer_first, uint32_t layer_cou
                                size_t n) {
   sx_batch *b;
   sxt_ok(sx_batch_create(p->seg, NULL, &b));
-  sxt_ok(sx_batch_add_block_ids(b, 0, layer_first, layer_count, slots, remote, local, n));
+  sxt_ok(add_ids(b, layer_first, layer_count, slots, remote, local, n));
   sxt_ok(sx_batch_submit(b));
   sxt_ok(sx_batch_wait(b, -1));
   sx_batch_result res;
@@ -131,25 +141,25 @@ static void test_batch_ids_out_of_range_ids_add_nothing(void **state) {
   /* The last id lies past the target's pool: the whole call is refused. */
   const uint64_t remote[] = {1, 2, SXT_TARGET_BLOCKS};
   const uint64_t local[] = {1, 5, 6};
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS, SXT_KV, remote, local, 3), SX_EBOUNDS);
+  sxt_rc(add_ids(b, 0, SXT_LAYERS, SXT_KV, remote, local, 3), SX_EBOUNDS);
   assert_non_null(strstr(sx_errmsg(), "outside region"));
   /* Past the reader's smaller pool. */
   const uint64_t local_bad[] = {1, SXT_READER_BLOCKS, 2};
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS, SXT_KV, local, local_bad, 3),
+  sxt_rc(add_ids(b, 0, SXT_LAYERS, SXT_KV, local, local_bad, 3),
          SX_EBOUNDS);
-  /* UINT64_MAX then 0 is not a run of two: it is refused as an id. */
+  /* UINT64_MAX then 0: refused, whether or not it is taken for a run. */
   const uint64_t wrap_r[] = {UINT64_MAX, 0};
   const uint64_t wrap_l[] = {UINT64_MAX, 0};
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS, SXT_KV, wrap_r, wrap_l, 2),
+  sxt_rc(add_ids(b, 0, SXT_LAYERS, SXT_KV, wrap_r, wrap_l, 2),
          SX_EBOUNDS);
   /* A missing key. */
   const uint64_t one[] = {1};
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS + 1, SXT_KV, one, one, 1),
+  sxt_rc(add_ids(b, 0, SXT_LAYERS + 1, SXT_KV, one, one, 1),
          SX_ENOREGION);
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, 0, SXT_KV, one, one, 1), SX_EINVAL);
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS, 0, one, one, 1), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, 0, SXT_KV, one, one, 1), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, SXT_LAYERS, 0, one, one, 1), SX_EINVAL);
   /* Nothing of the refused calls is in the batch: one good id is all. */
-  sxt_ok(sx_batch_add_block_ids(b, 0, 0, SXT_LAYERS, SXT_KV, one, one, 1));
+  sxt_ok(add_ids(b, 0, SXT_LAYERS, SXT_KV, one, one, 1));
   sxt_ok(sx_batch_submit(b));
   sxt_ok(sx_batch_wait(b, -1));
   sx_batch_result res;
@@ -166,17 +176,22 @@ static void test_batch_ids_bad_arguments(void **state) {
   pair p;
   pair_start(&p, 35);
   const uint64_t one[] = {1};
-  sxt_rc(sx_batch_add_block_ids(NULL, 0, 0, 1, SXT_KV, one, one, 1), SX_EINVAL);
+  sxt_rc(add_ids(NULL, 0, 1, SXT_KV, one, one, 1), SX_EINVAL);
   sx_batch *b;
   sxt_ok(sx_batch_create(p.seg, NULL, &b));
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, 1, SXT_KV, NULL, one, 1), SX_EINVAL);
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, 1, SXT_KV, one, NULL, 1), SX_EINVAL);
-  /* No ids: nothing added, not an error (NULL arrays allowed then). */
-  sxt_ok(sx_batch_add_block_ids(b, 0, 0, 1, SXT_KV, NULL, NULL, 0));
-  sxt_ok(sx_batch_add_block_ids(b, 0, 0, 1, SXT_KV, one, one, 1));
+  sxt_rc(sx_batch_add_block_ids(b, NULL), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, 1, SXT_KV, NULL, one, 1), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, 1, SXT_KV, one, NULL, 1), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, 1, SXT_KV, one, one, 0), SX_EINVAL);   /* empty lists */
+  /* Lists of different lengths: refused, never truncated. */
+  const uint64_t two[] = {1, 2};
+  sx_block_ids uneven = {.layer_count = 1, .slots = SXT_KV, .local = two, .n_local = 2,
+                         .remote = one, .n_remote = 1};
+  sxt_rc(sx_batch_add_block_ids(b, &uneven), SX_EINCOMPAT);
+  sxt_ok(add_ids(b, 0, 1, SXT_KV, one, one, 1));
   sxt_ok(sx_batch_submit(b));
   /* Only before submit. */
-  sxt_rc(sx_batch_add_block_ids(b, 0, 0, 1, SXT_KV, one, one, 1), SX_EINVAL);
+  sxt_rc(add_ids(b, 0, 1, SXT_KV, one, one, 1), SX_EINVAL);
   sxt_ok(sx_batch_wait(b, -1));
   sx_batch_result res;
   sxt_ok(sx_batch_result_get(b, &res));

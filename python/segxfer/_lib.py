@@ -123,13 +123,20 @@ class BlockRead(Structure):
                 ("count", c_uint64)]
 
 
+class BlockIds(Structure):
+    _fields_ = [("group", c_uint32), ("layer_first", c_uint32), ("layer_count", c_uint32),
+                ("slots", c_uint64), ("local", c_void_p), ("n_local", c_size_t),
+                ("remote", c_void_p), ("n_remote", c_size_t)]
+
+
 class RangeRead(Structure):
     _fields_ = [("local", c_void_p), ("remote_region", c_uint32), ("offset", c_uint64),
                 ("length", c_uint64)]
 
 
 class BatchParams(Structure):
-    _fields_ = [("timeout_ms", c_uint32), ("cb", c_void_p), ("cb_arg", c_void_p)]
+    _fields_ = [("timeout_ms", c_uint32), ("cb", c_void_p), ("cb_arg", c_void_p),
+                ("flags", c_uint), ("tag", c_uint64)]  # flags 0: a read batch
 
 
 class BatchResult(Structure):
@@ -151,6 +158,7 @@ class AgentStatus(Structure):
 STRUCTS = {"sx_layout": Layout, "sx_label": Label, "sx_agent_params": AgentParams,
            "sx_region_params": RegionParams, "sx_endpoint": Endpoint, "sx_region": Region,
            "sx_desc": Desc, "sx_mismatch": Mismatch, "sx_block_read": BlockRead,
+           "sx_block_ids": BlockIds,
            "sx_range_read": RangeRead, "sx_batch_params": BatchParams,
            "sx_batch_result": BatchResult, "sx_agent_status": AgentStatus}
 
@@ -220,8 +228,7 @@ _PROTOS = {
     "sx_batch_create": (c_int, [_P, POINTER(BatchParams), POINTER(_P)]),
     "sx_batch_add_blocks": (c_int, [_P, POINTER(BlockRead), c_size_t]),
     "sx_batch_add_ranges": (c_int, [_P, c_void_p, c_size_t]),
-    "sx_batch_add_block_ids": (c_int, [_P, c_uint32, c_uint32, c_uint32, c_uint64,
-                                       c_void_p, c_void_p, c_size_t]),
+    "sx_batch_add_block_ids": (c_int, [_P, POINTER(BlockIds)]),
     "sx_batch_submit": (c_int, [_P]),
     "sx_batch_wait": (c_int, [_P, c_int]),
     "sx_batch_poll": (c_int, [_P]),

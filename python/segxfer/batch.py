@@ -189,8 +189,10 @@ class Batch(Owned):
         laddr, ln, lkeep = ids_of(local_ids, "local_ids")
         if n != ln:
             raise invalid("remote_ids has %d ids but local_ids has %d" % (n, ln))
-        check(_lib_.sx_batch_add_block_ids(self._h.get(), group, first, count, mask,
-                                           raddr, laddr, n))
+        ids = _lib.new_struct(_lib.BlockIds)
+        ids.group, ids.layer_first, ids.layer_count, ids.slots = group, first, count, mask
+        ids.local, ids.n_local, ids.remote, ids.n_remote = laddr, n, raddr, n
+        check(_lib_.sx_batch_add_block_ids(self._h.get(), ids))
         self._s.adds.append(("ids", (rkeep, lkeep, n)))
         return self
 

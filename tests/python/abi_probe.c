@@ -65,11 +65,16 @@ int main(void) {
   F(sx_block_read, layer_count); F(sx_block_read, slots);
   F(sx_block_read, remote_block); F(sx_block_read, local_block);
   F(sx_block_read, count);
+  S(sx_block_ids);
+  F(sx_block_ids, group); F(sx_block_ids, layer_first); F(sx_block_ids, layer_count);
+  F(sx_block_ids, slots); F(sx_block_ids, local); F(sx_block_ids, n_local);
+  F(sx_block_ids, remote); F(sx_block_ids, n_remote);
   S(sx_range_read);
   F(sx_range_read, local); F(sx_range_read, remote_region); F(sx_range_read, offset);
   F(sx_range_read, length);
   S(sx_batch_params);
   F(sx_batch_params, timeout_ms); F(sx_batch_params, cb); F(sx_batch_params, cb_arg);
+  F(sx_batch_params, flags); F(sx_batch_params, tag);
   S(sx_batch_result);
   F(sx_batch_result, state); F(sx_batch_result, error); F(sx_batch_result, message);
   F(sx_batch_result, bytes); F(sx_batch_result, n_entries);
