@@ -331,6 +331,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
+# The Python tests' C helpers (ABI probe, benchmark reader) need the library
+# only (a more specific pattern than the one above, so make prefers it).
+$(BUILD)/tests/python/%: $(BUILD)/obj/tests/python/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
 # sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
 $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)
 	@mkdir -p $(dir $@)
