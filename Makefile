@@ -3,6 +3,7 @@
 #   make deps      install the Debian packages that are missing (apt-get)
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
+#   make test-python  deps + build + the Python package's tests (tests/python/)
 #   make run       deps + build + a live demo on a local redis-server
 #   make cluster   deps + build + the multi-host demo on network namespaces (root)
 #   make bench     build + the representative benchmarks (about 5 minutes) into
@@ -41,7 +42,8 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
-             curl groff-base man-db python3-yaml shellcheck
+             curl groff-base man-db python3-yaml shellcheck \
+             python3-torch python3-numpy python3-pytest
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -91,17 +93,20 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent test_stats test_rdma
-INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
-               test_faults test_security
+               test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
+               test_push test_push_tcp test_batch_ids
+INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
+               test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+# The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
+DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
 # are tests/fuzz/corpus/<name without fuzz_>/ and every crash found becomes a
 # file in tests/fuzz/regressions/<same>/.  `make check` runs each target over
 # both with a plain driver; `make fuzz FUZZ_SECONDS=N` runs libFuzzer (clang).
-FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis \
+FUZZ_TARGETS := fuzz_desc fuzz_event fuzz_url fuzz_layout fuzz_frame fuzz_etcd fuzz_redis fuzz_notice \
                 $(if $(wildcard agent/transport/rdma/rdma.c),fuzz_rdma)
 FUZZ_SECONDS ?= 30
 FUZZ_BINS    := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/%)
@@ -116,9 +121,19 @@ RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
 
+# The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
+# (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
+# -pytest install there (`python3` on PATH may be another one).  The C helpers
+# beside them: the ABI probe the tests compare the ctypes structs with, and
+# the C reader of the binding benchmark.
+PYTHON       ?= /usr/bin/python3
+PY_TEST_BINS := $(BUILD)/tests/python/abi_probe $(BUILD)/tests/python/bench_read
+PYTHONDIR    ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)/dist-packages
+PY_SRCS      := $(wildcard python/segxfer/*.py)
+
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
-        fuzz-run memcheck soak run cluster install uninstall clean print-build
+        fuzz-run memcheck soak run cluster install uninstall clean print-build test-python
 .DEFAULT_GOAL := all
 
 # Builds use every core; a -j on the command line wins (make -j1 for a serial
@@ -147,10 +162,11 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
@@ -162,7 +178,14 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
+	@tests/docs/check-links.sh "$(BUILD)"
+	@tests/docs/check-example.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-rdma
+
+# Only the Python package's tests (deps first, like test).
+test-python: deps
+	@$(MAKE) --no-print-directory all $(PY_TEST_BINS)
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 
 # Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
@@ -250,8 +273,9 @@ cluster: deps
 # the issue's targets judged on their ratios.  BENCH_DURATION scales it.
 BENCH_DURATION ?= 1
 bench: deps
-	@$(MAKE) --no-print-directory all $(RDMA_BINS)
+	@$(MAKE) --no-print-directory all $(RDMA_BINS) $(PY_TEST_BINS)
 	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
+	@$(PYTHON) tests/python/bench.py "$(BUILD)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
@@ -307,7 +331,14 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
-$(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
+# The Python tests' C helpers (ABI probe, benchmark reader) need the library
+# only (a more specific pattern than the one above, so make prefers it).
+$(BUILD)/tests/python/%: $(BUILD)/obj/tests/python/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+# sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
+$(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
 
@@ -369,6 +400,8 @@ install: all
 	$(if $(PROG_BINS),install -m 755 $(PROG_BINS) $(DESTDIR)$(BINDIR)/)
 	$(if $(MAN_PAGES),install -d $(DESTDIR)$(MANDIR)/man1)
 	$(if $(MAN_PAGES),install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/)
+	install -d $(DESTDIR)$(PYTHONDIR)/segxfer
+	install -m 644 $(PY_SRCS) $(DESTDIR)$(PYTHONDIR)/segxfer/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCDIR)/segxfer.h \
@@ -379,6 +412,9 @@ uninstall:
 	      $(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc
 	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/%)
 	rm -f $(patsubst %,$(DESTDIR)$(MANDIR)/man1/%,$(notdir $(MAN_PAGES)))
+	rm -f $(PY_SRCS:python/segxfer/%=$(DESTDIR)$(PYTHONDIR)/segxfer/%)
+	rm -rf $(DESTDIR)$(PYTHONDIR)/segxfer/__pycache__
+	rmdir $(DESTDIR)$(PYTHONDIR)/segxfer 2>/dev/null || true
 
 clean:
 	rm -rf build build-*

@@ -15,6 +15,7 @@
 
 #include "addr.h"
 #include "agent_int.h"
+#include "push_int.h"
 
 extern const sx_transport_ops *const sx__transports[];
 extern const unsigned sx__n_transports;
@@ -373,6 +374,12 @@ static int open_transports(sx_agent *a) {
       .log = tctx_log,
       .served = tctx_served,
       .agent = a,
+      .write_auth = sx__push_write_auth,
+      .write_auth_cancel = sx__push_write_auth_cancel,
+      .write_granted = sx__push_write_granted,
+      .grant_epoch = &a->push->epoch,
+      .notice = sx__push_notice_in,
+      .written = sx__push_written,
   };
   int opened = 0, last = SX_ENODEV;
   for (unsigned i = 0; i < sx__n_transports; i++) {
@@ -441,11 +448,12 @@ static void close_transports(sx_agent *a) {
      * them again. */
     for (sx__rpeer *p = a->peers; p != NULL; p = p->next)
       if (p->kind == (sx_transport_kind)k)
-        p->tp = NULL;
+        p->tp = p->wtp = NULL;
   }
 }
 
 static void free_agent(sx_agent *a) {
+  sx__push_free(a);
   sx__ltable_put(a->lt);
   free(a->url);
   free(a->ns);
@@ -481,7 +489,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   pthread_condattr_destroy(&ca);
   a->calls_tail = &a->calls;
   a->lease.q_tail = &a->lease.q;
-  if ((rc = copy_params(a, p)) || (rc = pick_addresses(a, p, &url)))
+  if ((rc = sx__push_init(a)) || (rc = copy_params(a, p)) || (rc = pick_addresses(a, p, &url)))
     goto out_free;
   a->p.listen = a->listen;
   a->p.advertise = a->advertise;
@@ -570,6 +578,7 @@ out_free:
 /* ------------------------------------------------------------ shutdown */
 
 static void close_store_and_handles(sx_agent *a) {
+  sx__push_close(a);
   sx__lease_close(a);
   sx__regions_close(a);
   close_transports(a);

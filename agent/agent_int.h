@@ -135,6 +135,7 @@ typedef struct sx__rpeer {
   sx_transport_kind kind;
   sx_tpeer *tp;
   int refs;
+  sx_tpeer *wtp;     /* push: the producer's write connections, or NULL */
   int fatal;         /* SX_ESTALE, SX_EACCESS: later batches fail at once */
   char fatal_msg[256];
   int refreshing;    /* a cache refresh after a transport failure is out */
@@ -184,10 +185,17 @@ typedef struct sx__stats {
   uint64_t batch_latency_sum_us;
   uint64_t open_segments;
   sx_cache_stats cache_final; /* lock: the cache's counters when it closed */
+  uint64_t served_writes[SX_STATS_TRANSPORTS]; /* push, consumer side */
+  uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
+  uint64_t refused_writes[SX_STATS_TRANSPORTS];
+  uint64_t notices;
 } sx__stats;
 
 /* Any thread: one read served (bytes) or refused (err), by transport. */
 void sx__stats_served(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err);
+/* Any thread: one write served (bytes; err 0) or refused; a notice taken. */
+void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err);
+void sx__stats_notice(sx_agent *a);
 /* Loop thread: a batch ended with this result. */
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r);
 /* Loop thread: the store confirmed the lease (publish or renew). */
@@ -249,6 +257,7 @@ struct sx_agent {
   sx_segment *segments;
   struct sx_batch *running;
   int shutting_down;      /* loop thread: destroy has begun */
+  struct sx__push *push;  /* grants and notices (push_int.h) */
 };
 
 /* The default log sink: one line on stderr with a UTC timestamp and the

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "agent_int.h"
+#include "push_int.h"
 
 #define DEFAULT_TIMEOUT_MS 30000u
 
@@ -29,6 +30,8 @@ struct sx_batch {
   sx_batch_params p;
   sx__ltable *lt;  /* destinations stay registered-or-at-least-allocated */
   sx__plan plan;
+  sx__pbatch *push; /* write batches: the notice's entries (push_batch.c) */
+  sx_tpeer *tp;     /* loop thread: where the batch was posted */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -93,9 +96,24 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
     sx_batch_params_init(&b->p);
   if (b->p.timeout_ms == 0)
     b->p.timeout_ms = DEFAULT_TIMEOUT_MS;
+  if (b->p.flags & ~(unsigned)SX_BATCH_WRITE) {
+    unsigned flags = b->p.flags;
+    free(b);
+    return sx__err(SX_EINVAL, "sx_batch_create: unknown flags 0x%x", flags);
+  }
+  if ((b->p.flags & SX_BATCH_WRITE) && b->a->name[0] == '\0') {
+    free(b);
+    return sx__err(SX_EINVAL, "sx_batch_create: a write batch needs a named agent (consumers "
+                   "authorize producers by their published segment)");
+  }
+  if ((b->p.flags & SX_BATCH_WRITE) && (b->push = sx__pbatch_new()) == NULL) {
+    free(b);
+    return sx__err(SX_ENOMEM, "sx_batch_create");
+  }
   b->lt = sx__ltable_get(b->a);
   sx__plan_init(&b->plan, &s->ix, &b->lt->ix, b->a->p.slice_bytes,
                 s->kind == SX_TRANSPORT_RDMA);
+  b->plan.write = b->push != NULL;
   pthread_mutex_init(&b->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -118,17 +136,35 @@ static int check_new(sx_batch *b, const char *what) {
   return 0;
 }
 
+/* Entries of one direction only: reads into a read batch, writes into a
+ * write batch (SX_BATCH_WRITE). */
+static int check_add(sx_batch *b, int write, const char *what) {
+  if ((b->push != NULL) != write)
+    return sx__err(SX_EINVAL, "%s: this is a %s batch", what, b->push ? "write" : "read");
+  return check_new(b, what);
+}
+
+int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
+                      sx__pbatch **pb) {
+  int rc = check_add(b, write, what);
+  if (rc == 0) {
+    *plan = &b->plan;
+    *pb = b->push;
+  }
+  return rc;
+}
+
 int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n) {
   if (b == NULL || (r == NULL && n > 0))
     return sx__err(SX_EINVAL, "sx_batch_add_blocks: NULL argument");
-  int rc = check_new(b, "sx_batch_add_blocks");
+  int rc = check_add(b, 0, "sx_batch_add_blocks");
   return rc ? rc : sx__plan_add_blocks(&b->plan, r, n);
 }
 
 int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n) {
   if (b == NULL || (r == NULL && n > 0))
     return sx__err(SX_EINVAL, "sx_batch_add_ranges: NULL argument");
-  int rc = check_new(b, "sx_batch_add_ranges");
+  int rc = check_add(b, 0, "sx_batch_add_ranges");
   return rc ? rc : sx__plan_add_ranges(&b->plan, r, n);
 }
 
@@ -137,7 +173,7 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
   if (len > sizeof(a->scratch_buf))
     return sx__err(SX_ELIMIT, "at most %zu bytes into the scratch buffer",
                    sizeof(a->scratch_buf));
-  int rc = check_new(b, "sx__batch_add_scratch");
+  int rc = check_add(b, 0, "sx__batch_add_scratch");
   return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
 }
 
@@ -145,6 +181,7 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
 
 static void batch_free(sx_batch *b) {
   sx__plan_free(&b->plan);
+  sx__pbatch_free(b->push);
   sx__ltable_put(b->lt);
   free(b->failed);
   if (b->efd >= 0)
@@ -257,13 +294,41 @@ static void finish(sx_batch *b) {
   if (r->error && collect_failed(b) != 0)
     sx__log(a, SX_LOG_WARN, "batch on %s: no memory to list failed entries",
             b->s->cd->desc.name);
+  /* A refused write (no grant) says nothing about reading that peer. */
   if (r->error && r->error != SX_ECANCELED && r->error != SX_ESHUTDOWN &&
-      !a->shutting_down)
+      !a->shutting_down && !(b->push != NULL && r->error == SX_EACCESS))
     sx__peer_failed(a, b->s->peer, r->error, r->message);
   uv_close((uv_handle_t *)&b->timer, publish_end);
 }
 
-static void op_done(sx_op *op) { finish(op->owner); }
+/* A write batch's notice settled: that is its end. */
+static void op_noticed(sx_op *op, int status, const char *msg) {
+  sx_batch *b = op->owner;
+  if (status != 0 && op->first_error == 0) {
+    op->first_error = status;
+    snprintf(op->message, sizeof(op->message), "%s", msg ? msg : sx_strerror(status));
+  }
+  finish(b);
+}
+
+/* Every range settled.  A write batch whose writes all landed then sends
+ * its notice and ends when the consumer answered it. */
+static void op_done(sx_op *op) {
+  sx_batch *b = op->owner;
+  if (b->push != NULL && op->first_error == 0 && b->reason != SX_BATCH_NEW) {
+    /* Stopped just as the last write landed: no notice, so not complete. */
+    op->first_error = b->reason == SX_BATCH_TIMEOUT ? SX_ETIMEDOUT : SX_ECANCELED;
+    snprintf(op->message, sizeof(op->message), "stopped before the notice was sent");
+  }
+  if (b->push != NULL && op->first_error == 0) {
+    int rc = sx__pbatch_notify(b->push, b->a, b->p.tag, b->plan.bytes, b->tp, op);
+    if (rc == 0)
+      return;
+    op->first_error = rc;
+    snprintf(op->message, sizeof(op->message), "%s", sx_errmsg());
+  }
+  finish(b);
+}
 
 /* End before (or instead of) posting: every range fails with rc. */
 static void end_now(sx_batch *b, int rc, const char *msg) {
@@ -281,8 +346,7 @@ static void expired(uv_timer_t *t) {
   if (!b->running)
     return;
   b->reason = SX_BATCH_TIMEOUT;
-  sx_tpeer *tp = b->s->peer->tp;
-  tp->t->ops->abort(tp, &b->op, SX_ETIMEDOUT);
+  b->tp->t->ops->abort(b->tp, &b->op, SX_ETIMEDOUT);
 }
 
 /* ------------------------------------------------------------ submit */
@@ -307,7 +371,7 @@ static void submit_run(sx__call *c) {
   uv_timer_init(&a->loop, &b->timer);
   b->timer.data = b;
   b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
-                  .done = op_done, .owner = b};
+                  .done = op_done, .owner = b, .noticed = op_noticed};
   sx__rpeer *peer = b->s->peer;
   if (a->shutting_down) {
     end_now(b, SX_ESHUTDOWN, "the agent is shutting down");
@@ -326,7 +390,7 @@ static void submit_run(sx__call *c) {
     end_now(b, peer->fatal, peer->fatal_msg);
     return;
   }
-  if (b->op.n == 0) {
+  if (b->op.n == 0 && b->push == NULL) {
     end_now(b, 0, NULL);
     return;
   }
@@ -338,17 +402,26 @@ static void submit_run(sx__call *c) {
   uv_timer_start(&b->timer, expired, left, 0);
   sx_transport *t = a->tr[b->s->kind];
   int rc = 0;
-  if (peer->tp == NULL && (rc = t->ops->peer_open(t, &peer->cd->desc, &peer->tp)) != 0) {
-    end_now(b, rc, sx_errmsg());
+  sx_tpeer **tpp = b->push != NULL ? &peer->wtp : &peer->tp;
+  if (*tpp == NULL &&
+      (rc = b->push != NULL
+                ? sx__tr_call(t->ops, wpeer_open, t, &peer->cd->desc, tpp)
+                : t->ops->peer_open(t, &peer->cd->desc, tpp)) != 0) {
+    end_now(b, rc, rc == SX_ENOTSUP ? "the transport cannot write" : sx_errmsg());
     return;
   }
+  b->tp = *tpp;
   b->running = b->in_list = 1;
   b->rprev = NULL;
   b->rnext = a->running;
   if (a->running)
     a->running->rprev = b;
   a->running = b;
-  if ((rc = peer->tp->t->ops->post(peer->tp, &b->op)) != 0) {
+  if (b->op.n == 0) {
+    op_done(&b->op); /* a write batch of no bytes: only its notice */
+    return;
+  }
+  if ((rc = b->tp->t->ops->post(b->tp, &b->op)) != 0) {
     end_now(b, rc, sx_errmsg());
     return;
   }
@@ -385,8 +458,7 @@ static void cancel_now(sx_batch *b) {
   if (!b->running)
     return; /* ended, or submit_run will see cancel_req */
   b->reason = SX_BATCH_CANCELLED;
-  sx_tpeer *tp = b->s->peer->tp;
-  tp->t->ops->abort(tp, &b->op, SX_ECANCELED);
+  b->tp->t->ops->abort(b->tp, &b->op, SX_ECANCELED);
 }
 
 static void cancel_run(sx__call *c) {
@@ -540,10 +612,9 @@ void sx_batch_destroy(sx_batch *b) {
 void sx__batches_abort(sx_agent *a, int status) {
   while (a->running != NULL) {
     sx_batch *b = a->running;
-    sx_tpeer *tp = b->s->peer->tp;
     /* Abort settles its ranges (now or after a flush); take it off the
      * list first so a slow abort cannot make this loop spin. */
     unlink_running(b);
-    tp->t->ops->abort(tp, &b->op, status);
+    b->tp->t->ops->abort(b->tp, &b->op, status);
   }
 }

@@ -165,6 +165,15 @@ static int reserve(sx__plan *p, size_t extra) {
 
 static const char *slot_str(uint32_t slot, char buf[16]) { return sx_slot_name(slot, buf); }
 
+/* The remote region must allow what the plan does to it. */
+static int access_check(const sx__plan *p, const sx_region *R, uint32_t e) {
+  uint32_t need = p->write ? SX_ACCESS_REMOTE_WRITE : SX_ACCESS_REMOTE_READ;
+  if (R->access & need)
+    return 0;
+  return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote %s", e, R->id,
+                 p->write ? "writes" : "reads");
+}
+
 /* Pass one for a block entry: everything that can be wrong with it. */
 static int check_block(const sx__plan *p, const sx_block_read *r, uint32_t e) {
   char s[16];
@@ -189,9 +198,8 @@ static int check_block(const sx__plan *p, const sx_block_read *r, uint32_t e) {
         return sx__err(SX_ENOREGION, "entry %u: no local region is registered for "
                        "group %u layer %lu slot %s", e, r->group, (unsigned long)layer,
                        slot_str(slot, s));
-      if (!(R->access & SX_ACCESS_REMOTE_READ))
-        return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote "
-                       "reads", e, R->id);
+      if (access_check(p, R, e))
+        return SX_EDENIED;
       if (R->block_bytes != L->block_bytes)
         return sx__err(SX_EINCOMPAT, "entry %u: block_bytes differs at group %u layer "
                        "%lu slot %s: local %lu, remote %lu", e, r->group,
@@ -223,9 +231,8 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
   if (R == NULL)
     return sx__err(SX_ENOREGION, "entry %u: the remote segment has no region %u", e,
                    r->remote_region);
-  if (!(R->access & SX_ACCESS_REMOTE_READ))
-    return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote reads",
-                   e, R->id);
+  if (access_check(p, R, e))
+    return SX_EDENIED;
   if (!sx__add_ok(r->offset, r->length, &end))
     return sx__err(SX_EOVERFLOW, "entry %u: offset + length overflows 64 bits", e);
   if (end > R->length)
@@ -410,9 +417,8 @@ int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
   uint32_t e = p->n_entries;
   if (len == 0 || local == NULL)
     return sx__err(SX_EINVAL, "entry %u: local is NULL or length is 0", e);
-  if (!(R->access & SX_ACCESS_REMOTE_READ))
-    return sx__err(SX_EDENIED, "entry %u: remote region %u does not allow remote reads",
-                   e, R->id);
+  if (access_check(p, R, e))
+    return SX_EDENIED;
   if (!sx__add_ok(roff, len, &end) || end > R->length)
     return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
   p->have_shape = 0;

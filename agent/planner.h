@@ -56,6 +56,8 @@ typedef struct sx__plan {
   const sx__rindex *local; /* its regions are sx_lregion.r */
   uint64_t slice;
   int need_lreg;           /* raw range destinations must be registered */
+  int write;               /* push: local is the source, the remote region
+                            * must allow remote writes (set after init) */
   sx_xfer *x;              /* the ranges so far */
   size_t n, cap;
   uint64_t bytes;          /* sum of the ranges' lengths */

@@ -25,6 +25,8 @@ static void rpeer_put(sx__rpeer *p, sx_agent *a) {
   }
   if (p->tp != NULL)
     p->tp->t->ops->peer_close(p->tp);
+  if (p->wtp != NULL)
+    p->wtp->t->ops->peer_close(p->wtp);
   sx__cdesc_unref(p->cd);
   free(p);
 }

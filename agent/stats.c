@@ -29,6 +29,18 @@ void sx__stats_served(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int e
   }
 }
 
+void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err) {
+  unsigned k = kind_index(kind);
+  if (err) {
+    ADD(&a->stats.refused_writes[k], 1);
+  } else {
+    ADD(&a->stats.served_writes[k], 1);
+    ADD(&a->stats.served_write_bytes[k], bytes);
+  }
+}
+
+void sx__stats_notice(sx_agent *a) { ADD(&a->stats.notices, 1); }
+
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r) {
   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
   sx__stats *s = &a->stats;
@@ -115,7 +127,11 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
     s.read_bytes[k] = LOAD(&c->read_bytes[k]);
     for (unsigned e = 0; e < SX_STATS_ERRORS; e++)
       s.served_errors[k][e] = LOAD(&c->served_errors[k][e]);
+    s.served_writes[k] = LOAD(&c->served_writes[k]);
+    s.served_write_bytes[k] = LOAD(&c->served_write_bytes[k]);
+    s.refused_writes[k] = LOAD(&c->refused_writes[k]);
   }
+  s.notices = LOAD(&c->notices);
   for (unsigned b = 0; b < SX_STATS_BATCH_STATES; b++)
     s.batches[b] = LOAD(&c->batches[b]);
   for (unsigned b = 0; b < SX_STATS_LATENCY_BUCKETS; b++)

@@ -13,6 +13,7 @@
 #include "segxfer/layout.h"
 #include "segxfer/store.h"
 #include "segxfer/agent.h"
+#include "segxfer/push.h"
 
 #define SX_VERSION_MAJOR 0
 #define SX_VERSION_MINOR 1

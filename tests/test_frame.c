@@ -49,7 +49,7 @@ static void test_frame_rejects_bad_headers(void **state) {
   b[4] = 2; /* version */
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EVERSION);
   sx__frame_encode(&f, b);
-  b[5] = 9; /* type */
+  b[5] = 99; /* type (5 and up are taken: GPU staging, push) */
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
   sx__frame_encode(&f, b);
   b[7] = 1; /* flags */

@@ -57,6 +57,11 @@ static const char usage_text[] =
     "  --fill SEED            fill every region with the verification pattern of SEED\n"
     "                         (decimal or 0x-hex); readers check it with\n"
     "                         `sxctl read NAME --verify SEED`\n"
+    "  --writable             let granted producers write the pool (push mode;\n"
+    "                         docs/push.md); each completed write batch's notice is\n"
+    "                         logged\n"
+    "  --grant NAME           grant writes to producer segment NAME, any incarnation\n"
+    "                         (repeatable); '*' grants every segment of the namespace\n"
     "  --log-level LEVEL      error, warn, info (default) or debug\n"
     "  -h, --help             this text\n"
     "  --version              print the version\n"
@@ -73,7 +78,7 @@ static const char usage_text[] =
     "  --fingerprint F        model/layout fingerprint (default \"sx-agent\")\n"
     "  --tag T                layout tag, e.g. NHD (default)\n"
     "layout from a file:\n"
-    "  --layout FILE          JSON layout file (see the README; `sxctl show --json`\n"
+    "  --layout FILE          JSON layout file (see docs/architecture.md; `sxctl show --json`\n"
     "                         output is one); --dtype, --fingerprint, --tag override\n"
     "\n"
     "The fill pattern: byte o of region r is byte (o % 8) of\n"
@@ -115,6 +120,18 @@ static int usage_error(const char *fmt, ...) {
 }
 
 /* "64K", "1G", "4096" -> bytes; 0 on success. */
+/* Push mode: one line per completed write batch (taken, so that the queue
+ * of a daemon nobody reads never fills). */
+static int log_notice(void *arg, const sx_notice *n) {
+  (void)arg;
+  char inc[2 * SX_INCARNATION_LEN + 1];
+  sx_hex(n->incarnation, SX_INCARNATION_LEN, inc);
+  say(SX_LOG_INFO, "notice: %s (incarnation %.8s) wrote %lu bytes in %u block runs and %u "
+      "ranges, tag %lu", n->producer, inc, (unsigned long)n->bytes, n->n_blocks, n->n_ranges,
+      (unsigned long)n->tag);
+  return 1;
+}
+
 static int parse_size(const char *s, uint64_t *out) {
   char *end;
   errno = 0;
@@ -150,8 +167,10 @@ typedef struct options {
   uint64_t block_bytes, num_blocks, pool_size;
   uint32_t slots[SX_MAX_SLOTS];
   uint32_t n_slots;
-  int fill, takeover;
+  int fill, takeover, writable;
   uint64_t seed;
+  const char *grants[16];
+  uint32_t n_grants;
   sx_label labels[SX_MAX_LABELS];
   uint32_t n_labels;
 } options;
@@ -173,7 +192,7 @@ static int parse_args(int argc, char **argv, options *o) {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
     O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
     O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HUGE, O_HELP,
-    O_VERSION
+    O_VERSION, O_WRITABLE, O_GRANT
   };
   static const struct option opts[] = {
       {"name", required_argument, NULL, O_NAME},
@@ -200,6 +219,8 @@ static int parse_args(int argc, char **argv, options *o) {
       {"rdma-devices", required_argument, NULL, O_RDMA_DEVICES},
       {"rdma-gid-index", required_argument, NULL, O_GID},
       {"hugepages", required_argument, NULL, O_HUGE},
+      {"writable", no_argument, NULL, O_WRITABLE},
+      {"grant", required_argument, NULL, O_GRANT},
       {"help", no_argument, NULL, O_HELP},
       {"version", no_argument, NULL, O_VERSION},
       {NULL, 0, NULL, 0},
@@ -228,6 +249,13 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_FP: o->fingerprint = optarg; break;
     case O_TAG: o->tag = optarg; break;
     case O_TAKEOVER: o->takeover = 1; break;
+    case O_WRITABLE: o->writable = 1; break;
+    case O_GRANT:
+      if (o->n_grants == sizeof(o->grants) / sizeof(o->grants[0]) ||
+          (strcmp(optarg, "*") != 0 && sx_name_validate(optarg) != 0))
+        return usage_error("--grant '%s': a segment name or '*' (at most 16)", optarg);
+      o->grants[o->n_grants++] = optarg;
+      break;
     case O_METRICS: o->metrics_listen = optarg; break;
     case O_RDMA_DEVICES: o->rdma_devices = optarg; break;
     case O_HUGE:
@@ -494,7 +522,8 @@ int main(int argc, char **argv) {
                            .block_bytes = r->block_bytes, .block_stride = r->block_stride,
                            .num_blocks = r->num_blocks,
                            .location = r->location[0] ? r->location : "cpu",
-                           .access = SX_ACCESS_REMOTE_READ};
+                           .access = SX_ACCESS_REMOTE_READ |
+                                     (o.writable ? SX_ACCESS_REMOTE_WRITE : 0)};
     uint32_t id;
     if ((rc = sx_agent_register(a, &rp, &id)) != 0) {
       say(SX_LOG_ERROR, "sx-agent: region %u: %s: %s", i, sx_err_name(rc), sx_errmsg());
@@ -512,6 +541,16 @@ int main(int argc, char **argv) {
   else
     say(SX_LOG_INFO, "%s: %u regions, %s", o.name, layout.n_regions, size);
 
+  for (uint32_t i = 0; i < o.n_grants; i++) {
+    const char *g = strcmp(o.grants[i], "*") == 0 ? NULL : o.grants[i];
+    if ((rc = sx_agent_grant_write(a, g, NULL)) != 0) {
+      say(SX_LOG_ERROR, "sx-agent: --grant %s: %s: %s", o.grants[i], sx_err_name(rc),
+          sx_errmsg());
+      goto out_destroy;
+    }
+  }
+  if (o.writable)
+    sx_agent_notice_cb(a, log_notice, NULL);
   if ((rc = sx_agent_publish(a, o.takeover ? SX_PUBLISH_TAKEOVER : 0)) != 0) {
     sx_agent_status st;
     if (sx_agent_status_get(a, &st) == 0 && st.state == SX_AGENT_RECLAIMING) {

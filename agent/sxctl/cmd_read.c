@@ -673,3 +673,16 @@ const sxctl_cmd sxctl_cmd_ping = {
             "  sxctl ping prefill-0/tp3 --count 5\n",
     .run = ping_run,
 };
+
+/* ------------------------------------------------------------------ shared */
+
+int sxctl_parse_u64(const char *s, uint64_t *out) { return parse_u64(s, out); }
+
+int sxctl_parse_transport(const char *s, unsigned *out) { return parse_transport(s, out); }
+
+int sxctl_parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed, uint64_t **out,
+                       size_t *n) {
+  return parse_blocks(spec, max, rand_seed, out, n);
+}
+
+const char *sxctl_transport_name(sx_transport_kind k) { return kind_name(k); }

@@ -13,7 +13,7 @@
 
 #include "segxfer.h"
 
-#define SXCTL_COMMANDS(X) X(ls) X(show) X(check) X(watch) X(rm) X(read) X(ping)
+#define SXCTL_COMMANDS(X) X(ls) X(show) X(check) X(watch) X(rm) X(read) X(ping) X(write)
 
 /* Exit codes, the same for every command. */
 enum {
@@ -56,6 +56,14 @@ const char *sxctl_bytes(uint64_t n, char *buf, size_t size);       /* "256.0 KiB
 const char *sxctl_duration(int64_t ms, char *buf, size_t size);    /* "4.1s", "-" if < 0 */
 const char *sxctl_short_inc(const uint8_t *inc, char buf[9]);      /* first 8 hex digits */
 const char *sxctl_endpoint(const sx_endpoint *e, char *buf, size_t size); /* tcp://h:p */
+
+/* Parsers shared by read, ping and write (cmd_read.c): a number, tcp/rdma/
+ * auto, and a --blocks SPEC below max (0, -1 malformed, -2 out of range). */
+int sxctl_parse_u64(const char *s, uint64_t *out);
+int sxctl_parse_transport(const char *s, unsigned *out);
+int sxctl_parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed, uint64_t **out,
+                       size_t *n);
+const char *sxctl_transport_name(sx_transport_kind k);
 
 /* A text table with columns sized to their contents. */
 typedef struct sxctl_table {

@@ -39,6 +39,13 @@ typedef struct sx_lregion {
   void *tpriv[SX__TRANSPORT_SLOTS]; /* per transport (RDMA: its MRs) */
 } sx_lregion;
 
+/* Push mode: a producer's pending write authorization (agent/grant.c). */
+typedef struct sx_wauth sx_wauth;
+/* status 0: producer (its name as the store has it) may write; else why
+ * not (SX_EACCESS no grant or a bad token, SX_ESTALE another incarnation
+ * holds the name, SX_ENOENT not published, store errors) and msg says so. */
+typedef void (*sx_wauth_cb)(void *arg, int status, const char *producer, const char *msg);
+
 /* What a transport may ask of the agent that opened it. */
 typedef struct sx_tctx {
   uv_loop_t *loop;
@@ -54,6 +61,25 @@ typedef struct sx_tctx {
   /* Count a served read for metrics: bytes, or an error code. */
   void (*served)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
   void *agent;
+  /* Push mode, target (consumer) side.  write_auth checks a producer that
+   * asks to write: its name (NULL: find it by incarnation), incarnation and
+   * token against its descriptor in the store, and this agent's grants.
+   * 0: cb runs once, later, unless write_auth_cancel() comes first; < 0: the
+   * refusal (cb never runs; sx_errmsg() says why). */
+  int (*write_auth)(void *agent, const char *producer, const uint8_t *incarnation,
+                    const uint8_t *token, sx_wauth_cb cb, void *arg, sx_wauth **out);
+  void (*write_auth_cancel)(sx_wauth *w);
+  /* 0 while a grant covers (producer, incarnation), else SX_EACCESS.  Cheap;
+   * transports call it again whenever *grant_epoch moved (every revoke). */
+  int (*write_granted)(void *agent, const char *producer, const uint8_t *incarnation);
+  const uint64_t *grant_epoch;
+  /* A notice (len encoded bytes) arrived from an authorized producer after
+   * its writes: 0 when accepted, else the refusal with msg filled. */
+  int (*notice)(void *agent, const char *producer, const uint8_t *incarnation,
+                sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
+                size_t cap);
+  /* Count a served write for metrics: bytes, or an error code. */
+  void (*written)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
 } sx_tctx;
 
 /* One range to read: length bytes at roff of remote region rreg into local. */
@@ -78,6 +104,9 @@ struct sx_op {
   char message[256];
   void (*done)(sx_op *op); /* once, when pending reaches 0 */
   void *owner;
+  /* Push: the op's notice (sx_transport_ops.notify) settled with status
+   * 0 (the consumer accepted it) or an error and msg. */
+  void (*noticed)(sx_op *op, int status, const char *msg);
 };
 
 /* Settle xfer idx of op with status (0 or SX_E*); msg (may be NULL) becomes
@@ -114,7 +143,23 @@ typedef struct sx_transport_ops {
    * status once nothing can write their destinations any more (RDMA: after
    * the flush of a QP moved to error).  Done then runs as usual. */
   void (*abort)(sx_tpeer *p, sx_op *op, int status);
+
+  /* Push mode; optional (sx__tr_call() answers SX_ENOTSUP without them).
+   * wpeer_open: a peer whose connections present this agent as a producer
+   * (name, incarnation, token) and carry writes: post() then writes each
+   * xfer's local bytes to the remote range and settles it once the target
+   * acknowledged that they landed; abort() settles only once nothing reads
+   * the sources any more.  notify: send the op's notice (len bytes, copied)
+   * after every xfer settled with 0; op->noticed runs once (abort() settles
+   * it too); < 0: not sent, noticed will not run.  grants_changed: grants
+   * were revoked: drop write connections of producers no grant covers. */
+  int (*wpeer_open)(sx_transport *t, const sx_desc *remote, sx_tpeer **out);
+  int (*notify)(sx_tpeer *p, sx_op *op, const uint8_t *buf, size_t len);
+  int (*grants_changed)(sx_transport *t);
 } sx_transport_ops;
+
+/* The one dispatcher for optional slots: a missing slot is SX_ENOTSUP. */
+#define sx__tr_call(ops, slot, ...) ((ops)->slot ? (ops)->slot(__VA_ARGS__) : SX_ENOTSUP)
 
 /* Each transport's structs start with these. */
 struct sx_transport {

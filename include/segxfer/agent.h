@@ -56,7 +56,7 @@ typedef void (*sx_log_fn)(void *arg, sx_log_level level, const char *msg);
 typedef struct sx_agent_params {
   /* The segment name this agent publishes; NULL for a reader-only agent. */
   const char *name;
-  /* redis://..., redis+sentinel://..., etcd://...; see the README. */
+  /* redis://..., redis+sentinel://..., etcd://...; see docs/store.md. */
   const char *metadata_url;
   /* Overrides the URL's namespace when not NULL. */
   const char *ns;
@@ -131,7 +131,9 @@ typedef struct sx_region_params {
   uint64_t block_stride;   /* 0 is taken as block_bytes */
   uint64_t num_blocks;
   const char *location;    /* NULL is "cpu" */
-  uint32_t access;         /* SX_ACCESS_REMOTE_READ to let peers read it */
+  uint32_t access;         /* SX_ACCESS_REMOTE_READ to let peers read it,
+                            * SX_ACCESS_REMOTE_WRITE to let granted producers
+                            * write it (segxfer/push.h) */
 } sx_region_params;
 
 /*
@@ -265,6 +267,14 @@ typedef struct sx_agent_stats {
   /* Now. */
   uint64_t open_segments;
   uint64_t regions, region_bytes; /* registered */
+
+  /* Push mode, consumer side (segxfer/push.h): producers' writes into this
+   * agent's memory that it served itself (TCP; RDMA WRITEs are one-sided),
+   * writes refused, and notices accepted. */
+  uint64_t served_writes[SX_STATS_TRANSPORTS];
+  uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
+  uint64_t refused_writes[SX_STATS_TRANSPORTS];
+  uint64_t notices;
 } sx_agent_stats;
 
 /*
@@ -278,7 +288,7 @@ SX_EXTERN int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size);
 
 /*
  * The same snapshot as Prometheus text (exposition format 0.0.4, metric
- * names segxfer_*; README "Metrics" lists them), for an engine's own
+ * names segxfer_*; docs/operations.md lists them), for an engine's own
  * /metrics endpoint.  Labels carry the segment name and incarnation, never
  * the access token or store credentials.  On success *text is a malloc()ed,
  * NUL-terminated buffer the caller frees with free(), and *len its length
@@ -377,6 +387,8 @@ typedef struct sx_batch_params {
   uint32_t timeout_ms;   /* deadline from submit; 0 = 30000 */
   sx_batch_cb cb;        /* optional; runs once on the agent thread */
   void *cb_arg;
+  unsigned flags;        /* SX_BATCH_WRITE (segxfer/push.h); 0: a read batch */
+  uint64_t tag;          /* write batches: carried to the consumer's notice */
 } sx_batch_params;
 
 SX_EXTERN void sx_batch_params_init(sx_batch_params *p);

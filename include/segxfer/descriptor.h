@@ -67,6 +67,7 @@ typedef enum sx_transport_kind {
 /* Region access flags. */
 enum {
   SX_ACCESS_REMOTE_READ = 1u << 0,
+  SX_ACCESS_REMOTE_WRITE = 1u << 1, /* granted producers may write it (push.h) */
 };
 
 typedef struct sx_endpoint {

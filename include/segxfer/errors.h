@@ -57,7 +57,7 @@ extern "C" {
   XX(NODEV, -31, "no usable RDMA device")                                      \
   XX(BUSY, -32, "resource busy")                                               \
   XX(GENERATION, -33, "generation must grow")                                  \
-  XX(DENIED, -34, "region does not allow remote reads")                        \
+  XX(DENIED, -34, "region does not allow this remote access (read or write)") \
   XX(SHUTDOWN, -35, "agent is shutting down")                                  \
   XX(NOREGION, -36, "no such region")                                          \
   XX(GONE, -37, "lease lost: the segment expired or was removed")              \

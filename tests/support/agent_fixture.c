@@ -35,6 +35,10 @@ void sxt_params(sx_agent_params *p, const char *url, const char *name) {
 }
 
 static void register_kv(sxt_agent *t, uint64_t blocks) {
+  sxt_register_kv(t, blocks, SX_ACCESS_REMOTE_READ);
+}
+
+void sxt_register_kv(sxt_agent *t, uint64_t blocks, uint32_t access) {
   uint64_t layer_bytes = blocks * SXT_BLOCK;
   t->blocks = blocks;
   for (int s = 0; s < 2; s++) {
@@ -43,7 +47,7 @@ static void register_kv(sxt_agent *t, uint64_t blocks) {
     sx_region_params rp = {.addr = t->mem[s], .length = SXT_LAYERS * layer_bytes,
                            .layer_count = SXT_LAYERS, .layer_stride = layer_bytes,
                            .slot = (uint32_t)s, .block_bytes = SXT_BLOCK,
-                           .num_blocks = blocks, .access = SX_ACCESS_REMOTE_READ};
+                           .num_blocks = blocks, .access = access};
     sxt_ok(sx_agent_register(t->a, &rp, &t->id[s]));
   }
 }
@@ -146,6 +150,11 @@ static void pub_cb(void *arg, const sx_backend_reply *rep) {
   pub_state *s = arg;
   s->status = rep->status;
   s->done = 1;
+}
+
+void sxt_mem_url(char *url, size_t size, const char *prefix) {
+  static int seq;
+  snprintf(url, size, "mem://%s-%d-%d", prefix, (int)getpid(), seq++);
 }
 
 void sxt_store_publish(const char *url, const sx_desc *d) {
@@ -264,3 +273,7 @@ uint16_t sxt_tcp_port(const sx_desc *d) {
   fail_msg("no TCP endpoint in %s", d->name);
   return 0;
 }
+
+int sxt_wire_send(int fd, const void *p, size_t n) { return send_all(fd, p, n); }
+
+int sxt_wire_recv(int fd, void *p, size_t n) { return recv_all(fd, p, n); }

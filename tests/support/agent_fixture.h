@@ -38,6 +38,10 @@ void sxt_target_start(sxt_agent *t, const char *url, const char *name,
 /* A reader with SXT_READER_BLOCKS blocks per layer and the same keys. */
 void sxt_reader_start(sxt_agent *r, const char *url, const char *name);
 void sxt_agent_stop(sxt_agent *t);
+/* Register zeroed regions K and V over SXT_LAYERS layers of blocks blocks
+ * with this access (what the target and reader above do with
+ * SX_ACCESS_REMOTE_READ). */
+void sxt_register_kv(sxt_agent *t, uint64_t blocks, uint32_t access);
 
 /* Check that local blocks [local_block, +count) of every layer and slot of
  * entry e hold the target's blocks [remote_block, +count) under the pattern
@@ -57,6 +61,9 @@ sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
 sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
                               uint32_t timeout_ms);
 
+/* A mem:// store URL of its own for each call: "mem://PREFIX-PID-SEQ". */
+void sxt_mem_url(char *url, size_t size, const char *prefix);
+
 /* Publish a descriptor as-is into the mem:// store behind url. */
 void sxt_store_publish(const char *url, const sx_desc *d);
 
@@ -70,6 +77,9 @@ int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
  * must hold length bytes), or 1 on a closed connection. */
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
                   uint8_t *buf);
+/* Send or receive exactly n bytes: 0, or -1 when the connection failed. */
+int sxt_wire_send(int fd, const void *p, size_t n);
+int sxt_wire_recv(int fd, void *p, size_t n);
 /* 1 when the peer closed the connection (reads EOF within 5 s). */
 int sxt_wire_closed(int fd);
 

@@ -149,4 +149,7 @@ const sx_transport_ops sx__tcp_ops = {
     .peer_close = sx__tcp_peer_close,
     .post = sx__tcp_post,
     .abort = sx__tcp_abort,
+    .wpeer_open = sx__tcp_wpeer_open,
+    .notify = sx__tcp_notify,
+    .grants_changed = sx__tcp_grants_changed,
 };

@@ -1,6 +1,7 @@
 /* The TCP data-plane wire format (see tcp_frame.h for the layout). */
 #include <string.h>
 
+#include "segxfer/push.h"
 #include "tcp_frame.h"
 
 static void put16(uint8_t *p, uint16_t v) {
@@ -73,6 +74,24 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
     break;
   case SX__FRAME_READ_REPLY:
     if (f.status != 0 && f.length != 0)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_WAUTH:
+    if (f.status != 0 || f.length != SX__WAUTH_BODY)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_WRITE:
+    if (f.status != 0)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_NOTICE:
+    if (f.status != 0 || f.length > SX_NOTICE_MAX_BYTES)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_WAUTH_REPLY:
+  case SX__FRAME_WRITE_REPLY:
+  case SX__FRAME_NOTICE_REPLY:
+    if (f.length != 0)
       return SX_EPROTO;
     break;
   default:

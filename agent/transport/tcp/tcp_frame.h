@@ -28,6 +28,24 @@
  * Then the reader pipelines READs; the target answers each, in order, with a
  * READ_REPLY header followed by exactly `length` payload bytes.
  *
+ * Push mode (docs/push.md) adds, on a connection that said HELLO with the
+ * producer's own segment name:
+ *
+ *   7 WAUTH         body (length 32): the producer's incarnation (16) and
+ *                   its access token (16), checked against its descriptor
+ *                   in the store and the target's write grants
+ *   8 WAUTH_REPLY   status 0, SX_EACCESS (no grant, bad token, not
+ *                   published) or a store error; a failure leaves the
+ *                   connection open for reads
+ *   9 WRITE         region, offset, length; `length` payload bytes follow
+ *  10 WRITE_REPLY   status, sent once the payload landed (0) or was drained
+ *                   untouched (SX_EACCESS, SX_EDENIED, SX_EBOUNDS, ...)
+ *  11 NOTICE        body (length <= SX_NOTICE_MAX_BYTES): a WriteNotice
+ *  12 NOTICE_REPLY  status: 0 once the target queued the notice
+ *
+ * Replies never carry a body.  Types 5 and 6 are taken by the GPU staging
+ * frames.
+ *
  * These are pure functions over byte buffers (no I/O, no allocation), so a
  * fuzz target can drive them directly.
  */
@@ -50,7 +68,15 @@ typedef enum sx__frame_type {
   SX__FRAME_HELLO_REPLY = 2,
   SX__FRAME_READ = 3,
   SX__FRAME_READ_REPLY = 4,
+  SX__FRAME_WAUTH = 7,
+  SX__FRAME_WAUTH_REPLY = 8,
+  SX__FRAME_WRITE = 9,
+  SX__FRAME_WRITE_REPLY = 10,
+  SX__FRAME_NOTICE = 11,
+  SX__FRAME_NOTICE_REPLY = 12,
 } sx__frame_type;
+
+#define SX__WAUTH_BODY (SX_INCARNATION_LEN + SX_TOKEN_LEN)
 
 typedef struct sx__frame {
   uint8_t type;    /* sx__frame_type */

@@ -68,5 +68,57 @@ int sx__tcp_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out)
 void sx__tcp_peer_close(sx_tpeer *base);
 int sx__tcp_post(sx_tpeer *base, sx_op *op);
 void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status);
+/* tcp_read.c, push mode: the producer's peer (WAUTH after HELLO, WRITE
+ * frames with their payload) and its notices. */
+int sx__tcp_wpeer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out);
+int sx__tcp_notify(sx_tpeer *base, sx_op *op, const uint8_t *buf, size_t len);
+
+/* Push mode, target (consumer) side: tcp_write.c.  A connection's write
+ * state, made by its first push frame. */
+#define MAX_WRITE (64u << 20) /* longest WRITE taken; longer ones close */
+typedef struct sx__tcp_wconn {
+  sconn *c;            /* NULL once the connection closed */
+  tcp_t *t;
+  sx_wauth *auth;      /* WAUTH being checked; the connection holds */
+  uint64_t auth_id;
+  int verified;        /* WAUTH passed: the producer is who it says */
+  int granted;         /* and a grant covers it (as of epoch) */
+  uint64_t epoch;      /* grant epoch of the last check */
+  char producer[SX_NAME_MAX + 1];
+  uint8_t inc[SX_INCARNATION_LEN];
+  /* A WRITE or NOTICE whose body is arriving. */
+  uint64_t left;       /* body bytes still to come; 0: none */
+  uint8_t *dst;        /* where they go; NULL: drained */
+  sx_lregion *l;       /* the region written (inflight held), or NULL */
+  uint8_t *notice;     /* a NOTICE body being gathered */
+  uint64_t id, len;
+  uint8_t type;        /* SX__FRAME_WRITE or SX__FRAME_NOTICE */
+  int status;          /* what the reply will say */
+} sx__tcp_wconn;
+
+/* s_process: a push frame (type >= SX__FRAME_WAUTH) at buf, avail bytes
+ * read so far.  Returns the bytes used (> 0), 0 when more must be read
+ * first, < 0 when the connection is closing.  After it, the caller stops
+ * parsing while (*w)->left or (*w)->auth is set. */
+int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **w, const sx__frame *f, uint8_t *buf,
+                    size_t avail);
+/* s_alloc/s_read: while a body arrives, where to read it and what came. */
+void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf);
+void sx__tcp_w_read(sx__tcp_wconn *w, size_t n);
+/* s_closed: the connection is gone. */
+void sx__tcp_w_free(sx__tcp_wconn *w);
+/* grants_changed: nothing to do at once, the epoch is checked per frame. */
+int sx__tcp_grants_changed(sx_transport *t);
+
+/* tcp_serve.c, for tcp_write.c: queue a reply without payload, send what
+ * is queued, close for a protocol violation, stop or resume reading (a
+ * resume parses what was held back), and the HELLO name. */
+void sx__tcp_sconn_reply(sconn *c, uint64_t id, uint8_t type, int status);
+int sx__tcp_sconn_flush(sconn *c);
+void sx__tcp_sconn_violation(sconn *c, const char *what);
+void sx__tcp_sconn_hold(sconn *c);
+void sx__tcp_sconn_resume(sconn *c);
+const char *sx__tcp_sconn_reader(const sconn *c);
+tcp_t *sx__tcp_sconn_transport(const sconn *c);
 
 #endif

@@ -13,7 +13,10 @@
 
 typedef struct cconn cconn;
 
-enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING };
+enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING, C_WAUTH };
+
+/* Push: a ring entry that carries an op's notice instead of an xfer. */
+#define NOTICE_IDX SIZE_MAX
 
 typedef struct treq {
   sx_op *op;
@@ -21,12 +24,19 @@ typedef struct treq {
   uint64_t id;
   uint64_t len;
   int aborted; /* the op gave up on it: drain its payload */
+  uint64_t wseq; /* push: the cwrite carrying it (its payload is read
+                  * from the source until that write completes) */
 } treq;
 
 typedef struct cwrite {
   uv_write_t req;
   uint32_t n;
   uint8_t data[WINDOW_REQS * SX__FRAME_HDR];
+  /* Push: WRITE headers alternate with their payload; a NOTICE owns its
+   * header and body in `owned`. */
+  uint32_t nb;
+  uv_buf_t bufs[2 * WINDOW_REQS];
+  uint8_t *owned;
 } cwrite;
 
 struct cconn {
@@ -44,14 +54,17 @@ struct cconn {
   size_t hgot;
   int in_payload;
   uint64_t pgot;
-  uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX];
+  uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
   cwrite *w; /* requests gathered by the current pump */
+  uint64_t wseq, wseq_done; /* push: cwrites issued and completed */
 };
 
 typedef struct pend {
   struct pend *next;
   sx_op *op;
   size_t next_idx;
+  uint8_t *notice; /* push: the op's notice (header room + body), or NULL */
+  size_t nlen;
 } pend;
 
 struct tpeer {
@@ -72,13 +85,24 @@ struct tpeer {
   pend *q, **q_tail;
   int closing;
   int handles;
+  int write; /* push: connections authorize as producer and carry writes */
 };
 
 static void p_fail_pending(tpeer *p, int err, const char *msg);
 static void c_fail(cconn *c, int err, const char *msg);
 
 static int c_live(const cconn *c) {
-  return c->state == C_CONNECTING || c->state == C_HELLO || c->state == C_READY;
+  return c->state == C_CONNECTING || c->state == C_HELLO || c->state == C_READY ||
+         c->state == C_WAUTH;
+}
+
+/* Settle what a ring entry or a queued entry carries: an xfer, or (push)
+ * the op's notice. */
+static void settle(sx_op *op, size_t idx, int status, const char *msg) {
+  if (idx == NOTICE_IDX)
+    op->noticed(op, status, msg);
+  else
+    sx__op_xfer_done(op, idx, status, msg);
 }
 
 static void p_maybe_free(tpeer *p) {
@@ -133,7 +157,7 @@ static void c_complete_head(cconn *c, int status, const char *msg) {
   c->count--;
   c->inflight_bytes -= r.len;
   if (!r.aborted)
-    sx__op_xfer_done(r.op, r.idx, status, msg);
+    settle(r.op, r.idx, status, msg);
   if (c->p->q != NULL)
     schedule_pump(c->p);
 }
@@ -202,6 +226,9 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
   if (f->status == SX_ESTALE)
     snprintf(msg, sizeof(msg), "%s is no longer incarnation %.8s (the target "
              "restarted); reopen the segment", p->label, inc);
+  else if (f->status == SX_EACCESS && c->state == C_WAUTH)
+    snprintf(msg, sizeof(msg), "%s refused our writes: no write grant covers this producer, "
+             "or it is not published as this incarnation", p->label);
   else if (f->status == SX_EACCESS)
     snprintf(msg, sizeof(msg), "%s refused our access token", p->label);
   else
@@ -248,30 +275,45 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c_fail(c, SX_EPROTO, msg);
     return;
   }
-  if (c->state == C_HELLO) {
-    if (f.type != SX__FRAME_HELLO_REPLY) {
-      snprintf(msg, sizeof(msg), "%s did not answer HELLO", p->label);
+  if (c->state == C_HELLO || c->state == C_WAUTH) {
+    uint8_t want = c->state == C_HELLO ? SX__FRAME_HELLO_REPLY : SX__FRAME_WAUTH_REPLY;
+    if (f.type != want) {
+      snprintf(msg, sizeof(msg), "%s did not answer %s", p->label,
+               c->state == C_HELLO ? "HELLO" : "WAUTH");
       c_fail(c, SX_EPROTO, msg);
+      return;
+    }
+    if (p->write && c->state == C_HELLO && f.status == 0) {
+      c->state = C_WAUTH; /* the WAUTH reply follows */
       return;
     }
     c_hello_reply(c, &f);
     return;
   }
   treq *r = &c->ring[c->head];
-  if (f.type != SX__FRAME_READ_REPLY || c->count == 0 || f.id != r->id ||
-      (f.status == 0 && f.length != r->len)) {
+  uint8_t want = !p->write ? SX__FRAME_READ_REPLY : r->idx == NOTICE_IDX ? SX__FRAME_NOTICE_REPLY
+                                                                        : SX__FRAME_WRITE_REPLY;
+  if (f.type != want || c->count == 0 || f.id != r->id ||
+      (f.status == 0 && f.length != (p->write ? 0 : r->len))) {
     snprintf(msg, sizeof(msg), "%s sent a reply that matches no request", p->label);
     c_fail(c, SX_EPROTO, msg);
     return;
   }
   if (f.status != 0) {
     int err = f.status >= SX_ERRNO_MIN ? f.status : SX_EPROTO;
-    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
+    const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx];
     if (x != NULL)
-      snprintf(msg, sizeof(msg), "%s refused a read of region %u bytes %lu..+%lu: %s",
-               p->label, x->rreg->id, (unsigned long)x->roff, (unsigned long)x->length,
+      snprintf(msg, sizeof(msg), "%s refused a %s of region %u bytes %lu..+%lu: %s", p->label,
+               p->write ? "write" : "read", x->rreg->id, (unsigned long)x->roff,
+               (unsigned long)x->length, sx_strerror(err));
+    else
+      snprintf(msg, sizeof(msg), "%s refused the batch's notice: %s", p->label,
                sx_strerror(err));
-    c_complete_head(c, err, x ? msg : NULL);
+    c_complete_head(c, err, r->aborted ? NULL : msg);
+    return;
+  }
+  if (p->write) {
+    c_complete_head(c, 0, NULL); /* landed (or the notice was taken) */
     return;
   }
   c->in_payload = 1;
@@ -309,7 +351,16 @@ static void c_connected(uv_connect_t *req, int status) {
   int len = sx__hello_encode(&h, c->hello + SX__FRAME_HDR, SX__HELLO_MAX);
   sx__frame f = {.type = SX__FRAME_HELLO, .length = (uint64_t)len};
   sx__frame_encode(&f, c->hello);
-  uv_buf_t b = uv_buf_init((char *)c->hello, (unsigned)(SX__FRAME_HDR + len));
+  size_t total = SX__FRAME_HDR + (size_t)len;
+  if (p->write) {
+    /* Push: who we are, to be checked against the store and the grants. */
+    sx__frame wf = {.type = SX__FRAME_WAUTH, .length = SX__WAUTH_BODY};
+    sx__frame_encode(&wf, c->hello + total);
+    memcpy(c->hello + total + SX__FRAME_HDR, x->incarnation, SX_INCARNATION_LEN);
+    memcpy(c->hello + total + SX__FRAME_HDR + SX_INCARNATION_LEN, x->token, SX_TOKEN_LEN);
+    total += SX__FRAME_HDR + SX__WAUTH_BODY;
+  }
+  uv_buf_t b = uv_buf_init((char *)c->hello, (unsigned)total);
   c->hello_wr.data = c;
   c->state = C_HELLO;
   if (uv_read_start((uv_stream_t *)&c->h, c_alloc, c_read) != 0 ||
@@ -330,6 +381,7 @@ static void c_start(cconn *c) {
   c->in_payload = 0;
   c->hgot = 0;
   c->inflight_bytes = 0;
+  c->wseq = c->wseq_done = 0;
   uv_timer_start(&c->timer, c_timeout, CONNECT_TIMEOUT_MS, 0);
   int rc = uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&p->sa, c_connected);
   if (rc != 0) {
@@ -401,7 +453,13 @@ static void p_fail_pending(tpeer *p, int err, const char *msg) {
     size_t n = q->op->n;
     sx_op *op = q->op;
     size_t first = q->next_idx;
+    uint8_t *notice = q->notice;
     free(q);
+    if (notice != NULL) {
+      free(notice);
+      op->noticed(op, err, msg);
+      continue;
+    }
     for (size_t i = first; i < n; i++)
       if (op->xfers[i].status == 1)
         sx__op_xfer_done(op, i, err, msg);
@@ -411,6 +469,8 @@ static void p_fail_pending(tpeer *p, int err, const char *msg) {
 static void c_written(uv_write_t *req, int status) {
   cwrite *w = (cwrite *)req;
   cconn *c = req->data;
+  c->wseq_done++;
+  free(w->owned);
   free(w);
   if (status < 0 && status != UV_ECANCELED) {
     char msg[512];
@@ -418,6 +478,60 @@ static void c_written(uv_write_t *req, int status) {
              uv_strerror(status));
     c_fail(c, SX_EDISCONN, msg);
   }
+}
+
+/* Send what the current pump gathered for c in one write. */
+static void c_flush(cconn *c) {
+  cwrite *w = c->w;
+  if (w == NULL)
+    return;
+  c->w = NULL;
+  w->req.data = c;
+  c->wseq++;
+  uv_buf_t b = uv_buf_init((char *)w->data, w->n * SX__FRAME_HDR);
+  int rc = w->nb > 0 ? uv_write(&w->req, (uv_stream_t *)&c->h, w->bufs, w->nb, c_written)
+                     : uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, c_written);
+  if (rc != 0) {
+    free(w->owned);
+    free(w);
+    char msg[512];
+    snprintf(msg, sizeof(msg), "sending requests to %s failed", c->p->label);
+    c_fail(c, SX_EDISCONN, msg);
+  }
+}
+
+static cwrite *c_gather(cconn *c) {
+  if (c->w == NULL && (c->w = malloc(sizeof(cwrite))) != NULL) {
+    c->w->n = c->w->nb = 0;
+    c->w->owned = NULL;
+  }
+  return c->w;
+}
+
+/* Push: send q's notice on c, after what c gathered so far (replies come
+ * in the order of the frames).  0, or -1 when out of memory (q stays). */
+static int c_send_notice(cconn *c, pend *q) {
+  c_flush(c);
+  if (c->state != C_READY || c_gather(c) == NULL)
+    return -1;
+  treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
+  *r = (treq){.op = q->op, .idx = NOTICE_IDX, .id = c->next_id++, .wseq = c->wseq + 1};
+  c->count++;
+  sx__frame f = {.type = SX__FRAME_NOTICE, .id = r->id, .length = q->nlen - SX__FRAME_HDR};
+  sx__frame_encode(&f, q->notice);
+  c->w->owned = q->notice;
+  c->w->bufs[c->w->nb++] = uv_buf_init((char *)q->notice, (unsigned)q->nlen);
+  q->notice = NULL;
+  c_flush(c);
+  return 0;
+}
+
+static void p_pop(tpeer *p) {
+  pend *q = p->q;
+  p->q = q->next;
+  if (p->q == NULL)
+    p->q_tail = &p->q;
+  free(q);
 }
 
 /* Hand queued ranges to ready connections, round-robin, within windows. */
@@ -430,47 +544,40 @@ static void p_pump(tpeer *p) {
           c->inflight_bytes >= WINDOW_BYTES)
         continue;
       pend *q = p->q;
-      sx_xfer *x = &q->op->xfers[q->next_idx];
-      if (c->w == NULL) {
-        if ((c->w = malloc(sizeof(cwrite))) == NULL)
-          continue; /* try the others; the rest waits for a later pump */
-        c->w->n = 0;
+      if (q->notice != NULL) {
+        if (c_send_notice(c, q) == 0) {
+          p_pop(p);
+          progress = 1;
+        }
+        continue;
       }
+      sx_xfer *x = &q->op->xfers[q->next_idx];
+      if (c_gather(c) == NULL)
+        continue; /* try the others; the rest waits for a later pump */
       treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
       *r = (treq){.op = q->op, .idx = q->next_idx, .id = c->next_id++,
-                  .len = x->length};
+                  .len = x->length, .wseq = c->wseq + 1};
       c->count++;
       c->inflight_bytes += x->length;
-      sx__frame f = {.type = SX__FRAME_READ, .id = r->id, .region = x->rreg->id,
-                     .offset = x->roff, .length = x->length};
-      sx__frame_encode(&f, c->w->data + (size_t)c->w->n * SX__FRAME_HDR);
+      sx__frame f = {.type = p->write ? SX__FRAME_WRITE : SX__FRAME_READ, .id = r->id,
+                     .region = x->rreg->id, .offset = x->roff, .length = x->length};
+      uint8_t *hdr = c->w->data + (size_t)c->w->n * SX__FRAME_HDR;
+      sx__frame_encode(&f, hdr);
       c->w->n++;
-      progress = 1;
-      if (++q->next_idx == q->op->n) {
-        p->q = q->next;
-        if (p->q == NULL)
-          p->q_tail = &p->q;
-        free(q);
+      if (p->write) {
+        /* The payload goes straight from the source. */
+        c->w->bufs[c->w->nb++] = uv_buf_init((char *)hdr, SX__FRAME_HDR);
+        c->w->bufs[c->w->nb++] = uv_buf_init((char *)x->local, (unsigned)x->length);
       }
+      progress = 1;
+      if (++q->next_idx == q->op->n)
+        p_pop(p);
     }
     if (!progress || p->q == NULL)
       break;
   }
-  for (uint32_t i = 0; i < p->n_conns; i++) {
-    cconn *c = &p->conns[i];
-    cwrite *w = c->w;
-    if (w == NULL)
-      continue;
-    c->w = NULL;
-    w->req.data = c;
-    uv_buf_t b = uv_buf_init((char *)w->data, w->n * SX__FRAME_HDR);
-    if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, c_written) != 0) {
-      free(w);
-      char msg[512];
-      snprintf(msg, sizeof(msg), "sending requests to %s failed", p->label);
-      c_fail(c, SX_EDISCONN, msg);
-    }
-  }
+  for (uint32_t i = 0; i < p->n_conns; i++)
+    c_flush(&p->conns[i]);
 }
 
 static void pump_cb(uv_idle_t *h) {
@@ -565,16 +672,43 @@ void sx__tcp_peer_close(sx_tpeer *base) {
     uv_close((uv_handle_t *)&p->conns[i].timer, c_closed);
 }
 
+int sx__tcp_wpeer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out) {
+  int rc = sx__tcp_peer_open(base, remote, out);
+  if (rc == 0)
+    ((tpeer *)*out)->write = 1;
+  return rc;
+}
+
+int sx__tcp_notify(sx_tpeer *base, sx_op *op, const uint8_t *buf, size_t len) {
+  tpeer *p = (tpeer *)base;
+  if (p->closing)
+    return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
+  pend *q = calloc(1, sizeof(*q));
+  uint8_t *n = malloc(SX__FRAME_HDR + len);
+  if (q == NULL || n == NULL) {
+    free(q);
+    free(n);
+    return sx__err(SX_ENOMEM, "tcp: notify");
+  }
+  memcpy(n + SX__FRAME_HDR, buf, len);
+  q->op = op;
+  q->notice = n;
+  q->nlen = SX__FRAME_HDR + len;
+  *p->q_tail = q;
+  p->q_tail = &q->next;
+  p_ensure(p);
+  schedule_pump(p);
+  return 0;
+}
+
 int sx__tcp_post(sx_tpeer *base, sx_op *op) {
   tpeer *p = (tpeer *)base;
   if (p->closing)
     return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
-  pend *q = malloc(sizeof(*q));
+  pend *q = calloc(1, sizeof(*q));
   if (q == NULL)
     return sx__err(SX_ENOMEM, "tcp: post");
-  q->next = NULL;
   q->op = op;
-  q->next_idx = 0;
   *p->q_tail = q;
   p->q_tail = &q->next;
   p_ensure(p);
@@ -585,15 +719,26 @@ int sx__tcp_post(sx_tpeer *base, sx_op *op) {
 
 void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
   tpeer *p = (tpeer *)base;
-  /* In flight: drain their payload from now on, settle them now. */
+  char msg[512];
+  /* In flight: drain their payload from now on, settle them now.  A write
+   * whose payload is still being sent reads its source until the socket
+   * is closed: then that connection goes (its other work fails with
+   * SX_EDISCONN), so that nothing reads the sources after the op ends. */
   for (uint32_t i = 0; i < p->n_conns; i++) {
     cconn *c = &p->conns[i];
+    int unsent = 0;
     for (uint32_t k = 0; k < c->count; k++) {
       treq *r = &c->ring[(c->head + k) % WINDOW_REQS];
       if (r->op == op && !r->aborted) {
+        unsent |= p->write && r->wseq > c->wseq_done;
         r->aborted = 1;
-        sx__op_xfer_done(op, r->idx, status, NULL);
+        settle(op, r->idx, status, NULL);
       }
+    }
+    if (unsent) {
+      snprintf(msg, sizeof(msg), "%s: connection closed to stop an aborted write batch",
+               p->label);
+      c_fail(c, SX_EDISCONN, msg);
     }
   }
   /* Not sent yet: settle and forget. */
@@ -605,7 +750,13 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
     if (p->q_tail == &q->next)
       p->q_tail = pp;
     size_t first = q->next_idx;
+    uint8_t *notice = q->notice;
     free(q);
+    if (notice != NULL) {
+      free(notice);
+      op->noticed(op, status, NULL);
+      break;
+    }
     for (size_t i = first; i < op->n; i++)
       if (op->xfers[i].status == 1)
         sx__op_xfer_done(op, i, status, NULL);

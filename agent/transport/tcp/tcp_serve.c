@@ -30,6 +30,7 @@ struct sconn {
   uint32_t nrep;
   reply rep[REPLIES_PER_WRITE];
   uint8_t hdr[REPLIES_PER_WRITE][SX__FRAME_HDR];
+  sx__tcp_wconn *w; /* push mode (tcp_write.c), NULL until a push frame */
 };
 
 typedef struct swrite {
@@ -53,6 +54,7 @@ static void s_closed(uv_handle_t *h) {
   if (c->next)
     c->next->prev = c->prev;
   t->n_sconns--;
+  sx__tcp_w_free(c->w);
   free(c);
   t->live--;
   sx__tcp_maybe_free(t);
@@ -109,7 +111,7 @@ static void s_written(uv_write_t *req, int status) {
     s_close(c);
     return;
   }
-  if (!c->reading && c->queued < SERVER_QUEUE_MAX / 2)
+  if (!c->reading && c->queued < SERVER_QUEUE_MAX / 2 && (c->w == NULL || c->w->auth == NULL))
     s_read_start(c);
 }
 
@@ -252,6 +254,17 @@ static void s_process(sconn *c) {
       off += SX__FRAME_HDR + (size_t)f.length;
       continue;
     }
+    if (f.type >= SX__FRAME_WAUTH) {
+      int used = sx__tcp_w_frame(c, &c->w, &f, c->rbuf + off, c->rlen - off);
+      if (used < 0)
+        return;
+      if (used == 0)
+        break;
+      off += (size_t)used;
+      if (c->w->left > 0 || c->w->auth != NULL)
+        break;
+      continue;
+    }
     if (f.type != SX__FRAME_READ) {
       s_violation(c, "unexpected frame type");
       return;
@@ -277,6 +290,10 @@ static void s_process(sconn *c) {
 static void s_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   sconn *c = h->data;
   (void)suggested;
+  if (c->w != NULL && c->w->left > 0) {
+    sx__tcp_w_alloc(c->w, buf);
+    return;
+  }
   buf->base = (char *)c->rbuf + c->rlen;
   buf->len = SERVER_RBUF - c->rlen;
 }
@@ -286,6 +303,10 @@ static void s_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   (void)buf;
   if (nread < 0) {
     s_lost(c, nread == UV_EOF ? 0 : (int)nread);
+    return;
+  }
+  if (c->w != NULL && c->w->left > 0) {
+    sx__tcp_w_read(c->w, (size_t)nread);
     return;
   }
   c->rlen += (size_t)nread;
@@ -351,3 +372,33 @@ void sx__tcp_serve_close_all(tcp_t *t) {
   for (sconn *c = t->sconns; c; c = c->next)
     s_close(c);
 }
+
+/* ------------------------------------------------------------ push mode */
+
+void sx__tcp_sconn_reply(sconn *c, uint64_t id, uint8_t type, int status) {
+  if (c->nrep == REPLIES_PER_WRITE && s_flush(c, 0) != 0)
+    return;
+  s_reply(c, id, type, status, NULL, NULL, 0);
+}
+
+int sx__tcp_sconn_flush(sconn *c) { return s_flush(c, 0); }
+
+void sx__tcp_sconn_violation(sconn *c, const char *what) { s_violation(c, what); }
+
+void sx__tcp_sconn_hold(sconn *c) {
+  uv_read_stop((uv_stream_t *)&c->h);
+  c->reading = 0;
+}
+
+void sx__tcp_sconn_resume(sconn *c) {
+  if (c->closing)
+    return;
+  s_process(c);
+  if (!c->closing && !c->reading && c->queued < SERVER_QUEUE_MAX &&
+      (c->w == NULL || c->w->auth == NULL))
+    s_read_start(c);
+}
+
+const char *sx__tcp_sconn_reader(const sconn *c) { return c->reader; }
+
+tcp_t *sx__tcp_sconn_transport(const sconn *c) { return c->t; }

@@ -1,0 +1,274 @@
+/*
+ * The consumer's notice queue (push mode, docs/push.md).
+ *
+ * A transport hands over a notice only after the producer saw every write
+ * of its batch acknowledged; here it is decoded strictly, its identity is
+ * checked against the one the data plane authenticated, and each entry
+ * against this agent's regions (registered, writable, in bounds), with the
+ * byte count recomputed: a notice that does not describe writable memory
+ * of this agent exactly is refused and the producer's batch fails with the
+ * reason.  An accepted notice goes to the callback first, then (unless the
+ * callback took it) into a bounded queue that API callers drain, woken by a
+ * condition variable or an eventfd that is readable while the queue is not
+ * empty.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "agent_int.h"
+#include "notice.h"
+#include "push_int.h"
+
+struct sx__nq {
+  sx__nq *next;
+  sx_notice *n;
+};
+
+int sx__push_init(sx_agent *a) {
+  sx__push *ps = calloc(1, sizeof(*ps));
+  if (ps == NULL)
+    return sx__err(SX_ENOMEM, "sx_agent_create");
+  pthread_mutex_init(&ps->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&ps->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  ps->tail = &ps->head;
+  ps->efd = -1;
+  a->push = ps;
+  return 0;
+}
+
+void sx__push_close(sx_agent *a) {
+  sx__push *ps = a->push;
+  if (ps == NULL)
+    return;
+  sx__push_grants_free(a);
+  pthread_mutex_lock(&ps->mu);
+  ps->closed = 1;
+  pthread_cond_broadcast(&ps->cv);
+  pthread_mutex_unlock(&ps->mu);
+}
+
+void sx__push_free(sx_agent *a) {
+  sx__push *ps = a->push;
+  if (ps == NULL)
+    return;
+  sx__push_grants_free(a);
+  while (ps->head != NULL) {
+    sx__nq *q = ps->head;
+    ps->head = q->next;
+    sx_notice_free(q->n);
+    free(q);
+  }
+  if (ps->efd >= 0)
+    close(ps->efd);
+  pthread_mutex_destroy(&ps->mu);
+  pthread_cond_destroy(&ps->cv);
+  free(ps);
+  a->push = NULL;
+}
+
+void sx__push_written(void *agent, sx_transport_kind kind, uint64_t bytes, int err) {
+  sx__stats_written(agent, kind, bytes, err);
+}
+
+/* ------------------------------------------------------------ checks */
+
+/* A writable region of this agent that is still published. */
+static int writable(const sx_region *R) {
+  return R != NULL && (R->access & SX_ACCESS_REMOTE_WRITE) &&
+         !((const sx_lregion *)R)->withdrawn;
+}
+
+/* Every entry lies in writable memory of this agent; the bytes add up. */
+static int check_entries(sx_agent *a, const sx_notice *n, char *msg, size_t cap) {
+  const sx__rindex *ix = &a->lt->ix;
+  uint64_t total = 0, bytes;
+  for (uint32_t i = 0; i < n->n_blocks; i++) {
+    const sx_notice_blocks *e = &n->blocks[i];
+    uint64_t end = (uint64_t)e->layer_first + e->layer_count;
+    for (uint64_t m = e->slots; m; m &= m - 1) {
+      uint32_t slot = (uint32_t)__builtin_ctzll(m);
+      for (uint64_t l = e->layer_first; l < end; l++) {
+        const sx_region *R = sx__rindex_key(ix, e->group, (uint32_t)l, slot);
+        if (!writable(R)) {
+          snprintf(msg, cap, "block run %u: no writable region for group %u layer %lu slot %u",
+                   i, e->group, (unsigned long)l, slot);
+          return SX_EDENIED;
+        }
+        if (e->count > R->num_blocks || e->block > R->num_blocks - e->count) {
+          snprintf(msg, cap, "block run %u: blocks %lu..+%lu outside region %u (%lu blocks)", i,
+                   (unsigned long)e->block, (unsigned long)e->count, R->id,
+                   (unsigned long)R->num_blocks);
+          return SX_EBOUNDS;
+        }
+        if (!sx__mul_ok(e->count, R->block_bytes, &bytes) || !sx__add_ok(total, bytes, &total)) {
+          snprintf(msg, cap, "block run %u: the byte count overflows", i);
+          return SX_EOVERFLOW;
+        }
+      }
+    }
+  }
+  for (uint32_t i = 0; i < n->n_ranges; i++) {
+    const sx_notice_range *e = &n->ranges[i];
+    const sx_region *R = sx__rindex_id(ix, e->region);
+    if (!writable(R)) {
+      snprintf(msg, cap, "range %u: region %u is not a writable region", i, e->region);
+      return SX_EDENIED;
+    }
+    if (e->offset > R->length || e->length > R->length - e->offset) {
+      snprintf(msg, cap, "range %u: bytes %lu..+%lu outside region %u (%lu bytes)", i,
+               (unsigned long)e->offset, (unsigned long)e->length, R->id,
+               (unsigned long)R->length);
+      return SX_EBOUNDS;
+    }
+    if (!sx__add_ok(total, e->length, &total)) {
+      snprintf(msg, cap, "range %u: the byte count overflows", i);
+      return SX_EOVERFLOW;
+    }
+  }
+  if (total != n->bytes) {
+    snprintf(msg, cap, "the notice claims %lu bytes, its entries cover %lu",
+             (unsigned long)n->bytes, (unsigned long)total);
+    return SX_EPROTO;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ intake */
+
+int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
+                       sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
+                       size_t cap) {
+  sx_agent *a = agent;
+  sx__push *ps = a->push;
+  sx_notice *n = NULL;
+  int rc = sx__notice_decode(buf, len, &n);
+  if (rc) {
+    snprintf(msg, cap, "malformed notice: %s", sx_errmsg());
+    goto out_refuse;
+  }
+  if (strcmp(n->producer, producer) != 0 ||
+      memcmp(n->incarnation, inc, SX_INCARNATION_LEN) != 0) {
+    rc = SX_EPROTO;
+    snprintf(msg, cap, "the notice names producer %.64s, the connection is %.64s", n->producer,
+             producer);
+    goto out_refuse;
+  }
+  if ((rc = sx__push_write_granted(a, producer, inc)) != 0) {
+    snprintf(msg, cap, "no write grant covers %.64s (revoked)", producer);
+    goto out_refuse;
+  }
+  if ((rc = check_entries(a, n, msg, cap)) != 0)
+    goto out_refuse;
+  n->transport = kind;
+  pthread_mutex_lock(&ps->mu);
+  sx_notice_cb cb = ps->cb;
+  void *cb_arg = ps->cb_arg;
+  int full = ps->count >= SX_NOTICE_QUEUE_MAX;
+  pthread_mutex_unlock(&ps->mu);
+  if (cb != NULL && cb(cb_arg, n) != 0) {
+    sx_notice_free(n);
+    sx__stats_notice(a);
+    return 0;
+  }
+  sx__nq *q = full ? NULL : malloc(sizeof(*q));
+  if (q == NULL) {
+    rc = full ? SX_ELIMIT : SX_ENOMEM;
+    snprintf(msg, cap, full ? "the consumer's notice queue is full (%u notices unread)"
+                            : "the consumer is out of memory", SX_NOTICE_QUEUE_MAX);
+    goto out_refuse;
+  }
+  q->n = n;
+  q->next = NULL;
+  pthread_mutex_lock(&ps->mu);
+  *ps->tail = q;
+  ps->tail = &q->next;
+  ps->count++;
+  if (ps->efd >= 0 && ps->count == 1) {
+    uint64_t one = 1;
+    ssize_t w = write(ps->efd, &one, sizeof(one));
+    (void)w; /* an eventfd write of 1 cannot fail short of overflow */
+  }
+  pthread_cond_broadcast(&ps->cv);
+  pthread_mutex_unlock(&ps->mu);
+  sx__stats_notice(a);
+  return 0;
+
+out_refuse:
+  sx__log(a, SX_LOG_WARN, "refused a notice from %.64s: %s", producer, msg);
+  sx_notice_free(n);
+  return rc;
+}
+
+/* ------------------------------------------------------------ API */
+
+int sx_agent_notice_next(sx_agent *a, int timeout_ms, sx_notice **out) {
+  if (a == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_notice_next: NULL argument");
+  if (timeout_ms != 0 && sx__on_loop(a))
+    return sx__err(SX_EBUSY, "sx_agent_notice_next cannot wait on the agent's thread");
+  sx__push *ps = a->push;
+  struct timespec ts;
+  if (timeout_ms > 0)
+    sx__deadline(&ts, (uint32_t)timeout_ms);
+  pthread_mutex_lock(&ps->mu);
+  while (ps->head == NULL && !ps->closed && timeout_ms != 0) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&ps->cv, &ps->mu);
+    else if (pthread_cond_timedwait(&ps->cv, &ps->mu, &ts) != 0)
+      break;
+  }
+  sx__nq *q = ps->head;
+  if (q != NULL) {
+    ps->head = q->next;
+    if (ps->head == NULL)
+      ps->tail = &ps->head;
+    if (--ps->count == 0 && ps->efd >= 0) {
+      uint64_t v;
+      ssize_t r = read(ps->efd, &v, sizeof(v));
+      (void)r; /* resets the counter; EAGAIN if it was already 0 */
+    }
+  }
+  int closed = ps->closed;
+  pthread_mutex_unlock(&ps->mu);
+  if (q == NULL)
+    return closed ? sx__err(SX_ESHUTDOWN, "the agent is shutting down")
+                  : sx__err(SX_ETIMEDOUT, "no notice within %d ms", timeout_ms);
+  *out = q->n;
+  free(q);
+  return 0;
+}
+
+int sx_agent_notice_fd(sx_agent *a) {
+  if (a == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_notice_fd: NULL agent");
+  sx__push *ps = a->push;
+  pthread_mutex_lock(&ps->mu);
+  if (ps->efd < 0) {
+    ps->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ps->efd >= 0 && ps->count > 0) {
+      uint64_t one = 1;
+      ssize_t w = write(ps->efd, &one, sizeof(one));
+      (void)w;
+    }
+  }
+  int fd = ps->efd;
+  pthread_mutex_unlock(&ps->mu);
+  return fd >= 0 ? fd : sx__err(SX_EIO, "sx_agent_notice_fd: eventfd failed");
+}
+
+int sx_agent_notice_cb(sx_agent *a, sx_notice_cb cb, void *arg) {
+  if (a == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_notice_cb: NULL agent");
+  pthread_mutex_lock(&a->push->mu);
+  a->push->cb = cb;
+  a->push->cb_arg = arg;
+  pthread_mutex_unlock(&a->push->mu);
+  return 0;
+}

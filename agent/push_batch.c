@@ -1,0 +1,244 @@
+/*
+ * Write batches (push mode, docs/push.md): write entries are planned by the
+ * read planner in write mode (same region pairs, merging and checks, the
+ * remote side needing SX_ACCESS_REMOTE_WRITE), and each batch keeps the
+ * list its notice will carry, in the consumer's terms, merged as entries
+ * are added.  Engines' block-id lists become runs here, with a count
+ * mismatch between the two sides refused at planning time.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_int.h"
+#include "notice.h"
+#include "push_int.h"
+
+struct sx__pbatch {
+  sx_notice_blocks *b;
+  uint32_t nb, capb;
+  sx_notice_range *r;
+  uint32_t nr, capr;
+};
+
+sx__pbatch *sx__pbatch_new(void) { return calloc(1, sizeof(sx__pbatch)); }
+
+void sx__pbatch_free(sx__pbatch *pb) {
+  if (pb == NULL)
+    return;
+  free(pb->b);
+  free(pb->r);
+  free(pb);
+}
+
+static int entries_full(const sx__pbatch *pb, uint32_t more_b, uint32_t more_r) {
+  return (uint64_t)pb->nb + pb->nr + more_b + more_r > SX_NOTICE_MAX_ENTRIES;
+}
+
+static int limit_err(const char *what) {
+  return sx__err(SX_ELIMIT, "%s: the batch's notice would list more than %u entries "
+                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
+}
+
+/* Append block runs for w (merged with the last run where they continue
+ * it).  Undo with *saved: the run count and the last run before. */
+static int note_blocks(sx__pbatch *pb, const sx_block_write *w, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    sx_notice_blocks *last = pb->nb ? &pb->b[pb->nb - 1] : NULL;
+    if (last != NULL && last->group == w[i].group && last->layer_first == w[i].layer_first &&
+        last->layer_count == w[i].layer_count && last->slots == w[i].slots &&
+        last->block + last->count == w[i].remote_block) {
+      last->count += w[i].count;
+      continue;
+    }
+    if (entries_full(pb, 1, 0))
+      return SX_ELIMIT;
+    if (pb->nb == pb->capb) {
+      uint32_t cap = pb->capb ? pb->capb * 2 : 16;
+      sx_notice_blocks *nbv = realloc(pb->b, cap * sizeof(*nbv));
+      if (nbv == NULL)
+        return SX_ENOMEM;
+      pb->b = nbv;
+      pb->capb = cap;
+    }
+    pb->b[pb->nb++] = (sx_notice_blocks){.group = w[i].group, .layer_first = w[i].layer_first,
+                                         .layer_count = w[i].layer_count, .slots = w[i].slots,
+                                         .block = w[i].remote_block, .count = w[i].count};
+  }
+  return 0;
+}
+
+static int note_ranges(sx__pbatch *pb, const sx_range_write *w, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    sx_notice_range *last = pb->nr ? &pb->r[pb->nr - 1] : NULL;
+    if (last != NULL && last->region == w[i].remote_region &&
+        last->offset + last->length == w[i].offset) {
+      last->length += w[i].length;
+      continue;
+    }
+    if (entries_full(pb, 0, 1))
+      return SX_ELIMIT;
+    if (pb->nr == pb->capr) {
+      uint32_t cap = pb->capr ? pb->capr * 2 : 16;
+      sx_notice_range *nrv = realloc(pb->r, cap * sizeof(*nrv));
+      if (nrv == NULL)
+        return SX_ENOMEM;
+      pb->r = nrv;
+      pb->capr = cap;
+    }
+    pb->r[pb->nr++] = (sx_notice_range){.region = w[i].remote_region, .offset = w[i].offset,
+                                        .length = w[i].length};
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------ add */
+
+int sx_batch_add_block_writes(sx_batch *b, const sx_block_write *w, size_t n) {
+  static const char what[] = "sx_batch_add_block_writes";
+  sx__plan *plan;
+  sx__pbatch *pb;
+  if (b == NULL || (w == NULL && n > 0))
+    return sx__err(SX_EINVAL, "%s: NULL argument", what);
+  int rc = sx__batch_entries(b, 1, what, &plan, &pb);
+  if (rc)
+    return rc;
+  sx_block_read *r = malloc((n ? n : 1) * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "%s", what);
+  for (size_t i = 0; i < n; i++)
+    r[i] = (sx_block_read){.group = w[i].group, .layer_first = w[i].layer_first,
+                           .layer_count = w[i].layer_count, .slots = w[i].slots,
+                           .remote_block = w[i].remote_block,
+                           .local_block = w[i].local_block, .count = w[i].count};
+  /* The notice list first (it can be undone), then the plan (all or
+   * nothing by itself); a failed plan undoes the list. */
+  uint32_t nb = pb->nb;
+  sx_notice_blocks last = nb ? pb->b[nb - 1] : (sx_notice_blocks){0};
+  rc = note_blocks(pb, w, n);
+  if (rc == 0) {
+    rc = sx__plan_add_blocks(plan, r, n);
+  } else {
+    rc = rc == SX_ELIMIT ? limit_err(what) : sx__err(rc, "%s", what);
+  }
+  if (rc) {
+    pb->nb = nb;
+    if (nb)
+      pb->b[nb - 1] = last;
+  }
+  free(r);
+  return rc;
+}
+
+int sx_batch_add_range_writes(sx_batch *b, const sx_range_write *w, size_t n) {
+  static const char what[] = "sx_batch_add_range_writes";
+  sx__plan *plan;
+  sx__pbatch *pb;
+  if (b == NULL || (w == NULL && n > 0))
+    return sx__err(SX_EINVAL, "%s: NULL argument", what);
+  int rc = sx__batch_entries(b, 1, what, &plan, &pb);
+  if (rc)
+    return rc;
+  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "%s", what);
+  for (size_t i = 0; i < n; i++)
+    r[i] = (sx_range_read){.local = (void *)(uintptr_t)w[i].local,
+                           .remote_region = w[i].remote_region, .offset = w[i].offset,
+                           .length = w[i].length};
+  uint32_t nr = pb->nr;
+  sx_notice_range last = nr ? pb->r[nr - 1] : (sx_notice_range){0};
+  rc = note_ranges(pb, w, n);
+  if (rc == 0) {
+    rc = sx__plan_add_ranges(plan, r, n);
+  } else {
+    rc = rc == SX_ELIMIT ? limit_err(what) : sx__err(rc, "%s", what);
+  }
+  if (rc) {
+    pb->nr = nr;
+    if (nr)
+      pb->r[nr - 1] = last;
+  }
+  free(r);
+  return rc;
+}
+
+int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
+  static const char what[] = "sx_batch_add_block_ids";
+  if (b == NULL || ids == NULL)
+    return sx__err(SX_EINVAL, "%s: NULL argument", what);
+  if (ids->n_local != ids->n_remote)
+    return sx__err(SX_EINCOMPAT, "%s: %zu local blocks but %zu remote blocks; the two sides "
+                   "must list the same number", what, ids->n_local, ids->n_remote);
+  if (ids->n_local == 0 || ids->local == NULL || ids->remote == NULL)
+    return sx__err(SX_EINVAL, "%s: empty block lists", what);
+  /* Runs of consecutive pairs: (local, remote) -> (local+1, remote+1). */
+  size_t runs = 1;
+  for (size_t i = 1; i < ids->n_local; i++)
+    runs += ids->local[i] != ids->local[i - 1] + 1 || ids->remote[i] != ids->remote[i - 1] + 1;
+  sx_block_write *w = malloc(runs * sizeof(*w));
+  if (w == NULL)
+    return sx__err(SX_ENOMEM, "%s", what);
+  size_t k = 0;
+  for (size_t i = 0; i < ids->n_local; i++) {
+    if (i > 0 && ids->local[i] == ids->local[i - 1] + 1 &&
+        ids->remote[i] == ids->remote[i - 1] + 1) {
+      w[k - 1].count++;
+      continue;
+    }
+    w[k++] = (sx_block_write){.group = ids->group, .layer_first = ids->layer_first,
+                              .layer_count = ids->layer_count, .slots = ids->slots,
+                              .local_block = ids->local[i], .remote_block = ids->remote[i],
+                              .count = 1};
+  }
+  sx__plan *plan;
+  sx__pbatch *pb;
+  int rc;
+  if (sx__batch_entries(b, 1, what, &plan, &pb) == 0) {
+    rc = sx_batch_add_block_writes(b, w, runs);
+    free(w);
+    return rc;
+  }
+  sx_block_read *r = malloc(runs * sizeof(*r));
+  if (r == NULL) {
+    free(w);
+    return sx__err(SX_ENOMEM, "%s", what);
+  }
+  for (size_t i = 0; i < runs; i++)
+    r[i] = (sx_block_read){.group = w[i].group, .layer_first = w[i].layer_first,
+                           .layer_count = w[i].layer_count, .slots = w[i].slots,
+                           .remote_block = w[i].remote_block,
+                           .local_block = w[i].local_block, .count = w[i].count};
+  free(w);
+  rc = sx_batch_add_blocks(b, r, runs);
+  free(r);
+  return rc;
+}
+
+/* ------------------------------------------------------------ notice */
+
+int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
+                      sx_tpeer *tp, sx_op *op) {
+  sx_notice *n = sx__notice_alloc(pb->nb, pb->nr);
+  if (n == NULL)
+    return sx__err(SX_ENOMEM, "building the notice");
+  snprintf(n->producer, sizeof(n->producer), "%s", a->name);
+  memcpy(n->incarnation, a->incarnation, SX_INCARNATION_LEN);
+  n->tag = tag;
+  n->bytes = bytes;
+  if (pb->nb)
+    memcpy(sx__notice_blocks(n), pb->b, pb->nb * sizeof(*pb->b));
+  if (pb->nr)
+    memcpy(sx__notice_ranges(n), pb->r, pb->nr * sizeof(*pb->r));
+  uint8_t *buf;
+  size_t len;
+  int rc = sx__notice_encode(n, &buf, &len);
+  sx_notice_free(n);
+  if (rc)
+    return rc;
+  rc = sx__tr_call(tp->t->ops, notify, tp, op, buf, len);
+  free(buf);
+  if (rc == SX_ENOTSUP)
+    sx__err(rc, "the transport cannot send notices");
+  return rc;
+}

@@ -1,0 +1,81 @@
+/*
+ * Push mode inside the agent: write grants and producer authorization
+ * (grant.c), the notice queue (notice.c) and write batches (push_batch.c).
+ * Not installed.  docs/push.md is the reference.
+ *
+ * Threading: grants and authorizations live on the loop thread; the notice
+ * queue is shared with API callers under its own mutex.
+ */
+#ifndef SX_AGENT_PUSH_INT_H
+#define SX_AGENT_PUSH_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "segxfer/push.h"
+#include "transport/transport.h"
+
+typedef struct sx_agent sx_agent;
+typedef struct sx__grant sx__grant;
+typedef struct sx__nq sx__nq;
+
+/* Incarnation -> name, learnt from the store for RDMA producers (their
+ * connect request has no room for a name). */
+#define SX__PUSH_NAMES 64
+
+typedef struct sx__push {
+  /* Loop thread. */
+  sx__grant *grants;
+  uint64_t epoch;          /* bumped on every revoke */
+  struct {
+    uint8_t inc[SX_INCARNATION_LEN];
+    char name[SX_NAME_MAX + 1];
+  } names[SX__PUSH_NAMES];
+  uint32_t next_name;
+  /* The notice queue. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  sx__nq *head, **tail;    /* mu */
+  uint32_t count;          /* mu */
+  int efd;                 /* mu: -1 until sx_agent_notice_fd() */
+  int closed;              /* mu: the agent is shutting down */
+  sx_notice_cb cb;         /* mu */
+  void *cb_arg;            /* mu */
+} sx__push;
+
+/* agent.c: create with the agent, close at shutdown (wakes waiters with
+ * SX_ESHUTDOWN and drops the grants), free with it.  NULL-safe. */
+int sx__push_init(sx_agent *a);
+void sx__push_close(sx_agent *a);
+void sx__push_free(sx_agent *a);
+
+/* The sx_tctx callbacks (grant.c, notice.c). */
+int sx__push_write_auth(void *agent, const char *producer, const uint8_t *incarnation,
+                        const uint8_t *token, sx_wauth_cb cb, void *arg, sx_wauth **out);
+void sx__push_write_auth_cancel(sx_wauth *w);
+int sx__push_write_granted(void *agent, const char *producer, const uint8_t *incarnation);
+int sx__push_notice_in(void *agent, const char *producer, const uint8_t *incarnation,
+                       sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
+                       size_t cap);
+void sx__push_written(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
+
+/* grant.c: drop every grant (shutdown). */
+void sx__push_grants_free(sx_agent *a);
+
+/* Write batches (push_batch.c, called by batch.c).  A write batch's notice
+ * entries, kept as they are added. */
+typedef struct sx__pbatch sx__pbatch;
+sx__pbatch *sx__pbatch_new(void);
+void sx__pbatch_free(sx__pbatch *pb);
+/* Loop thread: every write of bytes landed; send the notice (this agent as
+ * producer, tag) on tp.  0: op->noticed will run; < 0: the batch fails with
+ * it (sx_errmsg()). */
+int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
+                      sx_tpeer *tp, sx_op *op);
+/* batch.c: the plan and notice list of batch b if it takes entries of this
+ * direction now (state NEW), else the error. */
+struct sx__plan;
+int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
+                      sx__pbatch **pb);
+
+#endif

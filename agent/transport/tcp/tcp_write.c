@@ -1,0 +1,239 @@
+/*
+ * The TCP transport, push mode, target (consumer) side: a producer's
+ * connection authorizes itself (WAUTH, checked by the agent against the
+ * store and its grants while the connection holds), then sends WRITEs whose
+ * payload is read straight into the registered region, and finally the
+ * batch's NOTICE (docs/push.md; wire format in tcp_frame.h).
+ *
+ * Every WRITE is checked before any byte of its payload lands: the
+ * connection is authorized and no revoke took the grant back (the grant
+ * epoch is rechecked when it moved), the region exists, is writable and
+ * published, and the range lies inside it.  A refused WRITE's payload is
+ * drained into scratch memory and answered with the reason; the connection
+ * goes on.  A WRITE_REPLY of 0 is sent only once the whole payload is in
+ * memory, which is what lets the producer send its notice after the last
+ * reply.  While a payload lands, its region's inflight count holds, so an
+ * unregister waits for it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tcp_int.h"
+
+static const sx_tctx *wctx(const sx__tcp_wconn *w) { return sx__tcp_ctx(w->t); }
+
+void sx__tcp_w_free(sx__tcp_wconn *w) {
+  if (w == NULL)
+    return;
+  if (w->l != NULL)
+    w->l->inflight--;
+  free(w->notice);
+  if (w->auth != NULL) {
+    /* The check goes on without us; its answer is dropped. */
+    wctx(w)->write_auth_cancel(w->auth);
+    w->auth = NULL;
+  }
+  free(w);
+}
+
+int sx__tcp_grants_changed(sx_transport *t) {
+  (void)t; /* each WRITE and NOTICE compares the epoch */
+  return 0;
+}
+
+/* Is this connection allowed to write now?  0 or SX_EACCESS.  Grants are
+ * looked at again whenever the epoch moved (a grant or a revoke). */
+static int w_allowed(sx__tcp_wconn *w) {
+  const sx_tctx *x = wctx(w);
+  if (!w->verified)
+    return SX_EACCESS;
+  if (w->epoch != *x->grant_epoch) {
+    w->epoch = *x->grant_epoch;
+    int was = w->granted;
+    w->granted = x->write_granted(x->agent, w->producer, w->inc) == 0;
+    if (was != w->granted)
+      x->log(x->agent, SX_LOG_INFO, "tcp: producer %s: write grant %s", w->producer,
+             w->granted ? "given again" : "revoked");
+  }
+  return w->granted ? 0 : SX_EACCESS;
+}
+
+static void auth_done(void *arg, int status, const char *producer, const char *msg) {
+  sx__tcp_wconn *w = arg;
+  sconn *c = w->c;
+  const sx_tctx *x = wctx(w);
+  w->auth = NULL;
+  if (status == 0) {
+    w->verified = w->granted = 1;
+    w->epoch = *x->grant_epoch;
+    snprintf(w->producer, sizeof(w->producer), "%s", producer);
+    x->log(x->agent, SX_LOG_INFO, "tcp: producer %s may write", w->producer);
+  } else {
+    x->log(x->agent, SX_LOG_WARN, "tcp: refused writes of %s: %s",
+           sx__tcp_sconn_reader(c), msg && msg[0] ? msg : sx_strerror(status));
+    x->written(x->agent, SX_TRANSPORT_TCP, 0, status);
+  }
+  int st = status == 0 ? 0 : status < 0 && status >= SX_ERRNO_MIN ? status : SX_EACCESS;
+  sx__tcp_sconn_reply(c, w->auth_id, SX__FRAME_WAUTH_REPLY, st);
+  if (sx__tcp_sconn_flush(c) == 0)
+    sx__tcp_sconn_resume(c); /* parse what came behind the WAUTH */
+}
+
+static int w_auth(sconn *c, sx__tcp_wconn *w, const sx__frame *f, const uint8_t *body) {
+  const sx_tctx *x = wctx(w);
+  if (w->verified || w->auth != NULL) {
+    sx__tcp_sconn_violation(c, "a second WAUTH");
+    return -1;
+  }
+  memcpy(w->inc, body, SX_INCARNATION_LEN);
+  const char *name = sx__tcp_sconn_reader(c);
+  snprintf(w->producer, sizeof(w->producer), "%s", name);
+  w->auth_id = f->id;
+  int rc = x->write_auth == NULL ? SX_ENOTSUP
+                                 : x->write_auth(x->agent, name, w->inc, body + SX_INCARNATION_LEN,
+                                                 auth_done, w, &w->auth);
+  if (rc != 0) {
+    x->log(x->agent, SX_LOG_WARN, "tcp: refused writes of %s: %s", name, sx_errmsg());
+    x->written(x->agent, SX_TRANSPORT_TCP, 0, rc);
+    sx__tcp_sconn_reply(c, f->id, SX__FRAME_WAUTH_REPLY, rc);
+    return 0;
+  }
+  sx__tcp_sconn_hold(c);
+  return 0;
+}
+
+/* The checks of a WRITE header; 0 (and the region) or the refusal. */
+static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
+  const sx_tctx *x = wctx(w);
+  int st = w_allowed(w);
+  if (st)
+    return st;
+  sx_lregion *l = x->find_region(x->agent, f->region);
+  uint64_t end;
+  if (l == NULL)
+    return SX_ENOREGION;
+  if (!(l->r.access & SX_ACCESS_REMOTE_WRITE))
+    return SX_EDENIED;
+  if (f->length == 0)
+    return SX_EINVAL;
+  if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
+    return SX_EBOUNDS;
+  *out = l;
+  return 0;
+}
+
+/* A body is complete: land it and answer. */
+static void w_body_done(sx__tcp_wconn *w) {
+  sconn *c = w->c;
+  const sx_tctx *x = wctx(w);
+  if (w->type == SX__FRAME_WRITE) {
+    if (w->l != NULL) {
+      w->l->inflight--;
+      w->l = NULL;
+    }
+    x->written(x->agent, SX_TRANSPORT_TCP, w->status ? 0 : w->len, w->status);
+    sx__tcp_sconn_reply(c, w->id, SX__FRAME_WRITE_REPLY, w->status);
+  } else {
+    char msg[256] = "";
+    int st = w_allowed(w);
+    if (st == 0)
+      st = x->notice(x->agent, w->producer, w->inc, SX_TRANSPORT_TCP, w->notice, (size_t)w->len,
+                     msg, sizeof(msg));
+    free(w->notice);
+    w->notice = NULL;
+    sx__tcp_sconn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st);
+  }
+  w->dst = NULL;
+}
+
+/* Start a WRITE or NOTICE body of f->length bytes, avail of which are in
+ * buf already.  Returns the bytes of buf used. */
+static size_t w_body(sx__tcp_wconn *w, const sx__frame *f, const uint8_t *buf, size_t avail) {
+  w->id = f->id;
+  w->len = f->length;
+  w->type = f->type;
+  uint64_t take = f->length < avail ? f->length : avail;
+  if (w->dst != NULL && take > 0)
+    memcpy(w->dst, buf, (size_t)take);
+  w->left = f->length - take;
+  if (w->dst != NULL)
+    w->dst += take;
+  if (w->left == 0)
+    w_body_done(w);
+  return (size_t)take;
+}
+
+int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *buf,
+                    size_t avail) {
+  sx__tcp_wconn *w = *wp;
+  if (w == NULL) {
+    if ((w = calloc(1, sizeof(*w))) == NULL) {
+      sx__tcp_sconn_violation(c, "out of memory");
+      return -1;
+    }
+    w->c = c;
+    w->t = sx__tcp_sconn_transport(c);
+    *wp = w;
+  }
+  const sx_tctx *x = wctx(w);
+  uint8_t *body = buf + SX__FRAME_HDR;
+  avail -= SX__FRAME_HDR;
+  switch (f->type) {
+  case SX__FRAME_WAUTH:
+    if (avail < SX__WAUTH_BODY)
+      return 0;
+    return w_auth(c, w, f, body) < 0 ? -1 : (int)(SX__FRAME_HDR + SX__WAUTH_BODY);
+  case SX__FRAME_WRITE: {
+    if (f->length > MAX_WRITE) {
+      sx__tcp_sconn_violation(c, "a WRITE longer than 64 MiB");
+      return -1;
+    }
+    sx_lregion *l = NULL;
+    w->status = w_check(w, f, &l);
+    if (w->status != 0)
+      x->log(x->agent, SX_LOG_DEBUG, "tcp: refused a write from %s: region %u offset %lu "
+             "length %lu: %s", sx__tcp_sconn_reader(c), f->region, (unsigned long)f->offset,
+             (unsigned long)f->length, sx_err_name(w->status));
+    if (l != NULL) {
+      l->inflight++;
+      w->l = l;
+      w->dst = (uint8_t *)(uintptr_t)(l->r.addr + f->offset);
+    }
+    return (int)(SX__FRAME_HDR + w_body(w, f, body, avail));
+  }
+  case SX__FRAME_NOTICE:
+    if (f->length > 0 && (w->notice = malloc((size_t)f->length)) == NULL) {
+      sx__tcp_sconn_violation(c, "out of memory");
+      return -1;
+    }
+    w->dst = w->notice;
+    w->status = 0;
+    return (int)(SX__FRAME_HDR + w_body(w, f, body, avail));
+  default:
+    sx__tcp_sconn_violation(c, "unexpected frame type");
+    return -1;
+  }
+}
+
+void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf) {
+  uint64_t left = w->left;
+  if (w->dst != NULL) {
+    buf->base = (char *)w->dst;
+    buf->len = left < (64u << 20) ? (size_t)left : (64u << 20);
+  } else {
+    buf->base = (char *)w->t->scratch;
+    buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
+  }
+}
+
+void sx__tcp_w_read(sx__tcp_wconn *w, size_t n) {
+  w->left -= n;
+  if (w->dst != NULL)
+    w->dst += n;
+  if (w->left > 0)
+    return;
+  w_body_done(w);
+  sx__tcp_sconn_flush(w->c);
+}

@@ -1,0 +1,174 @@
+/* Push-mode fixtures (see push_fixture.h). */
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pattern.h"
+#include "push_fixture.h"
+#include "transport/tcp/tcp_frame.h"
+
+void sxt_pair_start(sxt_pair *x, uint32_t access) {
+  sxt_mem_url(x->url, sizeof(x->url), "push");
+  sxt_consumer_start(&x->c, x->url, "decode-0", access);
+  sxt_target_start(&x->p, x->url, "prefill-0", NULL, 42);
+  sxt_ok(sx_segment_open(x->p.a, "decode-0", 2000, &x->seg));
+}
+
+void sxt_pair_stop(sxt_pair *x) {
+  sx_segment_close(x->seg);
+  sxt_agent_stop(&x->p);
+  sxt_agent_stop(&x->c);
+}
+
+int sxt_fd_readable(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1;
+}
+
+void sxt_consumer_start(sxt_agent *c, const char *url, const char *name, uint32_t access) {
+  memset(c, 0, sizeof(*c));
+  sx_agent_params p;
+  sxt_params(&p, url, name);
+  p.listen = "127.0.0.1:0";
+  sxt_ok(sx_agent_create(&p, &c->a));
+  sxt_register_kv(c, SXT_CONSUMER_BLOCKS, access);
+  sxt_ok(sx_agent_publish(c->a, 0));
+}
+
+sx_batch *sxt_write_submit(sx_segment *s, const sx_block_write *w, size_t n, uint64_t tag,
+                           uint32_t timeout_ms) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  bp.flags = SX_BATCH_WRITE;
+  bp.tag = tag;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(s, &bp, &b));
+  sxt_ok(sx_batch_add_block_writes(b, w, n));
+  sxt_ok(sx_batch_submit(b));
+  return b;
+}
+
+sx_batch_result sxt_run_write(sx_segment *s, const sx_block_write *w, size_t n, uint64_t tag,
+                              uint32_t timeout_ms) {
+  sx_batch *b = sxt_write_submit(s, w, n, tag, timeout_ms);
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL;
+  sx_batch_destroy(b);
+  return res;
+}
+
+/* Walk the (layer, slot) pairs of w: the consumer's bytes and where they
+ * came from in the producer's regions. */
+static int walk(const sxt_agent *c, const sxt_agent *p, const sx_block_write *w) {
+  for (uint32_t l = w->layer_first; l < w->layer_first + w->layer_count; l++) {
+    for (uint64_t m = w->slots; m; m &= m - 1) {
+      uint32_t s = (uint32_t)__builtin_ctzll(m);
+      const uint8_t *dst = c->mem[s] + ((uint64_t)l * c->blocks + w->remote_block) * SXT_BLOCK;
+      uint64_t len = w->count * SXT_BLOCK, bad = 0;
+      if (p == NULL) {
+        for (uint64_t i = 0; i < len; i++) {
+          if (dst[i] != 0) {
+            print_error("layer %u slot %u: byte %lu of blocks %lu..+%lu was written\n", l, s,
+                        (unsigned long)i, (unsigned long)w->remote_block,
+                        (unsigned long)w->count);
+            return -1;
+          }
+        }
+        continue;
+      }
+      uint64_t off = ((uint64_t)l * p->blocks + w->local_block) * SXT_BLOCK;
+      if (sx__pattern_check(dst, len, p->seed, p->id[s], off, &bad)) {
+        print_error("layer %u slot %u blocks %lu->%lu x%lu: byte %lu differs\n", l, s,
+                    (unsigned long)w->local_block, (unsigned long)w->remote_block,
+                    (unsigned long)w->count, (unsigned long)bad);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+int sxt_verify_write(const sxt_agent *consumer, const sxt_agent *producer,
+                     const sx_block_write *w) {
+  return walk(consumer, producer, w);
+}
+
+int sxt_blocks_zero(const sxt_agent *consumer, const sx_block_write *w) {
+  return walk(consumer, NULL, w);
+}
+
+void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname, uint64_t tag,
+                       const sx_block_write *w, size_t n, int timeout_ms) {
+  sx_notice *no = NULL;
+  sxt_ok(sx_agent_notice_next(consumer, timeout_ms, &no));
+  assert_string_equal(no->producer, pname);
+  uint8_t inc[SX_INCARNATION_LEN];
+  sx_agent_incarnation(p->a, inc);
+  assert_memory_equal(no->incarnation, inc, SX_INCARNATION_LEN);
+  assert_int_equal(no->tag, tag);
+  assert_int_equal(no->n_ranges, 0);
+  /* The notice's runs cover exactly the blocks of w, in order. */
+  uint64_t bytes = 0;
+  size_t k = 0;
+  for (uint32_t i = 0; i < no->n_blocks; i++) {
+    const sx_notice_blocks *e = &no->blocks[i];
+    uint64_t left = e->count, block = e->block;
+    while (left > 0) {
+      assert_true(k < n);
+      assert_int_equal(e->group, w[k].group);
+      assert_int_equal(e->layer_first, w[k].layer_first);
+      assert_int_equal(e->layer_count, w[k].layer_count);
+      assert_int_equal(e->slots, w[k].slots);
+      assert_int_equal(block, w[k].remote_block);
+      assert_true(w[k].count <= left);
+      bytes += w[k].count * SXT_BLOCK * w[k].layer_count *
+               (uint64_t)__builtin_popcountll(w[k].slots);
+      left -= w[k].count;
+      block += w[k].count;
+      k++;
+    }
+  }
+  assert_int_equal(k, n);
+  assert_int_equal(no->bytes, bytes);
+  sx_notice_free(no);
+}
+
+/* ------------------------------------------------------------ wire */
+
+static int wire_frame(int fd, uint8_t type, uint64_t id, uint32_t region, uint64_t offset,
+                      const void *body, uint64_t length, uint8_t want) {
+  uint8_t hdr[SX__FRAME_HDR];
+  sx__frame f = {.type = type, .id = id, .region = region, .offset = offset, .length = length};
+  sx__frame_encode(&f, hdr);
+  if (sxt_wire_send(fd, hdr, sizeof(hdr)) || (length && sxt_wire_send(fd, body, length)))
+    return 1;
+  uint8_t rep[SX__FRAME_HDR];
+  if (sxt_wire_recv(fd, rep, sizeof(rep)))
+    return 1;
+  sx__frame g;
+  assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, want);
+  assert_int_equal(g.id, id);
+  return g.status;
+}
+
+int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token) {
+  uint8_t body[SX__WAUTH_BODY];
+  memcpy(body, incarnation, SX_INCARNATION_LEN);
+  memcpy(body + SX_INCARNATION_LEN, token, SX_TOKEN_LEN);
+  return wire_frame(fd, SX__FRAME_WAUTH, 1, 0, 0, body, sizeof(body), SX__FRAME_WAUTH_REPLY);
+}
+
+int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const void *data,
+                   uint64_t length) {
+  return wire_frame(fd, SX__FRAME_WRITE, id, region, offset, data, length,
+                    SX__FRAME_WRITE_REPLY);
+}
+
+int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len) {
+  return wire_frame(fd, SX__FRAME_NOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
+}

@@ -1,0 +1,59 @@
+/*
+ * Push-mode fixtures: a consumer agent with writable regions, write batches
+ * run to their end, and checks that a consumer's blocks hold what a
+ * producer wrote (the producer is a fixture target: its regions hold the
+ * verification pattern).
+ */
+#ifndef SX_PUSH_FIXTURE_H
+#define SX_PUSH_FIXTURE_H
+
+#include "agent_fixture.h"
+
+#define SXT_CONSUMER_BLOCKS 48u
+#define SXT_RW (SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE)
+
+/* A consumer "decode-0" (access as given) and a producer "prefill-0" (a
+ * fixture target of seed 42) on a fresh mem:// store, the consumer opened
+ * by the producer as seg. */
+typedef struct sxt_pair {
+  char url[64];
+  sxt_agent c, p;
+  sx_segment *seg;
+} sxt_pair;
+void sxt_pair_start(sxt_pair *x, uint32_t access);
+void sxt_pair_stop(sxt_pair *x);
+
+/* 1 when fd is readable now. */
+int sxt_fd_readable(int fd);
+
+/* A published consumer: zeroed K and V regions of SXT_CONSUMER_BLOCKS
+ * blocks per layer with this access, serving on 127.0.0.1:0. */
+void sxt_consumer_start(sxt_agent *c, const char *url, const char *name, uint32_t access);
+
+/* A write batch of n block writes with tag, submitted / run to its end
+ * (the result's failed list cleared). */
+sx_batch *sxt_write_submit(sx_segment *s, const sx_block_write *w, size_t n, uint64_t tag,
+                           uint32_t timeout_ms);
+sx_batch_result sxt_run_write(sx_segment *s, const sx_block_write *w, size_t n, uint64_t tag,
+                              uint32_t timeout_ms);
+
+/* Do the consumer's blocks of w hold the producer's blocks of w (every
+ * layer and slot)?  0, or -1 with a message. */
+int sxt_verify_write(const sxt_agent *consumer, const sxt_agent *producer,
+                     const sx_block_write *w);
+/* Are the consumer's blocks of w still all zero (nothing landed)? */
+int sxt_blocks_zero(const sxt_agent *consumer, const sx_block_write *w);
+
+/* Take the next notice within timeout_ms and check that it is the one of a
+ * batch of w[0..n) with tag from producer p (its name and incarnation). */
+void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname, uint64_t tag,
+                       const sx_block_write *w, size_t n, int timeout_ms);
+
+/* Raw push frames on a connection that said HELLO (sxt_wire_hello): each
+ * returns the status of its reply, or 1 when the connection closed. */
+int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token);
+int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const void *data,
+                   uint64_t length);
+int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len);
+
+#endif
