@@ -613,7 +613,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       if (rounds == 1 && have_base) {
         bx_progress("%s baseline, %s blocks, %u conns", bname, b, conns);
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err, sizeof(err))) {
+        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err,
+                       sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
         }
@@ -662,7 +663,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       if (rounds == 1 && have_base) {
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err, sizeof(err))) {
+        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err,
+                       sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
         }
@@ -715,7 +717,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           continue;
         }
         double gb = bx_gbps(&res[k]), cb = bx_gbps(&cbase[k]);
-        bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k]);
+        bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k],
+                    have_base ? &base : NULL);
         bx_judged *j = &judged[ci];
         if (c->batch >= 16 && c->batch <= 128 && size >= 65536 && size <= 1048576 &&
             res[k].p50_ms > 0 && res[k].p99_ms / res[k].p50_ms > j->tail) {
@@ -740,8 +743,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
             (size == 65536 || size == 1048576)) {
           int m = size == 65536 ? 0 : 1;
           j->ratio[m] = gb / cb;
-          if (bx_cpu_gb(&cbase[k]) > 0 && bx_cpu_gb(&res[k]) >= 0)
-            j->cpu[m] = bx_cpu_gb(&res[k]) / bx_cpu_gb(&cbase[k]);
+          if (have_base && bx_cpu_gb(&base) > 0 && bx_cpu_gb(&res[k]) >= 0)
+            j->cpu[m] = bx_cpu_gb(&res[k]) / bx_cpu_gb(&base);
         }
       }
     }

@@ -67,10 +67,14 @@ double bx_gbps(const bx_caseres *r);
 double bx_cpu_gb(const bx_caseres *r);
 extern const bx_col bx_read_cols[];
 extern const int bx_read_ncols;
-/* A row of the table; base (NULL: none) gives its two ratios. */
+/* A row of the table, with its GB/s ratio to base and its CPU-per-GB ratio
+ * to base_cpu (NULL: none).  GB/s is judged against the windows next to the
+ * case's own (drift); CPU per GB against all the baseline's windows of the
+ * size: one window's CPU per GB is noisy where the baseline moves few bytes
+ * (perftest busy-polls, so its CPU per GB follows its rate). */
 bx_row *bx_read_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
                     const char *ids, uint32_t conns, const bx_caseres *r,
-                    const bx_caseres *base);
+                    const bx_caseres *base, const bx_caseres *base_cpu);
 bx_row *bx_read_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
                          const bx_caseres *r);
 /* The targets, from one bx_judged per --conns value. */

@@ -43,7 +43,7 @@ const int bx_read_ncols = (int)(sizeof(bx_read_cols) / sizeof(bx_read_cols[0]));
 
 bx_row *bx_read_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
                     const char *ids, uint32_t conns, const bx_caseres *r,
-                    const bx_caseres *base) {
+                    const bx_caseres *base, const bx_caseres *base_cpu) {
   bx_row *row = bx_row_add(t);
   char b[16];
   double gb = bx_gbps(r);
@@ -74,14 +74,14 @@ bx_row *bx_read_row(bx_table *t, const char *tr, uint64_t size, uint64_t batch,
     bx_set_num(row, "baseline_gb_s", bx_gbps(base));
     bx_set_num(row, "ratio", gb / bx_gbps(base));
   }
-  if (base != NULL && bx_cpu_gb(base) > 0 && bx_cpu_gb(r) >= 0)
-    bx_set_num(row, "cpu_ratio", bx_cpu_gb(r) / bx_cpu_gb(base));
+  if (base_cpu != NULL && bx_cpu_gb(base_cpu) > 0 && bx_cpu_gb(r) >= 0)
+    bx_set_num(row, "cpu_ratio", bx_cpu_gb(r) / bx_cpu_gb(base_cpu));
   return row;
 }
 
 bx_row *bx_read_base_row(bx_table *t, const char *name, uint64_t size, uint32_t conns,
                          const bx_caseres *r) {
-  return bx_read_row(t, name, size, 0, "-", conns, r, NULL);
+  return bx_read_row(t, name, size, 0, "-", conns, r, NULL, NULL);
 }
 
 /* One verdict per block size and connection count: both sides always run

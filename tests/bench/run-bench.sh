@@ -41,8 +41,10 @@ part() {
 cat "$out/machine.txt"
 
 part codec codec --duration "$d"
-part meta meta --duration "$d" --conc 1,4,16,64 --ls 1000,10000,100000 --fleet 1000,10000 \
-  --plot "$out/meta.png"
+# The fleet: up to 100,000 simulated agents renewing leases while 64 readers
+# resolve (the cache forced to miss), 100 resolves/s each.
+part meta meta --duration "$d" --conc 1,4,16,64 --ls 1000,10000,100000 \
+  --fleet 1000,10000,100000 --readers 64 --plot "$out/meta.png"
 # The whole matrix once (the table and the plot), then the targets' cases
 # (64K and 1M blocks, batches of 64 scattered ids) in alternating rounds
 # against the stream, which keeps their ratios steady on a busy machine.
