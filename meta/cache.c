@@ -37,7 +37,8 @@ struct creq {
 };
 
 struct slot {
-  slot *next; /* hash chain */
+  sx_cache *c; /* the store read in flight names its slot (the backend's arg) */
+  slot *next;  /* hash chain */
   slot *wnext; /* list of slots with parked resolves */
   int in_wlist;
   char name[SX_NAME_MAX + 1];
@@ -66,14 +67,6 @@ struct sx_cache {
   int closing, handles, gets_in_flight;
   sx_cache_stats stats;
 };
-
-/* A store read in flight.  Its slot stays while it is in flight (a
- * fetching slot is never swept or freed) unless the cache closes, which
- * fetch_cb checks before it looks at the slot. */
-typedef struct fetch {
-  sx_cache *c;
-  slot *s;
-} fetch;
 
 /* ------------------------------------------------------------ descriptors */
 
@@ -137,6 +130,7 @@ static slot *get_slot(sx_cache *c, const char *name) {
     grow(c);
   if ((s = calloc(1, sizeof(*s))) == NULL)
     return NULL;
+  s->c = c;
   snprintf(s->name, sizeof(s->name), "%s", name);
   slot **head = bucket(c, name);
   s->next = *head;
@@ -280,19 +274,14 @@ static void unlist(sx_cache *c, slot *s) {
 
 static void fetch_cb(void *arg, const sx_backend_reply *rep);
 
+/* A store read names its slot: a slot with a read in flight is never swept
+ * or freed; when the cache closes, it is left for fetch_cb to free. */
 static int start_fetch(sx_cache *c, slot *s) {
   if (s->fetching)
     return 0;
-  fetch *f = malloc(sizeof(*f));
-  if (f == NULL)
-    return sx__err(SX_ENOMEM, "cache: resolving %s", s->name);
-  f->c = c;
-  f->s = s;
-  int rc = sx__backend_fetch(c->b, s->name, fetch_cb, f);
-  if (rc) {
-    free(f);
+  int rc = sx__backend_fetch(c->b, s->name, fetch_cb, s);
+  if (rc)
     return rc;
-  }
   s->fetching = 1;
   s->refetch = 0;
   c->gets_in_flight++;
@@ -345,12 +334,11 @@ static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc *cur,
 }
 
 static void fetch_cb(void *arg, const sx_backend_reply *rep) {
-  fetch *f = arg;
-  sx_cache *c = f->c;
+  slot *s = arg;
+  sx_cache *c = s->c;
   c->gets_in_flight--;
-  slot *s = c->closing ? NULL : f->s;
-  free(f);
-  if (s == NULL) {
+  if (c->closing) {
+    free(s); /* sx__cache_close left it to us */
     maybe_free_cache(c);
     return;
   }
@@ -496,7 +484,8 @@ void sx__cache_close(sx_cache *c) {
       complete_list(c, &s->fetch_waiters, SX_ECANCELED, NULL, "cache closed");
       complete_list(c, &s->parked, SX_ECANCELED, NULL, "cache closed");
       drop_desc(s);
-      free(s);
+      if (!s->fetching)
+        free(s); /* else its store read's callback frees it */
       s = next;
     }
     c->buckets[i] = NULL;

@@ -470,6 +470,30 @@ static void test_cache_invalidate_by_incarnation(void **state) {
   env_free(&e);
 }
 
+/* Closing while a store read is in flight: the waiter hears SX_ECANCELED
+ * at once, and the read's late answer frees what it names (valgrind and
+ * the sanitizers check it is neither leaked nor used after free). */
+static void test_cache_close_with_a_store_read_in_flight(void **state) {
+  (void)state;
+  env e;
+  env_init(&e, NULL);
+  publish(&e, "inflight-1", 1, 1);
+  res r;
+  memset(&r, 0, sizeof(r));
+  sxt_ok(sx__cache_resolve(e.c, "inflight-1", SX_CACHE_REFRESH, 0, res_cb, &r));
+  assert_int_equal(fetches(&e), 1);
+  sx__cache_close(e.c); /* before the loop ran: the read is still out */
+  e.c = NULL;
+  assert_int_equal(r.done, 1);
+  assert_int_equal(r.status, SX_ECANCELED);
+  assert_null(r.d);
+  uv_run(&e.loop, UV_RUN_NOWAIT); /* the store answers a cache that is gone */
+  sx__backend_close(e.b);
+  sx__backend_close(e.w);
+  uv_run(&e.loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&e.loop), 0);
+}
+
 static void test_cache_close_cancels_waiters(void **state) {
   (void)state;
   env e;
@@ -502,6 +526,7 @@ int main(void) {
       cmocka_unit_test(test_cache_rejects_corrupt_values),
       cmocka_unit_test(test_cache_refresh_of_the_same_bytes_reuses_the_descriptor),
       cmocka_unit_test(test_cache_invalidate_by_incarnation),
+      cmocka_unit_test(test_cache_close_with_a_store_read_in_flight),
       cmocka_unit_test(test_cache_close_cancels_waiters),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
