@@ -191,8 +191,8 @@ typedef struct bx_fleet_stats {
 } bx_fleet_stats;
 
 /* Publish every agent, then renew each lease every lease/3 on a thread of
- * its own until bx_fleet_stop().  0, or -1 with a message on stderr. */
-int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out);
+ * its own until bx_fleet_stop().  0, or -1 with the reason in err. */
+int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize);
 /* Counters since the last call (or start). */
 void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out);
 void bx_fleet_stop(bx_fleet *f);

@@ -229,12 +229,31 @@ static void thread_main(void *arg) {
   uv_run(&f->loop, UV_RUN_DEFAULT);
 }
 
-int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
+/* What bx_fleet_start allocated (the loop and thread are gone). */
+static void fleet_free(bx_fleet *f) {
+  for (uint32_t i = 0; f->values != NULL && i < f->p.agents; i++)
+    free(f->values[i]);
+  free(f->values);
+  free(f->lens);
+  free(f->incs);
+  free(f->ag);
+  free(f->b);
+  free(f->up);
+  bx_lat_free(&f->lat);
+  bx_lat_free(&f->lateness);
+  pthread_mutex_destroy(&f->mu);
+  pthread_cond_destroy(&f->cv);
+  free(f);
+}
+
+int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {
   static uint32_t fleet_serial;
   fleet_serial++;
   bx_fleet *f = calloc(1, sizeof(*f));
-  if (f == NULL)
+  if (f == NULL) {
+    snprintf(err, esize, "out of memory");
     return -1;
+  }
   f->p = *p;
   if (f->p.conns == 0)
     f->p.conns = 1;
@@ -248,10 +267,10 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
   f->lens = calloc(n, sizeof(*f->lens));
   pthread_mutex_init(&f->mu, NULL);
   pthread_cond_init(&f->cv, NULL);
-  if (!f->b || !f->up || !f->ag || !f->incs || !f->values || !f->lens ||
-      uv_loop_init(&f->loop) != 0) {
-    fprintf(stderr, "sx-bench meta: fleet: out of memory\n");
-    return -1; /* the process exits on this path */
+  if (!f->b || !f->up || !f->ag || !f->incs || !f->values || !f->lens) {
+    snprintf(err, esize, "out of memory");
+    fleet_free(f);
+    return -1;
   }
   for (uint32_t i = 0; i < n; i++) {
     char name[32];
@@ -271,15 +290,26 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
       sx_desc_free(&d);
     }
     if (rc != 0) {
-      fprintf(stderr, "sx-bench meta: fleet: descriptor: %s\n", sx_errmsg());
+      snprintf(err, esize, "descriptor: %s", sx_errmsg());
+      fleet_free(f);
       return -1;
     }
+  }
+  if (uv_loop_init(&f->loop) != 0) {
+    snprintf(err, esize, "cannot start an event loop");
+    fleet_free(f);
+    return -1;
   }
   uv_async_init(&f->loop, &f->stop, on_stop);
   uv_timer_init(&f->loop, &f->tick);
   f->stop.data = f->tick.data = f;
   if (uv_thread_create(&f->th, thread_main, f) != 0) {
-    fprintf(stderr, "sx-bench meta: fleet: cannot start a thread\n");
+    snprintf(err, esize, "cannot start a thread");
+    uv_close((uv_handle_t *)&f->stop, NULL);
+    uv_close((uv_handle_t *)&f->tick, NULL);
+    uv_run(&f->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&f->loop);
+    fleet_free(f);
     return -1;
   }
   pthread_mutex_lock(&f->mu);
@@ -288,7 +318,7 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
   int state = f->state;
   pthread_mutex_unlock(&f->mu);
   if (state < 0) {
-    fprintf(stderr, "sx-bench meta: %s\n", f->err);
+    snprintf(err, esize, "%s", f->err);
     bx_fleet_stop(f);
     return -1;
   }
@@ -317,17 +347,5 @@ void bx_fleet_stop(bx_fleet *f) {
   uv_async_send(&f->stop);
   uv_thread_join(&f->th);
   uv_loop_close(&f->loop);
-  for (uint32_t i = 0; i < f->p.agents; i++)
-    free(f->values[i]);
-  free(f->values);
-  free(f->lens);
-  free(f->incs);
-  free(f->ag);
-  free(f->b);
-  free(f->up);
-  bx_lat_free(&f->lat);
-  bx_lat_free(&f->lateness);
-  pthread_mutex_destroy(&f->mu);
-  pthread_cond_destroy(&f->cv);
-  free(f);
+  fleet_free(f);
 }
