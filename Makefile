@@ -53,7 +53,11 @@ OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 # The RDMA transport is linked in when its source exists (agent/transport/transports.c).
 HAVE_RDMA   := $(if $(wildcard agent/transport/rdma/rdma.c),-DSX_HAVE_RDMA)
-CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
+# CUDA memory (agent/mem/) is compiled in when the toolkit's cuda.h is found; the
+# driver itself is loaded at run time (dlopen), so nothing links against CUDA.
+CUDA_HOME   ?= /usr/local/cuda
+HAVE_CUDA   := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),-DSX_HAVE_CUDA -isystem $(CUDA_HOME)/include)
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA) $(HAVE_CUDA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
 ifneq ($(SANITIZE),)
@@ -70,7 +74,8 @@ GEN_H     := $(BUILD)/gen/segxfer.pb-c.h
 # The library: the metadata core (meta/) and its store backends (meta/<backend>/),
 # the agent core (agent/) and its transports (agent/transport/<name>/).  The
 # other folders under agent/ are programs.
-LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/transport/*.c agent/transport/*/*.c)
+LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/mem/*.c agent/transport/*.c \
+                        agent/transport/*/*.c)
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/segxfer.pb-c.o
 STATIC    := $(BUILD)/lib/libsegxfer.a
 SHARED    := $(BUILD)/lib/libsegxfer.so.$(VERSION)
@@ -91,7 +96,7 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent test_stats test_rdma
+               test_frame test_cache test_agent test_stats test_rdma test_mem test_desc_host
 INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))

@@ -23,10 +23,11 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "mem/mem.h"
 #include "segxfer/agent.h"
 #include "segxfer/descriptor.h"
 
-#define SX__TRANSPORT_SLOTS 3 /* indexed by sx_transport_kind */
+#define SX__TRANSPORT_SLOTS 4 /* indexed by sx_transport_kind */
 
 typedef struct sx_transport sx_transport;
 typedef struct sx_tpeer sx_tpeer;
@@ -37,6 +38,7 @@ typedef struct sx_lregion {
   uint32_t inflight;   /* target side: reads of it being served right now */
   int withdrawn;       /* no longer published: refuse new reads */
   void *tpriv[SX__TRANSPORT_SLOTS]; /* per transport (RDMA: its MRs) */
+  sx__mem_info mem;    /* host or CUDA memory (checked at registration) */
 } sx_lregion;
 
 /* What a transport may ask of the agent that opened it. */
@@ -114,6 +116,10 @@ typedef struct sx_transport_ops {
    * status once nothing can write their destinations any more (RDMA: after
    * the flush of a QP moved to error).  Done then runs as usual. */
   void (*abort)(sx_tpeer *p, sx_op *op, int status);
+  /* Optional: r was just withdrawn (it is being unregistered).  Transports
+   * that lent it out beyond single reads (TCP: CUDA IPC handles) ask for it
+   * back here and hold r->inflight until it is returned. */
+  void (*withdraw)(sx_transport *t, sx_lregion *r);
 } sx_transport_ops;
 
 /* Each transport's structs start with these. */
@@ -128,5 +134,6 @@ struct sx_tpeer {
 
 extern const sx_transport_ops sx__tcp_ops;
 extern const sx_transport_ops sx__rdma_ops;
+extern const sx_transport_ops sx__cuda_ipc_ops;
 
 #endif
