@@ -100,6 +100,10 @@ UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_plann
 INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
+# The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
+# make test runs it too, or prints why it skipped.
+GPU_TESTS   := test_gpu_tcp
+GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
@@ -122,6 +126,7 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
 
 # ---------------------------------------------------------------- targets
+.PHONY: test-gpu
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
         fuzz-run memcheck soak run cluster install uninstall clean print-build
 .DEFAULT_GOAL := all
@@ -152,8 +157,9 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(GPU_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
+	@tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@$(MAKE) --no-print-directory check-fuzz-ci
@@ -168,6 +174,10 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS)
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@$(MAKE) --no-print-directory check-rdma
+
+# The GPU suite alone; fails when there is no GPU.
+test-gpu: all $(GPU_BINS)
+	@tests/gpu/run.sh "$(BUILD)" --require
 
 # Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
@@ -311,6 +321,17 @@ $(BUILD)/obj/tests/%.o: tests/%.c | $(GEN_H)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_fixture.o \
+                      $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# The host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c).
+$(BUILD)/tests/gpu/libfakecuda.so: tests/gpu/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
+	  -fvisibility=hidden $(HAVE_CUDA) -o $@ $< -lpthread
 
 $(RDMA_PAYLOAD)/sx-rdma-test: $(BUILD)/obj/tests/rdma/sx_rdma_test.o $(STATIC)
 	@mkdir -p $(dir $@)

@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -51,6 +52,11 @@ int sx__cuda_err(const sx__cuda_drv *d, CUresult r, const char *what) {
 
 /* mu held: dlopen the driver and fill `real`. */
 static int load(void) {
+  /* SX_CUDA_LIBRARY names another driver library (a driver outside the
+   * loader's path, or the suite's host-memory stand-in). */
+  const char *env = getenv("SX_CUDA_LIBRARY");
+  if (env != NULL && *env != '\0' && strcmp(libname, "libcuda.so.1") == 0)
+    libname = env;
   if (lib == NULL && (lib = dlopen(libname, RTLD_NOW | RTLD_LOCAL)) == NULL) {
     snprintf(load_msg, sizeof(load_msg), "no CUDA driver on this host (%s: %s)", libname,
              dlerror());

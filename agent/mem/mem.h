@@ -95,7 +95,8 @@ typedef struct sx__mem_notice {
 /* Delivers notices on loop (through a uv_async_t: no thread spins). */
 int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out);
 /* Close it (loop thread).  Every stream that queued notices for it must be
- * destroyed first; notices not yet delivered are dropped. */
+ * destroyed first (so every notice has fired); notices not delivered yet
+ * are delivered now, inside this call. */
 void sx__mem_notifier_close(sx__mem_notifier *n);
 
 /* A non-blocking stream on device's primary context. */
@@ -108,6 +109,9 @@ int sx__mem_stream_device(const sx__mem_stream *s);
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
 /* Queue note behind the work on s.  0, or an error (note will not run). */
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
+/* Deliver note on n's loop in a later iteration (any thread): for work
+ * that must not run inside the current call stack. */
+void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
 

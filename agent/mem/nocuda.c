@@ -73,6 +73,9 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
   (void)s, (void)n, (void)note;
   return no_cuda("notify");
 }
+void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
+  (void)n, (void)note;
+}
 int sx__mem_stream_sync(sx__mem_stream *s) {
   (void)s;
   return no_cuda("stream");

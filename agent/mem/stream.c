@@ -71,8 +71,19 @@ static void notifier_closed(uv_handle_t *h) {
 }
 
 void sx__mem_notifier_close(sx__mem_notifier *n) {
-  if (n != NULL)
-    uv_close((uv_handle_t *)&n->async, notifier_closed);
+  if (n == NULL)
+    return;
+  deliver(&n->async);
+  uv_close((uv_handle_t *)&n->async, notifier_closed);
+}
+
+void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
+  note->next = NULL;
+  pthread_mutex_lock(&n->mu);
+  *n->tail = note;
+  n->tail = &note->next;
+  pthread_mutex_unlock(&n->mu);
+  uv_async_send(&n->async);
 }
 
 /* The driver's thread: no CUDA calls here. */
@@ -81,12 +92,7 @@ static void CUDA_CB host_fn(void *arg) {
   sx__mem_notifier *n = a->n;
   sx__mem_notice *note = a->note;
   free(a);
-  note->next = NULL;
-  pthread_mutex_lock(&n->mu);
-  *n->tail = note;
-  n->tail = &note->next;
-  pthread_mutex_unlock(&n->mu);
-  uv_async_send(&n->async);
+  sx__mem_notice_post(n, note);
 }
 
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {

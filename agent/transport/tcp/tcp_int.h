@@ -50,6 +50,7 @@ struct tcp_t {
   uint8_t *scratch;
   int closing;
   int live; /* handles, server connections and peers not yet freed */
+  struct sx__tcp_stage *stage; /* GPU staging (tcp_stage.c), made on first use */
 };
 
 static inline const sx_tctx *sx__tcp_ctx(const tcp_t *t) { return t->base.ctx; }

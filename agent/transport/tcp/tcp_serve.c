@@ -8,6 +8,7 @@
 
 #include "internal.h"
 #include "tcp_int.h"
+#include "tcp_stage.h"
 
 typedef struct reply {
   sx_lregion *l; /* NULL for an error reply */
@@ -30,6 +31,7 @@ struct sconn {
   uint32_t nrep;
   reply rep[REPLIES_PER_WRITE];
   uint8_t hdr[REPLIES_PER_WRITE][SX__FRAME_HDR];
+  sx__tcp_sreply *stage; /* a reply from GPU memory being staged: parse no more */
 };
 
 typedef struct swrite {
@@ -64,6 +66,9 @@ static void s_close(sconn *c) {
   if (c->handles == 0 || uv_is_closing((uv_handle_t *)&c->h))
     return;
   c->closing = 1;
+  if (c->stage != NULL)
+    sx__tcp_stage_detach(c->stage);
+  c->stage = NULL;
   uv_close((uv_handle_t *)&c->h, s_closed);
   uv_close((uv_handle_t *)&c->hello_timer, s_closed);
 }
@@ -109,7 +114,7 @@ static void s_written(uv_write_t *req, int status) {
     s_close(c);
     return;
   }
-  if (!c->reading && c->queued < SERVER_QUEUE_MAX / 2)
+  if (!c->reading && c->stage == NULL && c->queued < SERVER_QUEUE_MAX / 2)
     s_read_start(c);
 }
 
@@ -225,13 +230,24 @@ static void s_serve(sconn *c, const sx__frame *f) {
            "length %lu: %s", c->reader, f->region, (unsigned long)f->offset,
            (unsigned long)f->length, sx_err_name(st));
   x->served(x->agent, SX_TRANSPORT_TCP, st ? 0 : f->length, st);
+  if (st == 0 && l->mem.kind == SX__MEM_CUDA) {
+    /* GPU memory goes out through staging (tcp_stage_serve.c), in order
+     * after the replies gathered so far. */
+    if (s_flush(c, 0) != 0)
+      return;
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
+    sx__tcp_stage_reply(c->t, c, (uv_stream_t *)&c->h, &c->stage, f->id, l, f->offset,
+                        f->length);
+    return;
+  }
   s_reply(c, f->id, SX__FRAME_READ_REPLY, st, l,
           st ? NULL : (uint8_t *)(uintptr_t)(l->r.addr + f->offset), f->length);
 }
 
 static void s_process(sconn *c) {
   size_t off = 0;
-  while (!c->closing) {
+  while (!c->closing && c->stage == NULL) {
     sx__frame f;
     int rc = sx__frame_decode(c->rbuf + off, c->rlen - off, &f);
     if (rc == 0)
@@ -345,6 +361,19 @@ void sx__tcp_on_connection(uv_stream_t *server, int status) {
   uv_tcp_nodelay(&c->h, 1);
   uv_timer_start(&c->hello_timer, s_hello_timeout, HELLO_TIMEOUT_MS, 0);
   s_read_start(c);
+}
+
+void sx__tcp_sconn_resume(sconn *c, int err) {
+  c->stage = NULL;
+  if (c->closing)
+    return;
+  if (err) {
+    s_violation(c, sx_strerror(err));
+    return;
+  }
+  s_process(c);
+  if (!c->closing && !c->reading && c->stage == NULL && c->queued < SERVER_QUEUE_MAX / 2)
+    s_read_start(c);
 }
 
 void sx__tcp_serve_close_all(tcp_t *t) {
