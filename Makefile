@@ -96,13 +96,13 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
-               test_frame test_cache test_agent test_stats test_rdma test_mem test_desc_host
+               test_frame test_cache test_agent test_stats test_rdma test_mem test_desc_host test_frame_ipc
 INTEG_TESTS := test_store_redis test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_security
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 # The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
 # make test runs it too, or prints why it skipped.
-GPU_TESTS   := test_gpu_tcp
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc
 GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 

@@ -102,9 +102,7 @@ int sx__local_desc(sx_agent *a, sx_desc *d);
 int sx__layout_desc(sx_agent *a, sx_desc *d);
 /* Loop thread: unregistrations waiting for reads to drain. */
 void sx__regions_close(sx_agent *a);
-/* This host's boot id and hostname and this process's random number into d
- * (host.c). */
-void sx__host_identity(sx_desc *d);
+
 
 /* ------------------------------------------------------------ lease */
 

@@ -132,6 +132,10 @@ struct sx_tpeer {
   sx_transport *t;
 };
 
+/* This host's boot id and hostname and this process's random number into d
+ * (agent/host.c): what cuda_ipc compares to find a target on this host. */
+void sx__host_identity(sx_desc *d);
+
 extern const sx_transport_ops sx__tcp_ops;
 extern const sx_transport_ops sx__rdma_ops;
 extern const sx_transport_ops sx__cuda_ipc_ops;

@@ -140,6 +140,11 @@ static int tcp_usable(sx_transport *base, const sx_desc *remote) {
   return sx__tcp_endpoint(remote) != NULL;
 }
 
+static void tcp_withdraw(sx_transport *base, sx_lregion *l) {
+  if (l->mem.kind == SX__MEM_CUDA)
+    sx__tcp_serve_withdraw((tcp_t *)base, l);
+}
+
 const sx_transport_ops sx__tcp_ops = {
     .name = "tcp",
     .kind = SX_TRANSPORT_TCP,
@@ -151,4 +156,5 @@ const sx_transport_ops sx__tcp_ops = {
     .peer_close = sx__tcp_stage_peer_close,
     .post = sx__tcp_stage_post,
     .abort = sx__tcp_stage_abort,
+    .withdraw = tcp_withdraw,
 };

@@ -75,6 +75,18 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
     if (f.status != 0 && f.length != 0)
       return SX_EPROTO;
     break;
+  case SX__FRAME_IPC:
+    if (f.status != 0 || f.length == 0 || f.length % 4 != 0 ||
+        f.length > 4u * SX__IPC_MAX_IDS)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_IPC_REPLY:
+    if (f.status != 0 ? f.length != 0
+        : f.id == 0 ? f.length == 0 || f.length % 4 != 0 || f.length > 4u * SX__IPC_MAX_IDS
+                    : f.length % SX__IPC_RECORD != 0 ||
+                          f.length > (uint64_t)SX__IPC_RECORD * SX__IPC_MAX_IDS)
+      return SX_EPROTO;
+    break;
   default:
     return SX_EPROTO;
   }

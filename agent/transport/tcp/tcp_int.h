@@ -63,6 +63,9 @@ const sx_endpoint *sx__tcp_endpoint(const sx_desc *d);
 /* tcp_serve.c: the listener's connection callback; close every reader. */
 void sx__tcp_on_connection(uv_stream_t *server, int status);
 void sx__tcp_serve_close_all(tcp_t *t);
+/* tcp_serve.c: l is being unregistered: readers holding its CUDA IPC handle
+ * are asked to give it back (transport/cuda/ipc_serve.c). */
+void sx__tcp_serve_withdraw(tcp_t *t, sx_lregion *l);
 
 /* tcp_read.c: the reader-side ops. */
 int sx__tcp_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out);

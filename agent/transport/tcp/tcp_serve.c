@@ -9,6 +9,7 @@
 #include "internal.h"
 #include "tcp_int.h"
 #include "tcp_stage.h"
+#include "transport/cuda/cuda_ipc.h"
 
 typedef struct reply {
   sx_lregion *l; /* NULL for an error reply */
@@ -32,6 +33,7 @@ struct sconn {
   reply rep[REPLIES_PER_WRITE];
   uint8_t hdr[REPLIES_PER_WRITE][SX__FRAME_HDR];
   sx__tcp_sreply *stage; /* a reply from GPU memory being staged: parse no more */
+  sx__ipc_holds *ipc;    /* CUDA IPC handles lent on this connection */
 };
 
 typedef struct swrite {
@@ -69,6 +71,8 @@ static void s_close(sconn *c) {
   if (c->stage != NULL)
     sx__tcp_stage_detach(c->stage);
   c->stage = NULL;
+  sx__ipc_drop(c->ipc);
+  c->ipc = NULL;
   uv_close((uv_handle_t *)&c->h, s_closed);
   uv_close((uv_handle_t *)&c->hello_timer, s_closed);
 }
@@ -268,6 +272,16 @@ static void s_process(sconn *c) {
       off += SX__FRAME_HDR + (size_t)f.length;
       continue;
     }
+    if (f.type == SX__FRAME_IPC) {
+      /* CUDA IPC handles (cuda_ipc.h): only after HELLO, as here. */
+      if (c->rlen - off < SX__FRAME_HDR + f.length)
+        break;
+      if (s_flush(c, 0) != 0)
+        return;
+      sx__ipc_serve(sx__tcp_ctx(c->t), c, &c->ipc, &f, c->rbuf + off + SX__FRAME_HDR);
+      off += SX__FRAME_HDR + (size_t)f.length;
+      continue;
+    }
     if (f.type != SX__FRAME_READ) {
       s_violation(c, "unexpected frame type");
       return;
@@ -374,6 +388,48 @@ void sx__tcp_sconn_resume(sconn *c, int err) {
   s_process(c);
   if (!c->closing && !c->reading && c->stage == NULL && c->queued < SERVER_QUEUE_MAX / 2)
     s_read_start(c);
+}
+
+typedef struct sbuf_write {
+  uv_write_t req;
+  uint8_t *buf;
+} sbuf_write;
+
+static void sbuf_written(uv_write_t *req, int status) {
+  sbuf_write *w = (sbuf_write *)req;
+  (void)status; /* a broken connection shows on its read side */
+  free(w->buf);
+  free(w);
+}
+
+int sx__tcp_sconn_send(sconn *c, uint8_t *buf, size_t len) {
+  sbuf_write *w = malloc(sizeof(*w));
+  if (w == NULL || c->closing || s_flush(c, 0) != 0) {
+    free(w);
+    free(buf);
+    return SX_EDISCONN;
+  }
+  w->buf = buf;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, sbuf_written) != 0) {
+    free(w);
+    free(buf);
+    s_lost(c, 0);
+    return SX_EDISCONN;
+  }
+  return 0;
+}
+
+void sx__tcp_sconn_close(sconn *c, const char *why) { s_violation(c, why); }
+
+const char *sx__tcp_sconn_reader(const sconn *c) {
+  return c->reader[0] ? c->reader : c->peer;
+}
+
+void sx__tcp_serve_withdraw(tcp_t *t, sx_lregion *l) {
+  for (sconn *c = t->sconns; c; c = c->next)
+    if (!c->closing)
+      sx__ipc_revoke(c->ipc, l);
 }
 
 void sx__tcp_serve_close_all(tcp_t *t) {
