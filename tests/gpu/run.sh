@@ -15,4 +15,13 @@ if ! why=$("$build/tests/gpu/gpu_probe" 2>&1); then
 fi
 mkdir -p "$build/test-logs/gpu"
 echo "GPU suite on $why${CUDA_VISIBLE_DEVICES:+ (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)}"
-exec "$here/../run-tests.sh" "$build" gpu $(cd "$build/tests" && ls -1 gpu/test_gpu_* 2>/dev/null)
+"$here/../run-tests.sh" "$build" gpu $(cd "$build/tests" && ls -1 gpu/test_gpu_* 2>/dev/null)
+rc=$?
+if "$here/programs.sh" "$build" >"$build/test-logs/gpu/programs.log" 2>&1; then
+  echo "  PASS  gpu/programs.sh"
+else
+  echo "  FAIL  gpu/programs.sh"
+  sed 's/^/        | /' "$build/test-logs/gpu/programs.log" | tail -n 40
+  rc=1
+fi
+exit $rc
