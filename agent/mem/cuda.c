@@ -99,6 +99,9 @@ static int load(void) {
     }
     memcpy((char *)&real + syms[i].off, &f, sizeof(f));
   }
+  /* The CUDA 13 batch copy: one call for a batch's ranges when it is there. */
+  void *batch = dlsym(lib, "cuMemcpyBatchAsync_v2");
+  memcpy(&real.MemcpyBatchAsync, &batch, sizeof(batch));
   return 0;
 }
 

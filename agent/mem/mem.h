@@ -107,6 +107,10 @@ int sx__mem_stream_device(const sx__mem_stream *s);
 /* Queue an asynchronous copy of len bytes (any kinds; host memory should be
  * pinned for the copy to overlap). */
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
+/* Queue n copies (dst[i] <- src[i], len[i] bytes) in one driver call where
+ * the driver has cuMemcpyBatchAsync, else one call each. */
+int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
+                             size_t n);
 /* Queue note behind the work on s.  0, or an error (note will not run). */
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
 /* Deliver note on n's loop in a later iteration (any thread): for work

@@ -38,6 +38,10 @@ typedef struct sx__cuda_drv {
   CUresult (*IpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr p);
   CUresult (*IpcOpenMemHandle)(CUdeviceptr *p, CUipcMemHandle h, unsigned flags);
   CUresult (*IpcCloseMemHandle)(CUdeviceptr p);
+  /* Optional (CUDA 13 drivers; NULL where missing): many copies, one call. */
+  CUresult (*MemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                               size_t count, CUmemcpyAttributes *attrs, size_t *attrs_idx,
+                               size_t n_attrs, CUstream s);
 } sx__cuda_drv;
 
 /* The loaded driver (with its primary context of device made current on

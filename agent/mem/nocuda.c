@@ -69,6 +69,11 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
   (void)s, (void)dst, (void)src, (void)len;
   return no_cuda("copy");
 }
+int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
+                             size_t n) {
+  (void)s, (void)dst, (void)src, (void)len, (void)n;
+  return no_cuda("copy");
+}
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   (void)s, (void)n, (void)note;
   return no_cuda("notify");

@@ -352,3 +352,18 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
   free(a);
   return CUDA_SUCCESS;
 }
+
+/* The CUDA 13 batch copy: the same copies, queued in order. */
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                      size_t count, CUmemcpyAttributes *attrs,
+                                      size_t *attrs_idx, size_t n_attrs, CUstream h) {
+  if (n_attrs != 1 || attrs == NULL || attrs_idx == NULL || attrs_idx[0] != 0 ||
+      attrs->srcAccessOrder == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; i++) {
+    CUresult r = cuMemcpyAsync(dsts[i], srcs[i], sizes[i], h);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}

@@ -91,6 +91,7 @@ static void list_add(iop **head, iop *o) {
 
 static void iop_free(iop *o) {
   free(o->slot);
+  free(o->src);
   free(o);
 }
 
@@ -189,11 +190,9 @@ static void run(ipc_peer *p, iop *o) {
       else {
         if (k == o->n_slots)
           o->slots[o->n_slots++] = (iop_slot){.o = o, .s = s};
-        const uint8_t *src = m->ptr + r->rec.offset + x->roff;
-        if ((rc = sx__mem_copy_async(s, x->local, src, (size_t)x->length)) == 0) {
-          o->slot[i] = (uint8_t)k;
-          o->slots[k].left++;
-        }
+        o->slot[i] = (uint8_t)k;
+        o->slots[k].left++;
+        o->src[i] = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset + x->roff);
       }
     }
     if (rc != 0 && err == 0) {
@@ -205,6 +204,30 @@ static void run(ipc_peer *p, iop *o) {
                      : sx_strerror(rc));
       else
         snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    }
+  }
+  /* Each stream's copies in one call (cuMemcpyBatchAsync where the driver
+   * has it), then one notice behind them. */
+  uint64_t *dst = o->src + op->n, *src = dst + op->n;
+  size_t *len = (size_t *)(src + op->n);
+  for (unsigned k = 0; k < o->n_slots; k++) {
+    size_t c = 0;
+    for (size_t i = 0; i < op->n; i++) {
+      if (o->slot[i] != k)
+        continue;
+      dst[c] = (uint64_t)(uintptr_t)op->xfers[i].local;
+      src[c] = o->src[i];
+      len[c++] = (size_t)op->xfers[i].length;
+    }
+    int rc = sx__mem_copy_batch_async(o->slots[k].s, dst, src, len, c);
+    if (rc != 0) {
+      /* Copies of it may have been queued: they end before the notice. */
+      if (err == 0) {
+        err = rc;
+        snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+      }
+      if (o->status == 0)
+        o->status = rc;
     }
   }
   /* One notice per stream used, behind its copies. */
@@ -339,7 +362,10 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   if (p->closing)
     return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
   iop *o = calloc(1, sizeof(*o));
-  if (o == NULL || (o->slot = malloc(op->n)) == NULL) {
+  if (o == NULL || (o->slot = malloc(op->n)) == NULL ||
+      (o->src = malloc(op->n * 4 * sizeof(uint64_t))) == NULL) {
+    if (o != NULL)
+      free(o->slot);
     free(o);
     return sx__err(SX_ENOMEM, "cuda_ipc: post");
   }

@@ -65,6 +65,8 @@ struct iop {
   sx_op *op;
   int status;              /* abort status: ranges settle with it */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
+  uint64_t *src;           /* per range: where it is read; then room for
+                            * one stream's dst, src and len arrays */
   iop_slot slots[IPC_SLOTS];
   uint32_t n_slots, slots_left;
 };
