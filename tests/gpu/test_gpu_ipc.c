@@ -144,6 +144,17 @@ static void read_verify(sx_segment *seg, const gpu_pool *r, uint32_t seed_round,
   assert_int_equal(gpu_pool_verify(r, seg, SEED, e, 64), 0);
 }
 
+/* A reader on cuda:0 with its pool, the target's segment open and read
+ * once over cuda_ipc (verified). */
+static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
+                             sx_agent **ra) {
+  *ra = gpu_agent(url, rname, 0, 0);
+  gpu_pool_make(r, *ra, "cuda:0", LAYERS, 64, BB, 0);
+  sx_segment *seg = open_seg(*ra, tname);
+  read_verify(seg, r, 1, SX_TRANSPORT_CUDA_IPC);
+  return seg;
+}
+
 /* ------------------------------------------------------------ tests */
 
 static void between(const char *tloc, const char *rloc) {
@@ -243,11 +254,9 @@ static void test_gpu_ipc_target_killed(void **state) {
   (void)state;
   target t;
   target_start(&t, "ipc-k", "cuda:0", NULL);
-  sx_agent *ra = gpu_agent(url, "ipc-k-r", 0, 0);
+  sx_agent *ra;
   gpu_pool r;
-  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
-  sx_segment *seg = open_seg(ra, "ipc-k");
-  read_verify(seg, &r, 1, SX_TRANSPORT_CUDA_IPC);
+  sx_segment *seg = reader_of("ipc-k", "ipc-k-r", &r, &ra);
   sx_block_read e[64];
   gpu_entries(e, 64, LAYERS, TBLOCKS, 64, 1, 3);
   int killed = 0, failed_after = 0, completed = 0;
@@ -287,11 +296,9 @@ static void test_gpu_ipc_stale_incarnation(void **state) {
   (void)state;
   target t;
   target_start(&t, "ipc-s", "cuda:0", NULL);
-  sx_agent *ra = gpu_agent(url, "ipc-s-r", 0, 0);
+  sx_agent *ra;
   gpu_pool r;
-  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
-  sx_segment *seg = open_seg(ra, "ipc-s");
-  read_verify(seg, &r, 1, SX_TRANSPORT_CUDA_IPC);
+  sx_segment *seg = reader_of("ipc-s", "ipc-s-r", &r, &ra);
   assert_int_equal(sx__mem_ipc_open_count(), 2);
   char listen[32];
   snprintf(listen, sizeof(listen), "127.0.0.1:%u", t.port);
@@ -324,11 +331,9 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
   (void)state;
   target t;
   target_start(&t, "ipc-u", "cuda:0", NULL);
-  sx_agent *ra = gpu_agent(url, "ipc-u-r", 0, 0);
+  sx_agent *ra;
   gpu_pool r;
-  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
-  sx_segment *seg = open_seg(ra, "ipc-u");
-  read_verify(seg, &r, 1, SX_TRANSPORT_CUDA_IPC);
+  sx_segment *seg = reader_of("ipc-u", "ipc-u-r", &r, &ra);
   assert_int_equal(sx__mem_ipc_open_count(), 2);
   target_say(&t, "unregister 0");
   char line[64];

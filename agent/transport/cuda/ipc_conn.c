@@ -123,23 +123,15 @@ static void ask(ipc_peer *p) {
 }
 
 static void on_hello_reply(ipc_peer *p, const sx__frame *f) {
-  char msg[256], inc[2 * SX_INCARNATION_LEN + 1];
+  char msg[256];
   if (f->status == 0) {
     p->state = C_READY;
     uv_timer_stop(&p->timer);
     ask(p);
     return;
   }
-  sx_hex(p->remote->incarnation, SX_INCARNATION_LEN, inc);
-  if (f->status == SX_ESTALE)
-    snprintf(msg, sizeof(msg), "%s is no longer incarnation %.8s (the target "
-             "restarted); reopen the segment", p->label, inc);
-  else if (f->status == SX_EACCESS)
-    snprintf(msg, sizeof(msg), "%s refused our access token", p->label);
-  else
-    snprintf(msg, sizeof(msg), "%s refused the connection: %s", p->label,
-             sx_strerror(f->status));
-  c_fail(p, f->status >= SX_ERRNO_MIN && f->status < 0 ? f->status : SX_EPROTO, msg);
+  int err = sx__hello_refused(f->status, p->label, p->remote->incarnation, msg, sizeof(msg));
+  c_fail(p, err, msg);
 }
 
 /* One whole frame (header and body) from the target. */

@@ -1,4 +1,5 @@
 /* The TCP data-plane wire format (see tcp_frame.h for the layout). */
+#include <stdio.h>
 #include <string.h>
 
 #include "tcp_frame.h"
@@ -121,4 +122,18 @@ int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out) {
   memcpy(out->name, buf + SX__HELLO_FIXED, n);
   out->name[n] = '\0';
   return 0;
+}
+
+int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
+                      char *msg, size_t size) {
+  char inc[2 * SX_INCARNATION_LEN + 1];
+  sx_hex(incarnation, SX_INCARNATION_LEN, inc);
+  if (status == SX_ESTALE)
+    snprintf(msg, size, "%s is no longer incarnation %.8s (the target restarted); "
+             "reopen the segment", label, inc);
+  else if (status == SX_EACCESS)
+    snprintf(msg, size, "%s refused our access token", label);
+  else
+    snprintf(msg, size, "%s refused the connection: %s", label, sx_strerror(status));
+  return status < 0 && status >= SX_ERRNO_MIN ? status : SX_EPROTO;
 }

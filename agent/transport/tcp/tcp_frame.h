@@ -110,6 +110,11 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
  * length, or SX_ENAME when the name is too long. */
 int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap);
 
+/* A target refused HELLO with status: the message for the reader (what
+ * to do about it), and the code its ranges fail with. */
+int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
+                      char *msg, size_t size);
+
 /* Parse a HELLO body of exactly len bytes.  0, or SX_EPROTO (length does not
  * match the name length, name not printable). */
 int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out);

@@ -197,17 +197,8 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
       schedule_pump(p);
     return;
   }
-  char msg[512], inc[2 * SX_INCARNATION_LEN + 1];
-  sx_hex(p->remote->incarnation, SX_INCARNATION_LEN, inc);
-  if (f->status == SX_ESTALE)
-    snprintf(msg, sizeof(msg), "%s is no longer incarnation %.8s (the target "
-             "restarted); reopen the segment", p->label, inc);
-  else if (f->status == SX_EACCESS)
-    snprintf(msg, sizeof(msg), "%s refused our access token", p->label);
-  else
-    snprintf(msg, sizeof(msg), "%s refused the connection: %s", p->label,
-             sx_strerror(f->status));
-  int err = f->status < 0 && f->status >= SX_ERRNO_MIN ? f->status : SX_EPROTO;
+  char msg[512];
+  int err = sx__hello_refused(f->status, p->label, p->remote->incarnation, msg, sizeof(msg));
   /* Every connection would hear the same: fail everything queued. */
   for (uint32_t i = 0; i < p->n_conns; i++)
     c_fail(&p->conns[i], err, msg);
