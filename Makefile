@@ -55,7 +55,11 @@ OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 # The RDMA transport is linked in when its source exists (agent/transport/transports.c).
 HAVE_RDMA   := $(if $(wildcard agent/transport/rdma/rdma.c),-DSX_HAVE_RDMA)
-CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
+# CUDA memory (agent/mem/) is compiled in when the toolkit's cuda.h is found; the
+# driver itself is loaded at run time (dlopen), so nothing links against CUDA.
+CUDA_HOME   ?= /usr/local/cuda
+HAVE_CUDA   := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),-DSX_HAVE_CUDA -isystem $(CUDA_HOME)/include)
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA) $(HAVE_CUDA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
 ifneq ($(SANITIZE),)
@@ -72,7 +76,8 @@ GEN_H     := $(BUILD)/gen/segxfer.pb-c.h
 # The library: the metadata core (meta/) and its store backends (meta/<backend>/),
 # the agent core (agent/) and its transports (agent/transport/<name>/).  The
 # other folders under agent/ are programs.
-LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/transport/*.c agent/transport/*/*.c)
+LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/mem/*.c agent/transport/*.c \
+                        agent/transport/*/*.c)
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/segxfer.pb-c.o
 STATIC    := $(BUILD)/lib/libsegxfer.a
 SHARED    := $(BUILD)/lib/libsegxfer.so.$(VERSION)
@@ -94,12 +99,16 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
-               test_push test_push_tcp test_batch_ids
+               test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 # The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
+# The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
+# make test runs it too, or prints why it skipped.
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc
+GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
@@ -133,7 +142,7 @@ PY_SRCS      := $(wildcard python/segxfer/*.py)
 
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
-        fuzz-run memcheck soak run cluster install uninstall clean print-build test-python
+        fuzz-run memcheck soak run cluster install uninstall clean print-build test-python test-gpu
 .DEFAULT_GOAL := all
 
 # Builds use every core; a -j on the command line wins (make -j1 for a serial
@@ -162,8 +171,9 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS) $(GPU_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
+	@tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
@@ -186,6 +196,10 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 test-python: deps
 	@$(MAKE) --no-print-directory all $(PY_TEST_BINS)
 	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
+
+# The GPU suite alone; fails when there is no GPU.
+test-gpu: all $(GPU_BINS)
+	@tests/gpu/run.sh "$(BUILD)" --require
 
 # Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
@@ -336,6 +350,17 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 $(BUILD)/tests/python/%: $(BUILD)/obj/tests/python/%.o $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_fixture.o \
+                      $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# The host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c).
+$(BUILD)/tests/gpu/libfakecuda.so: tests/gpu/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
+	  -fvisibility=hidden $(HAVE_CUDA) -o $@ $< -lpthread
 
 # sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
 $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)

@@ -22,6 +22,8 @@ from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int, c_si
 NAME_MAX = 200
 FINGERPRINT_MAX = 127
 TAG_MAX = 31
+HOST_ID_LEN = 36
+HOSTNAME_MAX = 64
 LABEL_KEY_MAX = 63
 LABEL_VALUE_MAX = 255
 ADDR_MAX = 63
@@ -74,7 +76,8 @@ class AgentParams(Structure):
                 ("rdma_gid_index", c_int), ("rdma_slice_bytes", c_uint32),
                 ("slice_bytes", c_uint32), ("cache_ttl_ms", c_uint32),
                 ("layout", Layout), ("labels", POINTER(Label)), ("n_labels", c_uint32),
-                ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int)]
+                ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int),
+                ("staging_bytes", c_uint64)]
 
 
 class RegionParams(Structure):
@@ -107,7 +110,9 @@ class Desc(Structure):
                 ("token", c_uint8 * TOKEN_LEN), ("layout", Layout),
                 ("endpoints", POINTER(Endpoint)), ("n_endpoints", c_uint32),
                 ("regions", POINTER(Region)), ("n_regions", c_uint32),
-                ("labels", POINTER(Label)), ("n_labels", c_uint32)]
+                ("labels", POINTER(Label)), ("n_labels", c_uint32),
+                ("host_id", c_char * (HOST_ID_LEN + 1)),
+                ("hostname", c_char * (HOSTNAME_MAX + 1)), ("process", c_uint64)]
 
 
 class Mismatch(Structure):
