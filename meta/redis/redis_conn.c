@@ -28,7 +28,9 @@ typedef struct rc_glue {
    * and writing in the next iteration: two epoll_ctl() calls and a loop
    * iteration less per command (strace: 2.5 epoll_ctl per resolve, 30% of
    * them failing with EEXIST).  Only a socket that cannot take everything
-   * falls back to polling for writability.
+   * falls back to polling for writability.  (A command queued by another
+   * prepare callback after this one ran waits for the check phase, after
+   * the loop's poll; nothing in segxfer queues commands from one.)
    */
   uv_check_t flush_check;
   uv_prepare_t flush_prep;
