@@ -30,6 +30,8 @@ MAX_SLOTS = 64
 INCARNATION_LEN = 16
 TOKEN_LEN = 16
 GID_LEN = 16
+HOST_ID_LEN = 36
+HOSTNAME_MAX = 64
 
 SLOT_K, SLOT_V, SLOT_INDEX, SLOT_STATE = 0, 1, 2, 3
 ACCESS_REMOTE_READ = 1
@@ -74,7 +76,8 @@ class AgentParams(Structure):
                 ("rdma_gid_index", c_int), ("rdma_slice_bytes", c_uint32),
                 ("slice_bytes", c_uint32), ("cache_ttl_ms", c_uint32),
                 ("layout", Layout), ("labels", POINTER(Label)), ("n_labels", c_uint32),
-                ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int)]
+                ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int),
+                ("staging_bytes", c_uint64)]
 
 
 class RegionParams(Structure):
@@ -107,7 +110,9 @@ class Desc(Structure):
                 ("token", c_uint8 * TOKEN_LEN), ("layout", Layout),
                 ("endpoints", POINTER(Endpoint)), ("n_endpoints", c_uint32),
                 ("regions", POINTER(Region)), ("n_regions", c_uint32),
-                ("labels", POINTER(Label)), ("n_labels", c_uint32)]
+                ("labels", POINTER(Label)), ("n_labels", c_uint32),
+                ("host_id", c_char * (HOST_ID_LEN + 1)),
+                ("hostname", c_char * (HOSTNAME_MAX + 1)), ("process", c_uint64)]
 
 
 class Mismatch(Structure):

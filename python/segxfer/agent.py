@@ -114,7 +114,7 @@ class Agent(Owned):
     fingerprint, tag, dtype, tp_rank, tp_size, pp_rank, pp_size, labels:
                   the published layout (readers check it against theirs)
     lease_ms, renew_ms, listen, advertise, namespace, conns_per_peer,
-    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms: as in
+    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms, staging_bytes: as in
                   sx_agent_params (include/segxfer/agent.h); None: default
     log_level     "error", "warn", "info", "debug"
     log           None (the library writes to stderr), or a callable
@@ -129,7 +129,7 @@ class Agent(Owned):
                  pp_size=0, labels=None, lease_ms=None, renew_ms=None, listen=None,
                  advertise=None, namespace=None, conns_per_peer=None, rdma_devices=None,
                  rdma_gid_index=None, slice_bytes=None, cache_ttl_ms=None,
-                 log_level="info", log=None):
+                 staging_bytes=None, log_level="info", log=None):
         if metadata_url is None:
             metadata_url = os.environ.get("SX_METADATA_URL")
         if not metadata_url:
@@ -159,6 +159,8 @@ class Agent(Owned):
                 setattr(p, field, _u32(v, field))
         if rdma_gid_index is not None:
             p.rdma_gid_index = rdma_gid_index
+        if staging_bytes is not None:
+            p.staging_bytes = _u64(staging_bytes, "staging_bytes")
         _fill(p.layout, "fingerprint", fingerprint, "fingerprint")
         _fill(p.layout, "tag", tag, "tag")
         _fill(p.layout, "dtype", dtype, "dtype")

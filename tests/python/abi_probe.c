@@ -33,6 +33,7 @@ int main(void) {
   F(sx_agent_params, cache_ttl_ms); F(sx_agent_params, layout);
   F(sx_agent_params, labels); F(sx_agent_params, n_labels); F(sx_agent_params, log);
   F(sx_agent_params, log_arg); F(sx_agent_params, log_level);
+  F(sx_agent_params, staging_bytes);
   S(sx_region_params);
   F(sx_region_params, addr); F(sx_region_params, length); F(sx_region_params, group);
   F(sx_region_params, layer_first); F(sx_region_params, layer_count);
@@ -55,7 +56,8 @@ int main(void) {
   F(sx_desc, generation); F(sx_desc, published_at_ms); F(sx_desc, lease_ms);
   F(sx_desc, token); F(sx_desc, layout); F(sx_desc, endpoints);
   F(sx_desc, n_endpoints); F(sx_desc, regions); F(sx_desc, n_regions);
-  F(sx_desc, labels); F(sx_desc, n_labels);
+  F(sx_desc, labels); F(sx_desc, n_labels); F(sx_desc, host_id);
+  F(sx_desc, hostname); F(sx_desc, process);
   S(sx_mismatch);
   F(sx_mismatch, kind); F(sx_mismatch, field); F(sx_mismatch, group);
   F(sx_mismatch, layer); F(sx_mismatch, slot); F(sx_mismatch, local);
@@ -92,6 +94,7 @@ int main(void) {
   C(SX_BATCH_TIMEOUT); C(SX_BATCH_CANCELLED);
   C(SX_AGENT_UNPUBLISHED); C(SX_AGENT_PUBLISHED); C(SX_AGENT_RECLAIMING); C(SX_AGENT_FENCED);
   C(SX_TRANSPORT_NONE); C(SX_TRANSPORT_TCP); C(SX_TRANSPORT_RDMA);
+  C(SX_TRANSPORT_CUDA_IPC); C(SX_HOST_ID_LEN); C(SX_HOSTNAME_MAX);
   C(SX_LOG_ERROR); C(SX_LOG_WARN); C(SX_LOG_INFO); C(SX_LOG_DEBUG);
   C(SX_MISMATCH_NONE); C(SX_MISMATCH_FINGERPRINT); C(SX_MISMATCH_LAYOUT_TAG);
   C(SX_MISMATCH_DTYPE); C(SX_MISMATCH_MISSING_KEY); C(SX_MISMATCH_EXTRA_KEY);

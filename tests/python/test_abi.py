@@ -56,6 +56,9 @@ def test_abi_enum_values_match(probe):
     assert c["SX_TRANSPORT_NONE"] == 0
     assert c["SX_TRANSPORT_TCP"] == _lib.TRANSPORT_KINDS["tcp"]
     assert c["SX_TRANSPORT_RDMA"] == _lib.TRANSPORT_KINDS["rdma"]
+    assert c["SX_TRANSPORT_CUDA_IPC"] == _lib.TRANSPORT_KINDS["cuda_ipc"]
+    assert (c["SX_HOST_ID_LEN"], c["SX_HOSTNAME_MAX"]) == (_lib.HOST_ID_LEN,
+                                                          _lib.HOSTNAME_MAX)
     for name, value in _lib.LOG_LEVELS.items():
         assert c["SX_LOG_" + name.upper()] == value
     for value, name in _lib.MISMATCH_KINDS.items():
