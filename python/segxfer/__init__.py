@@ -15,6 +15,7 @@ from .agent import Agent, Region, Segment
 from .batch import Batch, BatchResult
 from .errors import CODES, IncompatibleLayout, SegxferError
 from .errors import *  # noqa: F401,F403  (SX_EINVAL, SX_ENOENT, ...: one class per code)
+from .memory import pointer_location
 
 __version__ = _lib.text(_lib.lib.sx_version())
 library_path = _lib.lib_path
@@ -35,5 +36,5 @@ def dtype_name(dtype):
 
 
 __all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "SegxferError",
-           "IncompatibleLayout", "CODES", "dtype_name", "library_path", "SLOT_K", "SLOT_V",
-           "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]
+           "IncompatibleLayout", "CODES", "dtype_name", "pointer_location", "library_path",
+           "SLOT_K", "SLOT_V", "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]

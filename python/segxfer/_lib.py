@@ -241,6 +241,7 @@ _PROTOS = {
     "sx_batch_cancel": (c_int, [_P]),
     "sx_batch_result_get": (c_int, [_P, POINTER(BatchResult)]),
     "sx_batch_destroy": (None, [_P]),
+    "sx_mem_location": (c_int, [c_void_p, c_uint64, c_char_p, c_size_t]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)

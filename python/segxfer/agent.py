@@ -223,7 +223,9 @@ class Agent(Owned):
         else:
             if addr is None or length is None:
                 raise invalid("register needs memory, or addr= and length=")
-            loc, keepalive = location or pointer_location(addr), None
+            keepalive = None
+            loc = location or pointer_location(_u64(addr, "addr"),
+                                               _u64(length, "length"))
         _u64(addr, "addr")
         _u64(length, "length")
         layers = _u32(layers, "layers")

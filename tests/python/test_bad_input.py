@@ -125,6 +125,8 @@ def test_bad_input_register(pair):
         a.register(object(), block_bytes=4096, group=1)
     with pytest.raises(segxfer.SX_EINVAL, match="addr= and length="):
         a.register(block_bytes=4096, group=1)
+    with pytest.raises(segxfer.SX_EINVAL, match="NULL addr"):
+        a.register(addr=0, length=4096, block_bytes=4096, group=1)
     with pytest.raises(segxfer.SX_EINVAL, match="more than"):
         a.register(bytearray(4096), length=8192, block_bytes=4096, group=1)
     with pytest.raises(segxfer.SX_EINVAL, match="shaped"):
