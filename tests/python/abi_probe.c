@@ -90,6 +90,24 @@ int main(void) {
   F(sx_agent_status, last_error); F(sx_agent_status, store_up);
   F(sx_agent_status, served_reads); F(sx_agent_status, served_bytes);
   F(sx_agent_status, served_errors);
+  S(sx_block_write);
+  F(sx_block_write, group); F(sx_block_write, layer_first);
+  F(sx_block_write, layer_count); F(sx_block_write, slots);
+  F(sx_block_write, local_block); F(sx_block_write, remote_block);
+  F(sx_block_write, count);
+  S(sx_range_write);
+  F(sx_range_write, local); F(sx_range_write, remote_region); F(sx_range_write, offset);
+  F(sx_range_write, length);
+  S(sx_notice_blocks);
+  F(sx_notice_blocks, group); F(sx_notice_blocks, layer_first);
+  F(sx_notice_blocks, layer_count); F(sx_notice_blocks, slots);
+  F(sx_notice_blocks, block); F(sx_notice_blocks, count);
+  S(sx_notice_range);
+  F(sx_notice_range, region); F(sx_notice_range, offset); F(sx_notice_range, length);
+  S(sx_notice);
+  F(sx_notice, producer); F(sx_notice, incarnation); F(sx_notice, tag);
+  F(sx_notice, bytes); F(sx_notice, transport); F(sx_notice, n_blocks);
+  F(sx_notice, n_ranges); F(sx_notice, blocks); F(sx_notice, ranges);
   C(SX_BATCH_NEW); C(SX_BATCH_RUNNING); C(SX_BATCH_COMPLETED); C(SX_BATCH_FAILED);
   C(SX_BATCH_TIMEOUT); C(SX_BATCH_CANCELLED);
   C(SX_AGENT_UNPUBLISHED); C(SX_AGENT_PUBLISHED); C(SX_AGENT_RECLAIMING); C(SX_AGENT_FENCED);
@@ -101,6 +119,7 @@ int main(void) {
   C(SX_MISMATCH_BLOCK_BYTES);
   C(SX_SLOT_K); C(SX_SLOT_V); C(SX_SLOT_INDEX); C(SX_SLOT_STATE);
   C(SX_ACCESS_REMOTE_READ); C(SX_PUBLISH_TAKEOVER); C(SX_CHECK_IGNORE_FINGERPRINT);
+  C(SX_ACCESS_REMOTE_WRITE); C(SX_BATCH_WRITE); C(SX_NOTICE_MAX_ENTRIES);
   C(SX_EINCOMPAT); C(SX_EBUSY); C(SX_ETIMEDOUT); C(SX_ECANCELED); C(SX_EINVAL);
   return 0;
 }
