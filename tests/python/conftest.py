@@ -275,3 +275,21 @@ def cancel_while_awaited(batch):
         with pytest.raises(asyncio.CancelledError):
             await task
     asyncio.run(main())
+
+
+def fill_pattern(seed, region, offset, length):
+    """The bytes `sx-agent --fill SEED` puts at offset..+length of region
+    (its help text and agent/pattern.c: byte o is byte o % 8, little-endian,
+    of splitmix64((SEED ^ region * 0xD1B54A32D192ED03) + (o / 8) *
+    0x9E3779B97F4A7C15)), computed with numpy a word at a time."""
+    import numpy as np
+    u = np.uint64
+    first, last = offset // 8, (offset + length + 7) // 8
+    key = u((seed ^ (region * 0xD1B54A32D192ED03)) & (2**64 - 1))
+    with np.errstate(over="ignore"):
+        z = key + np.arange(first, last, dtype=u) * u(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
+        z ^= z >> u(31)
+    start = offset - first * 8
+    return z.astype("<u8").tobytes()[start:start + length]

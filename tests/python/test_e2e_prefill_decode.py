@@ -151,7 +151,14 @@ def test_e2e_tokens_and_logits_equal_a_single_process_run(url, tmp_path):
                      "prefill_blocks": info["block_ids"], "decode_blocks": res["local_blocks"],
                      "max_abs_logit_diff": float((got["logits"] -
                                                   ref["decode_logits"]).abs().max()),
-                     "bitwise": torch.equal(got["logits"], ref["decode_logits"])})
+                     "bitwise": torch.equal(got["logits"], ref["decode_logits"]),
+                     "prefill_max_abs_logit_diff": float((prefill_logits -
+                                                          ref["prefill_logits"]).abs().max()),
+                     "prefill_bitwise": torch.equal(prefill_logits, ref["prefill_logits"])})
+    print("logits: decode bitwise %s (max |diff| %g), prefill bitwise %s"
+          % (torch.equal(got["logits"], ref["decode_logits"]),
+             float((got["logits"] - ref["decode_logits"]).abs().max()),
+             torch.equal(prefill_logits, ref["prefill_logits"])))
 
 
 def test_e2e_the_pulled_cache_is_what_decides_the_output(url, tmp_path):
