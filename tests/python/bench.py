@@ -78,7 +78,7 @@ def main():
     build = os.path.abspath(args.build)
     os.environ.setdefault("SEGXFER_LIB", os.path.join(build, "lib", "libsegxfer.so"))
     os.environ.setdefault("SEGXFER_BUILD", build)
-    from conftest import RedisServer, SxAgentProc  # noqa: E402
+    from harness import RedisServer, SxAgentProc  # noqa: E402
     import pathlib
 
     exe = os.path.join(build, "tests", "python", "bench_read")

@@ -21,8 +21,14 @@ import subprocess
 import sys
 import time
 
-import pytest
 import torch
+
+try:
+    import pytest
+    parametrize = pytest.mark.parametrize
+except ImportError:        # run as a script where pytest is absent (below)
+    def parametrize(names, cases):
+        return lambda fn: fn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = os.path.join(HERE, "e2e_model.py")
@@ -175,10 +181,13 @@ def test_e2e_the_pulled_cache_is_what_decides_the_output(url, tmp_path):
     assert not torch.equal(got["logits"], ref["decode_logits"])
 
 
-@pytest.mark.parametrize("extra, kind, local, remote", [
+MISMATCHES = [
     (("--dtype", "fp16"), "dtype", "fp16", "fp32"),
     (("--kv-heads", "1"), "block_bytes", str(4 * 1 * 16 * 4), str(4 * 2 * 16 * 4)),
-])
+]
+
+
+@parametrize("extra, kind, local, remote", MISMATCHES)
 def test_e2e_layout_mismatch_is_refused_before_reading(url, tmp_path, extra, kind, local,
                                                         remote):
     prefill = Prefill(url, tmp_path)
@@ -219,19 +228,16 @@ if __name__ == "__main__":
     import pathlib
     import tempfile
     sys.path.insert(0, HERE)
-    from conftest import RedisServer
+    from harness import RedisServer
     with tempfile.TemporaryDirectory() as d:
         r = RedisServer(pathlib.Path(d))
         try:
             base = "redis://127.0.0.1:%d?namespace=e2e-" % r.port
             cases = [("equal", test_e2e_tokens_and_logits_equal_a_single_process_run, ()),
                      ("pulled", test_e2e_the_pulled_cache_is_what_decides_the_output, ())]
-            for n, (extra, kind, local, remote) in enumerate(
-                    [(("--dtype", "fp16"), "dtype", "fp16", "fp32"),
-                     (("--kv-heads", "1"), "block_bytes", "256", "512")]):
+            for n, case in enumerate(MISMATCHES):
                 cases.append(("mismatch%d" % n,
-                              test_e2e_layout_mismatch_is_refused_before_reading,
-                              (extra, kind, local, remote)))
+                              test_e2e_layout_mismatch_is_refused_before_reading, case))
             cases.append(("dead", test_e2e_dead_prefill_gives_an_error_not_tokens, ()))
             for name, fn, args in cases:
                 tmp = pathlib.Path(tempfile.mkdtemp(dir=d))

@@ -340,6 +340,6 @@ def test_push_leaves_no_fd_or_thread(url):
         b.wait(10)
     assert p.consumer.next_notice(5).tag == 2
     p.close()
-    del p
+    p = None
     gc.collect()
     assert fds() == fd0 and threads() == th0
