@@ -164,8 +164,8 @@ SX_EXTERN int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t
  * sx_agent_register() checks it, so an answer is always one register
  * accepts for that range.  Any thread; never waits for an agent.
  * Errors: SX_EINVAL (NULL, out too small, managed memory), SX_EBOUNDS
- * (the range leaves its device allocation); out is written only on
- * success.  Why not location "auto" in sx_region_params: a named location
+ * (the range leaves its device allocation), SX_EIO (the driver failed);
+ * out is written only on success.  Why not location "auto" in sx_region_params: a named location
  * is a claim register verifies (a cache on the wrong device is refused),
  * and callers often need the answer before registering (to pick a
  * transport or a staging size).
