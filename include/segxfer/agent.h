@@ -154,6 +154,25 @@ typedef struct sx_region_params {
 SX_EXTERN int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t *id);
 
 /*
+ * Where memory lives, as sx_region_params.location names it: writes "cpu"
+ * or "cuda:N" (NUL-terminated, at most 10 bytes; SX_TAG_MAX + 1 always
+ * suffices) into out.  For engines that hand over raw addresses (an
+ * integer from tensor.data_ptr()) and no device: the CUDA driver is asked
+ * about addr when this process has loaded it (a process that has not
+ * cannot hold device memory, and the driver is not started to learn
+ * that).  The whole range [addr, addr+length) is then checked as
+ * sx_agent_register() checks it, so an answer is always one register
+ * accepts for that range.  Any thread; never waits for an agent.
+ * Errors: SX_EINVAL (NULL, out too small, managed memory), SX_EBOUNDS
+ * (the range leaves its device allocation), SX_EIO (the driver failed);
+ * out is written only on success.  Why not location "auto" in sx_region_params: a named location
+ * is a claim register verifies (a cache on the wrong device is refused),
+ * and callers often need the answer before registering (to pick a
+ * transport or a staging size).
+ */
+SX_EXTERN int sx_mem_location(const void *addr, uint64_t length, char *out, size_t size);
+
+/*
  * Retire a region in order: refuse new reads of it, withdraw it from the
  * published descriptor (republish with a new generation, if published),
  * wait for reads of it in flight, then deregister it from the transports.
