@@ -297,7 +297,13 @@ static int check_params(const sx_agent_params *p) {
     return sx__err(SX_EINVAL, "renew_ms %u must be below lease_ms %u", p->renew_ms,
                    p->lease_ms);
   if ((p->transports & SX_TRANSPORTS_ALL) == 0)
-    return sx__err(SX_EINVAL, "transports allows neither TCP nor RDMA");
+    return sx__err(SX_EINVAL, "transports allows none of tcp, rdma, cuda_ipc");
+  /* cuda_ipc lends its handles over the TCP data-plane connection (token
+   * checked), so an agent that serves needs the TCP listener for it. */
+  if (p->name != NULL && (p->transports & SX_TRANSPORTS_CUDA_IPC) &&
+      !(p->transports & SX_TRANSPORTS_TCP))
+    return sx__err(SX_EINVAL, "transports cuda_ipc needs tcp as well on an agent that "
+                   "serves (%s): IPC handles are handed over on the TCP connection", p->name);
   if (p->slice_bytes > (64u << 20))
     return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
                    "target serves)", p->slice_bytes);
@@ -405,9 +411,10 @@ static int open_transports(sx_agent *a) {
     last = 0;
   }
   if (opened == 0)
-    return sx__err(last, "no transport could be opened (allowed: %s%s)",
+    return sx__err(last, "no transport could be opened (allowed: %s%s%s)",
                    a->p.transports & SX_TRANSPORTS_TCP ? "tcp " : "",
-                   a->p.transports & SX_TRANSPORTS_RDMA ? "rdma" : "");
+                   a->p.transports & SX_TRANSPORTS_RDMA ? "rdma " : "",
+                   a->p.transports & SX_TRANSPORTS_CUDA_IPC ? "cuda_ipc" : "");
   return 0;
 }
 
