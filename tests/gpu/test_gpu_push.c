@@ -587,7 +587,8 @@ static void test_gpu_push_ipc_revoke_in_flight(void **state) {
   long maps = -1;
   assert_non_null(fgets(line, sizeof(line), p.out));
   assert_int_equal(sscanf(line, "done %d %d %d %ld", &st, &err, &via, &maps), 4);
-  assert_int_equal(maps, 0);
+  /* (On a GPU the batch may have ended before the revoke, mapped.) */
+  assert_int_equal(producer_do(&p, "maps").maps, 0);
   uint8_t *after = gpu_pool_snapshot(&c.pool);
   assert_memory_equal(before, after, 2ull * LAYERS * BLOCKS * BB);
   free(before);
