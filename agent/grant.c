@@ -72,6 +72,8 @@ static int revoke_matches(const sx__grant *g, const grant_call *r) {
   return r->any_inc || (!g->any_inc && memcmp(g->inc, r->inc, SX_INCARNATION_LEN) == 0);
 }
 
+static void revoke_waits_finish(sx__push *ps, int status, const char *msg);
+
 static void grant_run(sx__call *c) {
   grant_call *gc = (grant_call *)c;
   sx_agent *a = c->a;
@@ -122,11 +124,18 @@ static void grant_run(sx__call *c) {
   }
   if (removed > 0) {
     ps->epoch++;
-    for (int k = 0; k < SX__TRANSPORT_SLOTS; k++)
-      if (a->tr[k] != NULL && sx__tr_call(a->tr[k]->ops, grants_changed, a->tr[k]) > 0)
+    for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
+      if (a->tr[k] == NULL)
+        continue;
+      if (sx__tr_call(a->tr[k]->ops, grants_changed, a->tr[k]) > 0)
         ps->revoke_pending |= 1u << k;
+      else
+        ps->revoke_pending &= ~(1u << k); /* what an earlier revoke waited for is over */
+    }
     sx__log(a, SX_LOG_INFO, "revoked %d write grant%s of %s", removed, removed > 1 ? "s" : "",
             who);
+    if (ps->revoke_pending == 0 && ps->revoke_waits != NULL)
+      revoke_waits_finish(ps, ps->revoke_err, ps->revoke_msg);
   }
   if (ps->revoke_pending != 0) {
     /* A device copy or a CUDA IPC mapping of a revoked producer may still

@@ -99,10 +99,12 @@ int sx__tcp_grants_changed(sx_transport *base) {
   tcp_t *t = (tcp_t *)base;
   /* Each WRITE and NOTICE compares the epoch anyway; what is landing now
    * is stopped here, and CUDA IPC handles are asked back. */
-  t->revoke_notify = 0;
+  t->revoke_notify = 0; /* nothing is said from inside this call */
   sx__tcp_serve_revoked(t);
-  if (t->revoking == 0)
+  if (t->revoking == 0) {
+    t->revoke_err = 0;
     return 0;
+  }
   t->revoke_notify = 1;
   return 1;
 }
