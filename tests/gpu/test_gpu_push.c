@@ -482,6 +482,58 @@ static void test_gpu_push_tcp_revoke_in_flight(void **state) {
   setenv("FAKE_CUDA_DELAY_US", FAKE_DELAY, 1);
 }
 
+/* A raw WRITE of 1 MiB whose payload is half sent when the producer's
+ * grant is revoked: what arrived before the revoke may land (host memory:
+ * all of it; GPU memory: the chunks already full, whose copies the revoke
+ * waited for), nothing after it does, and the reply says SX_EACCESS. */
+static void revoke_mid_write(const char *cloc) {
+  pair x;
+  pair_start(&x, "cpu", cloc, SXT_RW, 1);
+  sx_desc cd, pd;
+  sxt_ok(sx_agent_descriptor(x.c.a, &cd));
+  sxt_ok(sx_agent_descriptor(x.pa, &pd));
+  int fd = sxt_wire_connect(sxt_tcp_port(&cd));
+  assert_int_equal(sxt_wire_hello(fd, cd.incarnation, cd.token, "push-p"), 0);
+  assert_int_equal(sxt_wire_wauth(fd, pd.incarnation, pd.token), 0);
+  const uint64_t len = 1u << 20, sent = 600u << 10, chunk = STAGING / 4;
+  uint8_t *data = malloc(len), hdr[SX__FRAME_HDR];
+  assert_non_null(data);
+  sx__pattern_fill(data, len, SEED, 99, 0);
+  sx__frame f = {.type = SX__FRAME_WRITE, .id = 1, .region = x.c.pool.id[0], .length = len};
+  sx__frame_encode(&f, hdr);
+  assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
+  assert_int_equal(sxt_wire_send(fd, data, sent), 0);
+  sxt_sleep_ms(200); /* received by now */
+  sxt_ok(sx_agent_revoke_write(x.c.a, "push-p", NULL));
+  uint8_t *before = gpu_pool_snapshot(&x.c.pool);
+  assert_int_equal(sxt_wire_send(fd, data + sent, len - sent), 0);
+  assert_int_equal(sxt_wire_recv(fd, hdr, sizeof(hdr)), 0);
+  assert_int_equal(sx__frame_decode(hdr, sizeof(hdr), &f), SX__FRAME_HDR);
+  assert_int_equal(f.type, SX__FRAME_WRITE_REPLY);
+  assert_int_equal(f.status, SX_EACCESS);
+  uint8_t *after = gpu_pool_snapshot(&x.c.pool);
+  assert_memory_equal(before, after, 2ull * LAYERS * BLOCKS * BB);
+  uint64_t landed = strcmp(cloc, "cpu") == 0 ? sent : sent / chunk * chunk;
+  assert_memory_equal(after, data, landed);
+  for (uint64_t i = landed; i < len; i++)
+    if (after[i] != 0)
+      fail_msg("%s: byte %lu landed after the revoke", cloc, (unsigned long)i);
+  free(before);
+  free(after);
+  free(data);
+  close(fd);
+  sx_desc_free(&cd);
+  sx_desc_free(&pd);
+  expect_no_notice(&x.c, 50);
+  pair_stop(&x);
+}
+
+static void test_gpu_push_tcp_revoke_mid_write(void **state) {
+  (void)state;
+  revoke_mid_write("cpu");
+  revoke_mid_write("cuda:0");
+}
+
 /* ------------------------------------------------------------ cuda_ipc */
 
 static void ipc_write_ok(consumer *c, producer *p, const char *pname, uint64_t tag) {
@@ -703,6 +755,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_push_tcp_gpu_to_gpu),
       cmocka_unit_test(test_gpu_push_tcp_refused),
       cmocka_unit_test(test_gpu_push_tcp_revoke_in_flight),
+      cmocka_unit_test(test_gpu_push_tcp_revoke_mid_write),
       cmocka_unit_test(test_gpu_push_tcp_producer_killed),
       cmocka_unit_test(test_gpu_push_ipc_one_gpu),
       cmocka_unit_test(test_gpu_push_ipc_two_gpus),
