@@ -405,7 +405,8 @@ void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status) {
   int err = status >= SX_ERRNO_MIN ? status : SX_EPROTO;
   if (status != 0)
     snprintf(msg, sizeof(msg), "%s refused the batch's notice: %s", p->label,
-             sx_strerror(err));
+             err == SX_EACCESS ? "no write grant covers this producer (any more)"
+                               : sx_strerror(err));
   op->noticed(op, status ? err : 0, status ? msg : NULL);
 }
 
