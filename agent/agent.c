@@ -391,6 +391,8 @@ static int open_transports(sx_agent *a) {
       .grant_epoch = &a->push->epoch,
       .notice = sx__push_notice_in,
       .written = sx__push_written,
+      .region_at = sx__region_at,
+      .grants_settled = sx__push_grants_settled,
   };
   int opened = 0, last = SX_ENODEV;
   for (unsigned i = 0; i < sx__n_transports; i++) {

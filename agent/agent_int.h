@@ -95,6 +95,8 @@ sx__ltable *sx__ltable_get(sx_agent *a); /* any thread: a new reference */
 void sx__ltable_put(sx__ltable *t);      /* any thread */
 /* Loop thread: the region with this id that is published (not withdrawn). */
 sx_lregion *sx__find_region(void *agent, uint32_t id);
+/* Loop thread: the i-th registered region (withdrawn ones too), or NULL. */
+sx_lregion *sx__region_at(void *agent, uint32_t i);
 /* Loop thread: the whole descriptor this agent publishes (endpoints packed
  * by the transports, generation of the last publish). */
 int sx__local_desc(sx_agent *a, sx_desc *d);
