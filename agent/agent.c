@@ -298,12 +298,7 @@ static int check_params(const sx_agent_params *p) {
                    p->lease_ms);
   if ((p->transports & SX_TRANSPORTS_ALL) == 0)
     return sx__err(SX_EINVAL, "transports allows none of tcp, rdma, cuda_ipc");
-  /* cuda_ipc lends its handles over the TCP data-plane connection (token
-   * checked), so an agent that serves needs the TCP listener for it. */
-  if (p->name != NULL && (p->transports & SX_TRANSPORTS_CUDA_IPC) &&
-      !(p->transports & SX_TRANSPORTS_TCP))
-    return sx__err(SX_EINVAL, "transports cuda_ipc needs tcp as well on an agent that "
-                   "serves (%s): IPC handles are handed over on the TCP connection", p->name);
+
   if (p->slice_bytes > (64u << 20))
     return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
                    "target serves)", p->slice_bytes);

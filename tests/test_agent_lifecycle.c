@@ -116,24 +116,6 @@ static void *destroy_agent(void *arg) {
   return NULL;
 }
 
-/* A serving agent with cuda_ipc alone would publish no endpoint a reader
- * could get IPC handles from: refused at create, with the reason. */
-static void test_agent_cuda_ipc_alone_is_refused_on_a_target(void **state) {
-  (void)state;
-  char url[64];
-  new_url(url, sizeof(url));
-  sx_agent_params p;
-  sxt_params(&p, url, "ipc-only-0");
-  p.transports = SX_TRANSPORTS_CUDA_IPC;
-  sx_agent *a = NULL;
-  assert_int_equal(sx_agent_create(&p, &a), SX_EINVAL);
-  assert_null(a);
-  assert_non_null(strstr(sx_errmsg(), "needs tcp as well"));
-  p.transports = 0;
-  assert_int_equal(sx_agent_create(&p, &a), SX_EINVAL);
-  assert_null(a);
-}
-
 static void test_agent_destroy_while_a_renewal_is_in_flight(void **state) {
   (void)state;
   char url[64], store[64];
@@ -376,7 +358,6 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
       cmocka_unit_test(test_agent_batches_fail_fast_after_the_target_dies),
-      cmocka_unit_test(test_agent_cuda_ipc_alone_is_refused_on_a_target),
       cmocka_unit_test(test_agent_destroy_while_a_renewal_is_in_flight),
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
