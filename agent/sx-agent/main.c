@@ -78,7 +78,7 @@ static const char usage_text[] =
     "  --fingerprint F        model/layout fingerprint (default \"sx-agent\")\n"
     "  --tag T                layout tag, e.g. NHD (default)\n"
     "layout from a file:\n"
-    "  --layout FILE          JSON layout file (see the README; `sxctl show --json`\n"
+    "  --layout FILE          JSON layout file (see docs/architecture.md; `sxctl show --json`\n"
     "                         output is one); --dtype, --fingerprint, --tag override\n"
     "\n"
     "The fill pattern: byte o of region r is byte (o % 8) of\n"

@@ -110,7 +110,7 @@ const sxctl_cmd sxctl_cmd_watch = {
             "Print every put (publish, republish), delete (unpublish, rm) and expired\n"
             "(lease lapsed) event of the namespace until interrupted (SIGINT, SIGTERM:\n"
             "exit 0).  Expired events need keyspace notifications on the Redis server\n"
-            "(notify-keyspace-events Kx, see the README); puts and deletes do not.\n"
+            "(notify-keyspace-events Kx, see docs/store.md); puts and deletes do not.\n"
             "Exit 2 if the store connection is lost.\n"
             "\n"
             "  --json   one JSON object per line: time, kind, name, incarnation,\n"

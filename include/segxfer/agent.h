@@ -56,7 +56,7 @@ typedef void (*sx_log_fn)(void *arg, sx_log_level level, const char *msg);
 typedef struct sx_agent_params {
   /* The segment name this agent publishes; NULL for a reader-only agent. */
   const char *name;
-  /* redis://..., redis+sentinel://..., etcd://...; see the README. */
+  /* redis://..., redis+sentinel://..., etcd://...; see docs/store.md. */
   const char *metadata_url;
   /* Overrides the URL's namespace when not NULL. */
   const char *ns;
@@ -288,7 +288,7 @@ SX_EXTERN int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size);
 
 /*
  * The same snapshot as Prometheus text (exposition format 0.0.4, metric
- * names segxfer_*; README "Metrics" lists them), for an engine's own
+ * names segxfer_*; docs/operations.md lists them), for an engine's own
  * /metrics endpoint.  Labels carry the segment name and incarnation, never
  * the access token or store credentials.  On success *text is a malloc()ed,
  * NUL-terminated buffer the caller frees with free(), and *len its length

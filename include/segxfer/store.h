@@ -3,7 +3,7 @@
  * sx-bench and for tests.  Agents do not need it: they talk to the store
  * asynchronously on their own event loop.
  *
- * URLs (see the README, "Metadata URLs"):
+ * URLs (see docs/store.md, "URLs"):
  *   redis://[user:password@]host[:port][/db][?namespace=NS&connect_timeout_ms=N&timeout_ms=N]
  *   redis+sentinel://[user:password@]host[:port][,host[:port]...]/master[/db][?...]
  *
@@ -131,7 +131,7 @@ typedef int (*sx_store_watch_cb)(void *arg, const sx_event *ev);
  * Deliver the namespace's events (put, delete, expired) to cb until it
  * returns non-zero (then 0 is returned), the connection is lost (its error
  * is returned), or sx_store_interrupt() is called (SX_ECANCELED).  Expiry
- * events need keyspace notifications on the server (README); puts and
+ * events need keyspace notifications on the server (docs/store.md); puts and
  * deletes do not.  Events that happen while not watching are not replayed;
  * Redis subscribes asynchronously, so a change made before cb(arg, NULL)
  * may be missed.

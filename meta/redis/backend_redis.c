@@ -5,7 +5,7 @@
  * reconnects) is in redis_session.c, Sentinel in redis_sentinel.c, the Lua
  * scripts in redis_scripts.c.
  *
- * Keys for namespace NS and segment N (README "Key schema"):
+ * Keys for namespace NS and segment N (docs/store.md, "Redis key schema"):
  *   sx:NS:seg:{N}    HASH d (descriptor), inc (hex), gen, pub, ren (server
  *                    ms), lease, xd (the holder's encoded delete event);
  *                    PEXPIRE = lease

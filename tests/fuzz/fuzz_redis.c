@@ -68,7 +68,7 @@ static void one(const redisReply *r, const redisReply *next) {
  * reads the header ("*333770761"), before any element arrives: that is
  * hiredis' behaviour (newer versions cap it with maxelements), not a parser
  * of ours, and it only reserves address space.  Skip such inputs so the
- * fuzzer looks at our code; the README's security model says the store is
+ * fuzzer looks at our code; the security model (docs/security.md) says the store is
  * trusted for this reason among others. */
 static int huge_array(const uint8_t *d, size_t n) {
   for (size_t i = 0; i + 1 < n; i++) {

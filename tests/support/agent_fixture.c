@@ -152,6 +152,11 @@ static void pub_cb(void *arg, const sx_backend_reply *rep) {
   s->done = 1;
 }
 
+void sxt_mem_url(char *url, size_t size, const char *prefix) {
+  static int seq;
+  snprintf(url, size, "mem://%s-%d-%d", prefix, (int)getpid(), seq++);
+}
+
 void sxt_store_publish(const char *url, const sx_desc *d) {
   uv_loop_t loop;
   sx_backend *b;

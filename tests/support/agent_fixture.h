@@ -61,6 +61,9 @@ sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
 sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
                               uint32_t timeout_ms);
 
+/* A mem:// store URL of its own for each call: "mem://PREFIX-PID-SEQ". */
+void sxt_mem_url(char *url, size_t size, const char *prefix);
+
 /* Publish a descriptor as-is into the mem:// store behind url. */
 void sxt_store_publish(const char *url, const sx_desc *d);
 
