@@ -8,11 +8,6 @@
 #include "push_fixture.h"
 #include "transport/tcp/tcp_frame.h"
 
-void sxt_mem_url(char *url, size_t size, const char *prefix) {
-  static int seq;
-  snprintf(url, size, "mem://%s-%d-%d", prefix, (int)getpid(), seq++);
-}
-
 void sxt_pair_start(sxt_pair *x, uint32_t access) {
   sxt_mem_url(x->url, sizeof(x->url), "push");
   sxt_consumer_start(&x->c, x->url, "decode-0", access);

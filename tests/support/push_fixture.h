@@ -12,9 +12,6 @@
 #define SXT_CONSUMER_BLOCKS 48u
 #define SXT_RW (SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE)
 
-/* A fresh mem:// store URL: mem://PREFIX-PID-N. */
-void sxt_mem_url(char *url, size_t size, const char *prefix);
-
 /* A consumer "decode-0" (access as given) and a producer "prefill-0" (a
  * fixture target of seed 42) on a fresh mem:// store, the consumer opened
  * by the producer as seg. */
