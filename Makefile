@@ -117,7 +117,8 @@ TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 # The end-to-end test there runs sx-agent, sxctl and redis-server too.
 RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
-                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
+                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
+                $(RDMA_PAYLOAD)/test_rdma_push
 
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
@@ -318,6 +319,10 @@ $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/r
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
 
 $(RDMA_PAYLOAD)/test_rdma_e2e: $(BUILD)/obj/tests/rdma/test_rdma_e2e.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/test_rdma_push: $(BUILD)/obj/tests/rdma/test_rdma_push.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 

@@ -222,6 +222,7 @@ static ssize_t gid_table(struct ibv_context *verbs, const struct ibv_device_attr
 static void free_handle(uv_handle_t *h) { free(h); }
 
 static void dev_free(rdma_dev *d) {
+  sx__rdma_wdev_free(d);
   if (d->chan_poll != NULL) {
     /* uv_close stops polling at once; the handle's memory goes in its
      * close callback, so the channel (and its fd) can go right away. */
@@ -485,6 +486,10 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
       rc = mr_error(d, lr, errno);
       goto out_dereg;
     }
+    if ((lr->r.access & SX_ACCESS_REMOTE_WRITE) && (rc = sx__rdma_wreg(t, d, lr, &rm->wmr[i]))) {
+      ibv_dereg_mr(rm->mr[i]);
+      goto out_dereg;
+    }
   }
   rm->next = t->mrs;
   if (t->mrs != NULL)
@@ -496,8 +501,11 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   return 0;
 
 out_dereg:
-  while (i-- > 0)
+  while (i-- > 0) {
     ibv_dereg_mr(rm->mr[i]);
+    if (rm->wmr[i] != NULL)
+      ibv_dereg_mr(rm->wmr[i]);
+  }
   free(rm);
   return rc;
 }
@@ -511,6 +519,10 @@ void sx__rdma_dereg_mem(sx_transport *tt, sx_lregion *lr) {
     if (rm->mr[i] != NULL && ibv_dereg_mr(rm->mr[i]) != 0)
       sx__rdma_log(t, SX_LOG_ERROR, "ibv_dereg_mr(%s) of region %u: %s", t->devs[i].name,
                    lr->r.id, strerror(errno));
+    /* From here no producer's WRITE reaches the region. */
+    if (rm->wmr[i] != NULL && ibv_dereg_mr(rm->wmr[i]) != 0)
+      sx__rdma_log(t, SX_LOG_ERROR, "ibv_dereg_mr(%s) of writable region %u: %s",
+                   t->devs[i].name, lr->r.id, strerror(errno));
   }
   if (rm->prev != NULL)
     rm->prev->next = rm->next;
@@ -555,6 +567,10 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
     for (int k = 0; k < t->n_eps; k++)
       r->rkeys[base + (uint32_t)k] = rm->mr[t->eps[k].dev->index]->rkey;
     r->n_rkeys = base + (uint32_t)t->n_eps;
+    /* Push: the write keys, usable only from producers' QPs. */
+    for (int k = 0; k < t->n_eps && rm->wmr[0] != NULL; k++)
+      r->wkeys[base + (uint32_t)k] = rm->wmr[t->eps[k].dev->index]->rkey;
+    r->n_wkeys = rm->wmr[0] != NULL ? r->n_rkeys : 0;
   }
   return 0;
 }
