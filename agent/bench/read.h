@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "segxfer/agent.h"
+
 /* A running `sx-bench target`. */
 typedef struct bx_tproc {
   pid_t pid;
@@ -34,8 +36,11 @@ typedef struct bx_stream_req {
   uint64_t seed;
 } bx_stream_req;
 
+/* writable: the target's pool takes writes from any producer of the
+ * namespace (sx-bench read --op write). */
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
-                    int n, uint64_t group_bytes, uint64_t seed, const char *transport);
+                    int n, uint64_t group_bytes, uint64_t seed, const char *transport,
+                    int writable);
 void bx_target_stop(bx_tproc *t);
 /* The target's CPU seconds so far (user + system, all threads), or -1. */
 double bx_target_cpu(bx_tproc *t);
@@ -44,5 +49,20 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
                   size_t esize);
 double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qps,
                      double secs, char *err, size_t esize);
+/* The same with another perftest program (ib_write_bw). */
+double bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
+                double secs, char *err, size_t esize);
+/* A control connection to the target, and one request on it: fd or -1; 0
+ * or -1. */
+int bx_raw_connect(uint16_t port);
+int bx_raw_req(int fd, uint32_t op, uint64_t a, uint64_t b);
+
+/* sx-bench read --op write (write.c): the writer's sources (filled), its
+ * agent params (a named producer), a write batch of n entries, and the
+ * raw TCP stream the other way (this process sends, the target takes the
+ * bytes into its pool): the baseline of TCP writes. */
+int bx_write_batch(sx_segment *seg, const sx_block_read *ent, size_t n, sx_batch **out);
+int bx_raw_sink(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *err,
+                size_t esize);
 
 #endif
