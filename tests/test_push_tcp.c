@@ -42,6 +42,26 @@ static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   sxt_ok(sx_agent_stats_get(x.c.a, &st, sizeof(st)));
   assert_int_equal(st.served_write_bytes[SX_TRANSPORT_TCP], r.bytes);
   assert_int_equal(st.notices, 1);
+  /* The producer counts what it wrote as written, not as read. */
+  sxt_ok(sx_agent_stats_get(x.p.a, &st, sizeof(st)));
+  assert_int_equal(st.written_bytes[SX_TRANSPORT_TCP], r.bytes);
+  assert_int_equal(st.read_bytes[SX_TRANSPORT_TCP], 0);
+  assert_int_equal(st.write_batches[SX_BATCH_COMPLETED], 1);
+  assert_int_equal(st.batches[SX_BATCH_COMPLETED], 1);
+  char *text, line[128];
+  sxt_ok(sx_agent_metrics_text(x.p.a, &text, NULL));
+  snprintf(line, sizeof(line), "\nsegxfer_written_bytes_total{transport=\"tcp\"} %lu\n",
+           (unsigned long)r.bytes);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "\nsegxfer_write_batches_total{result=\"completed\"} 1\n"));
+  assert_non_null(strstr(text, "\nsegxfer_read_bytes_total{transport=\"tcp\"} 0\n"));
+  free(text);
+  sxt_ok(sx_agent_metrics_text(x.c.a, &text, NULL));
+  snprintf(line, sizeof(line), "\nsegxfer_served_write_bytes_total{transport=\"tcp\"} %lu\n",
+           (unsigned long)r.bytes);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "\nsegxfer_notices_total 1\n"));
+  free(text);
   /* An empty write batch is only its notice ("nothing to send"). */
   r = sxt_run_write(x.seg, NULL, 0, 78, 5000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);

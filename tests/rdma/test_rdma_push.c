@@ -125,6 +125,17 @@ static void test_rdma_push_writes_land_then_the_notice_arrives(void **state) {
   for (int i = 0; i < 2; i++)
     assert_int_equal(sxt_verify_write(&x.c, &x.p, &runs[i]), 0);
   sxt_expect_notice(x.c.a, &x.p, "prefill-0", 79, runs, 2, 0);
+  /* The producer counts RDMA WRITEs as written bytes (the consumer sees
+   * none: they are one-sided), the consumer its notices. */
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(x.p.a, &st, sizeof(st)));
+  assert_int_equal(st.written_bytes[SX_TRANSPORT_RDMA],
+                   (7 + 3 + 1) * SXT_LAYERS * 2 * SXT_BLOCK + 10007);
+  assert_int_equal(st.read_bytes[SX_TRANSPORT_RDMA], 0);
+  assert_int_equal(st.write_batches[SX_BATCH_COMPLETED], 3);
+  sxt_ok(sx_agent_stats_get(x.c.a, &st, sizeof(st)));
+  assert_int_equal(st.notices, 3);
+  assert_int_equal(st.served_write_bytes[SX_TRANSPORT_RDMA], 0);
   /* An empty write batch is its notice alone. */
   r = sxt_run_write(x.seg, NULL, 0, 80, 20000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
