@@ -375,9 +375,9 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs
     bx_stream_req sq = {.size = size, .group = (uint32_t)g, .region = R->region[g],
                         .group_bytes = o->group_bytes, .conns = conns,
                         .dst_bytes = stream_dst(o, size), .secs = secs,
-                        .verify = o->verify, .seed = R->seed};
+                        .verify = o->verify, .seed = R->seed, .reverse = o->write};
     bx_caseres r;
-    if ((o->write ? bx_raw_sink : bx_raw_stream)(&R->t, &sq, &r, err, esize))
+    if (bx_raw_stream(&R->t, &sq, &r, err, esize))
       return -1;
     accumulate(acc, &r);
   } else if (o->baseline == BASE_IB) {

@@ -34,6 +34,8 @@ typedef struct bx_stream_req {
   double secs;
   int verify;
   uint64_t seed;
+  int reverse;          /* this process sends, the target receives into its
+                         * pool (the baseline of sx-bench read --op write) */
 } bx_stream_req;
 
 /* writable: the target's pool takes writes from any producer of the
@@ -52,17 +54,9 @@ double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qp
 /* The same with another perftest program (ib_write_bw). */
 double bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
                 double secs, char *err, size_t esize);
-/* A control connection to the target, and one request on it: fd or -1; 0
- * or -1. */
-int bx_raw_connect(uint16_t port);
-int bx_raw_req(int fd, uint32_t op, uint64_t a, uint64_t b);
 
-/* sx-bench read --op write (write.c): the writer's sources (filled), its
- * agent params (a named producer), a write batch of n entries, and the
- * raw TCP stream the other way (this process sends, the target takes the
- * bytes into its pool): the baseline of TCP writes. */
+/* sx-bench read --op write (write.c): a write batch of n entries (local
+ * blocks the sources, remote ones the destinations), submitted. */
 int bx_write_batch(sx_segment *seg, const sx_block_read *ent, size_t n, sx_batch **out);
-int bx_raw_sink(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *err,
-                size_t esize);
 
 #endif

@@ -114,7 +114,7 @@ void bx_target_stop(bx_tproc *t) {
   }
 }
 
-int bx_raw_connect(uint16_t port) {
+static int raw_connect(uint16_t port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -129,7 +129,7 @@ int bx_raw_connect(uint16_t port) {
   return fd;
 }
 
-int bx_raw_req(int fd, uint32_t op, uint64_t a, uint64_t b) {
+static int send_req(int fd, uint32_t op, uint64_t a, uint64_t b) {
   bx_rawreq q;
   memcpy(q.magic, BX_RAW_MAGIC, 4);
   q.op = htonl(op);
@@ -140,12 +140,12 @@ int bx_raw_req(int fd, uint32_t op, uint64_t a, uint64_t b) {
 }
 
 double bx_target_cpu(bx_tproc *t) {
-  if (t->ctl_fd <= 0 && (t->ctl_fd = bx_raw_connect(t->raw_port)) < 0) {
+  if (t->ctl_fd <= 0 && (t->ctl_fd = raw_connect(t->raw_port)) < 0) {
     t->ctl_fd = 0;
     return -1;
   }
   uint64_t r[2];
-  if (bx_raw_req(t->ctl_fd, BX_RAW_RUSAGE, 0, 0) != 0 || bx_recv_all(t->ctl_fd, r, sizeof(r))) {
+  if (send_req(t->ctl_fd, BX_RAW_RUSAGE, 0, 0) != 0 || bx_recv_all(t->ctl_fd, r, sizeof(r))) {
     close(t->ctl_fd);
     t->ctl_fd = 0;
     return -1;
@@ -167,6 +167,7 @@ typedef struct sreader {
   int verify, bad;
   uint64_t seed, span, off;
   uint32_t region;
+  int reverse; /* sx-bench read --op write: this side sends */
 } sreader;
 
 static void *sreader_main(void *arg) {
@@ -174,7 +175,9 @@ static void *sreader_main(void *arg) {
   uint64_t slot = 0;
   while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
     uint8_t *dst = s->buf + slot * s->chunk;
-    if (bx_recv_all(s->fd, dst, (size_t)s->chunk) != 0) {
+    int rc = s->reverse ? bx_send_all(s->fd, dst, (size_t)s->chunk)
+                        : bx_recv_all(s->fd, dst, (size_t)s->chunk);
+    if (rc != 0) {
       s->failed = 1;
       break;
     }
@@ -210,16 +213,20 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
     s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
     s[i].buf = malloc((size_t)(s[i].slots * q->size));
     /* Touch it now: first-touch page faults inside the window would make
-     * the baseline weaker than it is (segxfer's buffers are warm too). */
-    if (s[i].buf != NULL)
+     * the baseline weaker than it is (segxfer's buffers are warm too).  A
+     * sender's bytes are real ones, not the one zero page. */
+    if (s[i].buf != NULL && q->reverse)
+      sx__pattern_fill(s[i].buf, s[i].slots * q->size, q->seed, i, 0);
+    else if (s[i].buf != NULL)
       memset(s[i].buf, 0, (size_t)(s[i].slots * q->size));
-    s[i].fd = bx_raw_connect(t->raw_port);
+    s[i].reverse = q->reverse;
+    s[i].fd = raw_connect(t->raw_port);
     s[i].verify = q->verify;
     s[i].seed = q->seed;
     s[i].region = q->region;
     s[i].span = q->group_bytes / q->size * q->size;
     if (s[i].buf == NULL || s[i].fd < 0 ||
-        bx_raw_req(s[i].fd, BX_RAW_STREAM, q->size, q->group)) {
+        send_req(s[i].fd, q->reverse ? BX_RAW_SINK : BX_RAW_STREAM, q->size, q->group)) {
       snprintf(err, esize, "raw stream: cannot connect to the target");
       goto out;
     }

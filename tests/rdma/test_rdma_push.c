@@ -459,22 +459,7 @@ static void test_rdma_push_deadline_mid_batch(void **state) {
 /* ------------------------------------------------------------ processes */
 
 static int sxctl(const char *log, const char *const *args, char *out, size_t size) {
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
-  const char *argv[32] = {exe, "--metadata", env.url};
-  int n = 3;
-  for (int i = 0; args[i] != NULL && n < 31; i++)
-    argv[n++] = args[i];
-  argv[n] = NULL;
-  int rc = sxt_reap_log(sxt_spawn_ok(log, argv), 120000, log);
-  FILE *f = fopen(log, "r");
-  size_t got = f != NULL ? fread(out, 1, size - 1, f) : 0;
-  out[got] = '\0';
-  if (f != NULL)
-    fclose(f);
-  if (rc != 0)
-    sxt_show_log(log);
-  return rc;
+  return sxt_sxctl(&env, log, args, out, size);
 }
 
 static void test_rdma_push_sxctl_write_into_sx_agent(void **state) {
