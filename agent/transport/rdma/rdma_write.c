@@ -293,10 +293,12 @@ void sx__rdma_w_conn_down(rdma_conn *c) {
   char msg[512];
   snprintf(msg, sizeof(msg), "the QP to '%.64s' at %s went down before the consumer answered "
            "the batch's notice (%s)", p->name, p->where, c->msg[0] ? c->msg : "disconnected");
+  /* Closing the segment or the agent says so; anything else lost the QP. */
+  int code = c->reason == SX_ECANCELED || c->reason == SX_ESHUTDOWN ? c->reason : SX_EDISCONN;
   while (c->await_head != NULL) {
     rdma_wnotice *n = c->await_head;
     await_pop(c);
-    settle(n, SX_EDISCONN, msg);
+    settle(n, code, msg);
     if (!n->in_settle)
       free(n);
   }
