@@ -3,6 +3,7 @@
 #   make deps      install the Debian packages that are missing (apt-get)
 #   make           build libsegxfer.a, libsegxfer.so and the programs
 #   make test      deps + build + every test (unit, integration, end-to-end, RDMA)
+#   make test-python  deps + build + the Python package's tests (tests/python/)
 #   make run       deps + build + a live demo on a local redis-server
 #   make cluster   deps + build + the multi-host demo on network namespaces (root)
 #   make bench     build + the representative benchmarks (about 5 minutes) into
@@ -41,7 +42,8 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
-             curl groff-base man-db python3-yaml shellcheck
+             curl groff-base man-db python3-yaml shellcheck \
+             python3-torch python3-numpy python3-pytest
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -53,7 +55,11 @@ OPT    ?= -O2 -g
 WARN   := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wwrite-strings -Werror
 # The RDMA transport is linked in when its source exists (agent/transport/transports.c).
 HAVE_RDMA   := $(if $(wildcard agent/transport/rdma/rdma.c),-DSX_HAVE_RDMA)
-CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA)
+# CUDA memory (agent/mem/) is compiled in when the toolkit's cuda.h is found; the
+# driver itself is loaded at run time (dlopen), so nothing links against CUDA.
+CUDA_HOME   ?= /usr/local/cuda
+HAVE_CUDA   := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),-DSX_HAVE_CUDA -isystem $(CUDA_HOME)/include)
+CPPFLAGS_SX := -D_GNU_SOURCE -Iinclude -Imeta -Iagent -I$(BUILD)/gen $(HAVE_RDMA) $(HAVE_CUDA)
 CFLAGS_SX   := -std=c11 $(WARN) $(OPT) -fPIC -fvisibility=hidden -MMD -MP
 LDFLAGS_SX  :=
 ifneq ($(SANITIZE),)
@@ -70,7 +76,8 @@ GEN_H     := $(BUILD)/gen/segxfer.pb-c.h
 # The library: the metadata core (meta/) and its store backends (meta/<backend>/),
 # the agent core (agent/) and its transports (agent/transport/<name>/).  The
 # other folders under agent/ are programs.
-LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/transport/*.c agent/transport/*/*.c)
+LIB_SRCS  := $(wildcard meta/*.c meta/*/*.c agent/*.c agent/mem/*.c agent/transport/*.c \
+                        agent/transport/*/*.c)
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/segxfer.pb-c.o
 STATIC    := $(BUILD)/lib/libsegxfer.a
 SHARED    := $(BUILD)/lib/libsegxfer.so.$(VERSION)
@@ -92,12 +99,16 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
-               test_push test_push_tcp
+               test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 # The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
+# The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
+# make test runs it too, or prints why it skipped.
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc
+GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds
@@ -120,9 +131,19 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
                 $(RDMA_PAYLOAD)/test_rdma_push
 
+# The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
+# (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
+# -pytest install there (`python3` on PATH may be another one).  The C helpers
+# beside them: the ABI probe the tests compare the ctypes structs with, and
+# the C reader of the binding benchmark.
+PYTHON       ?= /usr/bin/python3
+PY_TEST_BINS := $(BUILD)/tests/python/abi_probe $(BUILD)/tests/python/bench_read
+PYTHONDIR    ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)/dist-packages
+PY_SRCS      := $(wildcard python/segxfer/*.py)
+
 # ---------------------------------------------------------------- targets
 .PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
-        fuzz-run memcheck soak run cluster install uninstall clean print-build
+        fuzz-run memcheck soak run cluster install uninstall clean print-build test-python test-gpu
 .DEFAULT_GOAL := all
 
 # Builds use every core; a -j on the command line wins (make -j1 for a serial
@@ -151,10 +172,12 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory check
 
-check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE)
+check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS) $(GPU_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
+	@tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
@@ -169,6 +192,15 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE)
 	@tests/docs/check-links.sh "$(BUILD)"
 	@tests/docs/check-example.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-rdma
+
+# Only the Python package's tests (deps first, like test).
+test-python: deps
+	@$(MAKE) --no-print-directory all $(PY_TEST_BINS)
+	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
+
+# The GPU suite alone; fails when there is no GPU.
+test-gpu: all $(GPU_BINS)
+	@tests/gpu/run.sh "$(BUILD)" --require
 
 # Directly on an RDMA device, else in the Soft-RoCE VM(s); skips (saying so)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
@@ -256,8 +288,9 @@ cluster: deps
 # the issue's targets judged on their ratios.  BENCH_DURATION scales it.
 BENCH_DURATION ?= 1
 bench: deps
-	@$(MAKE) --no-print-directory all $(RDMA_BINS)
+	@$(MAKE) --no-print-directory all $(RDMA_BINS) $(PY_TEST_BINS)
 	@tests/bench/run-bench.sh "$(BUILD)" "$(BENCH_DURATION)"
+	@$(PYTHON) tests/python/bench.py "$(BUILD)"
 
 # ---------------------------------------------------------------- build rules
 # V=1 shows full command lines.
@@ -312,6 +345,23 @@ $(BUILD)/obj/tests/%.o: tests/%.c | $(GEN_H)
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# The Python tests' C helpers (ABI probe, benchmark reader) need the library
+# only (a more specific pattern than the one above, so make prefers it).
+$(BUILD)/tests/python/%: $(BUILD)/obj/tests/python/%.o $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(PKG_LIBS) -lpthread -lm
+
+$(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_fixture.o \
+                      $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# The host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c).
+$(BUILD)/tests/gpu/libfakecuda.so: tests/gpu/fake_cuda.c
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
+	  -fvisibility=hidden $(HAVE_CUDA) -o $@ $< -lpthread
 
 # sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
 $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)
@@ -380,6 +430,8 @@ install: all
 	$(if $(PROG_BINS),install -m 755 $(PROG_BINS) $(DESTDIR)$(BINDIR)/)
 	$(if $(MAN_PAGES),install -d $(DESTDIR)$(MANDIR)/man1)
 	$(if $(MAN_PAGES),install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/)
+	install -d $(DESTDIR)$(PYTHONDIR)/segxfer
+	install -m 644 $(PY_SRCS) $(DESTDIR)$(PYTHONDIR)/segxfer/
 
 uninstall:
 	rm -f $(DESTDIR)$(INCDIR)/segxfer.h \
@@ -390,6 +442,9 @@ uninstall:
 	      $(DESTDIR)$(LIBDIR)/pkgconfig/segxfer.pc
 	rm -f $(PROGRAMS:%=$(DESTDIR)$(BINDIR)/%)
 	rm -f $(patsubst %,$(DESTDIR)$(MANDIR)/man1/%,$(notdir $(MAN_PAGES)))
+	rm -f $(PY_SRCS:python/segxfer/%=$(DESTDIR)$(PYTHONDIR)/segxfer/%)
+	rm -rf $(DESTDIR)$(PYTHONDIR)/segxfer/__pycache__
+	rmdir $(DESTDIR)$(PYTHONDIR)/segxfer 2>/dev/null || true
 
 clean:
 	rm -rf build build-*

@@ -301,6 +301,9 @@ static int check_params(const sx_agent_params *p) {
   if (p->slice_bytes > (64u << 20))
     return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
                    "target serves)", p->slice_bytes);
+  if (p->staging_bytes != 0 && p->staging_bytes < (1u << 20))
+    return sx__err(SX_EINVAL, "staging_bytes %lu is below 1 MiB",
+                   (unsigned long)p->staging_bytes);
   if (p->conns_per_peer > 64)
     return sx__err(SX_EINVAL, "conns_per_peer %u is above 64", p->conns_per_peer);
   if (p->n_labels > SX_MAX_LABELS || (p->n_labels && p->labels == NULL))
@@ -352,6 +355,8 @@ static int copy_params(sx_agent *a, const sx_agent_params *p) {
     a->p.slice_bytes = SX__PLAN_SLICE;
   if (a->p.cache_ttl_ms == 0)
     a->p.cache_ttl_ms = 5000;
+  if (a->p.staging_bytes == 0)
+    a->p.staging_bytes = 64u << 20;
   if (a->p.log == NULL)
     a->p.log = sx__log_stderr;
   return 0;
@@ -416,6 +421,7 @@ static void register_scratch(sx_agent *a) {
   r->length = r->block_bytes = r->block_stride = sizeof(a->scratch_buf);
   r->num_blocks = 1;
   snprintf(r->location, sizeof(r->location), "cpu");
+  a->scratch.l.mem = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
   for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
     sx_transport *t = a->tr[k];
     if (t == NULL || t->ops->reg_mem == NULL)

@@ -103,6 +103,7 @@ int sx__layout_desc(sx_agent *a, sx_desc *d);
 /* Loop thread: unregistrations waiting for reads to drain. */
 void sx__regions_close(sx_agent *a);
 
+
 /* ------------------------------------------------------------ lease */
 
 typedef struct sx__lease_req sx__lease_req;

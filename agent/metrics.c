@@ -12,7 +12,7 @@
 #include "agent_int.h"
 #include "segxfer.h"
 
-static const char *const kinds[SX_STATS_TRANSPORTS] = {NULL, "tcp", "rdma"};
+static const char *const kinds[SX_STATS_TRANSPORTS] = {NULL, "tcp", "rdma", "cuda_ipc"};
 
 static void family(FILE *f, const char *name, const char *type, const char *help) {
   fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);

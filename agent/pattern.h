@@ -27,6 +27,14 @@ void sx__pattern_fill(void *dst, uint64_t len, uint64_t seed, uint32_t region,
 int sx__pattern_check(const void *src, uint64_t len, uint64_t seed, uint32_t region,
                       uint64_t offset, uint64_t *bad);
 
+/* The same for memory of any kind (pattern_mem.c): device memory goes
+ * through a host buffer.  Fill: 0 or an error from the copy.  Check: 0,
+ * -1 with *bad as above, or an error from the copy. */
+int sx__pattern_fill_any(void *dst, uint64_t len, uint64_t seed, uint32_t region,
+                         uint64_t offset);
+int sx__pattern_check_any(const void *src, uint64_t len, uint64_t seed, uint32_t region,
+                          uint64_t offset, uint64_t *bad);
+
 /* Parse a seed: decimal or 0x-hex.  0 or SX_EINVAL. */
 int sx__pattern_parse(const char *s, uint64_t *seed);
 

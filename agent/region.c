@@ -115,6 +115,7 @@ int sx__local_desc(sx_agent *a, sx_desc *out) {
   d.generation = a->lease.generation;
   d.published_at_ms = sx__wall_ms();
   d.lease_ms = a->p.lease_ms;
+  sx__host_identity(&d);
   for (int k = 0; k < SX__TRANSPORT_SLOTS && rc == 0; k++) {
     sx_transport *t = a->tr[k];
     if (t != NULL && t->ops->pack != NULL)
@@ -192,6 +193,12 @@ static void reg_run(sx__call *c) {
   }
   if ((rc = make_region(a, &rc_->rp, &r->l.r)) != 0)
     goto out_free;
+  /* What the memory is (host, or CUDA on the device named): transports
+   * pick their path by it. */
+  if ((rc = sx__mem_check(rc_->rp.addr, rc_->rp.length, r->l.r.location, &r->l.mem)) != 0) {
+    sx__errwrap(rc, "region %u", r->l.r.id);
+    goto out_free;
+  }
   for (k = 0; k < SX__TRANSPORT_SLOTS; k++) {
     sx_transport *t = a->tr[k];
     if (t != NULL && t->ops->reg_mem && (rc = t->ops->reg_mem(t, &r->l)) != 0) {
@@ -315,6 +322,9 @@ static void unreg_run(sx__call *c) {
   /* From here the transports refuse new reads of it. */
   l->withdrawn = 1;
   u->l = l;
+  for (int k = 0; k < SX__TRANSPORT_SLOTS; k++)
+    if (a->tr[k] != NULL && a->tr[k]->ops->withdraw)
+      a->tr[k]->ops->withdraw(a->tr[k], l);
   sx_agent_status st;
   sx_agent_status_get(a, &st);
   if (a->lease.want && st.state != SX_AGENT_FENCED)

@@ -235,6 +235,9 @@ int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len) {
   m.lease_ms = d->lease_ms;
   m.token.data = (uint8_t *)d->token;
   m.token.len = sizeof(d->token);
+  m.host_id = (char *)d->host_id;
+  m.hostname = (char *)d->hostname;
+  m.process = d->process;
   layout.fingerprint = (char *)d->layout.fingerprint;
   layout.tag = (char *)d->layout.tag;
   layout.dtype = (char *)d->layout.dtype;
@@ -418,6 +421,11 @@ static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
   d->generation = m->generation;
   d->published_at_ms = m->published_at_ms;
   d->lease_ms = m->lease_ms;
+  if ((rc = take_str(d->host_id, sizeof(d->host_id), m->host_id, "host_id", SX_ELIMIT)) ||
+      (rc = take_str(d->hostname, sizeof(d->hostname), m->hostname, "hostname",
+                     SX_ELIMIT)))
+    return rc;
+  d->process = m->process;
   if (m->layout != NULL) {
     const Sxpb__Layout *l = m->layout;
     if ((rc = take_str(d->layout.fingerprint, sizeof(d->layout.fingerprint),

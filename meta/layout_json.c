@@ -15,7 +15,8 @@
 #include "segxfer/layout.h"
 
 static const char *kind_name(sx_transport_kind k) {
-  return k == SX_TRANSPORT_TCP ? "tcp" : k == SX_TRANSPORT_RDMA ? "rdma" : "none";
+  return k == SX_TRANSPORT_TCP ? "tcp" : k == SX_TRANSPORT_RDMA ? "rdma"
+       : k == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "none";
 }
 
 /* 64-bit values that may exceed JSON's safe integers go out as hex strings. */
@@ -43,6 +44,8 @@ int sx_desc_to_json(const sx_desc *d, int with_secrets, char **out) {
   json_object_set_new(root, "generation", u64_json(d->generation));
   json_object_set_new(root, "published_at_ms", u64_json(d->published_at_ms));
   json_object_set_new(root, "lease_ms", json_integer(d->lease_ms));
+  json_object_set_new(root, "host_id", json_string(d->host_id));
+  json_object_set_new(root, "hostname", json_string(d->hostname));
   json_object_set_new(root, "token", with_secrets ? hex_json(d->token, SX_TOKEN_LEN)
                                                   : json_string("<redacted>"));
   json_object_set_new(layout, "fingerprint", json_string(d->layout.fingerprint));
@@ -243,8 +246,10 @@ static int parse_endpoint(json_t *je, uint32_t idx, sx_endpoint *e) {
     e->kind = SX_TRANSPORT_TCP;
   else if (strcmp(kind, "rdma") == 0)
     e->kind = SX_TRANSPORT_RDMA;
+  else if (strcmp(kind, "cuda_ipc") == 0)
+    e->kind = SX_TRANSPORT_CUDA_IPC;
   else
-    return sx__err(SX_EINVAL, "%s: kind '%s' is not tcp or rdma", ctx, kind);
+    return sx__err(SX_EINVAL, "%s: kind '%s' is not tcp, rdma or cuda_ipc", ctx, kind);
   if (gid[0] != '\0' && sx_unhex(gid, e->gid, SX_GID_LEN))
     return sx__err(SX_EINVAL, "%s: gid is not 32 hex digits", ctx);
   return 0;

@@ -126,7 +126,11 @@ static int parse_query(const char *q, sx_url *u) {
     /* How much of a bad value or key an error may quote. */
     int vshow = quiet ? 0 : (int)(vlen > 64 ? 64 : vlen);
     if (key_is(q, klen, "namespace")) {
-      if (pct_decode(v, vlen, u->ns, sizeof(u->ns)) || sx_ns_validate(u->ns))
+      /* pct_decode() leaves no message of its own: say what it refused. */
+      if (pct_decode(v, vlen, u->ns, sizeof(u->ns)))
+        return sx__err(SX_EURL, "metadata URL: namespace '%.*s' is longer than %d bytes "
+                       "or badly percent-encoded", vshow, v, SX_NS_MAX);
+      if (sx_ns_validate(u->ns))
         return sx__err(SX_EURL, "metadata URL: namespace '%.*s': %s", vshow, v,
                        sx_errmsg());
     } else if (key_is(q, klen, "timeout_ms")) {

@@ -229,7 +229,8 @@ static int keys_validate(const sx_desc *d) {
 }
 
 static int endpoint_validate(const sx_endpoint *e, uint32_t i) {
-  if (e->kind != SX_TRANSPORT_TCP && e->kind != SX_TRANSPORT_RDMA)
+  if (e->kind != SX_TRANSPORT_TCP && e->kind != SX_TRANSPORT_RDMA &&
+      e->kind != SX_TRANSPORT_CUDA_IPC)
     return sx__err(SX_EINVAL, "endpoint %u: unknown transport kind %d", i, (int)e->kind);
   if (e->addr[0] == '\0' || !text_ok(e->addr, sizeof(e->addr)))
     return sx__err(SX_EINVAL, "endpoint %u: addr is empty or not printable", i);
@@ -244,6 +245,39 @@ static int endpoint_validate(const sx_endpoint *e, uint32_t i) {
         e->mtu != 4096)
       return sx__err(SX_EINVAL, "endpoint %u: RDMA mtu %u is not 256..4096", i, e->mtu);
   }
+  return 0;
+}
+
+/* Host identity: a boot id is a lower-case 8-4-4-4-12 hex UUID; a hostname
+ * is letters, digits, '.', '_' and '-'.  Both may be empty (unknown), but
+ * a cuda_ipc endpoint is only meaningful with a boot id. */
+static int host_validate(const sx_desc *d) {
+  size_t n = strnlen(d->host_id, sizeof(d->host_id));
+  if (n == sizeof(d->host_id) || (n != 0 && n != SX_HOST_ID_LEN))
+    return sx__err(SX_EINVAL, "%s: host_id is not a %d-character boot id", d->name,
+                   SX_HOST_ID_LEN);
+  for (size_t i = 0; i < n; i++) {
+    char c = d->host_id[i];
+    int dash = i == 8 || i == 13 || i == 18 || i == 23;
+    if (dash ? c != '-' : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return sx__err(SX_EINVAL, "%s: host_id is not a boot id (character %zu)", d->name,
+                     i);
+  }
+  size_t h = strnlen(d->hostname, sizeof(d->hostname));
+  if (h == sizeof(d->hostname))
+    return sx__err(SX_ELIMIT, "%s: hostname is longer than %d bytes", d->name,
+                   SX_HOSTNAME_MAX);
+  for (size_t i = 0; i < h; i++) {
+    char c = d->hostname[i];
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+          c == '.' || c == '_' || c == '-'))
+      return sx__err(SX_EINVAL, "%s: hostname has a character outside [A-Za-z0-9._-]",
+                     d->name);
+  }
+  for (uint32_t i = 0; i < d->n_endpoints; i++)
+    if (d->endpoints[i].kind == SX_TRANSPORT_CUDA_IPC && n == 0)
+      return sx__err(SX_EMISSING, "%s: endpoint %u is cuda_ipc but host_id is empty",
+                     d->name, i);
   return 0;
 }
 
@@ -303,5 +337,7 @@ int sx_desc_validate(const sx_desc *d) {
   for (uint32_t i = 0; i < d->n_endpoints; i++)
     if ((rc = endpoint_validate(&d->endpoints[i], i)) != 0)
       return rc;
+  if ((rc = host_validate(d)) != 0)
+    return rc;
   return sx__layout_validate(d);
 }

@@ -118,6 +118,18 @@ static void expect_bad(const char *url, const char *part) {
     fail_msg("%s: message '%s' does not name '%s'", url, sx_errmsg(), part);
 }
 
+/* A namespace too long for the buffer used to borrow the message of
+ * whatever failed before on the thread. */
+static void test_url_long_namespace_is_named(void **state) {
+  (void)state;
+  sx__err(SX_EIO, "an earlier failure");
+  char url[128];
+  snprintf(url, sizeof(url), "redis://h?namespace=%070d", 7);
+  expect_bad(url, "longer than 64 bytes");
+  assert_null(strstr(sx_errmsg(), "earlier"));
+  expect_bad("redis://h?namespace=a%zzb", "percent-encoded");
+}
+
 static void test_url_malformed(void **state) {
   (void)state;
   expect_bad("", "empty");
@@ -297,6 +309,7 @@ int main(void) {
       cmocka_unit_test(test_url_sentinel_hosts),
       cmocka_unit_test(test_url_other_schemes),
       cmocka_unit_test(test_url_malformed),
+      cmocka_unit_test(test_url_long_namespace_is_named),
       cmocka_unit_test(test_url_password_never_shown),
       cmocka_unit_test(test_url_sentinel_credentials),
       cmocka_unit_test(test_url_sentinel_password_never_shown),

@@ -75,6 +75,7 @@ static const mode modes[] = {
     {"meta", bx_meta_main, bx_meta_help},
     {"read", bx_read_main, bx_read_help},
     {"target", bx_target_main, bx_target_help},
+    {"gpu-target", bx_gpu_target_main, bx_gpu_target_help},
 };
 
 int main(int argc, char **argv) {

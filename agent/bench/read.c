@@ -63,6 +63,11 @@ const char bx_read_help[] =
     "                      baselines: the raw TCP stream the other way round (this\n"
     "                      process sends, the target receives into its pool), or\n"
     "                      ib_write_bw; no --verify\n"
+    "  --location cuda:N   read GPU memory (GPU pool on --target-location, default the\n"
+    "                      same): cuda_ipc against a plain device-to-device copy of\n"
+    "                      the same ranges, tcp (staged) against host-memory tcp;\n"
+    "                      --transport cuda_ipc, tcp or auto (both, the default);\n"
+    "                      --target-location cuda:N puts the target's pool elsewhere\n"
     "  --rounds N          measure each case in N windows, each after a baseline\n"
     "                      window of its own, and judge it against those (default 1:\n"
     "                      the baseline in two halves around all cases of a size);\n"
@@ -530,6 +535,12 @@ static int parse(ropts *o, int argc, char **argv) {
 /* ------------------------------------------------------------ main */
 
 int bx_read_main(const bx_common *co, int argc, char **argv) {
+  /* GPU memory has its own cases and baselines (read_gpu.c). */
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--location") == 0 ||
+        (strcmp(argv[i], "--transport") == 0 && i + 1 < argc &&
+         strcmp(argv[i + 1], "cuda_ipc") == 0))
+      return bx_read_gpu_main(co, argc, argv);
   ropts o = {.n_sizes = 6, .sizes = {4096, 16384, 65536, 262144, 1 << 20, 4 << 20},
              .n_batches = 5, .batches = {1, 16, 64, 256, 1024}, .contig = 1, .scattered = 1,
              .n_conns = 1, .conns = {4}, .depth = 2, .group_bytes = 64ull << 20,

@@ -18,6 +18,7 @@
 
 #include "agent_int.h"
 #include "http.h"
+#include "mem/mem.h"
 #include "pattern.h"
 #include "segxfer.h"
 #include "segxfer/agent.h"
@@ -54,6 +55,9 @@ static const char usage_text[] =
     "  --hugepages SIZE       back the pool with huge pages of SIZE, 2M or 1G (fewer\n"
     "                         pages to register for RDMA); they must be reserved\n"
     "                         (vm.nr_hugepages, or the pod's hugepages limit)\n"
+    "  --location LOC         put the pool in cpu memory (default) or on GPU cuda:N\n"
+    "                         (one device allocation; served over tcp through pinned\n"
+    "                         staging, to readers on this host over cuda_ipc)\n"
     "  --fill SEED            fill every region with the verification pattern of SEED\n"
     "                         (decimal or 0x-hex); readers check it with\n"
     "                         `sxctl read NAME --verify SEED`\n"
@@ -168,6 +172,7 @@ typedef struct options {
   uint32_t slots[SX_MAX_SLOTS];
   uint32_t n_slots;
   int fill, takeover, writable;
+  const char *location; /* NULL: the layout's (cpu) */
   uint64_t seed;
   const char *grants[16];
   uint32_t n_grants;
@@ -190,7 +195,7 @@ static int parse_slots(const char *s, options *o) {
 static int parse_args(int argc, char **argv, options *o) {
   enum {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
-    O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LEASE,
+    O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LOCATION, O_LEASE,
     O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HUGE, O_HELP,
     O_VERSION, O_WRITABLE, O_GRANT
   };
@@ -210,6 +215,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"tag", required_argument, NULL, O_TAG},
       {"layout", required_argument, NULL, O_LAYOUT},
       {"fill", required_argument, NULL, O_FILL},
+      {"location", required_argument, NULL, O_LOCATION},
       {"lease-ms", required_argument, NULL, O_LEASE},
       {"transport", required_argument, NULL, O_TRANSPORT},
       {"takeover", no_argument, NULL, O_TAKEOVER},
@@ -299,6 +305,13 @@ static int parse_args(int argc, char **argv, options *o) {
       if (parse_slots(optarg, o))
         return usage_error("--slots '%s': use names or numbers, e.g. K,V,index", optarg);
       break;
+    case O_LOCATION: {
+      sx__mem_info m;
+      if (sx__mem_parse_location(optarg, &m) != 0)
+        return usage_error("--location '%s': use cpu or cuda:N", optarg);
+      o->location = optarg;
+      break;
+    }
     case O_FILL:
       if (sx__pattern_parse(optarg, &o->seed))
         return usage_error("--fill '%s' is not a number", optarg);
@@ -422,6 +435,30 @@ static uint64_t region_bytes(const sx_region *r) {
   return r->length > span ? r->length : span;
 }
 
+/* The pool: host memory (mmap) or one device allocation (--location). */
+static uint8_t *pool_alloc(const options *o, uint64_t total, int mflags) {
+  sx__mem_info where;
+  if (o->location != NULL && sx__mem_parse_location(o->location, &where) == 0 &&
+      where.kind == SX__MEM_CUDA) {
+    void *p;
+    if (sx__mem_alloc(where.device, total, &p) != 0) {
+      fprintf(stderr, "sx-agent: cannot allocate a pool of %lu bytes on %s: %s\n",
+              (unsigned long)total, o->location, sx_errmsg());
+      return NULL;
+    }
+    return p;
+  }
+  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, mflags, -1, 0);
+  return pool == MAP_FAILED ? NULL : pool;
+}
+
+static void pool_free(const options *o, uint8_t *pool, uint64_t total) {
+  if (o->location != NULL && strcmp(o->location, "cpu") != 0)
+    sx__mem_free(pool);
+  else
+    munmap(pool, total);
+}
+
 static double ms_since(const struct timespec *t0) {
   struct timespec t1;
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -456,8 +493,18 @@ int main(int argc, char **argv) {
     total = (total + o.hugepage - 1) / o.hugepage * o.hugepage;
     mflags |= MAP_HUGETLB | ((o.hugepage == (1ull << 30) ? 30 : 21) << MAP_HUGE_SHIFT);
   }
-  uint8_t *pool = mmap(NULL, total, PROT_READ | PROT_WRITE, mflags, -1, 0);
-  if (pool == MAP_FAILED) {
+  if (o.hugepage && o.location != NULL && strcmp(o.location, "cpu") != 0) {
+    fprintf(stderr, "sx-agent: --hugepages is for host memory, not --location %s\n",
+            o.location);
+    sx_desc_free(&layout);
+    return EXIT_USAGE;
+  }
+  uint8_t *pool = pool_alloc(&o, total, mflags);
+  if (pool == NULL && o.location != NULL && strcmp(o.location, "cpu") != 0) {
+    sx_desc_free(&layout);
+    return EXIT_USAGE;
+  }
+  if (pool == NULL) {
     int e = errno;
     if (o.hugepage)
       fprintf(stderr, "sx-agent: cannot map a pool of %lu bytes in %s huge pages: %s "
@@ -491,7 +538,7 @@ int main(int argc, char **argv) {
   sx_agent *a;
   if ((rc = sx_agent_create(&p, &a)) != 0) {
     say(SX_LOG_ERROR, "sx-agent: %s: %s", sx_err_name(rc), sx_errmsg());
-    munmap(pool, total);
+    pool_free(&o, pool, total);
     sx_desc_free(&layout);
     return EXIT_USAGE;
   }
@@ -521,7 +568,8 @@ int main(int argc, char **argv) {
                            .layer_stride = r->layer_stride, .slot = r->slot,
                            .block_bytes = r->block_bytes, .block_stride = r->block_stride,
                            .num_blocks = r->num_blocks,
-                           .location = r->location[0] ? r->location : "cpu",
+                           .location = o.location ? o.location
+                                       : r->location[0] ? r->location : "cpu",
                            .access = SX_ACCESS_REMOTE_READ |
                                      (o.writable ? SX_ACCESS_REMOTE_WRITE : 0)};
     uint32_t id;
@@ -529,12 +577,16 @@ int main(int argc, char **argv) {
       say(SX_LOG_ERROR, "sx-agent: region %u: %s: %s", i, sx_err_name(rc), sx_errmsg());
       goto out_destroy;
     }
-    if (o.fill)
-      sx__pattern_fill(pool + off, bytes, o.seed, id, 0);
+    /* GPU memory gets the pattern through a host buffer and a copy. */
+    if (o.fill && (rc = sx__pattern_fill_any(pool + off, bytes, o.seed, id, 0)) != 0) {
+      say(SX_LOG_ERROR, "sx-agent: filling region %u: %s", id, sx_errmsg());
+      goto out_destroy;
+    }
     off += (bytes + 4095) & ~4095ull;
   }
   char size[32];
-  snprintf(size, sizeof(size), "%.1f MiB", (double)total / (1 << 20));
+  snprintf(size, sizeof(size), "%.1f MiB%s%s", (double)total / (1 << 20),
+           o.location ? " on " : "", o.location ? o.location : "");
   if (o.fill)
     say(SX_LOG_INFO, "%s: %u regions, %s, filled with pattern seed %lu in %.0f ms", o.name,
         layout.n_regions, size, (unsigned long)o.seed, ms_since(&t0));
@@ -570,8 +622,10 @@ int main(int argc, char **argv) {
   if (sx_agent_descriptor(a, &d) == 0) {
     for (uint32_t i = 0; i < d.n_endpoints; i++)
       say(SX_LOG_INFO, "ready: serving %s on %s://%s:%u", o.name,
-          d.endpoints[i].kind == SX_TRANSPORT_RDMA ? "rdma" : "tcp", d.endpoints[i].addr,
-          d.endpoints[i].port);
+          d.endpoints[i].kind == SX_TRANSPORT_RDMA       ? "rdma"
+          : d.endpoints[i].kind == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc"
+                                                         : "tcp",
+          d.endpoints[i].addr, d.endpoints[i].port);
     sx_desc_free(&d);
   }
 
@@ -596,7 +650,7 @@ int main(int argc, char **argv) {
 out_destroy:
   sxa_http_stop(http);
   sx_agent_destroy(a);
-  munmap(pool, total);
+  pool_free(&o, pool, total);
   sx_desc_free(&layout);
   return exit_code;
 }

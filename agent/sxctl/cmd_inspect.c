@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "sxctl.h"
+#include "transport/transport.h"
 
 static int64_t now_ms(void) {
   struct timespec ts;
@@ -261,6 +262,17 @@ static void show_human(const sx_desc *d, const sx_store_lease *lease, int secret
          d->layout.tp_rank, d->layout.tp_size, d->layout.pp_rank, d->layout.pp_size);
   labels_text(d, labels, sizeof(labels));
   printf("labels        %s\n", labels[0] ? labels : "-");
+  sx_desc here;
+  memset(&here, 0, sizeof(here));
+  sx__host_identity(&here);
+  int ipc = 0;
+  for (uint32_t i = 0; i < d->n_endpoints; i++)
+    ipc |= d->endpoints[i].kind == SX_TRANSPORT_CUDA_IPC;
+  printf("host          %s, boot id %s%s\n", d->hostname[0] ? d->hostname : "-",
+         d->host_id[0] ? d->host_id : "-",
+         !d->host_id[0] || strcmp(d->host_id, here.host_id) != 0 ? ""
+         : ipc ? " (this host: other processes here read it over cuda_ipc)"
+               : " (this host)");
   for (uint32_t i = 0; i < d->n_endpoints; i++) {
     const sx_endpoint *e = &d->endpoints[i];
     printf("%s%s", i ? "              " : "endpoints     ", sxctl_endpoint(e, buf, sizeof(buf)));

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "mem/mem.h"
 #include "pattern.h"
 #include "segxfer/agent.h"
 #include "sxctl.h"
@@ -33,7 +34,8 @@ static double now_s(void) {
 }
 
 static const char *kind_name(sx_transport_kind k) {
-  return k == SX_TRANSPORT_RDMA ? "rdma" : k == SX_TRANSPORT_TCP ? "tcp" : "none";
+  return k == SX_TRANSPORT_RDMA ? "rdma" : k == SX_TRANSPORT_TCP ? "tcp"
+       : k == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "none";
 }
 
 static int parse_transport(const char *s, unsigned *out) {
@@ -41,6 +43,8 @@ static int parse_transport(const char *s, unsigned *out) {
     *out = SX_TRANSPORTS_TCP;
   else if (strcmp(s, "rdma") == 0)
     *out = SX_TRANSPORTS_RDMA;
+  else if (strcmp(s, "cuda_ipc") == 0)
+    *out = SX_TRANSPORTS_CUDA_IPC;
   else if (strcmp(s, "auto") == 0)
     *out = SX_TRANSPORTS_ALL;
   else
@@ -110,6 +114,7 @@ typedef struct reader {
   const sx_desc *d;
   mregion *m;
   uint8_t *mem;
+  const char *location; /* of mem: "cpu" or "cuda:N" */
   group_shape *g;
   uint32_t n_groups;
   uint64_t max_block; /* blocks every region has */
@@ -149,7 +154,18 @@ static int mirror(const sxctl_cmd *cmd, reader *r, uint64_t cap) {
       g->layer_end = R->layer_first + R->layer_count;
     g->slots |= 1ull << R->slot;
   }
-  if ((r->mem = calloc(1, total ? total : 1)) == NULL) {
+  sx__mem_info where;
+  if (sx__mem_parse_location(r->location, &where) != 0) {
+    sxctl_err(cmd, "--location: %s", sx_errmsg());
+    return SXCTL_ERROR;
+  }
+  if (where.kind == SX__MEM_CUDA) {
+    if (sx__mem_alloc(where.device, total ? total : 1, (void **)&r->mem) != 0) {
+      sxctl_err(cmd, "cannot allocate %" PRIu64 " bytes on %s: %s", total, r->location,
+                sx_errmsg());
+      return SXCTL_ERROR;
+    }
+  } else if ((r->mem = calloc(1, total ? total : 1)) == NULL) {
     sxctl_err(cmd, "cannot allocate %" PRIu64 " bytes of local buffers", total);
     return SXCTL_ERROR;
   }
@@ -162,7 +178,8 @@ static int mirror(const sxctl_cmd *cmd, reader *r, uint64_t cap) {
                            .group = R->group, .layer_first = R->layer_first,
                            .layer_count = R->layer_count,
                            .layer_stride = r->m[i].layer_stride, .slot = R->slot,
-                           .block_bytes = R->block_bytes, .num_blocks = cap};
+                           .block_bytes = R->block_bytes, .num_blocks = cap,
+                           .location = r->location};
     off += rp.length;
     uint32_t id;
     int rc = sx_agent_register(r->a, &rp, &id);
@@ -246,7 +263,13 @@ static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blo
         const uint8_t *local = m->base + l * m->layer_stride +
                                (first_local + i) * R->block_bytes;
         uint64_t off = l * R->layer_stride + blocks[i] * R->block_stride, bad;
-        if (sx__pattern_check(local, R->block_bytes, seed, R->id, off, &bad) != 0) {
+        int bad_rc = sx__pattern_check_any(local, R->block_bytes, seed, R->id, off, &bad);
+        if (bad_rc > 0 || bad_rc < -1) {
+          sxctl_err(cmd, "verify: copying block %" PRIu64 " back: %s", blocks[i],
+                    sx_errmsg());
+          return -1;
+        }
+        if (bad_rc != 0) {
           char s[16];
           sxctl_err(cmd, "verify: block %" PRIu64 " group %u layer %u slot %s (region %u):"
                     " byte %" PRIu64 " differs from the pattern of seed %" PRIu64,
@@ -295,6 +318,7 @@ typedef struct read_opts {
   int verify, json, no_check;
   uint32_t timeout_ms, wait_ms;
   unsigned transports;
+  const char *location;
   sx_layout layout; /* what to expect; empty fields: the segment's */
 } read_opts;
 
@@ -306,6 +330,7 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
   o->timeout_ms = 10000;
   o->wait_ms = 0;
   o->transports = SX_TRANSPORTS_ALL;
+  o->location = "cpu";
   o->rand_seed = (uint64_t)time(NULL) | 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -338,10 +363,16 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
       if (parse_u64(v, &n) || n > 3600000)
         return sxctl_usage(cmd, "%s '%s' is not 0..3600000", a, v);
       *(a[2] == 't' ? &o->timeout_ms : &o->wait_ms) = (uint32_t)n;
+    } else if (strcmp(a, "--location") == 0) {
+      NEED(a);
+      sx__mem_info m;
+      if (sx__mem_parse_location(v, &m) != 0)
+        return sxctl_usage(cmd, "--location '%s': use cpu or cuda:N", v);
+      o->location = v;
     } else if (strcmp(a, "--transport") == 0) {
       NEED(a);
       if (parse_transport(v, &o->transports))
-        return sxctl_usage(cmd, "--transport '%s': use tcp, rdma or auto", v);
+        return sxctl_usage(cmd, "--transport '%s': use tcp, rdma, cuda_ipc or auto", v);
     } else if (strcmp(a, "--fingerprint") == 0 || strcmp(a, "--dtype") == 0 ||
                strcmp(a, "--tag") == 0) {
       NEED(a);
@@ -392,6 +423,7 @@ static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
     goto out;
   code = SXCTL_ERROR;
   r.d = sx_segment_desc(r.seg);
+  r.location = o.location;
   if ((rc = mirror(cmd, &r, o.batch * o.depth)) != SXCTL_OK)
     goto out;
 
@@ -528,7 +560,10 @@ out:
   free(blocks);
   sx_segment_close(r.seg);
   sx_agent_destroy(r.a);
-  free(r.mem);
+  if (strcmp(r.location ? r.location : "cpu", "cpu") != 0)
+    sx__mem_free(r.mem);
+  else
+    free(r.mem);
   free(r.m);
   free(r.g);
   return code;
@@ -553,7 +588,9 @@ const sxctl_cmd sxctl_cmd_read = {
         "  --seed N             seed of random:N (default: the time; printed by --json)\n"
         "  --timeout-ms MS      deadline per batch (default 10000)\n"
         "  --wait-ms MS         wait that long for NAME to be published (default 0)\n"
-        "  --transport KIND     tcp, rdma or auto (default)\n"
+        "  --transport KIND     tcp, rdma, cuda_ipc or auto (default)\n"
+        "  --location LOC       where the local buffers live: cpu (default) or cuda:N\n"
+        "                       (GPU memory: reads land there, --verify copies back)\n"
         "  --fingerprint F, --dtype D, --tag T\n"
         "                       the layout this reader expects; the check fails (exit 1)\n"
         "                       when the segment differs, unless --no-check\n"
@@ -587,7 +624,7 @@ static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
       i++;
     } else if (strcmp(a, "--transport") == 0) {
       if (v == NULL || parse_transport(v, &transports))
-        return sxctl_usage(cmd, "--transport: use tcp, rdma or auto");
+        return sxctl_usage(cmd, "--transport: use tcp, rdma, cuda_ipc or auto");
       i++;
     } else if (strcmp(a, "--json") == 0) {
       json = 1;

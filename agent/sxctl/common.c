@@ -88,7 +88,8 @@ const char *sxctl_short_inc(const uint8_t *inc, char buf[9]) {
 }
 
 const char *sxctl_endpoint(const sx_endpoint *e, char *buf, size_t size) {
-  const char *kind = e->kind == SX_TRANSPORT_TCP ? "tcp" : e->kind == SX_TRANSPORT_RDMA ? "rdma" : "?";
+  const char *kind = e->kind == SX_TRANSPORT_TCP ? "tcp" : e->kind == SX_TRANSPORT_RDMA ? "rdma"
+                   : e->kind == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "?";
   if (strchr(e->addr, ':'))
     snprintf(buf, size, "%s://[%s]:%u", kind, e->addr, e->port);
   else

@@ -23,10 +23,11 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "mem/mem.h"
 #include "segxfer/agent.h"
 #include "segxfer/descriptor.h"
 
-#define SX__TRANSPORT_SLOTS 3 /* indexed by sx_transport_kind */
+#define SX__TRANSPORT_SLOTS 4 /* indexed by sx_transport_kind */
 
 typedef struct sx_transport sx_transport;
 typedef struct sx_tpeer sx_tpeer;
@@ -37,6 +38,7 @@ typedef struct sx_lregion {
   uint32_t inflight;   /* target side: reads of it being served right now */
   int withdrawn;       /* no longer published: refuse new reads */
   void *tpriv[SX__TRANSPORT_SLOTS]; /* per transport (RDMA: its MRs) */
+  sx__mem_info mem;    /* host or CUDA memory (checked at registration) */
 } sx_lregion;
 
 /* Push mode: a producer's pending write authorization (agent/grant.c). */
@@ -156,6 +158,10 @@ typedef struct sx_transport_ops {
   int (*wpeer_open)(sx_transport *t, const sx_desc *remote, sx_tpeer **out);
   int (*notify)(sx_tpeer *p, sx_op *op, const uint8_t *buf, size_t len);
   int (*grants_changed)(sx_transport *t);
+  /* Optional: r was just withdrawn (it is being unregistered).  Transports
+   * that lent it out beyond single reads (TCP: CUDA IPC handles) ask for it
+   * back here and hold r->inflight until it is returned. */
+  void (*withdraw)(sx_transport *t, sx_lregion *r);
 } sx_transport_ops;
 
 /* The one dispatcher for optional slots: a missing slot is SX_ENOTSUP. */
@@ -171,7 +177,12 @@ struct sx_tpeer {
   sx_transport *t;
 };
 
+/* This host's boot id and hostname and this process's random number into d
+ * (agent/host.c): what cuda_ipc compares to find a target on this host. */
+void sx__host_identity(sx_desc *d);
+
 extern const sx_transport_ops sx__tcp_ops;
 extern const sx_transport_ops sx__rdma_ops;
+extern const sx_transport_ops sx__cuda_ipc_ops;
 
 #endif

@@ -8,6 +8,7 @@
 #include "transport.h"
 
 const sx_transport_ops *const sx__transports[] = {
+    &sx__cuda_ipc_ops, /* opens only where a CUDA driver is (else SX_ENODEV) */
 #ifdef SX_HAVE_RDMA
     &sx__rdma_ops,
 #endif

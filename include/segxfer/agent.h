@@ -42,7 +42,8 @@ typedef struct sx_batch sx_batch;
 /* Transports an agent may use (bit mask of 1 << sx_transport_kind). */
 #define SX_TRANSPORTS_TCP (1u << SX_TRANSPORT_TCP)
 #define SX_TRANSPORTS_RDMA (1u << SX_TRANSPORT_RDMA)
-#define SX_TRANSPORTS_ALL (SX_TRANSPORTS_TCP | SX_TRANSPORTS_RDMA)
+#define SX_TRANSPORTS_CUDA_IPC (1u << SX_TRANSPORT_CUDA_IPC)
+#define SX_TRANSPORTS_ALL (SX_TRANSPORTS_TCP | SX_TRANSPORTS_RDMA | SX_TRANSPORTS_CUDA_IPC)
 
 typedef enum sx_log_level {
   SX_LOG_ERROR = 0,
@@ -67,7 +68,7 @@ typedef struct sx_agent_params {
    * the address of the interface that routes to the metadata store). */
   const char *advertise;
   /* SX_TRANSPORTS_* the agent may serve and use (default ALL: RDMA where a
-   * device exists, TCP always). */
+   * device exists, TCP always, cuda_ipc where a CUDA driver is). */
   unsigned transports;
   uint32_t lease_ms;       /* default 5000 */
   uint32_t renew_ms;       /* default lease_ms / 3 */
@@ -93,6 +94,10 @@ typedef struct sx_agent_params {
   sx_log_fn log;
   void *log_arg;
   sx_log_level log_level;
+  /* Pinned host memory for moving GPU regions over TCP, per direction
+   * (serving, reading), allocated on first use (default 64 MiB, at least
+   * 1 MiB).  Bounds the GPU bytes in flight on TCP; see docs/gpu.md. */
+  uint64_t staging_bytes;
 } sx_agent_params;
 
 /* Fill *p with the defaults above.  Always call it first: fields added in
@@ -213,7 +218,7 @@ SX_EXTERN int sx_agent_status_get(sx_agent *a, sx_agent_status *out);
    500000, 1000000, 2500000, 5000000, 10000000, 30000000}
 #define SX_STATS_LATENCY_BUCKETS 18 /* the 17 bounds above + one unbounded */
 #define SX_STATS_ERRORS 64          /* error counters, indexed by -code */
-#define SX_STATS_TRANSPORTS 3       /* indexed by sx_transport_kind */
+#define SX_STATS_TRANSPORTS 4       /* indexed by sx_transport_kind */
 #define SX_STATS_BATCH_STATES 6     /* indexed by sx_batch_state */
 
 /*

@@ -45,6 +45,8 @@ extern "C" {
 #define SX_LABEL_KEY_MAX 63
 #define SX_LABEL_VALUE_MAX 255
 #define SX_ADDR_MAX 63           /* endpoint host: IPv4/IPv6 literal or name */
+#define SX_HOST_ID_LEN 36        /* boot id: "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+#define SX_HOSTNAME_MAX 64       /* [A-Za-z0-9._-] */
 
 #define SX_INCARNATION_LEN 16
 #define SX_TOKEN_LEN 16
@@ -62,6 +64,7 @@ typedef enum sx_transport_kind {
   SX_TRANSPORT_NONE = 0,
   SX_TRANSPORT_TCP = 1,
   SX_TRANSPORT_RDMA = 2,
+  SX_TRANSPORT_CUDA_IPC = 3, /* GPU to GPU on one host (docs/gpu.md) */
 } sx_transport_kind;
 
 /* Region access flags. */
@@ -141,6 +144,14 @@ typedef struct sx_desc {
   uint32_t n_regions;
   sx_label *labels;
   uint32_t n_labels;
+  /* Where the owner runs: the kernel's boot id (lower-case hex UUID from
+   * /proc/sys/kernel/random/boot_id; "" when unknown), its hostname, and a
+   * number drawn at random once per process (0: unknown).  Equal host_id
+   * means the same running kernel, so CUDA IPC can work; equal process
+   * means the same process, where it cannot. */
+  char host_id[SX_HOST_ID_LEN + 1];
+  char hostname[SX_HOSTNAME_MAX + 1];
+  uint64_t process;
 } sx_desc;
 
 /* Zero a descriptor and set its schema version.  Never fails. */

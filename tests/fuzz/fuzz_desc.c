@@ -21,7 +21,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     abort();
   if (again.n_regions != d.n_regions || again.n_endpoints != d.n_endpoints ||
       (d.n_regions && memcmp(again.regions, d.regions, d.n_regions * sizeof(sx_region))) ||
-      memcmp(again.incarnation, d.incarnation, SX_INCARNATION_LEN) != 0)
+      memcmp(again.incarnation, d.incarnation, SX_INCARNATION_LEN) != 0 ||
+      strcmp(again.host_id, d.host_id) != 0 || strcmp(again.hostname, d.hostname) != 0 ||
+      again.process != d.process)
     abort();
   /* The JSON form must parse back as a layout with the same regions. */
   char *json;

@@ -467,6 +467,11 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   int rc, i;
   if (lr->tpriv[SX_TRANSPORT_RDMA] != NULL)
     return sx__err(SX_EBUSY, "region %u is already registered with RDMA", lr->r.id);
+  /* GPU memory is not registered (GPUDirect is not supported yet, see
+   * docs/gpu.md): it is published with rkey 0, which readers never use
+   * (sx__rdma_post refuses GPU regions), and moves over TCP or cuda_ipc. */
+  if (lr->mem.kind == SX__MEM_CUDA)
+    return 0;
   rdma_mr *rm = calloc(1, sizeof(*rm));
   if (rm == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
@@ -562,10 +567,10 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
     sx_region *r = &d->regions[i];
     sx_lregion *lr = ctx->find_region != NULL ? ctx->find_region(ctx->agent, r->id) : NULL;
     rdma_mr *rm = lr != NULL ? lr->tpriv[SX_TRANSPORT_RDMA] : NULL;
-    if (rm == NULL)
+    if (rm == NULL && (lr == NULL || lr->mem.kind != SX__MEM_CUDA))
       return sx__err(SX_EINVAL, "region %u is not registered with RDMA", r->id);
     for (int k = 0; k < t->n_eps; k++)
-      r->rkeys[base + (uint32_t)k] = rm->mr[t->eps[k].dev->index]->rkey;
+      r->rkeys[base + (uint32_t)k] = rm ? rm->mr[t->eps[k].dev->index]->rkey : 0;
     r->n_rkeys = base + (uint32_t)t->n_eps;
     /* Push: the write keys, usable only from producers' QPs. */
     for (int k = 0; k < t->n_eps && rm->wmr[0] != NULL; k++)

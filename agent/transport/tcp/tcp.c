@@ -36,6 +36,7 @@
 #include "addr.h"
 #include "internal.h"
 #include "tcp_int.h"
+#include "tcp_stage.h"
 
 void sx__tcp_maybe_free(tcp_t *t) {
   if (t->closing && t->live == 0) {
@@ -104,8 +105,9 @@ static void tcp_close(sx_transport *base) {
   tcp_t *t = (tcp_t *)base;
   t->closing = 1;
   while (t->peers != NULL)
-    sx__tcp_peer_close((sx_tpeer *)t->peers);
+    sx__tcp_stage_peer_close((sx_tpeer *)t->peers);
   sx__tcp_serve_close_all(t);
+  sx__tcp_stage_close(t);
   if (t->listener_init)
     uv_close((uv_handle_t *)&t->listener, t_handle_closed);
   uv_close((uv_handle_t *)&t->pump, t_handle_closed);
@@ -138,6 +140,11 @@ static int tcp_usable(sx_transport *base, const sx_desc *remote) {
   return sx__tcp_endpoint(remote) != NULL;
 }
 
+static void tcp_withdraw(sx_transport *base, sx_lregion *l) {
+  if (l->mem.kind == SX__MEM_CUDA)
+    sx__tcp_serve_withdraw((tcp_t *)base, l);
+}
+
 const sx_transport_ops sx__tcp_ops = {
     .name = "tcp",
     .kind = SX_TRANSPORT_TCP,
@@ -146,9 +153,10 @@ const sx_transport_ops sx__tcp_ops = {
     .pack = tcp_pack,
     .usable = tcp_usable,
     .peer_open = sx__tcp_peer_open,
-    .peer_close = sx__tcp_peer_close,
-    .post = sx__tcp_post,
-    .abort = sx__tcp_abort,
+    .peer_close = sx__tcp_stage_peer_close,
+    .post = sx__tcp_stage_post,
+    .abort = sx__tcp_stage_abort,
+    .withdraw = tcp_withdraw,
     .wpeer_open = sx__tcp_wpeer_open,
     .notify = sx__tcp_notify,
     .grants_changed = sx__tcp_grants_changed,

@@ -1,4 +1,5 @@
 /* The TCP data-plane wire format (see tcp_frame.h for the layout). */
+#include <stdio.h>
 #include <string.h>
 
 #include "segxfer/push.h"
@@ -94,6 +95,18 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
     if (f.length != 0)
       return SX_EPROTO;
     break;
+  case SX__FRAME_IPC:
+    if (f.status != 0 || f.length == 0 || f.length % 4 != 0 ||
+        f.length > 4u * SX__IPC_MAX_IDS)
+      return SX_EPROTO;
+    break;
+  case SX__FRAME_IPC_REPLY:
+    if (f.status != 0 ? f.length != 0
+        : f.id == 0 ? f.length == 0 || f.length % 4 != 0 || f.length > 4u * SX__IPC_MAX_IDS
+                    : f.length % SX__IPC_RECORD != 0 ||
+                          f.length > (uint64_t)SX__IPC_RECORD * SX__IPC_MAX_IDS)
+      return SX_EPROTO;
+    break;
   default:
     return SX_EPROTO;
   }
@@ -128,4 +141,18 @@ int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out) {
   memcpy(out->name, buf + SX__HELLO_FIXED, n);
   out->name[n] = '\0';
   return 0;
+}
+
+int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
+                      char *msg, size_t size) {
+  char inc[2 * SX_INCARNATION_LEN + 1];
+  sx_hex(incarnation, SX_INCARNATION_LEN, inc);
+  if (status == SX_ESTALE)
+    snprintf(msg, size, "%s is no longer incarnation %.8s (the target restarted); "
+             "reopen the segment", label, inc);
+  else if (status == SX_EACCESS)
+    snprintf(msg, size, "%s refused our access token", label);
+  else
+    snprintf(msg, size, "%s refused the connection: %s", label, sx_strerror(status));
+  return status < 0 && status >= SX_ERRNO_MIN ? status : SX_EPROTO;
 }

@@ -7,7 +7,8 @@
  *   offset size  field
  *    0     4     magic     0x53584631 ("SXF1")
  *    4     1     version   1
- *    5     1     type      1 HELLO, 2 HELLO_REPLY, 3 READ, 4 READ_REPLY
+ *    5     1     type      1 HELLO, 2 HELLO_REPLY, 3 READ, 4 READ_REPLY,
+ *                          5 IPC, 6 IPC_REPLY (CUDA IPC handles, below)
  *    6     2     flags     0 (every other value is a protocol error)
  *    8     8     id        request id, echoed in the reply
  *   16     4     region    READ: region id in the target's descriptor
@@ -28,6 +29,25 @@
  * Then the reader pipelines READs; the target answers each, in order, with a
  * READ_REPLY header followed by exactly `length` payload bytes.
  *
+ * CUDA IPC handles (the cuda_ipc transport, docs/gpu.md) travel on this
+ * connection after HELLO, never through the store.  IPC (reader -> target)
+ * carries `length` bytes of big-endian u32 region ids (at most
+ * SX__IPC_MAX_IDS): with id != 0 it asks for the handles of those regions,
+ * answered by IPC_REPLY with the same id and one SX__IPC_RECORD-byte
+ * record per region asked:
+ *
+ *    0     4     region    id
+ *    4     4     status    0 or a negative SX_E* code (then the rest is 0)
+ *    8     8     alloc     size of the CUDA allocation holding the region
+ *   16     8     offset    of the region in that allocation
+ *   24     8     base      the allocation's address in the target
+ *   32    64     handle    cuIpcGetMemHandle() of the allocation
+ *
+ * An IPC_REPLY with id 0 comes unasked: the target wants the handles of
+ * the regions listed (u32 ids) back, because they are being unregistered;
+ * the reader answers, once no copy reads them any more and it closed its
+ * mappings of them, with an IPC of id 0 listing the same ids.
+ *
  * Push mode (docs/push.md) adds, on a connection that said HELLO with the
  * producer's own segment name:
  *
@@ -43,8 +63,7 @@
  *  11 NOTICE        body (length <= SX_NOTICE_MAX_BYTES): a WriteNotice
  *  12 NOTICE_REPLY  status: 0 once the target queued the notice
  *
- * Replies never carry a body.  Types 5 and 6 are taken by the GPU staging
- * frames.
+ * Replies never carry a body.
  *
  * These are pure functions over byte buffers (no I/O, no allocation), so a
  * fuzz target can drive them directly.
@@ -68,6 +87,8 @@ typedef enum sx__frame_type {
   SX__FRAME_HELLO_REPLY = 2,
   SX__FRAME_READ = 3,
   SX__FRAME_READ_REPLY = 4,
+  SX__FRAME_IPC = 5,
+  SX__FRAME_IPC_REPLY = 6,
   SX__FRAME_WAUTH = 7,
   SX__FRAME_WAUTH_REPLY = 8,
   SX__FRAME_WRITE = 9,
@@ -75,6 +96,9 @@ typedef enum sx__frame_type {
   SX__FRAME_NOTICE = 11,
   SX__FRAME_NOTICE_REPLY = 12,
 } sx__frame_type;
+
+#define SX__IPC_MAX_IDS 1024 /* region ids in one IPC frame */
+#define SX__IPC_RECORD 96    /* bytes per region in an IPC_REPLY */
 
 #define SX__WAUTH_BODY (SX_INCARNATION_LEN + SX_TOKEN_LEN)
 
@@ -101,7 +125,8 @@ void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]);
  * when a whole valid header was read into *out, 0 when len is too short,
  * SX_EPROTO for a bad magic, type, flags or a field that breaks the type's
  * rules (HELLO body outside [SX__HELLO_FIXED, SX__HELLO_MAX], a request
- * carrying a status, a failed reply carrying payload, a positive status),
+ * carrying a status, a failed reply carrying payload, a positive status,
+ * an IPC body that is no whole number of ids or records, or too long),
  * SX_EVERSION for another version.  *out is written only on success.
  */
 int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
@@ -109,6 +134,11 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
 /* Encode a HELLO body into out (SX__HELLO_MAX bytes suffice); returns its
  * length, or SX_ENAME when the name is too long. */
 int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap);
+
+/* A target refused HELLO with status: the message for the reader (what
+ * to do about it), and the code its ranges fail with. */
+int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
+                      char *msg, size_t size);
 
 /* Parse a HELLO body of exactly len bytes.  0, or SX_EPROTO (length does not
  * match the name length, name not printable). */

@@ -50,6 +50,7 @@ struct tcp_t {
   uint8_t *scratch;
   int closing;
   int live; /* handles, server connections and peers not yet freed */
+  struct sx__tcp_stage *stage; /* GPU staging (tcp_stage.c), made on first use */
 };
 
 static inline const sx_tctx *sx__tcp_ctx(const tcp_t *t) { return t->base.ctx; }
@@ -62,6 +63,9 @@ const sx_endpoint *sx__tcp_endpoint(const sx_desc *d);
 /* tcp_serve.c: the listener's connection callback; close every reader. */
 void sx__tcp_on_connection(uv_stream_t *server, int status);
 void sx__tcp_serve_close_all(tcp_t *t);
+/* tcp_serve.c: l is being unregistered: readers holding its CUDA IPC handle
+ * are asked to give it back (transport/cuda/ipc_serve.c). */
+void sx__tcp_serve_withdraw(tcp_t *t, sx_lregion *l);
 
 /* tcp_read.c: the reader-side ops. */
 int sx__tcp_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out);
@@ -71,6 +75,8 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status);
 /* tcp_read.c, push mode: the producer's peer (WAUTH after HELLO, WRITE
  * frames with their payload) and its notices. */
 int sx__tcp_wpeer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out);
+/* 1 for a peer made by sx__tcp_wpeer_open() (it carries writes). */
+int sx__tcp_peer_writes(const sx_tpeer *base);
 int sx__tcp_notify(sx_tpeer *base, sx_op *op, const uint8_t *buf, size_t len);
 
 /* Push mode, target (consumer) side: tcp_write.c.  A connection's write
@@ -117,7 +123,7 @@ void sx__tcp_sconn_reply(sconn *c, uint64_t id, uint8_t type, int status);
 int sx__tcp_sconn_flush(sconn *c);
 void sx__tcp_sconn_violation(sconn *c, const char *what);
 void sx__tcp_sconn_hold(sconn *c);
-void sx__tcp_sconn_resume(sconn *c);
+void sx__tcp_sconn_wresume(sconn *c);
 const char *sx__tcp_sconn_reader(const sconn *c);
 tcp_t *sx__tcp_sconn_transport(const sconn *c);
 

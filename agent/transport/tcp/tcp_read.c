@@ -221,20 +221,11 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
       schedule_pump(p);
     return;
   }
-  char msg[512], inc[2 * SX_INCARNATION_LEN + 1];
-  sx_hex(p->remote->incarnation, SX_INCARNATION_LEN, inc);
-  if (f->status == SX_ESTALE)
-    snprintf(msg, sizeof(msg), "%s is no longer incarnation %.8s (the target "
-             "restarted); reopen the segment", p->label, inc);
-  else if (f->status == SX_EACCESS && c->state == C_WAUTH)
+  char msg[512];
+  int err = sx__hello_refused(f->status, p->label, p->remote->incarnation, msg, sizeof(msg));
+  if (f->status == SX_EACCESS && c->state == C_WAUTH)
     snprintf(msg, sizeof(msg), "%s refused our writes: no write grant covers this producer, "
              "or it is not published as this incarnation", p->label);
-  else if (f->status == SX_EACCESS)
-    snprintf(msg, sizeof(msg), "%s refused our access token", p->label);
-  else
-    snprintf(msg, sizeof(msg), "%s refused the connection: %s", p->label,
-             sx_strerror(f->status));
-  int err = f->status < 0 && f->status >= SX_ERRNO_MIN ? f->status : SX_EPROTO;
   /* Every connection would hear the same: fail everything queued. */
   for (uint32_t i = 0; i < p->n_conns; i++)
     c_fail(&p->conns[i], err, msg);
@@ -678,6 +669,8 @@ int sx__tcp_wpeer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out
     ((tpeer *)*out)->write = 1;
   return rc;
 }
+
+int sx__tcp_peer_writes(const sx_tpeer *base) { return ((const tpeer *)base)->write; }
 
 int sx__tcp_notify(sx_tpeer *base, sx_op *op, const uint8_t *buf, size_t len) {
   tpeer *p = (tpeer *)base;

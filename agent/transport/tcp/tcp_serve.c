@@ -8,6 +8,8 @@
 
 #include "internal.h"
 #include "tcp_int.h"
+#include "tcp_stage.h"
+#include "transport/cuda/cuda_ipc.h"
 
 typedef struct reply {
   sx_lregion *l; /* NULL for an error reply */
@@ -30,7 +32,9 @@ struct sconn {
   uint32_t nrep;
   reply rep[REPLIES_PER_WRITE];
   uint8_t hdr[REPLIES_PER_WRITE][SX__FRAME_HDR];
-  sx__tcp_wconn *w; /* push mode (tcp_write.c), NULL until a push frame */
+  sx__tcp_wconn *w;       /* push mode (tcp_write.c), NULL until a push frame */
+  sx__tcp_sreply *stage; /* a reply from GPU memory being staged: parse no more */
+  sx__ipc_holds *ipc;    /* CUDA IPC handles lent on this connection */
 };
 
 typedef struct swrite {
@@ -66,6 +70,11 @@ static void s_close(sconn *c) {
   if (c->handles == 0 || uv_is_closing((uv_handle_t *)&c->h))
     return;
   c->closing = 1;
+  if (c->stage != NULL)
+    sx__tcp_stage_detach(c->stage);
+  c->stage = NULL;
+  sx__ipc_drop(c->ipc);
+  c->ipc = NULL;
   uv_close((uv_handle_t *)&c->h, s_closed);
   uv_close((uv_handle_t *)&c->hello_timer, s_closed);
 }
@@ -92,6 +101,13 @@ static void s_lost(sconn *c, int err) {
 
 static void s_read_start(sconn *c);
 
+/* Not reading now, and nothing holds parsing back: a reply being staged
+ * from GPU memory (tcp_stage_serve.c) or a write authorization waiting for
+ * the store (tcp_write.c).  The callers add their queue limits. */
+static int s_may_read(const sconn *c) {
+  return !c->closing && !c->reading && c->stage == NULL && (c->w == NULL || c->w->auth == NULL);
+}
+
 static void s_written(uv_write_t *req, int status) {
   swrite *w = (swrite *)req;
   sconn *c = w->c;
@@ -111,7 +127,7 @@ static void s_written(uv_write_t *req, int status) {
     s_close(c);
     return;
   }
-  if (!c->reading && c->queued < SERVER_QUEUE_MAX / 2 && (c->w == NULL || c->w->auth == NULL))
+  if (s_may_read(c) && c->queued < SERVER_QUEUE_MAX / 2)
     s_read_start(c);
 }
 
@@ -227,13 +243,24 @@ static void s_serve(sconn *c, const sx__frame *f) {
            "length %lu: %s", c->reader, f->region, (unsigned long)f->offset,
            (unsigned long)f->length, sx_err_name(st));
   x->served(x->agent, SX_TRANSPORT_TCP, st ? 0 : f->length, st);
+  if (st == 0 && l->mem.kind == SX__MEM_CUDA) {
+    /* GPU memory goes out through staging (tcp_stage_serve.c), in order
+     * after the replies gathered so far. */
+    if (s_flush(c, 0) != 0)
+      return;
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
+    sx__tcp_stage_reply(c->t, c, (uv_stream_t *)&c->h, &c->stage, f->id, l, f->offset,
+                        f->length);
+    return;
+  }
   s_reply(c, f->id, SX__FRAME_READ_REPLY, st, l,
           st ? NULL : (uint8_t *)(uintptr_t)(l->r.addr + f->offset), f->length);
 }
 
 static void s_process(sconn *c) {
   size_t off = 0;
-  while (!c->closing) {
+  while (!c->closing && c->stage == NULL) {
     sx__frame f;
     int rc = sx__frame_decode(c->rbuf + off, c->rlen - off, &f);
     if (rc == 0)
@@ -251,6 +278,16 @@ static void s_process(sconn *c) {
       if (c->rlen - off < SX__FRAME_HDR + f.length)
         break;
       s_hello(c, &f, c->rbuf + off + SX__FRAME_HDR);
+      off += SX__FRAME_HDR + (size_t)f.length;
+      continue;
+    }
+    if (f.type == SX__FRAME_IPC) {
+      /* CUDA IPC handles (cuda_ipc.h): only after HELLO, as here. */
+      if (c->rlen - off < SX__FRAME_HDR + f.length)
+        break;
+      if (s_flush(c, 0) != 0)
+        return;
+      sx__ipc_serve(sx__tcp_ctx(c->t), c, &c->ipc, &f, c->rbuf + off + SX__FRAME_HDR);
       off += SX__FRAME_HDR + (size_t)f.length;
       continue;
     }
@@ -374,6 +411,61 @@ void sx__tcp_on_connection(uv_stream_t *server, int status) {
   s_read_start(c);
 }
 
+void sx__tcp_sconn_resume(sconn *c, int err) {
+  c->stage = NULL;
+  if (c->closing)
+    return;
+  if (err) {
+    s_violation(c, sx_strerror(err));
+    return;
+  }
+  s_process(c);
+  if (s_may_read(c) && c->queued < SERVER_QUEUE_MAX / 2)
+    s_read_start(c);
+}
+
+typedef struct sbuf_write {
+  uv_write_t req;
+  uint8_t *buf;
+} sbuf_write;
+
+static void sbuf_written(uv_write_t *req, int status) {
+  sbuf_write *w = (sbuf_write *)req;
+  (void)status; /* a broken connection shows on its read side */
+  free(w->buf);
+  free(w);
+}
+
+int sx__tcp_sconn_send(sconn *c, uint8_t *buf, size_t len) {
+  sbuf_write *w = malloc(sizeof(*w));
+  if (w == NULL || c->closing || s_flush(c, 0) != 0) {
+    free(w);
+    free(buf);
+    return SX_EDISCONN;
+  }
+  w->buf = buf;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, sbuf_written) != 0) {
+    free(w);
+    free(buf);
+    s_lost(c, 0);
+    return SX_EDISCONN;
+  }
+  return 0;
+}
+
+void sx__tcp_sconn_close(sconn *c, const char *why) { s_violation(c, why); }
+
+const char *sx__tcp_sconn_reader(const sconn *c) {
+  return c->reader[0] ? c->reader : c->peer;
+}
+
+void sx__tcp_serve_withdraw(tcp_t *t, sx_lregion *l) {
+  for (sconn *c = t->sconns; c; c = c->next)
+    if (!c->closing)
+      sx__ipc_revoke(c->ipc, l);
+}
+
 void sx__tcp_serve_close_all(tcp_t *t) {
   for (sconn *c = t->sconns; c; c = c->next)
     s_close(c);
@@ -396,15 +488,12 @@ void sx__tcp_sconn_hold(sconn *c) {
   c->reading = 0;
 }
 
-void sx__tcp_sconn_resume(sconn *c) {
+void sx__tcp_sconn_wresume(sconn *c) {
   if (c->closing)
     return;
   s_process(c);
-  if (!c->closing && !c->reading && c->queued < SERVER_QUEUE_MAX &&
-      (c->w == NULL || c->w->auth == NULL))
+  if (s_may_read(c) && c->queued < SERVER_QUEUE_MAX)
     s_read_start(c);
 }
-
-const char *sx__tcp_sconn_reader(const sconn *c) { return c->reader; }
 
 tcp_t *sx__tcp_sconn_transport(const sconn *c) { return c->t; }

@@ -78,7 +78,7 @@ static void auth_done(void *arg, int status, const char *producer, const char *m
   int st = status == 0 ? 0 : status < 0 && status >= SX_ERRNO_MIN ? status : SX_EACCESS;
   sx__tcp_sconn_reply(c, w->auth_id, SX__FRAME_WAUTH_REPLY, st);
   if (sx__tcp_sconn_flush(c) == 0)
-    sx__tcp_sconn_resume(c); /* parse what came behind the WAUTH */
+    sx__tcp_sconn_wresume(c); /* parse what came behind the WAUTH */
 }
 
 static int w_auth(sconn *c, sx__tcp_wconn *w, const sx__frame *f, const uint8_t *body) {
@@ -116,6 +116,10 @@ static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
     return SX_ENOREGION;
   if (!(l->r.access & SX_ACCESS_REMOTE_WRITE))
     return SX_EDENIED;
+  /* The payload is received straight into the region: host memory only
+   * (no staging for writes into GPU memory yet, docs/push.md). */
+  if (l->mem.kind != SX__MEM_HOST)
+    return SX_ENOTSUP;
   if (f->length == 0)
     return SX_EINVAL;
   if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)

@@ -1,0 +1,136 @@
+/*
+ * The memory layer: what kind of memory a pointer is (host or CUDA device
+ * memory), copies between kinds, pinned staging memory, and CUDA IPC
+ * handles.  Transports ask it; they never call CUDA themselves.  Not
+ * installed.
+ *
+ * The CUDA driver (libcuda.so.1) is loaded with dlopen() on first use, so
+ * one build runs on hosts with and without a GPU: without one, every CUDA
+ * call here fails with SX_ENODEV and a message that says why, and host
+ * memory works as always.  The driver is reached through one table of
+ * function pointers (sx__cuda_drv, mem_int.h), which unit tests replace
+ * with a fake.  A build without cuda.h (SX_HAVE_CUDA undefined) answers
+ * SX_ENOTSUP to every CUDA call.
+ *
+ * Contexts: every call works in the device's primary context
+ * (cuDevicePrimaryCtxRetain), the one the CUDA runtime (PyTorch, an
+ * engine) uses too, so device pointers from an engine are valid here.
+ *
+ * Threading: any thread.  Completion notices (sx__mem_notify) run on the
+ * libuv loop they were created for.
+ *
+ * RDMA: a GPU region is not registered with the RDMA transport (it refuses
+ * it, see docs/gpu.md).  GPUDirect would add here a call that returns a
+ * dmabuf fd for a range (cuMemGetHandleForAddressRange) for the RDMA
+ * transport to pass to ibv_reg_dmabuf_mr(); sx__mem_info already carries
+ * what that needs (device, allocation base and size).
+ */
+#ifndef SX_AGENT_MEM_H
+#define SX_AGENT_MEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef enum sx__mem_kind {
+  SX__MEM_HOST = 0,
+  SX__MEM_CUDA = 1,
+} sx__mem_kind;
+
+/* What a pointer (or a registered region) is. */
+typedef struct sx__mem_info {
+  sx__mem_kind kind;
+  int device;    /* CUDA device ordinal; -1 for host memory */
+  uint64_t base; /* CUDA: the allocation holding the range */
+  uint64_t size; /* CUDA: that allocation's size */
+} sx__mem_info;
+
+/* "cpu" -> host; "cuda:N" -> CUDA device N (0..1023).  0, or SX_EINVAL
+ * with a message for anything else. */
+int sx__mem_parse_location(const char *location, sx__mem_info *out);
+
+/*
+ * Check that [addr, addr+len) is memory of the kind location names and
+ * fill *out.  "cuda:N": device memory (not managed) of device N, lying
+ * inside one allocation; the message says which rule broke (another
+ * device, host memory, crossing the allocation's end).  "cpu": where a
+ * driver is loaded, the range must not be device memory.  Errors:
+ * SX_EINVAL, SX_EBOUNDS, SX_ENODEV (no driver or no such device),
+ * SX_ENOTSUP (built without CUDA).
+ */
+int sx__mem_check(const void *addr, uint64_t len, const char *location,
+                  sx__mem_info *out);
+
+/* The kind of the memory at addr: host when no driver is loaded or the
+ * driver does not know the pointer.  Never fails. */
+void sx__mem_query(const void *addr, sx__mem_info *out);
+
+/* Load the driver and count its devices.  0 with *n (>= 1), or SX_ENODEV /
+ * SX_ENOTSUP with a message. */
+int sx__mem_cuda_devices(int *n);
+
+/* Synchronous helpers for programs and tests: device memory in the
+ * primary context of device, a copy between any two kinds (unified
+ * addressing), device memory freed. */
+int sx__mem_alloc(int device, size_t len, void **out);
+void sx__mem_free(void *p);
+int sx__mem_copy(void *dst, const void *src, size_t len);
+
+/* Pinned (page-locked) host memory, for staging. */
+int sx__mem_host_alloc(size_t len, void **out);
+void sx__mem_host_free(void *p);
+
+/* ------------------------------------------------------------ streams */
+
+typedef struct sx__mem_stream sx__mem_stream;
+typedef struct sx__mem_notifier sx__mem_notifier;
+
+/* A notice queued behind the work on a stream; fn runs on the notifier's
+ * loop once everything queued on the stream before it has finished. */
+typedef struct sx__mem_notice {
+  struct sx__mem_notice *next;
+  void (*fn)(struct sx__mem_notice *n);
+} sx__mem_notice;
+
+/* Delivers notices on loop (through a uv_async_t: no thread spins). */
+int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out);
+/* Close it (loop thread).  Every stream that queued notices for it must be
+ * destroyed first (so every notice has fired); notices not delivered yet
+ * are delivered now, inside this call. */
+void sx__mem_notifier_close(sx__mem_notifier *n);
+
+/* A non-blocking stream on device's primary context. */
+int sx__mem_stream_create(int device, sx__mem_stream **out);
+/* Wait for the stream's work, then destroy it.  NULL is a no-op. */
+void sx__mem_stream_destroy(sx__mem_stream *s);
+int sx__mem_stream_device(const sx__mem_stream *s);
+/* Queue an asynchronous copy of len bytes (any kinds; host memory should be
+ * pinned for the copy to overlap). */
+int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
+/* Queue n copies (dst[i] <- src[i], len[i] bytes) in one driver call where
+ * the driver has cuMemcpyBatchAsync, else one call each. */
+int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
+                             size_t n);
+/* Queue note behind the work on s.  0, or an error (note will not run). */
+int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
+/* Deliver note on n's loop in a later iteration (any thread): for work
+ * that must not run inside the current call stack. */
+void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
+/* Wait for the work on s (setup and teardown only). */
+int sx__mem_stream_sync(sx__mem_stream *s);
+
+/* ------------------------------------------------------------ IPC */
+
+#define SX__MEM_IPC_HANDLE 64 /* bytes in a CUDA IPC memory handle */
+
+/* The IPC handle of the allocation holding addr (device memory). */
+int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]);
+/* Map another process's allocation into device's context (peer access
+ * enabled lazily when it lives on another GPU); close it again.  An open
+ * mapping must be closed before this process lets go of the device. */
+int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out);
+void sx__mem_ipc_close(int device, void *p);
+/* Mappings open in this process now (for leak checks in tests). */
+long sx__mem_ipc_open_count(void);
+
+#endif

@@ -1,0 +1,59 @@
+/*
+ * The memory layer's insides: the CUDA driver table (filled by dlsym from
+ * libcuda.so.1, or by a test's fake) and the per-device primary contexts.
+ * Not installed.
+ */
+#ifndef SX_AGENT_MEM_INT_H
+#define SX_AGENT_MEM_INT_H
+
+#include "mem.h"
+
+#ifdef SX_HAVE_CUDA
+#include <cuda.h>
+
+/* The driver calls the memory layer makes.  Names are the driver's minus
+ * the "cu" prefix; the loader takes the versioned symbols cuda.h maps the
+ * plain names to (cuMemAlloc_v2, ...), so the ABI is the one these types
+ * describe. */
+typedef struct sx__cuda_drv {
+  CUresult (*Init)(unsigned flags);
+  CUresult (*GetErrorString)(CUresult e, const char **s);
+  CUresult (*GetErrorName)(CUresult e, const char **s);
+  CUresult (*DeviceGetCount)(int *n);
+  CUresult (*DeviceGet)(CUdevice *d, int ordinal);
+  CUresult (*DevicePrimaryCtxRetain)(CUcontext *c, CUdevice d);
+  CUresult (*CtxSetCurrent)(CUcontext c);
+  CUresult (*PointerGetAttributes)(unsigned n, CUpointer_attribute *attrs, void **data,
+                                   CUdeviceptr p);
+  CUresult (*MemAlloc)(CUdeviceptr *p, size_t len);
+  CUresult (*MemFree)(CUdeviceptr p);
+  CUresult (*MemHostAlloc)(void **p, size_t len, unsigned flags);
+  CUresult (*MemFreeHost)(void *p);
+  CUresult (*Memcpy)(CUdeviceptr dst, CUdeviceptr src, size_t len);
+  CUresult (*MemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t len, CUstream s);
+  CUresult (*StreamCreate)(CUstream *s, unsigned flags);
+  CUresult (*StreamDestroy)(CUstream s);
+  CUresult (*StreamSynchronize)(CUstream s);
+  CUresult (*LaunchHostFunc)(CUstream s, CUhostFn fn, void *arg);
+  CUresult (*IpcGetMemHandle)(CUipcMemHandle *h, CUdeviceptr p);
+  CUresult (*IpcOpenMemHandle)(CUdeviceptr *p, CUipcMemHandle h, unsigned flags);
+  CUresult (*IpcCloseMemHandle)(CUdeviceptr p);
+  /* Optional (CUDA 13 drivers; NULL where missing): many copies, one call. */
+  CUresult (*MemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                               size_t count, CUmemcpyAttributes *attrs, size_t *attrs_idx,
+                               size_t n_attrs, CUstream s);
+} sx__cuda_drv;
+
+/* The loaded driver (with its primary context of device made current on
+ * this thread when device >= 0), or NULL with the error recorded. */
+const sx__cuda_drv *sx__cuda_get(int device, int *err);
+/* Record a driver error as SX_EIO "what: <driver message> (NAME)". */
+int sx__cuda_err(const sx__cuda_drv *d, CUresult r, const char *what);
+
+/* Tests: use this table instead of the driver (NULL: the driver again);
+ * load this library name instead of libcuda.so.1 on the next use. */
+void sx__mem_cuda_use(const sx__cuda_drv *fake);
+void sx__mem_cuda_library(const char *name);
+#endif
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * The memory layer in a build without cuda.h: host memory only.  Every
+ * CUDA call fails with SX_ENOTSUP and says why.
+ */
+#ifndef SX_HAVE_CUDA
+#include <stdlib.h>
+
+#include "internal.h"
+#include "mem.h"
+
+static int no_cuda(const char *what) {
+  return sx__err(SX_ENOTSUP, "%s: this segxfer was built without CUDA support (cuda.h "
+                 "was not found; rebuild with CUDA_HOME=<toolkit>)", what);
+}
+
+int sx__mem_check(const void *addr, uint64_t len, const char *location,
+                  sx__mem_info *out) {
+  (void)addr;
+  (void)len;
+  sx__mem_info m;
+  int rc = sx__mem_parse_location(location, &m);
+  if (rc)
+    return rc;
+  if (m.kind != SX__MEM_HOST)
+    return no_cuda(location);
+  *out = m;
+  return 0;
+}
+
+void sx__mem_query(const void *addr, sx__mem_info *out) {
+  (void)addr;
+  *out = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
+}
+
+int sx__mem_cuda_devices(int *n) {
+  (void)n;
+  return no_cuda("CUDA devices");
+}
+
+int sx__mem_alloc(int device, size_t len, void **out) {
+  (void)device, (void)len, (void)out;
+  return no_cuda("device memory");
+}
+void sx__mem_free(void *p) { (void)p; }
+int sx__mem_copy(void *dst, const void *src, size_t len) {
+  (void)dst, (void)src, (void)len;
+  return no_cuda("copy");
+}
+int sx__mem_host_alloc(size_t len, void **out) {
+  (void)len, (void)out;
+  return no_cuda("pinned memory");
+}
+void sx__mem_host_free(void *p) { (void)p; }
+int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out) {
+  (void)loop, (void)out;
+  return no_cuda("notifier");
+}
+void sx__mem_notifier_close(sx__mem_notifier *n) { (void)n; }
+int sx__mem_stream_create(int device, sx__mem_stream **out) {
+  (void)device, (void)out;
+  return no_cuda("stream");
+}
+void sx__mem_stream_destroy(sx__mem_stream *s) { (void)s; }
+int sx__mem_stream_device(const sx__mem_stream *s) {
+  (void)s;
+  return -1;
+}
+int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len) {
+  (void)s, (void)dst, (void)src, (void)len;
+  return no_cuda("copy");
+}
+int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
+                             size_t n) {
+  (void)s, (void)dst, (void)src, (void)len, (void)n;
+  return no_cuda("copy");
+}
+int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+  (void)s, (void)n, (void)note;
+  return no_cuda("notify");
+}
+void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
+  (void)n, (void)note;
+}
+int sx__mem_stream_sync(sx__mem_stream *s) {
+  (void)s;
+  return no_cuda("stream");
+}
+int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]) {
+  (void)addr, (void)handle;
+  return no_cuda("IPC");
+}
+int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out) {
+  (void)device, (void)handle, (void)out;
+  return no_cuda("IPC");
+}
+void sx__mem_ipc_close(int device, void *p) { (void)device, (void)p; }
+long sx__mem_ipc_open_count(void) { return 0; }
+#else
+typedef int sx__mem_nocuda_unused; /* ISO C wants something in a file */
+#endif

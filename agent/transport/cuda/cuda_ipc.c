@@ -1,0 +1,549 @@
+/*
+ * The cuda_ipc transport (see cuda_ipc.h): a reader on the same host as the
+ * target maps the target's CUDA allocations once per target incarnation
+ * (cuIpcOpenMemHandle, through the memory layer) and runs each batch as
+ * device-to-device copies, spread over a few streams per device, each
+ * stream's copies followed by one completion notice (no polling).  The
+ * handles come from the control connection (ipc_conn.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "ipc_int.h"
+
+/* ------------------------------------------------------------ mappings */
+
+static void map_close(ipc_map *m) {
+  sx__mem_ipc_close(m->device, m->ptr);
+  free(m);
+}
+
+/* Close the mappings no READY region uses (all when all is set). */
+static void unmap(ipc_peer *p, int all) {
+  for (ipc_map **pp = &p->maps; *pp;) {
+    ipc_map *m = *pp;
+    int used = 0;
+    for (uint32_t i = 0; i < p->n_regs && !all && !used; i++)
+      used = p->regs[i].state == R_READY && p->regs[i].rec.base == m->base;
+    if (used) {
+      pp = &m->next;
+      continue;
+    }
+    for (uint32_t i = 0; i < p->n_regs; i++)
+      if (p->regs[i].map == m)
+        p->regs[i].map = NULL;
+    *pp = m->next;
+    map_close(m);
+  }
+}
+
+/* The mapping of region r's allocation into device. */
+static int map_get(ipc_peer *p, ipc_reg *r, int device, ipc_map **out) {
+  if (r->map != NULL && r->map->device == device) {
+    *out = r->map;
+    return 0;
+  }
+  ipc_map *m;
+  for (m = p->maps; m != NULL; m = m->next)
+    if (m->base == r->rec.base && m->device == device)
+      break;
+  if (m == NULL) {
+    if ((m = calloc(1, sizeof(*m))) == NULL)
+      return sx__err(SX_ENOMEM, "cuda_ipc: mapping");
+    int rc = sx__mem_ipc_open(device, r->rec.handle, (void **)&m->ptr);
+    if (rc) {
+      free(m);
+      return sx__errwrap(rc, "%s: mapping region %u into cuda:%d", p->label,
+                         r->rec.region, device);
+    }
+    m->base = r->rec.base;
+    m->device = device;
+    m->size = r->rec.alloc;
+    m->next = p->maps;
+    p->maps = m;
+  }
+  r->map = m;
+  *out = m;
+  return 0;
+}
+
+/* ------------------------------------------------------------ ops */
+
+static void list_del(iop **head, iop *o) {
+  if (o->prev)
+    o->prev->next = o->next;
+  else
+    *head = o->next;
+  if (o->next)
+    o->next->prev = o->prev;
+  o->next = o->prev = NULL;
+}
+
+static void list_add(iop **head, iop *o) {
+  o->prev = NULL;
+  o->next = *head;
+  if (o->next)
+    o->next->prev = o;
+  *head = o;
+}
+
+static void iop_free(iop *o) {
+  free(o->slot);
+  free(o->src);
+  free(o);
+}
+
+/* No copy runs any more: give back what the target asked for, drop
+ * mappings a lost connection left. */
+static void settle_peer(ipc_peer *p) {
+  if (p->running != NULL)
+    return;
+  if (p->unmap_all) {
+    unmap(p, 1);
+    p->unmap_all = 0;
+  }
+  if (p->n_give > 0) {
+    unmap(p, 0);
+    if (p->state == C_READY)
+      sx__ipc_conn_send(p, 0, p->give, p->n_give);
+    p->n_give = 0;
+  }
+  sx__ipc_peer_maybe_free(p);
+}
+
+/* The copies of one stream finished. */
+static void slot_done(sx__mem_notice *n) {
+  iop_slot *s = (iop_slot *)((char *)n - offsetof(iop_slot, note));
+  iop *o = s->o;
+  ipc_peer *p = o->p;
+  unsigned k = (unsigned)(s - o->slots);
+  int st = o->status;
+  o->slots_left--;
+  if (p != NULL) {
+    for (size_t i = 0; i < o->op->n && s->left > 0; i++) {
+      if (o->slot[i] != k)
+        continue;
+      s->left--;
+      sx__op_xfer_done(o->op, i, st, NULL); /* done may run: o->op last used here */
+    }
+  }
+  if (o->slots_left > 0)
+    return;
+  if (p != NULL)
+    list_del(&p->running, o);
+  iop_free(o);
+  if (p != NULL)
+    settle_peer(p);
+}
+
+static int dest_device(const sx_xfer *x) {
+  sx__mem_info m;
+  if (x->lreg != NULL)
+    m = x->lreg->mem;
+  else
+    sx__mem_query(x->local, &m);
+  return m.kind == SX__MEM_CUDA ? m.device : -1;
+}
+
+static int stream_for(cipc_t *t, int device, sx__mem_stream **out) {
+  if (device < 0 || device >= IPC_MAX_DEVICES)
+    return sx__err(SX_ENODEV, "cuda_ipc: device %d", device);
+  sx__mem_stream **s = &t->streams[device][t->rr[device]++ % IPC_STREAMS];
+  if (*s == NULL) {
+    int rc = sx__mem_stream_create(device, s);
+    if (rc)
+      return rc;
+  }
+  *out = *s;
+  return 0;
+}
+
+/* Every region o needs is known: queue its copies.  Ranges that cannot
+ * be copied settle with their error after the others were queued. */
+static void run(ipc_peer *p, iop *o) {
+  cipc_t *t = p->t;
+  sx_op *op = o->op;
+  char msg[256] = "";
+  int err = 0;
+  list_add(&p->running, o);
+  o->slots_left = 1; /* held while queueing */
+  for (size_t i = 0; i < op->n; i++) {
+    sx_xfer *x = &op->xfers[i];
+    ipc_reg *r = &p->regs[x->rreg - p->remote->regions];
+    o->slot[i] = 0xff;
+    int rc = r->state == R_READY ? 0 : r->err;
+    int dev = dest_device(x);
+    ipc_map *m = NULL;
+    sx__mem_stream *s = NULL;
+    /* Host destinations are copied by the stream of device 0's context. */
+    if (rc == 0 && (rc = map_get(p, r, dev < 0 ? 0 : dev, &m)) == 0)
+      rc = stream_for(t, m->device, &s);
+    if (rc == 0) {
+      unsigned k;
+      for (k = 0; k < o->n_slots && o->slots[k].s != s; k++) {
+      }
+      if (k == o->n_slots && o->n_slots == IPC_SLOTS)
+        rc = sx__err(SX_ELIMIT, "cuda_ipc: one batch uses more than %d streams",
+                     IPC_SLOTS);
+      else {
+        if (k == o->n_slots)
+          o->slots[o->n_slots++] = (iop_slot){.o = o, .s = s};
+        o->slot[i] = (uint8_t)k;
+        o->slots[k].left++;
+        o->src[i] = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset + x->roff);
+      }
+    }
+    if (rc != 0 && err == 0) {
+      err = rc;
+      if (r->state != R_READY)
+        snprintf(msg, sizeof(msg), "%s: region %u: %s", p->label, x->rreg->id,
+                 rc == SX_ENOTSUP && strncmp(x->rreg->location, "cuda:", 5) != 0
+                     ? "host memory is read over tcp, not cuda_ipc"
+                     : sx_strerror(rc));
+      else
+        snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    }
+  }
+  /* Each stream's copies in one call (cuMemcpyBatchAsync where the driver
+   * has it), then one notice behind them. */
+  uint64_t *dst = o->src + op->n, *src = dst + op->n;
+  size_t *len = (size_t *)(src + op->n);
+  for (unsigned k = 0; k < o->n_slots; k++) {
+    size_t c = 0;
+    for (size_t i = 0; i < op->n; i++) {
+      if (o->slot[i] != k)
+        continue;
+      dst[c] = (uint64_t)(uintptr_t)op->xfers[i].local;
+      src[c] = o->src[i];
+      len[c++] = (size_t)op->xfers[i].length;
+    }
+    int rc = sx__mem_copy_batch_async(o->slots[k].s, dst, src, len, c);
+    if (rc != 0) {
+      /* Copies of it may have been queued: they end before the notice. */
+      if (err == 0) {
+        err = rc;
+        snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+      }
+      if (o->status == 0)
+        o->status = rc;
+    }
+  }
+  /* One notice per stream used, behind its copies. */
+  for (unsigned k = 0; k < o->n_slots; k++) {
+    if (o->slots[k].left == 0)
+      continue;
+    o->slots[k].note.fn = slot_done;
+    o->slots_left++;
+    if (sx__mem_notify(o->slots[k].s, t->nf, &o->slots[k].note) != 0) {
+      /* Cannot be told: wait here (copies must end before they settle). */
+      sx__mem_stream_sync(o->slots[k].s);
+      slot_done(&o->slots[k].note);
+    }
+  }
+  /* Ranges not copied settle now (the op ends with its last range). */
+  for (size_t i = 0; i < op->n && op->pending > 0; i++)
+    if (o->slot[i] == 0xff && op->xfers[i].status == 1)
+      sx__op_xfer_done(op, i, o->status ? o->status : err ? err : SX_EIO, msg);
+  o->slots_left--;
+  if (o->slots_left == 0) {
+    list_del(&p->running, o);
+    iop_free(o);
+    settle_peer(p);
+  }
+}
+
+/* Run the waiting ops whose regions are all known now. */
+static void run_ready(ipc_peer *p) {
+  for (iop *o = p->waiting, *next; o != NULL; o = next) {
+    next = o->next;
+    int ready = 1;
+    for (size_t i = 0; i < o->op->n && ready; i++) {
+      int st = p->regs[o->op->xfers[i].rreg - p->remote->regions].state;
+      ready = st == R_READY || st == R_FAILED;
+    }
+    if (ready) {
+      list_del(&p->waiting, o);
+      run(p, o);
+    }
+  }
+  if (p->waiting != NULL)
+    sx__ipc_conn_kick(p);
+}
+
+static void fail_waiting(ipc_peer *p, int err, const char *msg) {
+  while (p->waiting != NULL) {
+    iop *o = p->waiting;
+    list_del(&p->waiting, o);
+    sx_op *op = o->op;
+    int st = o->status ? o->status : err;
+    iop_free(o);
+    for (size_t i = 0; i < op->n && op->pending > 0; i++)
+      if (op->xfers[i].status == 1)
+        sx__op_xfer_done(op, i, st, msg);
+  }
+}
+
+/* ------------------------------------------------------------ from ipc_conn.c */
+
+void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len) {
+  const sx_desc *d = p->remote;
+  for (size_t off = 0; off + SX__IPC_RECORD <= len; off += SX__IPC_RECORD) {
+    sx__ipc_record rec;
+    sx__ipc_record_decode(body + off, &rec);
+    const sx_region *R = NULL;
+    for (uint32_t i = 0; i < d->n_regions && R == NULL; i++)
+      if (d->regions[i].id == rec.region)
+        R = &d->regions[i];
+    if (R == NULL)
+      continue; /* not asked: ignore */
+    ipc_reg *r = &p->regs[R - d->regions];
+    if (r->state != R_ASKED)
+      continue;
+    uint64_t end;
+    int st = rec.status < 0 && rec.status >= SX_ERRNO_MIN ? rec.status
+           : rec.status != 0 ? SX_EPROTO : 0;
+    /* Nothing from the wire is trusted: the region must lie inside the
+     * allocation, where the descriptor says it is. */
+    if (st == 0 && (!sx__add_ok(rec.offset, R->length, &end) || end > rec.alloc ||
+                    rec.base + rec.offset != R->addr))
+      st = SX_EBOUNDS;
+    r->rec = rec;
+    r->err = st;
+    r->state = st ? R_FAILED : R_READY;
+  }
+  run_ready(p);
+}
+
+void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
+  const sx_desc *d = p->remote;
+  uint32_t n = (uint32_t)(len / 4);
+  uint32_t *give = realloc(p->give, (p->n_give + n) * sizeof(uint32_t));
+  if (give == NULL) {
+    sx__ipc_lost(p, SX_ENOMEM, "cuda_ipc: out of memory");
+    return;
+  }
+  p->give = give;
+  for (uint32_t k = 0; k < n; k++) {
+    const uint8_t *b = ids + 4 * k;
+    uint32_t id = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+    for (uint32_t i = 0; i < d->n_regions; i++) {
+      if (d->regions[i].id == id) {
+        p->regs[i].state = R_NONE; /* asked again if needed: then refused */
+        p->regs[i].map = NULL;
+      }
+    }
+    p->give[p->n_give++] = id;
+  }
+  settle_peer(p);
+}
+
+void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {
+  /* Copies in flight finish (the mapping keeps the memory), but the target
+   * may have been writing it as it went: those ranges fail too. */
+  for (iop *o = p->running; o != NULL; o = o->next)
+    if (o->status == 0)
+      o->status = err;
+  for (uint32_t i = 0; i < p->remote->n_regions; i++) {
+    p->regs[i].state = R_NONE;
+    p->regs[i].map = NULL;
+  }
+  p->n_give = 0;
+  p->unmap_all = 1;
+  fail_waiting(p, err, msg);
+  settle_peer(p);
+}
+
+/* ------------------------------------------------------------ ops table */
+
+static int ipc_post(sx_tpeer *tp, sx_op *op) {
+  ipc_peer *p = (ipc_peer *)tp;
+  if (p->closing)
+    return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
+  iop *o = calloc(1, sizeof(*o));
+  if (o == NULL || (o->slot = malloc(op->n)) == NULL ||
+      (o->src = malloc(op->n * 4 * sizeof(uint64_t))) == NULL) {
+    if (o != NULL)
+      free(o->slot);
+    free(o);
+    return sx__err(SX_ENOMEM, "cuda_ipc: post");
+  }
+  o->p = p;
+  o->op = op;
+  for (size_t i = 0; i < op->n; i++) {
+    ipc_reg *r = &p->regs[op->xfers[i].rreg - p->remote->regions];
+    if (r->state == R_NONE && strncmp(op->xfers[i].rreg->location, "cuda:", 5) != 0) {
+      r->state = R_FAILED; /* host memory of the target: not for cuda_ipc */
+      r->err = SX_ENOTSUP;
+    }
+  }
+  list_add(&p->waiting, o);
+  run_ready(p);
+  return 0;
+}
+
+static void ipc_abort(sx_tpeer *tp, sx_op *op, int status) {
+  ipc_peer *p = (ipc_peer *)tp;
+  for (iop *o = p->running; o != NULL; o = o->next)
+    if (o->op == op && o->status == 0)
+      o->status = status; /* settles when its copies finished */
+  for (iop *o = p->waiting; o != NULL; o = o->next) {
+    if (o->op == op) {
+      list_del(&p->waiting, o);
+      iop_free(o);
+      for (size_t i = 0; i < op->n && op->pending > 0; i++)
+        if (op->xfers[i].status == 1)
+          sx__op_xfer_done(op, i, status, NULL);
+      return;
+    }
+  }
+}
+
+static int ipc_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out) {
+  cipc_t *t = (cipc_t *)base;
+  ipc_peer *p = calloc(1, sizeof(*p));
+  if (p == NULL || (p->regs = calloc(remote->n_regions + 1, sizeof(ipc_reg))) == NULL) {
+    free(p);
+    return sx__err(SX_ENOMEM, "cuda_ipc: peer");
+  }
+  p->base.t = base;
+  p->t = t;
+  p->remote = remote;
+  p->n_regs = remote->n_regions;
+  int rc = sx__ipc_conn_init(p);
+  if (rc) {
+    free(p->regs);
+    free(p);
+    return rc;
+  }
+  p->next = t->peers;
+  if (p->next)
+    p->next->prev = p;
+  t->peers = p;
+  *out = &p->base;
+  return 0;
+}
+
+void sx__ipc_peer_maybe_free(ipc_peer *p) {
+  if (!p->closing || p->handles > 0 || p->running != NULL)
+    return;
+  free(p->regs);
+  free(p->give);
+  free(p->rb);
+  free(p);
+}
+
+static void ipc_peer_close(sx_tpeer *tp) {
+  ipc_peer *p = (ipc_peer *)tp;
+  if (p->closing)
+    return;
+  p->closing = 1;
+  cipc_t *t = p->t;
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    t->peers = p->next;
+  if (p->next)
+    p->next->prev = p->prev;
+  char msg[256];
+  snprintf(msg, sizeof(msg), "%s: segment closed", p->label);
+  fail_waiting(p, SX_ECANCELED, msg);
+  /* Copies in flight end first (briefly blocking the loop): then their
+   * ranges settle, the mappings close, and the peer goes. */
+  for (int d = 0; d < IPC_MAX_DEVICES; d++)
+    for (int k = 0; k < IPC_STREAMS; k++)
+      if (t->streams[d][k] != NULL)
+        sx__mem_stream_sync(t->streams[d][k]);
+  for (iop *o = p->running; o != NULL; o = o->next) {
+    if (o->status == 0)
+      o->status = SX_ECANCELED;
+    o->p = NULL; /* its notices only free it now */
+    for (size_t i = 0; i < o->op->n && o->op->pending > 0; i++)
+      if (o->op->xfers[i].status == 1)
+        sx__op_xfer_done(o->op, i, o->status, msg);
+  }
+  p->running = NULL;
+  unmap(p, 1);
+  p->remote = NULL; /* the agent frees it after this returns */
+  sx__ipc_conn_close(p);
+  sx__ipc_peer_maybe_free(p);
+}
+
+/* ------------------------------------------------------------ transport */
+
+static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
+  int n;
+  int rc = sx__mem_cuda_devices(&n);
+  if (rc)
+    return sx__err(SX_ENODEV, "%s", sx_errmsg()); /* no GPU: the agent goes on */
+  cipc_t *t = calloc(1, sizeof(*t));
+  if (t == NULL)
+    return sx__err(SX_ENOMEM, "cuda_ipc: open");
+  if ((rc = sx__mem_notifier_create(ctx->loop, &t->nf)) != 0) {
+    free(t);
+    return rc;
+  }
+  t->base.ops = &sx__cuda_ipc_ops;
+  t->base.ctx = ctx;
+  t->loop = ctx->loop;
+  sx__host_identity(&t->self);
+  *out = &t->base;
+  return 0;
+}
+
+static void ipc_close(sx_transport *base) {
+  cipc_t *t = (cipc_t *)base;
+  while (t->peers != NULL)
+    ipc_peer_close(&t->peers->base);
+  for (int d = 0; d < IPC_MAX_DEVICES; d++)
+    for (int k = 0; k < IPC_STREAMS; k++)
+      sx__mem_stream_destroy(t->streams[d][k]);
+  sx__mem_notifier_close(t->nf);
+  free(t);
+}
+
+/* The cuda_ipc endpoint is the TCP one: handles come over that listener. */
+static int ipc_pack(sx_transport *base, sx_desc *d) {
+  (void)base;
+  for (uint32_t i = 0; i < d->n_endpoints; i++) {
+    if (d->endpoints[i].kind != SX_TRANSPORT_TCP || d->host_id[0] == '\0')
+      continue;
+    sx_endpoint e = d->endpoints[i];
+    e.kind = SX_TRANSPORT_CUDA_IPC;
+    return sx_desc_add_endpoint(d, &e);
+  }
+  return 0;
+}
+
+static int ipc_usable(sx_transport *base, const sx_desc *remote) {
+  cipc_t *t = (cipc_t *)base;
+  int ep = 0, gpu = 0;
+  for (uint32_t i = 0; i < remote->n_endpoints; i++)
+    ep |= remote->endpoints[i].kind == SX_TRANSPORT_CUDA_IPC;
+  /* Same kernel, another process, and GPU memory on every readable region. */
+  if (!ep || remote->host_id[0] == '\0' || strcmp(remote->host_id, t->self.host_id) != 0 ||
+      remote->process == t->self.process)
+    return 0;
+  for (uint32_t i = 0; i < remote->n_regions; i++) {
+    if (!(remote->regions[i].access & SX_ACCESS_REMOTE_READ))
+      continue;
+    if (strncmp(remote->regions[i].location, "cuda:", 5) != 0)
+      return 0;
+    gpu = 1;
+  }
+  return gpu;
+}
+
+const sx_transport_ops sx__cuda_ipc_ops = {
+    .name = "cuda_ipc",
+    .kind = SX_TRANSPORT_CUDA_IPC,
+    .open = ipc_open,
+    .close = ipc_close,
+    .pack = ipc_pack,
+    .usable = ipc_usable,
+    .peer_open = ipc_peer_open,
+    .peer_close = ipc_peer_close,
+    .post = ipc_post,
+    .abort = ipc_abort,
+};

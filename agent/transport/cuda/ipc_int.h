@@ -1,0 +1,113 @@
+/*
+ * cuda_ipc, reader side: the transport, its peers, their mappings and
+ * control connections, shared by cuda_ipc.c and ipc_conn.c.  Not
+ * installed.  Everything runs on the agent's loop thread.
+ */
+#ifndef SX_IPC_INT_H
+#define SX_IPC_INT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "cuda_ipc.h"
+#include "mem/mem.h"
+
+#define IPC_STREAMS 4       /* per local device */
+#define IPC_MAX_DEVICES 64
+#define IPC_SLOTS 8         /* distinct streams one op may use */
+#define IPC_CONNECT_MS 5000
+
+typedef struct cipc_t cipc_t;
+typedef struct iop iop;
+
+struct cipc_t {
+  sx_transport base;
+  uv_loop_t *loop;
+  sx__mem_notifier *nf;
+  sx__mem_stream *streams[IPC_MAX_DEVICES][IPC_STREAMS];
+  unsigned rr[IPC_MAX_DEVICES];
+  ipc_peer *peers;
+  sx_desc self;            /* host_id and process only */
+};
+
+/* A mapping of one target allocation into one local device's context. */
+typedef struct ipc_map {
+  struct ipc_map *next;
+  uint64_t base;           /* the allocation's address in the target */
+  int device;              /* local device it is mapped into */
+  uint8_t *ptr;
+  uint64_t size;
+} ipc_map;
+
+enum { R_NONE, R_ASKED, R_READY, R_FAILED };
+
+/* What the reader knows of one region of the target's descriptor. */
+typedef struct ipc_reg {
+  int state;
+  int err;
+  sx__ipc_record rec;
+  ipc_map *map;            /* the last mapping used (cache) */
+} ipc_reg;
+
+enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING };
+
+/* One completion notice: the copies of op on one stream. */
+typedef struct iop_slot {
+  sx__mem_notice note;
+  iop *o;
+  sx__mem_stream *s;
+  uint32_t left;           /* ranges of the op on this stream not settled */
+} iop_slot;
+
+struct iop {
+  iop *next, *prev;        /* p->waiting or p->running */
+  ipc_peer *p;             /* NULL once the peer closed under it */
+  sx_op *op;
+  int status;              /* abort status: ranges settle with it */
+  uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
+  uint64_t *src;           /* per range: where it is read; then room for
+                            * one stream's dst, src and len arrays */
+  iop_slot slots[IPC_SLOTS];
+  uint32_t n_slots, slots_left;
+};
+
+struct ipc_peer {
+  sx_tpeer base;
+  cipc_t *t;
+  ipc_peer *next, *prev;   /* t->peers */
+  const sx_desc *remote;
+  char label[160];
+  ipc_reg *regs;           /* by index in remote->regions */
+  uint32_t n_regs;         /* remote->n_regions (remote goes at peer_close) */
+  ipc_map *maps;
+  iop *waiting, *running;
+  int closing;
+  int unmap_all;           /* the connection was lost: drop every mapping */
+  uint32_t *give, n_give;  /* regions to give back once no copy runs */
+  /* The control connection (ipc_conn.c). */
+  int state;
+  uv_tcp_t h;
+  uv_timer_t timer;
+  uv_connect_t creq;
+  int handles;             /* uv handles not closed yet */
+  uint8_t *rb;
+  size_t rlen, rcap;
+  uint64_t next_id;
+};
+
+/* ipc_conn.c */
+int sx__ipc_conn_init(ipc_peer *p);
+/* Connect if idle; ask for the regions in R_NONE that waiting ops need. */
+void sx__ipc_conn_kick(ipc_peer *p);
+/* Send an IPC frame of id with these region ids. */
+int sx__ipc_conn_send(ipc_peer *p, uint64_t id, const uint32_t *ids, uint32_t n);
+void sx__ipc_conn_close(ipc_peer *p);
+
+/* cuda_ipc.c, called by ipc_conn.c */
+void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len);
+void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len);
+/* The connection failed or closed: err for waiting ops, mappings go. */
+void sx__ipc_lost(ipc_peer *p, int err, const char *msg);
+void sx__ipc_peer_maybe_free(ipc_peer *p);
+
+#endif

@@ -1,0 +1,210 @@
+/*
+ * cuda_ipc, target side: IPC frames on the TCP reader connections (after
+ * HELLO), the regions lent to each connection, and asking them back when
+ * one is unregistered (see cuda_ipc.h and tcp_frame.h for the wire).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_ipc.h"
+#include "internal.h"
+#include "mem/mem.h"
+
+struct sx__ipc_holds {
+  const sx_tctx *x;
+  sconn *c;            /* NULL once the connection closed */
+  sx_lregion **lent;   /* each counted once in its inflight */
+  uint32_t n, cap;
+  uint32_t asked;      /* of them, asked back and not returned yet */
+  uv_timer_t timer;    /* the deadline for returning them */
+  int timer_init;
+};
+
+static void put32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (24 - 8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+  put32(p, (uint32_t)(v >> 32));
+  put32(p + 4, (uint32_t)v);
+}
+static uint32_t get32(const uint8_t *p) {
+  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
+
+void sx__ipc_record_encode(const sx__ipc_record *r, uint8_t out[SX__IPC_RECORD]) {
+  put32(out, r->region);
+  put32(out + 4, (uint32_t)r->status);
+  put64(out + 8, r->alloc);
+  put64(out + 16, r->offset);
+  put64(out + 24, r->base);
+  memcpy(out + 32, r->handle, 64);
+}
+
+void sx__ipc_record_decode(const uint8_t in[SX__IPC_RECORD], sx__ipc_record *r) {
+  r->region = get32(in);
+  r->status = (int32_t)get32(in + 4);
+  r->alloc = get64(in + 8);
+  r->offset = get64(in + 16);
+  r->base = get64(in + 24);
+  memcpy(r->handle, in + 32, 64);
+}
+
+static int lent_index(const sx__ipc_holds *h, uint32_t id) {
+  for (uint32_t i = 0; i < h->n; i++)
+    if (h->lent[i]->r.id == id)
+      return (int)i;
+  return -1;
+}
+
+static void give_back(sx__ipc_holds *h, uint32_t i) {
+  sx_lregion *l = h->lent[i];
+  l->inflight--;
+  if (l->withdrawn && h->asked > 0)
+    h->asked--;
+  h->lent[i] = h->lent[--h->n];
+}
+
+/* One region asked for: its record, and lend it if it can be. */
+static void lend(sx__ipc_holds *h, uint32_t id, sx__ipc_record *rec) {
+  const sx_tctx *x = h->x;
+  memset(rec, 0, sizeof(*rec));
+  rec->region = id;
+  sx_lregion *l = x->find_region(x->agent, id);
+  int st = 0;
+  if (l == NULL)
+    st = SX_ENOREGION;
+  else if (!(l->r.access & SX_ACCESS_REMOTE_READ))
+    st = SX_EDENIED;
+  else if (l->mem.kind != SX__MEM_CUDA)
+    st = SX_EINVAL; /* host memory: read it over TCP */
+  else if (sx__mem_ipc_export((void *)(uintptr_t)l->mem.base, rec->handle) != 0) {
+    x->log(x->agent, SX_LOG_WARN, "cuda_ipc: region %u: %s", id, sx_errmsg());
+    st = SX_ENOTSUP;
+  }
+  if (st == 0 && lent_index(h, id) < 0) {
+    if (h->n == h->cap) {
+      uint32_t cap = h->cap ? 2 * h->cap : 8;
+      sx_lregion **v = realloc(h->lent, cap * sizeof(*v));
+      if (v == NULL)
+        st = SX_ENOMEM;
+      else {
+        h->lent = v;
+        h->cap = cap;
+      }
+    }
+    if (st == 0) {
+      h->lent[h->n++] = l;
+      l->inflight++; /* until the reader gives it back or goes away */
+    }
+  }
+  rec->status = st;
+  if (st == 0) {
+    rec->alloc = l->mem.size;
+    rec->offset = l->r.addr - l->mem.base;
+    rec->base = l->mem.base;
+  } else {
+    memset(rec->handle, 0, sizeof(rec->handle));
+  }
+}
+
+static void reply(sx__ipc_holds *h, uint64_t id, int status, uint32_t n,
+                  const uint32_t *ids) {
+  size_t len = status ? 0 : (size_t)n * SX__IPC_RECORD;
+  uint8_t *buf = malloc(SX__FRAME_HDR + len);
+  if (buf == NULL) {
+    sx__tcp_sconn_close(h->c, "out of memory");
+    return;
+  }
+  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = id, .status = status,
+                 .length = len};
+  sx__frame_encode(&f, buf);
+  for (uint32_t i = 0; i < n && status == 0; i++) {
+    sx__ipc_record rec;
+    lend(h, ids[i], &rec);
+    sx__ipc_record_encode(&rec, buf + SX__FRAME_HDR + (size_t)i * SX__IPC_RECORD);
+  }
+  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + len);
+}
+
+void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__frame *f,
+                   const uint8_t *body) {
+  sx__ipc_holds *h = *holds;
+  if (h == NULL) {
+    if ((h = calloc(1, sizeof(*h))) == NULL) {
+      sx__tcp_sconn_close(c, "out of memory");
+      return;
+    }
+    h->x = x;
+    h->c = c;
+    *holds = h;
+  }
+  uint32_t n = (uint32_t)(f->length / 4), ids[SX__IPC_MAX_IDS];
+  for (uint32_t i = 0; i < n; i++)
+    ids[i] = get32(body + 4 * i);
+  if (f->id == 0) {
+    /* Given back. */
+    for (uint32_t i = 0; i < n; i++) {
+      int k = lent_index(h, ids[i]);
+      if (k >= 0)
+        give_back(h, (uint32_t)k);
+    }
+    if (h->asked == 0 && h->timer_init)
+      uv_timer_stop(&h->timer);
+    return;
+  }
+  int st = 0;
+  if (!(x->params->transports & SX_TRANSPORTS_CUDA_IPC))
+    st = SX_ENOTSUP; /* this agent does not serve cuda_ipc */
+  reply(h, f->id, st, n, ids);
+}
+
+static void revoke_timeout(uv_timer_t *t) {
+  sx__ipc_holds *h = t->data;
+  if (h->c == NULL || h->asked == 0)
+    return;
+  const sx_tctx *x = h->x;
+  x->log(x->agent, SX_LOG_WARN, "cuda_ipc: reader %s did not give back %u region(s) "
+         "within %d ms: closing its connection", sx__tcp_sconn_reader(h->c), h->asked,
+         SX__IPC_REVOKE_MS);
+  sx__tcp_sconn_close(h->c, "CUDA IPC handles not given back in time");
+}
+
+void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l) {
+  if (h == NULL || h->c == NULL || lent_index(h, l->r.id) < 0)
+    return;
+  uint8_t *buf = malloc(SX__FRAME_HDR + 4);
+  if (buf == NULL) {
+    sx__tcp_sconn_close(h->c, "out of memory");
+    return;
+  }
+  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4};
+  sx__frame_encode(&f, buf);
+  put32(buf + SX__FRAME_HDR, l->r.id);
+  h->asked++;
+  if (!h->timer_init) {
+    uv_timer_init(h->x->loop, &h->timer);
+    h->timer.data = h;
+    h->timer_init = 1;
+  }
+  if (!uv_is_active((uv_handle_t *)&h->timer))
+    uv_timer_start(&h->timer, revoke_timeout, SX__IPC_REVOKE_MS, 0);
+  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + 4);
+}
+
+static void holds_closed(uv_handle_t *t) { free(t->data); }
+
+void sx__ipc_drop(sx__ipc_holds *h) {
+  if (h == NULL)
+    return;
+  while (h->n > 0)
+    give_back(h, h->n - 1);
+  free(h->lent);
+  h->c = NULL;
+  if (h->timer_init)
+    uv_close((uv_handle_t *)&h->timer, holds_closed);
+  else
+    free(h);
+}

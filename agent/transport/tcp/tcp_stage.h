@@ -1,0 +1,96 @@
+/*
+ * TCP with GPU memory on either side: staging through pinned host memory.
+ * Not installed.  The code: tcp_stage.c (the pinned pool, streams and
+ * lifetime), tcp_stage_serve.c (target side), tcp_stage_read.c (reader
+ * side).  The design is in docs/gpu.md; in short:
+ *
+ * - Target: a READ of a GPU region is answered by device-to-host copies
+ *   into pinned chunks, each written to the socket as soon as its copy
+ *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  The
+ *   connection parses no further request until every chunk of that reply
+ *   is queued (replies go out in order), and the region's `inflight` holds
+ *   until the last chunk has left, so unregister waits for it.
+ * - Reader: a batch with GPU destinations is cut into pieces of at most a
+ *   chunk; each piece is read over the ordinary TCP path into a pinned
+ *   chunk and copied to the device from there while the next pieces
+ *   arrive.  A range settles only after its last device copy finished, so
+ *   a batch is COMPLETED only then; an abort waits for copies in flight.
+ * - Staging memory is bounded: sx_agent_params.staging_bytes per
+ *   direction, allocated on first use, in chunks of at most 1 MiB; work
+ *   waits for a free chunk when all are in use.
+ *
+ * Everything runs on the agent's loop thread; device copies complete
+ * through sx__mem_notify (no polling).
+ */
+#ifndef SX_TCP_STAGE_H
+#define SX_TCP_STAGE_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "mem/mem.h"
+#include "tcp_frame.h"
+#include "transport/transport.h"
+
+typedef struct tcp_t tcp_t;
+typedef struct sconn sconn;
+typedef struct sx__tcp_stage sx__tcp_stage;
+typedef struct sx__tcp_sreply sx__tcp_sreply;
+
+/* Reader side: the TCP ops table's post, abort and peer_close.  Ops with no
+ * GPU destination go straight to the plain TCP path (tcp_read.c). */
+int sx__tcp_stage_post(sx_tpeer *p, sx_op *op);
+void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
+void sx__tcp_stage_peer_close(sx_tpeer *p);
+
+/* Target side: answer READ id of [off, off+len) of GPU region l on
+ * connection c (stream h).  *slot is set to the reply in progress; c must
+ * parse no further request until sx__tcp_sconn_resume(c, ...), which runs
+ * when the reply is queued, or at once (with an error) when staging is
+ * impossible. */
+void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
+                         uint64_t id, sx_lregion *l, uint64_t off, uint64_t len);
+/* c is closing: write nothing more for r, resume nothing. */
+void sx__tcp_stage_detach(sx__tcp_sreply *r);
+/* tcp_serve.c: the staged reply on c is queued (err 0: parse on; else
+ * close the connection with that error). */
+void sx__tcp_sconn_resume(sconn *c, int err);
+
+/* tcp_close(), after every peer and reader connection was closed: wait for
+ * device copies, free staging once the last chunk came back. */
+void sx__tcp_stage_close(tcp_t *t);
+
+/* ------------------------------------------------------ the three files */
+
+enum { SX__STAGE_SERVE = 0, SX__STAGE_READ = 1 };
+
+/* Someone waiting for a chunk: fn gets it (on the loop thread). */
+typedef struct sx__stage_wait {
+  struct sx__stage_wait *next;
+  void (*fn)(struct sx__stage_wait *w, void *chunk);
+} sx__stage_wait;
+
+/* The staging state of a TCP transport, made on first GPU use. */
+int sx__tcp_stage_get(tcp_t *t, sx__tcp_stage **out);
+size_t sx__stage_chunk_size(const sx__tcp_stage *s);
+/* A chunk of direction dir: 0 with *chunk, 1 when w was queued (w->fn runs
+ * later with one), or an error (no pinned memory). */
+int sx__stage_chunk_get(sx__tcp_stage *s, int dir, sx__stage_wait *w, void **chunk);
+void sx__stage_chunk_put(sx__tcp_stage *s, int dir, void *chunk);
+/* Take w out of dir's queue (it was waiting). */
+void sx__stage_unwait(sx__tcp_stage *s, int dir, sx__stage_wait *w);
+/* A stream for copies of direction dir on device (round-robin over a few). */
+int sx__stage_stream(sx__tcp_stage *s, int dir, int device, sx__mem_stream **out);
+sx__mem_notifier *sx__stage_notifier(const sx__tcp_stage *s);
+/* Count something that must end before the staging state may be freed. */
+void sx__stage_hold(sx__tcp_stage *s);
+void sx__stage_release(sx__tcp_stage *s);
+int sx__stage_closing(const sx__tcp_stage *s);
+const sx_tctx *sx__stage_ctx(const sx__tcp_stage *s);
+
+/* The head of tcp_stage_read.c's list of staged ops. */
+void **sx__stage_sops(sx__tcp_stage *s);
+/* tcp_stage_read.c: fail every staged op (peer NULL: of every peer). */
+void sx__stage_read_abort_all(sx__tcp_stage *s, sx_tpeer *peer, int status);
+
+#endif

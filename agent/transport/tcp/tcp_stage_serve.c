@@ -1,0 +1,204 @@
+/*
+ * Staging, target side: a READ of a GPU region is answered from pinned
+ * chunks, each filled by a device-to-host copy and written to the socket
+ * as soon as the copy finished, so copying chunk n+1 overlaps sending
+ * chunk n (see tcp_stage.h).  The chunks of one reply go through one
+ * stream, so their copies, and so their writes, come in order.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "tcp_int.h"
+#include "tcp_stage.h"
+
+struct sx__tcp_sreply {
+  sx__tcp_stage *st;
+  sconn *c;            /* NULL once detached or resumed */
+  uv_stream_t *h;      /* NULL once detached */
+  sx_lregion *l;
+  const uint8_t *src;  /* the region's bytes being read (device memory) */
+  uint64_t len, issued, written;
+  uint32_t refs;       /* copies and writes in flight */
+  int failed;
+  sx__mem_stream *stream;
+  sx__stage_wait wait;
+  int waiting;
+  void *ready;         /* a chunk a waiter was handed */
+  uint8_t hdr[SX__FRAME_HDR];
+};
+
+typedef struct schunk {
+  sx__mem_notice note;
+  uv_write_t wr;
+  sx__tcp_sreply *r;
+  void *chunk;
+  size_t len;
+  int first;
+} schunk;
+
+static void issue(sx__tcp_sreply *r);
+
+static void r_maybe_free(sx__tcp_sreply *r) {
+  if (r->refs > 0 || r->waiting || (r->h != NULL && !r->failed && r->written < r->len))
+    return;
+  sx__tcp_stage *st = r->st;
+  if (r->ready != NULL)
+    sx__stage_chunk_put(st, SX__STAGE_SERVE, r->ready);
+  r->l->inflight--; /* no copy reads the region any more */
+  free(r);
+  sx__stage_release(st);
+}
+
+/* Something broke: nothing more is written, and the connection closes. */
+static void r_fail(sx__tcp_sreply *r, int err) {
+  r->failed = 1;
+  sconn *c = r->c;
+  r->c = NULL;
+  r->h = NULL;
+  if (r->waiting) {
+    sx__stage_unwait(r->st, SX__STAGE_SERVE, &r->wait);
+    r->waiting = 0;
+  }
+  if (c != NULL)
+    sx__tcp_sconn_resume(c, err);
+}
+
+static void written(uv_write_t *req, int status) {
+  schunk *sc = req->data;
+  sx__tcp_sreply *r = sc->r;
+  (void)status; /* a failed write is the connection's end: tcp_serve.c sees it */
+  sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
+  free(sc);
+  r->refs--;
+  r_maybe_free(r);
+}
+
+/* The copy of sc finished: its bytes go to the socket. */
+static void copied(sx__mem_notice *n) {
+  schunk *sc = (schunk *)((char *)n - offsetof(schunk, note));
+  sx__tcp_sreply *r = sc->r;
+  if (r->h == NULL || r->failed) {
+    sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
+    free(sc);
+    r->refs--;
+    r_maybe_free(r);
+    return;
+  }
+  uv_buf_t b[2];
+  unsigned nb = 0;
+  if (sc->first)
+    b[nb++] = uv_buf_init((char *)r->hdr, SX__FRAME_HDR);
+  b[nb++] = uv_buf_init(sc->chunk, (unsigned)sc->len);
+  sc->wr.data = sc;
+  if (uv_write(&sc->wr, r->h, b, nb, written) != 0) {
+    sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
+    free(sc);
+    r->refs--;
+    r_fail(r, SX_EDISCONN);
+    r_maybe_free(r);
+    return;
+  }
+  r->written += sc->len;
+  if (r->written == r->len && r->c != NULL) {
+    /* The whole reply is queued: the connection may go on parsing. */
+    sconn *c = r->c;
+    r->c = NULL;
+    sx__tcp_sconn_resume(c, 0);
+  }
+}
+
+static void chunk_ready(sx__stage_wait *w, void *chunk) {
+  sx__tcp_sreply *r = (sx__tcp_sreply *)((char *)w - offsetof(sx__tcp_sreply, wait));
+  r->waiting = 0;
+  r->ready = chunk;
+  issue(r);
+  r_maybe_free(r);
+}
+
+/* Queue copies into as many chunks as there are, up to the whole reply. */
+static void issue(sx__tcp_sreply *r) {
+  size_t csize = sx__stage_chunk_size(r->st);
+  while (r->issued < r->len && !r->failed && r->h != NULL) {
+    void *chunk = r->ready;
+    int rc = 0;
+    r->ready = NULL;
+    r->wait.fn = chunk_ready;
+    if (chunk == NULL)
+      rc = sx__stage_chunk_get(r->st, SX__STAGE_SERVE, &r->wait, &chunk);
+    if (rc == 1) {
+      r->waiting = 1;
+      return;
+    }
+    schunk *sc = rc == 0 ? calloc(1, sizeof(*sc)) : NULL;
+    if (sc == NULL) {
+      if (rc == 0)
+        sx__stage_chunk_put(r->st, SX__STAGE_SERVE, chunk);
+      r_fail(r, rc ? rc : SX_ENOMEM);
+      return;
+    }
+    uint64_t left = r->len - r->issued;
+    *sc = (schunk){.r = r, .chunk = chunk, .len = left < csize ? (size_t)left : csize,
+                   .first = r->issued == 0, .note.fn = copied};
+    rc = sx__mem_copy_async(r->stream, chunk, r->src + r->issued, sc->len);
+    if (rc == 0 && (rc = sx__mem_notify(r->stream, sx__stage_notifier(r->st),
+                                        &sc->note)) != 0)
+      sx__mem_stream_sync(r->stream); /* the chunk is free only after the copy */
+    if (rc != 0) {
+      const sx_tctx *x = sx__stage_ctx(r->st);
+      x->log(x->agent, SX_LOG_ERROR, "tcp: staging region %u: %s", r->l->r.id,
+             sx_errmsg());
+      sx__stage_chunk_put(r->st, SX__STAGE_SERVE, chunk);
+      free(sc);
+      r_fail(r, rc);
+      return;
+    }
+    r->issued += sc->len;
+    r->refs++;
+  }
+}
+
+void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
+                         uint64_t id, sx_lregion *l, uint64_t off, uint64_t len) {
+  sx__tcp_stage *st;
+  int rc = sx__tcp_stage_get(t, &st);
+  sx__tcp_sreply *r = rc == 0 ? calloc(1, sizeof(*r)) : NULL;
+  if (rc == 0 && r == NULL)
+    rc = sx__err(SX_ENOMEM, "tcp: staging");
+  if (rc == 0 && (rc = sx__stage_stream(st, SX__STAGE_SERVE, l->mem.device,
+                                        &r->stream)) != 0)
+    free(r);
+  if (rc != 0) {
+    const sx_tctx *x = sx__tcp_ctx(t);
+    x->log(x->agent, SX_LOG_ERROR, "tcp: cannot stage region %u: %s", l->r.id,
+           sx_errmsg());
+    sx__tcp_sconn_resume(c, rc);
+    return;
+  }
+  r->st = st;
+  r->c = c;
+  r->h = h;
+  r->l = l;
+  r->src = (const uint8_t *)(uintptr_t)(l->r.addr + off);
+  r->len = len;
+  sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = id, .length = len};
+  sx__frame_encode(&f, r->hdr);
+  l->inflight++;
+  sx__stage_hold(st);
+  *slot = r;
+  issue(r);
+  /* A failure inside issue() already resumed (closed) the connection. */
+  if (r->failed)
+    r_maybe_free(r);
+}
+
+void sx__tcp_stage_detach(sx__tcp_sreply *r) {
+  r->c = NULL;
+  r->h = NULL;
+  if (r->waiting) {
+    sx__stage_unwait(r->st, SX__STAGE_SERVE, &r->wait);
+    r->waiting = 0;
+  }
+  r_maybe_free(r);
+}

@@ -1,0 +1,473 @@
+"""Agent and Segment: register memory, publish it by name, open peers by
+name, check their layout, read their blocks.
+
+    with segxfer.Agent("prefill-0/tp0", url, dtype="bf16", tag="NHD") as agent:
+        agent.register_blocks(k_cache, slot="K")    # [layers, blocks, ...]
+        agent.register_blocks(v_cache, slot="V")
+        agent.publish()
+
+    with segxfer.Agent(None, url, dtype="bf16", tag="NHD") as agent:
+        ...register the decode cache the same way...
+        with agent.open("prefill-0/tp0", timeout=5) as seg:
+            seg.check()                              # IncompatibleLayout
+            batch = seg.read_blocks(remote_ids, local_ids)
+            await batch                              # or batch.wait()
+"""
+import atexit
+import ctypes
+import json
+import os
+import weakref
+
+from . import _lib
+from ._handle import Handle, Owned
+from .batch import Batch, _timeout_ms, _slots_mask, _u32, _u64
+from .errors import IncompatibleLayout, check, code, invalid
+from .memory import memory_of, pointer_location
+
+_lib_ = _lib.lib
+_live_agents = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_agents():
+    # Before the interpreter tears down: agent threads may call back into
+    # Python (a log callback), which is not safe during finalization.
+    for agent in list(_live_agents):
+        agent.close()
+
+
+def _bytes(s, what):
+    if s is None:
+        return None
+    if not isinstance(s, str):
+        raise TypeError("%s must be a str (got %s)" % (what, type(s).__name__))
+    return s.encode("utf-8")
+
+
+def _fill(struct, field, value, what):
+    """Copy text into a char array field, refusing what would not fit."""
+    raw = _bytes(value or "", what)
+    size = getattr(type(struct), field).size
+    if len(raw) >= size or b"\0" in raw:
+        raise invalid("%s must be at most %d bytes without NULs (got %r)"
+                      % (what, size - 1, value))
+    setattr(struct, field, raw)
+
+
+def transports_mask(transports):
+    """"auto" (the library's default), or names: "tcp", "rdma", "cuda_ipc",
+    as a list or "tcp,rdma"."""
+    if transports in (None, "auto"):
+        return None
+    if isinstance(transports, str):
+        transports = [t.strip() for t in transports.split(",") if t.strip()]
+    mask = 0
+    for t in transports:
+        if t not in _lib.TRANSPORT_KINDS:
+            raise invalid("unknown transport %r (auto, %s)"
+                          % (t, ", ".join(_lib.TRANSPORT_KINDS)))
+        mask |= 1 << _lib.TRANSPORT_KINDS[t]
+    if mask == 0:
+        raise invalid("no transport named")
+    return mask
+
+
+def slot_number(slot):
+    if isinstance(slot, str):
+        mask = _slots_mask([slot], "slot")
+        return mask.bit_length() - 1
+    if not isinstance(slot, int) or not 0 <= slot < _lib.MAX_SLOTS:
+        raise invalid("slot must be a slot name (K, V, index, state) or a number below %d"
+                      % _lib.MAX_SLOTS)
+    return slot
+
+
+def _desc_json(desc_p):
+    out = ctypes.c_void_p()
+    check(_lib_.sx_desc_to_json(desc_p, 0, ctypes.byref(out)), "descriptor")
+    return json.loads(_lib.take_string(out.value))
+
+
+class Region:
+    """A registered memory region (Agent.register's result)."""
+
+    __slots__ = ("id", "group", "layer_first", "layer_count", "layer_stride", "slot",
+                 "addr", "length", "block_bytes", "block_stride", "num_blocks", "location",
+                 "memory")
+
+    def __repr__(self):
+        return ("Region(id=%d, group=%d, layers=%d+%d, slot=%d, block_bytes=%d, "
+                "num_blocks=%d, location=%s)" % (self.id, self.group, self.layer_first,
+                                                 self.layer_count, self.slot,
+                                                 self.block_bytes, self.num_blocks,
+                                                 self.location))
+
+
+class Agent(Owned):
+    """A transfer agent: its own thread, store connection and data plane.
+
+    name          the segment name to publish (None: a reader only)
+    metadata_url  redis://..., redis+sentinel://..., etcd://... (default:
+                  $SX_METADATA_URL)
+    transports    "auto", or names among "tcp", "rdma", "cuda_ipc"
+    fingerprint, tag, dtype, tp_rank, tp_size, pp_rank, pp_size, labels:
+                  the published layout (readers check it against theirs)
+    lease_ms, renew_ms, listen, advertise, namespace, conns_per_peer,
+    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms: as in
+                  sx_agent_params (include/segxfer/agent.h); None: default
+    log_level     "error", "warn", "info", "debug"
+    log           None (the library writes to stderr), or a callable
+                  log(level, message) run on the agent's thread
+
+    A context manager: close() on exit unpublishes at once, ends batches,
+    closes segments and stops the thread.
+    """
+
+    def __init__(self, name=None, metadata_url=None, *, transports="auto",
+                 fingerprint="", tag="", dtype="", tp_rank=0, tp_size=0, pp_rank=0,
+                 pp_size=0, labels=None, lease_ms=None, renew_ms=None, listen=None,
+                 advertise=None, namespace=None, conns_per_peer=None, rdma_devices=None,
+                 rdma_gid_index=None, slice_bytes=None, cache_ttl_ms=None,
+                 log_level="info", log=None):
+        if metadata_url is None:
+            metadata_url = os.environ.get("SX_METADATA_URL")
+        if not metadata_url:
+            raise invalid("no metadata_url (and SX_METADATA_URL is not set)")
+        p = _lib.new_struct(_lib.AgentParams)
+        _lib_.sx_agent_params_init(p)
+        keep = []  # what p points to must live until create returns
+
+        def s(v, what):
+            b = _bytes(v, what)
+            keep.append(b)
+            return b
+
+        p.name = s(name, "name")
+        p.metadata_url = s(metadata_url, "metadata_url")
+        p.ns = s(namespace, "namespace")
+        p.listen = s(listen, "listen")
+        p.advertise = s(advertise, "advertise")
+        p.rdma_devices = s(rdma_devices, "rdma_devices")
+        mask = transports_mask(transports)
+        if mask is not None:
+            p.transports = mask
+        for field, v in (("lease_ms", lease_ms), ("renew_ms", renew_ms),
+                         ("conns_per_peer", conns_per_peer), ("slice_bytes", slice_bytes),
+                         ("cache_ttl_ms", cache_ttl_ms)):
+            if v is not None:
+                setattr(p, field, _u32(v, field))
+        if rdma_gid_index is not None:
+            p.rdma_gid_index = rdma_gid_index
+        _fill(p.layout, "fingerprint", fingerprint, "fingerprint")
+        _fill(p.layout, "tag", tag, "tag")
+        _fill(p.layout, "dtype", dtype, "dtype")
+        for field, v in (("tp_rank", tp_rank), ("tp_size", tp_size), ("pp_rank", pp_rank),
+                         ("pp_size", pp_size)):
+            setattr(p.layout, field, _u32(v, field))
+        labels = dict(labels or {})
+        if labels:
+            arr = (_lib.Label * len(labels))()
+            for i, (k, v) in enumerate(labels.items()):
+                _fill(arr[i], "key", k, "label key")
+                _fill(arr[i], "value", v, "label value")
+            p.labels, p.n_labels = arr, len(labels)
+            keep.append(arr)
+        if log_level not in _lib.LOG_LEVELS:
+            raise invalid("log_level must be one of %s" % ", ".join(_lib.LOG_LEVELS))
+        p.log_level = _lib.LOG_LEVELS[log_level]
+        cb = None
+        if log is not None:
+            names = {v: k for k, v in _lib.LOG_LEVELS.items()}
+            cb = _lib.LOG_FN(lambda arg, level, msg:
+                             log(names.get(level, "info"), _lib.text(msg)))
+            p.log = cb
+        out = ctypes.c_void_p()
+        check(_lib_.sx_agent_create(p, ctypes.byref(out)), "agent")
+        self.name = name
+        self.metadata_url = metadata_url
+        self.dtype, self.tag, self.fingerprint = dtype, tag, fingerprint
+        self.regions = {}
+        self._h = Handle(out.value, _lib_.sx_agent_destroy, "the agent")
+        self._h.keep.append(cb)  # the callback runs until destroy returns
+        _live_agents.add(self)
+
+    # ------------------------------------------------------------ memory
+
+    def register(self, memory=None, *, addr=None, length=None, group=0, layer_first=0,
+                 layers=1, layer_stride=None, slot="K", block_bytes, block_stride=None,
+                 num_blocks=None, location=None, readable=True):
+        """Register memory with its block structure and return the Region.
+
+        memory is a torch tensor, an object with __cuda_array_interface__ or
+        __array_interface__, or a writable buffer; or give addr= and length=
+        (the caller keeps that memory alive).  Block b of layer l (l from
+        layer_first, `layers` of them) is at
+            start + (l - layer_first) * layer_stride + b * block_stride
+        and block_bytes long.  layer_stride defaults to length / layers,
+        block_stride to block_bytes, num_blocks to what fits in a layer.
+        location ("cpu", "cuda:N") defaults to the tensor's device (for a raw
+        address: what the CUDA driver says of it, "cpu" without a driver).
+        Readers see the region from the next publish()."""
+        if memory is not None:
+            if addr is not None:
+                raise invalid("give memory or addr=, not both")
+            addr, nbytes, loc, keepalive = memory_of(memory, location)
+            if length is None:
+                length = nbytes
+            elif length > nbytes:
+                raise invalid("length %d is more than the %d bytes of the memory"
+                              % (length, nbytes))
+        else:
+            if addr is None or length is None:
+                raise invalid("register needs memory, or addr= and length=")
+            loc, keepalive = location or pointer_location(addr), None
+        _u64(addr, "addr")
+        _u64(length, "length")
+        layers = _u32(layers, "layers")
+        _u64(block_bytes, "block_bytes")
+        if layers == 0 or block_bytes == 0:
+            raise invalid("layers and block_bytes must be positive")
+        if layer_stride is None:
+            layer_stride = length // layers if layers > 1 else 0
+        if block_stride is None:
+            block_stride = block_bytes
+        if num_blocks is None:
+            per_layer = layer_stride if layers > 1 else length
+            num_blocks = per_layer // block_stride if block_stride else 0
+        rp = _lib.new_struct(_lib.RegionParams)
+        rp.addr, rp.length = addr, length
+        rp.group = _u32(group, "group")
+        rp.layer_first, rp.layer_count = _u32(layer_first, "layer_first"), layers
+        rp.layer_stride = _u64(layer_stride, "layer_stride")
+        rp.slot = slot_number(slot)
+        rp.block_bytes = block_bytes
+        rp.block_stride = _u64(block_stride, "block_stride")
+        rp.num_blocks = _u64(num_blocks, "num_blocks")
+        loc_b = _bytes(loc, "location")
+        rp.location = loc_b
+        rp.access = _lib.ACCESS_REMOTE_READ if readable else 0
+        rid = ctypes.c_uint32()
+        with self._h as ptr:
+            check(_lib_.sx_agent_register(ptr, rp, ctypes.byref(rid)), "register")
+        r = Region()
+        r.id, r.group, r.layer_first, r.layer_count = rid.value, group, layer_first, layers
+        r.layer_stride, r.slot, r.addr, r.length = layer_stride, rp.slot, addr, length
+        r.block_bytes, r.block_stride, r.num_blocks = block_bytes, block_stride, num_blocks
+        r.location, r.memory = loc, keepalive
+        self.regions[r.id] = r
+        return r
+
+    def register_blocks(self, cache, slot, group=0, layer_first=0, location=None,
+                        readable=True):
+        """Register a paged cache tensor shaped [layers, num_blocks, ...]
+        (one block of one layer is the trailing dimensions), as engines
+        allocate one K and one V cache per group."""
+        shape = tuple(getattr(cache, "shape", ()))
+        if len(shape) < 2:
+            raise invalid("register_blocks needs a tensor shaped [layers, num_blocks, ...] "
+                          "(got shape %s)" % (shape,))
+        _, nbytes, _, _ = memory_of(cache, location)
+        layers, blocks = shape[0], shape[1]
+        if layers == 0 or blocks == 0 or nbytes == 0:
+            raise invalid("register_blocks: empty cache (shape %s)" % (shape,))
+        block_bytes = nbytes // (layers * blocks)
+        return self.register(cache, group=group, layer_first=layer_first, layers=layers,
+                             layer_stride=blocks * block_bytes, slot=slot,
+                             block_bytes=block_bytes, num_blocks=blocks, location=location,
+                             readable=readable)
+
+    def unregister(self, region):
+        """Retire a region: withdrawn from the descriptor, reads in flight
+        drained; the memory is free to go when this returns."""
+        rid = region.id if isinstance(region, Region) else region
+        with self._h as ptr:
+            check(_lib_.sx_agent_unregister(ptr, _u32(rid, "region id")), "unregister")
+        self.regions.pop(rid, None)
+
+    def _shape(self, group, layers, slots):
+        """(layer_first, layer_count, slot mask) of a block read; defaults
+        from this agent's regions of the group."""
+        _u32(group, "group")
+        mine = [r for r in self.regions.values() if r.group == group]
+        if layers is None:
+            if not mine:
+                raise invalid("no region of group %d is registered: register the "
+                              "destination cache first (or give layers=)" % group)
+            first = min(r.layer_first for r in mine)
+            end = max(r.layer_first + r.layer_count for r in mine)
+            layers = (first, end - first)
+        elif isinstance(layers, range):
+            if layers.step != 1 or len(layers) == 0:
+                raise invalid("layers must be a non-empty range of step 1")
+            layers = (layers.start, len(layers))
+        try:
+            first, count = layers
+        except (TypeError, ValueError):
+            raise invalid("layers must be a range or (first, count)") from None
+        if slots is None:
+            mask = 0
+            for r in mine:
+                mask |= 1 << r.slot
+            if not mask:
+                raise invalid("no region of group %d is registered (or give slots=)" % group)
+        else:
+            if isinstance(slots, (str, int)):
+                slots = [slots]
+            mask = _slots_mask(slots, "slots")
+        return _u32(first, "layer_first"), _u32(count, "layer count"), mask
+
+    # ------------------------------------------------------------ publishing
+
+    def publish(self, takeover=False):
+        """Publish (or republish with the next generation) and keep the
+        lease renewed.  SX_EHELD when another live incarnation holds the
+        name (takeover=True replaces it)."""
+        with self._h as ptr:
+            check(_lib_.sx_agent_publish(ptr, _lib.PUBLISH_TAKEOVER if takeover else 0),
+                  "publish")
+
+    def unpublish(self):
+        with self._h as ptr:
+            check(_lib_.sx_agent_unpublish(ptr), "unpublish")
+
+    def status(self):
+        """Lease state and counters, as a dict."""
+        st = _lib.new_struct(_lib.AgentStatus)
+        check(_lib_.sx_agent_status_get(self._h.get(), st), "status")
+        d = {f: getattr(st, f) for f, _ in _lib.AgentStatus._fields_}
+        d["state"] = _lib.AGENT_STATES.get(st.state, str(st.state))
+        return d
+
+    @property
+    def incarnation(self):
+        buf = (ctypes.c_uint8 * _lib.INCARNATION_LEN)()
+        _lib_.sx_agent_incarnation(self._h.get(), ctypes.byref(buf))
+        return bytes(buf).hex()
+
+    def descriptor(self):
+        """The descriptor this agent publishes, as the dict `sxctl show
+        --json` prints (no secrets)."""
+        d = _lib.new_struct(_lib.Desc)
+        with self._h as ptr:
+            check(_lib_.sx_agent_descriptor(ptr, d), "descriptor")
+        try:
+            return _desc_json(d)
+        finally:
+            _lib_.sx_desc_free(d)
+
+    def metrics_text(self):
+        """Prometheus text of the agent's counters."""
+        out = ctypes.c_void_p()
+        check(_lib_.sx_agent_metrics_text(self._h.get(), ctypes.byref(out), None), "metrics")
+        return _lib.take_string(out.value)
+
+    # ------------------------------------------------------------ peers
+
+    def open(self, name, timeout=5.0):
+        """Open a segment by name, waiting up to timeout seconds for it to be
+        published.  SX_ENOENT if it is not."""
+        return Segment(self, name, timeout)
+
+    # ------------------------------------------------------------ lifetime
+
+    def close(self):
+        """Close segments and batches, unpublish, stop the agent, release
+        the registered memory.  Idempotent."""
+        super().close()
+        self.regions = {}
+        if _live_agents is not None:     # None late in interpreter shutdown
+            _live_agents.discard(self)
+
+    @property
+    def closed(self):
+        return self._h.closed
+
+    def __repr__(self):
+        return "Agent(%r, %s)" % (self.name, "closed" if self._h.closed else "open")
+
+
+class Segment(Owned):
+    """A peer's segment, opened by name (Agent.open).  close() (also on
+    leaving a `with` block) destroys its batches first."""
+
+    def __init__(self, agent, name, timeout=5.0):
+        self.agent = agent
+        self.name = name
+        out = ctypes.c_void_p()
+        raw = _bytes(name, "name")
+        with agent._h as ptr:
+            check(_lib_.sx_segment_open(ptr, raw, _timeout_ms(timeout, "timeout"),
+                                        ctypes.byref(out)), "open %s" % name)
+        self._h = Handle(out.value, _lib_.sx_segment_close, "the segment", agent._h)
+
+    @property
+    def transport(self):
+        """"tcp", "rdma" or "cuda_ipc": what reads from it use."""
+        k = _lib_.sx_segment_transport(self._h.get())
+        return _lib.TRANSPORT_NAMES.get(k, str(k))
+
+    def descriptor(self):
+        """The remote descriptor as opened, as a dict (no secrets)."""
+        return _desc_json(_lib_.sx_segment_desc(self._h.get()))
+
+    def regions(self):
+        """The remote regions: dicts of id, group, layer_first, layer_count,
+        slot, block_bytes, block_stride, num_blocks, length, location."""
+        d = _lib_.sx_segment_desc(self._h.get()).contents
+        out = []
+        for i in range(d.n_regions):
+            r = d.regions[i]
+            out.append({"id": r.id, "group": r.group, "layer_first": r.layer_first,
+                        "layer_count": r.layer_count, "layer_stride": r.layer_stride,
+                        "slot": r.slot, "block_bytes": r.block_bytes,
+                        "block_stride": r.block_stride, "num_blocks": r.num_blocks,
+                        "length": r.length, "location": _lib.text(r.location),
+                        "readable": bool(r.access & _lib.ACCESS_REMOTE_READ)})
+        return out
+
+    def check(self, ignore_fingerprint=False):
+        """Check the remote layout against this agent's (fingerprint, tag,
+        dtype, (group, layer, slot) keys, block_bytes).  Raises
+        IncompatibleLayout with the first difference."""
+        m = _lib.new_struct(_lib.Mismatch)
+        flags = _lib.CHECK_IGNORE_FINGERPRINT if ignore_fingerprint else 0
+        rc = _lib_.sx_segment_check(self._h.get(), flags, m)
+        if rc == code("SX_EINCOMPAT"):
+            raise IncompatibleLayout(_lib.text(m.message),
+                                     _lib.MISMATCH_KINDS.get(m.kind, str(m.kind)),
+                                     _lib.text(m.field), m.group, m.layer, m.slot,
+                                     _lib.text(m.local), _lib.text(m.remote))
+        check(rc, "check %s" % self.name)
+
+    def ping(self, timeout=5.0):
+        """Round trip to the owner: (microseconds, transport name)."""
+        rtt, via = ctypes.c_uint64(), ctypes.c_int()
+        with self._h as ptr:
+            check(_lib_.sx_segment_ping(ptr, _timeout_ms(timeout, "timeout"),
+                                        ctypes.byref(rtt), ctypes.byref(via)), "ping")
+        return rtt.value, _lib.TRANSPORT_NAMES.get(via.value, str(via.value))
+
+    def batch(self, timeout=30.0):
+        """An empty batch with a deadline of timeout seconds from submit."""
+        return Batch(self, timeout)
+
+    def read_blocks(self, remote_ids, local_ids, group=0, layers=None, slots=None,
+                    timeout=30.0):
+        """Submit one batch reading block remote_ids[i] into local block
+        local_ids[i] for every i (see Batch.add_block_ids); returns it."""
+        b = Batch(self, timeout)
+        try:
+            return b.add_block_ids(remote_ids, local_ids, group, layers, slots).submit()
+        except BaseException:
+            b.close()
+            raise
+
+    def read_ranges(self, ranges, timeout=30.0):
+        """Submit one batch of raw byte ranges (see Batch.add_ranges)."""
+        b = Batch(self, timeout)
+        try:
+            return b.add_ranges(ranges).submit()
+        except BaseException:
+            b.close()
+            raise

@@ -1,0 +1,371 @@
+"""Batches: block and range reads from one segment, run as one unit.
+
+A Batch is built (add_block_ids / add_blocks / add_ranges), submitted once,
+and ends exactly once: COMPLETED, FAILED, TIMEOUT or CANCELLED.  Wait for it
+with wait(timeout), poll done(), read result(), or `await batch` in asyncio:
+the batch's eventfd (fileno()) is watched by the running loop's add_reader,
+so no thread waits per batch.  `await batch` returns the result when the
+batch completed and raises its error otherwise.
+"""
+import array
+import asyncio
+import ctypes
+import functools
+import os
+
+from . import _lib
+from ._handle import Handle, Owned
+from .errors import code, check, error, invalid
+from .memory import ids_of, memory_of
+
+_lib_ = _lib.lib
+_ETIMEDOUT, _EBUSY = code("SX_ETIMEDOUT"), code("SX_EBUSY")
+_STATE_ERRORS = {"TIMEOUT": _ETIMEDOUT, "CANCELLED": code("SX_ECANCELED")}
+
+
+class BatchResult:
+    """What an ended batch did.
+
+    state        "COMPLETED", "FAILED", "TIMEOUT" or "CANCELLED"
+    error        the first error (negative SX_E* code; 0 when COMPLETED)
+    error_name   its name ("SX_EDISCONN"), "" when COMPLETED
+    message      what failed, where
+    bytes        bytes that arrived
+    n_entries, n_ranges   entries added; ranges posted after merging
+    failed       the failed entries' numbers (tuple)
+    failed_blocks  for entries added as block ids: the (remote, local) id
+                 pairs of failed entries, so a caller can retry exactly those
+    transport    "tcp", "rdma", "cuda_ipc"
+    post_ns, transfer_ns   submit -> all posted; submit -> end
+    """
+
+    __slots__ = ("state", "error", "error_name", "message", "bytes", "n_entries",
+                 "n_ranges", "failed", "failed_blocks", "transport", "post_ns",
+                 "transfer_ns")
+
+    def __init__(self, r, failed_blocks):
+        self.state = _lib.BATCH_STATES.get(r.state, str(r.state))
+        self.error = r.error
+        self.error_name = _lib.text(_lib_.sx_err_name(r.error)) if r.error else ""
+        self.message = _lib.text(r.message)
+        self.bytes = r.bytes
+        self.n_entries, self.n_ranges = r.n_entries, r.n_ranges
+        self.failed = tuple(r.failed[i] for i in range(r.n_failed)) if r.failed else ()
+        self.failed_blocks = failed_blocks(self.failed) if self.failed else ()
+        self.transport = _lib.TRANSPORT_NAMES.get(r.transport, str(r.transport))
+        self.post_ns, self.transfer_ns = r.post_ns, r.transfer_ns
+
+    @property
+    def ok(self):
+        return self.state == "COMPLETED"
+
+    def exception(self):
+        """The exception for a batch that did not complete, or None."""
+        if self.ok:
+            return None
+        err = self.error or _STATE_ERRORS.get(self.state, code("SX_EINVAL"))
+        exc = error(err, "batch %s: %s" % (self.state, self.message or "no message"))
+        exc.result = self
+        return exc
+
+    def raise_for_state(self):
+        """Raise exception() if the batch did not complete; return self."""
+        exc = self.exception()
+        if exc is not None:
+            raise exc
+        return self
+
+    def __repr__(self):
+        return ("BatchResult(state=%s, error=%s, bytes=%d, entries=%d, ranges=%d, "
+                "failed=%d, transport=%s, message=%r)"
+                % (self.state, self.error_name or 0, self.bytes, self.n_entries,
+                   self.n_ranges, len(self.failed), self.transport, self.message))
+
+
+def _slots_mask(slots, where):
+    mask = 0
+    for s in slots:
+        if isinstance(s, str):
+            s = {"K": _lib.SLOT_K, "V": _lib.SLOT_V, "INDEX": _lib.SLOT_INDEX,
+                 "STATE": _lib.SLOT_STATE}.get(s.upper(), s)
+        if not isinstance(s, int) or not 0 <= s < _lib.MAX_SLOTS:
+            raise invalid("%s: slot %r is not a slot name or a number below %d"
+                          % (where, s, _lib.MAX_SLOTS))
+        mask |= 1 << s
+    return mask
+
+
+def _u32(v, what):
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32:
+        raise invalid("%s must be an integer in 0 .. 2**32-1 (got %r)" % (what, v))
+    return v
+
+
+def _u64(v, what):
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
+        raise invalid("%s must be an integer in 0 .. 2**64-1 (got %r)" % (what, v))
+    return v
+
+
+class _State:
+    """What a batch and its handle share: the cached result (kept past
+    destroy for a coroutine still awaiting), whether it was submitted, and
+    what was added (to name failed blocks)."""
+
+    __slots__ = ("result", "submitted", "adds")
+
+    def __init__(self):
+        self.result = None
+        self.submitted = False
+        self.adds = []  # ("ids", (remote, local, n)) | ("one", (r, l, c)) | ("n", n)
+
+    def failed_blocks(self, failed):
+        """(remote, local) id pairs of failed entries added as block ids:
+        replays the run merging of sx_batch_add_block_ids (only on failure)."""
+        want = set(failed)
+        out = []
+        entry = 0
+        for kind, data in self.adds:
+            if kind == "n":
+                entry += data
+                continue
+            if kind == "one":
+                r, l, c = data
+                if entry in want:
+                    out.extend((r + k, l + k) for k in range(c))
+                entry += 1
+                continue
+            rkeep, lkeep, n = data
+            rs, ls = _as_list(rkeep, n), _as_list(lkeep, n)
+            for i in range(n):
+                if i and (rs[i] != rs[i - 1] + 1 or ls[i] != ls[i - 1] + 1):
+                    entry += 1
+                if entry in want:
+                    out.append((rs[i], ls[i]))
+            if n:
+                entry += 1
+        return tuple(out)
+
+
+def _destroy(s, ptr):
+    """Destroy a batch; an ended or cancelled batch's result stays in s."""
+    if s.submitted and s.result is None:
+        _lib_.sx_batch_cancel(ptr)
+        _lib_.sx_batch_wait(ptr, -1)
+        r = _lib.new_struct(_lib.BatchResult)
+        if _lib_.sx_batch_result_get(ptr, r) == 0:
+            s.result = BatchResult(r, s.failed_blocks)
+    _lib_.sx_batch_destroy(ptr)
+
+
+class Batch(Owned):
+    """Reads from one segment into this agent's memory.  Made by
+    Segment.batch() (empty) or Segment.read_blocks()/read_ranges()
+    (submitted).  close() destroys it (a running batch is cancelled and
+    waited for first); so do leaving a `with` block and collection."""
+
+    def __init__(self, segment, timeout=30.0):
+        self.segment = segment
+        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"))
+        out = ctypes.c_void_p()
+        check(_lib_.sx_batch_create(segment._h.get(), p, ctypes.byref(out)))
+        # The handle's destroy must not reference the Batch (it would keep
+        # it alive from the segment's handle): what both need is in _State.
+        self._s = s = _State()
+        self._h = Handle(out.value, functools.partial(_destroy, s), "the batch",
+                         segment._h, stop=_lib_.sx_batch_cancel)
+
+    # ------------------------------------------------------------ building
+
+    def add_block_ids(self, remote_ids, local_ids, group=0, layers=None, slots=None):
+        """For each i: block remote_ids[i] of the segment -> block local_ids[i]
+        of this agent, in every layer of `layers` and slot of `slots`.  Ids
+        are a list, range, array.array, numpy array or torch tensor of
+        integers; layers a range or (first, count) (default: every layer
+        this agent registered in the group); slots a slot, slot name or a
+        list of them (default: every slot registered in the group)."""
+        first, count, mask = self.segment.agent._shape(group, layers, slots)
+        raddr, n, rkeep = ids_of(remote_ids, "remote_ids")
+        laddr, ln, lkeep = ids_of(local_ids, "local_ids")
+        if n != ln:
+            raise invalid("remote_ids has %d ids but local_ids has %d" % (n, ln))
+        ids = _lib.new_struct(_lib.BlockIds)
+        ids.group, ids.layer_first, ids.layer_count, ids.slots = group, first, count, mask
+        ids.local, ids.n_local, ids.remote, ids.n_remote = laddr, n, raddr, n
+        check(_lib_.sx_batch_add_block_ids(self._h.get(), ids))
+        self._s.adds.append(("ids", (rkeep, lkeep, n)))
+        return self
+
+    def add_blocks(self, remote_block, local_block, count=1, group=0, layers=None,
+                   slots=None):
+        """count consecutive blocks from remote_block -> local_block: one entry."""
+        first, lcount, mask = self.segment.agent._shape(group, layers, slots)
+        e = _lib.BlockRead(group=group, layer_first=first, layer_count=lcount, slots=mask,
+                           remote_block=_u64(remote_block, "remote_block"),
+                           local_block=_u64(local_block, "local_block"),
+                           count=_u64(count, "count"))
+        check(_lib_.sx_batch_add_blocks(self._h.get(), ctypes.byref(e), 1))
+        self._s.adds.append(("one", (remote_block, local_block, count)))
+        return self
+
+    def add_ranges(self, ranges):
+        """Raw byte ranges: each (local, remote_region, offset, length), where
+        local is an address (int) or an object memory_of() accepts (its first
+        `length` bytes; length None: all of it).  The objects are kept alive
+        until the batch is destroyed."""
+        ranges = list(ranges)
+        packed = array.array("Q", bytes(32 * len(ranges)))
+        keep = []
+        for i, entry in enumerate(ranges):
+            try:
+                local, region, offset, length = entry
+            except (TypeError, ValueError):
+                raise invalid("range %d: expected (local, remote_region, offset, length)"
+                              % i) from None
+            if isinstance(local, int) and not isinstance(local, bool):
+                addr = _u64(local, "range %d: local" % i)
+                if length is None:
+                    raise invalid("range %d: a raw address needs a length" % i)
+            else:
+                addr, nbytes, _, k = memory_of(local)
+                keep.append(k)
+                if length is None:
+                    length = nbytes
+                elif not isinstance(length, int) or length > nbytes:
+                    raise invalid("range %d: length %r is more than the %d bytes of the "
+                                  "local buffer" % (i, length, nbytes))
+            packed[4 * i] = addr
+            packed[4 * i + 1] = _u32(region, "range %d: remote_region" % i)
+            packed[4 * i + 2] = _u64(offset, "range %d: offset" % i)
+            packed[4 * i + 3] = _u64(length, "range %d: length" % i)
+        self._add_packed_ranges(packed, len(ranges), keep)
+        return self
+
+    def _add_packed_ranges(self, packed, n, keep=()):
+        """n sx_range_read entries packed as 4 uint64 each (little-endian:
+        the region id in the low half of the second word, its padding 0)."""
+        addr, _ = packed.buffer_info()
+        check(_lib_.sx_batch_add_ranges(self._h.get(), addr, n))
+        self._h.keep.extend(keep)
+        self._s.adds.append(("n", n))
+
+    def submit(self):
+        """Start the batch; returns self.  Never waits."""
+        check(_lib_.sx_batch_submit(self._h.get()))
+        self._s.submitted = True
+        return self
+
+    # ------------------------------------------------------------ waiting
+
+    def done(self):
+        """True once the batch has ended."""
+        if self._s.result is not None:
+            return True
+        return _lib_.sx_batch_poll(self._h.get()) == 0
+
+    def wait(self, timeout=None):
+        """Wait until the batch ends or timeout seconds pass (None: no
+        limit).  True if it ended.  Releases the GIL while waiting."""
+        if self._s.result is not None:
+            return True
+        if not self._s.submitted:
+            raise invalid("wait: the batch was never submitted")
+        limit = None if timeout is None else _timeout_ms(timeout, "timeout")
+        with self._h as ptr:
+            # Slices of 200 ms keep Ctrl-C working and let close() from
+            # another thread proceed.
+            while not self._h.closed:
+                step = 200 if limit is None else min(limit, 200)
+                rc = _lib_.sx_batch_wait(ptr, step)
+                if rc == 0:
+                    return True
+                if rc != _ETIMEDOUT:  # still running
+                    check(rc, "wait")
+                if limit is not None:
+                    limit -= step
+                    if limit <= 0:
+                        return False
+        return self._s.result is not None
+
+    def fileno(self):
+        """The batch's eventfd: readable once the batch has ended.  Owned by
+        the batch (do not read or close it); valid until close()."""
+        return check(_lib_.sx_batch_fd(self._h.get()), "fileno")
+
+    def result(self):
+        """The BatchResult of an ended batch; SX_EBUSY while it runs."""
+        if self._s.result is not None:
+            return self._s.result
+        r = _lib.new_struct(_lib.BatchResult)
+        rc = _lib_.sx_batch_result_get(self._h.get(), r)
+        if rc == _EBUSY:  # without a message of its own
+            raise error(rc, "the batch has not ended yet" if self._s.submitted
+                        else "the batch was never submitted")
+        check(rc, "result")
+        self._s.result = BatchResult(r, self._s.failed_blocks)
+        return self._s.result
+
+    def cancel(self):
+        """Ask a running batch to stop; it ends CANCELLED (or with the state
+        it reached first).  Returns at once."""
+        check(_lib_.sx_batch_cancel(self._h.get()), "cancel")
+
+    def __await__(self):
+        return self._wait_async().__await__()
+
+    async def _wait_async(self):
+        if not self.done():
+            if not self._s.submitted:
+                raise invalid("await: the batch was never submitted")
+            loop = asyncio.get_running_loop()
+            # A duplicate of the eventfd: the loop watches it even if the
+            # batch is closed (and its own fd number reused) while we wait.
+            fd = os.dup(self.fileno())
+            fut = loop.create_future()
+            loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if not self._h.closed:
+                    self.cancel()
+                raise
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        return self.result().raise_for_state()
+
+
+
+def _as_list(keep, n):
+    if isinstance(keep, array.array):
+        return keep.tolist()
+    if hasattr(keep, "tolist"):
+        return keep.tolist()
+    return [keep[i] for i in range(n)]
+
+
+_PARAMS = {}
+
+
+def _params(timeout_ms):
+    """Batch parameters for a deadline (the library copies them at create):
+    made once per deadline, not once per batch."""
+    p = _PARAMS.get(timeout_ms)
+    if p is None:
+        p = _lib.new_struct(_lib.BatchParams)
+        _lib_.sx_batch_params_init(p)
+        if timeout_ms is not None:
+            p.timeout_ms = timeout_ms
+        if len(_PARAMS) < 64:
+            _PARAMS[timeout_ms] = p
+    return p
+
+
+def _timeout_ms(seconds, what):
+    try:
+        ms = int(round(float(seconds) * 1000))
+    except (TypeError, ValueError):
+        raise invalid("%s must be a number of seconds (got %r)" % (what, seconds)) from None
+    if not 0 <= ms < 2**31:
+        raise invalid("%s must be between 0 and 2**31 ms (got %r s)" % (what, seconds))
+    return ms

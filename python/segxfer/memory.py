@@ -1,0 +1,218 @@
+"""Memory and id arrays from Python objects, without a loop per element.
+
+memory_of() finds the address, length and location ("cpu", "cuda:N") of a
+torch tensor, an object with __cuda_array_interface__ or __array_interface__
+(numpy, CuPy, Numba ...), or a writable buffer (bytearray, mmap,
+array.array).  None of these imports torch or numpy: they read the objects'
+own protocols.
+
+ids_of() turns block ids (a list, range, array.array, numpy array or torch
+tensor of integers) into one contiguous uint64 buffer for
+sx_batch_add_block_ids, converting in C (array.array, numpy, torch) and
+checking for negatives with one min() over the array.
+"""
+import array
+import ctypes
+
+from .errors import invalid
+
+_INT_CODES = "bBhHiIlLqQ"
+
+
+def _tensor_location(dev):
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type == "cuda":
+        index = dev.index
+        if index is None:  # "cuda" without an index: the current device
+            import torch
+            index = torch.cuda.current_device()
+        return "cuda:%d" % index
+    raise invalid("tensors on device %r cannot be registered (cpu or cuda only)" % str(dev))
+
+
+def _is_tensor(obj):
+    return all(hasattr(obj, a) for a in ("data_ptr", "is_contiguous", "element_size",
+                                         "numel", "device"))
+
+
+def _interface_contiguous(shape, strides, itemsize):
+    if strides is None:
+        return True
+    expect = itemsize
+    for dim, stride in zip(reversed(shape), reversed(strides)):
+        if dim != 1 and stride != expect:
+            return False
+        expect *= dim
+    return True
+
+
+def _from_interface(ai, what, location):
+    ptr = ai["data"][0] if isinstance(ai.get("data"), tuple) else ai.get("data")
+    if not isinstance(ptr, int):
+        raise invalid("%s: the array interface has no data pointer" % what)
+    shape = tuple(ai.get("shape", ()))
+    itemsize = int(ai["typestr"][2:])
+    if not _interface_contiguous(shape, ai.get("strides"), itemsize):
+        raise invalid("%s: the array is not C-contiguous (registered memory must be "
+                      "one contiguous range; copy it with .copy() first)" % what)
+    n = itemsize
+    for d in shape:
+        n *= d
+    return ptr, n, location
+
+
+def memory_of(obj, location=None):
+    """(addr, nbytes, location, keepalive) for obj.  keepalive must be held
+    as long as the library may use the memory."""
+    if _is_tensor(obj):
+        if not obj.is_contiguous():
+            raise invalid("the tensor is not contiguous (strides %s): registered memory "
+                          "must be one contiguous range; use .contiguous() on the cache "
+                          "allocation" % (tuple(obj.stride()),))
+        return (obj.data_ptr(), obj.numel() * obj.element_size(),
+                location or _tensor_location(obj.device), obj)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        if location is None:
+            dev = getattr(obj, "device", None)
+            index = getattr(dev, "id", getattr(dev, "index", None))
+            if not isinstance(index, int):
+                raise invalid("a __cuda_array_interface__ object without a device id: "
+                              "pass location='cuda:N'")
+            location = "cuda:%d" % index
+        ptr, n, loc = _from_interface(cai, "__cuda_array_interface__", location)
+        return ptr, n, loc, obj
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        ptr, n, loc = _from_interface(ai, "__array_interface__", location or "cpu")
+        return ptr, n, loc, obj
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise TypeError("cannot register %s: pass a torch tensor, an object with "
+                        "__cuda_array_interface__/__array_interface__, a writable buffer, "
+                        "or addr= and length=" % type(obj).__name__) from None
+    if not mv.c_contiguous:
+        raise invalid("the buffer is not C-contiguous")
+    if mv.readonly:
+        raise invalid("the buffer is read-only: segxfer writes into registered memory "
+                      "(use a bytearray, or pass addr= and length=)")
+    if mv.nbytes == 0:
+        raise invalid("the buffer is empty")
+    # A ctypes view pins the buffer: a bytearray cannot be resized under it.
+    view = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+    return ctypes.addressof(view), mv.nbytes, location or "cpu", (obj, mv, view)
+
+
+_cuda = []  # [libcuda or None], loaded on first use
+
+
+def _libcuda():
+    if not _cuda:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuInit.argtypes = [ctypes.c_uint]
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                                  ctypes.c_uint64]
+            _cuda.append(lib if lib.cuInit(0) == 0 else None)
+        except (OSError, AttributeError):
+            _cuda.append(None)
+    return _cuda[0]
+
+
+def pointer_location(addr):
+    """"cuda:N" when the CUDA driver knows addr as device memory of GPU N,
+    else "cpu" (also where there is no driver).  For raw addresses, which
+    carry no device of their own (LMDeploy registers data_ptr() values)."""
+    cu = _libcuda()
+    if cu is None:
+        return "cpu"
+    kind, ordinal = ctypes.c_uint(0), ctypes.c_int(-1)
+    # CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2,
+    # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9 (cuda.h).  A pointer the
+    # driver does not know (plain host memory) fails: it is "cpu".
+    if cu.cuPointerGetAttribute(ctypes.byref(kind), 2, addr) != 0 or kind.value != 2:
+        return "cpu"
+    if cu.cuPointerGetAttribute(ctypes.byref(ordinal), 9, addr) != 0:
+        return "cpu"
+    return "cuda:%d" % ordinal.value
+
+
+# ------------------------------------------------------------------ ids
+
+
+def _check_min(lo, where):
+    if lo < 0:
+        raise invalid("%s: block ids must not be negative (found %d)" % (where, lo))
+
+
+def _ids_tensor(t, where):
+    if t.is_floating_point() or t.is_complex() or str(t.dtype) == "torch.bool":
+        raise invalid("%s: block ids must be an integer tensor, not %s" % (where, t.dtype))
+    if t.dim() != 1:
+        raise invalid("%s: block ids must be one-dimensional (shape %s)"
+                      % (where, tuple(t.shape)))
+    if t.device.type != "cpu":
+        t = t.cpu()
+    import torch
+    t = t.to(torch.int64).contiguous()
+    if t.numel():
+        _check_min(int(t.min()), where)
+    return t.data_ptr(), t.numel(), t
+
+
+def _ids_numpy(a, where):
+    import numpy as np
+    if a.dtype.kind not in "iu":
+        raise invalid("%s: block ids must be an integer array, not %s" % (where, a.dtype))
+    if a.ndim != 1:
+        raise invalid("%s: block ids must be one-dimensional (shape %s)" % (where, a.shape))
+    if a.dtype.kind == "i" and a.size:
+        _check_min(int(a.min()), where)
+    a = np.ascontiguousarray(a, dtype=np.uint64)
+    return a.ctypes.data, a.size, a
+
+
+def _ids_array(a, where):
+    if a.typecode not in _INT_CODES:
+        raise invalid("%s: block ids must be integers, not array('%s')" % (where, a.typecode))
+    if a.typecode in "bhilq" and len(a):
+        _check_min(min(a), where)
+    if a.itemsize != 8:
+        a = array.array("Q", a)
+    addr, n = a.buffer_info()
+    return addr, n, a
+
+
+def ids_of(obj, where="ids"):
+    """(addr, n, keepalive): obj as n contiguous uint64 ids at addr."""
+    if _is_tensor(obj) and hasattr(obj, "is_floating_point"):
+        return _ids_tensor(obj, where)
+    if type(obj).__module__ == "numpy" and hasattr(obj, "dtype"):
+        return _ids_numpy(obj, where)
+    if isinstance(obj, array.array):
+        return _ids_array(obj, where)
+    if isinstance(obj, (bytes, bytearray, memoryview, str)):
+        raise invalid("%s: block ids must be a sequence of integers, not %s"
+                      % (where, type(obj).__name__))
+    try:
+        a = array.array("q", obj)
+    except TypeError:
+        raise invalid("%s: block ids must be integers (got %s)" % (where, _first_bad(obj))) \
+            from None
+    except OverflowError:
+        # Ids of 2**63 and above: out of every pool, but the planner says so
+        # with the region's size; negatives and beyond 2**64 stop here.
+        try:
+            a = array.array("Q", obj)
+        except (OverflowError, TypeError):
+            raise invalid("%s: block ids must lie in 0 .. 2**64-1" % where) from None
+    return _ids_array(a, where)
+
+
+def _first_bad(seq):
+    for x in seq:
+        if not isinstance(x, int):
+            return "%r of type %s" % (x, type(x).__name__)
+    return "a non-integer"

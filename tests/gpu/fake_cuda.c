@@ -1,0 +1,369 @@
+/*
+ * A stand-in for libcuda.so.1 built on host memory, so the GPU code paths
+ * (staging, cuda_ipc, the programs) also run, under the sanitizers and
+ * valgrind, on machines without a GPU:
+ *   SX_CUDA_LIBRARY=build/tests/gpu/libfakecuda.so build/tests/gpu/test_gpu_tcp
+ * It is no GPU: results on it say nothing about real CUDA behaviour or
+ * speed, and the suite's results under tests/gpu/results/ come from real
+ * GPUs only.
+ *
+ * "Device memory" is shared memory (memfd), so IPC handles work between
+ * processes (the importer maps the exporter's memfd through /proc/PID/fd).
+ * Each stream is a worker thread running its queue in order: copies are
+ * memcpy, host functions are called there (as the driver's own thread
+ * would).  FAKE_CUDA_DEVICES (default 2) sets the device count,
+ * FAKE_CUDA_DELAY_US slows every asynchronous copy down.
+ */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct alloc {
+  uintptr_t base;
+  size_t size;
+  int device;    /* -1: pinned host memory */
+  int fd;        /* memfd of device memory, -1 for host or imported */
+  int imported;
+  struct alloc *next;
+} alloc;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static alloc *allocs;
+static __thread int cur_dev;
+
+typedef struct op {
+  struct op *next;
+  void *dst;
+  const void *src;
+  size_t len;
+  CUhostFn fn;
+  void *arg;
+} op;
+
+typedef struct stream {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  op *head, **tail;
+  int busy, stop;
+} stream;
+
+static int devices(void) {
+  const char *e = getenv("FAKE_CUDA_DEVICES");
+  return e ? atoi(e) : 2;
+}
+
+static alloc *find(uintptr_t p) {
+  for (alloc *a = allocs; a; a = a->next)
+    if (p >= a->base && p < a->base + a->size)
+      return a;
+  return NULL;
+}
+
+static void add(uintptr_t base, size_t size, int device, int fd, int imported) {
+  alloc *a = calloc(1, sizeof(*a));
+  *a = (alloc){base, size, device, fd, imported, NULL};
+  pthread_mutex_lock(&mu);
+  a->next = allocs;
+  allocs = a;
+  pthread_mutex_unlock(&mu);
+}
+
+static alloc *take(uintptr_t base) {
+  pthread_mutex_lock(&mu);
+  for (alloc **pp = &allocs; *pp; pp = &(*pp)->next) {
+    if ((*pp)->base == base) {
+      alloc *a = *pp;
+      *pp = a->next;
+      pthread_mutex_unlock(&mu);
+      return a;
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return NULL;
+}
+
+EXPORT CUresult cuInit(unsigned f) {
+  (void)f;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+  *s = e == CUDA_ERROR_INVALID_VALUE ? "invalid argument" : "fake CUDA error";
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
+  *s = e == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_FAKE";
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetCount(int *n) {
+  *n = devices();
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGet(CUdevice *d, int o) {
+  if (o < 0 || o >= devices())
+    return CUDA_ERROR_INVALID_DEVICE;
+  *d = o;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+  *c = (CUcontext)(uintptr_t)(d + 1);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+  cur_dev = (int)(uintptr_t)c - 1;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *at, void **data,
+                                       CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)p);
+  alloc copy = a ? *a : (alloc){0};
+  pthread_mutex_unlock(&mu);
+  for (unsigned i = 0; i < n; i++) {
+    switch (at[i]) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+      *(unsigned *)data[i] = !a ? 0 : copy.device < 0 ? CU_MEMORYTYPE_HOST
+                                                       : CU_MEMORYTYPE_DEVICE;
+      break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+      *(int *)data[i] = a ? (copy.device < 0 ? 0 : copy.device) : -2;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+      *(CUdeviceptr *)data[i] = copy.base;
+      break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+      *(size_t *)data[i] = copy.size;
+      break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+      *(unsigned char *)data[i] = 0;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t len) {
+  int fd = memfd_create("fake-cuda", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)len) != 0)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  add((uintptr_t)m, len, cur_dev, fd, 0);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+  alloc *a = take((uintptr_t)p);
+  if (a == NULL || a->device < 0 || a->imported) {
+    free(a);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  munmap((void *)a->base, a->size);
+  close(a->fd);
+  free(a);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **p, size_t len, unsigned flags) {
+  (void)flags;
+  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  add((uintptr_t)m, len, -1, -1, 0);
+  *p = m;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+  alloc *a = take((uintptr_t)p);
+  if (a == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
+  munmap(p, a->size);
+  free(a);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t len) {
+  memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)s, len);
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------ streams */
+
+static void *worker(void *arg) {
+  stream *s = arg;
+  const char *e = getenv("FAKE_CUDA_DELAY_US");
+  int delay = e ? atoi(e) : 0;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (s->head == NULL && !s->stop)
+      pthread_cond_wait(&s->cv, &s->mu);
+    if (s->head == NULL)
+      break;
+    op *o = s->head;
+    s->head = o->next;
+    if (s->head == NULL)
+      s->tail = &s->head;
+    s->busy = 1;
+    pthread_mutex_unlock(&s->mu);
+    if (o->fn != NULL) {
+      o->fn(o->arg);
+    } else {
+      if (delay)
+        usleep((useconds_t)delay);
+      memmove(o->dst, o->src, o->len);
+    }
+    free(o);
+    pthread_mutex_lock(&s->mu);
+    s->busy = 0;
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+static CUresult enqueue(CUstream h, op *o) {
+  stream *s = (stream *)h;
+  if (s == NULL)
+    return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&s->mu);
+  o->next = NULL;
+  *s->tail = o;
+  s->tail = &o->next;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *out, unsigned flags) {
+  (void)flags;
+  stream *s = calloc(1, sizeof(*s));
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->tail = &s->head;
+  pthread_create(&s->th, NULL, worker, s);
+  *out = (CUstream)s;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream h) {
+  stream *s = (stream *)h;
+  pthread_mutex_lock(&s->mu);
+  while (s->head != NULL || s->busy)
+    pthread_cond_wait(&s->cv, &s->mu);
+  pthread_mutex_unlock(&s->mu);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream h) {
+  stream *s = (stream *)h;
+  cuStreamSynchronize(h);
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->th, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr d, CUdeviceptr src, size_t len, CUstream h) {
+  op *o = calloc(1, sizeof(*o));
+  o->dst = (void *)(uintptr_t)d;
+  o->src = (const void *)(uintptr_t)src;
+  o->len = len;
+  return enqueue(h, o);
+}
+
+EXPORT CUresult cuLaunchHostFunc(CUstream h, CUhostFn fn, void *arg) {
+  op *o = calloc(1, sizeof(*o));
+  o->fn = fn;
+  o->arg = arg;
+  return enqueue(h, o);
+}
+
+/* ------------------------------------------------------------ IPC */
+
+typedef struct fake_handle {
+  uint32_t magic, pid;
+  int32_t fd, device;
+  uint64_t size;
+} fake_handle;
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)p);
+  fake_handle f = {0x46414b45, (uint32_t)getpid(), a ? a->fd : -1, a ? a->device : 0,
+                   a ? a->size : 0};
+  pthread_mutex_unlock(&mu);
+  if (a == NULL || a->fd < 0 || a->base != (uintptr_t)p)
+    return CUDA_ERROR_INVALID_VALUE;
+  memset(h, 0, sizeof(*h));
+  memcpy(h->reserved, &f, sizeof(f));
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+  (void)flags;
+  fake_handle f;
+  memcpy(&f, h.reserved, sizeof(f));
+  if (f.magic != 0x46414b45)
+    return CUDA_ERROR_INVALID_HANDLE;
+  if (f.pid == (uint32_t)getpid())
+    return CUDA_ERROR_INVALID_CONTEXT; /* as CUDA: not in the exporting process */
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%u/fd/%d", f.pid, f.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0)
+    return CUDA_ERROR_MAP_FAILED;
+  void *m = mmap(NULL, f.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED)
+    return CUDA_ERROR_MAP_FAILED;
+  add((uintptr_t)m, f.size, f.device, -1, 1);
+  *p = (CUdeviceptr)(uintptr_t)m;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+  alloc *a = take((uintptr_t)p);
+  if (a == NULL || !a->imported) {
+    free(a);
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  munmap((void *)a->base, a->size);
+  free(a);
+  return CUDA_SUCCESS;
+}
+
+/* The CUDA 13 batch copy: the same copies, queued in order. */
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                      size_t count, CUmemcpyAttributes *attrs,
+                                      size_t *attrs_idx, size_t n_attrs, CUstream h) {
+  if (n_attrs != 1 || attrs == NULL || attrs_idx == NULL || attrs_idx[0] != 0 ||
+      attrs->srcAccessOrder == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; i++) {
+    CUresult r = cuMemcpyAsync(dsts[i], srcs[i], sizes[i], h);
+    if (r != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}

@@ -1,0 +1,103 @@
+/* Fixtures for the GPU suite (see gpu_fixture.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_fixture.h"
+#include "internal.h"
+#include "pattern.h"
+
+int gpu_devices(void) {
+  int n = 0;
+  return sx__mem_cuda_devices(&n) == 0 ? n : 0;
+}
+
+sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
+                    unsigned transports) {
+  sx_agent_params p;
+  sxt_params(&p, url, name);
+  p.listen = name ? "127.0.0.1:0" : NULL;
+  p.staging_bytes = staging_bytes;
+  if (transports)
+    p.transports = transports;
+  sx_agent *a;
+  sxt_ok(sx_agent_create(&p, &a));
+  return a;
+}
+
+void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
+                   uint64_t blocks, uint64_t block_bytes, uint64_t seed) {
+  memset(p, 0, sizeof(*p));
+  p->a = a;
+  p->location = location;
+  p->layers = layers;
+  p->blocks = blocks;
+  p->block_bytes = block_bytes;
+  uint64_t layer_bytes = blocks * block_bytes, len = layers * layer_bytes;
+  sx__mem_info m;
+  sxt_ok(sx__mem_parse_location(location, &m));
+  uint8_t *host = calloc(1, len);
+  assert_non_null(host);
+  for (int s = 0; s < 2; s++) {
+    if (m.kind == SX__MEM_CUDA)
+      sxt_ok(sx__mem_alloc(m.device, len, (void **)&p->mem[s]));
+    else
+      assert_non_null(p->mem[s] = malloc(len));
+    sx_region_params rp = {.addr = p->mem[s], .length = len, .layer_count = layers,
+                           .layer_stride = layer_bytes, .slot = (uint32_t)s,
+                           .block_bytes = block_bytes, .num_blocks = blocks,
+                           .location = location, .access = SX_ACCESS_REMOTE_READ};
+    sxt_ok(sx_agent_register(a, &rp, &p->id[s]));
+    /* The pattern is written into a host buffer and copied in. */
+    if (seed != 0)
+      sx__pattern_fill(host, len, seed, p->id[s], 0);
+    else
+      memset(host, 0, len);
+    if (m.kind == SX__MEM_CUDA)
+      sxt_ok(sx__mem_copy(p->mem[s], host, len));
+    else
+      memcpy(p->mem[s], host, len);
+  }
+  free(host);
+}
+
+void gpu_pool_free(gpu_pool *p) {
+  for (int s = 0; s < 2; s++) {
+    if (strcmp(p->location, "cpu") == 0)
+      free(p->mem[s]);
+    else
+      sx__mem_free(p->mem[s]);
+    p->mem[s] = NULL;
+  }
+}
+
+int gpu_pool_verify(const gpu_pool *p, const sx_segment *seg, uint64_t seed,
+                    const sx_block_read *e, size_t n) {
+  uint64_t len = p->layers * p->blocks * p->block_bytes;
+  uint8_t *host[2];
+  for (int s = 0; s < 2; s++) {
+    host[s] = malloc(len);
+    assert_non_null(host[s]);
+    sxt_ok(strcmp(p->location, "cpu") == 0 ? (memcpy(host[s], p->mem[s], len), 0)
+                                           : sx__mem_copy(host[s], p->mem[s], len));
+  }
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++)
+    rc = sxt_verify(host, p->blocks, seg, seed, &e[i]);
+  free(host[0]);
+  free(host[1]);
+  return rc;
+}
+
+void gpu_entries(sx_block_read *e, size_t n, uint32_t layers, uint64_t remote_blocks,
+                 uint64_t local_blocks, uint64_t count, uint32_t seed) {
+  uint32_t rng = seed * 2654435761u + 1;
+  assert_true(n * count <= local_blocks);
+  for (size_t i = 0; i < n; i++) {
+    rng = rng * 1103515245u + 12345u;
+    e[i] = (sx_block_read){.group = 0, .layer_first = 0, .layer_count = layers,
+                           .slots = SXT_KV,
+                           .remote_block = (rng >> 8) % (remote_blocks - count + 1),
+                           .local_block = (uint64_t)i * count, .count = count};
+  }
+}

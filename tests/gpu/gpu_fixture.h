@@ -1,0 +1,45 @@
+/*
+ * Fixtures for the GPU suite (make test-gpu): a KV pool of K and V regions
+ * in host or CUDA memory, filled with the verification pattern through a
+ * host buffer and a copy, and checks that copy GPU memory back first.
+ */
+#ifndef SXT_GPU_FIXTURE_H
+#define SXT_GPU_FIXTURE_H
+
+#include <stdint.h>
+
+#include "agent_fixture.h"
+#include "mem/mem.h"
+
+typedef struct gpu_pool {
+  sx_agent *a;
+  const char *location;  /* "cpu" or "cuda:N" */
+  uint8_t *mem[2];       /* K, V: host or device pointers */
+  uint32_t id[2];
+  uint32_t layers;
+  uint64_t blocks, block_bytes;
+} gpu_pool;
+
+/* Number of CUDA devices (0 when none: the caller skips). */
+int gpu_devices(void);
+
+/* An agent (listening on 127.0.0.1 when name is not NULL); staging_bytes 0
+ * keeps the default. */
+sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
+                    unsigned transports);
+/* Register K and V of layers x blocks x block_bytes at location; fill them
+ * with the pattern of seed when seed != 0 (else zeros). */
+void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
+                   uint64_t blocks, uint64_t block_bytes, uint64_t seed);
+void gpu_pool_free(gpu_pool *p);
+/* Check that every entry's local blocks hold the target's (pattern of
+ * seed).  0 or -1. */
+int gpu_pool_verify(const gpu_pool *p, const sx_segment *seg, uint64_t seed,
+                    const sx_block_read *e, size_t n);
+/* n scattered block reads of count blocks each over both slots of all
+ * layers: remote and local ids from a simple generator, never repeated
+ * locally, so a misplaced block shows. */
+void gpu_entries(sx_block_read *e, size_t n, uint32_t layers, uint64_t remote_blocks,
+                 uint64_t local_blocks, uint64_t count, uint32_t seed);
+
+#endif

@@ -1,0 +1,46 @@
+#!/bin/sh
+# The GPU suite: make test-gpu, and make test.  Usage:
+#   tests/gpu/run.sh BUILD_DIR [--require]
+# On a host with a GPU it runs on the GPU.  Without one, make test says
+# plainly that the real-GPU suite was skipped and why, then runs the same
+# suite on the host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c),
+# which checks segxfer's own logic (staging, the IPC handshake, unregister,
+# failures) under the sanitizers, and nothing about CUDA itself.  With
+# --require (make test-gpu) a missing GPU fails instead.
+build=$1
+require=$2
+here=$(dirname "$0")
+
+suite() { # $1: what it runs on
+  mkdir -p "$build/test-logs/gpu"
+  echo "GPU suite on $1${CUDA_VISIBLE_DEVICES:+ (CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES)}"
+  # shellcheck disable=SC2046  # one argument per test binary
+  "$here/../run-tests.sh" "$build" gpu $(cd "$build/tests" && ls -1 gpu/test_gpu_* 2>/dev/null)
+  rc=$?
+  if "$here/programs.sh" "$build" >"$build/test-logs/gpu/programs.log" 2>&1; then
+    echo "  PASS  gpu/programs.sh"
+  else
+    echo "  FAIL  gpu/programs.sh"
+    sed 's/^/        | /' "$build/test-logs/gpu/programs.log" | tail -n 40
+    rc=1
+  fi
+  return $rc
+}
+
+if why=$("$build/tests/gpu/gpu_probe" 2>&1); then
+  suite "$why"
+  exit $?
+fi
+if [ "$require" = --require ]; then
+  echo "FAIL GPU suite: $why"
+  exit 1
+fi
+echo "SKIP GPU suite on a real GPU: $why"
+fake=$(cd "$build/tests/gpu" && pwd)/libfakecuda.so
+if [ ! -f "$fake" ]; then
+  echo "SKIP GPU suite on the stand-in driver: $fake is not built"
+  exit 0
+fi
+SX_CUDA_LIBRARY=$fake
+export SX_CUDA_LIBRARY
+suite "the host-memory stand-in driver (tests/gpu/fake_cuda.c: segxfer's logic, not CUDA)"

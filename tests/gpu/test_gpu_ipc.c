@@ -1,0 +1,398 @@
+/*
+ * GPU suite, cuda_ipc: a reader and a target in two processes of one host
+ * (this binary runs itself as the target, driven over a pipe), sharing a
+ * real redis-server as the store.  Byte-exact batches on one GPU (and
+ * between two GPUs when there are two), the choice of transport, a target
+ * killed during batches (every batch ends by its deadline, mappings are
+ * gone), a restarted target (SX_ESTALE, no mapping left), and unregister
+ * while the reader holds a mapping (the handle is given back at once).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpu_fixture.h"
+#include "internal.h"
+#include "pattern.h"
+#include "procs.h"
+#include "redis_harness.h"
+#include "transport/cuda/cuda_ipc.h"
+
+#define SEED 0xc0da1234u
+#define LAYERS 2
+#define TBLOCKS 256
+#define BB 65536
+
+static sxt_redis redis;
+static char url[256];
+static char self[4096]; /* this binary (not /proc/self/exe: under valgrind that is valgrind) */
+
+/* ------------------------------------------------------------ the target */
+
+/* argv: target URL NAME LOCATION LISTEN.  Says "ready PORT" when published,
+ * then obeys lines on stdin: "unregister SLOT" (answers "done RC MS"),
+ * "exit". */
+static int target_main(char **argv) {
+  sx_agent_params p;
+  sxt_params(&p, argv[2], argv[3]);
+  p.listen = argv[5];
+  sx_agent *a;
+  if (sx_agent_create(&p, &a) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return 1;
+  }
+  gpu_pool pool;
+  gpu_pool_make(&pool, a, argv[4], LAYERS, TBLOCKS, BB, SEED);
+  if (sx_agent_publish(a, 0) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return 1;
+  }
+  sx_desc d;
+  sx_agent_descriptor(a, &d);
+  printf("ready %u\n", sxt_tcp_port(&d));
+  fflush(stdout);
+  sx_desc_free(&d);
+  char line[64];
+  while (fgets(line, sizeof(line), stdin) != NULL) {
+    int slot;
+    if (sscanf(line, "unregister %d", &slot) == 1) {
+      uint64_t t0 = sx__mono_ms();
+      int rc = sx_agent_unregister(a, pool.id[slot]);
+      printf("done %d %lu\n", rc, (unsigned long)(sx__mono_ms() - t0));
+      fflush(stdout);
+    } else if (strncmp(line, "exit", 4) == 0) {
+      break;
+    }
+  }
+  sx_agent_destroy(a);
+  gpu_pool_free(&pool);
+  return 0;
+}
+
+typedef struct target {
+  pid_t pid;
+  FILE *in, *out;
+  uint16_t port;
+} target;
+
+static void target_start(target *t, const char *name, const char *location,
+                         const char *listen) {
+  int to[2], from[2];
+  assert_int_equal(pipe(to), 0);
+  assert_int_equal(pipe(from), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    close(to[1]);
+    close(from[0]);
+    execl(self, "test_gpu_ipc", "target", url, name, location,
+          listen ? listen : "127.0.0.1:0", (char *)NULL);
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  t->pid = pid;
+  t->in = fdopen(to[1], "w");
+  t->out = fdopen(from[0], "r");
+  char line[64];
+  unsigned port = 0;
+  if (fgets(line, sizeof(line), t->out) == NULL || sscanf(line, "ready %u", &port) != 1)
+    fail_msg("the target (%s on %s) did not start", name, location);
+  t->port = (uint16_t)port;
+}
+
+static void target_say(target *t, const char *line) {
+  fprintf(t->in, "%s\n", line);
+  fflush(t->in);
+}
+
+static int target_end(target *t, int sig) {
+  if (sig)
+    kill(t->pid, sig);
+  else
+    target_say(t, "exit");
+  fclose(t->in);
+  fclose(t->out);
+  int st;
+  waitpid(t->pid, &st, 0);
+  return st;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static sx_segment *open_seg(sx_agent *a, const char *name) {
+  sx_segment *s;
+  sxt_ok(sx_segment_open(a, name, 5000, &s));
+  return s;
+}
+
+static void read_verify(sx_segment *seg, const gpu_pool *r, uint32_t seed_round,
+                        sx_transport_kind want) {
+  sx_block_read e[64];
+  gpu_entries(e, 64, LAYERS, TBLOCKS, r->blocks, 1, seed_round);
+  sx_batch_result res = sxt_run_batch(seg, e, 64, 10000);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("batch: %s (%s)", sx_batch_state_name(res.state), res.message);
+  assert_int_equal(res.transport, want);
+  assert_true(res.bytes == 64ull * BB * 2 * LAYERS);
+  assert_int_equal(gpu_pool_verify(r, seg, SEED, e, 64), 0);
+}
+
+/* A reader on cuda:0 with its pool, the target's segment open and read
+ * once over cuda_ipc (verified). */
+static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
+                             sx_agent **ra) {
+  *ra = gpu_agent(url, rname, 0, 0);
+  gpu_pool_make(r, *ra, "cuda:0", LAYERS, 64, BB, 0);
+  sx_segment *seg = open_seg(*ra, tname);
+  read_verify(seg, r, 1, SX_TRANSPORT_CUDA_IPC);
+  return seg;
+}
+
+/* ------------------------------------------------------------ tests */
+
+static void between(const char *tloc, const char *rloc) {
+  target t;
+  target_start(&t, "ipc-t", tloc, NULL);
+  sx_agent *ra = gpu_agent(url, "ipc-r", 0, 0);
+  gpu_pool r;
+  gpu_pool_make(&r, ra, rloc, LAYERS, 64, BB, 0);
+  sx_segment *seg = open_seg(ra, "ipc-t");
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_CUDA_IPC);
+  for (uint32_t round = 1; round <= 3; round++)
+    read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+  /* K and V are two allocations, mapped once each. */
+  assert_int_equal(sx__mem_ipc_open_count(), 2);
+  /* A range into host memory, and a ping (into host memory) too. */
+  uint8_t *host = malloc(3 * BB);
+  sx_range_read rr = {.local = host, .remote_region = 1, .offset = 5, .length = 3 * BB};
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_ok(sx_batch_add_ranges(b, &rr, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  sx_batch_destroy(b);
+  assert_int_equal(sx__pattern_check(host, 3 * BB, SEED, 1, 5, NULL), 0);
+  free(host);
+  uint64_t rtt;
+  sx_transport_kind via;
+  sxt_ok(sx_segment_ping(seg, 5000, &rtt, &via));
+  assert_int_equal(via, SX_TRANSPORT_CUDA_IPC);
+  sx_segment_close(seg);
+  /* Closing the segment closed the mappings. */
+  for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+static void test_gpu_ipc_one_gpu(void **state) {
+  (void)state;
+  between("cuda:0", "cuda:0");
+}
+
+static void test_gpu_ipc_two_gpus(void **state) {
+  (void)state;
+  if (gpu_devices() < 2)
+    skip();
+  between("cuda:1", "cuda:0");
+  between("cuda:0", "cuda:1");
+}
+
+/* The choice: forced TCP works (staged); a host target is not for
+ * cuda_ipc; a target in this same process is read over TCP. */
+static void test_gpu_ipc_transport_choice(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-c", "cuda:0", NULL);
+  sx_agent *tcp_only = gpu_agent(url, "ipc-c-tcp", 0, SX_TRANSPORTS_TCP);
+  gpu_pool r;
+  gpu_pool_make(&r, tcp_only, "cuda:0", LAYERS, 64, BB, 0);
+  sx_segment *seg = open_seg(tcp_only, "ipc-c");
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
+  read_verify(seg, &r, 7, SX_TRANSPORT_TCP);
+  sx_segment_close(seg);
+  sx_agent_destroy(tcp_only);
+  gpu_pool_free(&r);
+  /* Same process: IPC cannot open its own handles. */
+  sx_agent *self_t = gpu_agent(url, "ipc-self", 0, 0);
+  gpu_pool st;
+  gpu_pool_make(&st, self_t, "cuda:0", LAYERS, TBLOCKS, BB, SEED);
+  sxt_ok(sx_agent_publish(self_t, 0));
+  sx_agent *ra = gpu_agent(url, "ipc-c-r", 0, 0);
+  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
+  seg = open_seg(ra, "ipc-self");
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
+  read_verify(seg, &r, 8, SX_TRANSPORT_TCP);
+  sx_segment_close(seg);
+  /* Forced cuda_ipc with no way to use it: a clear refusal. */
+  sx_agent *ipc_only = gpu_agent(url, "ipc-c-only", 0, SX_TRANSPORTS_CUDA_IPC);
+  sxt_rc(sx_segment_open(ipc_only, "ipc-self", 2000, &seg), SX_EUNREACH);
+  assert_non_null(strstr(sx_errmsg(), "no common transport"));
+  sx_agent_destroy(ipc_only);
+  sx_agent_destroy(ra);
+  sx_agent_destroy(self_t);
+  gpu_pool_free(&r);
+  gpu_pool_free(&st);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* SIGKILL the target while batches run back to back: each ends by its
+ * deadline, the ones after the kill fail, and no mapping is left. */
+static void test_gpu_ipc_target_killed(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-k", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg = reader_of("ipc-k", "ipc-k-r", &r, &ra);
+  sx_block_read e[64];
+  gpu_entries(e, 64, LAYERS, TBLOCKS, 64, 1, 3);
+  int killed = 0, failed_after = 0, completed = 0;
+  uint64_t start = sx__mono_ms();
+  while (sx__mono_ms() - start < 3000 && failed_after < 3) {
+    if (!killed && sx__mono_ms() - start > 300) {
+      kill(t.pid, SIGKILL);
+      killed = 1;
+    }
+    uint64_t t0 = sx__mono_ms();
+    sx_batch_result res = sxt_run_batch(seg, e, 64, 1000);
+    assert_true(sx__mono_ms() - t0 < 1000 + 500); /* by its deadline */
+    if (res.state == SX_BATCH_COMPLETED)
+      completed++;
+    else if (killed)
+      failed_after++;
+    else
+      fail_msg("before the kill: %s", res.message);
+  }
+  assert_true(completed > 0);
+  assert_true(failed_after >= 1);
+  /* The mappings went with the connection, before the segment closed. */
+  for (int i = 0; i < 200 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  fclose(t.in);
+  fclose(t.out);
+  waitpid(t.pid, NULL, 0);
+}
+
+/* The target restarts under the same name and port: the old segment's
+ * reads fail with SX_ESTALE and hold no mapping. */
+static void test_gpu_ipc_stale_incarnation(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-s", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg = reader_of("ipc-s", "ipc-s-r", &r, &ra);
+  assert_int_equal(sx__mem_ipc_open_count(), 2);
+  char listen[32];
+  snprintf(listen, sizeof(listen), "127.0.0.1:%u", t.port);
+  assert_int_equal(target_end(&t, 0), 0);
+  target_start(&t, "ipc-s", "cuda:0", listen);
+  sx_block_read e = {.layer_count = LAYERS, .slots = SXT_KV, .count = 4};
+  sx_batch_result res = {0};
+  for (int i = 0; i < 5; i++) {
+    res = sxt_run_batch(seg, &e, 1, 5000);
+    if (res.error == SX_ESTALE)
+      break;
+  }
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ESTALE);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_segment_close(seg);
+  /* Opened again, the new incarnation reads fine. */
+  seg = open_seg(ra, "ipc-s");
+  read_verify(seg, &r, 2, SX_TRANSPORT_CUDA_IPC);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* Unregister K while the reader holds its mapping: the reader gives it
+ * back at once (not after the 5 s cut-off), K's mapping closes, K is
+ * refused afterwards and V still reads. */
+static void test_gpu_ipc_unregister_while_mapped(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-u", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg = reader_of("ipc-u", "ipc-u-r", &r, &ra);
+  assert_int_equal(sx__mem_ipc_open_count(), 2);
+  target_say(&t, "unregister 0");
+  char line[64];
+  int rc = -1;
+  unsigned long ms = 0;
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  assert_int_equal(sscanf(line, "done %d %lu", &rc, &ms), 2);
+  assert_int_equal(rc, 0);
+  assert_true(ms < SX__IPC_REVOKE_MS);
+  assert_int_equal(sx__mem_ipc_open_count(), 1);
+  sx_block_read k = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_K, .count = 2};
+  sx_batch_result res = sxt_run_batch(seg, &k, 1, 5000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ENOREGION);
+  sx_block_read v = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_V, .remote_block = 9,
+                     .count = 2};
+  res = sxt_run_batch(seg, &v, 1, 5000);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("V after K went: %s", res.message);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, &v, 1), 0);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+static int setup(void **state) {
+  (void)state;
+  if (gpu_devices() == 0) {
+    fprintf(stderr, "test_gpu_ipc: no CUDA device: %s\n", sx_errmsg());
+    return -1;
+  }
+  sxt_redis_opts o = {.notify = "Kx"};
+  if (sxt_redis_start(&redis, &o) != 0) {
+    fprintf(stderr, "test_gpu_ipc: cannot start redis-server\n");
+    return -1;
+  }
+  sxt_redis_url(&redis, url, sizeof(url), "namespace=gpu");
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  sxt_redis_stop(&redis);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc == 6 && strcmp(argv[1], "target") == 0)
+    return target_main(argv);
+  if (realpath(argv[0], self) == NULL)
+    snprintf(self, sizeof(self), "/proc/self/exe");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gpu_ipc_one_gpu),
+      cmocka_unit_test(test_gpu_ipc_two_gpus),
+      cmocka_unit_test(test_gpu_ipc_transport_choice),
+      cmocka_unit_test(test_gpu_ipc_target_killed),
+      cmocka_unit_test(test_gpu_ipc_stale_incarnation),
+      cmocka_unit_test(test_gpu_ipc_unregister_while_mapped),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,234 @@
+"""Prefill in one OS process, decode in another, the KV cache crossing
+between them through segxfer (e2e_model.py has the model and the roles):
+the tokens, and the logits bit for bit on CPU, equal a single-process run.
+A layout mismatch (another dtype, another head count) is refused before a
+byte is read, and a prefill process that dies first gives a clear error,
+not tokens.
+
+The device and transport are parameters, so the GPU runs are one line:
+
+  SEGXFER_E2E_DEVICE=cuda:0 SEGXFER_E2E_TRANSPORT=cuda_ipc \\
+  SEGXFER_E2E_RESULTS=tests/gpu/results python3 -m pytest -q tests/python/test_e2e_prefill_decode.py
+
+(or without pytest: python3 tests/python/test_e2e_prefill_decode.py).  On
+CUDA the logits are compared within 1e-4 instead of bit for bit: the kernels
+of two processes are not promised to pick the same algorithms.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = os.path.join(HERE, "e2e_model.py")
+DEVICE = os.environ.get("SEGXFER_E2E_DEVICE", "cpu")
+TRANSPORT = os.environ.get("SEGXFER_E2E_TRANSPORT", "tcp")
+RESULTS = os.environ.get("SEGXFER_E2E_RESULTS")
+STEPS = 12
+
+
+def role(*args, stdin=None):
+    """One of e2e_model.py's roles in a process of its own."""
+    return subprocess.Popen([sys.executable, MODEL, *args, "--device", DEVICE,
+                             "--transport", TRANSPORT], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, timeout=120):
+    out, err = proc.communicate(timeout=timeout)
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return proc.returncode, lines, err
+
+
+class Prefill:
+    """The prefill process: started, published, waiting to be told done."""
+
+    def __init__(self, url, tmp, name="e2e/prefill-0", extra=()):
+        self.out = str(tmp / ("prefill-%s.pt" % name.replace("/", "_")))
+        self.proc = role("prefill", "--url", url, "--name", name, "--out", self.out, *extra,
+                         stdin=subprocess.PIPE)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError("prefill failed: " + self.proc.stderr.read())
+        self.info = json.loads(line)
+
+    def done(self):
+        rc, lines, err = finish_stdin(self.proc)
+        assert rc == 0, err
+        return lines[-1]
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        self.proc.stdin.close()
+
+
+def finish_stdin(proc):
+    out, err = proc.communicate("done\n", timeout=60)
+    return proc.returncode, [json.loads(x) for x in out.splitlines() if x.startswith("{")], err
+
+
+def start_decode(url, tmp, info, *extra, stdin=None):
+    out = str(tmp / "decode.pt")
+    proc = role("decode", "--url", url, "--peer", info["segment"], "--out", out,
+                "--remote-blocks", ",".join(map(str, info["block_ids"])),
+                "--prompt-len", str(info["prompt_len"]),
+                "--first-token", str(info["first_token"]), "--steps", str(STEPS), *extra,
+                stdin=stdin)
+    return proc, out
+
+
+def decode(url, tmp, info, *extra):
+    proc, out = start_decode(url, tmp, info, *extra)
+    rc, lines, err = finish(proc)
+    return rc, (lines[-1] if lines else {}), err, out
+
+
+def decode_after(action, url, tmp, info, *extra):
+    """A decode process that is set up (torch loaded, cache registered)
+    before action() runs, and opens the peer right after it."""
+    proc, out = start_decode(url, tmp, info, "--go-on-stdin", *extra, stdin=subprocess.PIPE)
+    ready = proc.stdout.readline()
+    assert ready.startswith("{"), proc.stderr.read()
+    action()
+    out_text, err = proc.communicate("go\n", timeout=120)
+    lines = [json.loads(x) for x in out_text.splitlines() if x.startswith("{")]
+    return proc.returncode, (lines[-1] if lines else {}), err, out
+
+
+def reference(tmp):
+    out = str(tmp / "reference.pt")
+    rc, _, err = finish(role("reference", "--steps", str(STEPS), "--out", out))
+    assert rc == 0, err
+    return torch.load(out)
+
+
+def same(a, b):
+    if DEVICE == "cpu":
+        return torch.equal(a, b)        # bit for bit
+    return a.shape == b.shape and float((a - b).abs().max()) <= 1e-4
+
+
+def record(name, data):
+    if RESULTS:
+        os.makedirs(RESULTS, exist_ok=True)
+        path = os.path.join(RESULTS, "e2e-%s-%s-%s.json" % (name, DEVICE.replace(":", ""),
+                                                           TRANSPORT))
+        with open(path, "w") as f:
+            json.dump(dict(data, device=DEVICE, transport=TRANSPORT,
+                           torch=torch.__version__, python=sys.version.split()[0]), f,
+                      indent=1)
+
+
+def test_e2e_tokens_and_logits_equal_a_single_process_run(url, tmp_path):
+    ref = reference(tmp_path)
+    prefill = Prefill(url, tmp_path)
+    try:
+        rc, res, err, out = decode(url, tmp_path, prefill.info)
+        assert rc == 0, err
+    finally:
+        served = prefill.done()
+    got = torch.load(out)
+    prefill_logits = torch.load(prefill.out)
+    info = prefill.info
+    # The decode side used other block ids than the prefill side.
+    assert len(res["local_blocks"]) == len(info["block_ids"]) == 4
+    assert all(l != r for l, r in zip(res["local_blocks"], info["block_ids"]))
+    assert res["transport"] == TRANSPORT or TRANSPORT == "auto"
+    assert served["served_reads"] > 0 or TRANSPORT != "tcp"
+    assert same(prefill_logits, ref["prefill_logits"])
+    assert info["first_token"] == ref["tokens"][0]
+    assert got["tokens"] == ref["tokens"][1:]
+    assert same(got["logits"], ref["decode_logits"])
+    record("equal", {"tokens": ref["tokens"], "decode_tokens": got["tokens"],
+                     "prefill_blocks": info["block_ids"], "decode_blocks": res["local_blocks"],
+                     "max_abs_logit_diff": float((got["logits"] -
+                                                  ref["decode_logits"]).abs().max()),
+                     "bitwise": torch.equal(got["logits"], ref["decode_logits"])})
+
+
+def test_e2e_the_pulled_cache_is_what_decides_the_output(url, tmp_path):
+    """Without the pull the same decode gives other logits: the equality
+    above is the transferred cache's doing, not the model's."""
+    ref = reference(tmp_path)
+    prefill = Prefill(url, tmp_path)
+    try:
+        rc, _, err, out = decode(url, tmp_path, prefill.info, "--skip-pull")
+        assert rc == 0, err
+    finally:
+        prefill.done()
+    got = torch.load(out)
+    assert not torch.equal(got["logits"], ref["decode_logits"])
+
+
+@pytest.mark.parametrize("extra, kind, local, remote", [
+    (("--dtype", "fp16"), "dtype", "fp16", "fp32"),
+    (("--kv-heads", "1"), "block_bytes", str(4 * 1 * 16 * 4), str(4 * 2 * 16 * 4)),
+])
+def test_e2e_layout_mismatch_is_refused_before_reading(url, tmp_path, extra, kind, local,
+                                                        remote):
+    prefill = Prefill(url, tmp_path)
+    try:
+        rc, res, err, out = decode(url, tmp_path, prefill.info, *extra)
+    finally:
+        served = prefill.done()
+    assert rc == 3, err
+    assert res["error"] == "IncompatibleLayout"
+    assert (res["kind"], res["local"], res["remote"]) == (kind, local, remote)
+    assert served["served_reads"] == 0
+    assert not os.path.exists(out)
+
+
+def test_e2e_dead_prefill_gives_an_error_not_tokens(url, tmp_path):
+    lease = 3.0
+    prefill = Prefill(url, tmp_path, extra=("--lease-ms", str(int(lease * 1000))))
+    info = prefill.info
+    killed = []
+    # Within the lease the descriptor is still there: the read fails.
+    rc, res, err, out = decode_after(lambda: (prefill.kill(), killed.append(time.monotonic())),
+                                     url, tmp_path, info)
+    assert rc == 3, err
+    assert res["error"] in ("SX_EUNREACH", "SX_EDISCONN", "SX_EIO"), res
+    assert res["message"]
+    assert not os.path.exists(out)
+    # After the lease the segment is gone from the store.
+    time.sleep(max(0.0, killed[0] + lease + 0.5 - time.monotonic()))
+    rc, res, err, out = decode(url, tmp_path, info, "--open-timeout", "0.3")
+    assert rc == 3, err
+    assert res["error"] == "SX_ENOENT" and info["segment"] in res["message"]
+    assert not os.path.exists(out)
+
+
+if __name__ == "__main__":
+    # Without pytest (the GPU machine may lack it): a redis-server of our own,
+    # then every scenario once.
+    import pathlib
+    import tempfile
+    sys.path.insert(0, HERE)
+    from conftest import RedisServer
+    with tempfile.TemporaryDirectory() as d:
+        r = RedisServer(pathlib.Path(d))
+        try:
+            base = "redis://127.0.0.1:%d?namespace=e2e-" % r.port
+            cases = [("equal", test_e2e_tokens_and_logits_equal_a_single_process_run, ()),
+                     ("pulled", test_e2e_the_pulled_cache_is_what_decides_the_output, ())]
+            for n, (extra, kind, local, remote) in enumerate(
+                    [(("--dtype", "fp16"), "dtype", "fp16", "fp32"),
+                     (("--kv-heads", "1"), "block_bytes", "256", "512")]):
+                cases.append(("mismatch%d" % n,
+                              test_e2e_layout_mismatch_is_refused_before_reading,
+                              (extra, kind, local, remote)))
+            cases.append(("dead", test_e2e_dead_prefill_gives_an_error_not_tokens, ()))
+            for name, fn, args in cases:
+                tmp = pathlib.Path(tempfile.mkdtemp(dir=d))
+                fn(base + name, tmp, *args)
+                print("PASS", fn.__name__, *args[:1])
+        finally:
+            r.stop()

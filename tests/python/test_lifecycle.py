@@ -1,0 +1,121 @@
+"""Cancel, deadlines, closing in every order and from other threads, and
+leaks: after close no fd and no thread is left behind."""
+import asyncio
+import gc
+import os
+import threading
+
+import pytest
+
+import segxfer
+from conftest import LAYOUT, READER_BLOCKS, Pair, cancel_while_awaited, register_kv
+
+
+def fds():
+    return sorted(int(x) for x in os.listdir("/proc/self/fd"))
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_lifecycle_cancel_a_running_batch(stuck):
+    seg, _ = stuck
+    b = seg.read_blocks([1, 2, 3], [1, 2, 3], timeout=30)
+    assert not b.done() and not b.wait(0.1)
+    with pytest.raises(segxfer.SX_EBUSY, match="not ended"):
+        b.result()
+    b.cancel()
+    assert b.wait(5) and b.done()
+    res = b.result()
+    assert res.state == "CANCELLED" and res.error_name == "SX_ECANCELED"
+    with pytest.raises(segxfer.SX_ECANCELED):
+        res.raise_for_state()
+    b.cancel()   # after the end: a no-op
+    b.close()
+
+
+def test_lifecycle_deadline_ends_the_batch(stuck):
+    seg, _ = stuck
+    b = seg.read_blocks([1], [1], timeout=0.2)
+    assert b.wait(5)
+    assert b.result().state == "TIMEOUT" and b.result().error_name == "SX_ETIMEDOUT"
+    b.close()
+
+
+def test_lifecycle_close_while_another_thread_waits(stuck):
+    seg, target = stuck
+    b = seg.read_blocks([4], [4], timeout=30)
+    got = []
+    t = threading.Thread(target=lambda: got.append(b.wait()))
+    t.start()
+    while not b._h._users:          # the waiter is inside sx_batch_wait
+        pass
+    b.close()                        # cancels, lets the waiter out, destroys
+    t.join(5)
+    assert not t.is_alive() and got == [True]
+    assert b.result().state == "CANCELLED"
+
+
+def test_lifecycle_agent_close_ends_everything_below_it(stuck, reader):
+    seg, _ = stuck
+    running = seg.read_blocks([5], [5], timeout=30)
+    fresh = seg.batch()
+    reader.close()       # batches, then the segment, then the agent
+    assert running.result().state == "CANCELLED"
+    for call in (fresh.submit, seg.check, lambda: reader.open("x")):
+        with pytest.raises(segxfer.SX_EINVAL, match="closed"):
+            call()
+
+
+def test_lifecycle_objects_dropped_in_any_order(url):
+    p = Pair(url, name="gc-0")
+    seg = p.reader.open("gc-0")
+    b = seg.read_blocks([1], [1])
+    # Drop the parents first: children keep them alive, nothing is freed early.
+    reader = p.reader
+    del p.reader, seg
+    gc.collect()
+    assert b.wait(5) and b.result().ok
+    del b
+    gc.collect()
+    assert reader._h.children == set()
+    reader.close()
+    p.target.close()
+
+
+def _round(url, n):
+    """Everything the package makes, closed or dropped again."""
+    p = Pair(url, name="leak-%d" % n)
+    with p.reader.open(p.name) as seg:
+        seg.check()
+        seg.read_blocks([1, 2], [1, 2]).wait()          # dropped, not closed
+
+        async def main():
+            bs = [seg.read_blocks([i], [i]) for i in range(4)]
+            await asyncio.gather(*bs)
+            for x in bs:
+                x.close()
+        asyncio.run(main())
+        with seg.batch() as b:
+            b.fileno()
+    # A cancelled batch on a stuck peer.
+    p.close()
+    gc.collect()
+
+
+def test_lifecycle_no_fd_or_thread_left_after_close(url, sx_agent):
+    _round(url, 0)             # warm-up: one-time threads and caches
+    fd0, th0 = fds(), threads()
+    for n in range(1, 4):
+        _round(url, n)
+    target = sx_agent("stuck-leak")
+    with segxfer.Agent(None, url, log_level="error", **LAYOUT) as r:
+        register_kv(r, READER_BLOCKS)
+        seg = r.open("stuck-leak")
+        target.pause()
+        cancel_while_awaited(seg.read_blocks([1], [1], timeout=30))
+    target.stop()
+    gc.collect()
+    assert fds() == fd0
+    assert threads() == th0
