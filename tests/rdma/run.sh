@@ -43,6 +43,7 @@ one)
   step "push mode: RDMA WRITE batches and notices, refusals, many producers, a killed producer"
   if command -v redis-server >/dev/null 2>&1; then
     ./test_rdma_push || fail=1
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_push gpu || fail=1
   else
     echo "FAIL  test_rdma_push: redis-server is not installed here"
     fail=1

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "mem/mem.h"
 #include "pattern.h"
 #include "ports.h"
 #include "proc_env.h"
@@ -395,6 +396,64 @@ static void test_rdma_push_forged_keys_are_refused_by_the_device(void **state) {
   sxt_agent_stop(&c);
 }
 
+/* GPU memory (`test_rdma_push gpu`, on the host-memory stand-in for libcuda
+ * that run.sh names in SX_CUDA_LIBRARY): RDMA does not register it, so a
+ * writable GPU region is published without a write key beside a host
+ * region that has one.  Peers then use TCP (the agent keeps GPU memory off
+ * RDMA), which refuses writes into GPU memory; the host region takes them. */
+static void test_rdma_push_gpu_region_has_no_write_key(void **state) {
+  (void)state;
+  int ndev = 0;
+  if (sx__mem_cuda_devices(&ndev) != 0 || ndev == 0)
+    fail_msg("no CUDA device, not even the stand-in (SX_CUDA_LIBRARY=%s): %s",
+             getenv("SX_CUDA_LIBRARY") ? getenv("SX_CUDA_LIBRARY") : "unset", sx_errmsg());
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rgpu");
+  const uint64_t len = (uint64_t)SXT_LAYERS * SXT_CONSUMER_BLOCKS * SXT_BLOCK;
+  sxt_agent c;
+  memset(&c, 0, sizeof(c));
+  sx_agent_params cp;
+  sxt_params(&cp, url, "decode-g");
+  cp.listen = "127.0.0.1:0";
+  sxt_ok(sx_agent_create(&cp, &c.a));
+  c.blocks = SXT_CONSUMER_BLOCKS;
+  void *dev = NULL;
+  sxt_ok(sx__mem_alloc(0, len, &dev));
+  c.mem[1] = calloc(1, len);
+  assert_non_null(c.mem[1]);
+  for (int s = 0; s < 2; s++) {
+    sx_region_params rp = {.addr = s == 0 ? dev : c.mem[1], .length = len,
+                           .layer_count = SXT_LAYERS,
+                           .layer_stride = SXT_CONSUMER_BLOCKS * SXT_BLOCK, .slot = (uint32_t)s,
+                           .block_bytes = SXT_BLOCK, .num_blocks = SXT_CONSUMER_BLOCKS,
+                           .location = s == 0 ? "cuda:0" : "cpu", .access = SXT_RW};
+    sxt_ok(sx_agent_register(c.a, &rp, &c.id[s]));
+  }
+  sxt_ok(sx_agent_publish(c.a, 0));
+  sxt_ok(sx_agent_grant_write(c.a, NULL, NULL));
+  sxt_agent p;
+  producer_start(&p, url, "prefill-g", 5, 0, 1);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(p.a, "decode-g", 5000, &seg));
+  const sx_desc *d = sx_segment_desc(seg);
+  assert_true(sx_desc_rdma_devices(d) >= 1);
+  assert_int_equal(sx_desc_find(d, 0, 0, SX_SLOT_K)->n_wkeys, 0);
+  assert_int_equal(sx_desc_find(d, 0, 0, SX_SLOT_V)->n_wkeys, sx_desc_rdma_devices(d));
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
+  sx_block_write wk = {.layer_count = SXT_LAYERS, .slots = 1u << SX_SLOT_K, .count = 2};
+  sx_batch_result r = sxt_run_write(seg, &wk, 1, 1, 20000);
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  assert_int_equal(r.error, SX_ENOTSUP);
+  sx_block_write wv = {.layer_count = SXT_LAYERS, .slots = 1u << SX_SLOT_V, .count = 2};
+  r = sxt_run_write(seg, &wv, 1, 2, 20000);
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_notice(c.a, &p, "prefill-g", 2, &wv, 1, 1000);
+  sx_segment_close(seg);
+  sxt_agent_stop(&p);
+  sxt_agent_stop(&c);
+  sx__mem_free(dev);
+}
+
 /* ------------------------------------------------------------ load and stops */
 
 static void test_rdma_push_many_producers_into_one_consumer(void **state) {
@@ -565,8 +624,16 @@ static int group_teardown(void **state) {
   return sxt_proc_env_teardown(&env);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  /* The GPU case runs alone: the CUDA driver (or its stand-in) is looked
+   * for once per process, and the other cases run without one. */
+  if (argc > 1 && strcmp(argv[1], "gpu") == 0) {
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_rdma_push_gpu_region_has_no_write_key),
+    };
+    return cmocka_run_group_tests(gpu, NULL, NULL);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rdma_push_writes_land_then_the_notice_arrives),
       cmocka_unit_test(test_rdma_push_sliced_over_several_qps),

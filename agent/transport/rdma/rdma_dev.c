@@ -572,10 +572,12 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
     for (int k = 0; k < t->n_eps; k++)
       r->rkeys[base + (uint32_t)k] = rm ? rm->mr[t->eps[k].dev->index]->rkey : 0;
     r->n_rkeys = base + (uint32_t)t->n_eps;
-    /* Push: the write keys, usable only from producers' QPs. */
-    for (int k = 0; k < t->n_eps && rm->wmr[0] != NULL; k++)
+    /* Push: the write keys, usable only from producers' QPs (none for GPU
+     * memory, which RDMA does not register). */
+    int writable = rm != NULL && rm->wmr[0] != NULL;
+    for (int k = 0; k < t->n_eps && writable; k++)
       r->wkeys[base + (uint32_t)k] = rm->wmr[t->eps[k].dev->index]->rkey;
-    r->n_wkeys = rm->wmr[0] != NULL ? r->n_rkeys : 0;
+    r->n_wkeys = writable ? r->n_rkeys : 0;
   }
   return 0;
 }
