@@ -37,17 +37,23 @@ static void expect_completed(const sx_batch_result *r) {
   assert_int_equal(r->transport, SX_TRANSPORT_RDMA);
 }
 
-/* A producer in x's store with the pool of a fixture target (seed), its
- * slices cut to slice bytes, conns QPs per peer. */
+/* A fixture agent on 127.0.0.1 with no regions yet, its RDMA slices cut to
+ * slice bytes and conns QPs per peer (0: the defaults). */
+static void agent_new(sxt_agent *x, const char *url, const char *name, uint32_t slice,
+                      uint32_t conns) {
+  memset(x, 0, sizeof(*x));
+  sx_agent_params p;
+  sxt_params(&p, url, name);
+  p.listen = "127.0.0.1:0";
+  p.rdma_slice_bytes = slice;
+  p.conns_per_peer = conns;
+  sxt_ok(sx_agent_create(&p, &x->a));
+}
+
+/* A producer with the pool of a fixture target (seed). */
 static void producer_start(sxt_agent *p, const char *url, const char *name, uint64_t seed,
                            uint32_t slice, uint32_t conns) {
-  memset(p, 0, sizeof(*p));
-  sx_agent_params pp;
-  sxt_params(&pp, url, name);
-  pp.listen = "127.0.0.1:0";
-  pp.rdma_slice_bytes = slice;
-  pp.conns_per_peer = conns;
-  sxt_ok(sx_agent_create(&pp, &p->a));
+  agent_new(p, url, name, slice, conns);
   sxt_register_kv(p, SXT_TARGET_BLOCKS, SX_ACCESS_REMOTE_READ);
   p->seed = seed;
   for (int s = 0; s < 2; s++)
@@ -323,11 +329,7 @@ static void test_rdma_push_forged_keys_are_refused_by_the_device(void **state) {
    * twice its size; V readable only. */
   const uint64_t len = (uint64_t)SXT_LAYERS * SXT_CONSUMER_BLOCKS * SXT_BLOCK;
   sxt_agent c;
-  memset(&c, 0, sizeof(c));
-  sx_agent_params cp;
-  sxt_params(&cp, url, "decode-f");
-  cp.listen = "127.0.0.1:0";
-  sxt_ok(sx_agent_create(&cp, &c.a));
+  agent_new(&c, url, "decode-f", 0, 0);
   c.blocks = SXT_CONSUMER_BLOCKS;
   for (int s = 0; s < 2; s++) {
     c.mem[s] = calloc(2, len);
@@ -411,11 +413,7 @@ static void test_rdma_push_gpu_region_has_no_write_key(void **state) {
   sxt_mem_url(url, sizeof(url), "rgpu");
   const uint64_t len = (uint64_t)SXT_LAYERS * SXT_CONSUMER_BLOCKS * SXT_BLOCK;
   sxt_agent c;
-  memset(&c, 0, sizeof(c));
-  sx_agent_params cp;
-  sxt_params(&cp, url, "decode-g");
-  cp.listen = "127.0.0.1:0";
-  sxt_ok(sx_agent_create(&cp, &c.a));
+  agent_new(&c, url, "decode-g", 0, 0);
   c.blocks = SXT_CONSUMER_BLOCKS;
   void *dev = NULL;
   sxt_ok(sx__mem_alloc(0, len, &dev));
@@ -469,20 +467,12 @@ static void test_rdma_push_deadline_mid_batch(void **state) {
   sxt_mem_url(url, sizeof(url), "rdeadline");
   const uint64_t blocks = 2048; /* 64 MiB per side */
   sxt_agent c;
-  memset(&c, 0, sizeof(c));
-  sx_agent_params cp;
-  sxt_params(&cp, url, "decode-d");
-  cp.listen = "127.0.0.1:0";
-  sxt_ok(sx_agent_create(&cp, &c.a));
+  agent_new(&c, url, "decode-d", 0, 0);
   sxt_register_kv(&c, blocks, SXT_RW);
   sxt_ok(sx_agent_publish(c.a, 0));
   sxt_ok(sx_agent_grant_write(c.a, NULL, NULL));
   sxt_agent p;
-  memset(&p, 0, sizeof(p));
-  sx_agent_params pp;
-  sxt_params(&pp, url, "prefill-d");
-  pp.listen = "127.0.0.1:0";
-  sxt_ok(sx_agent_create(&pp, &p.a));
+  agent_new(&p, url, "prefill-d", 0, 0);
   sxt_register_kv(&p, blocks, SX_ACCESS_REMOTE_READ);
   for (int s = 0; s < 2; s++)
     memset(p.mem[s], 0x6b, SXT_LAYERS * blocks * SXT_BLOCK);
@@ -559,11 +549,7 @@ static void test_rdma_push_producer_killed_mid_batch(void **state) {
   (void)state;
   const uint64_t blocks = 4096; /* one batch of 128 MiB */
   sxt_agent c;
-  memset(&c, 0, sizeof(c));
-  sx_agent_params cp;
-  sxt_params(&cp, env.url, "rdecode-3");
-  cp.listen = "127.0.0.1:0";
-  sxt_ok(sx_agent_create(&cp, &c.a));
+  agent_new(&c, env.url, "rdecode-3", 0, 0);
   sxt_register_kv(&c, blocks, SXT_RW);
   sxt_ok(sx_agent_publish(c.a, 0));
   sxt_ok(sx_agent_grant_write(c.a, NULL, NULL));

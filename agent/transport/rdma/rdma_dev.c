@@ -244,43 +244,48 @@ static void dev_free(rdma_dev *d) {
   }
 }
 
-/* PD and completion channel of a device, the channel hooked into the loop. */
-static int dev_setup(sx_rdma *t, rdma_dev *d) {
+int sx__rdma_chan_open(sx_rdma *t, rdma_dev *d, struct ibv_comp_channel **chan,
+                       uv_poll_t **poll, uv_poll_cb cb) {
   int rc, flags;
-  d->pd = ibv_alloc_pd(d->verbs);
-  if (d->pd == NULL)
-    return sx__err(SX_ENODEV, "ibv_alloc_pd(%s): %s", d->name, strerror(errno));
-  d->chan = ibv_create_comp_channel(d->verbs);
-  if (d->chan == NULL) {
-    rc = sx__err(SX_ENODEV, "ibv_create_comp_channel(%s): %s", d->name, strerror(errno));
-    goto out_dealloc_pd;
-  }
-  flags = fcntl(d->chan->fd, F_GETFL);
-  if (flags < 0 || fcntl(d->chan->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+  *chan = ibv_create_comp_channel(d->verbs);
+  if (*chan == NULL)
+    return sx__err(SX_ENODEV, "ibv_create_comp_channel(%s): %s", d->name, strerror(errno));
+  flags = fcntl((*chan)->fd, F_GETFL);
+  if (flags < 0 || fcntl((*chan)->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     rc = sx__err(SX_EIO, "completion channel of %s: fcntl: %s", d->name, strerror(errno));
     goto out_destroy_chan;
   }
-  d->chan_poll = malloc(sizeof(*d->chan_poll));
-  if (d->chan_poll == NULL) {
+  *poll = malloc(sizeof(**poll));
+  if (*poll == NULL) {
     rc = sx__err(SX_ENOMEM, "rdma: out of memory");
     goto out_destroy_chan;
   }
-  if (uv_poll_init(t->base.ctx->loop, d->chan_poll, d->chan->fd) != 0) {
-    free(d->chan_poll);
-    d->chan_poll = NULL;
-    rc = sx__err(SX_EIO, "uv_poll_init on the completion channel of %s failed", d->name);
+  if (uv_poll_init(t->base.ctx->loop, *poll, (*chan)->fd) != 0) {
+    free(*poll);
+    *poll = NULL;
+    rc = sx__err(SX_EIO, "uv_poll_init on a completion channel of %s failed", d->name);
     goto out_destroy_chan;
   }
-  d->chan_poll->data = d;
-  uv_poll_start(d->chan_poll, UV_READABLE, sx__rdma_on_cq_event);
+  (*poll)->data = d;
+  uv_poll_start(*poll, UV_READABLE, cb);
   return 0;
 
 out_destroy_chan:
-  ibv_destroy_comp_channel(d->chan);
-  d->chan = NULL;
-out_dealloc_pd:
-  ibv_dealloc_pd(d->pd);
-  d->pd = NULL;
+  ibv_destroy_comp_channel(*chan);
+  *chan = NULL;
+  return rc;
+}
+
+/* PD and completion channel of a device, the channel hooked into the loop. */
+static int dev_setup(sx_rdma *t, rdma_dev *d) {
+  int rc;
+  d->pd = ibv_alloc_pd(d->verbs);
+  if (d->pd == NULL)
+    return sx__err(SX_ENODEV, "ibv_alloc_pd(%s): %s", d->name, strerror(errno));
+  if ((rc = sx__rdma_chan_open(t, d, &d->chan, &d->chan_poll, sx__rdma_on_cq_event)) != 0) {
+    ibv_dealloc_pd(d->pd);
+    d->pd = NULL;
+  }
   return rc;
 }
 

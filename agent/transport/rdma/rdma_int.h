@@ -435,6 +435,10 @@ void sx__rdma_stats_get(const sx_transport *t, sx__rdma_stats *out);
 
 /* Find devices, ports, GIDs; allocate PDs and completion channels. */
 int sx__rdma_devs_open(sx_rdma *t);
+/* A completion channel of d, non-blocking, polled by the loop with cb
+ * (handle data: d). */
+int sx__rdma_chan_open(sx_rdma *t, rdma_dev *d, struct ibv_comp_channel **chan,
+                       uv_poll_t **poll, uv_poll_cb cb);
 void sx__rdma_devs_close(sx_rdma *t);
 rdma_dev *sx__rdma_dev_by_verbs(sx_rdma *t, struct ibv_context *verbs);
 int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *r);

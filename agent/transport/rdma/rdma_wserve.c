@@ -29,7 +29,6 @@
  */
 #include <endian.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,29 +202,13 @@ static void wres_close(rdma_dev *d) {
 /* The completion channel (kept), CQ, shared receive queue and notice
  * buffers of a device, for its first producer. */
 static int wres_open(sx_rdma *t, rdma_dev *d) {
-  int rc, flags;
+  int rc;
   if (d->wcq != NULL)
     return 0;
   if ((rc = wpd_get(d)) != 0)
     return rc;
-  if (d->wchan == NULL) {
-    d->wchan = ibv_create_comp_channel(d->verbs);
-    if (d->wchan == NULL)
-      return sx__err(SX_ERDMA, "ibv_create_comp_channel(%s): %s", d->name, strerror(errno));
-    flags = fcntl(d->wchan->fd, F_GETFL);
-    if (flags < 0 || fcntl(d->wchan->fd, F_SETFL, flags | O_NONBLOCK) < 0)
-      return sx__err(SX_EIO, "completion channel of %s: fcntl: %s", d->name, strerror(errno));
-    d->wpoll = malloc(sizeof(*d->wpoll));
-    if (d->wpoll == NULL)
-      return sx__err(SX_ENOMEM, "rdma: out of memory");
-    if (uv_poll_init(t->base.ctx->loop, d->wpoll, d->wchan->fd) != 0) {
-      free(d->wpoll);
-      d->wpoll = NULL;
-      return sx__err(SX_EIO, "uv_poll_init on a completion channel of %s failed", d->name);
-    }
-    d->wpoll->data = d;
-    uv_poll_start(d->wpoll, UV_READABLE, on_wcq_event);
-  }
+  if (d->wchan == NULL && (rc = sx__rdma_chan_open(t, d, &d->wchan, &d->wpoll, on_wcq_event)))
+    return rc;
   int cqe = (int)(SX__RDMA_WSRQ_DEPTH + wmax_conns(d) * (SX__RDMA_WCREDITS + 1));
   d->wcq = ibv_create_cq(d->verbs, cqe, d, d->wchan, 0);
   if (d->wcq == NULL)
