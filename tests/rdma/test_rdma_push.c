@@ -505,6 +505,48 @@ static void test_rdma_push_deadline_mid_batch(void **state) {
   sxt_agent_stop(&c);
 }
 
+/* The consumer goes away in the middle of a large write batch (its agent
+ * destroyed: producers' QPs, the shared receive queue and the write MRs
+ * torn down while WRITEs arrive): the batch fails, nothing crashes, and
+ * the producer's next batch fails cleanly too. */
+static void test_rdma_push_consumer_stops_mid_batch(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rstop");
+  const uint64_t blocks = 2048; /* 64 MiB per side */
+  sxt_agent c, p;
+  agent_new(&c, url, "decode-s", 0, 0);
+  sxt_register_kv(&c, blocks, SXT_RW);
+  sxt_ok(sx_agent_publish(c.a, 0));
+  sxt_ok(sx_agent_grant_write(c.a, NULL, NULL));
+  agent_new(&p, url, "prefill-s", 0, 0);
+  sxt_register_kv(&p, blocks, SX_ACCESS_REMOTE_READ);
+  for (int s = 0; s < 2; s++)
+    memset(p.mem[s], 0x21, SXT_LAYERS * blocks * SXT_BLOCK);
+  sxt_ok(sx_agent_publish(p.a, 0));
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(p.a, "decode-s", 5000, &seg));
+  sx_block_write one = sxt_kv_write(0, 0, 1);
+  expect_completed((sx_batch_result[]){sxt_run_write(seg, &one, 1, 1, 20000)});
+  sx_block_write all = sxt_kv_write(0, 0, blocks);
+  sx_batch *b = sxt_write_submit(seg, &all, 1, 2, 30000);
+  /* Once the second block of K's first layer landed, the batch is moving. */
+  for (int i = 0; i < 20000 && c.mem[0][SXT_BLOCK] != 0x21; i++)
+    usleep(500);
+  assert_int_equal(c.mem[0][SXT_BLOCK], 0x21);
+  sxt_agent_stop(&c);
+  sx_batch_result r;
+  sxt_ok(sx_batch_wait(b, -1));
+  sxt_ok(sx_batch_result_get(b, &r));
+  sx_batch_destroy(b);
+  if (r.state == SX_BATCH_COMPLETED)
+    fail_msg("the whole 128 MiB batch completed before the consumer stopped");
+  r = sxt_run_write(seg, &one, 1, 3, 5000);
+  assert_true(r.state == SX_BATCH_FAILED || r.state == SX_BATCH_TIMEOUT);
+  sx_segment_close(seg);
+  sxt_agent_stop(&p);
+}
+
 /* ------------------------------------------------------------ processes */
 
 static int sxctl(const char *log, const char *const *args, char *out, size_t size) {
@@ -628,6 +670,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_rdma_push_forged_keys_are_refused_by_the_device),
       cmocka_unit_test(test_rdma_push_many_producers_into_one_consumer),
       cmocka_unit_test(test_rdma_push_deadline_mid_batch),
+      cmocka_unit_test(test_rdma_push_consumer_stops_mid_batch),
       cmocka_unit_test(test_rdma_push_sxctl_write_into_sx_agent),
       cmocka_unit_test(test_rdma_push_producer_killed_mid_batch),
   };
