@@ -57,6 +57,12 @@ const char bx_read_help[] =
     "  --rdma-ip IP        address ib_read_bw's client connects to (default 127.0.0.1)\n"
     "  --target-batch N    batch size the targets are judged at (default 64, or the\n"
     "                      largest below it that ran)\n"
+    "  --op KIND           read (default) or write: this process is a named producer\n"
+    "                      writing its (filled) blocks into the target's pool in write\n"
+    "                      batches, each ending with the target's notice (push mode);\n"
+    "                      baselines: the raw TCP stream the other way round (this\n"
+    "                      process sends, the target receives into its pool), or\n"
+    "                      ib_write_bw; no --verify\n"
     "  --location cuda:N   read GPU memory (GPU pool on --target-location, default the\n"
     "                      same): cuda_ipc against a plain device-to-device copy of\n"
     "                      the same ranges, tcp (staged) against host-memory tcp;\n"
@@ -69,13 +75,16 @@ const char bx_read_help[] =
     "\n"
     "targets: TCP batched reads of 64K blocks >= 0.8x the raw stream, 1M >= 0.9x;\n"
     "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M (judged on scattered ids\n"
-    "when they ran, for each --conns value: both sides use that many connections).\n"
+    "when they ran, for each --conns value: both sides use that many connections);\n"
+    "--op write: TCP writes of 64K blocks >= 0.8x the raw stream, RDMA writes >= 0.9x\n"
+    "ib_write_bw at 64K and 1M.\n"
     "\n"
     "examples:\n"
     "  sx-bench read\n"
     "  sx-bench read --sizes 64K,1M --batches 16,64,256 --conns 1,4 --plot read.png\n"
     "  sx-bench read --sizes 64K --batches 4 --duration 0.2 --verify\n"
-    "  sx-bench read --transport rdma --sizes 64K,1M --group-bytes 16M\n";
+    "  sx-bench read --transport rdma --sizes 64K,1M --group-bytes 16M\n"
+    "  sx-bench read --op write --sizes 64K,1M --batches 64\n";
 
 enum { BASE_STREAM, BASE_IB, BASE_NONE };
 
@@ -93,6 +102,7 @@ typedef struct ropts {
   uint64_t group_bytes, max_batch_bytes, target_batch, rounds;
   int verify, baseline;
   const char *rdma_dev, *rdma_ip;
+  int write; /* --op write (write.c) */
 } ropts;
 
 /* The reader side of one run. */
@@ -148,8 +158,13 @@ static void quiet_log(void *arg, sx_log_level level, const char *msg) {
 static int reader_start(rd *R, uint32_t conns, const char *url, const char *name, char *err,
                         size_t esize) {
   sx_agent_params p;
+  char wname[64];
   sx_agent_params_init(&p);
   p.metadata_url = url;
+  if (R->o->write) { /* a producer: consumers authorize it by its segment */
+    snprintf(wname, sizeof(wname), "bench/writer-%d", (int)getpid());
+    p.name = wname;
+  }
   p.transports = R->o->rdma ? SX_TRANSPORTS_RDMA : SX_TRANSPORTS_TCP;
   p.conns_per_peer = conns;
   p.log = quiet_log;
@@ -167,6 +182,8 @@ static int reader_start(rd *R, uint32_t conns, const char *url, const char *name
     uint32_t id;
     rc = sx_agent_register(R->a, &r, &id);
   }
+  if (rc == 0 && R->o->write)
+    rc = sx_agent_publish(R->a, 0);
   if (rc == 0)
     rc = sx_segment_open(R->a, name, 10000, &R->seg);
   sx_mismatch mm;
@@ -237,6 +254,8 @@ static int submit(rd *R, const rcase *c, slotb *s, uint32_t k, sx_block_read *en
                              .slots = 1u << SX_SLOT_K, .remote_block = id,
                              .local_block = (uint64_t)k * c->batch + i, .count = 1};
   }
+  if (R->o->write)
+    return bx_write_batch(R->seg, ent, (size_t)c->batch, &s->b);
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = 30000;
@@ -361,7 +380,7 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs
     bx_stream_req sq = {.size = size, .group = (uint32_t)g, .region = R->region[g],
                         .group_bytes = o->group_bytes, .conns = conns,
                         .dst_bytes = stream_dst(o, size), .secs = secs,
-                        .verify = o->verify, .seed = R->seed};
+                        .verify = o->verify, .seed = R->seed, .reverse = o->write};
     bx_caseres r;
     if (bx_raw_stream(&R->t, &sq, &r, err, esize))
       return -1;
@@ -371,7 +390,8 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, double secs
       snprintf(err, esize, "ib_read_bw: no RDMA device (--rdma-device)");
       return -1;
     }
-    double gb = bx_ib_read_bw(dev, o->rdma_ip, size, conns, secs, err, esize);
+    double gb = bx_ib_bw(o->write ? "ib_write_bw" : "ib_read_bw", dev, o->rdma_ip, size, conns,
+                         secs, err, esize);
     if (gb < 0)
       return -1;
     bx_caseres r = {.secs = 1, .bytes = (uint64_t)(gb * 1e9), .cpu_reader = -1,
@@ -444,6 +464,9 @@ static int parse(ropts *o, int argc, char **argv) {
     i++;
     if (strcmp(a, "--metadata") == 0) {
       o->url = v;
+    } else if (strcmp(a, "--op") == 0) {
+      ok = strcmp(v, "read") == 0 || strcmp(v, "write") == 0;
+      o->write = strcmp(v, "write") == 0;
     } else if (strcmp(a, "--transport") == 0) {
       ok = strcmp(v, "tcp") == 0 || strcmp(v, "rdma") == 0;
       o->rdma = strcmp(v, "rdma") == 0;
@@ -477,7 +500,7 @@ static int parse(ropts *o, int argc, char **argv) {
       ok = bx_parse_size(v, &o->max_batch_bytes) == 0 && o->max_batch_bytes > 0;
     } else if (strcmp(a, "--baseline") == 0) {
       o->baseline = strcmp(v, "stream") == 0       ? BASE_STREAM
-                    : strcmp(v, "ib_read_bw") == 0 ? BASE_IB
+                    : strcmp(v, "ib_read_bw") == 0 || strcmp(v, "ib_write_bw") == 0 ? BASE_IB
                     : strcmp(v, "none") == 0       ? BASE_NONE
                                                    : -2;
       ok = o->baseline != -2;
@@ -501,6 +524,11 @@ static int parse(ropts *o, int argc, char **argv) {
     }
   if (o->baseline == -1)
     o->baseline = o->rdma ? BASE_IB : BASE_STREAM;
+  if (o->write && o->verify) {
+    fprintf(stderr, "sx-bench read: --verify checks reads only (sxctl write --verify checks "
+            "writes)\n");
+    return BX_USAGE;
+  }
   return 0;
 }
 
@@ -528,7 +556,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   R.rng = 0x9E3779B97F4A7C15ull ^ R.seed;
   bx_redis srv = {0};
   char url[600], name[64], err[600] = "";
-  const char *tr = o.rdma ? "rdma" : "tcp";
+  const char *tr = o.rdma ? (o.write ? "rdma write" : "rdma") : (o.write ? "tcp write" : "tcp");
+  const char *ib = o.write ? "ib_write_bw" : "ib_read_bw", *ops = o.write ? "writes" : "reads";
   snprintf(name, sizeof(name), "bench/read-%d", (int)getpid());
   if (o.url == NULL) {
     if (bx_redis_start(&srv) != 0)
@@ -538,14 +567,16 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
     snprintf(url, sizeof(url), "%s", o.url);
   }
   bx_report *rep = bx_report_new("read", co);
-  bx_table *t = bx_table_add(rep, "read", o.rdma ? "Batched RDMA reads between two processes "
-                             "against ib_read_bw on the same device (baseline), same run"
-                             : "Batched TCP reads between two processes against a raw TCP "
-                             "stream between the same two processes (baseline), same run",
-                             cols, (int)(sizeof(cols) / sizeof(cols[0])));
+  char title[200];
+  snprintf(title, sizeof(title), o.rdma ? "Batched RDMA %s between two processes against %s "
+           "on the same device (baseline), same run" : "Batched TCP %s between two processes "
+           "against a raw TCP stream between the same two processes (baseline), same run%s",
+           ops, o.rdma ? ib : o.write ? " (the stream runs from writer to target)" : "");
+  bx_table *t = bx_table_add(rep, "read", title, cols, (int)(sizeof(cols) / sizeof(cols[0])));
   bx_plot plot = {.logx = 1, .xbytes = 1};
-  snprintf(plot.title, sizeof(plot.title), "segxfer batched %s reads against %s", tr,
-           o.rdma ? "ib_read_bw, same device" : "a raw TCP stream, same two processes");
+  snprintf(plot.title, sizeof(plot.title), "segxfer batched %s %s against %s", o.rdma ? "rdma"
+           : "tcp", ops, o.rdma ? (o.write ? "ib_write_bw, same device" : "ib_read_bw, same "
+           "device") : "a raw TCP stream, same two processes");
   snprintf(plot.xlabel, sizeof(plot.xlabel), "block size");
   snprintf(plot.ylabel, sizeof(plot.ylabel), "GB/s");
   /* Local destinations: depth batches of the largest batch of each size. */
@@ -562,6 +593,9 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       R.local[g] = NULL;
       goto fail;
     }
+    if (o.write) /* the sources: real bytes, not the shared zero page */
+      sx__pattern_fill(R.local[g], R.local_blocks[g] * o.sizes[g], R.seed, 1000u + (uint32_t)g,
+                       0);
     for (int b = 0; b < o.n_batches; b++)
       cases += o.batches[b] * o.sizes[g] <= o.max_batch_bytes ? o.contig + o.scattered : 0;
   }
@@ -571,15 +605,21 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   bx_progress("starting the target (filling %d x %llu MiB)", o.n_sizes,
               (unsigned long long)(o.group_bytes >> 20));
   if (bx_target_spawn(&R.t, url, name, o.sizes, o.n_sizes, o.group_bytes, R.seed,
-                      o.rdma ? "auto" : "tcp") != 0)
+                      o.rdma ? "auto" : "tcp", o.write) != 0)
     goto fail;
   bx_table_note(t, "%u batches in flight; each batch: one-block entries (group, layer 0, "
-                "slot K) into local blocks of its own; window between batch ends after "
-                "a warm-up", o.depth);
+                "slot K) %s local blocks of its own; window between batch ends after "
+                "a warm-up", o.depth, o.write ? "written from" : "into");
+  if (o.write)
+    bx_table_note(t, "write batches: this process is a named producer the target granted; "
+                  "a batch ends when the target accepted its notice");
   bx_table_note(t, "baseline: %s", o.baseline == BASE_STREAM
                 ? "raw TCP stream of the same pool memory, chunk = block size, same "
                   "connection count (a thread per connection on each side)"
-                : o.baseline == BASE_IB ? "ib_read_bw -s BLOCK -q CONNS -n N on the same device"
+                : o.baseline == BASE_IB ? (o.write ? "ib_write_bw -s BLOCK -q CONNS -n N on "
+                                                     "the same device"
+                                                   : "ib_read_bw -s BLOCK -q CONNS -n N on "
+                                                     "the same device")
                                         : "none");
   if (o.baseline != BASE_NONE)
     bx_table_note(t, o.rounds > 1 ? "each case: %llu windows, each right after a baseline "
@@ -609,7 +649,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         continue;
       char b[16];
       bx_size_name(size, b, sizeof(b));
-      const char *bname = o.baseline == BASE_IB ? "ib_read_bw" : "raw stream";
+      const char *bname = o.baseline == BASE_IB ? ib : "raw stream";
       /* The cases of this size. */
       rcase rc_list[32];
       int nres = 0;
@@ -667,7 +707,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         add_row(t, "raw stream", size, 0, "-", conns, &base, 0);
       } else if (o.baseline == BASE_IB) {
         bx_row *row = bx_row_add(t);
-        bx_set_str(row, "transport", "ib_read_bw");
+        bx_set_str(row, "transport", "%s", ib);
         bx_set_str(row, "block", "%s", b);
         bx_set_num(row, "conns", conns);
         bx_set_num(row, "gb_s", base_gb);
@@ -675,7 +715,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       char sname[96];
       snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
-               ? "ib_read_bw" : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
+               ? ib : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
       if (have_base) {
         bx_series *se = bx_plot_series(&plot, sname, 1);
         if (se != NULL)
@@ -715,15 +755,16 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   /* One verdict per block size and connection count: both sides always
    * run with the same number of connections (the raw stream with a thread
    * per connection on each side, the agents with one event loop each). */
-  static const char *const what[2][2] = {
-      {"TCP batched reads, 64K blocks, vs raw stream", "TCP batched reads, 1M blocks, vs raw stream"},
-      {"RDMA batched reads, 64K blocks, vs ib_read_bw", "RDMA batched reads, 1M blocks, vs ib_read_bw"}};
   for (int ci = 0; ci < o.n_conns; ci++) {
     for (int k = 0; k < 2; k++) {
       double limit = o.rdma ? 0.9 : (k == 0 ? 0.8 : 0.9);
       char tname[160], basis[160];
-      snprintf(tname, sizeof(tname), "%s, %llu %s", what[o.rdma][k],
-               (unsigned long long)o.conns[ci], o.rdma ? "QPs" : "conns");
+      if (o.write && !o.rdma && k == 1)
+        continue; /* TCP writes: the issue sets a target at 64K only */
+      snprintf(tname, sizeof(tname), "%s batched %s, %s blocks, vs %s, %llu %s",
+               o.rdma ? "RDMA" : "TCP", ops, k == 0 ? "64K" : "1M",
+               o.rdma ? ib : "raw stream", (unsigned long long)o.conns[ci],
+               o.rdma ? "QPs" : "conns");
       snprintf(basis, sizeof(basis), "GB/s ratio, same run, batch %llu or the largest below, "
                "%s ids", (unsigned long long)o.target_batch,
                o.scattered ? "scattered" : "contiguous");

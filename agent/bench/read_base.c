@@ -29,7 +29,8 @@
 /* ------------------------------------------------------------ the target */
 
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
-                    int n, uint64_t group_bytes, uint64_t seed, const char *transport) {
+                    int n, uint64_t group_bytes, uint64_t seed, const char *transport,
+                    int writable) {
   int in[2], out[2];
   memset(t, 0, sizeof(*t));
   t->in_fd = t->out_fd = -1;
@@ -57,7 +58,7 @@ int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64
     close(out[1]);
     execl("/proc/self/exe", "sx-bench", "target", "--metadata", url, "--name", name,
           "--sizes", list, "--group-bytes", gb, "--seed", sd, "--transport", transport,
-          (char *)NULL);
+          writable ? "--writable" : (char *)NULL, writable ? "1" : NULL, (char *)NULL);
     fprintf(stderr, "sx-bench read: cannot start sx-bench target: %s\n", strerror(errno));
     _exit(127);
   }
@@ -166,6 +167,7 @@ typedef struct sreader {
   int verify, bad;
   uint64_t seed, span, off;
   uint32_t region;
+  int reverse; /* sx-bench read --op write: this side sends */
 } sreader;
 
 static void *sreader_main(void *arg) {
@@ -173,7 +175,9 @@ static void *sreader_main(void *arg) {
   uint64_t slot = 0;
   while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
     uint8_t *dst = s->buf + slot * s->chunk;
-    if (bx_recv_all(s->fd, dst, (size_t)s->chunk) != 0) {
+    int rc = s->reverse ? bx_send_all(s->fd, dst, (size_t)s->chunk)
+                        : bx_recv_all(s->fd, dst, (size_t)s->chunk);
+    if (rc != 0) {
       s->failed = 1;
       break;
     }
@@ -209,15 +213,20 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
     s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
     s[i].buf = malloc((size_t)(s[i].slots * q->size));
     /* Touch it now: first-touch page faults inside the window would make
-     * the baseline weaker than it is (segxfer's buffers are warm too). */
-    if (s[i].buf != NULL)
+     * the baseline weaker than it is (segxfer's buffers are warm too).  A
+     * sender's bytes are real ones, not the one zero page. */
+    if (s[i].buf != NULL && q->reverse)
+      sx__pattern_fill(s[i].buf, s[i].slots * q->size, q->seed, i, 0);
+    else if (s[i].buf != NULL)
       memset(s[i].buf, 0, (size_t)(s[i].slots * q->size));
+    s[i].reverse = q->reverse;
     s[i].fd = raw_connect(t->raw_port);
     s[i].verify = q->verify;
     s[i].seed = q->seed;
     s[i].region = q->region;
     s[i].span = q->group_bytes / q->size * q->size;
-    if (s[i].buf == NULL || s[i].fd < 0 || send_req(s[i].fd, BX_RAW_STREAM, q->size, q->group)) {
+    if (s[i].buf == NULL || s[i].fd < 0 ||
+        send_req(s[i].fd, q->reverse ? BX_RAW_SINK : BX_RAW_STREAM, q->size, q->group)) {
       snprintf(err, esize, "raw stream: cannot connect to the target");
       goto out;
     }
@@ -317,19 +326,20 @@ static int run_capture(const char *const argv[], char *buf, size_t size, int tim
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* One ib_read_bw server + client pair of iters iterations: MiB/s (BW
- * average), or -1 with err filled; *took its wall time. */
-static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, uint32_t qps,
-                              uint64_t iters, double *took, char *err, size_t esize) {
+/* One server + client pair of prog (ib_read_bw, or ib_write_bw for
+ * sx-bench read --op write) of iters iterations: MiB/s (BW average), or -1
+ * with err filled; *took its wall time. */
+static double ib_bw_once(const char *prog, const char *dev, const char *ip, uint64_t size,
+                         uint32_t qps, uint64_t iters, double *took, char *err, size_t esize) {
   char s_size[24], s_iters[24], s_qps[16], s_port[16];
   static int port_seq;
   snprintf(s_size, sizeof(s_size), "%llu", (unsigned long long)size);
   snprintf(s_iters, sizeof(s_iters), "%llu", (unsigned long long)iters);
   snprintf(s_qps, sizeof(s_qps), "%u", qps ? qps : 1);
   snprintf(s_port, sizeof(s_port), "%d", 18515 + (getpid() + port_seq++) % 2000);
-  const char *srv[] = {"ib_read_bw", "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
+  const char *srv[] = {prog, "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
                        "-p", s_port, "-F", NULL};
-  const char *cli[] = {"ib_read_bw", "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
+  const char *cli[] = {prog, "-d", dev, "-s", s_size, "-n", s_iters, "-q", s_qps,
                        "-p", s_port, "-F", ip, NULL};
   /* The server's words go to a file, for the message if it fails. */
   char slog[64];
@@ -355,7 +365,7 @@ static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, ui
     int st;
     if (waitpid(spid, &st, WNOHANG) == spid) {
       spid = -1;
-      int n = snprintf(out, sizeof(out), "the ib_read_bw server exited (status %d): ", st);
+      int n = snprintf(out, sizeof(out), "the %s server exited (status %d): ", prog, st);
       FILE *f = fopen(slog, "r");
       if (f != NULL && n > 0) {
         size_t r = fread(out + n, 1, sizeof(out) - (size_t)n - 1, f);
@@ -376,7 +386,7 @@ static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, ui
     waitpid(spid, &st, 0);
   }
   if (rc != 0) {
-    snprintf(err, esize, "ib_read_bw -d %s -s %s -n %s failed (exit %d): %.200s", dev, s_size,
+    snprintf(err, esize, "%s -d %s -s %s -n %s failed (exit %d): %.200s", prog, dev, s_size,
              s_iters, rc, out);
     return -1;
   }
@@ -386,8 +396,8 @@ static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, ui
   double bytes = 0, n = 0, peak = 0, avg = -1;
   if (line == NULL || sscanf(line + 1, "%lf %lf %lf %lf", &bytes, &n, &peak, &avg) != 4 ||
       avg <= 0) {
-    fprintf(stderr, "sx-bench read: ib_read_bw said:\n%s\n", out);
-    snprintf(err, esize, "ib_read_bw: no result in its output (above)");
+    fprintf(stderr, "sx-bench read: %s said:\n%s\n", prog, out);
+    snprintf(err, esize, "%s: no result in its output (above)", prog);
     return -1;
   }
   return avg;
@@ -402,10 +412,15 @@ static double ib_read_bw_once(const char *dev, const char *ip, uint64_t size, ui
  */
 double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qps,
                      double secs, char *err, size_t esize) {
+  return bx_ib_bw("ib_read_bw", dev, ip, size, qps, secs, err, esize);
+}
+
+double bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
+                double secs, char *err, size_t esize) {
   uint64_t n = (8ull << 20) / size;
   if (n < 20)
     n = 20;
-  double took, mib = ib_read_bw_once(dev, ip, size, qps, n, &took, err, esize);
+  double took, mib = ib_bw_once(prog, dev, ip, size, qps, n, &took, err, esize);
   if (mib < 0)
     return -1;
   if (took < secs) {
@@ -413,7 +428,7 @@ double bx_ib_read_bw(const char *dev, const char *ip, uint64_t size, uint32_t qp
     uint64_t m = (uint64_t)((double)n * scale);
     if (m > 10000000)
       m = 10000000;
-    if (m > n && (mib = ib_read_bw_once(dev, ip, size, qps, m, &took, err, esize)) < 0)
+    if (m > n && (mib = ib_bw_once(prog, dev, ip, size, qps, m, &took, err, esize)) < 0)
       return -1;
   }
   return mib * 1048576.0 / 1e9;

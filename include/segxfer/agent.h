@@ -274,7 +274,8 @@ typedef struct sx_agent_stats {
   /* Reader side: batches this agent ran, once each when they ended. */
   uint64_t batches[SX_STATS_BATCH_STATES]; /* by final state */
   uint64_t batch_errors[SX_STATS_ERRORS];  /* by first error (not COMPLETED) */
-  uint64_t read_bytes[SX_STATS_TRANSPORTS]; /* bytes that arrived */
+  uint64_t read_bytes[SX_STATS_TRANSPORTS]; /* bytes that arrived (read
+                              * batches; write batches count in written_bytes) */
   uint64_t batch_latency[SX_STATS_LATENCY_BUCKETS]; /* submit -> end; bucket i
                               * counts bounds[i-1] < t <= bounds[i] (not
                               * cumulative) */
@@ -299,6 +300,12 @@ typedef struct sx_agent_stats {
   uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
   uint64_t refused_writes[SX_STATS_TRANSPORTS];
   uint64_t notices;
+
+  /* Push mode, producer side: the write batches among batches[] (they are
+   * in batch_errors and batch_latency too), by final state, and the bytes
+   * they wrote that the consumer acknowledged (COMPLETED: all of them). */
+  uint64_t write_batches[SX_STATS_BATCH_STATES];
+  uint64_t written_bytes[SX_STATS_TRANSPORTS];
 } sx_agent_stats;
 
 /*

@@ -105,7 +105,8 @@ class Region(Structure):
                 ("access", c_uint32), ("addr", c_uint64), ("length", c_uint64),
                 ("block_bytes", c_uint64), ("block_stride", c_uint64),
                 ("num_blocks", c_uint64), ("location", c_char * (TAG_MAX + 1)),
-                ("n_rkeys", c_uint32), ("rkeys", c_uint32 * MAX_DEVICES)]
+                ("n_rkeys", c_uint32), ("rkeys", c_uint32 * MAX_DEVICES),
+                ("n_wkeys", c_uint32), ("wkeys", c_uint32 * MAX_DEVICES)]
 
 
 class Desc(Structure):
