@@ -107,7 +107,7 @@ TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 # The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
 # make test runs it too, or prints why it skipped.
-GPU_TESTS   := test_gpu_tcp test_gpu_ipc
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push
 GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
@@ -128,7 +128,8 @@ TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 # The end-to-end test there runs sx-agent, sxctl and redis-server too.
 RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
-                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%)
+                $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
+                $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so
 
 # The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
 # (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
@@ -370,6 +371,15 @@ $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/r
 $(RDMA_PAYLOAD)/test_rdma_e2e: $(BUILD)/obj/tests/rdma/test_rdma_e2e.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/test_rdma_push: $(BUILD)/obj/tests/rdma/test_rdma_push.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+# test_rdma_push registers GPU regions on the host-memory stand-in driver.
+$(RDMA_PAYLOAD)/libfakecuda.so: $(BUILD)/tests/gpu/libfakecuda.so
+	@mkdir -p $(dir $@)
+	@cp $< $@
 
 # Copies, not links: the directory is all the VM sees.
 $(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh

@@ -297,7 +297,8 @@ static int check_params(const sx_agent_params *p) {
     return sx__err(SX_EINVAL, "renew_ms %u must be below lease_ms %u", p->renew_ms,
                    p->lease_ms);
   if ((p->transports & SX_TRANSPORTS_ALL) == 0)
-    return sx__err(SX_EINVAL, "transports allows neither TCP nor RDMA");
+    return sx__err(SX_EINVAL, "transports allows none of tcp, rdma, cuda_ipc");
+
   if (p->slice_bytes > (64u << 20))
     return sx__err(SX_EINVAL, "slice_bytes %u is above 64 MiB (the largest read a "
                    "target serves)", p->slice_bytes);
@@ -385,6 +386,8 @@ static int open_transports(sx_agent *a) {
       .grant_epoch = &a->push->epoch,
       .notice = sx__push_notice_in,
       .written = sx__push_written,
+      .region_at = sx__region_at,
+      .grants_settled = sx__push_grants_settled,
   };
   int opened = 0, last = SX_ENODEV;
   for (unsigned i = 0; i < sx__n_transports; i++) {
@@ -405,9 +408,10 @@ static int open_transports(sx_agent *a) {
     last = 0;
   }
   if (opened == 0)
-    return sx__err(last, "no transport could be opened (allowed: %s%s)",
+    return sx__err(last, "no transport could be opened (allowed: %s%s%s)",
                    a->p.transports & SX_TRANSPORTS_TCP ? "tcp " : "",
-                   a->p.transports & SX_TRANSPORTS_RDMA ? "rdma" : "");
+                   a->p.transports & SX_TRANSPORTS_RDMA ? "rdma " : "",
+                   a->p.transports & SX_TRANSPORTS_CUDA_IPC ? "cuda_ipc" : "");
   return 0;
 }
 

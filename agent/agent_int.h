@@ -95,6 +95,8 @@ sx__ltable *sx__ltable_get(sx_agent *a); /* any thread: a new reference */
 void sx__ltable_put(sx__ltable *t);      /* any thread */
 /* Loop thread: the region with this id that is published (not withdrawn). */
 sx_lregion *sx__find_region(void *agent, uint32_t id);
+/* Loop thread: the i-th registered region (withdrawn ones too), or NULL. */
+sx_lregion *sx__region_at(void *agent, uint32_t i);
 /* Loop thread: the whole descriptor this agent publishes (endpoints packed
  * by the transports, generation of the last publish). */
 int sx__local_desc(sx_agent *a, sx_desc *d);
@@ -190,6 +192,8 @@ typedef struct sx__stats {
   uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
   uint64_t refused_writes[SX_STATS_TRANSPORTS];
   uint64_t notices;
+  uint64_t write_batches[SX_STATS_BATCH_STATES]; /* push, producer side */
+  uint64_t written_bytes[SX_STATS_TRANSPORTS];
 } sx__stats;
 
 /* Any thread: one read served (bytes) or refused (err), by transport. */
@@ -197,8 +201,8 @@ void sx__stats_served(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int e
 /* Any thread: one write served (bytes; err 0) or refused; a notice taken. */
 void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err);
 void sx__stats_notice(sx_agent *a);
-/* Loop thread: a batch ended with this result. */
-void sx__stats_batch(sx_agent *a, const sx_batch_result *r);
+/* Loop thread: a batch (a write batch when write) ended with this result. */
+void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write);
 /* Loop thread: the store confirmed the lease (publish or renew). */
 void sx__stats_lease_ok(sx_agent *a, int publish);
 /* Loop thread: a lease operation failed with err. */

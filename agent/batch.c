@@ -290,7 +290,7 @@ static void finish(sx_batch *b) {
              (unsigned long)b->op.bytes, (unsigned long)b->plan.bytes);
   else if (r->error)
     snprintf(r->message, sizeof(r->message), "%s", b->op.message);
-  sx__stats_batch(a, r);
+  sx__stats_batch(a, r, b->push != NULL);
   if (r->error && collect_failed(b) != 0)
     sx__log(a, SX_LOG_WARN, "batch on %s: no memory to list failed entries",
             b->s->cd->desc.name);

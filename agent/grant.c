@@ -56,6 +56,7 @@ int sx__push_write_granted(void *agent, const char *producer, const uint8_t *inc
 
 typedef struct grant_call {
   sx__call c;
+  struct grant_call *next_wait; /* ps->revoke_waits */
   int revoke;
   int any_name, any_inc;
   char name[SX_NAME_MAX + 1];
@@ -70,6 +71,8 @@ static int revoke_matches(const sx__grant *g, const grant_call *r) {
     return 0;
   return r->any_inc || (!g->any_inc && memcmp(g->inc, r->inc, SX_INCARNATION_LEN) == 0);
 }
+
+static void revoke_waits_finish(sx__push *ps, int status, const char *msg);
 
 static void grant_run(sx__call *c) {
   grant_call *gc = (grant_call *)c;
@@ -121,13 +124,51 @@ static void grant_run(sx__call *c) {
   }
   if (removed > 0) {
     ps->epoch++;
-    for (int k = 0; k < SX__TRANSPORT_SLOTS; k++)
-      if (a->tr[k] != NULL)
-        (void)sx__tr_call(a->tr[k]->ops, grants_changed, a->tr[k]);
+    for (int k = 0; k < SX__TRANSPORT_SLOTS; k++) {
+      if (a->tr[k] == NULL)
+        continue;
+      if (sx__tr_call(a->tr[k]->ops, grants_changed, a->tr[k]) > 0)
+        ps->revoke_pending |= 1u << k;
+      else
+        ps->revoke_pending &= ~(1u << k); /* what an earlier revoke waited for is over */
+    }
     sx__log(a, SX_LOG_INFO, "revoked %d write grant%s of %s", removed, removed > 1 ? "s" : "",
             who);
+    if (ps->revoke_pending == 0 && ps->revoke_waits != NULL)
+      revoke_waits_finish(ps, ps->revoke_err, ps->revoke_msg);
+  }
+  if (ps->revoke_pending != 0) {
+    /* A device copy or a CUDA IPC mapping of a revoked producer may still
+     * write: return once the transports said nothing can any more. */
+    gc->next_wait = ps->revoke_waits;
+    ps->revoke_waits = gc;
+    return;
   }
   sx__call_finish(c, 0, NULL);
+}
+
+static void revoke_waits_finish(sx__push *ps, int status, const char *msg) {
+  while (ps->revoke_waits != NULL) {
+    grant_call *gc = ps->revoke_waits;
+    ps->revoke_waits = gc->next_wait;
+    sx__call_finish(&gc->c, status, msg);
+  }
+  ps->revoke_err = 0;
+  ps->revoke_msg[0] = '\0';
+}
+
+void sx__push_grants_settled(void *agent, sx_transport_kind kind, int status, const char *msg) {
+  sx_agent *a = agent;
+  sx__push *ps = a->push;
+  if (ps == NULL)
+    return;
+  ps->revoke_pending &= ~(1u << kind);
+  if (status != 0 && ps->revoke_err == 0) {
+    ps->revoke_err = status;
+    snprintf(ps->revoke_msg, sizeof(ps->revoke_msg), "%s", msg ? msg : sx_strerror(status));
+  }
+  if (ps->revoke_pending == 0)
+    revoke_waits_finish(ps, ps->revoke_err, ps->revoke_msg);
 }
 
 static int grant_call_run(sx_agent *a, int revoke, const char *producer, const uint8_t *inc) {
@@ -346,6 +387,8 @@ int sx__push_write_auth(void *agent, const char *producer, const uint8_t *inc,
 /* ------------------------------------------------------------ lifetime */
 
 void sx__push_grants_free(sx_agent *a) {
+  a->push->revoke_pending = 0;
+  revoke_waits_finish(a->push, SX_ESHUTDOWN, "the agent is shutting down");
   while (a->push->grants != NULL) {
     sx__grant *g = a->push->grants;
     a->push->grants = g->next;

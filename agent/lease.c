@@ -279,6 +279,15 @@ static int start_publish(sx_agent *a, sx__lease_req *r) {
   int rc = sx__local_desc(a, &d);
   if (rc)
     return rc;
+  /* A segment nobody can reach is no segment: say why instead of
+   * publishing it (cuda_ipc alone packs nothing, since it lends its
+   * handles over the TCP connection). */
+  if (d.n_endpoints == 0) {
+    sx_desc_free(&d);
+    return sx__err(SX_EINVAL, "%s: nothing to publish peers could reach: no transport of "
+                   "this agent listens (cuda_ipc needs tcp as well; a reader-only "
+                   "agent has no listen address)", a->name);
+  }
   r->generation = a->lease.generation + 1;
   d.generation = r->generation;
   rc = sx_desc_encode(&d, &r->value, &len);

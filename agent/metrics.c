@@ -57,6 +57,41 @@ static void by_error(FILE *f, const char *name, const char *help, const uint64_t
       fprintf(f, "%s{error=\"%s\"} %lu\n", name, sx_err_name(-e), (unsigned long)v[e]);
 }
 
+/* Batches by result (lower-case state names), of the states a batch ends in. */
+static void by_result(FILE *f, const char *name, const char *help, const uint64_t *v) {
+  static const sx_batch_state ends[] = {SX_BATCH_COMPLETED, SX_BATCH_FAILED,
+                                        SX_BATCH_TIMEOUT, SX_BATCH_CANCELLED};
+  family(f, name, "counter", help);
+  for (unsigned i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
+    char result[16];
+    const char *n = sx_batch_state_name(ends[i]);
+    size_t j = 0;
+    for (; n[j] && j < sizeof(result) - 1; j++)
+      result[j] = (char)(n[j] >= 'A' && n[j] <= 'Z' ? n[j] - 'A' + 'a' : n[j]);
+    result[j] = '\0';
+    fprintf(f, "%s{result=\"%s\"} %lu\n", name, result, (unsigned long)v[ends[i]]);
+  }
+}
+
+/* Push mode (docs/push.md): both sides. */
+static void render_push(FILE *f, const sx_agent_stats *s) {
+  by_transport(f, "segxfer_served_writes_total", "counter",
+               "Producers' writes into this agent's memory that it served (TCP; RDMA WRITEs "
+               "are one-sided and not seen here).", s->served_writes);
+  by_transport(f, "segxfer_served_write_bytes_total", "counter",
+               "Bytes producers wrote into this agent's memory (TCP).", s->served_write_bytes);
+  by_transport(f, "segxfer_refused_writes_total", "counter",
+               "Producers' writes or connections this agent refused (no grant, bad token, "
+               "read-only, out of bounds...).", s->refused_writes);
+  counter(f, "segxfer_notices_total", "Write notices this agent accepted.", s->notices);
+  by_result(f, "segxfer_write_batches_total",
+            "Write batches this agent ran as a producer, by result (also in "
+            "segxfer_batches_total).", s->write_batches);
+  by_transport(f, "segxfer_written_bytes_total", "counter",
+               "Bytes this agent's write batches wrote, acknowledged by the consumer.",
+               s->written_bytes);
+}
+
 static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   char inc[2 * SX_INCARNATION_LEN + 1];
   sx_hex(a->incarnation, SX_INCARNATION_LEN, inc);
@@ -118,23 +153,11 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
                 kinds[k], sx_err_name(-e), (unsigned long)s->served_errors[k][e]);
 
   /* Reader side. */
-  family(f, "segxfer_batches_total", "counter", "Batches this agent ran, by result.");
-  static const sx_batch_state ends[] = {SX_BATCH_COMPLETED, SX_BATCH_FAILED,
-                                        SX_BATCH_TIMEOUT, SX_BATCH_CANCELLED};
-  for (unsigned i = 0; i < sizeof(ends) / sizeof(ends[0]); i++) {
-    char result[16];
-    const char *n = sx_batch_state_name(ends[i]);
-    size_t j = 0;
-    for (; n[j] && j < sizeof(result) - 1; j++)
-      result[j] = (char)(n[j] >= 'A' && n[j] <= 'Z' ? n[j] - 'A' + 'a' : n[j]);
-    result[j] = '\0';
-    fprintf(f, "segxfer_batches_total{result=\"%s\"} %lu\n", result,
-            (unsigned long)s->batches[ends[i]]);
-  }
+  by_result(f, "segxfer_batches_total", "Batches this agent ran, by result.", s->batches);
   by_error(f, "segxfer_batch_errors_total", "Batches that did not complete, by first "
            "error.", s->batch_errors);
   by_transport(f, "segxfer_read_bytes_total", "counter",
-               "Bytes that arrived in this agent's batches.", s->read_bytes);
+               "Bytes that arrived in this agent's read batches.", s->read_bytes);
   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
   family(f, "segxfer_batch_duration_seconds", "histogram",
          "Batch time from submit to end, every result.");
@@ -167,6 +190,7 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   gauge(f, "segxfer_open_segments", "Segments this agent has open.", s->open_segments);
   gauge(f, "segxfer_regions", "Registered regions.", s->regions);
   gauge(f, "segxfer_region_bytes", "Bytes in registered regions.", s->region_bytes);
+  render_push(f, s);
 }
 
 int sx_agent_metrics_text(sx_agent *a, char **text, size_t *len) {

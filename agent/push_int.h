@@ -32,6 +32,12 @@ typedef struct sx__push {
     char name[SX_NAME_MAX + 1];
   } names[SX__PUSH_NAMES];
   uint32_t next_name;
+  /* Revokes waiting until no write of a revoked producer can land (the
+   * transports in revoke_pending, by kind, said 1 to grants_changed). */
+  struct grant_call *revoke_waits;
+  uint32_t revoke_pending;
+  int revoke_err;
+  char revoke_msg[256];
   /* The notice queue. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -54,6 +60,7 @@ int sx__push_write_auth(void *agent, const char *producer, const uint8_t *incarn
                         const uint8_t *token, sx_wauth_cb cb, void *arg, sx_wauth **out);
 void sx__push_write_auth_cancel(sx_wauth *w);
 int sx__push_write_granted(void *agent, const char *producer, const uint8_t *incarnation);
+void sx__push_grants_settled(void *agent, sx_transport_kind kind, int status, const char *msg);
 int sx__push_notice_in(void *agent, const char *producer, const uint8_t *incarnation,
                        sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
                        size_t cap);

@@ -83,6 +83,11 @@ sx_lregion *sx__find_region(void *agent, uint32_t id) {
   return l != NULL && !l->withdrawn ? l : NULL;
 }
 
+sx_lregion *sx__region_at(void *agent, uint32_t i) {
+  sx_agent *a = agent;
+  return i < a->lt->n ? a->lt->v[i] : NULL;
+}
+
 /* ------------------------------------------------------------ descriptors */
 
 /* Layout, labels and the given regions (withdrawn ones left out). */

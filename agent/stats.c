@@ -41,14 +41,18 @@ void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int 
 
 void sx__stats_notice(sx_agent *a) { ADD(&a->stats.notices, 1); }
 
-void sx__stats_batch(sx_agent *a, const sx_batch_result *r) {
+void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write) {
   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
   sx__stats *s = &a->stats;
-  if ((unsigned)r->state < SX_STATS_BATCH_STATES)
+  if ((unsigned)r->state < SX_STATS_BATCH_STATES) {
     ADD(&s->batches[r->state], 1);
+    if (write)
+      ADD(&s->write_batches[r->state], 1);
+  }
   if (r->error)
     ADD(&s->batch_errors[err_index(r->error)], 1);
-  ADD(&s->read_bytes[kind_index(r->transport)], r->bytes);
+  ADD(write ? &s->written_bytes[kind_index(r->transport)]
+            : &s->read_bytes[kind_index(r->transport)], r->bytes);
   uint64_t us = r->transfer_ns / 1000;
   unsigned b = 0;
   while (b < sizeof(bounds) / sizeof(bounds[0]) && us > bounds[b])
@@ -130,10 +134,13 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
     s.served_writes[k] = LOAD(&c->served_writes[k]);
     s.served_write_bytes[k] = LOAD(&c->served_write_bytes[k]);
     s.refused_writes[k] = LOAD(&c->refused_writes[k]);
+    s.written_bytes[k] = LOAD(&c->written_bytes[k]);
   }
   s.notices = LOAD(&c->notices);
-  for (unsigned b = 0; b < SX_STATS_BATCH_STATES; b++)
+  for (unsigned b = 0; b < SX_STATS_BATCH_STATES; b++) {
     s.batches[b] = LOAD(&c->batches[b]);
+    s.write_batches[b] = LOAD(&c->write_batches[b]);
+  }
   for (unsigned b = 0; b < SX_STATS_LATENCY_BUCKETS; b++)
     s.batch_latency[b] = LOAD(&c->batch_latency[b]);
   s.batch_latency_sum_us = LOAD(&c->batch_latency_sum_us);

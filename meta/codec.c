@@ -169,8 +169,9 @@ static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
    * sx__desc_pack() also writes unvalidated ones, so take region 0's count. */
   uint32_t devices = n ? d->regions[0].n_rkeys : 0;
   uint32_t *rkeys = arena_alloc(a, (size_t)n * devices * sizeof(uint32_t) + 1);
-  size_t n_locs = 0;
-  if (loc_idx == NULL || locs == NULL || rkeys == NULL)
+  uint32_t *wkeys = arena_alloc(a, (size_t)n * devices * sizeof(uint32_t) + 1);
+  size_t n_locs = 0, n_wkeys = 0;
+  if (loc_idx == NULL || locs == NULL || rkeys == NULL || wkeys == NULL)
     return -1;
   for (uint32_t i = 0; i < n; i++) {
     const sx_region *r = &d->regions[i];
@@ -181,6 +182,10 @@ static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
     }
     loc_idx[i] = (uint32_t)li;
     memcpy(&rkeys[(size_t)i * devices], r->rkeys, devices * sizeof(uint32_t));
+    for (uint32_t k = 0; k < devices; k++)
+      wkeys[(size_t)i * devices + k] = k < r->n_wkeys ? r->wkeys[k] : 0;
+    if (r->n_wkeys > 0)
+      n_wkeys = (size_t)n * devices;
   }
   t->id = arena_alloc(a, n * sizeof(uint32_t) + 1);
   if (t->id == NULL)
@@ -205,6 +210,8 @@ static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
   t->rkeys_per_region = devices;
   t->rkeys = rkeys;
   t->n_rkeys = (size_t)n * devices;
+  t->wkeys = wkeys;
+  t->n_wkeys = n_wkeys;
   return 0;
 }
 #undef COLUMN
@@ -351,6 +358,8 @@ static int unpack_regions(const Sxpb__RegionTable *t, sx_desc *d) {
   if (t->n_rkeys != n * t->rkeys_per_region)
     return sx__err(SX_ERKEYS, "%zu rkeys for %zu regions of %u keys each", t->n_rkeys,
                    n, t->rkeys_per_region);
+  if (t->n_wkeys != 0 && t->n_wkeys != t->n_rkeys)
+    return sx__err(SX_ERKEYS, "%zu write keys for %zu rkeys", t->n_wkeys, t->n_rkeys);
   if (n > 0 && t->n_locations == 0)
     return sx__err(SX_EDECODE, "regions have no location table");
   if (t->n_locations > n)
@@ -382,6 +391,14 @@ static int unpack_regions(const Sxpb__RegionTable *t, sx_desc *d) {
     r->n_rkeys = t->rkeys_per_region;
     if (r->n_rkeys)
       memcpy(r->rkeys, &t->rkeys[i * r->n_rkeys], r->n_rkeys * sizeof(uint32_t));
+    /* A region has write keys when any of its entries is not 0 (validate
+     * then wants one per endpoint, on a writable region). */
+    for (uint32_t k = 0; t->n_wkeys && k < r->n_rkeys; k++)
+      r->n_wkeys |= t->wkeys[i * r->n_rkeys + k] != 0;
+    if (r->n_wkeys) {
+      r->n_wkeys = r->n_rkeys;
+      memcpy(r->wkeys, &t->wkeys[i * r->n_rkeys], r->n_rkeys * sizeof(uint32_t));
+    }
   }
   d->n_regions = (uint32_t)n;
   return 0;

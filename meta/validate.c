@@ -130,6 +130,10 @@ static int region_validate(const sx_region *r, uint32_t rdma_devices) {
   if (r->n_rkeys != rdma_devices)
     return sx__err(SX_ERKEYS, "region %u: %u rkeys for %u RDMA endpoints", r->id,
                    r->n_rkeys, rdma_devices);
+  if (r->n_wkeys != 0 && (r->n_wkeys != rdma_devices || !(r->access & SX_ACCESS_REMOTE_WRITE)))
+    return sx__err(SX_ERKEYS, "region %u: %u write keys for %u RDMA endpoints%s", r->id,
+                   r->n_wkeys, rdma_devices,
+                   r->access & SX_ACCESS_REMOTE_WRITE ? "" : " on a region that is not writable");
   if (r->location[0] == '\0' || !text_ok(r->location, sizeof(r->location)))
     return sx__err(SX_EINVAL, "region %u: location is empty or not printable", r->id);
   return 0;

@@ -393,6 +393,26 @@ static void test_codec_rejects_rkey_count_mismatch(void **state) {
   sx_desc_free(&d);
 }
 
+/* Push mode: write keys travel only on writable regions, one per endpoint. */
+static void test_codec_write_keys_roundtrip_and_rules(void **state) {
+  (void)state;
+  sx_desc d;
+  fixture(&d); /* one RDMA endpoint */
+  d.regions[2].access |= SX_ACCESS_REMOTE_WRITE;
+  d.regions[2].n_wkeys = 1;
+  d.regions[2].wkeys[0] = 0x5151u;
+  d.regions[3].access |= SX_ACCESS_REMOTE_WRITE; /* writable, no key (TCP only) */
+  roundtrip(&d);
+  d.regions[4].n_wkeys = 1; /* not writable */
+  d.regions[4].wkeys[0] = 7;
+  expect_decode(&d, SX_ERKEYS, "not writable");
+  d.regions[4].n_wkeys = 0;
+  d.regions[2].n_wkeys = 2; /* built by hand: validation catches it */
+  sxt_rc(sx_desc_validate(&d), SX_ERKEYS);
+  assert_non_null(strstr(sx_errmsg(), "2 write keys for 1"));
+  sx_desc_free(&d);
+}
+
 static void test_codec_rejects_missing_incarnation_or_token(void **state) {
   (void)state;
   sx_desc d;
@@ -480,6 +500,7 @@ int main(void) {
       cmocka_unit_test(test_codec_rejects_duplicate_region_ids),
       cmocka_unit_test(test_codec_key_checks_scale_and_order),
       cmocka_unit_test(test_codec_rejects_rkey_count_mismatch),
+      cmocka_unit_test(test_codec_write_keys_roundtrip_and_rules),
       cmocka_unit_test(test_codec_rejects_missing_incarnation_or_token),
       cmocka_unit_test(test_codec_rejects_garbage_and_truncation),
       cmocka_unit_test(test_codec_encode_refuses_invalid),

@@ -19,20 +19,8 @@
 
 static sxt_proc_env env;
 
-/* sxctl with argv after "sxctl --metadata URL"; its exit status. */
 static int sxctl(const char *log, const char *const *args) {
-  char exe[PATH_MAX + 16];
-  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
-  const char *argv[32] = {exe, "--metadata", env.url};
-  int n = 3;
-  for (int i = 0; args[i] != NULL && n < 31; i++)
-    argv[n++] = args[i];
-  argv[n] = NULL;
-  pid_t pid = sxt_spawn_ok(log, argv);
-  int rc = sxt_reap_log(pid, 60000, log);
-  if (rc != 0)
-    sxt_show_log(log);
-  return rc;
+  return sxt_sxctl(&env, log, args, NULL, 0);
 }
 
 static void pool(sxt_pool *p, const char *name, const char *grant) {

@@ -37,6 +37,27 @@ static void test_mem_location_parse(void **state) {
   }
 }
 
+/* sx_mem_location on host memory: in every build, with or without a driver. */
+static void test_mem_location_of_host_memory(void **state) {
+  (void)state;
+  char heap_loc[16], out[16] = "untouched";
+  char *heap = malloc(4096);
+  assert_non_null(heap);
+  sxt_ok(sx_mem_location(heap, 4096, heap_loc, sizeof(heap_loc)));
+  assert_string_equal(heap_loc, "cpu");
+  sxt_ok(sx_mem_location(heap, 0, out, 4)); /* "cpu" and its NUL fit in 4 */
+  assert_string_equal(out, "cpu");
+  /* Refused, out untouched. */
+  strcpy(out, "untouched");
+  sxt_rc(sx_mem_location(heap, 4096, out, 3), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "needs 4 bytes"));
+  sxt_rc(sx_mem_location(NULL, 4096, out, sizeof(out)), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "NULL addr"));
+  sxt_rc(sx_mem_location(heap, 4096, NULL, 16), SX_EINVAL);
+  assert_string_equal(out, "untouched");
+  free(heap);
+}
+
 #ifdef SX_HAVE_CUDA
 /* ------------------------------------------------------------ fake driver */
 
@@ -188,6 +209,29 @@ static void test_mem_check_refuses_with_reason(void **state) {
   assert_int_equal(m.kind, 9); /* never written on failure */
 }
 
+static void test_mem_location_of_device_pointer(void **state) {
+  (void)state;
+  char out[16];
+  sxt_ok(sx_mem_location(at(allocs[0].base + 4096), 65536, out, sizeof(out)));
+  assert_string_equal(out, "cuda:0");
+  sxt_ok(sx_mem_location(at(allocs[1].base), allocs[1].size, out, sizeof(out)));
+  assert_string_equal(out, "cuda:1");
+  int stack;
+  sxt_ok(sx_mem_location(&stack, sizeof(stack), out, sizeof(out)));
+  assert_string_equal(out, "cpu");
+  /* "cuda:1" needs 7 bytes. */
+  strcpy(out, "untouched");
+  sxt_rc(sx_mem_location(at(allocs[1].base), 4096, out, 6), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "cuda:1, which needs 7 bytes"));
+  /* What register would refuse is refused here, with register's reason. */
+  sxt_rc(sx_mem_location(at(allocs[0].base + allocs[0].size - 4096), 8192, out,
+                         sizeof(out)), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "not inside one allocation"));
+  sxt_rc(sx_mem_location(at(allocs[2].base), 4096, out, sizeof(out)), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "managed"));
+  assert_string_equal(out, "untouched");
+}
+
 /* ------------------------------------------------------------ no driver */
 
 static int no_driver(void **state) {
@@ -214,6 +258,10 @@ static void test_mem_without_driver(void **state) {
   assert_int_equal(m.kind, SX__MEM_HOST);
   sx__mem_query(buf, &m);
   assert_int_equal(m.kind, SX__MEM_HOST);
+  /* Without a driver nothing is device memory, whatever the address. */
+  char out[16];
+  sxt_ok(sx_mem_location(at(allocs[0].base), 4096, out, sizeof(out)));
+  assert_string_equal(out, "cpu");
 }
 
 /* ------------------------------------------------------------ agents */
@@ -307,9 +355,12 @@ static void test_mem_agent_without_driver_refuses_cuda(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mem_location_parse),
+      cmocka_unit_test(test_mem_location_of_host_memory),
 #ifdef SX_HAVE_CUDA
       cmocka_unit_test_setup_teardown(test_mem_check_device_pointer, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_mem_check_refuses_with_reason, use_fake,
+                                      use_real),
+      cmocka_unit_test_setup_teardown(test_mem_location_of_device_pointer, use_fake,
                                       use_real),
       cmocka_unit_test_setup_teardown(test_mem_without_driver, no_driver, use_real),
       cmocka_unit_test_setup_teardown(test_mem_agent_registers_cuda_region, use_fake,

@@ -18,24 +18,14 @@
 #include "push_fixture.h"
 #include "transport/tcp/tcp_frame.h"
 
-static sx_block_write kv_write(uint64_t local, uint64_t remote, uint64_t count) {
-  return (sx_block_write){.layer_count = SXT_LAYERS, .slots = SXT_KV, .local_block = local,
-                          .remote_block = remote, .count = count};
-}
-
-static void grant_producer(sxt_pair *x) {
-  uint8_t inc[SX_INCARNATION_LEN];
-  sx_agent_incarnation(x->p.a, inc);
-  sxt_ok(sx_agent_grant_write(x->c.a, "prefill-0", inc));
-}
-
 static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   (void)state;
   sxt_pair x;
   sxt_pair_start(&x, SXT_RW);
-  grant_producer(&x);
+  sxt_pair_grant(&x);
   int fd = sx_agent_notice_fd(x.c.a);
-  sx_block_write w[3] = {kv_write(0, 10, 4), kv_write(20, 14, 2), kv_write(63, 0, 1)};
+  sx_block_write w[3] = {sxt_kv_write(0, 10, 4), sxt_kv_write(20, 14, 2),
+                         sxt_kv_write(63, 0, 1)};
   sx_batch_result r = sxt_run_write(x.seg, w, 3, 77, 5000);
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("write batch %s: %s", sx_batch_state_name(r.state), r.message);
@@ -46,12 +36,32 @@ static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   for (int i = 0; i < 3; i++)
     assert_int_equal(sxt_verify_write(&x.c, &x.p, &w[i]), 0);
   sxt_expect_notice(x.c.a, &x.p, "prefill-0", 77, w, 3, 0);
-  sx_block_write untouched = kv_write(0, 30, 10);
+  sx_block_write untouched = sxt_kv_write(0, 30, 10);
   assert_int_equal(sxt_blocks_zero(&x.c, &untouched), 0);
   sx_agent_stats st;
   sxt_ok(sx_agent_stats_get(x.c.a, &st, sizeof(st)));
   assert_int_equal(st.served_write_bytes[SX_TRANSPORT_TCP], r.bytes);
   assert_int_equal(st.notices, 1);
+  /* The producer counts what it wrote as written, not as read. */
+  sxt_ok(sx_agent_stats_get(x.p.a, &st, sizeof(st)));
+  assert_int_equal(st.written_bytes[SX_TRANSPORT_TCP], r.bytes);
+  assert_int_equal(st.read_bytes[SX_TRANSPORT_TCP], 0);
+  assert_int_equal(st.write_batches[SX_BATCH_COMPLETED], 1);
+  assert_int_equal(st.batches[SX_BATCH_COMPLETED], 1);
+  char *text, line[128];
+  sxt_ok(sx_agent_metrics_text(x.p.a, &text, NULL));
+  snprintf(line, sizeof(line), "\nsegxfer_written_bytes_total{transport=\"tcp\"} %lu\n",
+           (unsigned long)r.bytes);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "\nsegxfer_write_batches_total{result=\"completed\"} 1\n"));
+  assert_non_null(strstr(text, "\nsegxfer_read_bytes_total{transport=\"tcp\"} 0\n"));
+  free(text);
+  sxt_ok(sx_agent_metrics_text(x.c.a, &text, NULL));
+  snprintf(line, sizeof(line), "\nsegxfer_served_write_bytes_total{transport=\"tcp\"} %lu\n",
+           (unsigned long)r.bytes);
+  assert_non_null(strstr(text, line));
+  assert_non_null(strstr(text, "\nsegxfer_notices_total 1\n"));
+  free(text);
   /* An empty write batch is only its notice ("nothing to send"). */
   r = sxt_run_write(x.seg, NULL, 0, 78, 5000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
@@ -59,26 +69,18 @@ static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   sxt_pair_stop(&x);
 }
 
-static void expect_no_notice(sx_agent *a) {
-  sx_notice *n = NULL;
-  int rc = sx_agent_notice_next(a, 50, &n);
-  if (rc == 0)
-    fail_msg("unexpected notice from %s tag %lu", n->producer, (unsigned long)n->tag);
-  assert_int_equal(rc, SX_ETIMEDOUT);
-}
-
 static void test_push_tcp_refused_writes_land_nothing(void **state) {
   (void)state;
   sxt_pair x;
   sxt_pair_start(&x, SXT_RW);
-  sx_block_write w = kv_write(0, 5, 3);
+  sx_block_write w = sxt_kv_write(0, 5, 3);
   /* No grant. */
   sx_batch_result r = sxt_run_write(x.seg, &w, 1, 1, 5000);
   assert_int_equal(r.state, SX_BATCH_FAILED);
   assert_int_equal(r.error, SX_EACCESS);
   assert_non_null(strstr(r.message, "no write grant"));
   assert_int_equal(sxt_blocks_zero(&x.c, &w), 0);
-  expect_no_notice(x.c.a);
+  sxt_expect_no_notice(x.c.a);
   /* A grant for another incarnation of the name. */
   uint8_t other[SX_INCARNATION_LEN] = {9, 9, 9};
   sxt_ok(sx_agent_grant_write(x.c.a, "prefill-0", other));
@@ -86,7 +88,7 @@ static void test_push_tcp_refused_writes_land_nothing(void **state) {
   assert_int_equal(r.error, SX_EACCESS);
   assert_int_equal(sxt_blocks_zero(&x.c, &w), 0);
   /* Granted: the next batch reconnects and lands. */
-  grant_producer(&x);
+  sxt_pair_grant(&x);
   r = sxt_run_write(x.seg, &w, 1, 3, 5000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_verify_write(&x.c, &x.p, &w), 0);
@@ -94,19 +96,19 @@ static void test_push_tcp_refused_writes_land_nothing(void **state) {
   /* Revoked: refused on the same connections, with the reason; reading
    * that consumer still works. */
   sxt_ok(sx_agent_revoke_write(x.c.a, "prefill-0", NULL));
-  sx_block_write w2 = kv_write(10, 20, 2);
+  sx_block_write w2 = sxt_kv_write(10, 20, 2);
   r = sxt_run_write(x.seg, &w2, 1, 4, 5000);
   assert_int_equal(r.state, SX_BATCH_FAILED);
   assert_int_equal(r.error, SX_EACCESS);
   assert_non_null(strstr(r.message, "refused a write of region"));
   assert_int_equal(sxt_blocks_zero(&x.c, &w2), 0);
-  expect_no_notice(x.c.a);
+  sxt_expect_no_notice(x.c.a);
   sx_block_read rd = {.layer_count = 1, .slots = SXT_KV, .remote_block = 5, .local_block = 0,
                       .count = 1};
   sx_batch_result rr = sxt_run_batch(x.seg, &rd, 1, 5000);
   assert_int_equal(rr.state, SX_BATCH_COMPLETED);
   /* Granted again: the same connections take writes again. */
-  grant_producer(&x);
+  sxt_pair_grant(&x);
   r = sxt_run_write(x.seg, &w2, 1, 5, 5000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_verify_write(&x.c, &x.p, &w2), 0);
@@ -133,12 +135,12 @@ static void test_push_tcp_stale_consumer_gets_nothing(void **state) {
   sxt_register_kv(&x.c, SXT_CONSUMER_BLOCKS, SXT_RW);
   sxt_ok(sx_agent_publish(x.c.a, 0));
   sxt_ok(sx_agent_grant_write(x.c.a, NULL, NULL));
-  sx_block_write w = kv_write(0, 0, 8);
+  sx_block_write w = sxt_kv_write(0, 0, 8);
   sx_batch_result r = sxt_run_write(x.seg, &w, 1, 1, 5000);
   assert_int_equal(r.state, SX_BATCH_FAILED);
   assert_int_equal(r.error, SX_ESTALE);
   assert_int_equal(sxt_blocks_zero(&x.c, &w), 0);
-  expect_no_notice(x.c.a);
+  sxt_expect_no_notice(x.c.a);
   sxt_pair_stop(&x);
 }
 
@@ -217,7 +219,7 @@ static void test_push_tcp_wire_refusals(void **state) {
   sxt_ok(sx__notice_encode(n, &buf, &len));
   assert_int_equal(sxt_wire_notice(fd, 10, buf, len), SX_EDENIED);
   free(buf);
-  expect_no_notice(x.c.a);
+  sxt_expect_no_notice(x.c.a);
   /* And a good write and notice still go through on this connection. */
   assert_int_equal(sxt_wire_write(fd, 11, k, 4096, data, 16), 0);
   assert_int_equal(x.c.mem[0][4096 + 15], 0xab);
@@ -244,87 +246,9 @@ static void test_push_tcp_wire_refusals(void **state) {
   free(ro);
 }
 
-/* ------------------------------------------------------------ many producers */
-
-#define PRODUCERS 4
-#define BATCHES 8
-
-typedef struct prod {
-  sxt_pair *x;
-  sxt_agent a;
-  char name[32];
-  sx_segment *seg;
-  int failed;
-} prod;
-
-static void *producer_main(void *arg) {
-  prod *p = arg;
-  int k = p->name[8] - '0';
-  sx_batch *b[BATCHES];
-  for (int i = 0; i < BATCHES; i++) {
-    uint64_t blk = (uint64_t)k * 12 + (uint64_t)i;
-    sx_block_write w = kv_write(blk, blk, 1);
-    b[i] = sxt_write_submit(p->seg, &w, 1, (uint64_t)k * 100 + (uint64_t)i, 10000);
-  }
-  for (int i = 0; i < BATCHES; i++) {
-    sx_batch_result r;
-    if (sx_batch_wait(b[i], -1) != 0 || sx_batch_result_get(b[i], &r) != 0 ||
-        r.state != SX_BATCH_COMPLETED)
-      p->failed++;
-    sx_batch_destroy(b[i]);
-  }
-  return NULL;
-}
-
 static void test_push_many_producers_into_one_consumer(void **state) {
   (void)state;
-  sxt_pair x;
-  sxt_mem_url(x.url, sizeof(x.url), "push");
-  sxt_consumer_start(&x.c, x.url, "decode-0", SXT_RW);
-  sxt_ok(sx_agent_grant_write(x.c.a, NULL, NULL)); /* the namespace */
-  prod p[PRODUCERS];
-  pthread_t th[PRODUCERS];
-  for (int k = 0; k < PRODUCERS; k++) {
-    memset(&p[k], 0, sizeof(p[k]));
-    snprintf(p[k].name, sizeof(p[k].name), "prefill-%d", k);
-    sxt_target_start(&p[k].a, x.url, p[k].name, NULL, 1000 + (uint64_t)k);
-    sxt_ok(sx_segment_open(p[k].a.a, "decode-0", 2000, &p[k].seg));
-  }
-  for (int k = 0; k < PRODUCERS; k++)
-    assert_int_equal(pthread_create(&th[k], NULL, producer_main, &p[k]), 0);
-  for (int k = 0; k < PRODUCERS; k++) {
-    pthread_join(th[k], NULL);
-    assert_int_equal(p[k].failed, 0);
-  }
-  /* Every notice matches its producer, its tag and its bytes. */
-  int seen[PRODUCERS][BATCHES] = {{0}};
-  for (int i = 0; i < PRODUCERS * BATCHES; i++) {
-    sx_notice *n;
-    sxt_ok(sx_agent_notice_next(x.c.a, 1000, &n));
-    int k = n->producer[8] - '0';
-    assert_true(k >= 0 && k < PRODUCERS);
-    assert_string_equal(n->producer, p[k].name);
-    uint8_t inc[SX_INCARNATION_LEN];
-    sx_agent_incarnation(p[k].a.a, inc);
-    assert_memory_equal(n->incarnation, inc, SX_INCARNATION_LEN);
-    int b = (int)(n->tag - (uint64_t)k * 100);
-    assert_true(b >= 0 && b < BATCHES);
-    seen[k][b]++;
-    assert_int_equal(n->n_blocks, 1);
-    assert_int_equal(n->blocks[0].block, (uint64_t)k * 12 + (uint64_t)b);
-    sx_block_write w = kv_write(n->blocks[0].block, n->blocks[0].block, n->blocks[0].count);
-    assert_int_equal(sxt_verify_write(&x.c, &p[k].a, &w), 0);
-    sx_notice_free(n);
-  }
-  for (int k = 0; k < PRODUCERS; k++)
-    for (int b = 0; b < BATCHES; b++)
-      assert_int_equal(seen[k][b], 1);
-  expect_no_notice(x.c.a);
-  for (int k = 0; k < PRODUCERS; k++) {
-    sx_segment_close(p[k].seg);
-    sxt_agent_stop(&p[k].a);
-  }
-  sxt_agent_stop(&x.c);
+  sxt_push_many_producers(SX_TRANSPORT_TCP);
 }
 
 /* ------------------------------------------------------------ deadline */
@@ -383,7 +307,7 @@ static void test_push_tcp_deadline_with_payload_stuck_in_the_socket(void **state
   assert_int_equal(pthread_create(&th, NULL, stall_main, &st), 0);
   /* 4 layers x 2 slots x 48 blocks x 4 KiB = 1.5 MiB: more than loopback
    * socket buffers take without a reader. */
-  sx_block_write w = kv_write(0, 0, SXT_CONSUMER_BLOCKS);
+  sx_block_write w = sxt_kv_write(0, 0, SXT_CONSUMER_BLOCKS);
   uint64_t t0 = sx__mono_ms();
   sx_batch *b = sxt_write_submit(seg, &w, 1, 9, 400);
   sxt_ok(sx_batch_wait(b, 20000));

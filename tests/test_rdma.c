@@ -36,6 +36,35 @@ static void test_rdma_hello_roundtrip_and_byte_order(void **state) {
   sxt_ok(sx__rdma_hello_parse(padded, sizeof(padded), &h));
 }
 
+/* Push mode: a producer's hello carries its own incarnation in the name
+ * bytes and its own token; unknown flags are refused. */
+static void test_rdma_write_hello_roundtrip(void **state) {
+  (void)state;
+  sx__rdma_hello_wire w;
+  sx__rdma_hello h;
+  uint8_t pinc[SX_INCARNATION_LEN];
+  for (int i = 0; i < SX_INCARNATION_LEN; i++)
+    pinc[i] = (uint8_t)(0xa0 + i);
+  sx__rdma_whello_pack(&w, 3, inc, pinc, tok);
+  assert_int_equal(((const uint8_t *)&w)[3], SX__RDMA_HELLO_WRITE);
+  sxt_ok(sx__rdma_hello_parse(&w, sizeof(w), &h));
+  assert_int_equal(h.flags, SX__RDMA_HELLO_WRITE);
+  assert_int_equal(h.conn_index, 3);
+  assert_memory_equal(h.incarnation, inc, sizeof(inc));
+  assert_memory_equal(h.producer, pinc, sizeof(pinc));
+  assert_memory_equal(h.token, tok, sizeof(tok));
+  assert_string_equal(h.name, "");
+  /* A reader's hello has no flags. */
+  sx__rdma_hello_pack(&w, "r", 0, inc, tok);
+  sxt_ok(sx__rdma_hello_parse(&w, sizeof(w), &h));
+  assert_int_equal(h.flags, 0);
+  w.flags = 0x82;
+  sxt_rc(sx__rdma_hello_parse(&w, sizeof(w), &h), SX_EPROTO);
+  assert_int_equal(sx__rdma_reject_code(SX__RDMA_REJ_WACCESS), SX_EACCESS);
+  assert_int_equal(sx__rdma_reject_code(SX__RDMA_REJ_WSTORE), SX_ESTORE);
+  assert_non_null(strstr(sx__rdma_reject_text(SX__RDMA_REJ_WACCESS), "write grant"));
+}
+
 static void test_rdma_hello_rejects_garbage(void **state) {
   (void)state;
   sx__rdma_hello_wire w;
@@ -138,6 +167,7 @@ static void test_rdma_open_without_device_is_enodev(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rdma_hello_roundtrip_and_byte_order),
+      cmocka_unit_test(test_rdma_write_hello_roundtrip),
       cmocka_unit_test(test_rdma_hello_rejects_garbage),
       cmocka_unit_test(test_rdma_reject_reasons_map_to_codes),
       cmocka_unit_test(test_rdma_wc_status_codes),

@@ -5,6 +5,9 @@
  *   magic "SXBR", op, a, b, c
  *   STREAM: send group b's memory in chunks of a bytes, wrapping around,
  *           until the reader closes the connection
+ *   SINK:   receive chunks of a bytes into group b's memory, wrapping
+ *           around, until the writer closes the connection (the baseline
+ *           of sx-bench read --op write)
  *   RUSAGE: answer 16 bytes: user and system CPU time of the target, ns
  *   QUIT:   unpublish and exit
  */
@@ -18,7 +21,7 @@
 #define BX_RAW_MAGIC "SXBR"
 #define BX_MAX_SIZES 16
 
-enum { BX_RAW_STREAM = 1, BX_RAW_RUSAGE = 2, BX_RAW_QUIT = 3 };
+enum { BX_RAW_STREAM = 1, BX_RAW_RUSAGE = 2, BX_RAW_QUIT = 3, BX_RAW_SINK = 4 };
 
 typedef struct bx_rawreq {
   char magic[4];

@@ -30,81 +30,6 @@
 #include "read.h"
 #include "segxfer/agent.h"
 
-const char bx_read_help[] =
-    "usage: sx-bench read [options] [common options]\n"
-    "\n"
-    "Batched block reads between two processes: this one (a reader agent) and an\n"
-    "`sx-bench target` it starts (an agent with one group of blocks per size, filled\n"
-    "with the verification pattern, plus a raw TCP stream server over the same\n"
-    "memory).  Baseline in the same run: for tcp the raw socket stream between the\n"
-    "same two processes (blocking sockets, one thread per connection on each side,\n"
-    "the block size as the chunk; measured in two halves around the cases of each\n"
-    "size); for rdma perftest's ib_read_bw on the same device (and an ib_write_bw\n"
-    "row).  Reported: GB/s (10^9 bytes), blocks/s, p50/p99 batch latency (submit\n"
-    "to end) and CPU seconds per GB of both processes on every row (getrusage; the\n"
-    "perftest programs' from wait4, as child processes), and both ratios.\n"
-    "\n"
-    "  --metadata URL      redis:// store (default: a private redis-server)\n"
-    "  --transport KIND    tcp (default) or rdma\n"
-    "  --sizes LIST        block sizes (default 4K,16K,64K,256K,1M,4M)\n"
-    "  --batches LIST      blocks per batch (default 1,16,64,256,1024)\n"
-    "  --ids KIND          contiguous, scattered or both (default both): contiguous ids\n"
-    "                      merge into few ranges, scattered ones are one range each\n"
-    "  --conns LIST        connections (TCP) or QPs (RDMA) per peer (default 4)\n"
-    "  --depth N           batches in flight (default 2)\n"
-    "  --group-bytes N     target memory per block size (default 64M)\n"
-    "  --max-batch-bytes N skip batches larger than this (default 64M); skipped cases\n"
-    "                      are listed, and a case that fails says why in its row (NOTE)\n"
-    "                      while the others still run\n"
-    "  --verify            check every byte read (segxfer and raw stream) against\n"
-    "                      the fill pattern; the checking time is in the figures\n"
-    "  --baseline KIND     stream, ib_read_bw or none (default: stream for tcp,\n"
-    "                      ib_read_bw for rdma)\n"
-    "  --rdma-device DEV   device for ib_read_bw (default: the segment's RDMA one)\n"
-    "  --rdma-ip IP        address ib_read_bw's client connects to (default 127.0.0.1)\n"
-    "  --target-batch N    batch size the targets are judged at (default 64, or the\n"
-    "                      largest below it that ran)\n"
-    "  --location cuda:N   read GPU memory (GPU pool on --target-location, default the\n"
-    "                      same): cuda_ipc against a plain device-to-device copy of\n"
-    "                      the same ranges, tcp (staged) against host-memory tcp;\n"
-    "                      --transport cuda_ipc, tcp or auto (both, the default);\n"
-    "                      --target-location cuda:N puts the target's pool elsewhere\n"
-    "  --rounds N          measure each case in N windows, each after a baseline\n"
-    "                      window of its own, and judge it against those (default 1:\n"
-    "                      the baseline in two halves around all cases of a size);\n"
-    "                      steadier ratios on a busy machine, twice the time\n"
-    "\n"
-    "targets: TCP batched reads of 64K blocks >= 0.8x the raw stream, 1M >= 0.9x;\n"
-    "RDMA batched reads >= 0.9x ib_read_bw at 64K and 1M; CPU per GB (both sides)\n"
-    "<= 1.5x the baseline's at 64K and 1M (judged on scattered ids\n"
-    "when they ran, for each --conns value: both sides use that many connections);\n"
-    "p99 batch latency <= 2x p50 for batches of 16-128 blocks of 64K-1M.  CPU WAIT\n"
-    "MS/BATCH: time both processes' threads were runnable but waited for a CPU\n"
-    "(schedstat), per batch: on a busy machine the tails follow it.\n"
-    "\n"
-    "examples:\n"
-    "  sx-bench read\n"
-    "  sx-bench read --sizes 64K,1M --batches 16,64,256 --conns 1,4 --plot read.png\n"
-    "  sx-bench read --sizes 64K --batches 4 --duration 0.2 --verify\n"
-    "  sx-bench read --transport rdma --sizes 64K,1M --group-bytes 16M\n";
-
-enum { BASE_STREAM, BASE_IB, BASE_NONE };
-
-typedef struct ropts {
-  const char *url;
-  int rdma;
-  uint64_t sizes[BX_MAX_SIZES];
-  int n_sizes;
-  uint64_t batches[16];
-  int n_batches;
-  int contig, scattered;
-  uint64_t conns[8];
-  int n_conns;
-  uint32_t depth;
-  uint64_t group_bytes, max_batch_bytes, target_batch, rounds;
-  int verify, baseline;
-  const char *rdma_dev, *rdma_ip;
-} ropts;
 
 /* The reader side of one run. */
 typedef struct rd {
@@ -159,8 +84,13 @@ static void quiet_log(void *arg, sx_log_level level, const char *msg) {
 static int reader_start(rd *R, uint32_t conns, const char *url, const char *name, char *err,
                         size_t esize) {
   sx_agent_params p;
+  char wname[64];
   sx_agent_params_init(&p);
   p.metadata_url = url;
+  if (R->o->write) { /* a producer: consumers authorize it by its segment */
+    snprintf(wname, sizeof(wname), "bench/writer-%d", (int)getpid());
+    p.name = wname;
+  }
   p.transports = R->o->rdma ? SX_TRANSPORTS_RDMA : SX_TRANSPORTS_TCP;
   p.conns_per_peer = conns;
   p.log = quiet_log;
@@ -176,6 +106,8 @@ static int reader_start(rd *R, uint32_t conns, const char *url, const char *name
     uint32_t id;
     rc = sx_agent_register(R->a, &r, &id);
   }
+  if (rc == 0 && R->o->write)
+    rc = sx_agent_publish(R->a, 0);
   if (rc == 0)
     rc = sx_segment_open(R->a, name, 10000, &R->seg);
   sx_mismatch mm;
@@ -247,6 +179,8 @@ static int submit(rd *R, const rcase *c, slotb *s, uint32_t k, sx_block_read *en
                              .slots = 1u << SX_SLOT_K, .remote_block = id,
                              .local_block = (uint64_t)k * c->batch + i, .count = 1};
   }
+  if (R->o->write)
+    return bx_write_batch(R->seg, ent, (size_t)c->batch, &s->b);
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = 30000;
@@ -368,7 +302,7 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char 
     bx_stream_req sq = {.size = size, .group = (uint32_t)g, .region = R->region[g],
                         .group_bytes = o->group_bytes, .conns = conns,
                         .dst_bytes = stream_dst(o, size), .secs = secs,
-                        .verify = o->verify, .seed = R->seed};
+                        .verify = o->verify, .seed = R->seed, .reverse = o->write};
     bx_caseres r;
     if (bx_raw_stream(&R->t, &sq, &r, err, esize))
       return -1;
@@ -386,84 +320,6 @@ static int base_round(rd *R, int g, uint32_t conns, const char *dev, const char 
   return 0;
 }
 
-/* ------------------------------------------------------------ options */
-
-static int parse(ropts *o, int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int ok = 1;
-    if (strcmp(a, "--verify") == 0) {
-      o->verify = 1;
-      continue;
-    }
-    if (v == NULL) {
-      fprintf(stderr, "sx-bench read: unknown option or missing value '%s' "
-              "(sx-bench read --help)\n", a);
-      return BX_USAGE;
-    }
-    i++;
-    if (strcmp(a, "--metadata") == 0) {
-      o->url = v;
-    } else if (strcmp(a, "--transport") == 0) {
-      ok = strcmp(v, "tcp") == 0 || strcmp(v, "rdma") == 0;
-      o->rdma = strcmp(v, "rdma") == 0;
-    } else if (strcmp(a, "--sizes") == 0) {
-      ok = (o->n_sizes = bx_parse_list(v, o->sizes, BX_MAX_SIZES, 1)) > 0;
-    } else if (strcmp(a, "--batches") == 0) {
-      ok = (o->n_batches = bx_parse_list(v, o->batches, 16, 0)) > 0;
-      for (int k = 0; k < o->n_batches; k++)
-        ok &= o->batches[k] >= 1 && o->batches[k] <= 65536;
-    } else if (strcmp(a, "--conns") == 0) {
-      ok = (o->n_conns = bx_parse_list(v, o->conns, 8, 0)) > 0;
-      for (int k = 0; k < o->n_conns; k++)
-        ok &= o->conns[k] >= 1 && o->conns[k] <= 64;
-    } else if (strcmp(a, "--ids") == 0) {
-      o->contig = strcmp(v, "contiguous") == 0 || strcmp(v, "both") == 0;
-      o->scattered = strcmp(v, "scattered") == 0 || strcmp(v, "both") == 0;
-      ok = o->contig || o->scattered;
-    } else if (strcmp(a, "--depth") == 0 || strcmp(a, "--target-batch") == 0 ||
-               strcmp(a, "--rounds") == 0) {
-      uint64_t x;
-      ok = bx_parse_list(v, &x, 1, 0) == 1 && x >= 1 && x <= 65536;
-      if (a[2] == 'd')
-        o->depth = (uint32_t)x;
-      else if (a[2] == 'r')
-        o->rounds = x > 100 ? 100 : x;
-      else
-        o->target_batch = x;
-    } else if (strcmp(a, "--group-bytes") == 0) {
-      ok = bx_parse_size(v, &o->group_bytes) == 0 && o->group_bytes > 0;
-    } else if (strcmp(a, "--max-batch-bytes") == 0) {
-      ok = bx_parse_size(v, &o->max_batch_bytes) == 0 && o->max_batch_bytes > 0;
-    } else if (strcmp(a, "--baseline") == 0) {
-      o->baseline = strcmp(v, "stream") == 0       ? BASE_STREAM
-                    : strcmp(v, "ib_read_bw") == 0 ? BASE_IB
-                    : strcmp(v, "none") == 0       ? BASE_NONE
-                                                   : -2;
-      ok = o->baseline != -2;
-    } else if (strcmp(a, "--rdma-device") == 0) {
-      o->rdma_dev = v;
-    } else if (strcmp(a, "--rdma-ip") == 0) {
-      o->rdma_ip = v;
-    } else {
-      ok = 0;
-    }
-    if (!ok) {
-      fprintf(stderr, "sx-bench read: bad option '%s %s' (sx-bench read --help)\n", a, v);
-      return BX_USAGE;
-    }
-  }
-  for (int g = 0; g < o->n_sizes; g++)
-    if (o->sizes[g] == 0 || o->sizes[g] > o->group_bytes) {
-      fprintf(stderr, "sx-bench read: block size %llu: 1..--group-bytes\n",
-              (unsigned long long)o->sizes[g]);
-      return BX_USAGE;
-    }
-  if (o->baseline == -1)
-    o->baseline = o->rdma ? BASE_IB : BASE_STREAM;
-  return 0;
-}
-
 /* ------------------------------------------------------------ main */
 
 int bx_read_main(const bx_common *co, int argc, char **argv) {
@@ -478,7 +334,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
              .n_conns = 1, .conns = {4}, .depth = 2, .group_bytes = 64ull << 20,
              .max_batch_bytes = 64ull << 20, .target_batch = 64, .baseline = -1, .rounds = 1,
              .rdma_ip = "127.0.0.1"};
-  int rc = parse(&o, argc, argv);
+  int rc = bx_read_parse(&o, argc, argv);
   if (rc)
     return rc;
   rd R;
@@ -488,7 +344,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   R.rng = 0x9E3779B97F4A7C15ull ^ R.seed;
   bx_redis srv = {0};
   char url[600], name[64], err[600] = "";
-  const char *tr = o.rdma ? "rdma" : "tcp";
+  const char *tr = o.rdma ? (o.write ? "rdma write" : "rdma") : (o.write ? "tcp write" : "tcp");
+  const char *ib = o.write ? "ib_write_bw" : "ib_read_bw", *ops = o.write ? "writes" : "reads";
   snprintf(name, sizeof(name), "bench/read-%d", (int)getpid());
   if (o.url == NULL) {
     if (bx_redis_start(&srv) != 0)
@@ -498,14 +355,16 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
     snprintf(url, sizeof(url), "%s", o.url);
   }
   bx_report *rep = bx_report_new("read", co);
-  bx_table *t = bx_table_add(rep, "read", o.rdma ? "Batched RDMA reads between two processes "
-                             "against ib_read_bw on the same device (baseline), same run"
-                             : "Batched TCP reads between two processes against a raw TCP "
-                             "stream between the same two processes (baseline), same run",
-                             bx_read_cols, bx_read_ncols);
+  char title[200];
+  snprintf(title, sizeof(title), o.rdma ? "Batched RDMA %s between two processes against %s "
+           "on the same device (baseline), same run" : "Batched TCP %s between two processes "
+           "against a raw TCP stream between the same two processes (baseline), same run%s",
+           ops, o.rdma ? ib : o.write ? " (the stream runs from writer to target)" : "");
+  bx_table *t = bx_table_add(rep, "read", title, bx_read_cols, bx_read_ncols);
   bx_plot plot = {.logx = 1, .xbytes = 1};
-  snprintf(plot.title, sizeof(plot.title), "segxfer batched %s reads against %s", tr,
-           o.rdma ? "ib_read_bw, same device" : "a raw TCP stream, same two processes");
+  snprintf(plot.title, sizeof(plot.title), "segxfer batched %s %s against %s", o.rdma ? "rdma"
+           : "tcp", ops, o.rdma ? (o.write ? "ib_write_bw, same device" : "ib_read_bw, same "
+           "device") : "a raw TCP stream, same two processes");
   snprintf(plot.xlabel, sizeof(plot.xlabel), "block size");
   snprintf(plot.ylabel, sizeof(plot.ylabel), "GB/s");
   /* Local destinations: depth batches of the largest batch of each size;
@@ -534,6 +393,9 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
         goto fail;
       }
     }
+    if (o.write) /* the sources: real bytes, not the shared zero page */
+      sx__pattern_fill(R.local[g], R.local_blocks[g] * o.sizes[g], R.seed, 1000u + (uint32_t)g,
+                       0);
     for (int b = 0; b < o.n_batches; b++)
       cases += o.batches[b] * o.sizes[g] <= o.max_batch_bytes ? o.contig + o.scattered : 0;
   }
@@ -543,15 +405,21 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   bx_progress("starting the target (filling %d x %llu MiB)", o.n_sizes,
               (unsigned long long)(o.group_bytes >> 20));
   if (bx_target_spawn(&R.t, url, name, o.sizes, o.n_sizes, o.group_bytes, R.seed,
-                      o.rdma ? "auto" : "tcp") != 0)
+                      o.rdma ? "auto" : "tcp", o.write) != 0)
     goto fail;
   bx_table_note(t, "%u batches in flight; each batch: one-block entries (group, layer 0, "
-                "slot K) into local blocks of its own; window between batch ends after "
-                "a warm-up", o.depth);
+                "slot K) %s local blocks of its own; window between batch ends after "
+                "a warm-up", o.depth, o.write ? "written from" : "into");
+  if (o.write)
+    bx_table_note(t, "write batches: this process is a named producer the target granted; "
+                  "a batch ends when the target accepted its notice");
   bx_table_note(t, "baseline: %s", o.baseline == BASE_STREAM
                 ? "raw TCP stream of the same pool memory, chunk = block size, same "
                   "connection count (a thread per connection on each side)"
-                : o.baseline == BASE_IB ? "ib_read_bw -s BLOCK -q CONNS -n N on the same device"
+                : o.baseline == BASE_IB ? (o.write ? "ib_write_bw -s BLOCK -q CONNS -n N on "
+                                                     "the same device"
+                                                   : "ib_read_bw -s BLOCK -q CONNS -n N on "
+                                                     "the same device")
                                         : "none");
   if (o.baseline != BASE_NONE)
     bx_table_note(t, o.rounds > 1 ? "each case: %llu windows, each right after a baseline "
@@ -584,7 +452,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       uint64_t size = o.sizes[g];
       char b[16];
       bx_size_name(size, b, sizeof(b));
-      const char *bname = o.baseline == BASE_IB ? "ib_read_bw" : "raw stream";
+      const char *bname = o.baseline == BASE_IB ? ib : "raw stream";
       /* The cases of this size; those that cannot run say why. */
       rcase rc_list[32];
       int nres = 0, runnable = 0;
@@ -624,7 +492,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       if (rounds == 1 && have_base) {
         bx_progress("%s baseline, %s blocks, %u conns", bname, b, conns);
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err,
+        if (base_round(&R, g, conns, dev, ib, co->duration / 2, &base, err,
                        sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
@@ -643,7 +511,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           bx_caseres one;
           err[0] = '\0';
           if (rounds > 1 && have_base &&
-              base_round(&R, g, conns, dev, "ib_read_bw", slice, &cbase[k], err, sizeof(err))) {
+              base_round(&R, g, conns, dev, ib, slice, &cbase[k], err, sizeof(err))) {
             snprintf(base_err, sizeof(base_err), "failed: %s", err);
             have_base = 0;
           }
@@ -674,7 +542,7 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       if (rounds == 1 && have_base) {
         err[0] = '\0';
-        if (base_round(&R, g, conns, dev, "ib_read_bw", co->duration / 2, &base, err,
+        if (base_round(&R, g, conns, dev, ib, co->duration / 2, &base, err,
                        sizeof(err))) {
           snprintf(base_err, sizeof(base_err), "failed: %s", err);
           have_base = 0;
@@ -684,24 +552,25 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
       }
       double base_gb = have_base ? bx_gbps(&base) : 0;
       if (base_err[0] || have_base) {
-        bx_row *row = bx_read_base_row(t, o.baseline == BASE_IB ? "ib_read_bw" : "raw stream",
+        bx_row *row = bx_read_base_row(t, o.baseline == BASE_IB ? ib : "raw stream",
                                    size, conns, &base);
         if (base_err[0])
           bx_set_str(row, "note", "%s", base_err);
       }
-      /* RDMA: ib_write_bw too, for its CPU per GB (a row, not a ratio's
-       * baseline: segxfer reads). */
+      /* RDMA: the other perftest program too (ib_write_bw for reads,
+       * ib_read_bw for writes), for its CPU per GB: a row, not a ratio's
+       * baseline. */
       if (o.baseline == BASE_IB && runnable > 0) {
+        const char *other = o.write ? "ib_read_bw" : "ib_write_bw";
         bx_caseres wb = {0};
         err[0] = '\0';
-        int wrc = base_round(&R, g, conns, dev, "ib_write_bw", co->duration / 2, &wb, err,
-                             sizeof(err));
-        bx_row *row = bx_read_base_row(t, "ib_write_bw", size, conns, &wb);
+        int wrc = base_round(&R, g, conns, dev, other, co->duration / 2, &wb, err, sizeof(err));
+        bx_row *row = bx_read_base_row(t, other, size, conns, &wb);
         bx_set_str(row, "note", wrc ? "failed: %s" : "for CPU per GB only%s", err);
       }
       char sname[96];
       snprintf(sname, sizeof(sname), "%s, %u %s (baseline)", o.baseline == BASE_IB
-               ? "ib_read_bw" : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
+               ? ib : "raw TCP stream", conns, o.rdma ? "QPs" : "conns");
       if (have_base) {
         bx_series *se = bx_plot_series(&plot, sname, 1);
         if (se != NULL)
@@ -761,8 +630,8 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
     }
     reader_stop(&R);
   }
-  bx_read_targets(rep, judged, o.conns, o.n_conns, o.rdma, o.target_batch, o.scattered,
-                  o.baseline == BASE_NONE);
+  bx_read_targets(rep, judged, o.conns, o.n_conns, o.rdma, o.write, o.target_batch,
+                  o.scattered, o.baseline == BASE_NONE);
   rc = BX_OK;
   goto out;
 fail:

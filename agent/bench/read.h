@@ -1,6 +1,7 @@
-/* sx-bench read's insides: read.c (the agent side, the cases), read_base.c
- * (the spawned target, its control requests, the baselines) and
- * read_report.c (rows and targets). */
+/* sx-bench read's insides: read.c (the agent side, the cases), read_opts.c
+ * (its command line), read_base.c (the spawned target, its control
+ * requests, the baselines), read_report.c (rows and targets) and write.c
+ * (--op write). */
 #ifndef SX_BENCH_READ_H
 #define SX_BENCH_READ_H
 
@@ -8,6 +9,8 @@
 #include <sys/types.h>
 
 #include "bench.h"
+#include "rawproto.h"
+#include "segxfer/agent.h"
 
 /* A running `sx-bench target`. */
 typedef struct bx_tproc {
@@ -36,10 +39,15 @@ typedef struct bx_stream_req {
   double secs;
   int verify;
   uint64_t seed;
+  int reverse;          /* this process sends, the target receives into its
+                         * pool (the baseline of sx-bench read --op write) */
 } bx_stream_req;
 
+/* writable: the target's pool takes writes from any producer of the
+ * namespace (sx-bench read --op write). */
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
-                    int n, uint64_t group_bytes, uint64_t seed, const char *transport);
+                    int n, uint64_t group_bytes, uint64_t seed, const char *transport,
+                    int writable);
 void bx_target_stop(bx_tproc *t);
 /* 1 when the target has ended (reaped; why says how), else 0. */
 int bx_target_exited(bx_tproc *t, char *why, size_t size);
@@ -52,6 +60,34 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
  * the server as the target.  0, or -1 with err filled. */
 int bx_ib_bw(const char *prog, const char *dev, const char *ip, uint64_t size, uint32_t qps,
              double secs, bx_caseres *out, char *err, size_t esize);
+
+/* sx-bench read --op write (write.c): a write batch of n entries (local
+ * blocks the sources, remote ones the destinations), submitted. */
+int bx_write_batch(sx_segment *seg, const sx_block_read *ent, size_t n, sx_batch **out);
+
+/* read_opts.c: the options of sx-bench read. */
+enum { BASE_STREAM, BASE_IB, BASE_NONE };
+
+typedef struct ropts {
+  const char *url;
+  int rdma;
+  uint64_t sizes[BX_MAX_SIZES];
+  int n_sizes;
+  uint64_t batches[16];
+  int n_batches;
+  int contig, scattered;
+  uint64_t conns[8];
+  int n_conns;
+  uint32_t depth;
+  uint64_t group_bytes, max_batch_bytes, target_batch, rounds;
+  int verify, baseline;
+  const char *rdma_dev, *rdma_ip;
+  int write; /* --op write (write.c) */
+} ropts;
+
+/* Parse argv into o (its defaults already set): 0 or BX_USAGE (said on
+ * stderr). */
+int bx_read_parse(ropts *o, int argc, char **argv);
 
 /* read_report.c: a case's totals, the table's rows, the targets. */
 typedef struct bx_judged {
@@ -79,6 +115,7 @@ bx_row *bx_read_base_row(bx_table *t, const char *name, uint64_t size, uint32_t 
                          const bx_caseres *r);
 /* The targets, from one bx_judged per --conns value. */
 void bx_read_targets(bx_report *rep, const bx_judged *j, const uint64_t *conns, int n,
-                     int rdma, uint64_t target_batch, int scattered, int no_baseline);
+                     int rdma, int write, uint64_t target_batch, int scattered,
+                     int no_baseline);
 
 #endif

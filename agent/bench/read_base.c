@@ -31,7 +31,8 @@
 /* ------------------------------------------------------------ the target */
 
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
-                    int n, uint64_t group_bytes, uint64_t seed, const char *transport) {
+                    int n, uint64_t group_bytes, uint64_t seed, const char *transport,
+                    int writable) {
   int in[2], out[2];
   memset(t, 0, sizeof(*t));
   t->in_fd = t->out_fd = -1;
@@ -59,7 +60,7 @@ int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64
     close(out[1]);
     execl("/proc/self/exe", "sx-bench", "target", "--metadata", url, "--name", name,
           "--sizes", list, "--group-bytes", gb, "--seed", sd, "--transport", transport,
-          (char *)NULL);
+          writable ? "--writable" : (char *)NULL, writable ? "1" : NULL, (char *)NULL);
     fprintf(stderr, "sx-bench read: cannot start sx-bench target: %s\n", strerror(errno));
     _exit(127);
   }
@@ -180,6 +181,7 @@ typedef struct sreader {
   int verify, bad;
   uint64_t seed, span, off;
   uint32_t region;
+  int reverse; /* sx-bench read --op write: this side sends */
 } sreader;
 
 static void *sreader_main(void *arg) {
@@ -187,7 +189,9 @@ static void *sreader_main(void *arg) {
   uint64_t slot = 0;
   while (!atomic_load_explicit(&s->stop, memory_order_relaxed)) {
     uint8_t *dst = s->buf + slot * s->chunk;
-    if (bx_recv_all(s->fd, dst, (size_t)s->chunk) != 0) {
+    int rc = s->reverse ? bx_send_all(s->fd, dst, (size_t)s->chunk)
+                        : bx_recv_all(s->fd, dst, (size_t)s->chunk);
+    if (rc != 0) {
       s->failed = 1;
       break;
     }
@@ -226,15 +230,20 @@ int bx_raw_stream(bx_tproc *t, const bx_stream_req *q, bx_caseres *out, char *er
     s[i].slots = q->dst_bytes / q->size ? q->dst_bytes / q->size : 1;
     s[i].buf = malloc((size_t)(s[i].slots * q->size));
     /* Touch it now: first-touch page faults inside the window would make
-     * the baseline weaker than it is (segxfer's buffers are warm too). */
-    if (s[i].buf != NULL)
+     * the baseline weaker than it is (segxfer's buffers are warm too).  A
+     * sender's bytes are real ones, not the one zero page. */
+    if (s[i].buf != NULL && q->reverse)
+      sx__pattern_fill(s[i].buf, s[i].slots * q->size, q->seed, i, 0);
+    else if (s[i].buf != NULL)
       memset(s[i].buf, 0, (size_t)(s[i].slots * q->size));
+    s[i].reverse = q->reverse;
     s[i].fd = raw_connect(t->raw_port);
     s[i].verify = q->verify;
     s[i].seed = q->seed;
     s[i].region = q->region;
     s[i].span = q->group_bytes / q->size * q->size;
-    if (s[i].buf == NULL || s[i].fd < 0 || send_req(s[i].fd, BX_RAW_STREAM, q->size, q->group)) {
+    if (s[i].buf == NULL || s[i].fd < 0 ||
+        send_req(s[i].fd, q->reverse ? BX_RAW_SINK : BX_RAW_STREAM, q->size, q->group)) {
       snprintf(err, esize, "raw stream: cannot connect to the target");
       goto out;
     }

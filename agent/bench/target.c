@@ -33,6 +33,7 @@
 #include "pattern.h"
 #include "rawproto.h"
 #include "segxfer/agent.h"
+#include "segxfer/push.h"
 
 const char bx_target_help[] =
     "usage: sx-bench target --metadata URL --name NAME [options]\n"
@@ -47,6 +48,8 @@ const char bx_target_help[] =
     "  --group-bytes N               memory per group (default 64M)\n"
     "  --seed N                      fill pattern seed (default 42)\n"
     "  --transport tcp|rdma|auto     what the agent serves (default tcp)\n"
+    "  --writable 1                  the pool takes writes from every producer of\n"
+    "                                the namespace (sx-bench read --op write)\n"
     "  --listen HOST                 address of the agent and the stream server\n"
     "                                (default 127.0.0.1)\n";
 
@@ -78,6 +81,15 @@ static void stream(int fd, uint64_t chunk, uint64_t g) {
   }
 }
 
+/* Take chunks into group g until the writer hangs up. */
+static void sink(int fd, uint64_t chunk, uint64_t g) {
+  if (g >= (uint64_t)T.n || chunk == 0 || chunk > T.len[g])
+    return;
+  uint64_t span = T.len[g] / chunk * chunk, off = 0;
+  while (!T.quit && bx_recv_all(fd, T.mem[g] + off, (size_t)chunk) == 0)
+    off = off + chunk == span ? 0 : off + chunk;
+}
+
 static void *conn_main(void *arg) {
   int fd = (int)(intptr_t)arg;
   bx_rawreq q;
@@ -85,8 +97,8 @@ static void *conn_main(void *arg) {
     if (memcmp(q.magic, BX_RAW_MAGIC, 4) != 0)
       break;
     uint32_t op = ntohl(q.op);
-    if (op == BX_RAW_STREAM) {
-      stream(fd, be64toh(q.a), be64toh(q.b));
+    if (op == BX_RAW_STREAM || op == BX_RAW_SINK) {
+      (op == BX_RAW_STREAM ? stream : sink)(fd, be64toh(q.a), be64toh(q.b));
       break;
     } else if (op == BX_RAW_RUSAGE) {
       struct rusage ru;
@@ -158,6 +170,14 @@ static int listen_raw(const char *host, uint16_t *port) {
   return fd;
 }
 
+/* --writable: take each notice as an engine would (and drop it), so that the
+ * queue never fills up. */
+static int take_notice(void *arg, const sx_notice *n) {
+  (void)arg;
+  (void)n;
+  return 1;
+}
+
 static void quiet_log(void *arg, sx_log_level level, const char *msg) {
   (void)arg;
   if (level <= SX_LOG_WARN)
@@ -168,6 +188,7 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
   const char *url = NULL, *name = NULL, *listen_host = "127.0.0.1";
   uint64_t sizes[BX_MAX_SIZES] = {65536}, group = 64ull << 20, seed = 42;
   unsigned transports = SX_TRANSPORTS_TCP;
+  uint32_t access = SX_ACCESS_REMOTE_READ;
   int n = 1;
   (void)o;
   for (int i = 1; i < argc; i++) {
@@ -189,6 +210,8 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
       n = bx_parse_size(v, &group) == 0 ? n : -1;
     else if (strcmp(a, "--seed") == 0)
       n = bx_parse_list(v, &seed, 1, 0) == 1 ? n : -1;
+    else if (strcmp(a, "--writable") == 0)
+      access |= strcmp(v, "1") == 0 ? SX_ACCESS_REMOTE_WRITE : 0;
     else if (strcmp(a, "--transport") == 0)
       transports = strcmp(v, "rdma") == 0   ? SX_TRANSPORTS_RDMA
                    : strcmp(v, "auto") == 0 ? SX_TRANSPORTS_ALL
@@ -245,7 +268,7 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
     }
     sx_region_params r = {.addr = T.mem[g], .length = T.len[g], .group = (uint32_t)g,
                           .layer_count = 1, .slot = SX_SLOT_K, .block_bytes = sizes[g],
-                          .num_blocks = blocks, .access = SX_ACCESS_REMOTE_READ};
+                          .num_blocks = blocks, .access = access};
     uint32_t id;
     /* Fill before registering: the pattern is keyed by the region id, which
      * registration gives out in order from 0 in a new agent. */
@@ -255,6 +278,9 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
       rc = SX_EINVAL;
     }
   }
+  if (rc == 0 && (access & SX_ACCESS_REMOTE_WRITE) &&
+      (rc = sx_agent_grant_write(a, NULL, NULL)) == 0) /* every writer of the namespace */
+    rc = sx_agent_notice_cb(a, take_notice, NULL);
   if (rc == 0)
     rc = sx_agent_publish(a, 0);
   uint16_t port = 0;

@@ -82,6 +82,13 @@ typedef struct sx_tctx {
                 size_t cap);
   /* Count a served write for metrics: bytes, or an error code. */
   void (*written)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
+  /* The i-th registered region (withdrawn ones included), NULL past the
+   * last: cuda_ipc looks at every region sharing a CUDA allocation. */
+  sx_lregion *(*region_at)(void *agent, uint32_t i);
+  /* A transport whose grants_changed() returned 1 calls this once nothing
+   * of the producers it took the grant from can land any more: status 0,
+   * or an error (msg says which producer may still write). */
+  void (*grants_settled)(void *agent, sx_transport_kind kind, int status, const char *msg);
 } sx_tctx;
 
 /* One range to read: length bytes at roff of remote region rreg into local. */
@@ -154,7 +161,10 @@ typedef struct sx_transport_ops {
    * the sources any more.  notify: send the op's notice (len bytes, copied)
    * after every xfer settled with 0; op->noticed runs once (abort() settles
    * it too); < 0: not sent, noticed will not run.  grants_changed: grants
-   * were revoked: drop write connections of producers no grant covers. */
+   * were revoked: stop the writes of producers no grant covers.  0: nothing
+   * of them lands from now on; 1: something still may (a device copy
+   * running, a CUDA IPC mapping not given back yet), and ctx->grants_settled
+   * runs once it cannot any more (sx_agent_revoke_write waits for it). */
   int (*wpeer_open)(sx_transport *t, const sx_desc *remote, sx_tpeer **out);
   int (*notify)(sx_tpeer *p, sx_op *op, const uint8_t *buf, size_t len);
   int (*grants_changed)(sx_transport *t);

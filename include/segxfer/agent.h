@@ -154,6 +154,25 @@ typedef struct sx_region_params {
 SX_EXTERN int sx_agent_register(sx_agent *a, const sx_region_params *r, uint32_t *id);
 
 /*
+ * Where memory lives, as sx_region_params.location names it: writes "cpu"
+ * or "cuda:N" (NUL-terminated, at most 10 bytes; SX_TAG_MAX + 1 always
+ * suffices) into out.  For engines that hand over raw addresses (an
+ * integer from tensor.data_ptr()) and no device: the CUDA driver is asked
+ * about addr when this process has loaded it (a process that has not
+ * cannot hold device memory, and the driver is not started to learn
+ * that).  The whole range [addr, addr+length) is then checked as
+ * sx_agent_register() checks it, so an answer is always one register
+ * accepts for that range.  Any thread; never waits for an agent.
+ * Errors: SX_EINVAL (NULL, out too small, managed memory), SX_EBOUNDS
+ * (the range leaves its device allocation), SX_EIO (the driver failed);
+ * out is written only on success.  Why not location "auto" in sx_region_params: a named location
+ * is a claim register verifies (a cache on the wrong device is refused),
+ * and callers often need the answer before registering (to pick a
+ * transport or a staging size).
+ */
+SX_EXTERN int sx_mem_location(const void *addr, uint64_t length, char *out, size_t size);
+
+/*
  * Retire a region in order: refuse new reads of it, withdraw it from the
  * published descriptor (republish with a new generation, if published),
  * wait for reads of it in flight, then deregister it from the transports.
@@ -255,7 +274,8 @@ typedef struct sx_agent_stats {
   /* Reader side: batches this agent ran, once each when they ended. */
   uint64_t batches[SX_STATS_BATCH_STATES]; /* by final state */
   uint64_t batch_errors[SX_STATS_ERRORS];  /* by first error (not COMPLETED) */
-  uint64_t read_bytes[SX_STATS_TRANSPORTS]; /* bytes that arrived */
+  uint64_t read_bytes[SX_STATS_TRANSPORTS]; /* bytes that arrived (read
+                              * batches; write batches count in written_bytes) */
   uint64_t batch_latency[SX_STATS_LATENCY_BUCKETS]; /* submit -> end; bucket i
                               * counts bounds[i-1] < t <= bounds[i] (not
                               * cumulative) */
@@ -280,6 +300,12 @@ typedef struct sx_agent_stats {
   uint64_t served_write_bytes[SX_STATS_TRANSPORTS];
   uint64_t refused_writes[SX_STATS_TRANSPORTS];
   uint64_t notices;
+
+  /* Push mode, producer side: the write batches among batches[] (they are
+   * in batch_errors and batch_latency too), by final state, and the bytes
+   * they wrote that the consumer acknowledged (COMPLETED: all of them). */
+  uint64_t write_batches[SX_STATS_BATCH_STATES];
+  uint64_t written_bytes[SX_STATS_TRANSPORTS];
 } sx_agent_stats;
 
 /*

@@ -107,6 +107,12 @@ typedef struct sx_region {
   char location[SX_TAG_MAX + 1]; /* "cpu", "cuda:0", ... */
   uint32_t n_rkeys;      /* == number of RDMA endpoints */
   uint32_t rkeys[SX_MAX_DEVICES]; /* in the order of the RDMA endpoints */
+  /* Push mode: RDMA write keys, 0 or n_rkeys of them, only on regions with
+   * SX_ACCESS_REMOTE_WRITE.  They belong to a protection domain of their
+   * own that only producers the owner authorized reach (docs/push.md), so
+   * knowing them grants nothing; the rkeys above never allow writes. */
+  uint32_t n_wkeys;
+  uint32_t wkeys[SX_MAX_DEVICES];
 } sx_region;
 
 typedef struct sx_label {

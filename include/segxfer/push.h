@@ -134,12 +134,16 @@ SX_EXTERN int sx_agent_grant_write(sx_agent *a, const char *producer,
  * Take back grants: producer and incarnation as above; incarnation NULL
  * removes every grant naming producer, producer NULL only the namespace
  * grant.  From the moment this returns, new writes of a producer no grant
- * covers any more are refused: its data-plane connections are closed
- * (RDMA: its queue pairs are disconnected, so no write of it lands after
- * this returns; TCP: a write whose header had already been accepted
- * finishes landing, nothing after it does) and a batch of it in flight
- * fails on the producer's side with no notice delivered here.  0 also when
- * no grant matched.  Waits for the agent thread.
+ * covers any more are refused, nothing of what it had under way lands any
+ * more (RDMA: its queue pairs are disconnected; TCP: a write being received
+ * lands no further byte, and device copies of staged writes have ended;
+ * cuda_ipc: it gave back every CUDA IPC handle it held under the grant,
+ * after its copies into that memory ended), and a batch of it in flight
+ * fails on the producer's side with no notice delivered here.  It may wait
+ * for that up to 5 s; a cuda_ipc producer that does not give its handles
+ * back by then is disconnected and this returns SX_ETIMEDOUT (that process
+ * may still write where it had mapped: docs/security.md).  0 also when no
+ * grant matched.  Waits for the agent thread.
  */
 SX_EXTERN int sx_agent_revoke_write(sx_agent *a, const char *producer,
                                     const uint8_t *incarnation);

@@ -1,5 +1,6 @@
 """segxfer for Python: named, leased, layout-checked KV-cache segments and
-batched block reads between serving engines, over libsegxfer (ctypes).
+batched block reads between serving engines, and writes with completion
+notices (push mode), over libsegxfer (ctypes).
 
     import segxfer
     agent = segxfer.Agent("prefill-0/tp0", "redis://127.0.0.1:6379?namespace=prod",
@@ -15,6 +16,8 @@ from .agent import Agent, Region, Segment
 from .batch import Batch, BatchResult
 from .errors import CODES, IncompatibleLayout, SegxferError
 from .errors import *  # noqa: F401,F403  (SX_EINVAL, SX_ENOENT, ...: one class per code)
+from .memory import pointer_location
+from .push import Notice, NoticeBlocks, NoticeRange
 
 __version__ = _lib.text(_lib.lib.sx_version())
 library_path = _lib.lib_path
@@ -34,6 +37,7 @@ def dtype_name(dtype):
     return _DTYPES.get(name, name)
 
 
-__all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "SegxferError",
-           "IncompatibleLayout", "CODES", "dtype_name", "library_path", "SLOT_K", "SLOT_V",
-           "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]
+__all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "Notice", "NoticeBlocks",
+           "NoticeRange", "SegxferError",
+           "IncompatibleLayout", "CODES", "dtype_name", "pointer_location", "library_path",
+           "SLOT_K", "SLOT_V", "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]

@@ -32,9 +32,14 @@ MAX_SLOTS = 64
 INCARNATION_LEN = 16
 TOKEN_LEN = 16
 GID_LEN = 16
+HOST_ID_LEN = 36
+HOSTNAME_MAX = 64
 
 SLOT_K, SLOT_V, SLOT_INDEX, SLOT_STATE = 0, 1, 2, 3
 ACCESS_REMOTE_READ = 1
+ACCESS_REMOTE_WRITE = 2
+BATCH_WRITE = 1          # sx_batch_params.flags (segxfer/push.h)
+NOTICE_MAX_ENTRIES = 1024
 PUBLISH_TAKEOVER = 1
 CHECK_IGNORE_FINGERPRINT = 1
 
@@ -100,7 +105,8 @@ class Region(Structure):
                 ("access", c_uint32), ("addr", c_uint64), ("length", c_uint64),
                 ("block_bytes", c_uint64), ("block_stride", c_uint64),
                 ("num_blocks", c_uint64), ("location", c_char * (TAG_MAX + 1)),
-                ("n_rkeys", c_uint32), ("rkeys", c_uint32 * MAX_DEVICES)]
+                ("n_rkeys", c_uint32), ("rkeys", c_uint32 * MAX_DEVICES),
+                ("n_wkeys", c_uint32), ("wkeys", c_uint32 * MAX_DEVICES)]
 
 
 class Desc(Structure):
@@ -139,6 +145,36 @@ class RangeRead(Structure):
                 ("length", c_uint64)]
 
 
+# Push mode (include/segxfer/push.h).  sx_range_write has sx_range_read's
+# layout (the ABI test checks it), so both are packed by one function.
+class BlockWrite(Structure):
+    _fields_ = [("group", c_uint32), ("layer_first", c_uint32), ("layer_count", c_uint32),
+                ("slots", c_uint64), ("local_block", c_uint64), ("remote_block", c_uint64),
+                ("count", c_uint64)]
+
+
+class RangeWrite(Structure):
+    _fields_ = [("local", c_void_p), ("remote_region", c_uint32), ("offset", c_uint64),
+                ("length", c_uint64)]
+
+
+class NoticeBlocks(Structure):
+    _fields_ = [("group", c_uint32), ("layer_first", c_uint32), ("layer_count", c_uint32),
+                ("slots", c_uint64), ("block", c_uint64), ("count", c_uint64)]
+
+
+class NoticeRange(Structure):
+    _fields_ = [("region", c_uint32), ("offset", c_uint64), ("length", c_uint64)]
+
+
+class Notice(Structure):
+    _fields_ = [("producer", c_char * (NAME_MAX + 1)),
+                ("incarnation", c_uint8 * INCARNATION_LEN), ("tag", c_uint64),
+                ("bytes", c_uint64), ("transport", c_int), ("n_blocks", c_uint32),
+                ("n_ranges", c_uint32), ("blocks", POINTER(NoticeBlocks)),
+                ("ranges", POINTER(NoticeRange))]
+
+
 class BatchParams(Structure):
     _fields_ = [("timeout_ms", c_uint32), ("cb", c_void_p), ("cb_arg", c_void_p),
                 ("flags", c_uint), ("tag", c_uint64)]  # flags 0: a read batch
@@ -165,7 +201,10 @@ STRUCTS = {"sx_layout": Layout, "sx_label": Label, "sx_agent_params": AgentParam
            "sx_desc": Desc, "sx_mismatch": Mismatch, "sx_block_read": BlockRead,
            "sx_block_ids": BlockIds,
            "sx_range_read": RangeRead, "sx_batch_params": BatchParams,
-           "sx_batch_result": BatchResult, "sx_agent_status": AgentStatus}
+           "sx_batch_result": BatchResult, "sx_agent_status": AgentStatus,
+           "sx_block_write": BlockWrite, "sx_range_write": RangeWrite,
+           "sx_notice_blocks": NoticeBlocks, "sx_notice_range": NoticeRange,
+           "sx_notice": Notice}
 
 _SLACK = 512
 
@@ -241,6 +280,14 @@ _PROTOS = {
     "sx_batch_cancel": (c_int, [_P]),
     "sx_batch_result_get": (c_int, [_P, POINTER(BatchResult)]),
     "sx_batch_destroy": (None, [_P]),
+    "sx_mem_location": (c_int, [c_void_p, c_uint64, c_char_p, c_size_t]),
+    "sx_batch_add_block_writes": (c_int, [_P, POINTER(BlockWrite), c_size_t]),
+    "sx_batch_add_range_writes": (c_int, [_P, c_void_p, c_size_t]),
+    "sx_agent_grant_write": (c_int, [_P, c_char_p, c_void_p]),
+    "sx_agent_revoke_write": (c_int, [_P, c_char_p, c_void_p]),
+    "sx_agent_notice_next": (c_int, [_P, c_int, POINTER(POINTER(Notice))]),
+    "sx_agent_notice_fd": (c_int, [_P]),
+    "sx_notice_free": (None, [POINTER(Notice)]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)

@@ -24,6 +24,7 @@ from ._handle import Handle, Owned
 from .batch import Batch, _timeout_ms, _slots_mask, _u32, _u64
 from .errors import IncompatibleLayout, check, code, invalid
 from .memory import memory_of, pointer_location
+from . import push
 
 _lib_ = _lib.lib
 _live_agents = weakref.WeakSet()
@@ -94,7 +95,7 @@ class Region:
 
     __slots__ = ("id", "group", "layer_first", "layer_count", "layer_stride", "slot",
                  "addr", "length", "block_bytes", "block_stride", "num_blocks", "location",
-                 "memory")
+                 "readable", "writable", "memory")
 
     def __repr__(self):
         return ("Region(id=%d, group=%d, layers=%d+%d, slot=%d, block_bytes=%d, "
@@ -114,7 +115,7 @@ class Agent(Owned):
     fingerprint, tag, dtype, tp_rank, tp_size, pp_rank, pp_size, labels:
                   the published layout (readers check it against theirs)
     lease_ms, renew_ms, listen, advertise, namespace, conns_per_peer,
-    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms: as in
+    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms, staging_bytes: as in
                   sx_agent_params (include/segxfer/agent.h); None: default
     log_level     "error", "warn", "info", "debug"
     log           None (the library writes to stderr), or a callable
@@ -129,7 +130,7 @@ class Agent(Owned):
                  pp_size=0, labels=None, lease_ms=None, renew_ms=None, listen=None,
                  advertise=None, namespace=None, conns_per_peer=None, rdma_devices=None,
                  rdma_gid_index=None, slice_bytes=None, cache_ttl_ms=None,
-                 log_level="info", log=None):
+                 staging_bytes=None, log_level="info", log=None):
         if metadata_url is None:
             metadata_url = os.environ.get("SX_METADATA_URL")
         if not metadata_url:
@@ -159,6 +160,8 @@ class Agent(Owned):
                 setattr(p, field, _u32(v, field))
         if rdma_gid_index is not None:
             p.rdma_gid_index = rdma_gid_index
+        if staging_bytes is not None:
+            p.staging_bytes = _u64(staging_bytes, "staging_bytes")
         _fill(p.layout, "fingerprint", fingerprint, "fingerprint")
         _fill(p.layout, "tag", tag, "tag")
         _fill(p.layout, "dtype", dtype, "dtype")
@@ -190,13 +193,14 @@ class Agent(Owned):
         self.regions = {}
         self._h = Handle(out.value, _lib_.sx_agent_destroy, "the agent")
         self._h.keep.append(cb)  # the callback runs until destroy returns
+        self._notice_waiters = set()  # (loop, wake) of next_notice_async calls
         _live_agents.add(self)
 
     # ------------------------------------------------------------ memory
 
     def register(self, memory=None, *, addr=None, length=None, group=0, layer_first=0,
                  layers=1, layer_stride=None, slot="K", block_bytes, block_stride=None,
-                 num_blocks=None, location=None, readable=True):
+                 num_blocks=None, location=None, readable=True, writable=False):
         """Register memory with its block structure and return the Region.
 
         memory is a torch tensor, an object with __cuda_array_interface__ or
@@ -208,7 +212,9 @@ class Agent(Owned):
         block_stride to block_bytes, num_blocks to what fits in a layer.
         location ("cpu", "cuda:N") defaults to the tensor's device (for a raw
         address: what the CUDA driver says of it, "cpu" without a driver).
-        Readers see the region from the next publish()."""
+        readable lets peers read it; writable lets producers this agent
+        granted (grant_write) write into it.  Peers see the region from the
+        next publish()."""
         if memory is not None:
             if addr is not None:
                 raise invalid("give memory or addr=, not both")
@@ -221,7 +227,9 @@ class Agent(Owned):
         else:
             if addr is None or length is None:
                 raise invalid("register needs memory, or addr= and length=")
-            loc, keepalive = location or pointer_location(addr), None
+            keepalive = None
+            loc = location or pointer_location(_u64(addr, "addr"),
+                                               _u64(length, "length"))
         _u64(addr, "addr")
         _u64(length, "length")
         layers = _u32(layers, "layers")
@@ -246,7 +254,8 @@ class Agent(Owned):
         rp.num_blocks = _u64(num_blocks, "num_blocks")
         loc_b = _bytes(loc, "location")
         rp.location = loc_b
-        rp.access = _lib.ACCESS_REMOTE_READ if readable else 0
+        rp.access = (_lib.ACCESS_REMOTE_READ if readable else 0) | \
+            (_lib.ACCESS_REMOTE_WRITE if writable else 0)
         rid = ctypes.c_uint32()
         with self._h as ptr:
             check(_lib_.sx_agent_register(ptr, rp, ctypes.byref(rid)), "register")
@@ -255,11 +264,12 @@ class Agent(Owned):
         r.layer_stride, r.slot, r.addr, r.length = layer_stride, rp.slot, addr, length
         r.block_bytes, r.block_stride, r.num_blocks = block_bytes, block_stride, num_blocks
         r.location, r.memory = loc, keepalive
+        r.readable, r.writable = bool(readable), bool(writable)
         self.regions[r.id] = r
         return r
 
     def register_blocks(self, cache, slot, group=0, layer_first=0, location=None,
-                        readable=True):
+                        readable=True, writable=False):
         """Register a paged cache tensor shaped [layers, num_blocks, ...]
         (one block of one layer is the trailing dimensions), as engines
         allocate one K and one V cache per group."""
@@ -275,7 +285,7 @@ class Agent(Owned):
         return self.register(cache, group=group, layer_first=layer_first, layers=layers,
                              layer_stride=blocks * block_bytes, slot=slot,
                              block_bytes=block_bytes, num_blocks=blocks, location=location,
-                             readable=readable)
+                             readable=readable, writable=writable)
 
     def unregister(self, region):
         """Retire a region: withdrawn from the descriptor, reads in flight
@@ -362,6 +372,49 @@ class Agent(Owned):
         check(_lib_.sx_agent_metrics_text(self._h.get(), ctypes.byref(out), None), "metrics")
         return _lib.take_string(out.value)
 
+    # ------------------------------------------------------------ push mode
+
+    def grant_write(self, producer=None, incarnation=None):
+        """Let producer (a segment name) write this agent's writable
+        regions: one life of it (incarnation: hex as Agent.incarnation, or
+        16 bytes), any life of it (None: a restarted producer keeps the
+        grant), or with producer None every segment of the namespace."""
+        push.grant(self._h, _lib_.sx_agent_grant_write, producer, incarnation, "grant")
+
+    def revoke_write(self, producer=None, incarnation=None):
+        """Take grants back (incarnation None: every grant naming producer;
+        producer None: the namespace grant).  From its return on, writes and
+        notices of a producer no grant covers are refused, and a batch of
+        it in flight delivers no notice."""
+        push.grant(self._h, _lib_.sx_agent_revoke_write, producer, incarnation, "revoke")
+
+    def next_notice(self, timeout=None):
+        """The oldest Notice of a completed write batch, waiting up to
+        timeout seconds (None: no limit; 0: do not wait); None when none
+        came.  Releases the GIL while waiting.  SX_ESHUTDOWN if the agent
+        is closed meanwhile."""
+        if timeout is not None:
+            _timeout_ms(timeout, "timeout")
+        return push.next_notice(self._h, timeout)
+
+    def notices(self):
+        """Every notice queued now, oldest first (a list; never waits): what
+        an engine asks each step ("which requests' blocks have arrived")."""
+        return push.drain(self._h)
+
+    async def next_notice_async(self, timeout=None):
+        """`await agent.next_notice_async()`: the next Notice, with the loop
+        watching the notice fd (no thread waits); None after timeout
+        seconds.  Closing the agent wakes it with SX_ESHUTDOWN."""
+        if timeout is not None:
+            _timeout_ms(timeout, "timeout")
+        return await push.next_notice_async(self, timeout)
+
+    def notice_fileno(self):
+        """An eventfd, readable while notices are queued, for an engine's own
+        poll/epoll loop.  Owned by the agent: do not read or close it."""
+        return check(_lib_.sx_agent_notice_fd(self._h.get()), "notice fd")
+
     # ------------------------------------------------------------ peers
 
     def open(self, name, timeout=5.0):
@@ -376,6 +429,11 @@ class Agent(Owned):
         the registered memory.  Idempotent."""
         super().close()
         self.regions = {}
+        for loop, wake in list(getattr(self, "_notice_waiters", ())):
+            try:
+                loop.call_soon_threadsafe(wake)   # they raise SX_ESHUTDOWN
+            except RuntimeError:                  # that loop is closed
+                pass
         if _live_agents is not None:     # None late in interpreter shutdown
             _live_agents.discard(self)
 
@@ -423,7 +481,8 @@ class Segment(Owned):
                         "slot": r.slot, "block_bytes": r.block_bytes,
                         "block_stride": r.block_stride, "num_blocks": r.num_blocks,
                         "length": r.length, "location": _lib.text(r.location),
-                        "readable": bool(r.access & _lib.ACCESS_REMOTE_READ)})
+                        "readable": bool(r.access & _lib.ACCESS_REMOTE_READ),
+                        "writable": bool(r.access & _lib.ACCESS_REMOTE_WRITE)})
         return out
 
     def check(self, ignore_fingerprint=False):
@@ -448,26 +507,46 @@ class Segment(Owned):
                                         ctypes.byref(rtt), ctypes.byref(via)), "ping")
         return rtt.value, _lib.TRANSPORT_NAMES.get(via.value, str(via.value))
 
-    def batch(self, timeout=30.0):
-        """An empty batch with a deadline of timeout seconds from submit."""
-        return Batch(self, timeout)
+    def batch(self, timeout=30.0, write=False, tag=0):
+        """An empty batch with a deadline of timeout seconds from submit:
+        reads, or with write=True writes whose notice carries tag."""
+        return Batch(self, timeout, write, tag)
 
     def read_blocks(self, remote_ids, local_ids, group=0, layers=None, slots=None,
                     timeout=30.0):
         """Submit one batch reading block remote_ids[i] into local block
         local_ids[i] for every i (see Batch.add_block_ids); returns it."""
-        b = Batch(self, timeout)
-        try:
-            return b.add_block_ids(remote_ids, local_ids, group, layers, slots).submit()
-        except BaseException:
-            b.close()
-            raise
+        return self._submit(Batch(self, timeout),
+                            lambda b: b.add_block_ids(remote_ids, local_ids, group, layers,
+                                                      slots))
 
     def read_ranges(self, ranges, timeout=30.0):
         """Submit one batch of raw byte ranges (see Batch.add_ranges)."""
-        b = Batch(self, timeout)
+        return self._submit(Batch(self, timeout), lambda b: b.add_ranges(ranges))
+
+    def write_blocks(self, local_ids, remote_ids, tag=0, group=0, layers=None, slots=None,
+                     timeout=30.0):
+        """Push mode: submit one write batch sending this agent's block
+        local_ids[i] to the consumer's block remote_ids[i] for every i (in
+        every layer and slot, as read_blocks); the consumer's notice carries
+        tag.  It ends COMPLETED once every byte landed and the consumer
+        accepted the notice."""
+        return self._submit(Batch(self, timeout, True, tag),
+                            lambda b: b.add_block_ids(remote_ids, local_ids, group, layers,
+                                                      slots))
+
+    def write_ranges(self, ranges, tag=0, timeout=30.0):
+        """Push mode: one write batch of raw byte ranges (local,
+        remote_region, offset, length), as read_ranges, submitted."""
+        return self._submit(Batch(self, timeout, True, tag),
+                            lambda b: b.add_range_writes(ranges))
+
+    @staticmethod
+    def _submit(b, add):
+        """add(b) then submit; a batch that fails to build is closed."""
         try:
-            return b.add_ranges(ranges).submit()
+            add(b)
+            return b.submit()
         except BaseException:
             b.close()
             raise

@@ -1,7 +1,11 @@
-"""Batches: block and range reads from one segment, run as one unit.
+"""Batches: block and range reads from one segment, or writes into it (push
+mode, write=True), run as one unit.
 
-A Batch is built (add_block_ids / add_blocks / add_ranges), submitted once,
-and ends exactly once: COMPLETED, FAILED, TIMEOUT or CANCELLED.  Wait for it
+A Batch is built (add_block_ids, and add_blocks / add_ranges for reads or
+add_block_writes / add_range_writes for writes), submitted once, and ends
+exactly once: COMPLETED, FAILED, TIMEOUT or CANCELLED.  A write batch ends
+COMPLETED only once every byte is in the consumer's memory and the consumer
+accepted its notice, which carries the batch's tag.  Wait for it
 with wait(timeout), poll done(), read result(), or `await batch` in asyncio:
 the batch's eventfd (fileno()) is watched by the running loop's add_reader,
 so no thread waits per batch.  `await batch` returns the result when the
@@ -159,14 +163,20 @@ def _destroy(s, ptr):
 
 
 class Batch(Owned):
-    """Reads from one segment into this agent's memory.  Made by
-    Segment.batch() (empty) or Segment.read_blocks()/read_ranges()
+    """Reads from one segment into this agent's memory, or (write=True)
+    writes from this agent's memory into it with a 64-bit tag the
+    consumer's notice carries.  Made by Segment.batch() (empty) or
+    Segment.read_blocks()/read_ranges()/write_blocks()/write_ranges()
     (submitted).  close() destroys it (a running batch is cancelled and
     waited for first); so do leaving a `with` block and collection."""
 
-    def __init__(self, segment, timeout=30.0):
+    def __init__(self, segment, timeout=30.0, write=False, tag=0):
         self.segment = segment
-        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"))
+        self.write = bool(write)
+        self.tag = _u64(tag, "tag")
+        if tag and not write:
+            raise invalid("a tag belongs to a write batch (write=True): reads send no notice")
+        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"), write, tag)
         out = ctypes.c_void_p()
         check(_lib_.sx_batch_create(segment._h.get(), p, ctypes.byref(out)))
         # The handle's destroy must not reference the Batch (it would keep
@@ -179,7 +189,8 @@ class Batch(Owned):
 
     def add_block_ids(self, remote_ids, local_ids, group=0, layers=None, slots=None):
         """For each i: block remote_ids[i] of the segment -> block local_ids[i]
-        of this agent, in every layer of `layers` and slot of `slots`.  Ids
+        of this agent (a write batch: local_ids[i] -> remote_ids[i]), in
+        every layer of `layers` and slot of `slots`.  Ids
         are a list, range, array.array, numpy array or torch tensor of
         integers; layers a range or (first, count) (default: every layer
         this agent registered in the group); slots a slot, slot name or a
@@ -187,11 +198,11 @@ class Batch(Owned):
         first, count, mask = self.segment.agent._shape(group, layers, slots)
         raddr, n, rkeep = ids_of(remote_ids, "remote_ids")
         laddr, ln, lkeep = ids_of(local_ids, "local_ids")
-        if n != ln:
-            raise invalid("remote_ids has %d ids but local_ids has %d" % (n, ln))
         ids = _lib.new_struct(_lib.BlockIds)
         ids.group, ids.layer_first, ids.layer_count, ids.slots = group, first, count, mask
-        ids.local, ids.n_local, ids.remote, ids.n_remote = laddr, n, raddr, n
+        # Counts that differ are the library's to refuse (SX_EINCOMPAT, both
+        # counts in the message), as for C callers.
+        ids.local, ids.n_local, ids.remote, ids.n_remote = laddr, ln, raddr, n
         check(_lib_.sx_batch_add_block_ids(self._h.get(), ids))
         self._s.adds.append(("ids", (rkeep, lkeep, n)))
         return self
@@ -208,44 +219,39 @@ class Batch(Owned):
         self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
 
-    def add_ranges(self, ranges):
-        """Raw byte ranges: each (local, remote_region, offset, length), where
-        local is an address (int) or an object memory_of() accepts (its first
-        `length` bytes; length None: all of it).  The objects are kept alive
-        until the batch is destroyed."""
-        ranges = list(ranges)
-        packed = array.array("Q", bytes(32 * len(ranges)))
-        keep = []
-        for i, entry in enumerate(ranges):
-            try:
-                local, region, offset, length = entry
-            except (TypeError, ValueError):
-                raise invalid("range %d: expected (local, remote_region, offset, length)"
-                              % i) from None
-            if isinstance(local, int) and not isinstance(local, bool):
-                addr = _u64(local, "range %d: local" % i)
-                if length is None:
-                    raise invalid("range %d: a raw address needs a length" % i)
-            else:
-                addr, nbytes, _, k = memory_of(local)
-                keep.append(k)
-                if length is None:
-                    length = nbytes
-                elif not isinstance(length, int) or length > nbytes:
-                    raise invalid("range %d: length %r is more than the %d bytes of the "
-                                  "local buffer" % (i, length, nbytes))
-            packed[4 * i] = addr
-            packed[4 * i + 1] = _u32(region, "range %d: remote_region" % i)
-            packed[4 * i + 2] = _u64(offset, "range %d: offset" % i)
-            packed[4 * i + 3] = _u64(length, "range %d: length" % i)
-        self._add_packed_ranges(packed, len(ranges), keep)
+    def add_block_writes(self, local_block, remote_block, count=1, group=0, layers=None,
+                         slots=None):
+        """Write batches: count consecutive blocks of this agent from
+        local_block -> the consumer's remote_block: one entry."""
+        first, lcount, mask = self.segment.agent._shape(group, layers, slots)
+        e = _lib.BlockWrite(group=group, layer_first=first, layer_count=lcount, slots=mask,
+                            local_block=_u64(local_block, "local_block"),
+                            remote_block=_u64(remote_block, "remote_block"),
+                            count=_u64(count, "count"))
+        check(_lib_.sx_batch_add_block_writes(self._h.get(), ctypes.byref(e), 1))
+        self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
 
-    def _add_packed_ranges(self, packed, n, keep=()):
-        """n sx_range_read entries packed as 4 uint64 each (little-endian:
-        the region id in the low half of the second word, its padding 0)."""
+    def add_ranges(self, ranges):
+        """Raw byte ranges to read: each (local, remote_region, offset,
+        length), where local is an address (int) or an object memory_of()
+        accepts (its first `length` bytes; length None: all of it).  The
+        objects are kept alive until the batch is destroyed."""
+        self._add_packed_ranges(*_pack_ranges(ranges))
+        return self
+
+    def add_range_writes(self, ranges):
+        """Write batches: raw byte ranges (local, remote_region, offset,
+        length) as in add_ranges, from local to the consumer's region."""
+        self._add_packed_ranges(*_pack_ranges(ranges), add=_lib_.sx_batch_add_range_writes)
+        return self
+
+    def _add_packed_ranges(self, packed, n, keep=(), add=_lib_.sx_batch_add_ranges):
+        """n sx_range_read (or, add=sx_batch_add_range_writes, sx_range_write)
+        entries packed as 4 uint64 each (little-endian: the region id in the
+        low half of the second word, its padding 0)."""
         addr, _ = packed.buffer_info()
-        check(_lib_.sx_batch_add_ranges(self._h.get(), addr, n))
+        check(add(self._h.get(), addr, n))
         self._h.keep.extend(keep)
         self._s.adds.append(("n", n))
 
@@ -336,6 +342,36 @@ class Batch(Owned):
 
 
 
+def _pack_ranges(ranges):
+    """(packed, n, keep): ranges as n sx_range_read/sx_range_write entries."""
+    ranges = list(ranges)
+    packed = array.array("Q", bytes(32 * len(ranges)))
+    keep = []
+    for i, entry in enumerate(ranges):
+        try:
+            local, region, offset, length = entry
+        except (TypeError, ValueError):
+            raise invalid("range %d: expected (local, remote_region, offset, length)"
+                          % i) from None
+        if isinstance(local, int) and not isinstance(local, bool):
+            addr = _u64(local, "range %d: local" % i)
+            if length is None:
+                raise invalid("range %d: a raw address needs a length" % i)
+        else:
+            addr, nbytes, _, k = memory_of(local)
+            keep.append(k)
+            if length is None:
+                length = nbytes
+            elif not isinstance(length, int) or length > nbytes:
+                raise invalid("range %d: length %r is more than the %d bytes of the "
+                              "local buffer" % (i, length, nbytes))
+        packed[4 * i] = addr
+        packed[4 * i + 1] = _u32(region, "range %d: remote_region" % i)
+        packed[4 * i + 2] = _u64(offset, "range %d: offset" % i)
+        packed[4 * i + 3] = _u64(length, "range %d: length" % i)
+    return packed, len(ranges), keep
+
+
 def _as_list(keep, n):
     if isinstance(keep, array.array):
         return keep.tolist()
@@ -347,16 +383,18 @@ def _as_list(keep, n):
 _PARAMS = {}
 
 
-def _params(timeout_ms):
-    """Batch parameters for a deadline (the library copies them at create):
-    made once per deadline, not once per batch."""
-    p = _PARAMS.get(timeout_ms)
+def _params(timeout_ms, write=False, tag=0):
+    """Batch parameters (the library copies them at create): made once per
+    read deadline, not once per batch; a write batch's carry its own tag."""
+    p = None if write else _PARAMS.get(timeout_ms)
     if p is None:
         p = _lib.new_struct(_lib.BatchParams)
         _lib_.sx_batch_params_init(p)
         if timeout_ms is not None:
             p.timeout_ms = timeout_ms
-        if len(_PARAMS) < 64:
+        if write:
+            p.flags, p.tag = _lib.BATCH_WRITE, tag
+        elif len(_PARAMS) < 64:
             _PARAMS[timeout_ms] = p
     return p
 

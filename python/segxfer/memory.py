@@ -4,7 +4,8 @@ memory_of() finds the address, length and location ("cpu", "cuda:N") of a
 torch tensor, an object with __cuda_array_interface__ or __array_interface__
 (numpy, CuPy, Numba ...), or a writable buffer (bytearray, mmap,
 array.array).  None of these imports torch or numpy: they read the objects'
-own protocols.
+own protocols.  Where an object names no device (a raw address, the CUDA
+array interface), the library says where the memory is (sx_mem_location).
 
 ids_of() turns block ids (a list, range, array.array, numpy array or torch
 tensor of integers) into one contiguous uint64 buffer for
@@ -14,7 +15,8 @@ checking for negatives with one min() over the array.
 import array
 import ctypes
 
-from .errors import invalid
+from . import _lib
+from .errors import check, invalid
 
 _INT_CODES = "bBhHiIlLqQ"
 
@@ -74,15 +76,9 @@ def memory_of(obj, location=None):
                 location or _tensor_location(obj.device), obj)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
-        if location is None:
-            dev = getattr(obj, "device", None)
-            index = getattr(dev, "id", getattr(dev, "index", None))
-            if not isinstance(index, int):
-                raise invalid("a __cuda_array_interface__ object without a device id: "
-                              "pass location='cuda:N'")
-            location = "cuda:%d" % index
         ptr, n, loc = _from_interface(cai, "__cuda_array_interface__", location)
-        return ptr, n, loc, obj
+        # The interface names no device: the driver knows it.
+        return ptr, n, loc or pointer_location(ptr, n), obj
     ai = getattr(obj, "__array_interface__", None)
     if ai is not None:
         ptr, n, loc = _from_interface(ai, "__array_interface__", location or "cpu")
@@ -105,38 +101,14 @@ def memory_of(obj, location=None):
     return ctypes.addressof(view), mv.nbytes, location or "cpu", (obj, mv, view)
 
 
-_cuda = []  # [libcuda or None], loaded on first use
-
-
-def _libcuda():
-    if not _cuda:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            lib.cuInit.argtypes = [ctypes.c_uint]
-            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int,
-                                                  ctypes.c_uint64]
-            _cuda.append(lib if lib.cuInit(0) == 0 else None)
-        except (OSError, AttributeError):
-            _cuda.append(None)
-    return _cuda[0]
-
-
-def pointer_location(addr):
-    """"cuda:N" when the CUDA driver knows addr as device memory of GPU N,
-    else "cpu" (also where there is no driver).  For raw addresses, which
-    carry no device of their own (LMDeploy registers data_ptr() values)."""
-    cu = _libcuda()
-    if cu is None:
-        return "cpu"
-    kind, ordinal = ctypes.c_uint(0), ctypes.c_int(-1)
-    # CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2,
-    # CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9 (cuda.h).  A pointer the
-    # driver does not know (plain host memory) fails: it is "cpu".
-    if cu.cuPointerGetAttribute(ctypes.byref(kind), 2, addr) != 0 or kind.value != 2:
-        return "cpu"
-    if cu.cuPointerGetAttribute(ctypes.byref(ordinal), 9, addr) != 0:
-        return "cpu"
-    return "cuda:%d" % ordinal.value
+def pointer_location(addr, length=0):
+    """"cpu" or "cuda:N" for memory given as a raw address (LMDeploy
+    registers data_ptr() values, which carry no device): the library asks
+    the CUDA driver (sx_mem_location) and checks [addr, addr+length) as
+    register will; raises its error (SX_EBOUNDS, SX_EINVAL) otherwise."""
+    out = ctypes.create_string_buffer(_lib.TAG_MAX + 1)
+    check(_lib.lib.sx_mem_location(addr, length, out, len(out)), "location of 0x%x" % addr)
+    return out.value.decode()
 
 
 # ------------------------------------------------------------------ ids

@@ -53,12 +53,15 @@ part read-tcp read --duration "$d" --sizes 4K,16K,64K,256K,1M,4M --batches 1,16,
 td=$(awk -v d="$d" 'BEGIN { print 3 * d }')
 part read-targets read --duration "$td" --rounds 3 --sizes 64K,1M --batches 64 --ids scattered \
   --conns 1,2,4,8 --plot "$out/read-targets.png"
+# Push mode: write batches against the raw stream the other way round.
+part write-targets read --op write --duration "$td" --rounds 3 --sizes 64K,1M --batches 64 \
+  --ids scattered --conns 1,4 --plot "$out/write-targets.png"
 
 # RDMA: on a device when there is one, else inside the Soft-RoCE VM.
 if [ -x tests/rdma/run-in-rxe-vm.sh ]; then
   step "RDMA: sx-bench read --transport rdma against ib_read_bw on the same device"
   if tests/bench/rdma-bench.sh "$build" "$d" "$out"; then
-    cat "$out/read-rdma.txt"
+    cat "$out/read-rdma.txt" "$out/read-rdma-write.txt"
   else
     echo "make bench: the RDMA part failed (log: $out/read-rdma.log)"
     fail=1
@@ -75,7 +78,7 @@ fi
   echo
   echo "Targets (issues 6 and 16), judged on ratios from this run (read: the alternating rounds"
   echo "of read-targets and read-rdma; read-tcp's own lines are single windows):"
-  for f in codec meta read-targets read-rdma; do
+  for f in codec meta read-targets read-rdma write-targets read-rdma-write; do
     [ -f "$out/$f.txt" ] && sed -n '/^Targets/,$p' "$out/$f.txt" | grep -v '^Targets' |
       sed "s/^/[$f] /"
   done

@@ -26,6 +26,8 @@ run codec "$bin" codec --duration 0.05 --regions 1,160 --csv "$out/codec.csv" --
 run codec-json "$bin" codec --duration 0.02 --regions 16 --no-strided --json --quiet
 run read "$bin" read --sizes 4K,64K --batches 1,8 --conns 1,2 --duration 0.15 --verify \
   --group-bytes 4M --csv "$out/read.csv" --quiet
+run write "$bin" read --op write --sizes 4K,64K --batches 1,8 --conns 1,2 --duration 0.15 \
+  --group-bytes 4M --csv "$out/write.csv" --quiet
 run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 900 \
   --csv "$out/meta.csv" --quiet
 if command -v gnuplot >/dev/null 2>&1; then
@@ -67,6 +69,8 @@ grep -q '^codec,codec,"per-layer 80 layers x K,V",160,decode+validate' "$out/cod
   { echo "  FAIL  codec CSV lacks the 160-region row"; fail=1; }
 grep -q '^read,read,tcp,64K,8,scattered,2,' "$out/read.csv" ||
   { echo "  FAIL  read CSV lacks a row"; fail=1; }
+grep -q '^read,read,tcp write,64K,8,scattered,2,' "$out/write.csv" ||
+  { echo "  FAIL  write CSV lacks a row"; fail=1; }
 # Every row, the baseline's included, has its CPU seconds per GB.
 awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "cpu_s_gb") c = i; next }
   $3 != "" && $c == "" { bad = 1 } END { exit !(c && !bad && NR > 8) }' "$out/read.csv" ||

@@ -1,8 +1,8 @@
 /*
  * Fuzz target: the RDMA transport's connection private data, which arrives
  * from any peer that can reach the rdma_cm port: the reader's connect
- * request (HELLO: name, expected incarnation, access token) as the target
- * parses it, and the accept and reject data as the reader parses them.
+ * request (HELLO: name, expected incarnation, access token; or a producer's
+ * write hello: its incarnation and token) as the target parses it, and the accept and reject data as the reader parses them.
  * Built only when the RDMA transport is (agent/transport/rdma/rdma.c exists).
  */
 #include <stdlib.h>
@@ -23,9 +23,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* What parses packs back to the same fields. */
     sx__rdma_hello_wire w;
     sx__rdma_hello back;
-    sx__rdma_hello_pack(&w, h.name, h.conn_index, h.incarnation, h.token);
-    if (sx__rdma_hello_parse(&w, sizeof(w), &back) != 0 ||
+    if (h.flags & SX__RDMA_HELLO_WRITE) /* a producer's (push mode) */
+      sx__rdma_whello_pack(&w, h.conn_index, h.incarnation, h.producer, h.token);
+    else
+      sx__rdma_hello_pack(&w, h.name, h.conn_index, h.incarnation, h.token);
+    if (sx__rdma_hello_parse(&w, sizeof(w), &back) != 0 || back.flags != h.flags ||
         back.conn_index != h.conn_index ||
+        memcmp(back.producer, h.producer, SX_INCARNATION_LEN) != 0 ||
         memcmp(back.incarnation, h.incarnation, SX_INCARNATION_LEN) != 0 ||
         memcmp(back.token, h.token, SX_TOKEN_LEN) != 0)
       abort();

@@ -27,6 +27,13 @@ sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
 
 void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
                    uint64_t blocks, uint64_t block_bytes, uint64_t seed) {
+  gpu_pool_make_access(p, a, location, layers, blocks, block_bytes, seed,
+                       SX_ACCESS_REMOTE_READ);
+}
+
+void gpu_pool_make_access(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
+                          uint64_t blocks, uint64_t block_bytes, uint64_t seed,
+                          uint32_t access) {
   memset(p, 0, sizeof(*p));
   p->a = a;
   p->location = location;
@@ -46,7 +53,7 @@ void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t laye
     sx_region_params rp = {.addr = p->mem[s], .length = len, .layer_count = layers,
                            .layer_stride = layer_bytes, .slot = (uint32_t)s,
                            .block_bytes = block_bytes, .num_blocks = blocks,
-                           .location = location, .access = SX_ACCESS_REMOTE_READ};
+                           .location = location, .access = access};
     sxt_ok(sx_agent_register(a, &rp, &p->id[s]));
     /* The pattern is written into a host buffer and copied in. */
     if (seed != 0)
@@ -100,4 +107,74 @@ void gpu_entries(sx_block_read *e, size_t n, uint32_t layers, uint64_t remote_bl
                            .remote_block = (rng >> 8) % (remote_blocks - count + 1),
                            .local_block = (uint64_t)i * count, .count = count};
   }
+}
+
+/* Bytes [off, off+len) of slot s, copied to host memory (malloc()ed), or
+ * NULL.  No cmocka assertion: the checks below also run in an agent's
+ * notice callback, on its thread. */
+static uint8_t *pool_bytes(const gpu_pool *p, int s, uint64_t off, uint64_t len) {
+  uint8_t *h = malloc(len ? len : 1);
+  if (h == NULL)
+    return NULL;
+  if (strcmp(p->location, "cpu") == 0)
+    memcpy(h, p->mem[s] + off, len);
+  else if (sx__mem_copy(h, p->mem[s] + off, len) != 0) {
+    print_error("copying back: %s\n", sx_errmsg());
+    free(h);
+    return NULL;
+  }
+  return h;
+}
+
+int gpu_pool_check_written(const gpu_pool *p, const uint32_t pid[2], uint64_t pblocks,
+                           uint64_t seed, uint64_t src, uint64_t dst, uint64_t count) {
+  uint64_t bb = p->block_bytes, len = count * bb;
+  for (int s = 0; s < 2; s++) {
+    for (uint32_t l = 0; l < p->layers; l++) {
+      uint8_t *h = pool_bytes(p, s, (l * p->blocks + dst) * bb, len);
+      uint64_t bad = 0;
+      int rc = h == NULL ? -1
+                         : sx__pattern_check(h, len, seed, pid[s], (l * pblocks + src) * bb, &bad);
+      free(h);
+      if (rc != 0) {
+        print_error("slot %d layer %u blocks %lu->%lu x%lu: byte %lu differs\n", s, l,
+                    (unsigned long)src, (unsigned long)dst, (unsigned long)count,
+                    (unsigned long)bad);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+int gpu_pool_zero(const gpu_pool *p, uint64_t dst, uint64_t count) {
+  uint64_t len = count * p->block_bytes;
+  for (int s = 0; s < 2; s++) {
+    for (uint32_t l = 0; l < p->layers; l++) {
+      uint8_t *h = pool_bytes(p, s, (l * p->blocks + dst) * p->block_bytes, len);
+      uint64_t i = 0;
+      while (h != NULL && i < len && h[i] == 0)
+        i++;
+      free(h);
+      if (h == NULL || i < len) {
+        print_error("slot %d layer %u block %lu: byte %lu is not zero\n", s, l,
+                    (unsigned long)dst, (unsigned long)i);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+uint8_t *gpu_pool_snapshot(const gpu_pool *p) {
+  uint64_t len = p->layers * p->blocks * p->block_bytes;
+  uint8_t *h = malloc(2 * len);
+  assert_non_null(h);
+  for (int s = 0; s < 2; s++) {
+    uint8_t *b = pool_bytes(p, s, 0, len);
+    assert_non_null(b);
+    memcpy(h + s * len, b, len);
+    free(b);
+  }
+  return h;
 }

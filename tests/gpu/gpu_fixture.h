@@ -31,6 +31,21 @@ sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
  * with the pattern of seed when seed != 0 (else zeros). */
 void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
                    uint64_t blocks, uint64_t block_bytes, uint64_t seed);
+/* The same with the regions' access flags (push mode: writable ones). */
+void gpu_pool_make_access(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,
+                          uint64_t blocks, uint64_t block_bytes, uint64_t seed,
+                          uint32_t access);
+/* Push mode: do blocks [dst, dst+count) of every layer and both slots of
+ * p hold what a producer's blocks [src, src+count) held: the pattern of
+ * seed of its regions pid[2] (K, V) of pblocks blocks per layer?  0, or -1
+ * with a message.  Device memory is copied back first. */
+int gpu_pool_check_written(const gpu_pool *p, const uint32_t pid[2], uint64_t pblocks,
+                           uint64_t seed, uint64_t src, uint64_t dst, uint64_t count);
+/* Are blocks [dst, dst+count) of every layer and both slots all zero? */
+int gpu_pool_zero(const gpu_pool *p, uint64_t dst, uint64_t count);
+/* A copy of the whole pool (both slots) in host memory, to compare two
+ * moments: free() it. */
+uint8_t *gpu_pool_snapshot(const gpu_pool *p);
 void gpu_pool_free(gpu_pool *p);
 /* Check that every entry's local blocks hold the target's (pattern of
  * seed).  0 or -1. */

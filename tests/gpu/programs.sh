@@ -1,7 +1,9 @@
 #!/bin/sh
 # GPU suite, the programs: sx-agent hosting its pool on a GPU, sxctl reading
 # it into GPU memory (cuda_ipc, then forced tcp through staging) and into
-# host memory, every byte verified; ping and show name the transport.
+# host memory, every byte verified; ping and show name the transport.  Push
+# mode: sxctl write into a writable pool on the GPU over cuda_ipc and over
+# staged tcp, read back; a producer without a grant is refused.
 # Usage: tests/gpu/programs.sh BUILD_DIR   (needs redis-server on PATH)
 set -u
 build=$1
@@ -11,6 +13,7 @@ port=$((20000 + $$ % 20000))
 fail() { echo "FAIL: $*"; cat "$dir"/agent.log 2>/dev/null | tail -20; exit 1; }
 cleanup() {
   [ -n "${apid:-}" ] && kill "$apid" 2>/dev/null && wait "$apid" 2>/dev/null
+  [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null && wait "$wpid" 2>/dev/null
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1
   rm -rf "$dir"
 }
@@ -45,4 +48,27 @@ grep -q "cuda:0" "$dir/out" || fail "show lists no cuda:0 region"
 # A wrong seed must not verify.
 step "$bin/sxctl" read pool-gpu --location cuda:0 --verify 43 --blocks random:10 &&
   fail "a wrong seed verified"
+
+# Push mode into GPU memory.
+"$bin/sx-agent" --name pool-gpu-w --layers 4 --block-bytes 64K --pool-size 64M \
+  --location cuda:0 --writable --grant writer --listen 127.0.0.1:0 >"$dir/wagent.log" 2>&1 &
+wpid=$!
+for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+  grep -q "ready: serving" "$dir/wagent.log" && break; sleep 0.5
+done
+grep -q "on cuda:0" "$dir/wagent.log" || fail "the writable sx-agent did not start on cuda:0"
+step "$bin/sxctl" write pool-gpu-w --as writer --fill 7 --blocks 0-49 --verify ||
+  fail "write into cuda:0"
+grep -q "via cuda_ipc" "$dir/out" || fail "the write did not go over cuda_ipc"
+step "$bin/sxctl" write pool-gpu-w --as writer --fill 8 --blocks 50-99 --transport tcp \
+  --verify || fail "write into cuda:0 over tcp"
+grep -q "via tcp" "$dir/out" || fail "the forced tcp write did not use tcp"
+# An unnamed reader gets no handle of a writable allocation: it reads over tcp.
+step "$bin/sxctl" read pool-gpu-w --verify 7 --blocks 0-49 || fail "read back what was written"
+grep -q "via tcp" "$dir/out" || fail "an unnamed reader of a writable pool did not use tcp"
+step "$bin/sxctl" read pool-gpu-w --location cuda:0 --verify 8 --blocks 50-99 ||
+  fail "read back into cuda:0 what was written over tcp"
+step "$bin/sxctl" write pool-gpu-w --as stranger --fill 9 --blocks 100-109 &&
+  fail "a producer without a grant wrote"
+grep -q "EACCESS" "$dir/out" || fail "the refused write did not say SX_EACCESS"
 echo "programs: all checks passed"

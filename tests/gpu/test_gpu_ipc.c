@@ -240,6 +240,10 @@ static void test_gpu_ipc_transport_choice(void **state) {
   sx_agent *ipc_only = gpu_agent(url, "ipc-c-only", 0, SX_TRANSPORTS_CUDA_IPC);
   sxt_rc(sx_segment_open(ipc_only, "ipc-self", 2000, &seg), SX_EUNREACH);
   assert_non_null(strstr(sx_errmsg(), "no common transport"));
+  /* It reads, but it has nothing peers could reach: publishing is refused
+   * with the reason, not left as an unreachable segment. */
+  sxt_rc(sx_agent_publish(ipc_only, 0), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "cuda_ipc needs tcp as well"));
   sx_agent_destroy(ipc_only);
   sx_agent_destroy(ra);
   sx_agent_destroy(self_t);

@@ -13,6 +13,9 @@ It also reports the time each side spends outside the wait per batch
 destroying): the binding's own cost, free of the network's noise.
 
 Usage: /usr/bin/python3 tests/python/bench.py BUILD_DIR [--batches N] [--rounds R]
+                                             [--target-location cuda:0]
+--target-location puts the sx-agent's pool on a GPU (served over TCP through
+pinned staging); both readers still read into host memory.
 Writes BUILD_DIR/bench/python.txt and python.csv; appends its verdict to
 BUILD_DIR/bench/summary.txt when that exists.
 """
@@ -70,11 +73,12 @@ def main():
     ap.add_argument("build")
     ap.add_argument("--batches", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--target-location", default="cpu")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     os.environ.setdefault("SEGXFER_LIB", os.path.join(build, "lib", "libsegxfer.so"))
     os.environ.setdefault("SEGXFER_BUILD", build)
-    from conftest import RedisServer, SxAgentProc  # noqa: E402
+    from harness import RedisServer, SxAgentProc  # noqa: E402
     import pathlib
 
     exe = os.path.join(build, "tests", "python", "bench_read")
@@ -99,7 +103,7 @@ def main():
         redis = RedisServer(pathlib.Path(d))
         url = "redis://127.0.0.1:%d?namespace=bench-py" % redis.port
         target = SxAgentProc(url, "bench/pool-0", blocks=POOL, block_bytes=BLOCK, layers=1,
-                             extra=("--slots", "K"))
+                             extra=("--slots", "K", "--location", args.target_location))
         try:
             for rnd in range(args.rounds):
                 order = ("c", "python") if rnd % 2 == 0 else ("python", "c")
@@ -117,8 +121,8 @@ def main():
     ratio = gbs["python"] / gbs["c"]
     verdict = "MET" if ratio >= TARGET else "MISSED"
     lines = ["python binding vs C API: %d batches of %d scattered %d KiB blocks per run, "
-             "%d rounds, TCP loopback (sx-agent target)" % (args.batches, N, BLOCK // 1024,
-                                                          args.rounds),
+             "%d rounds, TCP loopback (sx-agent target, pool in %s memory)"
+             % (args.batches, N, BLOCK // 1024, args.rounds, args.target_location),
              "%-6s %-7s %9s %9s %10s %18s" % ("round", "side", "seconds", "GB/s", "us/batch",
                                               "us/batch in calls")]
     for rnd, side, secs, _, g, us, cus in rows:

@@ -178,7 +178,10 @@ def run_prefill(args):
     table = BlockManager(NUM_BLOCKS["prefill"], 11).alloc(blocks_for(len(prompt)))
     logits = model.forward(prompt, list(range(len(prompt))), cache, table)
     torch.save(logits.cpu(), args.out)
-    with segxfer.Agent(args.name, args.url, transports=args.transport, lease_ms=args.lease_ms,
+    # cuda_ipc hands its handles out over the TCP listener: a target that
+    # serves it must run TCP too (the reader is the one that forces it).
+    serve = "tcp,cuda_ipc" if args.transport == "cuda_ipc" else args.transport
+    with segxfer.Agent(args.name, args.url, transports=serve, lease_ms=args.lease_ms,
                        log_level="warn", **agent_layout(args)) as agent:
         agent.register_blocks(cache[0], "K")
         agent.register_blocks(cache[1], "V")

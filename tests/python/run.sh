@@ -28,7 +28,7 @@ done
 start=$(date +%s)
 if SEGXFER_BUILD="$build" SEGXFER_LIB="$lib" LD_PRELOAD="${preload# }" \
     ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
-    $py -m pytest -q -p no:cacheprovider tests/python "$@" >"$logs/python.log" 2>&1; then
+    $py -m pytest -q -rs -p no:cacheprovider tests/python "$@" >"$logs/python.log" 2>&1; then
   printf '  PASS  %-28s %5ss  (%s)\n' "python package (pytest)" $(($(date +%s) - start)) \
     "$(tail -n 1 "$logs/python.log" | tr -d '=' | sed 's/^ *//;s/ *$//')"
 else

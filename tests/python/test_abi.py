@@ -56,6 +56,9 @@ def test_abi_enum_values_match(probe):
     assert c["SX_TRANSPORT_NONE"] == 0
     assert c["SX_TRANSPORT_TCP"] == _lib.TRANSPORT_KINDS["tcp"]
     assert c["SX_TRANSPORT_RDMA"] == _lib.TRANSPORT_KINDS["rdma"]
+    assert c["SX_TRANSPORT_CUDA_IPC"] == _lib.TRANSPORT_KINDS["cuda_ipc"]
+    assert (c["SX_HOST_ID_LEN"], c["SX_HOSTNAME_MAX"]) == (_lib.HOST_ID_LEN,
+                                                          _lib.HOSTNAME_MAX)
     for name, value in _lib.LOG_LEVELS.items():
         assert c["SX_LOG_" + name.upper()] == value
     for value, name in _lib.MISMATCH_KINDS.items():
@@ -65,6 +68,17 @@ def test_abi_enum_values_match(probe):
     assert c["SX_ACCESS_REMOTE_READ"] == _lib.ACCESS_REMOTE_READ
     assert c["SX_PUBLISH_TAKEOVER"] == _lib.PUBLISH_TAKEOVER
     assert c["SX_CHECK_IGNORE_FINGERPRINT"] == _lib.CHECK_IGNORE_FINGERPRINT
+    assert c["SX_ACCESS_REMOTE_WRITE"] == _lib.ACCESS_REMOTE_WRITE
+    assert c["SX_BATCH_WRITE"] == _lib.BATCH_WRITE
+    assert c["SX_NOTICE_MAX_ENTRIES"] == _lib.NOTICE_MAX_ENTRIES
     # Codes the package tests for by value.
     assert (c["SX_EINVAL"], c["SX_ETIMEDOUT"], c["SX_ECANCELED"], c["SX_EINCOMPAT"],
             c["SX_EBUSY"]) == (-1, -10, -11, -8, -32)
+
+
+def test_abi_range_write_packs_like_range_read():
+    """Batch packs read and write ranges with one function."""
+    for field, _ in _lib.RangeRead._fields_:
+        r, w = getattr(_lib.RangeRead, field), getattr(_lib.RangeWrite, field)
+        assert (r.offset, r.size) == (w.offset, w.size), field
+    assert ctypes.sizeof(_lib.RangeRead) == ctypes.sizeof(_lib.RangeWrite) == 32

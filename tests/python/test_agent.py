@@ -116,6 +116,18 @@ def test_agent_register_tensor_layouts(url):
         raw = (ctypes.c_char * 8192)()
         r3 = a.register(addr=ctypes.addressof(raw), length=8192, group=4, block_bytes=4096)
         assert r3.location == "cpu" and r3.num_blocks == 2
+        assert segxfer.pointer_location(ctypes.addressof(raw), 8192) == "cpu"
+
+        # The CUDA array interface names no device either: the library
+        # asks the driver (here it has none, or does not know the memory).
+        class Cai:
+            def __init__(self, buf):
+                self.buf = buf
+                self.__cuda_array_interface__ = {
+                    "data": (ctypes.addressof(buf), False), "shape": (8192,),
+                    "typestr": "|u1", "strides": None, "version": 3}
+        r4 = a.register(Cai(raw), group=5, block_bytes=4096)
+        assert (r4.location, r4.num_blocks) == ("cpu", 2)
 
 
 def test_agent_check_reports_the_structured_mismatch(url):

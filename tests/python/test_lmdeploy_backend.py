@@ -32,9 +32,9 @@ class Engine:
     """One side: a [layers, blocks, UNIT bytes] cache, as LMDeploy's
     full_gpu_cache, and the backend calls CacheEngine.p2p_initialize makes."""
 
-    def __init__(self, url, me, peer, blocks, peer_blocks, unit=UNIT, **kw):
+    def __init__(self, url, me, peer, blocks, peer_blocks, unit=UNIT, device="cpu", **kw):
         self.blocks, self.unit = blocks, unit
-        self.cache = torch.randint(0, 255, (LAYERS, blocks, unit), dtype=torch.uint8)
+        self.cache = torch.randint(0, 255, (LAYERS, blocks, unit), dtype=torch.uint8).to(device)
         opts = dict(num_layers=LAYERS, dtype="fp16", tag="lmdeploy", log_level="warn")
         opts.update(kw)
         self.backend = SegxferMigrationBackend(url, **opts)

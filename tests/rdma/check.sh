@@ -76,7 +76,8 @@ if [ "${SX_RDMA_TWO_VMS:-1}" != 0 ]; then
   # Two hosts over the default 1500-byte link (RoCE MTU 1024), 1 vCPU each.
   rm -rf "$payload/run"
   mkdir -p "$payload/run"
-  RXE_VM_PEER_CMD='./run.sh two-peer' vm_run two-vms ./run.sh two-main || fail=1
+  RXE_VM_EXTRA_FILES="$redis ${RXE_VM_EXTRA_FILES:-}" \
+    RXE_VM_PEER_CMD='./run.sh two-peer' vm_run two-vms ./run.sh two-main || fail=1
   rm -rf "$payload/run"
 fi
 [ $fail -eq 0 ] && echo "check-rdma: all passed" || echo "check-rdma: FAILED"

@@ -5,9 +5,11 @@
 #
 #   run.sh one        in-process selftest, a serve/read pair of processes, the
 #                     kill/restart test, the end-to-end test with redis-server
-#                     and sx-agent (one host)
-#   run.sh two-peer   the target of the two-host test (second VM)
-#   run.sh two-main   the reader of the two-host test
+#                     and sx-agent, the push-mode (RDMA WRITE) test (one host)
+#   run.sh two-peer   the target of the two-host test (second VM), and a
+#                     writable sx-agent with its redis-server for the push test
+#   run.sh two-main   the reader of the two-host test, then a producer
+#                     (sxctl write) into the peer's sx-agent
 #   run.sh perf       sx-rdma-test bench vs ib_read_bw at 64 KiB and 1 MiB
 #
 # Exit status: 0 when every test passed.
@@ -38,15 +40,50 @@ one)
     echo "FAIL  test_rdma_e2e: redis-server is not installed here"
     fail=1
   fi
+  step "push mode: RDMA WRITE batches and notices, refusals, many producers, a killed producer"
+  if command -v redis-server >/dev/null 2>&1; then
+    ./test_rdma_push || fail=1
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_push gpu || fail=1
+  else
+    echo "FAIL  test_rdma_push: redis-server is not installed here"
+    fail=1
+  fi
   ;;
 two-peer)
   step "target for the two-host test on $dev ($(hostname 2>/dev/null))"
   mkdir -p run
+  # Push: a writable pool in a store of its own on this host, for the
+  # other host's producer (both end with this VM).
+  if command -v redis-server >/dev/null 2>&1; then
+    redis-server --port 6390 --bind 0.0.0.0 --protected-mode no --save '' --daemonize yes \
+      --logfile "$tmp/redis.log"
+    ./sx-agent --metadata "redis://127.0.0.1:6390?namespace=two" --name two-decode \
+      --listen "$RXE_IP:7400" --rdma-devices "$dev" --writable --grant '*' --layers 2 \
+      --num-blocks 64 --block-bytes 64K --fill 3 >run/push-peer.log 2>&1 &
+  fi
   exec ./sx-rdma-test serve --desc run/two.desc --stop run/two.stop --regions 6
   ;;
 two-main)
-  step "reader of the two-host test on $dev"
   mkdir -p run
+  # Push first: the peer's pool lives as long as its serve process, which
+  # the read test below stops.
+  step "push across two hosts: sxctl write into the peer's sx-agent over RDMA, read back"
+  url="redis://$RXE_PEER_IP:6390?namespace=two"
+  n=0
+  until ./sxctl --metadata "$url" show two-decode >/dev/null 2>&1 || [ $n -ge 60 ]; do
+    n=$((n + 1)); sleep 1
+  done
+  out=$(./sxctl --metadata "$url" write two-decode --as two-prefill --listen "$RXE_IP:0" \
+    --fill 9 --blocks all --batch 16 --depth 2 --tag 70 --verify 2>&1) || fail=1
+  echo "$out"
+  if echo "$out" | grep -q 'via rdma' && echo "$out" | grep -q 'read back and verified every byte'; then
+    echo "PASS  push across two hosts: 64 blocks written over RDMA and verified"
+  else
+    echo "FAIL  push across two hosts (see above; the peer's log is run/push-peer.log)"
+    cat run/push-peer.log 2>/dev/null | tail -20
+    fail=1
+  fi
+  step "reader of the two-host test on $dev"
   ./sx-rdma-test read --desc run/two.desc --stop run/two.stop --wait 90 --expect-reissue || fail=1
   ;;
 perf)

@@ -73,6 +73,28 @@ pid_t sxt_spawn_ok(const char *log, const char *const argv[]) {
   return pid;
 }
 
+int sxt_sxctl(const sxt_proc_env *e, const char *log, const char *const *args, char *out,
+              size_t size) {
+  char exe[PATH_MAX + 16];
+  snprintf(exe, sizeof(exe), "%s/sxctl", e->bindir);
+  const char *argv[32] = {exe, "--metadata", e->url};
+  int n = 3;
+  for (int i = 0; args[i] != NULL && n < 31; i++)
+    argv[n++] = args[i];
+  argv[n] = NULL;
+  int rc = sxt_reap_log(sxt_spawn_ok(log, argv), 120000, log);
+  if (out != NULL) {
+    FILE *f = fopen(log, "r");
+    size_t got = f != NULL ? fread(out, 1, size - 1, f) : 0;
+    out[got] = '\0';
+    if (f != NULL)
+      fclose(f);
+  }
+  if (rc != 0)
+    sxt_show_log(log);
+  return rc;
+}
+
 int sxt_stored_incarnation(const sxt_proc_env *e, const char *name,
                            uint8_t inc[SX_INCARNATION_LEN]) {
   sx_store *s;

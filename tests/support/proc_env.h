@@ -69,6 +69,12 @@ int sxt_proc_env_teardown(sxt_proc_env *e);
 /* sxt_spawn that fails the test when fork fails. */
 pid_t sxt_spawn_ok(const char *log, const char *const argv[]);
 
+/* Run env's sxctl with "--metadata URL" and args (NULL-terminated) to its
+ * end (2 minutes at most), its output in log (and in out, up to size - 1
+ * bytes, when out is not NULL; shown when it fails): its exit status. */
+int sxt_sxctl(const sxt_proc_env *e, const char *log, const char *const *args, char *out,
+              size_t size);
+
 /* The incarnation env's store holds for name: 0, or the store's error
  * (SX_ENOENT).  Fails the test when the store cannot be opened. */
 int sxt_stored_incarnation(const sxt_proc_env *e, const char *name,

@@ -1,5 +1,6 @@
 /* Push-mode fixtures (see push_fixture.h). */
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,6 +20,25 @@ void sxt_pair_stop(sxt_pair *x) {
   sx_segment_close(x->seg);
   sxt_agent_stop(&x->p);
   sxt_agent_stop(&x->c);
+}
+
+void sxt_pair_grant(sxt_pair *x) {
+  uint8_t inc[SX_INCARNATION_LEN];
+  sx_agent_incarnation(x->p.a, inc);
+  sxt_ok(sx_agent_grant_write(x->c.a, "prefill-0", inc));
+}
+
+sx_block_write sxt_kv_write(uint64_t local, uint64_t remote, uint64_t count) {
+  return (sx_block_write){.layer_count = SXT_LAYERS, .slots = SXT_KV, .local_block = local,
+                          .remote_block = remote, .count = count};
+}
+
+void sxt_expect_no_notice(sx_agent *consumer) {
+  sx_notice *n = NULL;
+  int rc = sx_agent_notice_next(consumer, 50, &n);
+  if (rc == 0)
+    fail_msg("unexpected notice from %s tag %lu", n->producer, (unsigned long)n->tag);
+  assert_int_equal(rc, SX_ETIMEDOUT);
 }
 
 int sxt_fd_readable(int fd) {
@@ -135,6 +155,89 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
   assert_int_equal(k, n);
   assert_int_equal(no->bytes, bytes);
   sx_notice_free(no);
+}
+
+/* ------------------------------------------------------------ many producers */
+
+#define PRODUCERS 4
+#define BATCHES 8
+
+typedef struct prod {
+  sxt_agent a;
+  char name[32];
+  sx_segment *seg;
+  int failed;
+  sx_transport_kind want;
+} prod;
+
+static void *producer_main(void *arg) {
+  prod *p = arg;
+  int k = p->name[8] - '0';
+  sx_batch *b[BATCHES];
+  for (int i = 0; i < BATCHES; i++) {
+    uint64_t blk = (uint64_t)k * 12 + (uint64_t)i;
+    sx_block_write w = sxt_kv_write(blk, blk, 1);
+    b[i] = sxt_write_submit(p->seg, &w, 1, (uint64_t)k * 100 + (uint64_t)i, 10000);
+  }
+  for (int i = 0; i < BATCHES; i++) {
+    sx_batch_result r;
+    if (sx_batch_wait(b[i], -1) != 0 || sx_batch_result_get(b[i], &r) != 0 ||
+        r.state != SX_BATCH_COMPLETED || r.transport != p->want)
+      p->failed++;
+    sx_batch_destroy(b[i]);
+  }
+  return NULL;
+}
+
+void sxt_push_many_producers(sx_transport_kind want) {
+  sxt_pair x;
+  sxt_mem_url(x.url, sizeof(x.url), "push");
+  sxt_consumer_start(&x.c, x.url, "decode-0", SXT_RW);
+  sxt_ok(sx_agent_grant_write(x.c.a, NULL, NULL)); /* the namespace */
+  prod p[PRODUCERS];
+  pthread_t th[PRODUCERS];
+  for (int k = 0; k < PRODUCERS; k++) {
+    memset(&p[k], 0, sizeof(p[k]));
+    snprintf(p[k].name, sizeof(p[k].name), "prefill-%d", k);
+    sxt_target_start(&p[k].a, x.url, p[k].name, NULL, 1000 + (uint64_t)k);
+    sxt_ok(sx_segment_open(p[k].a.a, "decode-0", 2000, &p[k].seg));
+    p[k].want = want;
+  }
+  for (int k = 0; k < PRODUCERS; k++)
+    assert_int_equal(pthread_create(&th[k], NULL, producer_main, &p[k]), 0);
+  for (int k = 0; k < PRODUCERS; k++) {
+    pthread_join(th[k], NULL);
+    assert_int_equal(p[k].failed, 0);
+  }
+  /* Every notice matches its producer, its tag and its bytes. */
+  int seen[PRODUCERS][BATCHES] = {{0}};
+  for (int i = 0; i < PRODUCERS * BATCHES; i++) {
+    sx_notice *n;
+    sxt_ok(sx_agent_notice_next(x.c.a, 1000, &n));
+    int k = n->producer[8] - '0';
+    assert_true(k >= 0 && k < PRODUCERS);
+    assert_string_equal(n->producer, p[k].name);
+    uint8_t inc[SX_INCARNATION_LEN];
+    sx_agent_incarnation(p[k].a.a, inc);
+    assert_memory_equal(n->incarnation, inc, SX_INCARNATION_LEN);
+    int b = (int)(n->tag - (uint64_t)k * 100);
+    assert_true(b >= 0 && b < BATCHES);
+    seen[k][b]++;
+    assert_int_equal(n->n_blocks, 1);
+    assert_int_equal(n->blocks[0].block, (uint64_t)k * 12 + (uint64_t)b);
+    sx_block_write w = sxt_kv_write(n->blocks[0].block, n->blocks[0].block, n->blocks[0].count);
+    assert_int_equal(sxt_verify_write(&x.c, &p[k].a, &w), 0);
+    sx_notice_free(n);
+  }
+  for (int k = 0; k < PRODUCERS; k++)
+    for (int b = 0; b < BATCHES; b++)
+      assert_int_equal(seen[k][b], 1);
+  sxt_expect_no_notice(x.c.a);
+  for (int k = 0; k < PRODUCERS; k++) {
+    sx_segment_close(p[k].seg);
+    sxt_agent_stop(&p[k].a);
+  }
+  sxt_agent_stop(&x.c);
 }
 
 /* ------------------------------------------------------------ wire */

@@ -23,6 +23,15 @@ typedef struct sxt_pair {
 void sxt_pair_start(sxt_pair *x, uint32_t access);
 void sxt_pair_stop(sxt_pair *x);
 
+/* Let the pair's producer (this incarnation of "prefill-0") write. */
+void sxt_pair_grant(sxt_pair *x);
+
+/* Blocks local..+count -> remote..+count of every layer, K and V. */
+sx_block_write sxt_kv_write(uint64_t local, uint64_t remote, uint64_t count);
+
+/* No notice comes within 50 ms. */
+void sxt_expect_no_notice(sx_agent *consumer);
+
 /* 1 when fd is readable now. */
 int sxt_fd_readable(int fd);
 
@@ -48,6 +57,11 @@ int sxt_blocks_zero(const sxt_agent *consumer, const sx_block_write *w);
  * batch of w[0..n) with tag from producer p (its name and incarnation). */
 void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname, uint64_t tag,
                        const sx_block_write *w, size_t n, int timeout_ms);
+
+/* PRODUCERS agents in threads write 8 batches each into one consumer at
+ * once over transport want; every notice must match its producer, tag and
+ * bytes.  Fails the test otherwise. */
+void sxt_push_many_producers(sx_transport_kind want);
 
 /* Raw push frames on a connection that said HELLO (sxt_wire_hello): each
  * returns the status of its reply, or 1 when the connection closed. */

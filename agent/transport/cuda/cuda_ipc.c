@@ -5,6 +5,13 @@
  * device-to-device copies, spread over a few streams per device, each
  * stream's copies followed by one completion notice (no polling).  The
  * handles come from the control connection (ipc_conn.c).
+ *
+ * Push mode is the same in the other direction: a write peer copies from
+ * local memory into the mapping of a consumer's writable allocation (whose
+ * handle the consumer lends only to a producer it granted writes), and
+ * once every copy of the batch has completed (the completion notices run
+ * only after the copies ended on the device) sends the batch's notice on
+ * the control connection.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +27,14 @@ static void map_close(ipc_map *m) {
   free(m);
 }
 
-/* Close the mappings no READY region uses (all when all is set). */
+static int map_busy(const ipc_peer *p, const ipc_map *m);
+
+/* Close the mappings no READY region and no running copy uses (all when
+ * all is set: nothing runs then). */
 static void unmap(ipc_peer *p, int all) {
   for (ipc_map **pp = &p->maps; *pp;) {
     ipc_map *m = *pp;
-    int used = 0;
+    int used = !all && map_busy(p, m);
     for (uint32_t i = 0; i < p->n_regs && !all && !used; i++)
       used = p->regs[i].state == R_READY && p->regs[i].rec.base == m->base;
     if (used) {
@@ -95,20 +105,53 @@ static void iop_free(iop *o) {
   free(o);
 }
 
-/* No copy runs any more: give back what the target asked for, drop
- * mappings a lost connection left. */
+/* Does a copy still running read or write through mapping m? */
+static int map_busy(const ipc_peer *p, const ipc_map *m) {
+  for (const iop *o = p->running; o != NULL; o = o->next)
+    for (size_t i = 0; i < o->op->n; i++)
+      if (o->slot[i] != 0xff && o->op->xfers[i].status == 1 &&
+          p->regs[o->op->xfers[i].rreg - p->remote->regions].rec.base == m->base)
+        return 1;
+  return 0;
+}
+
+/* Does a copy still running use region id? */
+static int region_busy(const ipc_peer *p, uint32_t id) {
+  for (const iop *o = p->running; o != NULL; o = o->next)
+    for (size_t i = 0; i < o->op->n; i++)
+      if (o->slot[i] != 0xff && o->op->xfers[i].status == 1 && o->op->xfers[i].rreg->id == id)
+        return 1;
+  return 0;
+}
+
+/* Give back what the target asked for once no copy uses it (its mapping
+ * closed first, unless a region still held needs it), and drop the
+ * mappings a lost connection left once nothing runs. */
 static void settle_peer(ipc_peer *p) {
-  if (p->running != NULL)
-    return;
-  if (p->unmap_all) {
+  if (p->unmap_all && p->running == NULL) {
     unmap(p, 1);
     p->unmap_all = 0;
   }
-  if (p->n_give > 0) {
-    unmap(p, 0);
-    if (p->state == C_READY)
-      sx__ipc_conn_send(p, 0, p->give, p->n_give);
-    p->n_give = 0;
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < p->n_give; k++)
+    if (!region_busy(p, p->give[k]))
+      n++;
+  if (n > 0) {
+    uint32_t *ids = malloc(n * sizeof(uint32_t)), m = 0;
+    if (ids != NULL) {
+      for (uint32_t k = 0; k < p->n_give;) {
+        if (region_busy(p, p->give[k])) {
+          k++;
+          continue;
+        }
+        ids[m++] = p->give[k];
+        p->give[k] = p->give[--p->n_give];
+      }
+      unmap(p, 0);
+      if (p->state == C_READY)
+        sx__ipc_conn_send(p, 0, ids, m);
+      free(ids);
+    }
   }
   sx__ipc_peer_maybe_free(p);
 }
@@ -138,7 +181,9 @@ static void slot_done(sx__mem_notice *n) {
     settle_peer(p);
 }
 
-static int dest_device(const sx_xfer *x) {
+/* The device of the local side (a read's destination, a write's source);
+ * host memory is copied by device 0's context. */
+static int local_device(const sx_xfer *x) {
   sx__mem_info m;
   if (x->lreg != NULL)
     m = x->lreg->mem;
@@ -160,6 +205,23 @@ static int stream_for(cipc_t *t, int device, sx__mem_stream **out) {
   return 0;
 }
 
+/* Why region R cannot be copied (r refused with rc). */
+static void refused_msg(const ipc_peer *p, const ipc_reg *r, const sx_region *R, int rc,
+                        char *msg, size_t cap) {
+  if (r->gated && p->write)
+    snprintf(msg, cap, "%.96s refused our writes of region %u: no write grant covers this "
+             "producer, or it is not published as this incarnation", p->label, R->id);
+  else if (r->gated)
+    snprintf(msg, cap, "%.96s: region %u shares a CUDA allocation with writable memory, "
+             "whose IPC handle goes only to granted producers (docs/security.md): read it "
+             "over tcp", p->label, R->id);
+  else
+    snprintf(msg, cap, "%s: region %u: %s", p->label, R->id,
+             rc == SX_ENOTSUP && strncmp(R->location, "cuda:", 5) != 0
+                 ? "host memory goes over tcp, not cuda_ipc"
+                 : sx_strerror(rc));
+}
+
 /* Every region o needs is known: queue its copies.  Ranges that cannot
  * be copied settle with their error after the others were queued. */
 static void run(ipc_peer *p, iop *o) {
@@ -174,7 +236,7 @@ static void run(ipc_peer *p, iop *o) {
     ipc_reg *r = &p->regs[x->rreg - p->remote->regions];
     o->slot[i] = 0xff;
     int rc = r->state == R_READY ? 0 : r->err;
-    int dev = dest_device(x);
+    int dev = local_device(x);
     ipc_map *m = NULL;
     sx__mem_stream *s = NULL;
     /* Host destinations are copied by the stream of device 0's context. */
@@ -198,10 +260,7 @@ static void run(ipc_peer *p, iop *o) {
     if (rc != 0 && err == 0) {
       err = rc;
       if (r->state != R_READY)
-        snprintf(msg, sizeof(msg), "%s: region %u: %s", p->label, x->rreg->id,
-                 rc == SX_ENOTSUP && strncmp(x->rreg->location, "cuda:", 5) != 0
-                     ? "host memory is read over tcp, not cuda_ipc"
-                     : sx_strerror(rc));
+        refused_msg(p, r, x->rreg, rc, msg, sizeof(msg));
       else
         snprintf(msg, sizeof(msg), "%s", sx_errmsg());
     }
@@ -215,8 +274,9 @@ static void run(ipc_peer *p, iop *o) {
     for (size_t i = 0; i < op->n; i++) {
       if (o->slot[i] != k)
         continue;
-      dst[c] = (uint64_t)(uintptr_t)op->xfers[i].local;
-      src[c] = o->src[i];
+      uint64_t local = (uint64_t)(uintptr_t)op->xfers[i].local;
+      dst[c] = p->write ? o->src[i] : local; /* o->src: the side in the target */
+      src[c] = p->write ? local : o->src[i];
       len[c++] = (size_t)op->xfers[i].length;
     }
     int rc = sx__mem_copy_batch_async(o->slots[k].s, dst, src, len, c);
@@ -309,11 +369,45 @@ void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len) {
     if (st == 0 && (!sx__add_ok(rec.offset, R->length, &end) || end > rec.alloc ||
                     rec.base + rec.offset != R->addr))
       st = SX_EBOUNDS;
+    /* No write grant covers us: a write is refused (SX_EACCESS); for a
+     * read, the region is simply not lent this way (SX_EDENIED). */
+    r->gated = st == SX_EACCESS;
+    if (r->gated && !p->write)
+      st = SX_EDENIED;
     r->rec = rec;
     r->err = st;
     r->state = st ? R_FAILED : R_READY;
   }
   run_ready(p);
+}
+
+static void notes_fail(ipc_peer *p, int err, const char *msg) {
+  while (p->notes != NULL) {
+    ipc_note *nt = p->notes;
+    p->notes = nt->next;
+    sx_op *op = nt->op;
+    free(nt);
+    op->noticed(op, err, msg);
+  }
+}
+
+void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status) {
+  ipc_note **pp = &p->notes;
+  while (*pp != NULL && (*pp)->id != id)
+    pp = &(*pp)->next;
+  ipc_note *nt = *pp;
+  if (nt == NULL)
+    return; /* its batch was aborted meanwhile */
+  *pp = nt->next;
+  sx_op *op = nt->op;
+  free(nt);
+  char msg[256];
+  int err = status >= SX_ERRNO_MIN ? status : SX_EPROTO;
+  if (status != 0)
+    snprintf(msg, sizeof(msg), "%s refused the batch's notice: %s", p->label,
+             err == SX_EACCESS ? "no write grant covers this producer (any more)"
+                               : sx_strerror(err));
+  op->noticed(op, status ? err : 0, status ? msg : NULL);
 }
 
 void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
@@ -352,6 +446,7 @@ void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {
   p->n_give = 0;
   p->unmap_all = 1;
   fail_waiting(p, err, msg);
+  notes_fail(p, err, msg);
   settle_peer(p);
 }
 
@@ -371,20 +466,63 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   }
   o->p = p;
   o->op = op;
+  int again = 0;
   for (size_t i = 0; i < op->n; i++) {
     ipc_reg *r = &p->regs[op->xfers[i].rreg - p->remote->regions];
+    if (r->state == R_FAILED && r->gated) {
+      r->state = R_NONE; /* a grant may have come since: ask again */
+      again = 1;
+    }
     if (r->state == R_NONE && strncmp(op->xfers[i].rreg->location, "cuda:", 5) != 0) {
       r->state = R_FAILED; /* host memory of the target: not for cuda_ipc */
       r->err = SX_ENOTSUP;
     }
   }
+  /* Authorize again first (the target answers in order). */
+  if (again && p->wauth_want && p->wauth < 0 && p->state == C_READY &&
+      sx__ipc_conn_wauth(p) != 0)
+    p->wauth = SX_EDISCONN;
   list_add(&p->waiting, o);
   run_ready(p);
   return 0;
 }
 
+static int ipc_notify(sx_tpeer *tp, sx_op *op, const uint8_t *buf, size_t len) {
+  ipc_peer *p = (ipc_peer *)tp;
+  if (p->closing)
+    return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
+  if (p->state != C_READY)
+    return sx__err(SX_EDISCONN, "%s: the connection was lost before the notice", p->label);
+  ipc_note *nt = calloc(1, sizeof(*nt));
+  if (nt == NULL)
+    return sx__err(SX_ENOMEM, "cuda_ipc: notice");
+  nt->op = op;
+  nt->id = ++p->next_id;
+  int rc = sx__ipc_conn_notice(p, nt->id, buf, len);
+  if (rc != 0) {
+    free(nt);
+    return rc;
+  }
+  ipc_note **pp = &p->notes;
+  while (*pp != NULL)
+    pp = &(*pp)->next;
+  *pp = nt;
+  return 0;
+}
+
 static void ipc_abort(sx_tpeer *tp, sx_op *op, int status) {
   ipc_peer *p = (ipc_peer *)tp;
+  for (ipc_note **pp = &p->notes; *pp != NULL; pp = &(*pp)->next) {
+    if ((*pp)->op == op) {
+      /* The notice is out: the consumer may still take it (every byte is
+       * there), but this batch ends now. */
+      ipc_note *nt = *pp;
+      *pp = nt->next;
+      free(nt);
+      op->noticed(op, status, NULL);
+      return;
+    }
+  }
   for (iop *o = p->running; o != NULL; o = o->next)
     if (o->op == op && o->status == 0)
       o->status = status; /* settles when its copies finished */
@@ -411,6 +549,9 @@ static int ipc_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **o
   p->t = t;
   p->remote = remote;
   p->n_regs = remote->n_regions;
+  const char *name = base->ctx->name;
+  for (uint32_t i = 0; i < remote->n_regions && name != NULL && name[0]; i++)
+    p->wauth_want |= (remote->regions[i].access & SX_ACCESS_REMOTE_WRITE) != 0;
   int rc = sx__ipc_conn_init(p);
   if (rc) {
     free(p->regs);
@@ -449,6 +590,7 @@ static void ipc_peer_close(sx_tpeer *tp) {
   char msg[256];
   snprintf(msg, sizeof(msg), "%s: segment closed", p->label);
   fail_waiting(p, SX_ECANCELED, msg);
+  notes_fail(p, SX_ECANCELED, msg);
   /* Copies in flight end first (briefly blocking the loop): then their
    * ranges settle, the mappings close, and the peer goes. */
   for (int d = 0; d < IPC_MAX_DEVICES; d++)
@@ -468,6 +610,13 @@ static void ipc_peer_close(sx_tpeer *tp) {
   p->remote = NULL; /* the agent frees it after this returns */
   sx__ipc_conn_close(p);
   sx__ipc_peer_maybe_free(p);
+}
+
+static int ipc_wpeer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **out) {
+  int rc = ipc_peer_open(base, remote, out);
+  if (rc == 0)
+    ((ipc_peer *)*out)->write = 1;
+  return rc;
 }
 
 /* ------------------------------------------------------------ transport */
@@ -518,17 +667,24 @@ static int ipc_pack(sx_transport *base, sx_desc *d) {
 
 static int ipc_usable(sx_transport *base, const sx_desc *remote) {
   cipc_t *t = (cipc_t *)base;
+  const char *name = base->ctx->name;
   int ep = 0, gpu = 0;
   for (uint32_t i = 0; i < remote->n_endpoints; i++)
     ep |= remote->endpoints[i].kind == SX_TRANSPORT_CUDA_IPC;
-  /* Same kernel, another process, and GPU memory on every readable region. */
+  /* Same kernel, another process, and GPU memory on every region peers may
+   * read or write. */
   if (!ep || remote->host_id[0] == '\0' || strcmp(remote->host_id, t->self.host_id) != 0 ||
       remote->process == t->self.process)
     return 0;
   for (uint32_t i = 0; i < remote->n_regions; i++) {
-    if (!(remote->regions[i].access & SX_ACCESS_REMOTE_READ))
+    uint32_t access = remote->regions[i].access;
+    if (!(access & (SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE)))
       continue;
     if (strncmp(remote->regions[i].location, "cuda:", 5) != 0)
+      return 0;
+    /* Handles of writable allocations go only to granted producers, which
+     * are named: an unnamed reader reads such a target over tcp. */
+    if ((access & SX_ACCESS_REMOTE_WRITE) && (name == NULL || name[0] == '\0'))
       return 0;
     gpu = 1;
   }
@@ -546,4 +702,6 @@ const sx_transport_ops sx__cuda_ipc_ops = {
     .peer_close = ipc_peer_close,
     .post = ipc_post,
     .abort = ipc_abort,
+    .wpeer_open = ipc_wpeer_open,
+    .notify = ipc_notify,
 };

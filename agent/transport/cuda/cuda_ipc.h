@@ -35,6 +35,13 @@ void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__
                    const uint8_t *body);
 /* l is being unregistered: ask it back if it was lent on this connection. */
 void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l);
+/* The connection's producer lost its write grant: ask back every region
+ * lent under it (sx__tcp_revoke_hold() until returned or cut off). */
+void sx__ipc_revoke_granted(sx__ipc_holds *h);
+/* Writable GPU region l is being registered: regions of its allocation
+ * lent without a grant are asked back (allowed == 0), or now count as
+ * lent under the connection's grant (allowed).  NULL is a no-op. */
+void sx__ipc_gated(sx__ipc_holds *h, const sx_lregion *l, int allowed);
 /* The connection closes: everything lent is released.  NULL is a no-op. */
 void sx__ipc_drop(sx__ipc_holds *h);
 

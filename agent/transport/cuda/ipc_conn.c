@@ -1,10 +1,13 @@
 /*
- * cuda_ipc, reader side: the control connection to the target's TCP
- * listener that fetches CUDA IPC handles.  It says HELLO like any TCP
- * reader (incarnation and access token checked by the target), then asks
- * for the handles of the regions batches need (IPC frames, tcp_frame.h)
- * and hears when the target wants them back.  When it breaks, every
- * mapping of that target goes (cuda_ipc.c, sx__ipc_lost).
+ * cuda_ipc, the side that copies: the control connection to the target's
+ * TCP listener that fetches CUDA IPC handles.  It says HELLO like any TCP
+ * reader (incarnation and access token checked by the target), and WAUTH
+ * like a TCP producer when this agent is named and the target has
+ * writable regions (handles of writable allocations go only to producers
+ * the target granted writes), then asks for the handles of the regions
+ * batches need (IPC frames, tcp_frame.h), hears when the target wants them
+ * back, and carries write batches' notices.  When it breaks, every mapping
+ * of that target goes (cuda_ipc.c, sx__ipc_lost).
  */
 #include <netdb.h>
 #include <stdio.h>
@@ -122,9 +125,30 @@ static void ask(ipc_peer *p) {
   free(ids);
 }
 
+int sx__ipc_conn_wauth(ipc_peer *p) {
+  const sx_tctx *x = p->t->base.ctx;
+  uint8_t body[SX__WAUTH_BODY];
+  memcpy(body, x->incarnation, SX_INCARNATION_LEN);
+  memcpy(body + SX_INCARNATION_LEN, x->token, SX_TOKEN_LEN);
+  sx__frame f = {.type = SX__FRAME_WAUTH, .length = SX__WAUTH_BODY};
+  int rc = c_write(p, &f, body, sizeof(body));
+  if (rc == 0)
+    p->wauth = WA_PENDING;
+  return rc;
+}
+
+int sx__ipc_conn_notice(ipc_peer *p, uint64_t id, const uint8_t *buf, size_t len) {
+  sx__frame f = {.type = SX__FRAME_NOTICE, .id = id, .length = len};
+  return c_write(p, &f, buf, len);
+}
+
 static void on_hello_reply(ipc_peer *p, const sx__frame *f) {
   char msg[256];
   if (f->status == 0) {
+    if (p->wauth == WA_PENDING) {
+      p->state = C_WAUTH; /* its reply follows */
+      return;
+    }
     p->state = C_READY;
     uv_timer_stop(&p->timer);
     ask(p);
@@ -142,6 +166,21 @@ static void on_frame(ipc_peer *p, const sx__frame *f, const uint8_t *body) {
       on_hello_reply(p, f);
       return;
     }
+  } else if (f->type == SX__FRAME_WAUTH_REPLY && p->wauth == WA_PENDING) {
+    /* A refusal leaves the connection open: handles of allocations that
+     * need no grant still come, the others are refused one by one. */
+    p->wauth = f->status == 0 ? WA_OK : f->status >= SX_ERRNO_MIN ? f->status : SX_EPROTO;
+    if (p->state == C_WAUTH) {
+      p->state = C_READY;
+      uv_timer_stop(&p->timer);
+      ask(p);
+    }
+    return;
+  } else if (p->state == C_WAUTH) {
+    /* nothing else before the WAUTH reply */
+  } else if (f->type == SX__FRAME_NOTICE_REPLY) {
+    sx__ipc_noticed(p, f->id, f->status);
+    return;
   } else if (f->type == SX__FRAME_IPC_REPLY) {
     if (f->id == 0) {
       sx__ipc_revoked(p, body, (size_t)f->length);
@@ -193,7 +232,7 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   p->rlen += (size_t)nread;
   size_t off = 0;
-  while (p->state == C_HELLO || p->state == C_READY) {
+  while (p->state == C_HELLO || p->state == C_WAUTH || p->state == C_READY) {
     sx__frame f;
     int rc = sx__frame_decode(p->rb + off, p->rlen - off, &f);
     if (rc == 0 || (rc > 0 && p->rlen - off < SX__FRAME_HDR + f.length))
@@ -206,7 +245,7 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     on_frame(p, &f, p->rb + off + SX__FRAME_HDR);
     off += SX__FRAME_HDR + (size_t)f.length;
   }
-  if (p->state == C_HELLO || p->state == C_READY) {
+  if (p->state == C_HELLO || p->state == C_WAUTH || p->state == C_READY) {
     memmove(p->rb, p->rb + off, p->rlen - off);
     p->rlen -= off;
   }
@@ -232,8 +271,10 @@ static void c_connected(uv_connect_t *req, int status) {
   int len = sx__hello_encode(&h, body, sizeof(body));
   sx__frame f = {.type = SX__FRAME_HELLO, .length = (uint64_t)len};
   p->state = C_HELLO;
+  p->wauth = WA_NONE;
   if (uv_read_start((uv_stream_t *)&p->h, c_alloc, c_read) != 0 ||
-      c_write(p, &f, body, (size_t)len) != 0) {
+      c_write(p, &f, body, (size_t)len) != 0 ||
+      (p->wauth_want && sx__ipc_conn_wauth(p) != 0)) {
     snprintf(msg, sizeof(msg), "%s: cannot start the connection", p->label);
     c_fail(p, SX_EDISCONN, msg);
   }

@@ -45,11 +45,22 @@ enum { R_NONE, R_ASKED, R_READY, R_FAILED };
 typedef struct ipc_reg {
   int state;
   int err;
+  int gated;               /* refused for want of a write grant */
   sx__ipc_record rec;
   ipc_map *map;            /* the last mapping used (cache) */
 } ipc_reg;
 
-enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING };
+enum { C_IDLE, C_CONNECTING, C_HELLO, C_WAUTH, C_READY, C_CLOSING };
+
+/* Push: a notice sent, waiting for its NOTICE_REPLY. */
+typedef struct ipc_note {
+  struct ipc_note *next;
+  sx_op *op;
+  uint64_t id;
+} ipc_note;
+
+/* p->wauth: where the producer's write authorization stands. */
+enum { WA_NONE = 0, WA_PENDING = 1, WA_OK = 2 }; /* < 0: refused with that code */
 
 /* One completion notice: the copies of op on one stream. */
 typedef struct iop_slot {
@@ -82,6 +93,10 @@ struct ipc_peer {
   ipc_map *maps;
   iop *waiting, *running;
   int closing;
+  int write;               /* push: batches copy from local memory into the target */
+  int wauth_want;          /* say WAUTH (a named agent, a target with writable regions) */
+  int wauth;               /* WA_* or the refusal */
+  ipc_note *notes;         /* push: notices waiting for their reply, oldest first */
   int unmap_all;           /* the connection was lost: drop every mapping */
   uint32_t *give, n_give;  /* regions to give back once no copy runs */
   /* The control connection (ipc_conn.c). */
@@ -101,11 +116,17 @@ int sx__ipc_conn_init(ipc_peer *p);
 void sx__ipc_conn_kick(ipc_peer *p);
 /* Send an IPC frame of id with these region ids. */
 int sx__ipc_conn_send(ipc_peer *p, uint64_t id, const uint32_t *ids, uint32_t n);
+/* Push: say WAUTH again (a grant may have come since a refusal); send a
+ * NOTICE frame of id (len bytes of encoded notice). */
+int sx__ipc_conn_wauth(ipc_peer *p);
+int sx__ipc_conn_notice(ipc_peer *p, uint64_t id, const uint8_t *buf, size_t len);
 void sx__ipc_conn_close(ipc_peer *p);
 
 /* cuda_ipc.c, called by ipc_conn.c */
 void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len);
 void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len);
+/* The target answered NOTICE id with status. */
+void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status);
 /* The connection failed or closed: err for waiting ops, mappings go. */
 void sx__ipc_lost(ipc_peer *p, int err, const char *msg);
 void sx__ipc_peer_maybe_free(ipc_peer *p);

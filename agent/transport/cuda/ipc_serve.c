@@ -10,15 +10,26 @@
 #include "cuda_ipc.h"
 #include "internal.h"
 #include "mem/mem.h"
+#include "transport/tcp/tcp_int.h"
+
+/* One region lent on a connection (counted once in its inflight). */
+typedef struct lent {
+  sx_lregion *l;
+  uint8_t gated;       /* lent under a write grant (its allocation is writable) */
+  uint8_t asked;       /* asked back, not returned yet */
+  uint8_t revoked;     /* asked back because the grant went: a revoke waits */
+} lent;
 
 struct sx__ipc_holds {
   const sx_tctx *x;
+  tcp_t *t;
   sconn *c;            /* NULL once the connection closed */
-  sx_lregion **lent;   /* each counted once in its inflight */
+  lent *lent;
   uint32_t n, cap;
   uint32_t asked;      /* of them, asked back and not returned yet */
   uv_timer_t timer;    /* the deadline for returning them */
   int timer_init;
+  int timed_out;       /* closed for not returning them in time */
 };
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -54,17 +65,41 @@ void sx__ipc_record_decode(const uint8_t in[SX__IPC_RECORD], sx__ipc_record *r) 
 
 static int lent_index(const sx__ipc_holds *h, uint32_t id) {
   for (uint32_t i = 0; i < h->n; i++)
-    if (h->lent[i]->r.id == id)
+    if (h->lent[i].l->r.id == id)
       return (int)i;
   return -1;
 }
 
-static void give_back(sx__ipc_holds *h, uint32_t i) {
-  sx_lregion *l = h->lent[i];
-  l->inflight--;
-  if (l->withdrawn && h->asked > 0)
+/* err: why a revoke waiting for it cannot vouch for it (the connection
+ * was cut while the peer may still hold the mapping). */
+static void give_back(sx__ipc_holds *h, uint32_t i, int err) {
+  lent *e = &h->lent[i];
+  e->l->inflight--;
+  if (e->asked)
     h->asked--;
+  if (e->revoked) {
+    char msg[256];
+    snprintf(msg, sizeof(msg), "producer %s did not give back its CUDA IPC mapping of "
+             "region %u within %d ms: its connection was closed, but that process may "
+             "still write there until the memory is freed", h->c ? sx__tcp_sconn_reader(h->c)
+             : "(gone)", e->l->r.id, SX__IPC_REVOKE_MS);
+    sx__tcp_revoke_release(h->t, err, err ? msg : NULL);
+  }
   h->lent[i] = h->lent[--h->n];
+}
+
+/* A handle is a capability for the whole allocation, read AND write (CUDA
+ * has no read-only IPC mapping).  So where any region of the allocation
+ * is writable, it is lent only to a connection of a producer the agent
+ * granted writes (WAUTH passed, a grant covers it now); otherwise to any
+ * reader that passed HELLO (docs/security.md). */
+static int alloc_writable(const sx_tctx *x, uint64_t base) {
+  sx_lregion *o;
+  for (uint32_t i = 0; (o = x->region_at(x->agent, i)) != NULL; i++)
+    if (o->mem.kind == SX__MEM_CUDA && o->mem.base == base &&
+        (o->r.access & SX_ACCESS_REMOTE_WRITE))
+      return 1;
+  return 0;
 }
 
 /* One region asked for: its record, and lend it if it can be. */
@@ -73,21 +108,27 @@ static void lend(sx__ipc_holds *h, uint32_t id, sx__ipc_record *rec) {
   memset(rec, 0, sizeof(*rec));
   rec->region = id;
   sx_lregion *l = x->find_region(x->agent, id);
-  int st = 0;
+  int st = 0, gated = 0;
   if (l == NULL)
     st = SX_ENOREGION;
-  else if (!(l->r.access & SX_ACCESS_REMOTE_READ))
+  else if (!(l->r.access & (SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE)))
     st = SX_EDENIED;
   else if (l->mem.kind != SX__MEM_CUDA)
     st = SX_EINVAL; /* host memory: read it over TCP */
+  else if ((gated = alloc_writable(x, l->mem.base)) &&
+           sx__tcp_w_allowed(sx__tcp_sconn_wconn(h->c)) != 0)
+    st = SX_EACCESS; /* no write grant covers this connection */
   else if (sx__mem_ipc_export((void *)(uintptr_t)l->mem.base, rec->handle) != 0) {
     x->log(x->agent, SX_LOG_WARN, "cuda_ipc: region %u: %s", id, sx_errmsg());
     st = SX_ENOTSUP;
   }
-  if (st == 0 && lent_index(h, id) < 0) {
+  int k = st == 0 ? lent_index(h, id) : -1;
+  if (k >= 0)
+    h->lent[k].gated |= (uint8_t)gated;
+  if (st == 0 && k < 0) {
     if (h->n == h->cap) {
       uint32_t cap = h->cap ? 2 * h->cap : 8;
-      sx_lregion **v = realloc(h->lent, cap * sizeof(*v));
+      lent *v = realloc(h->lent, cap * sizeof(*v));
       if (v == NULL)
         st = SX_ENOMEM;
       else {
@@ -96,7 +137,7 @@ static void lend(sx__ipc_holds *h, uint32_t id, sx__ipc_record *rec) {
       }
     }
     if (st == 0) {
-      h->lent[h->n++] = l;
+      h->lent[h->n++] = (lent){.l = l, .gated = (uint8_t)gated};
       l->inflight++; /* until the reader gives it back or goes away */
     }
   }
@@ -138,6 +179,7 @@ void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__
       return;
     }
     h->x = x;
+    h->t = sx__tcp_sconn_transport(c);
     h->c = c;
     *holds = h;
   }
@@ -149,7 +191,7 @@ void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__
     for (uint32_t i = 0; i < n; i++) {
       int k = lent_index(h, ids[i]);
       if (k >= 0)
-        give_back(h, (uint32_t)k);
+        give_back(h, (uint32_t)k, 0);
     }
     if (h->asked == 0 && h->timer_init)
       uv_timer_stop(&h->timer);
@@ -169,21 +211,41 @@ static void revoke_timeout(uv_timer_t *t) {
   x->log(x->agent, SX_LOG_WARN, "cuda_ipc: reader %s did not give back %u region(s) "
          "within %d ms: closing its connection", sx__tcp_sconn_reader(h->c), h->asked,
          SX__IPC_REVOKE_MS);
+  h->timed_out = 1;
   sx__tcp_sconn_close(h->c, "CUDA IPC handles not given back in time");
 }
 
-void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l) {
-  if (h == NULL || h->c == NULL || lent_index(h, l->r.id) < 0)
+/* Ask back the lent regions for which pick() says so, in one frame;
+ * revoked: a revoke waits for them. */
+static void ask_back(sx__ipc_holds *h, int (*pick)(const lent *e, const void *arg),
+                     const void *arg, int revoked) {
+  if (h == NULL || h->c == NULL)
     return;
-  uint8_t *buf = malloc(SX__FRAME_HDR + 4);
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < h->n; i++)
+    n += !h->lent[i].asked && pick(&h->lent[i], arg);
+  if (n == 0)
+    return;
+  uint8_t *buf = malloc(SX__FRAME_HDR + 4 * (size_t)n);
   if (buf == NULL) {
     sx__tcp_sconn_close(h->c, "out of memory");
     return;
   }
-  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4};
+  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4 * (uint64_t)n};
   sx__frame_encode(&f, buf);
-  put32(buf + SX__FRAME_HDR, l->r.id);
-  h->asked++;
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < h->n; i++) {
+    lent *e = &h->lent[i];
+    if (e->asked || !pick(e, arg))
+      continue;
+    put32(buf + SX__FRAME_HDR + 4 * k++, e->l->r.id);
+    e->asked = 1;
+    h->asked++;
+    if (revoked) {
+      e->revoked = 1;
+      sx__tcp_revoke_hold(h->t);
+    }
+  }
   if (!h->timer_init) {
     uv_timer_init(h->x->loop, &h->timer);
     h->timer.data = h;
@@ -191,7 +253,31 @@ void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l) {
   }
   if (!uv_is_active((uv_handle_t *)&h->timer))
     uv_timer_start(&h->timer, revoke_timeout, SX__IPC_REVOKE_MS, 0);
-  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + 4);
+  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + 4 * (size_t)n);
+}
+
+static int pick_region(const lent *e, const void *arg) { return e->l == arg; }
+static int pick_gated(const lent *e, const void *arg) { return (void)arg, e->gated; }
+static int pick_alloc_ungated(const lent *e, const void *arg) {
+  const sx_lregion *l = arg;
+  return !e->gated && e->l->mem.base == l->mem.base;
+}
+
+void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l) { ask_back(h, pick_region, l, 0); }
+
+void sx__ipc_revoke_granted(sx__ipc_holds *h) { ask_back(h, pick_gated, NULL, 1); }
+
+void sx__ipc_gated(sx__ipc_holds *h, const sx_lregion *l, int allowed) {
+  if (h == NULL || l->mem.kind != SX__MEM_CUDA || !(l->r.access & SX_ACCESS_REMOTE_WRITE))
+    return;
+  if (!allowed) {
+    ask_back(h, pick_alloc_ungated, l, 0);
+    return;
+  }
+  /* A producer: what it holds of that allocation is now under its grant. */
+  for (uint32_t i = 0; i < h->n; i++)
+    if (h->lent[i].l->mem.base == l->mem.base)
+      h->lent[i].gated = 1;
 }
 
 static void holds_closed(uv_handle_t *t) { free(t->data); }
@@ -200,7 +286,7 @@ void sx__ipc_drop(sx__ipc_holds *h) {
   if (h == NULL)
     return;
   while (h->n > 0)
-    give_back(h, h->n - 1);
+    give_back(h, h->n - 1, h->timed_out ? SX_ETIMEDOUT : 0);
   free(h->lent);
   h->c = NULL;
   if (h->timer_init)

@@ -38,6 +38,15 @@ void sx__rdma_hello_pack(sx__rdma_hello_wire *w, const char *name, uint32_t conn
     memcpy(w->name, name, strnlen(name, sizeof(w->name)));
 }
 
+void sx__rdma_whello_pack(sx__rdma_hello_wire *w, uint32_t conn_index,
+                          const uint8_t *target_inc, const uint8_t *producer_inc,
+                          const uint8_t *producer_token) {
+  sx__rdma_hello_pack(w, NULL, conn_index, target_inc, producer_token);
+  w->flags = SX__RDMA_HELLO_WRITE;
+  _Static_assert(sizeof(w->name) == SX_INCARNATION_LEN, "the name bytes carry an incarnation");
+  memcpy(w->name, producer_inc, SX_INCARNATION_LEN);
+}
+
 int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out) {
   sx__rdma_hello_wire w;
   if (buf == NULL || len < sizeof(w))
@@ -49,9 +58,18 @@ int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out) {
   if (w.version != SX__RDMA_WIRE_VERSION)
     return sx__err(SX_EVERSION, "hello version %u, this target speaks %u", w.version,
                    SX__RDMA_WIRE_VERSION);
+  if (w.flags & ~SX__RDMA_HELLO_WRITE)
+    return sx__err(SX_EPROTO, "hello flags 0x%x", w.flags);
+  out->flags = w.flags;
   out->conn_index = be32toh(w.conn_index);
   memcpy(out->incarnation, w.incarnation, SX_INCARNATION_LEN);
   memcpy(out->token, w.token, SX_TOKEN_LEN);
+  memset(out->producer, 0, SX_INCARNATION_LEN);
+  if (w.flags & SX__RDMA_HELLO_WRITE) {
+    memcpy(out->producer, w.name, SX_INCARNATION_LEN);
+    out->name[0] = '\0';
+    return 0;
+  }
   /* The name is for logs only: keep printable bytes. */
   size_t i;
   for (i = 0; i < SX__RDMA_NAME_BYTES && w.name[i] != '\0'; i++) {
@@ -108,6 +126,8 @@ int sx__rdma_reject_code(uint8_t reason) {
   case SX__RDMA_REJ_NOMEM: return SX_ENOMEM;
   case SX__RDMA_REJ_SHUTDOWN: return SX_ESHUTDOWN;
   case SX__RDMA_REJ_NODEV: return SX_ENODEV;
+  case SX__RDMA_REJ_WACCESS: return SX_EACCESS;
+  case SX__RDMA_REJ_WSTORE: return SX_ESTORE;
   default: return SX_EPROTO;
   }
 }
@@ -121,6 +141,10 @@ const char *sx__rdma_reject_text(uint8_t reason) {
   case SX__RDMA_REJ_NOMEM: return "the target is out of resources";
   case SX__RDMA_REJ_SHUTDOWN: return "the target is shutting down";
   case SX__RDMA_REJ_NODEV: return "the target does not serve the RDMA device this reached";
+  case SX__RDMA_REJ_WACCESS:
+    return "the target refused our writes: no write grant covers this producer, or it is not "
+           "published as this incarnation";
+  case SX__RDMA_REJ_WSTORE: return "the target could not look this producer up in the store";
   default: return "unknown reason";
   }
 }
@@ -217,10 +241,14 @@ void sx__rdma_enter(sx_rdma *t) { t->busy++; }
 void sx__rdma_leave(sx_rdma *t, int flush_now) {
   if (t->busy == 1) {
     /* Closed peers are reclaimed below, so what they settled goes now. */
-    if (flush_now || t->closed || t->flusher == NULL || t->zombies != NULL)
-      sx__rdma_deliver(t);
-    else if (t->dhead != NULL)
+    if (flush_now || t->closed || t->flusher == NULL || t->zombies != NULL) {
+      do { /* a settled notice may end a batch whose callback posts more */
+        sx__rdma_deliver(t);
+        sx__rdma_w_deliver(t);
+      } while (t->dhead != NULL || t->shead != NULL);
+    } else if (t->dhead != NULL || t->shead != NULL) {
       uv_timer_start(t->flusher, on_flusher, 0, 0);
+    }
   }
   if (--t->busy > 0)
     return;
@@ -431,6 +459,18 @@ out_free_ai:
   return sx__err(SX_ENOMEM, "rdma: out of memory");
 }
 
+/* Push mode: a peer whose QPs present this agent as a producer and carry
+ * RDMA WRITEs (rdma_write.c). */
+int sx__rdma_wpeer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **out) {
+  const sx_tctx *ctx = tt->ctx;
+  if (ctx->name == NULL || ctx->name[0] == '\0')
+    return sx__err(SX_EINVAL, "rdma: a producer must be a named agent");
+  int rc = rdma_peer_open(tt, remote, out);
+  if (rc == 0)
+    ((rdma_peer *)*out)->write = 1;
+  return rc;
+}
+
 /* Wait (bounded) for the flush of a conn that is being torn down, then
  * destroy it.  Flushes are local to this host, so this is quick. */
 static void conn_close_sync(rdma_conn *c, int code, const char *msg) {
@@ -467,6 +507,7 @@ static void peer_shutdown(rdma_peer *p, int code, const char *msg) {
   for (uint32_t i = 0; i < p->n_conns; i++)
     conn_close_sync(&p->conns[i], code, msg);
   sx__rdma_peer_cancel_all(p, code, msg);
+  sx__rdma_w_fail_queue(p, code, msg);
   if (p->prev != NULL)
     p->prev->next = p->next;
   else
@@ -508,4 +549,7 @@ const sx_transport_ops sx__rdma_ops = {
     .peer_close = rdma_peer_close,
     .post = sx__rdma_post,
     .abort = sx__rdma_abort,
+    .wpeer_open = sx__rdma_wpeer_open,
+    .notify = sx__rdma_notify,
+    .grants_changed = sx__rdma_grants_changed,
 };

@@ -44,6 +44,8 @@ typedef struct cm_ev {
 
 static void tconn_destroy(rdma_tconn *tc) {
   sx_rdma *t = tc->t;
+  if (tc->write)
+    sx__rdma_wserve_gone(tc); /* its QP goes first, after what completed on it */
   if (tc->established)
     rdma_disconnect(tc->id); /* may already be disconnected: nothing to do then */
   if (tc->id->qp != NULL)
@@ -58,14 +60,14 @@ static void tconn_destroy(rdma_tconn *tc) {
   free(tc);
 }
 
-static void reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const char *reader) {
+void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const char *reader) {
   sx__rdma_reject_wire w;
   char from[96];
   sx__rdma_reject_pack(&w, reason);
   t->stats.rejects++;
   if (rdma_reject(id, &w, sizeof(w)) != 0)
     sx__rdma_log(t, SX_LOG_WARN, "rdma_reject: %s", strerror(errno));
-  sx__rdma_log(t, SX_LOG_INFO, "rejected reader '%s' from %s: %s", reader,
+  sx__rdma_log(t, SX_LOG_INFO, "rejected '%s' from %s: %s", reader,
                sx__rdma_sockaddr_str(rdma_get_peer_addr(id), from, sizeof(from)),
                sx__rdma_reject_text(reason));
   rdma_destroy_id(id);
@@ -79,28 +81,32 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
   memset(&h, 0, sizeof(h));
   rc = sx__rdma_hello_parse(e->pdata, e->plen, &h);
   if (rc) {
-    reject(t, id, rc == SX_EVERSION ? SX__RDMA_REJ_VERSION : SX__RDMA_REJ_PROTO, "?");
+    sx__rdma_reject(t, id, rc == SX_EVERSION ? SX__RDMA_REJ_VERSION : SX__RDMA_REJ_PROTO, "?");
     return;
   }
   /* Incarnation first: a reader holding an old descriptor also holds the
    * old token, and "stale" tells it to re-open, which is what it needs. */
   if (ctx->incarnation == NULL ||
       memcmp(h.incarnation, ctx->incarnation, SX_INCARNATION_LEN) != 0) {
-    reject(t, id, SX__RDMA_REJ_STALE, h.name);
+    sx__rdma_reject(t, id, SX__RDMA_REJ_STALE, h.name);
+    return;
+  }
+  if (h.flags & SX__RDMA_HELLO_WRITE) {
+    sx__rdma_wserve_request(t, id, &h); /* a producer: its own checks, its own PD */
     return;
   }
   if (ctx->token == NULL || sx__ct_memcmp(h.token, ctx->token, SX_TOKEN_LEN) != 0) {
-    reject(t, id, SX__RDMA_REJ_ACCESS, h.name);
+    sx__rdma_reject(t, id, SX__RDMA_REJ_ACCESS, h.name);
     return;
   }
   rdma_dev *dev = sx__rdma_dev_by_verbs(t, id->verbs);
   if (dev == NULL) {
-    reject(t, id, SX__RDMA_REJ_NODEV, h.name);
+    sx__rdma_reject(t, id, SX__RDMA_REJ_NODEV, h.name);
     return;
   }
   rdma_tconn *tc = calloc(1, sizeof(*tc));
   if (tc == NULL) {
-    reject(t, id, SX__RDMA_REJ_NOMEM, h.name);
+    sx__rdma_reject(t, id, SX__RDMA_REJ_NOMEM, h.name);
     return;
   }
   tc->cm.kind = RDMA_CM_TARGET;
@@ -165,7 +171,7 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
 out_reject:
   id->context = &t->listen_cm;
   free(tc);
-  reject(t, id, SX__RDMA_REJ_NOMEM, h.name);
+  sx__rdma_reject(t, id, SX__RDMA_REJ_NOMEM, h.name);
 }
 
 static void target_event(rdma_tconn *tc, const cm_ev *e) {
@@ -201,6 +207,7 @@ static int conn_any_live(const rdma_peer *p) {
 }
 
 void sx__rdma_conn_destroy(rdma_conn *c) {
+  sx__rdma_w_conn_down(c);
   if (c->id != NULL && c->id->qp != NULL)
     rdma_destroy_qp(c->id);
   c->qp = NULL;
@@ -300,9 +307,10 @@ static int conn_create_qp(rdma_conn *c) {
 
   /* Every posted WR may complete with an error (a CQE even if unsignalled),
    * plus the drain WR: cap + 2 entries never overflow. */
-  c->cq = ibv_create_cq(d->verbs, (int)cap + 2, c, d->chan, 0);
+  uint32_t cqe = cap + 2 + (c->p->write ? 2 * SX__RDMA_WCREDITS : 0);
+  c->cq = ibv_create_cq(d->verbs, (int)cqe, c, d->chan, 0);
   if (c->cq == NULL)
-    return sx__err(SX_ERDMA, "ibv_create_cq(%s, %u): %s", d->name, cap + 2, strerror(errno));
+    return sx__err(SX_ERDMA, "ibv_create_cq(%s, %u): %s", d->name, cqe, strerror(errno));
   if (ibv_req_notify_cq(c->cq, 0) != 0) {
     rc = sx__err(SX_ERDMA, "ibv_req_notify_cq(%s): %s", d->name, strerror(errno));
     goto out_destroy_cq;
@@ -318,11 +326,20 @@ static int conn_create_qp(rdma_conn *c) {
   qa.cap.max_recv_wr = 1;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
+  if (c->p->write) { /* push: notice SENDs and the receives of their replies */
+    qa.cap.max_send_wr += SX__RDMA_WCREDITS;
+    qa.cap.max_recv_wr = SX__RDMA_WCREDITS;
+  }
   if (rdma_create_qp(c->id, d->pd, &qa) != 0) {
     rc = sx__err(SX_ERDMA, "rdma_create_qp(%s, %u WRs): %s", d->name, cap + 1, strerror(errno));
     goto out_destroy_cq;
   }
   c->qp = c->id->qp;
+  if (c->p->write && (rc = sx__rdma_w_qp_ready(c)) != 0) {
+    rdma_destroy_qp(c->id);
+    c->qp = NULL;
+    goto out_destroy_cq;
+  }
   return 0;
 
 out_destroy_cq:
@@ -351,7 +368,10 @@ static void on_route_resolved(rdma_conn *c) {
     return;
   }
   sx__rdma_hello_wire hw;
-  sx__rdma_hello_pack(&hw, ctx->name, c->index, p->incarnation, p->token);
+  if (p->write) /* who we are, for the target to check in the store */
+    sx__rdma_whello_pack(&hw, c->index, p->incarnation, ctx->incarnation, ctx->token);
+  else
+    sx__rdma_hello_pack(&hw, ctx->name, c->index, p->incarnation, p->token);
   struct rdma_conn_param cp;
   memset(&cp, 0, sizeof(cp));
   unsigned depth = (unsigned)c->dev->attr.max_qp_init_rd_atom;

@@ -222,6 +222,7 @@ static ssize_t gid_table(struct ibv_context *verbs, const struct ibv_device_attr
 static void free_handle(uv_handle_t *h) { free(h); }
 
 static void dev_free(rdma_dev *d) {
+  sx__rdma_wdev_free(d);
   if (d->chan_poll != NULL) {
     /* uv_close stops polling at once; the handle's memory goes in its
      * close callback, so the channel (and its fd) can go right away. */
@@ -243,43 +244,48 @@ static void dev_free(rdma_dev *d) {
   }
 }
 
-/* PD and completion channel of a device, the channel hooked into the loop. */
-static int dev_setup(sx_rdma *t, rdma_dev *d) {
+int sx__rdma_chan_open(sx_rdma *t, rdma_dev *d, struct ibv_comp_channel **chan,
+                       uv_poll_t **poll, uv_poll_cb cb) {
   int rc, flags;
-  d->pd = ibv_alloc_pd(d->verbs);
-  if (d->pd == NULL)
-    return sx__err(SX_ENODEV, "ibv_alloc_pd(%s): %s", d->name, strerror(errno));
-  d->chan = ibv_create_comp_channel(d->verbs);
-  if (d->chan == NULL) {
-    rc = sx__err(SX_ENODEV, "ibv_create_comp_channel(%s): %s", d->name, strerror(errno));
-    goto out_dealloc_pd;
-  }
-  flags = fcntl(d->chan->fd, F_GETFL);
-  if (flags < 0 || fcntl(d->chan->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+  *chan = ibv_create_comp_channel(d->verbs);
+  if (*chan == NULL)
+    return sx__err(SX_ENODEV, "ibv_create_comp_channel(%s): %s", d->name, strerror(errno));
+  flags = fcntl((*chan)->fd, F_GETFL);
+  if (flags < 0 || fcntl((*chan)->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
     rc = sx__err(SX_EIO, "completion channel of %s: fcntl: %s", d->name, strerror(errno));
     goto out_destroy_chan;
   }
-  d->chan_poll = malloc(sizeof(*d->chan_poll));
-  if (d->chan_poll == NULL) {
+  *poll = malloc(sizeof(**poll));
+  if (*poll == NULL) {
     rc = sx__err(SX_ENOMEM, "rdma: out of memory");
     goto out_destroy_chan;
   }
-  if (uv_poll_init(t->base.ctx->loop, d->chan_poll, d->chan->fd) != 0) {
-    free(d->chan_poll);
-    d->chan_poll = NULL;
-    rc = sx__err(SX_EIO, "uv_poll_init on the completion channel of %s failed", d->name);
+  if (uv_poll_init(t->base.ctx->loop, *poll, (*chan)->fd) != 0) {
+    free(*poll);
+    *poll = NULL;
+    rc = sx__err(SX_EIO, "uv_poll_init on a completion channel of %s failed", d->name);
     goto out_destroy_chan;
   }
-  d->chan_poll->data = d;
-  uv_poll_start(d->chan_poll, UV_READABLE, sx__rdma_on_cq_event);
+  (*poll)->data = d;
+  uv_poll_start(*poll, UV_READABLE, cb);
   return 0;
 
 out_destroy_chan:
-  ibv_destroy_comp_channel(d->chan);
-  d->chan = NULL;
-out_dealloc_pd:
-  ibv_dealloc_pd(d->pd);
-  d->pd = NULL;
+  ibv_destroy_comp_channel(*chan);
+  *chan = NULL;
+  return rc;
+}
+
+/* PD and completion channel of a device, the channel hooked into the loop. */
+static int dev_setup(sx_rdma *t, rdma_dev *d) {
+  int rc;
+  d->pd = ibv_alloc_pd(d->verbs);
+  if (d->pd == NULL)
+    return sx__err(SX_ENODEV, "ibv_alloc_pd(%s): %s", d->name, strerror(errno));
+  if ((rc = sx__rdma_chan_open(t, d, &d->chan, &d->chan_poll, sx__rdma_on_cq_event)) != 0) {
+    ibv_dealloc_pd(d->pd);
+    d->pd = NULL;
+  }
   return rc;
 }
 
@@ -490,6 +496,10 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
       rc = mr_error(d, lr, errno);
       goto out_dereg;
     }
+    if ((lr->r.access & SX_ACCESS_REMOTE_WRITE) && (rc = sx__rdma_wreg(t, d, lr, &rm->wmr[i]))) {
+      ibv_dereg_mr(rm->mr[i]);
+      goto out_dereg;
+    }
   }
   rm->next = t->mrs;
   if (t->mrs != NULL)
@@ -501,8 +511,11 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   return 0;
 
 out_dereg:
-  while (i-- > 0)
+  while (i-- > 0) {
     ibv_dereg_mr(rm->mr[i]);
+    if (rm->wmr[i] != NULL)
+      ibv_dereg_mr(rm->wmr[i]);
+  }
   free(rm);
   return rc;
 }
@@ -516,6 +529,10 @@ void sx__rdma_dereg_mem(sx_transport *tt, sx_lregion *lr) {
     if (rm->mr[i] != NULL && ibv_dereg_mr(rm->mr[i]) != 0)
       sx__rdma_log(t, SX_LOG_ERROR, "ibv_dereg_mr(%s) of region %u: %s", t->devs[i].name,
                    lr->r.id, strerror(errno));
+    /* From here no producer's WRITE reaches the region. */
+    if (rm->wmr[i] != NULL && ibv_dereg_mr(rm->wmr[i]) != 0)
+      sx__rdma_log(t, SX_LOG_ERROR, "ibv_dereg_mr(%s) of writable region %u: %s",
+                   t->devs[i].name, lr->r.id, strerror(errno));
   }
   if (rm->prev != NULL)
     rm->prev->next = rm->next;
@@ -560,6 +577,12 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
     for (int k = 0; k < t->n_eps; k++)
       r->rkeys[base + (uint32_t)k] = rm ? rm->mr[t->eps[k].dev->index]->rkey : 0;
     r->n_rkeys = base + (uint32_t)t->n_eps;
+    /* Push: the write keys, usable only from producers' QPs (none for GPU
+     * memory, which RDMA does not register). */
+    int writable = rm != NULL && rm->wmr[0] != NULL;
+    for (int k = 0; k < t->n_eps && writable; k++)
+      r->wkeys[base + (uint32_t)k] = rm->wmr[t->eps[k].dev->index]->rkey;
+    r->n_wkeys = writable ? r->n_rkeys : 0;
   }
   return 0;
 }

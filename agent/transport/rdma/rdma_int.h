@@ -4,7 +4,9 @@
  *   rdma.c       ops table, open/close, peers, the wire structs, error mapping
  *   rdma_dev.c   devices, ports and GIDs, memory registration, pack/usable
  *   rdma_cm.c    the rdma_cm event channel: listener, accept, connect, teardown
- *   rdma_post.c  batched RDMA READs: slicing, WR chains, completions, abort
+ *   rdma_post.c  batched RDMA READs (and WRITEs): slicing, WR chains, completions, abort
+ *   rdma_wserve.c  push mode, consumer side: writable memory, producers' QPs, notices
+ *   rdma_write.c   push mode, producer side: write peers, notices and their replies
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
  * asynchronous mode on one event channel and every device has one completion
@@ -58,6 +60,19 @@
 #define SX__RDMA_TICK_MS 100u
 #define SX__RDMA_BACKLOG 128
 #define SX__RDMA_DRAIN_WR_ID UINT64_MAX
+/* Push mode (docs/push.md).  wr_id tags of the notice SENDs (| slot) and
+ * of the receives of their replies; ring slots are small numbers. */
+#define SX__RDMA_WR_NSEND (1ull << 62)
+#define SX__RDMA_WR_RECV (1ull << 61)
+/* Notices a producer's QP has sent and not seen answered (the receives it
+ * keeps posted for the replies). */
+#define SX__RDMA_WCREDITS 16u
+/* Notice send buffers of SX_NOTICE_MAX_BYTES per device, producer side. */
+#define SX__RDMA_NOTICE_SLOTS 16u
+/* Consumer side, per device: notice receive buffers of SX_NOTICE_MAX_BYTES
+ * in a shared receive queue, and producers' QPs at once. */
+#define SX__RDMA_WSRQ_DEPTH 64u
+#define SX__RDMA_WMAX_CONNS 256u
 
 /* ------------------------------------------------------------------ wire */
 
@@ -73,12 +88,19 @@
 typedef struct sx__rdma_hello_wire {
   uint8_t magic[2];  /* 'S' 'X' */
   uint8_t version;   /* SX__RDMA_WIRE_VERSION */
-  uint8_t flags;     /* 0 */
+  uint8_t flags;     /* 0, or SX__RDMA_HELLO_WRITE */
   __be32 conn_index; /* which of the reader's QPs to this peer */
   uint8_t incarnation[SX_INCARNATION_LEN]; /* the target incarnation expected */
   uint8_t token[SX_TOKEN_LEN];             /* the segment's access token */
   char name[SX__RDMA_NAME_BYTES];          /* reader name, NUL-padded, cut */
 } sx__rdma_hello_wire;
+
+/* A producer's hello (push mode): the same 56 bytes, with flags
+ * SX__RDMA_HELLO_WRITE; token is the producer's own access token and the
+ * 16 name bytes carry the producer's incarnation.  There is no room for
+ * its name: the target finds it by incarnation (agent/grant.c).  A target
+ * that predates push mode takes it for a reader with a bad token. */
+#define SX__RDMA_HELLO_WRITE 0x01u
 
 /* Accept private data, target -> reader: who accepted. */
 typedef struct sx__rdma_accept_wire {
@@ -103,10 +125,14 @@ enum {
   SX__RDMA_REJ_PROTO = 4,   /* malformed hello -> SX_EPROTO */
   SX__RDMA_REJ_NOMEM = 5,   /* target out of resources -> SX_ENOMEM */
   SX__RDMA_REJ_SHUTDOWN = 6, /* target closing -> SX_ESHUTDOWN */
-  SX__RDMA_REJ_NODEV = 7     /* arrived on a device the target does not use */
+  SX__RDMA_REJ_NODEV = 7,    /* arrived on a device the target does not use */
+  SX__RDMA_REJ_WACCESS = 8,  /* producer not granted or not proven -> SX_EACCESS */
+  SX__RDMA_REJ_WSTORE = 9    /* producer could not be looked up -> SX_ESTORE */
 };
 
 typedef struct sx__rdma_hello {
+  uint8_t flags;
+  uint8_t producer[SX_INCARNATION_LEN]; /* SX__RDMA_HELLO_WRITE: its incarnation */
   uint32_t conn_index;
   uint8_t incarnation[SX_INCARNATION_LEN];
   uint8_t token[SX_TOKEN_LEN];
@@ -115,6 +141,10 @@ typedef struct sx__rdma_hello {
 
 void sx__rdma_hello_pack(sx__rdma_hello_wire *w, const char *name, uint32_t conn_index,
                          const uint8_t *incarnation, const uint8_t *token);
+/* Push mode: a producer's hello (see above). */
+void sx__rdma_whello_pack(sx__rdma_hello_wire *w, uint32_t conn_index,
+                          const uint8_t *target_inc, const uint8_t *producer_inc,
+                          const uint8_t *producer_token);
 /* 0, SX_EPROTO (not a segxfer hello, too short) or SX_EVERSION. */
 int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out);
 void sx__rdma_accept_pack(sx__rdma_accept_wire *w, const uint8_t *incarnation);
@@ -137,6 +167,7 @@ typedef struct sx_rdma sx_rdma;
 typedef struct rdma_peer rdma_peer;
 typedef struct rdma_conn rdma_conn;
 typedef struct rdma_rop rdma_rop;
+typedef struct rdma_wnotice rdma_wnotice;
 
 /* What an rdma_cm_id's context points to (first member of each). */
 enum { RDMA_CM_LISTENER = 1, RDMA_CM_READER = 2, RDMA_CM_TARGET = 3 };
@@ -156,6 +187,23 @@ typedef struct rdma_dev {
   struct ibv_comp_channel *chan; /* reader CQs' events */
   uv_poll_t *chan_poll;
   struct ibv_cq *idle_cq; /* target QPs post nothing; they share this CQ */
+  /* Push mode, consumer side (rdma_wserve.c).  Writable memory is
+   * registered in a PD of its own, which only producers' QPs join: a
+   * reader's QP cannot name a write key.  Producers' QPs share a CQ on
+   * their own channel and a shared receive queue of notice buffers, made
+   * for the first producer and dropped with the last. */
+  struct ibv_pd *wpd;
+  struct ibv_comp_channel *wchan;
+  uv_poll_t *wpoll;
+  struct ibv_cq *wcq;
+  struct ibv_srq *srq;
+  uint8_t *rbufs;              /* SX__RDMA_WSRQ_DEPTH x SX_NOTICE_MAX_BYTES */
+  struct ibv_mr *rmr;
+  uint32_t n_wconns;           /* producers' QPs on wcq */
+  /* Push mode, producer side (rdma_write.c): notice send buffers. */
+  uint8_t *nbufs;              /* SX__RDMA_NOTICE_SLOTS x SX_NOTICE_MAX_BYTES */
+  struct ibv_mr *nmr;
+  rdma_conn *nowner[SX__RDMA_NOTICE_SLOTS]; /* the QP a slot was sent on */
 } rdma_dev;
 
 /* One published endpoint: an active port of a device, its GID and address. */
@@ -177,6 +225,7 @@ typedef struct rdma_ep {
 typedef struct rdma_mr {
   sx_lregion *lreg;
   struct ibv_mr *mr[SX__RDMA_MAX_DEVS];
+  struct ibv_mr *wmr[SX__RDMA_MAX_DEVS]; /* writable regions: in dev->wpd */
   struct rdma_mr *prev, *next;
 } rdma_mr;
 
@@ -191,6 +240,13 @@ typedef struct rdma_tconn {
   char reader[SX__RDMA_NAME_BYTES + 1];
   uint32_t conn_index;
   struct rdma_tconn *prev, *next;
+  /* Push mode: a producer's QP (rdma_wserve.c), in dev->wpd on dev->wcq. */
+  int write;
+  sx_wauth *auth;            /* being authorized: not accepted yet */
+  char producer[SX_NAME_MAX + 1];
+  uint8_t pinc[SX_INCARNATION_LEN];
+  uint32_t qpn;              /* 0 once its QP is gone */
+  uint32_t replies;          /* reply SENDs not completed */
 } rdma_tconn;
 
 /* A READ in flight: which slice of which xfer a send-queue slot carries. */
@@ -236,6 +292,10 @@ struct rdma_conn {
   int requeue;
   char msg[200];
   int drain_posted, drained, reap;
+  /* Push mode, producer side: receives posted for replies, and the
+   * notices sent on this QP waiting for theirs (in order). */
+  uint32_t credits;
+  rdma_wnotice *await_head, *await_tail;
 };
 
 /* Per xfer of an op. */
@@ -296,6 +356,23 @@ struct rdma_peer {
   int last_fail;   /* last connect failure, to log a burst of them once */
   uint64_t last_fail_ms;
   rdma_peer *prev, *next;
+  /* Push mode: a producer's peer (RDMA WRITEs), its notices not sent yet. */
+  int write;
+  rdma_wnotice *nq_head, *nq_tail;
+};
+
+/* Push mode: a write op's notice, from notify() until op->noticed ran and
+ * no QP holds it (rdma_write.c). */
+struct rdma_wnotice {
+  sx_op *op;           /* NULL once settled */
+  rdma_peer *p;
+  uint8_t *buf;        /* the encoded notice, copied */
+  size_t len;
+  rdma_wnotice *next;  /* peer's queue, or its QP's await list */
+  rdma_wnotice *snext; /* transport's settle list */
+  int in_list, in_settle;
+  int status;
+  char msg[256];
 };
 
 /* Counters for tests and debugging (read with sx__rdma_stats_get). */
@@ -333,6 +410,7 @@ struct sx_rdma {
   rdma_peer *zombies;  /* closed while an entry point was active */
   rdma_tconn *tconns;
   rdma_rop *dhead, *dtail;
+  rdma_wnotice *shead, *stail; /* notices settled, to deliver */
   int busy;
   int closed;
 };
@@ -357,6 +435,10 @@ void sx__rdma_stats_get(const sx_transport *t, sx__rdma_stats *out);
 
 /* Find devices, ports, GIDs; allocate PDs and completion channels. */
 int sx__rdma_devs_open(sx_rdma *t);
+/* A completion channel of d, non-blocking, polled by the loop with cb
+ * (handle data: d). */
+int sx__rdma_chan_open(sx_rdma *t, rdma_dev *d, struct ibv_comp_channel **chan,
+                       uv_poll_t **poll, uv_poll_cb cb);
 void sx__rdma_devs_close(sx_rdma *t);
 rdma_dev *sx__rdma_dev_by_verbs(sx_rdma *t, struct ibv_context *verbs);
 int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *r);
@@ -408,5 +490,44 @@ void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg);
 /* Deliver settled xfers to their ops (may run op->done). */
 void sx__rdma_deliver(sx_rdma *t);
 void sx__rdma_rop_free(rdma_rop *rop);
+
+/* ------------------------------------------------------------------ rdma_cm.c, push */
+
+/* Reject a connect request (reason in its private data) and drop its id. */
+void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const char *who);
+
+/* ------------------------------------------------------------------ rdma_wserve.c */
+
+/* Writable regions: their second MR, in the device's write PD. */
+int sx__rdma_wreg(sx_rdma *t, rdma_dev *d, sx_lregion *lr, struct ibv_mr **out);
+/* A producer's connect request (a write hello, the target incarnation
+ * checked): authorize it, then accept or reject. */
+void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h);
+/* A producer's QP is going: destroy it, after taking what completed on it. */
+void sx__rdma_wserve_gone(rdma_tconn *tc);
+int sx__rdma_grants_changed(sx_transport *tt);
+/* The device's consumer-side and producer-side push resources. */
+void sx__rdma_wdev_free(rdma_dev *d);
+
+/* ------------------------------------------------------------------ rdma_write.c */
+
+int sx__rdma_wpeer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **out); /* rdma.c */
+int sx__rdma_notify(sx_tpeer *tp, sx_op *op, const uint8_t *buf, size_t len);
+/* A producer's QP was created: post the receives for replies. */
+int sx__rdma_w_qp_ready(rdma_conn *c);
+/* A completion of a notice SEND or of a reply's receive. */
+void sx__rdma_w_wc(rdma_conn *c, const struct ibv_wc *wc);
+/* Send queued notices on established QPs (connecting when none is). */
+void sx__rdma_w_pump(rdma_peer *p);
+/* A QP is destroyed: its unanswered notices fail, its buffers free. */
+void sx__rdma_w_conn_down(rdma_conn *c);
+/* Does the QP carry notices waiting for their replies? */
+int sx__rdma_w_busy(const rdma_conn *c);
+/* abort(): settle the op's notice, if it has one here. */
+void sx__rdma_w_abort(rdma_peer *p, sx_op *op, int status);
+/* Fail every queued notice of the peer (no QP can carry them). */
+void sx__rdma_w_fail_queue(rdma_peer *p, int code, const char *msg);
+/* Run op->noticed of settled notices (from sx__rdma_leave). */
+void sx__rdma_w_deliver(sx_rdma *t);
 
 #endif

@@ -1,5 +1,7 @@
 /*
- * Batched RDMA READ.
+ * Batched RDMA READ, and RDMA WRITE for a producer's peer (push mode: the
+ * same slicing, chains, signalling and abort; rdma_write.c sends the
+ * notice once every WRITE completed).
  *
  * An op's xfers are cut into slices of at most t->slice bytes, each one RDMA
  * READ work request.  A peer keeps a queue of ops with slices left to issue;
@@ -291,9 +293,9 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     wr->next = &c->wrs[n + 1];
     wr->sg_list = sge;
     wr->num_sge = len > 0 ? 1 : 0;
-    wr->opcode = IBV_WR_RDMA_READ;
+    wr->opcode = p->write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
     wr->wr.rdma.remote_addr = x->rreg->addr + x->roff + off;
-    wr->wr.rdma.rkey = x->rreg->rkeys[p->rkey_index];
+    wr->wr.rdma.rkey = p->write ? x->rreg->wkeys[p->rkey_index] : x->rreg->rkeys[p->rkey_index];
     rdma_slot *s = &c->ring[pos];
     s->rop = rop;
     s->xi = xi;
@@ -338,8 +340,8 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
   if (bad != NULL && bad >= c->wrs && bad < c->wrs + n)
     posted = (uint32_t)(bad - c->wrs);
   char msg[200];
-  snprintf(msg, sizeof(msg), "ibv_post_send of %u READs on QP %u to '%.64s': %s", n - posted,
-           c->index, p->name, strerror(rc > 0 ? rc : errno));
+  snprintf(msg, sizeof(msg), "ibv_post_send of %u %s on QP %u to '%.64s': %s", n - posted,
+           p->write ? "WRITEs" : "READs", c->index, p->name, strerror(rc > 0 ? rc : errno));
   for (uint32_t i = n; i > posted; i--) {
     c->head = (c->head + c->cap - 1) % c->cap;
     c->used--;
@@ -365,6 +367,8 @@ static int start_conns(rdma_peer *p) {
 }
 
 void sx__rdma_pump(rdma_peer *p) {
+  if (p->write)
+    sx__rdma_w_pump(p); /* notices of ops whose WRITEs all completed */
   if (p->closing || p->qhead == NULL)
     return;
   uint32_t n_up = 0;
@@ -415,6 +419,10 @@ static void handle_wc(rdma_conn *c, const struct ibv_wc *wc) {
     c->reap = 1;
     return;
   }
+  if (wc->wr_id & (SX__RDMA_WR_NSEND | SX__RDMA_WR_RECV)) {
+    sx__rdma_w_wc(c, wc); /* push: a notice or its reply */
+    return;
+  }
   if (wc->wr_id >= c->cap || c->used == 0) {
     sx__rdma_log(p->t, SX_LOG_ERROR, "QP %u to '%s': completion for unknown wr_id %llu",
                  c->index, p->name, (unsigned long long)wc->wr_id);
@@ -433,9 +441,9 @@ static void handle_wc(rdma_conn *c, const struct ibv_wc *wc) {
   } else if (wc->status != IBV_WC_SUCCESS) {
     st = sx__rdma_wc_code(wc->status);
     snprintf(msg, sizeof(msg),
-             "RDMA READ from '%.64s' at %s (QP %u) failed: %s (status %d, vendor error 0x%x)",
-             p->name, p->where, c->index, ibv_wc_status_str(wc->status), (int)wc->status,
-             wc->vendor_err);
+             "RDMA %s '%.64s' at %s (QP %u) failed: %s (status %d, vendor error 0x%x)",
+             p->write ? "WRITE to" : "READ from", p->name, p->where, c->index,
+             ibv_wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
     if (c->state == RC_UP)
       sx__rdma_conn_teardown(c, st, 0, "%s", msg);
   }
@@ -593,6 +601,9 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     if (x->rreg->n_rkeys <= p->rkey_index)
       return sx__err(SX_ERKEYS, "remote region %u has %u rkeys, the endpoint used is #%u",
                      x->rreg->id, x->rreg->n_rkeys, p->rkey_index);
+    if (p->write && x->rreg->n_wkeys <= p->rkey_index)
+      return sx__err(SX_EDENIED, "'%s' publishes no RDMA write key for region %u (not "
+                     "writable over RDMA)", p->name, x->rreg->id);
     if (x->roff > x->rreg->length || x->length > x->rreg->length - x->roff)
       return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at offset %llu lie outside remote "
                      "region %u", i, (unsigned long long)x->length,
@@ -643,6 +654,8 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
   rdma_rop *rop = rop_find(p, op);
+  if (p->write)
+    sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
   if (rop != NULL && !rop->aborting) {
     rop->aborting = 1;
     rop->abort_status = status != 0 ? status : SX_ECANCELED;
@@ -650,7 +663,9 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
     if (rop->inflight > 0) {
       for (uint32_t i = 0; i < p->n_conns; i++) {
         rdma_conn *c = &p->conns[i];
-        if (c->state == RC_UP && conn_carries(c, rop))
+        /* A QP with notices awaiting replies is not torn down (they could
+         * not be sent again): the op's WRITEs on it settle as they complete. */
+        if (c->state == RC_UP && conn_carries(c, rop) && !sx__rdma_w_busy(c))
           sx__rdma_conn_teardown(c, rop->abort_status, 1, "an op was aborted (%s)",
                                  sx_err_name(rop->abort_status));
       }
@@ -660,6 +675,7 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
 }
 
 void sx__rdma_peer_fail_queue(rdma_peer *p, int code, const char *msg) {
+  sx__rdma_w_fail_queue(p, code, msg);
   while (p->qhead != NULL) {
     rdma_rop *rop = p->qhead;
     rop_fail_all(rop, code, msg);

@@ -145,6 +145,15 @@ static void tcp_withdraw(sx_transport *base, sx_lregion *l) {
     sx__tcp_serve_withdraw((tcp_t *)base, l);
 }
 
+/* A writable GPU region makes its whole allocation writable through a
+ * CUDA IPC handle: readers holding a handle of it without a write grant
+ * are asked to give it back (transport/cuda/ipc_serve.c). */
+static int tcp_reg_mem(sx_transport *base, sx_lregion *l) {
+  if (l->mem.kind == SX__MEM_CUDA && (l->r.access & SX_ACCESS_REMOTE_WRITE))
+    sx__tcp_serve_gated((tcp_t *)base, l);
+  return 0;
+}
+
 const sx_transport_ops sx__tcp_ops = {
     .name = "tcp",
     .kind = SX_TRANSPORT_TCP,
@@ -157,6 +166,7 @@ const sx_transport_ops sx__tcp_ops = {
     .post = sx__tcp_stage_post,
     .abort = sx__tcp_stage_abort,
     .withdraw = tcp_withdraw,
+    .reg_mem = tcp_reg_mem,
     .wpeer_open = sx__tcp_wpeer_open,
     .notify = sx__tcp_notify,
     .grants_changed = sx__tcp_grants_changed,

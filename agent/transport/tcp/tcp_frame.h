@@ -43,8 +43,13 @@
  *   24     8     base      the allocation's address in the target
  *   32    64     handle    cuIpcGetMemHandle() of the allocation
  *
+ * A handle can write the whole allocation, so a record of an allocation
+ * holding a writable region carries SX_EACCESS unless the connection passed
+ * WAUTH (below) and a write grant covers it.
+ *
  * An IPC_REPLY with id 0 comes unasked: the target wants the handles of
- * the regions listed (u32 ids) back, because they are being unregistered;
+ * the regions listed (u32 ids) back, because they are being unregistered
+ * or the write grant they were lent under was revoked;
  * the reader answers, once no copy reads them any more and it closed its
  * mappings of them, with an IPC of id 0 listing the same ids.
  *

@@ -51,6 +51,12 @@ struct tcp_t {
   int closing;
   int live; /* handles, server connections and peers not yet freed */
   struct sx__tcp_stage *stage; /* GPU staging (tcp_stage.c), made on first use */
+  /* Push: things of revoked producers that may still land (device copies
+   * of staged WRITEs, CUDA IPC mappings not given back); grants_settled
+   * is called when this drops to 0 after grants_changed returned 1. */
+  uint32_t revoking;
+  int revoke_notify, revoke_err;
+  char revoke_msg[256];
 };
 
 static inline const sx_tctx *sx__tcp_ctx(const tcp_t *t) { return t->base.ctx; }
@@ -100,6 +106,7 @@ typedef struct sx__tcp_wconn {
   uint64_t id, len;
   uint8_t type;        /* SX__FRAME_WRITE or SX__FRAME_NOTICE */
   int status;          /* what the reply will say */
+  struct sx__tcp_wstage *ws; /* a WRITE into GPU memory (tcp_stage_write.c) */
 } sx__tcp_wconn;
 
 /* s_process: a push frame (type >= SX__FRAME_WAUTH) at buf, avail bytes
@@ -113,8 +120,23 @@ void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf);
 void sx__tcp_w_read(sx__tcp_wconn *w, size_t n);
 /* s_closed: the connection is gone. */
 void sx__tcp_w_free(sx__tcp_wconn *w);
-/* grants_changed: nothing to do at once, the epoch is checked per frame. */
+/* grants_changed: writes of revoked producers landing now are cut short
+ * (the rest of their payload is drained), CUDA IPC handles lent to them
+ * are asked back; 1 while something of them may still land. */
 int sx__tcp_grants_changed(sx_transport *t);
+/* 0 while w (NULL: none) passed WAUTH and a grant covers it now, else
+ * SX_EACCESS. */
+int sx__tcp_w_allowed(sx__tcp_wconn *w);
+/* The grants changed: if w's producer lost its grant, a WRITE landing now
+ * lands nothing more (its payload is drained, its reply says SX_EACCESS). */
+void sx__tcp_w_revoked(sx__tcp_wconn *w);
+/* 1 while w's connection must parse nothing more (an authorization or a
+ * staged WRITE's device copies are pending). */
+int sx__tcp_w_holds(const sx__tcp_wconn *w);
+/* Something of a revoked producer may still land / cannot any more (err:
+ * why the revoke cannot vouch for it, with msg). */
+void sx__tcp_revoke_hold(tcp_t *t);
+void sx__tcp_revoke_release(tcp_t *t, int err, const char *msg);
 
 /* tcp_serve.c, for tcp_write.c: queue a reply without payload, send what
  * is queued, close for a protocol violation, stop or resume reading (a
@@ -126,5 +148,13 @@ void sx__tcp_sconn_hold(sconn *c);
 void sx__tcp_sconn_wresume(sconn *c);
 const char *sx__tcp_sconn_reader(const sconn *c);
 tcp_t *sx__tcp_sconn_transport(const sconn *c);
+/* The connection's push state (NULL before its first push frame), and
+ * whether it asked for CUDA IPC handles (a cuda_ipc peer's connection). */
+sx__tcp_wconn *sx__tcp_sconn_wconn(const sconn *c);
+int sx__tcp_sconn_ipc(const sconn *c);
+/* tcp_serve.c, for grants_changed and reg_mem: every connection's push
+ * state and lent CUDA IPC handles looked at again. */
+void sx__tcp_serve_revoked(tcp_t *t);
+void sx__tcp_serve_gated(tcp_t *t, const sx_lregion *l);
 
 #endif

@@ -105,7 +105,8 @@ static void s_read_start(sconn *c);
  * from GPU memory (tcp_stage_serve.c) or a write authorization waiting for
  * the store (tcp_write.c).  The callers add their queue limits. */
 static int s_may_read(const sconn *c) {
-  return !c->closing && !c->reading && c->stage == NULL && (c->w == NULL || c->w->auth == NULL);
+  return !c->closing && !c->reading && c->stage == NULL &&
+         (c->w == NULL || !sx__tcp_w_holds(c->w));
 }
 
 static void s_written(uv_write_t *req, int status) {
@@ -260,7 +261,8 @@ static void s_serve(sconn *c, const sx__frame *f) {
 
 static void s_process(sconn *c) {
   size_t off = 0;
-  while (!c->closing && c->stage == NULL) {
+  while (!c->closing && c->stage == NULL &&
+         (c->w == NULL || (c->w->left == 0 && !sx__tcp_w_holds(c->w)))) {
     sx__frame f;
     int rc = sx__frame_decode(c->rbuf + off, c->rlen - off, &f);
     if (rc == 0)
@@ -298,8 +300,6 @@ static void s_process(sconn *c) {
       if (used == 0)
         break;
       off += (size_t)used;
-      if (c->w->left > 0 || c->w->auth != NULL)
-        break;
       continue;
     }
     if (f.type != SX__FRAME_READ) {
@@ -333,6 +333,12 @@ static void s_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   }
   buf->base = (char *)c->rbuf + c->rlen;
   buf->len = SERVER_RBUF - c->rlen;
+  /* A producer's connection: read the next header alone, so that the
+   * payload behind it goes straight into the region (sx__tcp_w_alloc)
+   * rather than into rbuf and then copied (a quarter more copying at 64 KiB
+   * writes, for one more small read per WRITE). */
+  if (c->w != NULL && c->w->verified && c->rlen < SX__FRAME_HDR)
+    buf->len = SX__FRAME_HDR - c->rlen;
 }
 
 static void s_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -491,3 +497,23 @@ void sx__tcp_sconn_wresume(sconn *c) {
 }
 
 tcp_t *sx__tcp_sconn_transport(const sconn *c) { return c->t; }
+
+sx__tcp_wconn *sx__tcp_sconn_wconn(const sconn *c) { return c->w; }
+
+int sx__tcp_sconn_ipc(const sconn *c) { return c->ipc != NULL; }
+
+void sx__tcp_serve_revoked(tcp_t *t) {
+  for (sconn *c = t->sconns; c; c = c->next) {
+    if (c->closing || c->w == NULL)
+      continue;
+    sx__tcp_w_revoked(c->w);
+    if (c->ipc != NULL && sx__tcp_w_allowed(c->w) != 0)
+      sx__ipc_revoke_granted(c->ipc);
+  }
+}
+
+void sx__tcp_serve_gated(tcp_t *t, const sx_lregion *l) {
+  for (sconn *c = t->sconns; c; c = c->next)
+    if (!c->closing)
+      sx__ipc_gated(c->ipc, l, sx__tcp_w_allowed(c->w) == 0);
+}

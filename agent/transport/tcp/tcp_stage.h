@@ -56,6 +56,26 @@ void sx__tcp_stage_detach(sx__tcp_sreply *r);
  * close the connection with that error). */
 void sx__tcp_sconn_resume(sconn *c, int err);
 
+/* Consumer side of push mode (tcp_stage_write.c): WRITE f into GPU region
+ * l on w's connection.  0: it took over w's body (w->ws, w->left, the
+ * reply) and *used of the avail payload bytes that came with the header at
+ * buf; else no staging (the caller drains the payload and answers with
+ * that error).  While sx__tcp_wstage_holds(), the connection parses
+ * nothing (it waits for staging, or for the device copies before the
+ * reply). */
+typedef struct sx__tcp_wconn sx__tcp_wconn;
+typedef struct sx__tcp_wstage sx__tcp_wstage;
+int sx__tcp_wstage_begin(sx__tcp_wconn *w, const sx__frame *f, sx_lregion *l,
+                         const uint8_t *buf, size_t avail, size_t *used);
+void sx__tcp_wstage_alloc(sx__tcp_wstage *ws, uv_buf_t *buf);
+void sx__tcp_wstage_read(sx__tcp_wstage *ws, size_t n);
+int sx__tcp_wstage_holds(const sx__tcp_wstage *ws);
+/* The producer lost its grant: nothing more of this WRITE lands (the rest
+ * is drained, the reply says SX_EACCESS); copies running hold the revoke. */
+void sx__tcp_wstage_revoke(sx__tcp_wstage *ws);
+/* The connection is gone: copies running end, then it is freed. */
+void sx__tcp_wstage_detach(sx__tcp_wstage *ws);
+
 /* tcp_close(), after every peer and reader connection was closed: wait for
  * device copies, free staging once the last chunk came back. */
 void sx__tcp_stage_close(tcp_t *t);

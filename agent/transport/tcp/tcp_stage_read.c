@@ -1,9 +1,15 @@
 /*
- * Staging, reader side: a batch whose destinations include GPU memory is
- * read in pieces of at most a chunk into pinned staging memory over the
- * ordinary TCP path, each piece copied to the device when it arrived (see
- * tcp_stage.h).  A piece is an sx_op of one range posted to tcp_read.c, so
- * the wire, the connections and their failure handling stay one code path.
+ * Staging, the side that posts batches: a read batch whose destinations
+ * include GPU memory is read in pieces of at most a chunk into pinned
+ * staging memory over the ordinary TCP path, each piece copied to the
+ * device when it arrived; a write batch (push mode) whose sources include
+ * GPU memory is copied to pinned chunks piece by piece, and each piece is
+ * sent as its copy finished, so the copy of piece n+1 overlaps sending
+ * piece n (see tcp_stage.h).  A piece is an sx_op of one range posted to
+ * tcp_read.c, so the wire, the connections and their failure handling
+ * stay one code path.  A range settles when its last piece did (writes:
+ * when the consumer acknowledged it), so a write batch sends its notice
+ * only after every byte was acknowledged.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +51,7 @@ struct sop {
   size_t unsettled;
   uint32_t live;        /* pieces alive, plus a guard during aborts */
   int aborted;          /* status the remaining ranges settle with */
+  int write;            /* push: local memory is the source */
   char msg[256];        /* the first error */
   void *ready;          /* a chunk a waiter handed over */
   sx__stage_wait wait;
@@ -138,7 +145,8 @@ static void copied(sx__mem_notice *n) {
   piece_end(pc);
 }
 
-/* tcp_read.c settled the piece: its bytes are in the chunk (or in place). */
+/* tcp_read.c settled the piece: its bytes are in the chunk (or in place);
+ * for a write, the consumer acknowledged them. */
 static void piece_done(sx_op *pop) {
   piece *pc = pop->owner;
   sop *o = pc->o;
@@ -153,7 +161,7 @@ static void piece_done(sx_op *pop) {
     piece_end(pc);
     return;
   }
-  if (pc->chunk == NULL || o->aborted) {
+  if (pc->chunk == NULL || o->aborted || o->write) {
     piece_end(pc);
     return;
   }
@@ -172,6 +180,55 @@ static void piece_done(sx_op *pop) {
     record(o, pc->idx, rc, sx_errmsg());
     piece_end(pc);
   }
+}
+
+/* Hand the piece to tcp_read.c.  0, or the piece ended with the error. */
+static int piece_post(piece *pc) {
+  sop *o = pc->o;
+  pc->next = o->posted;
+  if (pc->next)
+    pc->next->prev = pc;
+  o->posted = pc;
+  int rc = sx__tcp_post(o->tp, &pc->op);
+  if (rc != 0) {
+    o->posted = pc->next;
+    if (pc->next)
+      pc->next->prev = NULL;
+    record(o, pc->idx, rc, sx_errmsg());
+    stop(o, rc, NULL);
+    piece_end(pc);
+  }
+  return rc;
+}
+
+/* A write's piece is in its chunk: send it (unless the op stopped). */
+static void staged(sx__mem_notice *n) {
+  piece *pc = (piece *)((char *)n - offsetof(piece, note));
+  if (pc->o->aborted)
+    piece_end(pc);
+  else
+    piece_post(pc);
+}
+
+/* Copy a write's piece from the device into its chunk; it is sent once
+ * the copy finished.  0, or the piece ended with the error. */
+static int piece_stage(piece *pc, const uint8_t *src) {
+  sop *o = pc->o;
+  sx__mem_stream *s;
+  int rc = sx__stage_stream(o->st, SX__STAGE_READ, o->r[pc->idx].device, &s);
+  if (rc == 0)
+    rc = sx__mem_copy_async(s, pc->chunk, src, (size_t)pc->x.length);
+  if (rc == 0) {
+    pc->note.fn = staged;
+    if ((rc = sx__mem_notify(s, sx__stage_notifier(o->st), &pc->note)) != 0)
+      sx__mem_stream_sync(s); /* the copy must be over before the chunk is reused */
+  }
+  if (rc != 0) {
+    record(o, pc->idx, rc, sx_errmsg());
+    stop(o, rc, NULL);
+    piece_end(pc);
+  }
+  return rc;
 }
 
 static void chunk_ready(sx__stage_wait *w, void *chunk) {
@@ -232,24 +289,13 @@ static void pump(sop *o) {
                      .owner = pc};
     o->r[o->cur].outstanding++;
     o->live++;
+    const uint8_t *src = x->local + o->cur_off;
     if ((o->cur_off += len) == x->length) {
       o->cur++;
       o->cur_off = 0;
     }
-    pc->next = o->posted;
-    if (pc->next)
-      pc->next->prev = pc;
-    o->posted = pc;
-    int rc = sx__tcp_post(o->tp, &pc->op);
-    if (rc != 0) {
-      o->posted = pc->next;
-      if (pc->next)
-        pc->next->prev = NULL;
-      record(o, pc->idx, rc, sx_errmsg());
-      stop(o, rc, NULL);
-      piece_end(pc);
+    if ((o->write && chunk != NULL ? piece_stage(pc, src) : piece_post(pc)) != 0)
       return;
-    }
   }
 }
 
@@ -273,10 +319,6 @@ static int classify(const sx_op *op, srange *r) {
 int sx__tcp_stage_post(sx_tpeer *tp, sx_op *op) {
   if (!classify(op, NULL))
     return sx__tcp_post(tp, op);
-  /* Staging here is for reads; a write peer sends its sources as they are. */
-  if (sx__tcp_peer_writes(tp))
-    return sx__err(SX_ENOTSUP, "tcp: writes from GPU memory are not supported yet (push "
-                   "mode sends host memory over TCP; docs/push.md)");
   tcp_t *t = (tcp_t *)tp->t;
   sx__tcp_stage *st;
   int rc = sx__tcp_stage_get(t, &st);
@@ -290,7 +332,8 @@ int sx__tcp_stage_post(sx_tpeer *tp, sx_op *op) {
     return sx__err(SX_ENOMEM, "tcp: staging");
   }
   classify(op, r);
-  *o = (sop){.st = st, .tp = tp, .op = op, .n = op->n, .r = r, .unsettled = op->n};
+  *o = (sop){.st = st, .tp = tp, .op = op, .n = op->n, .r = r, .unsettled = op->n,
+             .write = sx__tcp_peer_writes(tp)};
   void **head = sx__stage_sops(st);
   o->next = *head;
   if (o->next)

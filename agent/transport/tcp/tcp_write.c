@@ -21,6 +21,7 @@
 
 #include "internal.h"
 #include "tcp_int.h"
+#include "tcp_stage.h"
 
 static const sx_tctx *wctx(const sx__tcp_wconn *w) { return sx__tcp_ctx(w->t); }
 
@@ -29,6 +30,8 @@ void sx__tcp_w_free(sx__tcp_wconn *w) {
     return;
   if (w->l != NULL)
     w->l->inflight--;
+  if (w->ws != NULL)
+    sx__tcp_wstage_detach(w->ws);
   free(w->notice);
   if (w->auth != NULL) {
     /* The check goes on without us; its answer is dropped. */
@@ -38,17 +41,12 @@ void sx__tcp_w_free(sx__tcp_wconn *w) {
   free(w);
 }
 
-int sx__tcp_grants_changed(sx_transport *t) {
-  (void)t; /* each WRITE and NOTICE compares the epoch */
-  return 0;
-}
-
 /* Is this connection allowed to write now?  0 or SX_EACCESS.  Grants are
  * looked at again whenever the epoch moved (a grant or a revoke). */
 static int w_allowed(sx__tcp_wconn *w) {
-  const sx_tctx *x = wctx(w);
-  if (!w->verified)
+  if (w == NULL || !w->verified)
     return SX_EACCESS;
+  const sx_tctx *x = wctx(w);
   if (w->epoch != *x->grant_epoch) {
     w->epoch = *x->grant_epoch;
     int was = w->granted;
@@ -58,6 +56,57 @@ static int w_allowed(sx__tcp_wconn *w) {
              w->granted ? "given again" : "revoked");
   }
   return w->granted ? 0 : SX_EACCESS;
+}
+
+int sx__tcp_w_allowed(sx__tcp_wconn *w) { return w_allowed(w); }
+
+int sx__tcp_w_holds(const sx__tcp_wconn *w) {
+  return w->auth != NULL || (w->ws != NULL && sx__tcp_wstage_holds(w->ws));
+}
+
+/* ------------------------------------------------------------ revocation */
+
+void sx__tcp_w_revoked(sx__tcp_wconn *w) {
+  if (!w->verified || w_allowed(w) == 0)
+    return;
+  if (w->ws != NULL) {
+    sx__tcp_wstage_revoke(w->ws);
+  } else if (w->type == SX__FRAME_WRITE && w->left > 0 && w->l != NULL) {
+    /* Its payload is landing: the rest is drained, nothing more lands. */
+    w->l->inflight--;
+    w->l = NULL;
+    w->dst = NULL;
+    w->status = SX_EACCESS;
+  }
+}
+
+void sx__tcp_revoke_hold(tcp_t *t) { t->revoking++; }
+
+void sx__tcp_revoke_release(tcp_t *t, int err, const char *msg) {
+  if (err != 0 && t->revoke_err == 0) {
+    t->revoke_err = err;
+    snprintf(t->revoke_msg, sizeof(t->revoke_msg), "%s", msg ? msg : sx_strerror(err));
+  }
+  if (--t->revoking > 0 || !t->revoke_notify)
+    return;
+  const sx_tctx *x = sx__tcp_ctx(t);
+  err = t->revoke_err;
+  t->revoke_notify = t->revoke_err = 0;
+  x->grants_settled(x->agent, SX_TRANSPORT_TCP, err, t->revoke_msg);
+}
+
+int sx__tcp_grants_changed(sx_transport *base) {
+  tcp_t *t = (tcp_t *)base;
+  /* Each WRITE and NOTICE compares the epoch anyway; what is landing now
+   * is stopped here, and CUDA IPC handles are asked back. */
+  t->revoke_notify = 0; /* nothing is said from inside this call */
+  sx__tcp_serve_revoked(t);
+  if (t->revoking == 0) {
+    t->revoke_err = 0;
+    return 0;
+  }
+  t->revoke_notify = 1;
+  return 1;
 }
 
 static void auth_done(void *arg, int status, const char *producer, const char *msg) {
@@ -116,10 +165,6 @@ static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
     return SX_ENOREGION;
   if (!(l->r.access & SX_ACCESS_REMOTE_WRITE))
     return SX_EDENIED;
-  /* The payload is received straight into the region: host memory only
-   * (no staging for writes into GPU memory yet, docs/push.md). */
-  if (l->mem.kind != SX__MEM_HOST)
-    return SX_ENOTSUP;
   if (f->length == 0)
     return SX_EINVAL;
   if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
@@ -143,8 +188,9 @@ static void w_body_done(sx__tcp_wconn *w) {
     char msg[256] = "";
     int st = w_allowed(w);
     if (st == 0)
-      st = x->notice(x->agent, w->producer, w->inc, SX_TRANSPORT_TCP, w->notice, (size_t)w->len,
-                     msg, sizeof(msg));
+      st = x->notice(x->agent, w->producer, w->inc,
+                     sx__tcp_sconn_ipc(c) ? SX_TRANSPORT_CUDA_IPC : SX_TRANSPORT_TCP, w->notice,
+                     (size_t)w->len, msg, sizeof(msg));
     free(w->notice);
     w->notice = NULL;
     sx__tcp_sconn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st);
@@ -200,6 +246,15 @@ int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *b
       x->log(x->agent, SX_LOG_DEBUG, "tcp: refused a write from %s: region %u offset %lu "
              "length %lu: %s", sx__tcp_sconn_reader(c), f->region, (unsigned long)f->offset,
              (unsigned long)f->length, sx_err_name(w->status));
+    if (l != NULL && l->mem.kind == SX__MEM_CUDA) {
+      /* GPU memory: through pinned staging (tcp_stage_write.c). */
+      size_t used;
+      int rc = sx__tcp_wstage_begin(w, f, l, body, avail, &used);
+      if (rc == 0)
+        return (int)(SX__FRAME_HDR + used);
+      w->status = rc;
+      l = NULL;
+    }
     if (l != NULL) {
       l->inflight++;
       w->l = l;
@@ -222,6 +277,10 @@ int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *b
 }
 
 void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf) {
+  if (w->ws != NULL) {
+    sx__tcp_wstage_alloc(w->ws, buf);
+    return;
+  }
   uint64_t left = w->left;
   if (w->dst != NULL) {
     buf->base = (char *)w->dst;
@@ -233,6 +292,10 @@ void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf) {
 }
 
 void sx__tcp_w_read(sx__tcp_wconn *w, size_t n) {
+  if (w->ws != NULL) {
+    sx__tcp_wstage_read(w->ws, n);
+    return;
+  }
   w->left -= n;
   if (w->dst != NULL)
     w->dst += n;
