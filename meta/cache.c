@@ -37,7 +37,8 @@ struct creq {
 };
 
 struct slot {
-  slot *next; /* hash chain */
+  sx_cache *c; /* the store read in flight names its slot (the backend's arg) */
+  slot *next;  /* hash chain */
   slot *wnext; /* list of slots with parked resolves */
   int in_wlist;
   char name[SX_NAME_MAX + 1];
@@ -66,13 +67,6 @@ struct sx_cache {
   int closing, handles, gets_in_flight;
   sx_cache_stats stats;
 };
-
-/* A store read in flight: it names its slot by name, so the slot may go
- * away (the cache closing) while the backend still holds this. */
-typedef struct fetch {
-  sx_cache *c;
-  char name[SX_NAME_MAX + 1];
-} fetch;
 
 /* ------------------------------------------------------------ descriptors */
 
@@ -136,6 +130,7 @@ static slot *get_slot(sx_cache *c, const char *name) {
     grow(c);
   if ((s = calloc(1, sizeof(*s))) == NULL)
     return NULL;
+  s->c = c;
   snprintf(s->name, sizeof(s->name), "%s", name);
   slot **head = bucket(c, name);
   s->next = *head;
@@ -279,19 +274,14 @@ static void unlist(sx_cache *c, slot *s) {
 
 static void fetch_cb(void *arg, const sx_backend_reply *rep);
 
+/* A store read names its slot: a slot with a read in flight is never swept
+ * or freed; when the cache closes, it is left for fetch_cb to free. */
 static int start_fetch(sx_cache *c, slot *s) {
   if (s->fetching)
     return 0;
-  fetch *f = malloc(sizeof(*f));
-  if (f == NULL)
-    return sx__err(SX_ENOMEM, "cache: resolving %s", s->name);
-  f->c = c;
-  snprintf(f->name, sizeof(f->name), "%s", s->name);
-  int rc = sx__backend_fetch(c->b, s->name, fetch_cb, f);
-  if (rc) {
-    free(f);
+  int rc = sx__backend_fetch(c->b, s->name, fetch_cb, s);
+  if (rc)
     return rc;
-  }
   s->fetching = 1;
   s->refetch = 0;
   c->gets_in_flight++;
@@ -306,10 +296,17 @@ static void maybe_free_cache(sx_cache *c) {
   }
 }
 
-/* Decode and check a store value for name into a new cdesc (refs 1). */
-static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc **out,
-                  char *msg, size_t msize) {
-  sx_cdesc *d = calloc(1, sizeof(*d));
+/* Decode and check a store value for name into a new cdesc (refs 1), or,
+ * when the value is byte for byte the one cur was decoded from, a new
+ * reference to cur: decoding and checking the same bytes again could only
+ * give the same descriptor. */
+static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc *cur,
+                  sx_cdesc **out, char *msg, size_t msize) {
+  if (cur != NULL && cur->raw_len == rep->len && memcmp(cur->raw, rep->value, rep->len) == 0) {
+    *out = sx__cdesc_ref(cur);
+    return 0;
+  }
+  sx_cdesc *d = calloc(1, sizeof(*d) + rep->len);
   if (d == NULL) {
     snprintf(msg, msize, "cache: out of memory decoding %s", name);
     return SX_ENOMEM;
@@ -329,17 +326,19 @@ static int decode(const char *name, const sx_backend_reply *rep, sx_cdesc **out,
   }
   d->refs = 1;
   d->fetched_ms = sx__mono_ms();
+  memcpy(d + 1, rep->value, rep->len);
+  d->raw = (const uint8_t *)(d + 1);
+  d->raw_len = rep->len;
   *out = d;
   return 0;
 }
 
 static void fetch_cb(void *arg, const sx_backend_reply *rep) {
-  fetch *f = arg;
-  sx_cache *c = f->c;
+  slot *s = arg;
+  sx_cache *c = s->c;
   c->gets_in_flight--;
-  slot *s = c->closing ? NULL : find_slot(c, f->name);
-  free(f);
-  if (s == NULL) {
+  if (c->closing) {
+    free(s); /* sx__cache_close left it to us */
     maybe_free_cache(c);
     return;
   }
@@ -353,10 +352,11 @@ static void fetch_cb(void *arg, const sx_backend_reply *rep) {
   }
   int status = rep->status;
   char msg[512];
-  sx__strlcpy(msg, rep->message, sizeof(msg));
+  if (status != 0)
+    sx__strlcpy(msg, rep->message, sizeof(msg));
   sx_cdesc *d = NULL;
   if (status == 0)
-    status = decode(s->name, rep, &d, msg, sizeof(msg));
+    status = decode(s->name, rep, s->d, &d, msg, sizeof(msg));
   if (status == 0) {
     drop_desc(s);
     s->d = d;
@@ -484,7 +484,8 @@ void sx__cache_close(sx_cache *c) {
       complete_list(c, &s->fetch_waiters, SX_ECANCELED, NULL, "cache closed");
       complete_list(c, &s->parked, SX_ECANCELED, NULL, "cache closed");
       drop_desc(s);
-      free(s);
+      if (!s->fetching)
+        free(s); /* else its store read's callback frees it */
       s = next;
     }
     c->buckets[i] = NULL;
@@ -562,11 +563,15 @@ int sx__cache_resolve(sx_cache *c, const char *name, unsigned flags, uint32_t wa
   if (rc)
     return rc;
   slot *s = get_slot(c, name);
-  creq *r = calloc(1, sizeof(*r));
+  /* Not calloc: its message (most of it) is written only on a failure. */
+  creq *r = malloc(sizeof(*r));
   if (s == NULL || r == NULL) {
     free(r);
     return sx__err(SX_ENOMEM, "cache: resolving %s", name);
   }
+  r->next = NULL;
+  r->status = 0;
+  r->d = NULL;
   r->cb = cb;
   r->arg = arg;
   uint64_t now = uv_now(c->loop);

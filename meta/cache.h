@@ -31,11 +31,16 @@
 typedef struct sx_cache sx_cache;
 
 /* A decoded, validated descriptor.  Immutable once published by the cache;
- * it lives while anyone holds a reference. */
+ * it lives while anyone holds a reference.  It keeps the exact bytes it was
+ * decoded from: a later store read that returns the same bytes decodes to
+ * the same descriptor, so the cache hands out this one again instead of
+ * decoding (the bytes decide, never the name). */
 typedef struct sx_cdesc {
   sx_desc desc;
-  uint64_t fetched_ms; /* monotonic time of the store read */
-  int refs;            /* atomic */
+  uint64_t fetched_ms;  /* monotonic time of the store read that first gave raw */
+  int refs;             /* atomic */
+  size_t raw_len;
+  const uint8_t *raw;   /* the stored value, raw_len bytes (same allocation) */
 } sx_cdesc;
 
 sx_cdesc *sx__cdesc_ref(sx_cdesc *d);

@@ -409,6 +409,42 @@ static void test_cache_rejects_corrupt_values(void **state) {
   env_free(&e);
 }
 
+/* A refresh that reads the very bytes the cached descriptor came from
+ * hands out that descriptor again (no decode); any other bytes, even of the
+ * same length, are decoded and checked anew. */
+static void test_cache_refresh_of_the_same_bytes_reuses_the_descriptor(void **state) {
+  (void)state;
+  env e;
+  env_init(&e, NULL);
+  e.drop_events = 1; /* only the bytes read may tell a change */
+  publish(&e, "prefill-9", 1, 2);
+  res r1, r2, r3, r4;
+  resolve_wait(&e, "prefill-9", 0, 0, &r1);
+  sxt_ok(r1.status);
+  resolve_wait(&e, "prefill-9", SX_CACHE_REFRESH, 0, &r2);
+  sxt_ok(r2.status);
+  assert_int_equal(fetches(&e), 2);
+  assert_ptr_equal(r2.d, r1.d);
+  /* Generation 3 encodes to as many bytes as 2. */
+  publish(&e, "prefill-9", 1, 3);
+  resolve_wait(&e, "prefill-9", SX_CACHE_REFRESH, 0, &r3);
+  sxt_ok(r3.status);
+  assert_ptr_not_equal(r3.d, r1.d);
+  assert_int_equal(r3.d->raw_len, r1.d->raw_len);
+  assert_int_equal(r3.d->desc.generation, 3);
+  assert_int_equal(r1.d->desc.generation, 2); /* its holders keep theirs */
+  /* Bad bytes after good ones: an error, never the old descriptor. */
+  static const uint8_t junk[] = "this is not a descriptor";
+  sxt_ok(publish_raw(&e, "prefill-9", 1, 4, junk, sizeof(junk), 60000));
+  resolve_wait(&e, "prefill-9", SX_CACHE_REFRESH, 0, &r4);
+  assert_true(r4.status == SX_EDECODE || r4.status == SX_EVERSION);
+  assert_null(r4.d);
+  sx__cdesc_unref(r1.d);
+  sx__cdesc_unref(r2.d);
+  sx__cdesc_unref(r3.d);
+  env_free(&e);
+}
+
 static void test_cache_invalidate_by_incarnation(void **state) {
   (void)state;
   env e;
@@ -432,6 +468,30 @@ static void test_cache_invalidate_by_incarnation(void **state) {
   sx__cache_flush(e.c);
   assert_null(sx__cache_peek(e.c, "prefill-6"));
   env_free(&e);
+}
+
+/* Closing while a store read is in flight: the waiter hears SX_ECANCELED
+ * at once, and the read's late answer frees what it names (valgrind and
+ * the sanitizers check it is neither leaked nor used after free). */
+static void test_cache_close_with_a_store_read_in_flight(void **state) {
+  (void)state;
+  env e;
+  env_init(&e, NULL);
+  publish(&e, "inflight-1", 1, 1);
+  res r;
+  memset(&r, 0, sizeof(r));
+  sxt_ok(sx__cache_resolve(e.c, "inflight-1", SX_CACHE_REFRESH, 0, res_cb, &r));
+  assert_int_equal(fetches(&e), 1);
+  sx__cache_close(e.c); /* before the loop ran: the read is still out */
+  e.c = NULL;
+  assert_int_equal(r.done, 1);
+  assert_int_equal(r.status, SX_ECANCELED);
+  assert_null(r.d);
+  uv_run(&e.loop, UV_RUN_NOWAIT); /* the store answers a cache that is gone */
+  sx__backend_close(e.b);
+  sx__backend_close(e.w);
+  uv_run(&e.loop, UV_RUN_DEFAULT);
+  assert_int_equal(uv_loop_close(&e.loop), 0);
 }
 
 static void test_cache_close_cancels_waiters(void **state) {
@@ -464,7 +524,9 @@ int main(void) {
       cmocka_unit_test(test_cache_wait_rechecks_slowly_when_the_event_is_lost),
       cmocka_unit_test(test_cache_wait_times_out_with_enoent),
       cmocka_unit_test(test_cache_rejects_corrupt_values),
+      cmocka_unit_test(test_cache_refresh_of_the_same_bytes_reuses_the_descriptor),
       cmocka_unit_test(test_cache_invalidate_by_incarnation),
+      cmocka_unit_test(test_cache_close_with_a_store_read_in_flight),
       cmocka_unit_test(test_cache_close_cancels_waiters),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -110,6 +110,9 @@ double bx_median(double *v, int n);
 
 /* CPU time of this process (all threads), seconds. */
 double bx_cpu_self(void);
+/* Seconds pid's threads (alive now) have spent runnable but waiting for a
+ * CPU (/proc/PID/task/TID/schedstat), or -1 when the kernel does not say. */
+double bx_runq_wait(pid_t pid);
 
 /* "4K" "64KiB" "1M" "4096" -> bytes.  0 or -1. */
 int bx_parse_size(const char *s, uint64_t *out);
@@ -189,11 +192,12 @@ typedef struct bx_fleet_stats {
   uint64_t renews, renew_errors, publishes;
   uint64_t late; /* renewals skipped: the previous one was still in flight */
   double renew_p50_us, renew_p99_us;
+  double late_p99_ms, late_max_ms; /* from falling due to the answer */
 } bx_fleet_stats;
 
 /* Publish every agent, then renew each lease every lease/3 on a thread of
- * its own until bx_fleet_stop().  0, or -1 with a message on stderr. */
-int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out);
+ * its own until bx_fleet_stop().  0, or -1 with the reason in err. */
+int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize);
 /* Counters since the last call (or start). */
 void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out);
 void bx_fleet_stop(bx_fleet *f);

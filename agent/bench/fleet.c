@@ -5,7 +5,9 @@
  * many leases per connection).  Renewals are spread evenly over the renew
  * period, so the store sees a steady K*3/lease renewals per second rather
  * than bursts.  A renewal still in flight when its agent's next one falls
- * due is counted as late and skipped, as a real agent's lease timer would.
+ * due is counted as skipped, as a real agent's lease timer would.  Each
+ * renewal's lateness is the time from when it fell due to its answer: what
+ * the store's load eats of the lease's margin (lease - lease/3).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@
 typedef struct agent {
   struct bx_fleet *f;
   uint32_t i;
-  uint64_t t0;
+  uint64_t t0, due; /* sent, fell due (bx_now_ns) */
   int busy;
 } agent;
 
@@ -49,7 +51,7 @@ struct bx_fleet {
   char err[300];
   bx_fleet_stats st;
   uint64_t late;
-  bx_lat lat;
+  bx_lat lat, lateness;
 };
 
 void bx_fleet_name(uint32_t i, char *buf, size_t size) {
@@ -82,6 +84,7 @@ static void renewed(void *arg, const sx_backend_reply *rep) {
   if (rep->status == 0) {
     f->st.renews++;
     bx_lat_add(&f->lat, ns);
+    bx_lat_add(&f->lateness, bx_now_ns() - a->due);
   } else {
     f->st.renew_errors++;
   }
@@ -102,6 +105,7 @@ static void tick(uv_timer_t *t) {
     }
     bx_fleet_name(a->i, name, sizeof(name));
     a->t0 = bx_now_ns();
+    a->due = f->t0 + (uint64_t)((double)f->scheduled * f->period_ns / n);
     sx_backend *b = f->b[a->i % f->p.conns];
     if (sx__backend_renew(b, name, f->incs[a->i], f->p.lease_ms, renewed, a) == 0) {
       a->busy = 1;
@@ -225,12 +229,31 @@ static void thread_main(void *arg) {
   uv_run(&f->loop, UV_RUN_DEFAULT);
 }
 
-int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
+/* What bx_fleet_start allocated (the loop and thread are gone). */
+static void fleet_free(bx_fleet *f) {
+  for (uint32_t i = 0; f->values != NULL && i < f->p.agents; i++)
+    free(f->values[i]);
+  free(f->values);
+  free(f->lens);
+  free(f->incs);
+  free(f->ag);
+  free(f->b);
+  free(f->up);
+  bx_lat_free(&f->lat);
+  bx_lat_free(&f->lateness);
+  pthread_mutex_destroy(&f->mu);
+  pthread_cond_destroy(&f->cv);
+  free(f);
+}
+
+int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {
   static uint32_t fleet_serial;
   fleet_serial++;
   bx_fleet *f = calloc(1, sizeof(*f));
-  if (f == NULL)
+  if (f == NULL) {
+    snprintf(err, esize, "out of memory");
     return -1;
+  }
   f->p = *p;
   if (f->p.conns == 0)
     f->p.conns = 1;
@@ -244,10 +267,10 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
   f->lens = calloc(n, sizeof(*f->lens));
   pthread_mutex_init(&f->mu, NULL);
   pthread_cond_init(&f->cv, NULL);
-  if (!f->b || !f->up || !f->ag || !f->incs || !f->values || !f->lens ||
-      uv_loop_init(&f->loop) != 0) {
-    fprintf(stderr, "sx-bench meta: fleet: out of memory\n");
-    return -1; /* the process exits on this path */
+  if (!f->b || !f->up || !f->ag || !f->incs || !f->values || !f->lens) {
+    snprintf(err, esize, "out of memory");
+    fleet_free(f);
+    return -1;
   }
   for (uint32_t i = 0; i < n; i++) {
     char name[32];
@@ -267,15 +290,26 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
       sx_desc_free(&d);
     }
     if (rc != 0) {
-      fprintf(stderr, "sx-bench meta: fleet: descriptor: %s\n", sx_errmsg());
+      snprintf(err, esize, "descriptor: %s", sx_errmsg());
+      fleet_free(f);
       return -1;
     }
+  }
+  if (uv_loop_init(&f->loop) != 0) {
+    snprintf(err, esize, "cannot start an event loop");
+    fleet_free(f);
+    return -1;
   }
   uv_async_init(&f->loop, &f->stop, on_stop);
   uv_timer_init(&f->loop, &f->tick);
   f->stop.data = f->tick.data = f;
   if (uv_thread_create(&f->th, thread_main, f) != 0) {
-    fprintf(stderr, "sx-bench meta: fleet: cannot start a thread\n");
+    snprintf(err, esize, "cannot start a thread");
+    uv_close((uv_handle_t *)&f->stop, NULL);
+    uv_close((uv_handle_t *)&f->tick, NULL);
+    uv_run(&f->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&f->loop);
+    fleet_free(f);
     return -1;
   }
   pthread_mutex_lock(&f->mu);
@@ -284,7 +318,7 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out) {
   int state = f->state;
   pthread_mutex_unlock(&f->mu);
   if (state < 0) {
-    fprintf(stderr, "sx-bench meta: %s\n", f->err);
+    snprintf(err, esize, "%s", f->err);
     bx_fleet_stop(f);
     return -1;
   }
@@ -299,8 +333,11 @@ void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out) {
   f->late = 0;
   out->renew_p50_us = bx_lat_pct(&f->lat, 0.5) / 1e3;
   out->renew_p99_us = bx_lat_pct(&f->lat, 0.99) / 1e3;
+  out->late_p99_ms = bx_lat_pct(&f->lateness, 0.99) / 1e6;
+  out->late_max_ms = bx_lat_pct(&f->lateness, 1.0) / 1e6;
   memset(&f->st, 0, sizeof(f->st));
   bx_lat_reset(&f->lat);
+  bx_lat_reset(&f->lateness);
   pthread_mutex_unlock(&f->mu);
 }
 
@@ -310,16 +347,5 @@ void bx_fleet_stop(bx_fleet *f) {
   uv_async_send(&f->stop);
   uv_thread_join(&f->th);
   uv_loop_close(&f->loop);
-  for (uint32_t i = 0; i < f->p.agents; i++)
-    free(f->values[i]);
-  free(f->values);
-  free(f->lens);
-  free(f->incs);
-  free(f->ag);
-  free(f->b);
-  free(f->up);
-  bx_lat_free(&f->lat);
-  pthread_mutex_destroy(&f->mu);
-  pthread_cond_destroy(&f->cv);
-  free(f);
+  fleet_free(f);
 }

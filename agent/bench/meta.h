@@ -8,6 +8,7 @@
 
 #include <hiredis/async.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "backend.h"
@@ -28,6 +29,7 @@ typedef struct bx_meta_opts {
   uint64_t fleet[8];
   int n_fleet;
   uint32_t fleet_conns, readers, lease_ms;
+  uint32_t reader_rate; /* resolves/s per fleet reader; 0: closed loop */
   unsigned ops; /* MB_OP_* to run */
 } bx_meta_opts;
 
@@ -49,6 +51,7 @@ typedef struct mb {
   char url_text[600];
   sx_url url;
   int srv_port;           /* our private redis-server, 0 if --metadata */
+  pid_t srv_pid;
   int redis;              /* a plain redis:// store: the raw baselines run */
   sx_backend *b;
   sx_cache *c;

@@ -22,7 +22,7 @@
 typedef struct cell {
   int set, is_num;
   double num;
-  char text[96];
+  char text[200];
 } cell;
 
 struct bx_row {
@@ -356,7 +356,7 @@ static void cell_text(const bx_col *col, const cell *c, char *buf, size_t size) 
 
 static void print_table(FILE *out, const bx_table *t) {
   int w[MAX_COLS];
-  char buf[128];
+  char buf[224];
   for (int i = 0; i < t->ncols; i++) {
     w[i] = (int)strlen(t->cols[i].head);
     for (int k = 0; k < t->nrows; k++) {
@@ -391,7 +391,7 @@ static const char *verdict(const target *t) {
 static void print_targets(FILE *out, const bx_report *r) {
   if (r->ntargets == 0)
     return;
-  fprintf(out, "\nTargets (issue 6), judged on this run's figures:\n");
+  fprintf(out, "\nTargets, judged on this run's figures:\n");
   int w = 0;
   for (int i = 0; i < r->ntargets; i++)
     if ((int)strlen(r->targets[i].what) > w)
@@ -530,7 +530,7 @@ static int write_csv(const bx_report *r, const char *path) {
   for (int k = 0; k < ntk; k++)
     fprintf(f, ",%s", tkeys[k]);
   fputc('\n', f);
-  char buf[128];
+  char buf[224];
   for (const bx_table *t = r->tables; t; t = t->next) {
     for (int row = 0; row < t->nrows; row++) {
       fprintf(f, "%s,%s", r->mode, t->id);

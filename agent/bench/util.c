@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,33 @@ double bx_cpu_self(void) {
   getrusage(RUSAGE_SELF, &ru);
   return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
          (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+double bx_runq_wait(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  double sum = 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    char p[300];
+    snprintf(p, sizeof(p), "/proc/%d/task/%.200s/schedstat", (int)pid, e->d_name);
+    FILE *f = fopen(p, "r");
+    unsigned long long run, wait;
+    if (f != NULL && fscanf(f, "%llu %llu", &run, &wait) == 2) {
+      sum += (double)wait / 1e9;
+      n++;
+    }
+    if (f != NULL)
+      fclose(f);
+  }
+  closedir(d);
+  return n > 0 ? sum : -1;
 }
 
 /* ------------------------------------------------------------ statistics */

@@ -33,7 +33,9 @@
 static int q_script(rreq *q) {
   redis_backend *rb = q->rb;
   /* Only the scripts touch the fence set. */
-  sx__redis_key(q->fence_key, rb->fence_prefix, q->name, strlen(q->name));
+  char seg_key[SX_REDIS_KEY_MAX], fence_key[SX_REDIS_KEY_MAX];
+  sx__redis_seg_key(q, seg_key);
+  sx__redis_key(fence_key, rb->fence_prefix, q->name, strlen(q->name));
   const char *argv[16];
   size_t lens[16];
   int n = 0;
@@ -49,8 +51,8 @@ static int q_script(rreq *q) {
     SARG(rb->script_sha[q->script]);
   }
   SARG("2");
-  SARG(q->seg_key);
-  SARG(q->fence_key);
+  SARG(seg_key);
+  SARG(fence_key);
   switch (q->script) {
   case SX_SCRIPT_PUBLISH:
     SARG(q->inc_hex);
@@ -367,8 +369,9 @@ static void get_reply(rreq *q, redisReply *r) {
 }
 
 static int get_start(rreq *q) {
-  const char *hm[] = {"HMGET", q->seg_key, "d", "lease"};
-  const char *pt[] = {"PTTL", q->seg_key};
+  char key[SX_REDIS_KEY_MAX];
+  const char *hm[] = {"HMGET", sx__redis_seg_key(q, key), "d", "lease"};
+  const char *pt[] = {"PTTL", key};
   int rc = sx__redis_q_send(q, 4, hm, NULL);
   return rc ? rc : sx__redis_q_send(q, 2, pt, NULL);
 }
@@ -383,8 +386,10 @@ static int redis_get(sx_backend *b, const char *name, sx_backend_cb cb, void *ar
   return sx__redis_q_issue(q);
 }
 
-/* fetch: the value alone, in one HMGET (no PTTL), handed to the caller
- * straight from hiredis' reply, which lives until the callback returns. */
+/* fetch: the value alone, in one HGET (no PTTL), handed to the caller
+ * straight from hiredis' reply, which lives until the callback returns.
+ * HGET rather than HMGET of one field: a bulk string, not an array of one,
+ * is one reply object less to build on both ends. */
 static void fetch_reply(rreq *q, redisReply *r) {
   char desc[160];
   if (r->type == REDIS_REPLY_ERROR) {
@@ -393,12 +398,7 @@ static void fetch_reply(rreq *q, redisReply *r) {
              desc);
     return;
   }
-  if (r->type != REDIS_REPLY_ARRAY || r->elements != 1) {
-    sx__redis_describe(r, desc, sizeof(desc));
-    sx__redis_q_finish(q, SX_ESTORE, "%s: unexpected reply to HMGET: %s", q->name, desc);
-    return;
-  }
-  const redisReply *d = r->element[0];
+  const redisReply *d = r;
   if (d->type == REDIS_REPLY_NIL) {
     sx__redis_q_finish(q, SX_ENOENT, "%s: no such segment", q->name);
   } else if (d->type != REDIS_REPLY_STRING) {
@@ -414,8 +414,9 @@ static void fetch_reply(rreq *q, redisReply *r) {
 }
 
 static int fetch_start(rreq *q) {
-  const char *hm[] = {"HMGET", q->seg_key, "d"};
-  return sx__redis_q_send(q, 3, hm, NULL);
+  char key[SX_REDIS_KEY_MAX];
+  const char *hg[] = {"HGET", sx__redis_seg_key(q, key), "d"};
+  return sx__redis_q_send(q, 3, hg, NULL);
 }
 
 static int redis_fetch(sx_backend *b, const char *name, sx_backend_cb cb, void *arg) {
@@ -508,7 +509,7 @@ static void list_index_reply(rreq *q, redisReply *r) {
   }
   q->on_reply = list_values_reply;
   for (size_t i = 0; i < q->n_names; i++) {
-    char key[sizeof(q->seg_key)];
+    char key[SX_REDIS_KEY_MAX];
     sx__redis_key(key, q->rb->seg_prefix, q->names[i], strlen(q->names[i]));
     const char *hm[] = {"HMGET", key, "d", "lease"};
     const char *pt[] = {"PTTL", key};

@@ -35,6 +35,35 @@ if command -v gnuplot >/dev/null 2>&1; then
     --group-bytes 2M --plot "$out/read.png" --quiet
   [ -s "$out/read.png" ] || { echo "  FAIL  --plot wrote no PNG"; fail=1; }
 fi
+# A valid command line never aborts: cases over --max-batch-bytes are listed
+# as skipped and the rest run (issue 16: this one used to stop the run).
+run read-skip "$bin" read --sizes 4K,64K,1M --batches 16,128 --conns 1 --duration 0.1 \
+  --group-bytes 2M --max-batch-bytes 1M --csv "$out/read-skip.csv" --quiet
+[ "$(grep -c ',skipped: ' "$out/read-skip.csv")" = 6 ] && grep -q '^read,read,tcp,4K,128,scattered,1,[0-9]' "$out/read-skip.csv" ||
+  { echo "  FAIL  read: the skipped cases are not listed, or the others did not run"; fail=1; }
+# A case that fails says why and the rest still run: the target is killed
+# once it listens; every case gets a row, the failed ones a reason, and the
+# exit status says that some failed.
+"$bin" read --sizes 4K --batches 1,4,16 --conns 1 --duration 0.3 --group-bytes 2M --quiet \
+  >"$out/read-kill.txt" 2>"$out/read-kill.err" &
+pid=$!
+tpid=
+for _ in $(seq 100); do
+  tpid=$(pgrep -P $pid -f 'sx-bench target' || true)
+  [ -n "$tpid" ] && ss -ltnp 2>/dev/null | grep -q "pid=$tpid," && break
+  sleep 0.05
+done
+sleep 0.5
+[ -n "$tpid" ] && kill -9 "$tpid"
+wait $pid
+krc=$?
+if [ $krc -eq 1 ] && [ "$(grep -c '^tcp ' "$out/read-kill.txt")" = 6 ] &&
+  grep -Eq '(failed|not run): ' "$out/read-kill.txt"; then
+  printf '  PASS  %-28s\n' "sx-bench read-kill"
+else
+  echo "  FAIL  read with its target killed: exit $krc, or a case has no row (logs in $out)"
+  fail=1
+fi
 # The files say what the run measured.
 grep -q '^codec,codec,"per-layer 80 layers x K,V",160,decode+validate' "$out/codec.csv" ||
   { echo "  FAIL  codec CSV lacks the 160-region row"; fail=1; }
@@ -42,6 +71,10 @@ grep -q '^read,read,tcp,64K,8,scattered,2,' "$out/read.csv" ||
   { echo "  FAIL  read CSV lacks a row"; fail=1; }
 grep -q '^read,read,tcp write,64K,8,scattered,2,' "$out/write.csv" ||
   { echo "  FAIL  write CSV lacks a row"; fail=1; }
+# Every row, the baseline's included, has its CPU seconds per GB.
+awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "cpu_s_gb") c = i; next }
+  $3 != "" && $c == "" { bad = 1 } END { exit !(c && !bad && NR > 8) }' "$out/read.csv" ||
+  { echo "  FAIL  read CSV: a row without CPU per GB"; fail=1; }
 grep -q '"mode": "codec"' "$out/codec-json.txt" ||
   { echo "  FAIL  codec --json printed no JSON"; fail=1; }
 for t in cold ls fleet; do
