@@ -673,13 +673,18 @@ static void test_gpu_push_ipc_revoke_in_flight(void **state) {
  * nothing stays lent (an unregister does not wait) or mapped here. */
 static void producer_killed(unsigned transports, sx_transport_kind via) {
   setenv("FAKE_CUDA_DELAY_US", "500", 1);
+  /* Names of their own per variant: a SIGKILLed producer holds its name
+   * until its lease runs out, which may outlast this case. */
+  char cname[32], pname[32];
+  snprintf(cname, sizeof(cname), "kill-c-%s", via == SX_TRANSPORT_CUDA_IPC ? "ipc" : "tcp");
+  snprintf(pname, sizeof(pname), "kill-p-%s", via == SX_TRANSPORT_CUDA_IPC ? "ipc" : "tcp");
   consumer c;
-  consumer_start(&c, "kill-c", "cuda:0", transports, SXT_RW);
-  sxt_ok(sx_agent_grant_write(c.a, "kill-p", NULL));
+  consumer_start(&c, cname, "cuda:0", transports, SXT_RW);
+  sxt_ok(sx_agent_grant_write(c.a, pname, NULL));
   producer p;
-  producer_start(&p, "kill-p", "cuda:0", transports);
+  producer_start(&p, pname, "cuda:0", transports);
   memcpy(c.pid, p.id, sizeof(c.pid));
-  fprintf(p.in, "loop kill-c\n");
+  fprintf(p.in, "loop %s\n", cname);
   fflush(p.in);
   int seen = 0;
   for (int i = 0; i < 400 && seen < 3; i++) {
