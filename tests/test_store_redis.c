@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "segxfer/agent.h"
 #include "backend_publisher.h"
 #include "internal.h"
 #include "procs.h"
@@ -352,6 +353,13 @@ static const char acl_agent[] =
     "+psubscribe";
 static const char acl_reader[] =
     "ACL SETUSER sx-reader-ns-a on >Reader-Pw-7 resetkeys %R~sx:ns-a:* resetchannels "
+    "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role +hget +hmget "
+    "+pttl +zrange +subscribe +psubscribe";
+
+/* docs/store.md's reader line as it was before resolves read with HGET: an
+ * agent of this user is refused, and the message says why. */
+static const char acl_old_reader[] =
+    "ACL SETUSER sx-old-ns-a on >Old-Pw-9 resetkeys %R~sx:ns-a:* resetchannels "
     "&sx:ns-a:events &__keyspace@0__:sx:ns-a:seg:* -@all +ping +select +role +hmget "
     "+pttl +zrange +subscribe +psubscribe";
 
@@ -370,8 +378,8 @@ static void test_store_auth_acl_users(void **state) {
   assert_int_equal(sxt_redis_start(&r, &o), 0);
   redisContext *c = sxt_redis_connect(&r);
   assert_non_null(c);
-  const char *lines[] = {acl_agent, acl_reader};
-  for (int i = 0; i < 2; i++) {
+  const char *lines[] = {acl_agent, acl_reader, acl_old_reader};
+  for (int i = 0; i < 3; i++) {
     /* Word by word: the rules contain '%', which redisCommand would format. */
     char buf[1024], *argv[64], *save = NULL;
     int argc = 0;
@@ -431,6 +439,26 @@ static void test_store_auth_acl_users(void **state) {
   sxt_rc(sx_store_watch(s, never, NULL), SX_ECANCELED);
   pthread_join(th, NULL);
   sx_store_close(s);
+  /* ... and resolves by name through an agent's cache, as every decode
+   * engine does (its reads are not sx_store_get's: HGET of the value). */
+  sx_agent_params ap;
+  sx_agent_params_init(&ap);
+  ap.metadata_url = url;
+  ap.transports = SX_TRANSPORTS_TCP;
+  sx_agent *ra;
+  sxt_ok(sx_agent_create(&ap, &ra));
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(ra, "a/0", 2000, &seg));
+  assert_memory_equal(sx_segment_desc(seg)->incarnation, d.incarnation, SX_INCARNATION_LEN);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  snprintf(url, sizeof(url), "redis://sx-old-ns-a:Old-Pw-9@127.0.0.1:%d?namespace=ns-a",
+           r.port);
+  sxt_ok(sx_agent_create(&ap, &ra));
+  sxt_rc(sx_segment_open(ra, "a/0", 2000, &seg), SX_EAUTH);
+  assert_non_null(strstr(sx_errmsg(), "lacks a permission"));
+  assert_non_null(strstr(sx_errmsg(), "hget"));
+  sx_agent_destroy(ra);
 
   /* The right user with a wrong password. */
   snprintf(url, sizeof(url), "redis://sx-agent-ns-a:nope-nope@127.0.0.1:%d?namespace=ns-a",

@@ -335,10 +335,9 @@ static void get_reply(rreq *q, redisReply *r) {
   if (q->got == 1) {
     /* Keep the HMGET reply's content until the PTTL reply arrives. */
     if (r->type == REDIS_REPLY_ERROR) {
-      char desc[160];
-      sx__redis_describe(r, desc, sizeof(desc));
-      sx__reply_fail(&q->rep, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)",
-                     q->name, desc);
+      char msg[320];
+      int rc = sx__redis_read_error(r, msg, sizeof(msg));
+      sx__reply_fail(&q->rep, rc, "%s: %s", q->name, msg);
       return;
     }
     redisReply ttl = {.type = REDIS_REPLY_NIL};
@@ -391,11 +390,10 @@ static int redis_get(sx_backend *b, const char *name, sx_backend_cb cb, void *ar
  * HGET rather than HMGET of one field: a bulk string, not an array of one,
  * is one reply object less to build on both ends. */
 static void fetch_reply(rreq *q, redisReply *r) {
-  char desc[160];
   if (r->type == REDIS_REPLY_ERROR) {
-    sx__redis_describe(r, desc, sizeof(desc));
-    sx__redis_q_finish(q, sx__redis_map_error(r), "%s: the stored value is not a segment (%s)", q->name,
-             desc);
+    char msg[320];
+    int rc = sx__redis_read_error(r, msg, sizeof(msg));
+    sx__redis_q_finish(q, rc, "%s: %s", q->name, msg);
     return;
   }
   const redisReply *d = r;

@@ -133,6 +133,11 @@ const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max);
  * value), NOAUTH/WRONGPASS/NOPERM -> SX_EAUTH, READONLY/MASTERDOWN/LOADING/
  * TRYAGAIN/BUSY -> SX_EUNREACH, anything else SX_ESTORE. */
 int sx__redis_map_error(const redisReply *r);
+/* An error reply to a read of a segment: its SX_E* code (as above) and a
+ * message saying what it means for the reader ("the store refused the read:
+ * ..." for a missing permission, "the stored value is not a segment" for a
+ * key of another type), with the server's own text. */
+int sx__redis_read_error(const redisReply *r, char *msg, size_t size);
 
 /* redis_reply.c ------------------------------------------------------------ */
 

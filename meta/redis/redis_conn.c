@@ -248,6 +248,20 @@ int sx__redis_map_error(const redisReply *r) {
   return SX_ESTORE;
 }
 
+int sx__redis_read_error(const redisReply *r, char *msg, size_t size) {
+  char desc[160];
+  sx__redis_describe(r, desc, sizeof(desc));
+  int rc = sx__redis_map_error(r);
+  snprintf(msg, size, "%s (%s)",
+           rc == SX_EAUTH ? "the store refused the read: this user lacks a permission "
+                            "(docs/store.md lists the ACL a reader needs)"
+           : rc == SX_EDECODE ? "the stored value is not a segment"
+           : rc == SX_EUNREACH ? "the store cannot answer now"
+                               : "the store failed the read",
+           desc);
+  return rc;
+}
+
 const char *sx__redis_elem_str(const redisReply *r, size_t i, size_t max) {
   if (i >= r->elements)
     return NULL;

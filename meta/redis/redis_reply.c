@@ -41,11 +41,8 @@ int sx__redis_read_value(const redisReply *h, const redisReply *ttl, uint8_t **v
   *len = 0;
   *ttl_ms = -1;
   *lease = -1;
-  if (h->type == REDIS_REPLY_ERROR) {
-    sx__redis_describe(h, desc, sizeof(desc));
-    snprintf(msg, msize, "the stored value is not a segment (%s)", desc);
-    return sx__redis_map_error(h);
-  }
+  if (h->type == REDIS_REPLY_ERROR)
+    return sx__redis_read_error(h, msg, msize);
   if (h->type != REDIS_REPLY_ARRAY || h->elements != 2) {
     sx__redis_describe(h, desc, sizeof(desc));
     snprintf(msg, msize, "unexpected reply to HMGET: %s", desc);
