@@ -26,6 +26,8 @@ case $mode in
 one)
   step "in-process: target and reader transports over $dev loopback"
   ./sx-rdma-test selftest || fail=1
+  step "in-process push mode: consumer and producer transports, each on a loop of its own"
+  ./sx-rdma-test wselftest || fail=1
   step "two processes: serve + read"
   ./sx-rdma-test serve --desc "$tmp/pair.desc" --stop "$tmp/pair.stop" &
   spid=$!

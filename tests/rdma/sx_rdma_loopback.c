@@ -31,7 +31,8 @@ static int fixture_open(void) {
   uv_loop_init(&F.loop);
   F.seed = opt.seed;
   if (node_open(&F.tgt, &F.loop, "rdma-test/target", 0, 0, 0) ||
-      node_regions(&F.tgt, opt.regions, opt.layers, opt.blocks, opt.block_bytes, 1, F.seed, 0) ||
+      node_regions(&F.tgt, opt.regions, opt.layers, opt.blocks, opt.block_bytes,
+                   SX_ACCESS_REMOTE_READ, F.seed, 0) ||
       node_desc(&F.tgt, &F.desc, F.seed))
     return -1;
   if (node_open(&F.rdr, &F.loop, "rdma-test/reader", 0, opt.slice, opt.conns) ||

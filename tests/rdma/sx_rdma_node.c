@@ -106,7 +106,7 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
 }
 
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
-                        uint32_t block_bytes, int remote, uint64_t seed, int fill_byte) {
+                        uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte) {
   for (uint32_t i = 0; i < count; i++) {
     sx_lregion *lr = &n->regs[n->n_regs];
     uint64_t len = (uint64_t)layers * blocks * block_bytes;
@@ -130,7 +130,7 @@ int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
     lr->r.num_blocks = blocks;
     lr->r.addr = (uint64_t)(uintptr_t)m;
     lr->r.length = len;
-    lr->r.access = remote ? SX_ACCESS_REMOTE_READ : 0;
+    lr->r.access = access;
     snprintf(lr->r.location, sizeof(lr->r.location), "cpu");
     int rc = n->t->ops->reg_mem(n->t, lr);
     CHECK(rc == 0, "reg_mem: %s: %s", sx_err_name(rc), sx_errmsg());

@@ -7,6 +7,8 @@
  *
  *   selftest                 every in-process test, target and reader in one
  *                            process over the device's loopback
+ *   wselftest                push mode in process: consumer and producer, each
+ *                            on a loop of its own, stepped from one thread
  *   serve --desc F [...]     a target: register, publish F, serve until the
  *                            stop file appears or SIGTERM
  *   read --desc F [...]      a reader of that target: byte-exact reads
@@ -83,7 +85,8 @@ int cmd_serve(void) {
   uv_loop_init(&loop);
   uint64_t seed = opt.seed ^ (uint64_t)getpid();
   if (node_open(&n, &loop, "rdma-test/target", opt.port, 0, 0) ||
-      node_regions(&n, opt.regions, opt.layers, opt.blocks, opt.block_bytes, 1, seed, 0) ||
+      node_regions(&n, opt.regions, opt.layers, opt.blocks, opt.block_bytes,
+                   SX_ACCESS_REMOTE_READ, seed, 0) ||
       node_desc(&n, &d, seed) || write_desc(&d, opt.desc))
     return 1;
   fprintf(stderr, "serve: %u regions of %" PRIu64 " bytes published in %s (pid %d)\n",
@@ -194,7 +197,7 @@ int cmd_bench(void) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: sx-rdma-test selftest|serve|read|killtest|bench [options]\n"
+          "usage: sx-rdma-test selftest|wselftest|serve|read|killtest|bench [options]\n"
           "  --desc FILE      descriptor file (serve writes it, read/bench read it)\n"
           "  --stop FILE      serve: stop when it exists; read/bench: create it at the end\n"
           "  --dir DIR        killtest: where to put its descriptor\n"
@@ -254,6 +257,8 @@ int main(int argc, char **argv) {
   only = argv + optind;
   if (strcmp(cmd, "selftest") == 0)
     return cmd_selftest();
+  if (strcmp(cmd, "wselftest") == 0)
+    return cmd_wselftest();
   if (strcmp(cmd, "serve") == 0 && opt.desc != NULL)
     return cmd_serve();
   if (strcmp(cmd, "read") == 0 && opt.desc != NULL)

@@ -8,6 +8,7 @@
  *   sx_rdma_node.c      pattern, node, opx, descriptor files
  *   sx_rdma_loopback.c  selftest: in-process tests over the loopback
  *   sx_rdma_remote.c    read and killtest: against a serve process
+ *   sx_rdma_wpush.c     wselftest: push mode, consumer and producer on two loops
  *
  * Tests are `int test_x(void)`: 0, or -1 after printing why (FAIL, CHECK).
  */
@@ -110,10 +111,10 @@ typedef struct node {
 int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t slice,
               uint32_t conns);
 /* Register count regions: id i is group i/2, slot i%2, layers x blocks of
- * block_bytes; remote: readable by peers; filled with the pattern for seed,
- * or with fill_byte when seed is 0. */
+ * block_bytes; access: SX_ACCESS_* (0: local only); filled with the pattern
+ * for seed, or with fill_byte when seed is 0. */
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
-                 uint32_t block_bytes, int remote, uint64_t seed, int fill_byte);
+                 uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte);
 /* The descriptor this node would publish, through encode and decode so
  * that it passes validation exactly as a store's copy would. */
 int node_desc(node *n, sx_desc *out, uint64_t seed);
@@ -162,6 +163,7 @@ int read_everything(node *r, sx_tpeer *p, const sx_desc *d, uint64_t deadline_ms
 /* ------------------------------------------------------------------ commands */
 
 int cmd_selftest(void); /* sx_rdma_loopback.c */
+int cmd_wselftest(void); /* sx_rdma_wpush.c */
 int cmd_read(void);     /* sx_rdma_remote.c */
 int cmd_killtest(void); /* sx_rdma_remote.c */
 

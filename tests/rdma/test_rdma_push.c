@@ -681,5 +681,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_rdma_push_sxctl_write_into_sx_agent),
       cmocka_unit_test(test_rdma_push_producer_killed_mid_batch),
   };
+  const char *filter = getenv("SXT_FILTER"); /* one test, e.g. to repeat it */
+  if (filter != NULL)
+    cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -182,6 +182,8 @@ static void target_event(rdma_tconn *tc, const cm_ev *e) {
     sx__rdma_log(t, SX_LOG_DEBUG, "reader '%s' connected (its QP %u, our QP %u on %s)",
                  tc->reader, tc->conn_index, tc->id->qp ? tc->id->qp->qp_num : 0,
                  tc->dev->name);
+    if (tc->write)
+      sx__rdma_wserve_established(tc);
     break;
   case RDMA_CM_EVENT_DISCONNECTED:
   case RDMA_CM_EVENT_CONNECT_ERROR:
@@ -201,7 +203,7 @@ static void target_event(rdma_tconn *tc, const cm_ev *e) {
 
 static int conn_any_live(const rdma_peer *p) {
   for (uint32_t i = 0; i < p->n_conns; i++)
-    if (p->conns[i].state >= RC_ADDR && p->conns[i].state <= RC_UP)
+    if (sx__rdma_conn_live(&p->conns[i]))
       return 1;
   return 0;
 }

@@ -247,6 +247,7 @@ typedef struct rdma_tconn {
   uint8_t pinc[SX_INCARNATION_LEN];
   uint32_t qpn;              /* 0 once its QP is gone */
   uint32_t replies;          /* reply SENDs not completed */
+  int unwanted;              /* disconnected before it was established */
 } rdma_tconn;
 
 /* A READ in flight: which slice of which xfer a send-queue slot carries. */
@@ -297,6 +298,11 @@ struct rdma_conn {
   uint32_t credits;
   rdma_wnotice *await_head, *await_tail;
 };
+
+/* Does the conn count for its peer's queued work?  Connecting, up, or
+ * draining: a drained conn's finish pumps the peer, which connects it again,
+ * so work posted while every QP drains waits for that, it does not fail. */
+static inline int sx__rdma_conn_live(const rdma_conn *c) { return c->state != RC_IDLE; }
 
 /* Per xfer of an op. */
 typedef struct rdma_xs {
@@ -505,6 +511,9 @@ int sx__rdma_wreg(sx_rdma *t, rdma_dev *d, sx_lregion *lr, struct ibv_mr **out);
 void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h);
 /* A producer's QP is going: destroy it, after taking what completed on it. */
 void sx__rdma_wserve_gone(rdma_tconn *tc);
+/* A producer's connection is established (its RTU arrived): disconnect it
+ * now if that was asked for before. */
+void sx__rdma_wserve_established(rdma_tconn *tc);
 int sx__rdma_grants_changed(sx_transport *tt);
 /* The device's consumer-side and producer-side push resources. */
 void sx__rdma_wdev_free(rdma_dev *d);

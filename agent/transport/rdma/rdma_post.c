@@ -360,10 +360,12 @@ static int start_conns(rdma_peer *p) {
       if (r)
         rc = r;
     }
-    if (c->state >= RC_ADDR && c->state <= RC_UP)
+    if (sx__rdma_conn_live(c))
       live = 1;
   }
-  return live ? 0 : (rc ? rc : SX_EUNREACH);
+  if (live)
+    return 0;
+  return rc ? rc : sx__err(SX_EUNREACH, "rdma: no QP to '%.64s' can connect", p->name);
 }
 
 void sx__rdma_pump(rdma_peer *p) {

@@ -136,13 +136,13 @@ int sx__rdma_notify(sx_tpeer *tp, sx_op *op, const uint8_t *buf, size_t len) {
 }
 
 /* The established QP with the most credit, or NULL; *live whether any QP
- * is up or connecting. */
+ * is up, connecting or draining (sx__rdma_conn_live). */
 static rdma_conn *pick(rdma_peer *p, int *live) {
   rdma_conn *best = NULL;
   *live = 0;
   for (uint32_t i = 0; i < p->n_conns; i++) {
     rdma_conn *c = &p->conns[(p->rr + i) % p->n_conns];
-    if (c->state >= RC_ADDR && c->state <= RC_UP)
+    if (sx__rdma_conn_live(c))
       *live = 1;
     if (c->state == RC_UP && c->credits > 0 && (best == NULL || c->credits > best->credits))
       best = c;
@@ -212,7 +212,8 @@ void sx__rdma_w_pump(rdma_peer *p) {
       continue;
     }
     if (live)
-      return; /* credit comes back with replies, or a QP comes up */
+      return; /* credit comes back with replies, a QP comes up, or a drained
+               * one is connected again (its finish pumps) */
     /* Nothing up or connecting (an op without WRITEs, or after a
      * failure): connect; if not one QP can even start, fail. */
     int rc = 0, started = 0;

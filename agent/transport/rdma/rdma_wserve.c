@@ -25,7 +25,10 @@
  *
  * Revocation (grants_changed) disconnects the QPs of producers no grant
  * covers any more and destroys them before it returns: once a QP is
- * destroyed the device takes nothing more for it.
+ * destroyed the device takes nothing more for it.  A connection accepted
+ * but not established yet (the producer's RTU not in) cannot be
+ * disconnected then; it is once it is established (wdisconnect), so that
+ * the producer never keeps a QP that faces none.
  */
 #include <endian.h>
 #include <errno.h>
@@ -82,12 +85,31 @@ static rdma_tconn *by_qpn(sx_rdma *t, const rdma_dev *d, uint32_t qpn) {
   return NULL;
 }
 
-/* Drop a producer's QP that broke the protocol or failed: the CM tells the
- * producer, and DISCONNECTED destroys it here. */
+/* Disconnect a producer's connection: the CM tells the producer (a DREQ),
+ * and DISCONNECTED destroys it here.  Between our accept and the producer's
+ * RTU the CM has nothing to send that on (rdma_disconnect fails, the
+ * producer never hears of it); the producer's QP comes up anyway, and its
+ * WRITEs would wait for acknowledgements that never come.  So a connection
+ * not established yet is disconnected again once it is. */
+static void wdisconnect(rdma_tconn *tc) {
+  if (!tc->established)
+    tc->unwanted = 1;
+  rdma_disconnect(tc->id);
+}
+
+void sx__rdma_wserve_established(rdma_tconn *tc) {
+  if (!tc->unwanted)
+    return;
+  sx__rdma_log(tc->t, SX_LOG_DEBUG, "producer %s (QP %u): established after we dropped it; "
+               "disconnecting", tc->producer, tc->conn_index);
+  rdma_disconnect(tc->id);
+}
+
+/* Drop a producer's QP that broke the protocol or failed. */
 static void wdrop(rdma_tconn *tc, const char *why) {
   sx__rdma_log(tc->t, SX_LOG_WARN, "producer %s (QP %u): %s; disconnecting", tc->producer,
                tc->conn_index, why);
-  rdma_disconnect(tc->id);
+  wdisconnect(tc);
 }
 
 /* Answer a notice: its status as immediate data, no payload. */
@@ -439,7 +461,7 @@ int sx__rdma_grants_changed(sx_transport *tt) {
                  tc->producer, tc->conn_index);
     /* The QP is destroyed before this returns: nothing of it lands after
      * the revoke.  The cm_id goes with the DISCONNECTED event. */
-    rdma_disconnect(tc->id);
+    wdisconnect(tc);
     sx__rdma_wserve_gone(tc);
   }
   sx__rdma_leave(t, 1);
