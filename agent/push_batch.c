@@ -31,17 +31,45 @@ void sx__pbatch_free(sx__pbatch *pb) {
   free(pb);
 }
 
-static int entries_full(const sx__pbatch *pb, uint32_t more_b, uint32_t more_r) {
-  return (uint64_t)pb->nb + pb->nr + more_b + more_r > SX_NOTICE_MAX_ENTRIES;
+static int entries_full(const sx__pbatch *pb) {
+  return (uint64_t)pb->nb + pb->nr + 1 > SX_NOTICE_MAX_ENTRIES;
 }
 
-static int limit_err(const char *what) {
-  return sx__err(SX_ELIMIT, "%s: the batch's notice would list more than %u entries "
-                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
+/* Room for one more entry in a notice list v of either kind (n entries of
+ * size bytes, *cap allotted): v, or v grown (and *cap with it); NULL if
+ * memory runs out (v stays). */
+static void *grow(void *v, uint32_t n, uint32_t *cap, size_t size) {
+  if (n < *cap)
+    return v;
+  uint32_t grown = *cap ? *cap * 2 : 16;
+  if ((v = realloc(v, grown * size)) != NULL)
+    *cap = grown;
+  return v;
+}
+
+/* Where both notice lists stood, to undo the additions of a failed add. */
+typedef struct pmark {
+  uint32_t nb, nr;
+  sx_notice_blocks last_b;
+  sx_notice_range last_r;
+} pmark;
+
+static pmark mark(const sx__pbatch *pb) {
+  return (pmark){pb->nb, pb->nr, pb->nb ? pb->b[pb->nb - 1] : (sx_notice_blocks){0},
+                 pb->nr ? pb->r[pb->nr - 1] : (sx_notice_range){0}};
+}
+
+static void undo(sx__pbatch *pb, const pmark *m) {
+  pb->nb = m->nb;
+  if (m->nb)
+    pb->b[m->nb - 1] = m->last_b;
+  pb->nr = m->nr;
+  if (m->nr)
+    pb->r[m->nr - 1] = m->last_r;
 }
 
 /* Append block runs for w (merged with the last run where they continue
- * it).  Undo with *saved: the run count and the last run before. */
+ * it).  Undo with a mark taken before. */
 static int note_blocks(sx__pbatch *pb, const sx_block_write *w, size_t n) {
   for (size_t i = 0; i < n; i++) {
     sx_notice_blocks *last = pb->nb ? &pb->b[pb->nb - 1] : NULL;
@@ -51,16 +79,12 @@ static int note_blocks(sx__pbatch *pb, const sx_block_write *w, size_t n) {
       last->count += w[i].count;
       continue;
     }
-    if (entries_full(pb, 1, 0))
+    if (entries_full(pb))
       return SX_ELIMIT;
-    if (pb->nb == pb->capb) {
-      uint32_t cap = pb->capb ? pb->capb * 2 : 16;
-      sx_notice_blocks *nbv = realloc(pb->b, cap * sizeof(*nbv));
-      if (nbv == NULL)
-        return SX_ENOMEM;
-      pb->b = nbv;
-      pb->capb = cap;
-    }
+    sx_notice_blocks *v = grow(pb->b, pb->nb, &pb->capb, sizeof(*v));
+    if (v == NULL)
+      return SX_ENOMEM;
+    pb->b = v;
     pb->b[pb->nb++] = (sx_notice_blocks){.group = w[i].group, .layer_first = w[i].layer_first,
                                          .layer_count = w[i].layer_count, .slots = w[i].slots,
                                          .block = w[i].remote_block, .count = w[i].count};
@@ -76,16 +100,12 @@ static int note_ranges(sx__pbatch *pb, const sx_range_write *w, size_t n) {
       last->length += w[i].length;
       continue;
     }
-    if (entries_full(pb, 0, 1))
+    if (entries_full(pb))
       return SX_ELIMIT;
-    if (pb->nr == pb->capr) {
-      uint32_t cap = pb->capr ? pb->capr * 2 : 16;
-      sx_notice_range *nrv = realloc(pb->r, cap * sizeof(*nrv));
-      if (nrv == NULL)
-        return SX_ENOMEM;
-      pb->r = nrv;
-      pb->capr = cap;
-    }
+    sx_notice_range *v = grow(pb->r, pb->nr, &pb->capr, sizeof(*v));
+    if (v == NULL)
+      return SX_ENOMEM;
+    pb->r = v;
     pb->r[pb->nr++] = (sx_notice_range){.region = w[i].remote_region, .offset = w[i].offset,
                                         .length = w[i].length};
   }
@@ -94,44 +114,32 @@ static int note_ranges(sx__pbatch *pb, const sx_range_write *w, size_t n) {
 
 /* ------------------------------------------------------------ add */
 
-int sx_batch_add_block_writes(sx_batch *b, const sx_block_write *w, size_t n) {
-  static const char what[] = "sx_batch_add_block_writes";
-  sx__plan *plan;
-  sx__pbatch *pb;
-  if (b == NULL || (w == NULL && n > 0))
-    return sx__err(SX_EINVAL, "%s: NULL argument", what);
-  int rc = sx__batch_entries(b, 1, what, &plan, &pb);
-  if (rc)
-    return rc;
+/* w as the planner takes it (read entries; the caller frees them), or NULL
+ * if memory runs out. */
+static sx_block_read *block_reads(const sx_block_write *w, size_t n) {
   sx_block_read *r = malloc((n ? n : 1) * sizeof(*r));
-  if (r == NULL)
-    return sx__err(SX_ENOMEM, "%s", what);
-  for (size_t i = 0; i < n; i++)
+  for (size_t i = 0; r != NULL && i < n; i++)
     r[i] = (sx_block_read){.group = w[i].group, .layer_first = w[i].layer_first,
                            .layer_count = w[i].layer_count, .slots = w[i].slots,
                            .remote_block = w[i].remote_block,
                            .local_block = w[i].local_block, .count = w[i].count};
-  /* The notice list first (it can be undone), then the plan (all or
-   * nothing by itself); a failed plan undoes the list. */
-  uint32_t nb = pb->nb;
-  sx_notice_blocks last = nb ? pb->b[nb - 1] : (sx_notice_blocks){0};
-  rc = note_blocks(pb, w, n);
-  if (rc == 0) {
-    rc = sx__plan_add_blocks(plan, r, n);
-  } else {
-    rc = rc == SX_ELIMIT ? limit_err(what) : sx__err(rc, "%s", what);
-  }
-  if (rc) {
-    pb->nb = nb;
-    if (nb)
-      pb->b[nb - 1] = last;
-  }
-  free(r);
-  return rc;
+  return r;
 }
 
-int sx_batch_add_range_writes(sx_batch *b, const sx_range_write *w, size_t n) {
-  static const char what[] = "sx_batch_add_range_writes";
+static sx_range_read *range_reads(const sx_range_write *w, size_t n) {
+  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  for (size_t i = 0; r != NULL && i < n; i++)
+    r[i] = (sx_range_read){.local = (void *)(uintptr_t)w[i].local,
+                           .remote_region = w[i].remote_region, .offset = w[i].offset,
+                           .length = w[i].length};
+  return r;
+}
+
+/* Add n write entries w, sx_block_write (blocks) or sx_range_write: note
+ * them in the notice list first (that can be undone), then plan them as
+ * reads in write mode (all or nothing by itself); a failed plan undoes the
+ * list. */
+static int add_writes(sx_batch *b, int blocks, const void *w, size_t n, const char *what) {
   sx__plan *plan;
   sx__pbatch *pb;
   if (b == NULL || (w == NULL && n > 0))
@@ -139,28 +147,30 @@ int sx_batch_add_range_writes(sx_batch *b, const sx_range_write *w, size_t n) {
   int rc = sx__batch_entries(b, 1, what, &plan, &pb);
   if (rc)
     return rc;
-  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  void *r = blocks ? (void *)block_reads(w, n) : (void *)range_reads(w, n);
   if (r == NULL)
     return sx__err(SX_ENOMEM, "%s", what);
-  for (size_t i = 0; i < n; i++)
-    r[i] = (sx_range_read){.local = (void *)(uintptr_t)w[i].local,
-                           .remote_region = w[i].remote_region, .offset = w[i].offset,
-                           .length = w[i].length};
-  uint32_t nr = pb->nr;
-  sx_notice_range last = nr ? pb->r[nr - 1] : (sx_notice_range){0};
-  rc = note_ranges(pb, w, n);
-  if (rc == 0) {
-    rc = sx__plan_add_ranges(plan, r, n);
-  } else {
-    rc = rc == SX_ELIMIT ? limit_err(what) : sx__err(rc, "%s", what);
-  }
-  if (rc) {
-    pb->nr = nr;
-    if (nr)
-      pb->r[nr - 1] = last;
-  }
+  pmark m = mark(pb);
+  rc = blocks ? note_blocks(pb, w, n) : note_ranges(pb, w, n);
+  if (rc == SX_ELIMIT)
+    rc = sx__err(SX_ELIMIT, "%s: the batch's notice would list more than %u entries "
+                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
+  else if (rc)
+    rc = sx__err(rc, "%s", what);
+  else
+    rc = blocks ? sx__plan_add_blocks(plan, r, n) : sx__plan_add_ranges(plan, r, n);
+  if (rc)
+    undo(pb, &m);
   free(r);
   return rc;
+}
+
+int sx_batch_add_block_writes(sx_batch *b, const sx_block_write *w, size_t n) {
+  return add_writes(b, 1, w, n, "sx_batch_add_block_writes");
+}
+
+int sx_batch_add_range_writes(sx_batch *b, const sx_range_write *w, size_t n) {
+  return add_writes(b, 0, w, n, "sx_batch_add_range_writes");
 }
 
 int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
@@ -199,17 +209,10 @@ int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
     free(w);
     return rc;
   }
-  sx_block_read *r = malloc(runs * sizeof(*r));
-  if (r == NULL) {
-    free(w);
-    return sx__err(SX_ENOMEM, "%s", what);
-  }
-  for (size_t i = 0; i < runs; i++)
-    r[i] = (sx_block_read){.group = w[i].group, .layer_first = w[i].layer_first,
-                           .layer_count = w[i].layer_count, .slots = w[i].slots,
-                           .remote_block = w[i].remote_block,
-                           .local_block = w[i].local_block, .count = w[i].count};
+  sx_block_read *r = block_reads(w, runs);
   free(w);
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "%s", what);
   rc = sx_batch_add_blocks(b, r, runs);
   free(r);
   return rc;

@@ -101,6 +101,18 @@ static void test_hello_round_trip(void **state) {
   n = sx__hello_encode(&h, b, sizeof(b));
   sxt_ok(sx__hello_decode(b, (size_t)n, &g));
   assert_string_equal(g.name, "");
+  /* sx__hello_build, what the tcp and cuda_ipc readers send: the same
+   * bytes as the struct's encoding; a NULL name is the empty one. */
+  uint8_t c[SX__HELLO_MAX];
+  strcpy(h.name, "decode-3/tp1");
+  n = sx__hello_encode(&h, b, sizeof(b));
+  assert_int_equal(sx__hello_build(h.incarnation, h.token, "decode-3/tp1", c, sizeof(c)), n);
+  assert_memory_equal(c, b, (size_t)n);
+  n = sx__hello_build(h.incarnation, h.token, NULL, c, sizeof(c));
+  sxt_ok(sx__hello_decode(c, (size_t)n, &g));
+  assert_memory_equal(g.incarnation, h.incarnation, 16);
+  assert_memory_equal(g.token, h.token, 16);
+  assert_string_equal(g.name, "");
 }
 
 static void test_hello_rejects_inconsistent_bodies(void **state) {

@@ -12,86 +12,11 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "mem/mem.h"
 #include "pattern.h"
 #include "segxfer/agent.h"
 #include "sxctl.h"
-
-static sx_log_level agent_log_level = SX_LOG_WARN;
-
-static void agent_log(void *arg, sx_log_level level, const char *msg) {
-  (void)arg;
-  static const char *const names[] = {"error", "warning", "info", "debug"};
-  fprintf(stderr, "sxctl: agent %s: %s\n", names[level <= SX_LOG_DEBUG ? level : 3], msg);
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static const char *kind_name(sx_transport_kind k) {
-  return k == SX_TRANSPORT_RDMA ? "rdma" : k == SX_TRANSPORT_TCP ? "tcp"
-       : k == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "none";
-}
-
-static int parse_transport(const char *s, unsigned *out) {
-  if (strcmp(s, "tcp") == 0)
-    *out = SX_TRANSPORTS_TCP;
-  else if (strcmp(s, "rdma") == 0)
-    *out = SX_TRANSPORTS_RDMA;
-  else if (strcmp(s, "cuda_ipc") == 0)
-    *out = SX_TRANSPORTS_CUDA_IPC;
-  else if (strcmp(s, "auto") == 0)
-    *out = SX_TRANSPORTS_ALL;
-  else
-    return -1;
-  return 0;
-}
-
-static int parse_u64(const char *s, uint64_t *out) {
-  char *end;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (s[0] == '\0' || s[0] == '-' || *end != '\0')
-    return -1;
-  *out = v;
-  return 0;
-}
-
-/* A reader-only agent on the store of ctx. */
-static int start_agent(const sxctl_cmd *cmd, sxctl_ctx *ctx, unsigned transports,
-                       const sx_layout *layout, sx_agent **out) {
-  if (ctx->metadata == NULL) {
-    sxctl_err(cmd, "no metadata store given: use --metadata URL or set SX_METADATA_URL");
-    return SXCTL_ERROR;
-  }
-  sx_agent_params p;
-  sx_agent_params_init(&p);
-  p.metadata_url = ctx->metadata;
-  p.transports = transports;
-  p.log = agent_log;
-  p.log_level = agent_log_level;
-  if (layout != NULL)
-    p.layout = *layout;
-  int rc = sx_agent_create(&p, out);
-  if (rc) {
-    sxctl_err(cmd, "%s: %s", sx_err_name(rc), sx_errmsg());
-    return SXCTL_ERROR;
-  }
-  return SXCTL_OK;
-}
-
-static int open_segment(const sxctl_cmd *cmd, sx_agent *a, const char *name,
-                        uint32_t wait_ms, sx_segment **out) {
-  int rc = sx_segment_open(a, name, wait_ms, out);
-  if (rc == 0)
-    return SXCTL_OK;
-  sxctl_err(cmd, "%s: %s: %s", name, sx_err_name(rc), sx_errmsg());
-  return rc == SX_ENOENT ? SXCTL_NO : SXCTL_ERROR;
-}
 
 /* ------------------------------------------------------------------ read */
 
@@ -102,23 +27,29 @@ typedef struct mregion {
   uint64_t layer_stride;
 } mregion;
 
-/* One entry shape per group: its layers and slots. */
-typedef struct group_shape {
-  uint32_t group, layer_first, layer_end;
-  uint64_t slots;
-} group_shape;
+typedef struct read_opts {
+  sxctl_data_opts c; /* NAME and the options write takes too */
+  uint64_t seed;
+  int verify, no_check;
+  const char *location;
+  sx_layout layout; /* what to expect; empty fields: the segment's */
+} read_opts;
 
 typedef struct reader {
+  const sxctl_cmd *cmd;
+  const read_opts *o;
   sx_agent *a;
   sx_segment *seg;
   const sx_desc *d;
   mregion *m;
   uint8_t *mem;
   const char *location; /* of mem: "cpu" or "cuda:N" */
-  group_shape *g;
+  sxctl_group *g; /* one entry shape per group */
   uint32_t n_groups;
   uint64_t max_block; /* blocks every region has */
   uint64_t per_block; /* bytes one block brings (all groups, layers, slots) */
+  uint64_t bytes, checked, batches, ranges; /* the figures so far */
+  double transfer;                          /* seconds in batches */
 } reader;
 
 /* Register local regions mirroring the segment's, cap blocks each. */
@@ -140,19 +71,7 @@ static int mirror(const sxctl_cmd *cmd, reader *r, uint64_t cap) {
     if (R->num_blocks < r->max_block)
       r->max_block = R->num_blocks;
     r->per_block += R->block_bytes * R->layer_count;
-    group_shape *g = NULL;
-    for (uint32_t k = 0; k < r->n_groups && g == NULL; k++)
-      if (r->g[k].group == R->group)
-        g = &r->g[k];
-    if (g == NULL) {
-      g = &r->g[r->n_groups++];
-      *g = (group_shape){R->group, R->layer_first, R->layer_first + R->layer_count, 0};
-    }
-    if (R->layer_first < g->layer_first)
-      g->layer_first = R->layer_first;
-    if (R->layer_first + R->layer_count > g->layer_end)
-      g->layer_end = R->layer_first + R->layer_count;
-    g->slots |= 1ull << R->slot;
+    sxctl_group_add(r->g, &r->n_groups, R);
   }
   sx__mem_info where;
   if (sx__mem_parse_location(r->location, &where) != 0) {
@@ -192,65 +111,6 @@ static int mirror(const sxctl_cmd *cmd, reader *r, uint64_t cap) {
   return SXCTL_OK;
 }
 
-/* Parse --blocks: "random:N", "all", or a list "0-9,17,40-41". */
-static int parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed,
-                        uint64_t **out, size_t *n) {
-  size_t cap = 64, k = 0;
-  uint64_t *v = malloc(cap * sizeof(*v));
-  if (v == NULL)
-    return -1;
-  if (strncmp(spec, "random:", 7) == 0) {
-    uint64_t count;
-    if (parse_u64(spec + 7, &count) || count == 0) {
-      free(v);
-      return -1;
-    }
-    uint64_t x = rand_seed;
-    for (uint64_t i = 0; i < count; i++) {
-      if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
-        return -1;
-      x ^= x << 13; /* xorshift64: reproducible for a given --seed */
-      x ^= x >> 7;
-      x ^= x << 17;
-      v[k++] = x % max;
-    }
-  } else {
-    char buf[4096];
-    if (strcmp(spec, "all") == 0)
-      snprintf(buf, sizeof(buf), "0-%" PRIu64, max - 1);
-    else
-      snprintf(buf, sizeof(buf), "%s", spec);
-    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      uint64_t a, b;
-      char *dash = strchr(tok, '-');
-      if (dash) {
-        *dash = '\0';
-        if (parse_u64(tok, &a) || parse_u64(dash + 1, &b) || b < a) {
-          free(v);
-          return -1;
-        }
-      } else if (parse_u64(tok, &a)) {
-        free(v);
-        return -1;
-      } else {
-        b = a;
-      }
-      for (uint64_t x = a; x <= b; x++) {
-        if (x >= max) {
-          free(v);
-          return -2;
-        }
-        if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
-          return -1;
-        v[k++] = x;
-      }
-    }
-  }
-  *out = v;
-  *n = k;
-  return 0;
-}
-
 /* Check the blocks a batch brought; returns the bytes checked or -1. */
 static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blocks,
                       size_t n, uint64_t first_local, uint64_t seed) {
@@ -270,11 +130,7 @@ static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blo
           return -1;
         }
         if (bad_rc != 0) {
-          char s[16];
-          sxctl_err(cmd, "verify: block %" PRIu64 " group %u layer %u slot %s (region %u):"
-                    " byte %" PRIu64 " differs from the pattern of seed %" PRIu64,
-                    blocks[i], R->group, R->layer_first + l, sx_slot_name(R->slot, s),
-                    R->id, bad, seed);
+          sxctl_pattern_differs(cmd, R, l, blocks[i], bad, seed);
           return -1;
         }
         checked += (int64_t)R->block_bytes;
@@ -284,12 +140,15 @@ static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blo
   return checked;
 }
 
-/* Start a batch of n blocks into local blocks [first_local, +n). */
-static int submit(const sxctl_cmd *cmd, reader *r, const uint64_t *blocks, size_t n,
-                  uint64_t first_local, uint32_t timeout_ms, sx_batch **out) {
+/* sxctl_pipeline's start: a batch of n blocks into local blocks
+ * [first_local, +n). */
+static int submit(void *arg, const uint64_t *blocks, size_t n, uint64_t first_local,
+                  uint64_t index, sx_batch **out) {
+  reader *r = arg;
+  (void)index;
   sx_batch_params bp;
   sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
+  bp.timeout_ms = r->o->c.timeout_ms;
   sx_batch *b;
   int rc = sx_batch_create(r->seg, &bp, &b);
   for (size_t i = 0; i < n && rc == 0; i++) {
@@ -304,7 +163,7 @@ static int submit(const sxctl_cmd *cmd, reader *r, const uint64_t *blocks, size_
   if (rc == 0)
     rc = sx_batch_submit(b);
   if (rc) {
-    sxctl_err(cmd, "batch: %s: %s", sx_err_name(rc), sx_errmsg());
+    sxctl_err(r->cmd, "batch: %s: %s", sx_err_name(rc), sx_errmsg());
     sx_batch_destroy(b);
     return SXCTL_ERROR;
   }
@@ -312,70 +171,52 @@ static int submit(const sxctl_cmd *cmd, reader *r, const uint64_t *blocks, size_
   return SXCTL_OK;
 }
 
-typedef struct read_opts {
-  const char *name, *blocks;
-  uint64_t batch, depth, seed, rand_seed;
-  int verify, json, no_check;
-  uint32_t timeout_ms, wait_ms;
-  unsigned transports;
-  const char *location;
-  sx_layout layout; /* what to expect; empty fields: the segment's */
-} read_opts;
+/* sxctl_pipeline's done: the figures of a batch, and its bytes checked. */
+static int received(void *arg, sx_batch *b, const uint64_t *blocks, size_t n,
+                    uint64_t first_local) {
+  reader *r = arg;
+  sx_batch_result res;
+  if (sxctl_batch_finish(r->cmd, b, &res) != SXCTL_OK)
+    return SXCTL_ERROR;
+  r->bytes += res.bytes;
+  r->ranges += res.n_ranges;
+  r->transfer += (double)res.transfer_ns / 1e9;
+  r->batches++;
+  if (r->o->verify) {
+    int64_t c = verify(r->cmd, r, blocks, n, first_local, r->o->seed);
+    if (c < 0)
+      return SXCTL_NO;
+    r->checked += (uint64_t)c;
+  }
+  return SXCTL_OK;
+}
+
+static const sxctl_pipe_ops read_pipe = {.start = submit, .done = received};
 
 static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o) {
   memset(o, 0, sizeof(*o));
-  o->blocks = "random:100";
-  o->batch = 64;
-  o->depth = 2;
-  o->timeout_ms = 10000;
-  o->wait_ms = 0;
-  o->transports = SX_TRANSPORTS_ALL;
+  sxctl_data_opts_init(&o->c);
   o->location = "cpu";
-  o->rand_seed = (uint64_t)time(NULL) | 1;
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t n;
-#define NEED(opt)                                                              \
-  if (v == NULL)                                                               \
-    return sxctl_usage(cmd, "%s needs a value", opt);                          \
-  i++
-    if (sxctl_is_help(cmd, a))
-      return -1;
-    if (strcmp(a, "--blocks") == 0) {
-      NEED(a);
-      o->blocks = v;
-    } else if (strcmp(a, "--verify") == 0) {
-      NEED(a);
+    const char *a = argv[i], *v;
+    int rc;
+    if (strcmp(a, "--verify") == 0) {
+      if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)
+        return SXCTL_ERROR;
       if (sx__pattern_parse(v, &o->seed))
         return sxctl_usage(cmd, "--verify '%s' is not a seed", v);
       o->verify = 1;
-    } else if (strcmp(a, "--batch") == 0 || strcmp(a, "--depth") == 0) {
-      NEED(a);
-      if (parse_u64(v, &n) || n == 0 || n > 65536)
-        return sxctl_usage(cmd, "%s '%s' is not 1..65536", a, v);
-      *(a[2] == 'b' ? &o->batch : &o->depth) = n;
-    } else if (strcmp(a, "--seed") == 0) {
-      NEED(a);
-      if (parse_u64(v, &o->rand_seed) || o->rand_seed == 0)
-        return sxctl_usage(cmd, "--seed '%s' is not a non-zero number", v);
-    } else if (strcmp(a, "--timeout-ms") == 0 || strcmp(a, "--wait-ms") == 0) {
-      NEED(a);
-      if (parse_u64(v, &n) || n > 3600000)
-        return sxctl_usage(cmd, "%s '%s' is not 0..3600000", a, v);
-      *(a[2] == 't' ? &o->timeout_ms : &o->wait_ms) = (uint32_t)n;
     } else if (strcmp(a, "--location") == 0) {
-      NEED(a);
+      if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)
+        return SXCTL_ERROR;
       sx__mem_info m;
       if (sx__mem_parse_location(v, &m) != 0)
         return sxctl_usage(cmd, "--location '%s': use cpu or cuda:N", v);
       o->location = v;
-    } else if (strcmp(a, "--transport") == 0) {
-      NEED(a);
-      if (parse_transport(v, &o->transports))
-        return sxctl_usage(cmd, "--transport '%s': use tcp, rdma, cuda_ipc or auto", v);
     } else if (strcmp(a, "--fingerprint") == 0 || strcmp(a, "--dtype") == 0 ||
                strcmp(a, "--tag") == 0) {
-      NEED(a);
+      if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)
+        return SXCTL_ERROR;
       char *dst = a[2] == 'f' ? o->layout.fingerprint : a[2] == 'd' ? o->layout.dtype
                                                                     : o->layout.tag;
       size_t size = a[2] == 'f' ? sizeof(o->layout.fingerprint) : sizeof(o->layout.tag);
@@ -384,22 +225,11 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
       memcpy(dst, v, strlen(v) + 1);
     } else if (strcmp(a, "--no-check") == 0) {
       o->no_check = 1;
-    } else if (strcmp(a, "--json") == 0) {
-      o->json = 1;
-    } else if (strcmp(a, "--verbose") == 0) {
-      agent_log_level = SX_LOG_INFO;
-    } else if (strcmp(a, "--debug") == 0) {
-      agent_log_level = SX_LOG_DEBUG;
-    } else if (a[0] == '-') {
-      return sxctl_usage(cmd, "unknown option '%s'", a);
-    } else if (o->name == NULL) {
-      o->name = a;
-    } else {
-      return sxctl_usage(cmd, "unexpected argument '%s'", a);
+    } else if ((rc = sxctl_data_opt(cmd, &o->c, argc, argv, &i)) != 0) {
+      return rc;
     }
-#undef NEED
   }
-  if (o->name == NULL)
+  if (o->c.name == NULL)
     return sxctl_usage(cmd, "which segment? (sxctl read NAME ...)");
   return 0;
 }
@@ -412,19 +242,20 @@ static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
     return rc < 0 ? SXCTL_OK : rc;
   reader r;
   memset(&r, 0, sizeof(r));
+  r.cmd = cmd;
+  r.o = &o;
   uint64_t *blocks = NULL;
   size_t n_blocks = 0;
   sx_desc mine;
-  sx_batch **inflight = NULL;
   int code = SXCTL_ERROR;
-  if ((rc = start_agent(cmd, ctx, o.transports, NULL, &r.a)) != SXCTL_OK)
+  if ((rc = sxctl_agent_start(cmd, ctx, NULL, NULL, o.c.transports, o.c.log_level, &r.a)))
     return rc;
-  if ((code = open_segment(cmd, r.a, o.name, o.wait_ms, &r.seg)) != SXCTL_OK)
+  if ((code = sxctl_segment_open(cmd, r.a, o.c.name, o.c.wait_ms, &r.seg)) != SXCTL_OK)
     goto out;
   code = SXCTL_ERROR;
   r.d = sx_segment_desc(r.seg);
   r.location = o.location;
-  if ((rc = mirror(cmd, &r, o.batch * o.depth)) != SXCTL_OK)
+  if ((rc = mirror(cmd, &r, o.c.batch * o.c.depth)) != SXCTL_OK)
     goto out;
 
   /* The compatibility check: the segment-wide facts are what the caller
@@ -450,7 +281,7 @@ static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
   sx_desc_free(&local);
   if (rc == SX_EINCOMPAT) {
     check = "INCOMPATIBLE";
-    if (!o.json)
+    if (!o.c.json)
       printf("layout check: INCOMPATIBLE: %s\n", m.message);
     if (!o.no_check) {
       code = SXCTL_NO;
@@ -459,104 +290,40 @@ static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
   } else if (rc) {
     sxctl_err(cmd, "layout check: %s: %s", sx_err_name(rc), sx_errmsg());
     goto out;
-  } else if (!o.json) {
+  } else if (!o.c.json) {
     printf("layout check: compatible (fingerprint %s, tag %s, dtype %s, %u regions)\n",
            r.d->layout.fingerprint, r.d->layout.tag, r.d->layout.dtype, r.d->n_regions);
   }
 
-  rc = parse_blocks(o.blocks, r.max_block, o.rand_seed, &blocks, &n_blocks);
-  if (rc == -2) {
-    sxctl_err(cmd, "--blocks %s: the segment has %" PRIu64 " blocks per region", o.blocks,
-              r.max_block);
+  if (sxctl_blocks(cmd, &o.c, r.max_block, "the segment has", " per region", &blocks,
+                   &n_blocks) != SXCTL_OK)
     goto out;
-  }
-  if (rc) {
-    code = sxctl_usage(cmd, "--blocks '%s': use random:N, all, or a list like 0-9,17",
-                       o.blocks);
+  double t0 = sxctl_now_s();
+  if ((code = sxctl_pipeline(&o.c, blocks, n_blocks, &read_pipe, &r)) != SXCTL_OK)
     goto out;
-  }
-  inflight = calloc(o.depth, sizeof(*inflight));
-  uint64_t bytes = 0, checked = 0, batches = 0, ranges = 0;
-  double transfer = 0, t0 = now_s();
-  size_t next = 0, done = 0;
-  /* Pipeline: up to depth batches in flight, each into its own slice of
-   * the local buffers; the oldest is waited for, checked, replaced. */
-  while (done < n_blocks) {
-    for (uint64_t s = 0; s < o.depth && next < n_blocks; s++) {
-      if (inflight[s] != NULL)
-        continue;
-      size_t n = n_blocks - next < o.batch ? n_blocks - next : o.batch;
-      if (submit(cmd, &r, blocks + next, n, s * o.batch, o.timeout_ms, &inflight[s]))
-        goto out;
-      next += n;
-    }
-    /* Wait for the batch holding the oldest blocks. */
-    uint64_t s = (done / o.batch) % o.depth;
-    sx_batch *b = inflight[s];
-    sx_batch_wait(b, -1);
-    sx_batch_result res;
-    sx_batch_result_get(b, &res);
-    size_t n = n_blocks - done < o.batch ? n_blocks - done : o.batch;
-    if (res.state != SX_BATCH_COMPLETED) {
-      sxctl_err(cmd, "batch %s: %s: %s", sx_batch_state_name(res.state),
-                sx_err_name(res.error), res.message);
-      goto out;
-    }
-    bytes += res.bytes;
-    ranges += res.n_ranges;
-    transfer += (double)res.transfer_ns / 1e9;
-    batches++;
-    if (o.verify) {
-      int64_t c = verify(cmd, &r, blocks + done, n, s * o.batch, o.seed);
-      if (c < 0) {
-        code = SXCTL_NO;
-        goto out;
-      }
-      checked += (uint64_t)c;
-    }
-    sx_batch_destroy(b);
-    inflight[s] = NULL;
-    done += n;
-  }
-  double wall = now_s() - t0;
+  double wall = sxctl_now_s() - t0;
+  const char *via = sxctl_transport_name(sx_segment_transport(r.seg));
   char hb[32];
-  if (o.json) {
-    json_t *j = json_object();
-    json_object_set_new(j, "name", json_string(o.name));
-    json_object_set_new(j, "transport", json_string(kind_name(sx_segment_transport(r.seg))));
+  if (o.c.json) {
+    json_t *j = sxctl_report_json(o.c.name, via, n_blocks, r.batches, r.bytes, wall, r.checked);
     json_object_set_new(j, "check", json_string(check));
-    json_object_set_new(j, "blocks", json_integer((json_int_t)n_blocks));
-    json_object_set_new(j, "batches", json_integer((json_int_t)batches));
-    json_object_set_new(j, "ranges", json_integer((json_int_t)ranges));
-    json_object_set_new(j, "bytes", json_integer((json_int_t)bytes));
-    json_object_set_new(j, "seconds", json_real(wall));
-    json_object_set_new(j, "gb_per_s", json_real(wall > 0 ? (double)bytes / wall / 1e9 : 0));
-    json_object_set_new(j, "verified_bytes", json_integer((json_int_t)checked));
-    char *s = json_dumps(j, JSON_SORT_KEYS);
-    json_decref(j);
-    if (s)
-      puts(s);
-    free(s);
+    json_object_set_new(j, "ranges", json_integer((json_int_t)r.ranges));
+    sxctl_json_line(j);
   } else {
     printf("read %zu blocks (%s) from %s via %s in %" PRIu64 " batches of up to %" PRIu64
            " blocks (%" PRIu64 " ranges after merging)\n",
-           n_blocks, sxctl_bytes(bytes, hb, sizeof(hb)), o.name,
-           kind_name(sx_segment_transport(r.seg)), batches, o.batch, ranges);
+           n_blocks, sxctl_bytes(r.bytes, hb, sizeof(hb)), o.c.name,
+           via, r.batches, o.c.batch, r.ranges);
     printf("time %.3f s, %.2f GB/s (%d batches in flight; mean batch %.2f ms)\n", wall,
-           wall > 0 ? (double)bytes / wall / 1e9 : 0.0, (int)o.depth,
-           batches ? transfer * 1e3 / (double)batches : 0.0);
+           wall > 0 ? (double)r.bytes / wall / 1e9 : 0.0, (int)o.c.depth,
+           r.batches ? r.transfer * 1e3 / (double)r.batches : 0.0);
     if (o.verify)
       printf("verified every byte: %s against the pattern of seed %" PRIu64 "\n",
-             sxctl_bytes(checked, hb, sizeof(hb)), o.seed);
+             sxctl_bytes(r.checked, hb, sizeof(hb)), o.seed);
   }
-  code = o.verify && checked != bytes ? SXCTL_NO : SXCTL_OK;
+  code = o.verify && r.checked != r.bytes ? SXCTL_NO : SXCTL_OK;
 
 out:
-  if (inflight != NULL) {
-    for (uint64_t s = 0; s < o.depth; s++)
-      sx_batch_destroy(inflight[s]);
-    free(inflight);
-  }
   free(blocks);
   sx_segment_close(r.seg);
   sx_agent_destroy(r.a);
@@ -618,12 +385,12 @@ static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
       return SXCTL_OK;
     if (strcmp(a, "--count") == 0 || strcmp(a, "--timeout-ms") == 0) {
       uint64_t n;
-      if (v == NULL || parse_u64(v, &n) || n == 0 || n > 3600000)
+      if (v == NULL || sxctl_parse_u64(v, &n) || n == 0 || n > 3600000)
         return sxctl_usage(cmd, "%s needs a number 1..3600000", a);
       *(a[2] == 'c' ? &count : &timeout) = n;
       i++;
     } else if (strcmp(a, "--transport") == 0) {
-      if (v == NULL || parse_transport(v, &transports))
+      if (v == NULL || sxctl_parse_transport(v, &transports))
         return sxctl_usage(cmd, "--transport: use tcp, rdma, cuda_ipc or auto");
       i++;
     } else if (strcmp(a, "--json") == 0) {
@@ -640,10 +407,10 @@ static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
     return sxctl_usage(cmd, "which segment? (sxctl ping NAME)");
   sx_agent *a;
   sx_segment *seg = NULL;
-  int code = start_agent(cmd, ctx, transports, NULL, &a);
+  int code = sxctl_agent_start(cmd, ctx, NULL, NULL, transports, SX_LOG_WARN, &a);
   if (code != SXCTL_OK)
     return code;
-  if ((code = open_segment(cmd, a, name, 0, &seg)) != SXCTL_OK)
+  if ((code = sxctl_segment_open(cmd, a, name, 0, &seg)) != SXCTL_OK)
     goto out;
   const sx_desc *d = sx_segment_desc(seg);
   char ep[128] = "-", inc[9];
@@ -671,21 +438,17 @@ static int ping_run(sxctl_ctx *ctx, int argc, char **argv) {
   if (json) {
     json_t *j = json_object();
     json_object_set_new(j, "name", json_string(name));
-    json_object_set_new(j, "transport", json_string(kind_name(via)));
+    json_object_set_new(j, "transport", json_string(sxctl_transport_name(via)));
     json_object_set_new(j, "endpoint", json_string(ep));
     json_object_set_new(j, "count", json_integer((json_int_t)count));
     json_object_set_new(j, "rtt_us_min", json_integer((json_int_t)min));
     json_object_set_new(j, "rtt_us_avg", json_integer((json_int_t)(sum / count)));
     json_object_set_new(j, "rtt_us_max", json_integer((json_int_t)max));
-    char *s = json_dumps(j, JSON_SORT_KEYS);
-    json_decref(j);
-    if (s)
-      puts(s);
-    free(s);
+    sxctl_json_line(j);
   } else {
     printf("%s: %" PRIu64 " pings via %s: min %" PRIu64 " us, avg %" PRIu64
            " us, max %" PRIu64 " us\n",
-           name, count, kind_name(via), min, sum / count, max);
+           name, count, sxctl_transport_name(via), min, sum / count, max);
   }
   code = SXCTL_OK;
 out:
@@ -710,16 +473,3 @@ const sxctl_cmd sxctl_cmd_ping = {
             "  sxctl ping prefill-0/tp3 --count 5\n",
     .run = ping_run,
 };
-
-/* ------------------------------------------------------------------ shared */
-
-int sxctl_parse_u64(const char *s, uint64_t *out) { return parse_u64(s, out); }
-
-int sxctl_parse_transport(const char *s, unsigned *out) { return parse_transport(s, out); }
-
-int sxctl_parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed, uint64_t **out,
-                       size_t *n) {
-  return parse_blocks(spec, max, rand_seed, out, n);
-}
-
-const char *sxctl_transport_name(sx_transport_kind k) { return kind_name(k); }

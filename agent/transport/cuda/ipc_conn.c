@@ -263,12 +263,9 @@ static void c_connected(uv_connect_t *req, int status) {
   }
   const sx_tctx *x = p->t->base.ctx;
   uv_tcp_nodelay(&p->h, 1);
-  sx__hello h;
-  memcpy(h.incarnation, p->remote->incarnation, SX_INCARNATION_LEN);
-  memcpy(h.token, p->remote->token, SX_TOKEN_LEN);
-  snprintf(h.name, sizeof(h.name), "%s", x->name ? x->name : "");
   uint8_t body[SX__HELLO_MAX];
-  int len = sx__hello_encode(&h, body, sizeof(body));
+  int len = sx__hello_build(p->remote->incarnation, p->remote->token, x->name, body,
+                            sizeof(body));
   sx__frame f = {.type = SX__FRAME_HELLO, .length = (uint64_t)len};
   p->state = C_HELLO;
   p->wauth = WA_NONE;

@@ -42,8 +42,26 @@ typedef struct cm_ev {
 
 /* ------------------------------------------------------------------ target side */
 
-static void tconn_destroy(rdma_tconn *tc) {
+void sx__rdma_tconn_link(rdma_tconn *tc) {
   sx_rdma *t = tc->t;
+  tc->prev = NULL;
+  tc->next = t->tconns;
+  if (t->tconns != NULL)
+    t->tconns->prev = tc;
+  t->tconns = tc;
+}
+
+void sx__rdma_tconn_unlink(rdma_tconn *tc) {
+  sx_rdma *t = tc->t;
+  if (tc->prev != NULL)
+    tc->prev->next = tc->next;
+  else
+    t->tconns = tc->next;
+  if (tc->next != NULL)
+    tc->next->prev = tc->prev;
+}
+
+static void tconn_destroy(rdma_tconn *tc) {
   if (tc->write)
     sx__rdma_wserve_gone(tc); /* its QP goes first, after what completed on it */
   if (tc->established)
@@ -51,12 +69,7 @@ static void tconn_destroy(rdma_tconn *tc) {
   if (tc->id->qp != NULL)
     rdma_destroy_qp(tc->id);
   rdma_destroy_id(tc->id);
-  if (tc->prev != NULL)
-    tc->prev->next = tc->next;
-  else
-    t->tconns = tc->next;
-  if (tc->next != NULL)
-    tc->next->prev = tc->prev;
+  sx__rdma_tconn_unlink(tc);
   free(tc);
 }
 
@@ -71,6 +84,20 @@ void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const ch
                sx__rdma_sockaddr_str(rdma_get_peer_addr(id), from, sizeof(from)),
                sx__rdma_reject_text(reason));
   rdma_destroy_id(id);
+}
+
+int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads) {
+  const sx_tctx *ctx = t->base.ctx;
+  sx__rdma_accept_wire aw;
+  sx__rdma_accept_pack(&aw, ctx->incarnation);
+  struct rdma_conn_param cp;
+  memset(&cp, 0, sizeof(cp));
+  cp.responder_resources = (uint8_t)(reads > 255 ? 255 : reads);
+  cp.initiator_depth = 0;
+  cp.rnr_retry_count = 7;
+  cp.private_data = &aw;
+  cp.private_data_len = sizeof(aw);
+  return rdma_accept(id, &cp);
 }
 
 static void on_connect_request(sx_rdma *t, const cm_ev *e) {
@@ -148,24 +175,12 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
     rd = (unsigned)dev->attr.max_qp_rd_atom;
   if (rd == 0)
     rd = 1;
-  sx__rdma_accept_wire aw;
-  sx__rdma_accept_pack(&aw, ctx->incarnation);
-  struct rdma_conn_param cp;
-  memset(&cp, 0, sizeof(cp));
-  cp.responder_resources = (uint8_t)(rd > 255 ? 255 : rd);
-  cp.initiator_depth = 0;
-  cp.rnr_retry_count = 7;
-  cp.private_data = &aw;
-  cp.private_data_len = sizeof(aw);
-  if (rdma_accept(id, &cp) != 0) {
+  if (sx__rdma_accept(t, id, rd) != 0) {
     sx__rdma_log(t, SX_LOG_ERROR, "rdma_accept for reader '%s': %s", h.name, strerror(errno));
     rdma_destroy_qp(id);
     goto out_reject;
   }
-  tc->next = t->tconns;
-  if (t->tconns != NULL)
-    t->tconns->prev = tc;
-  t->tconns = tc;
+  sx__rdma_tconn_link(tc);
   return;
 
 out_reject:

@@ -487,6 +487,12 @@ void sx__rdma_pump(rdma_peer *p);
 void sx__rdma_conn_poll(rdma_conn *c);
 /* Completion channel of a device became readable. */
 void sx__rdma_on_cq_event(uv_poll_t *h, int status, int events);
+/* One round of completion channel ch: the events pending now, at most a
+ * fixed number (so one busy channel cannot starve the loop).  Each CQ is
+ * re-armed before it is polled with poll_fn(its cq_context, arg), and its
+ * event acked.  Returns the events taken. */
+int sx__rdma_cq_round(sx_rdma *t, struct ibv_comp_channel *ch,
+                      void (*poll_fn)(void *cq_ctx, void *arg), void *arg);
 /* A drained conn: retire what is left, destroy, and go on with the queue. */
 void sx__rdma_conn_finish(rdma_conn *c);
 /* Fail every rop of the peer that still has slices to issue. */
@@ -501,6 +507,13 @@ void sx__rdma_rop_free(rdma_rop *rop);
 
 /* Reject a connect request (reason in its private data) and drop its id. */
 void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const char *who);
+/* Add tc to / take it from its transport's list of accepted conns. */
+void sx__rdma_tconn_link(rdma_tconn *tc);
+void sx__rdma_tconn_unlink(rdma_tconn *tc);
+/* Accept a connect request with our incarnation in the private data,
+ * serving `reads` RDMA READs at once (0: none); rdma_accept's result
+ * (errno set on failure). */
+int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads);
 
 /* ------------------------------------------------------------------ rdma_wserve.c */
 

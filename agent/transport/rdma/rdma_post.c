@@ -507,6 +507,30 @@ void sx__rdma_conn_finish(rdma_conn *c) {
   sx__rdma_pump(p);
 }
 
+int sx__rdma_cq_round(sx_rdma *t, struct ibv_comp_channel *ch,
+                      void (*poll_fn)(void *cq_ctx, void *arg), void *arg) {
+  int k;
+  for (k = 0; k < CQ_EVENTS_PER_ROUND; k++) {
+    struct ibv_cq *cq;
+    void *cq_ctx;
+    if (ibv_get_cq_event(ch, &cq, &cq_ctx) != 0)
+      break; /* EAGAIN: the channel is drained */
+    /* Re-arm before polling, so a completion that lands after the last
+     * poll still raises an event. */
+    if (ibv_req_notify_cq(cq, 0) != 0)
+      sx__rdma_log(t, SX_LOG_ERROR, "ibv_req_notify_cq: %s", strerror(errno));
+    poll_fn(cq_ctx, arg);
+    ibv_ack_cq_events(cq, 1);
+  }
+  return k;
+}
+
+/* sx__rdma_cq_round's poll for the reader's CQs: one per conn. */
+static void poll_conn(void *cq_ctx, void *arg) {
+  (void)arg;
+  sx__rdma_conn_poll(cq_ctx);
+}
+
 void sx__rdma_on_cq_event(uv_poll_t *h, int status, int events) {
   rdma_dev *d = h->data;
   sx_rdma *t = d->t;
@@ -517,20 +541,7 @@ void sx__rdma_on_cq_event(uv_poll_t *h, int status, int events) {
    * Posting from inside the round would let a device that completes READs
    * within ibv_post_send (Soft-RoCE over loopback) keep this callback
    * busy until the whole batch is done, starving the rest of the loop. */
-  for (int k = 0; k < CQ_EVENTS_PER_ROUND; k++) {
-    struct ibv_cq *cq;
-    void *cq_ctx;
-    if (ibv_get_cq_event(d->chan, &cq, &cq_ctx) != 0)
-      break; /* EAGAIN: the channel is drained */
-    rdma_conn *c = cq_ctx;
-    t->stats.cq_events++;
-    /* Re-arm before polling, so a completion that lands after the last
-     * poll still raises an event. */
-    if (ibv_req_notify_cq(cq, 0) != 0)
-      sx__rdma_log(t, SX_LOG_ERROR, "ibv_req_notify_cq: %s", strerror(errno));
-    sx__rdma_conn_poll(c);
-    ibv_ack_cq_events(cq, 1);
-  }
+  t->stats.cq_events += (uint64_t)sx__rdma_cq_round(t, d->chan, poll_conn, NULL);
   /* Conns whose flush completed are destroyed only now, after their CQ
    * events were acked. */
   for (rdma_peer *p = t->peers; p != NULL; p = p->next)

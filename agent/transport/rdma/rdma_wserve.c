@@ -40,7 +40,6 @@
 #include "segxfer/push.h"
 
 #define POLL_BATCH 32
-#define CQ_EVENTS_PER_ROUND 64
 
 static void free_handle(uv_handle_t *h) { free(h); }
 
@@ -176,22 +175,20 @@ static void wcq_poll(sx_rdma *t, rdma_dev *d) {
       on_wc(t, d, &wc[k]);
 }
 
+/* sx__rdma_cq_round's poll for the device's one write CQ. */
+static void poll_wcq(void *cq_ctx, void *arg) {
+  rdma_dev *d = arg;
+  (void)cq_ctx;
+  wcq_poll(d->t, d);
+}
+
 static void on_wcq_event(uv_poll_t *h, int status, int events) {
   rdma_dev *d = h->data;
   sx_rdma *t = d->t;
   (void)status;
   (void)events;
   sx__rdma_enter(t);
-  for (int k = 0; k < CQ_EVENTS_PER_ROUND; k++) {
-    struct ibv_cq *cq;
-    void *cq_ctx;
-    if (ibv_get_cq_event(d->wchan, &cq, &cq_ctx) != 0)
-      break;
-    if (ibv_req_notify_cq(cq, 0) != 0)
-      sx__rdma_log(t, SX_LOG_ERROR, "ibv_req_notify_cq: %s", strerror(errno));
-    wcq_poll(t, d);
-    ibv_ack_cq_events(cq, 1);
-  }
+  sx__rdma_cq_round(t, d->wchan, poll_wcq, d);
   sx__rdma_leave(t, 1);
 }
 
@@ -308,16 +305,6 @@ static uint8_t reject_reason(int rc) {
   }
 }
 
-static void unlink_tconn(rdma_tconn *tc) {
-  sx_rdma *t = tc->t;
-  if (tc->prev != NULL)
-    tc->prev->next = tc->next;
-  else
-    t->tconns = tc->next;
-  if (tc->next != NULL)
-    tc->next->prev = tc->prev;
-}
-
 /* Say no to a producer whose request is still pending, and forget it. */
 static void refuse(rdma_tconn *tc, int rc, const char *msg) {
   sx_rdma *t = tc->t;
@@ -326,7 +313,7 @@ static void refuse(rdma_tconn *tc, int rc, const char *msg) {
                msg != NULL && msg[0] ? msg : sx_strerror(rc));
   if (ctx->written != NULL)
     ctx->written(ctx->agent, SX_TRANSPORT_RDMA, 0, rc);
-  unlink_tconn(tc);
+  sx__rdma_tconn_unlink(tc);
   tc->id->context = &t->listen_cm;
   sx__rdma_reject(t, tc->id, reject_reason(rc), tc->reader);
   free(tc);
@@ -336,7 +323,6 @@ static void refuse(rdma_tconn *tc, int rc, const char *msg) {
 static int accept_producer(rdma_tconn *tc) {
   sx_rdma *t = tc->t;
   rdma_dev *d = tc->dev;
-  const sx_tctx *ctx = t->base.ctx;
   int rc;
   if (d->n_wconns >= wmax_conns(d))
     return sx__err(SX_ELIMIT, "%s serves %u producers' QPs already", d->name, d->n_wconns);
@@ -360,16 +346,7 @@ static int accept_producer(rdma_tconn *tc) {
   }
   tc->qpn = tc->id->qp->qp_num;
   d->n_wconns++;
-  sx__rdma_accept_wire aw;
-  sx__rdma_accept_pack(&aw, ctx->incarnation);
-  struct rdma_conn_param cp;
-  memset(&cp, 0, sizeof(cp));
-  cp.responder_resources = 0; /* a producer's QP cannot READ here */
-  cp.initiator_depth = 0;
-  cp.rnr_retry_count = 7;
-  cp.private_data = &aw;
-  cp.private_data_len = sizeof(aw);
-  if (rdma_accept(tc->id, &cp) != 0) {
+  if (sx__rdma_accept(t, tc->id, 0) != 0) { /* a producer's QP cannot READ here */
     rc = sx__err(SX_ERDMA, "rdma_accept for producer %s: %s", tc->producer, strerror(errno));
     sx__rdma_wserve_gone(tc);
     return rc;
@@ -419,10 +396,7 @@ void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_h
   snprintf(tc->reader, sizeof(tc->reader), "%s", who);
   snprintf(tc->producer, sizeof(tc->producer), "%s", who);
   id->context = tc;
-  tc->next = t->tconns;
-  if (t->tconns != NULL)
-    t->tconns->prev = tc;
-  t->tconns = tc;
+  sx__rdma_tconn_link(tc);
   /* Found by incarnation: its descriptor in the store holds its token. */
   int rc = ctx->write_auth == NULL ? sx__err(SX_EACCESS, "this agent takes no writes")
                                    : ctx->write_auth(ctx->agent, NULL, tc->pinc, h->token,

@@ -125,6 +125,15 @@ int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap) {
   return (int)(SX__HELLO_FIXED + n);
 }
 
+int sx__hello_build(const uint8_t *incarnation, const uint8_t *token, const char *name,
+                    uint8_t *out, size_t cap) {
+  sx__hello h;
+  memcpy(h.incarnation, incarnation, SX_INCARNATION_LEN);
+  memcpy(h.token, token, SX_TOKEN_LEN);
+  snprintf(h.name, sizeof(h.name), "%s", name ? name : "");
+  return sx__hello_encode(&h, out, cap);
+}
+
 int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out) {
   if (len < SX__HELLO_FIXED || len > SX__HELLO_MAX)
     return SX_EPROTO;

@@ -145,6 +145,12 @@ int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap);
 int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
                       char *msg, size_t size);
 
+/* Encode the HELLO a reader sends to the owner of a segment: its
+ * incarnation and access token, and the reader's name (NULL: none).  As
+ * sx__hello_encode. */
+int sx__hello_build(const uint8_t *incarnation, const uint8_t *token, const char *name,
+                    uint8_t *out, size_t cap);
+
 /* Parse a HELLO body of exactly len bytes.  0, or SX_EPROTO (length does not
  * match the name length, name not printable). */
 int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out);

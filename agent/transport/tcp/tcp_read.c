@@ -335,11 +335,8 @@ static void c_connected(uv_connect_t *req, int status) {
   const sx_tctx *x = sx__tcp_ctx(p->t);
   uv_tcp_nodelay(&c->h, 1);
   uv_tcp_keepalive(&c->h, 1, 30);
-  sx__hello h;
-  memcpy(h.incarnation, p->remote->incarnation, SX_INCARNATION_LEN);
-  memcpy(h.token, p->remote->token, SX_TOKEN_LEN);
-  snprintf(h.name, sizeof(h.name), "%s", x->name ? x->name : "");
-  int len = sx__hello_encode(&h, c->hello + SX__FRAME_HDR, SX__HELLO_MAX);
+  int len = sx__hello_build(p->remote->incarnation, p->remote->token, x->name,
+                            c->hello + SX__FRAME_HDR, SX__HELLO_MAX);
   sx__frame f = {.type = SX__FRAME_HELLO, .length = (uint64_t)len};
   sx__frame_encode(&f, c->hello);
   size_t total = SX__FRAME_HDR + (size_t)len;
