@@ -3,7 +3,9 @@
 # it into GPU memory (cuda_ipc, then forced tcp through staging) and into
 # host memory, every byte verified; ping and show name the transport.  Push
 # mode: sxctl write into a writable pool on the GPU over cuda_ipc and over
-# staged tcp, read back; a producer without a grant is refused.
+# staged tcp, read back; a producer without a grant is refused.  sx-bench
+# read --location cuda:0 runs both GPU cases to the end (each ends with a
+# batch checked byte for byte).
 # Usage: tests/gpu/programs.sh BUILD_DIR   (needs redis-server on PATH)
 set -u
 build=$1
@@ -71,4 +73,9 @@ step "$bin/sxctl" read pool-gpu-w --location cuda:0 --verify 8 --blocks 50-99 ||
 step "$bin/sxctl" write pool-gpu-w --as stranger --fill 9 --blocks 100-109 &&
   fail "a producer without a grant wrote"
 grep -q "EACCESS" "$dir/out" || fail "the refused write did not say SX_EACCESS"
+
+step "$bin/sx-bench" read --location cuda:0 --sizes 64K --batches 16 --depth 2 \
+  --duration 0.4 --group-bytes 4M || fail "sx-bench read --location cuda:0"
+grep -q "^cuda_ipc .* plain D2D copy" "$dir/out" || fail "sx-bench printed no cuda_ipc row"
+grep -q "^tcp .*staged.* host tcp" "$dir/out" || fail "sx-bench printed no staged tcp row"
 echo "programs: all checks passed"
