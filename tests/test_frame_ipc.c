@@ -5,9 +5,12 @@
  * with a per-region error, malformed bodies closing the connection, an
  * agent that does not serve cuda_ipc refusing the whole request.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -171,11 +174,68 @@ static void test_frame_ipc_served_without_gpu(void **state) {
   sxt_agent_stop(&t);
 }
 
+static long rss_kib(void) {
+  long pages = 0, rss = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f != NULL) {
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+      rss = 0;
+    fclose(f);
+  }
+  return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+/* A reader that asks for handles and never reads the answers: each IPC
+ * request of 1024 ids is answered with 24 times its size, so the target
+ * must stop reading it (as it does for READs) instead of queueing answers
+ * without bound. */
+static void test_frame_ipc_requests_pushed_back(void **state) {
+  (void)state;
+  char url[64];
+  sxt_agent t;
+  uint16_t port;
+  sx_desc d;
+  wire_target(&t, SX_TRANSPORTS_ALL, url, sizeof(url), &port, &d);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(sxt_wire_hello(fd, d.incarnation, d.token, "greedy"), 0);
+  static uint8_t req[SX__FRAME_HDR + 4 * SX__IPC_MAX_IDS];
+  sx__frame f = {.type = SX__FRAME_IPC, .id = 1, .length = 4 * SX__IPC_MAX_IDS};
+  sx__frame_encode(&f, req);
+  memset(req + SX__FRAME_HDR, 0xee, 4 * SX__IPC_MAX_IDS); /* no such regions */
+  long before = rss_kib();
+  size_t sent = 0, off = 0;
+  while (sent < (8u << 20)) {
+    ssize_t n = send(fd, req + off, sizeof(req) - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      struct pollfd pf = {.fd = fd, .events = POLLOUT};
+      if (poll(&pf, 1, 1000) <= 0)
+        break; /* pushed back: the target stopped reading */
+      continue;
+    }
+    sent += (size_t)n;
+    off = (off + (size_t)n) % sizeof(req);
+  }
+  long grown = rss_kib() - before;
+  print_message("sent %zu bytes of IPC requests; the process grew by %ld KiB\n", sent, grown);
+  assert_true(sent < (8u << 20));
+  assert_true(grown < 32 * 1024);
+  close(fd);
+  sx_desc_free(&d);
+  sxt_agent_stop(&t);
+}
+
 int main(void) {
+  signal(SIGPIPE, SIG_IGN); /* the target writes to readers that went away */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_frame_ipc_header_rules),
       cmocka_unit_test(test_frame_ipc_record_codec),
       cmocka_unit_test(test_frame_ipc_served_without_gpu),
+      cmocka_unit_test(test_frame_ipc_requests_pushed_back),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

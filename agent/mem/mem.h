@@ -127,8 +127,11 @@ int sx__mem_stream_sync(sx__mem_stream *s);
 int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]);
 /* Map another process's allocation into device's context (peer access
  * enabled lazily when it lives on another GPU); close it again.  An open
- * mapping must be closed before this process lets go of the device. */
-int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out);
+ * mapping must be closed before this process lets go of the device.
+ * *size: the bytes mapped, as the driver says (the exporter's word on the
+ * allocation's size is not to be trusted). */
+int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out,
+                     uint64_t *size);
 void sx__mem_ipc_close(int device, void *p);
 /* Mappings open in this process now (for leak checks in tests). */
 long sx__mem_ipc_open_count(void);

@@ -89,8 +89,9 @@ int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]) {
   (void)addr, (void)handle;
   return no_cuda("IPC");
 }
-int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out) {
-  (void)device, (void)handle, (void)out;
+int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out,
+                     uint64_t *size) {
+  (void)device, (void)handle, (void)out, (void)size;
   return no_cuda("IPC");
 }
 void sx__mem_ipc_close(int device, void *p) { (void)device, (void)p; }

@@ -219,7 +219,8 @@ int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]) {
   return 0;
 }
 
-int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out) {
+int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void **out,
+                     uint64_t *size) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(device, &rc);
   if (d == NULL)
@@ -230,6 +231,17 @@ int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void 
   CUresult r = d->IpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
   if (r != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "opening an IPC handle");
+  /* How much was mapped is the driver's to say: the exporter's record may
+   * claim more, and a copy past the mapping would reach this process's
+   * own device memory. */
+  sx__mem_info m;
+  sx__mem_query((void *)(uintptr_t)p, &m);
+  if (m.kind != SX__MEM_CUDA || m.base != (uint64_t)p || m.size == 0) {
+    d->IpcCloseMemHandle(p);
+    return sx__err(SX_EIO, "opening an IPC handle: the driver does not say how large "
+                   "the mapping is");
+  }
+  *size = m.size;
   __atomic_add_fetch(&ipc_open, 1, __ATOMIC_RELAXED);
   *out = (void *)(uintptr_t)p;
   return 0;

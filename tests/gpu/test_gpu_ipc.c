@@ -7,10 +7,15 @@
  * gone), a restarted target (SX_ESTALE, no mapping left), and unregister
  * while the reader holds a mapping (the handle is given back at once).
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,13 +37,14 @@ static char self[4096]; /* this binary (not /proc/self/exe: under valgrind that 
 
 /* ------------------------------------------------------------ the target */
 
-/* argv: target URL NAME LOCATION LISTEN.  Says "ready PORT" when published,
+/* argv: target URL NAME LOCATION LISTEN [ADVERTISE].  Says "ready PORT" when published,
  * then obeys lines on stdin: "unregister SLOT" (answers "done RC MS"),
  * "exit". */
 static int target_main(char **argv) {
   sx_agent_params p;
   sxt_params(&p, argv[2], argv[3]);
   p.listen = argv[5];
+  p.advertise = argv[6]; /* NULL when not given */
   sx_agent *a;
   if (sx_agent_create(&p, &a) != 0) {
     fprintf(stderr, "target: %s\n", sx_errmsg());
@@ -78,8 +84,8 @@ typedef struct target {
   uint16_t port;
 } target;
 
-static void target_start(target *t, const char *name, const char *location,
-                         const char *listen) {
+static void target_start_adv(target *t, const char *name, const char *location,
+                             const char *listen, const char *advertise) {
   int to[2], from[2];
   assert_int_equal(pipe(to), 0);
   assert_int_equal(pipe(from), 0);
@@ -92,7 +98,7 @@ static void target_start(target *t, const char *name, const char *location,
     close(to[1]);
     close(from[0]);
     execl(self, "test_gpu_ipc", "target", url, name, location,
-          listen ? listen : "127.0.0.1:0", (char *)NULL);
+          listen ? listen : "127.0.0.1:0", advertise, (char *)NULL);
     _exit(127);
   }
   close(to[0]);
@@ -105,6 +111,11 @@ static void target_start(target *t, const char *name, const char *location,
   if (fgets(line, sizeof(line), t->out) == NULL || sscanf(line, "ready %u", &port) != 1)
     fail_msg("the target (%s on %s) did not start", name, location);
   t->port = (uint16_t)port;
+}
+
+static void target_start(target *t, const char *name, const char *location,
+                         const char *listen) {
+  target_start_adv(t, name, location, listen, NULL);
 }
 
 static void target_say(target *t, const char *line) {
@@ -364,6 +375,177 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* ------------------------------------------------------------ a lying target */
+
+/* A relay on 127.0.0.1:PORT to a target listening on 127.0.0.2:PORT (and
+ * advertising 127.0.0.1): bytes go through as they are, except that every
+ * IPC_REPLY record the target sends claims its allocation starts `shift`
+ * bytes lower and is that much larger.  The record still adds up (base +
+ * offset is the region's address, the region ends inside alloc), but the
+ * handle maps only the real allocation. */
+typedef struct relay {
+  int lfd, stop;
+  uint16_t port;
+  uint64_t shift;
+  unsigned rewritten;
+  pthread_t th;
+} relay;
+
+static void put64be(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+/* Whole frames from buf (n bytes) to fd, records rewritten; returns the
+ * bytes used, or -1. */
+static ssize_t relay_frames(relay *r, int fd, uint8_t *buf, size_t n) {
+  size_t off = 0;
+  for (;;) {
+    sx__frame f;
+    int rc = sx__frame_decode(buf + off, n - off, &f);
+    if (rc < 0)
+      return -1;
+    if (rc == 0 || n - off < SX__FRAME_HDR + f.length)
+      return (ssize_t)off;
+    uint8_t *body = buf + off + SX__FRAME_HDR;
+    if (f.type == SX__FRAME_IPC_REPLY && f.id != 0 && f.status == 0) {
+      for (uint64_t k = 0; k < f.length / SX__IPC_RECORD; k++) {
+        uint8_t *b = body + k * SX__IPC_RECORD;
+        sx__ipc_record rec;
+        sx__ipc_record_decode(b, &rec);
+        if (rec.status != 0)
+          continue;
+        put64be(b + 8, rec.alloc + r->shift);
+        put64be(b + 16, rec.offset + r->shift);
+        put64be(b + 24, rec.base - r->shift);
+        r->rewritten++;
+      }
+    }
+    if (sxt_wire_send(fd, buf + off, SX__FRAME_HDR + (size_t)f.length) != 0)
+      return -1;
+    off += SX__FRAME_HDR + (size_t)f.length;
+  }
+}
+
+static void *relay_main(void *arg) {
+  relay *r = arg;
+  enum { PAIRS = 8, CAP = 1 << 18 };
+  int rd[PAIRS], tg[PAIRS];
+  size_t tlen[PAIRS];
+  uint8_t *tbuf = malloc((size_t)PAIRS * CAP);
+  for (int i = 0; i < PAIRS; i++)
+    rd[i] = tg[i] = -1;
+  while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
+    struct pollfd pf[1 + 2 * PAIRS];
+    int np = 0;
+    pf[np++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+    for (int i = 0; i < PAIRS; i++) {
+      pf[np++] = (struct pollfd){.fd = rd[i], .events = POLLIN};
+      pf[np++] = (struct pollfd){.fd = tg[i], .events = POLLIN};
+    }
+    if (poll(pf, (nfds_t)np, 50) <= 0)
+      continue;
+    if (pf[0].revents & POLLIN) {
+      int c = accept(r->lfd, NULL, NULL);
+      int i = 0;
+      while (i < PAIRS && rd[i] >= 0)
+        i++;
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
+      inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
+      int t = socket(AF_INET, SOCK_STREAM, 0);
+      if (c < 0 || i == PAIRS || connect(t, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(c);
+        close(t);
+      } else {
+        rd[i] = c, tg[i] = t, tlen[i] = 0;
+      }
+    }
+    for (int i = 0; i < PAIRS; i++) {
+      int broken = 0;
+      if (rd[i] >= 0 && (pf[1 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        uint8_t b[65536];
+        ssize_t n = recv(rd[i], b, sizeof(b), 0);
+        broken = n <= 0 || sxt_wire_send(tg[i], b, (size_t)n) != 0;
+      }
+      if (!broken && rd[i] >= 0 && (pf[2 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) {
+        uint8_t *b = tbuf + (size_t)i * CAP;
+        ssize_t n = recv(tg[i], b + tlen[i], CAP - tlen[i], 0);
+        ssize_t used = n <= 0 ? -1 : relay_frames(r, rd[i], b, tlen[i] + (size_t)n);
+        if (used < 0) {
+          broken = 1;
+        } else {
+          tlen[i] += (size_t)n - (size_t)used;
+          memmove(b, b + used, tlen[i]);
+        }
+      }
+      if (broken) {
+        close(rd[i]);
+        close(tg[i]);
+        rd[i] = tg[i] = -1;
+      }
+    }
+  }
+  for (int i = 0; i < PAIRS; i++)
+    if (rd[i] >= 0)
+      close(rd[i]), close(tg[i]);
+  free(tbuf);
+  return NULL;
+}
+
+static void relay_start(relay *r, uint16_t port, uint64_t shift) {
+  memset(r, 0, sizeof(*r));
+  r->port = port;
+  r->shift = shift;
+  r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(r->lfd, 8), 0);
+  assert_int_equal(pthread_create(&r->th, NULL, relay_main, r), 0);
+}
+
+static void relay_stop(relay *r) {
+  __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
+  pthread_join(r->th, NULL);
+  close(r->lfd);
+}
+
+/* A target whose IPC records claim more memory than their handles map:
+ * the reader checks what the driver mapped and refuses the regions
+ * (SX_EBOUNDS), rather than copying from past its mapping (into memory of
+ * its own).  Nothing lands in the destinations, no mapping stays open. */
+static void test_gpu_ipc_record_beyond_mapping(void **state) {
+  (void)state;
+  target t;
+  target_start_adv(&t, "ipc-lie", "cuda:0", "127.0.0.2:0", "127.0.0.1");
+  relay rl;
+  relay_start(&rl, t.port, 1ull << 30);
+  sx_agent *ra = gpu_agent(url, "ipc-lie-r", 0, 0);
+  gpu_pool r;
+  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
+  sx_segment *seg = open_seg(ra, "ipc-lie");
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_CUDA_IPC);
+  sx_block_read e[8];
+  gpu_entries(e, 8, LAYERS, TBLOCKS, 64, 1, 5);
+  sx_batch_result res = sxt_run_batch(seg, e, 8, 5000);
+  assert_true(rl.rewritten > 0);
+  if (res.state != SX_BATCH_FAILED || res.error != SX_EBOUNDS)
+    fail_msg("a record beyond its mapping: %s (%s)", sx_batch_state_name(res.state),
+             res.message);
+  assert_non_null(strstr(res.message, "its CUDA IPC handle maps"));
+  assert_int_equal(gpu_pool_zero(&r, 0, 64), 0);
+  sx_segment_close(seg);
+  for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  relay_stop(&rl);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   if (gpu_devices() == 0) {
@@ -386,7 +568,7 @@ static int teardown(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 6 && strcmp(argv[1], "target") == 0)
+  if ((argc == 6 || argc == 7) && strcmp(argv[1], "target") == 0)
     return target_main(argv);
   if (realpath(argv[0], self) == NULL)
     snprintf(self, sizeof(self), "/proc/self/exe");
@@ -397,6 +579,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_ipc_target_killed),
       cmocka_unit_test(test_gpu_ipc_stale_incarnation),
       cmocka_unit_test(test_gpu_ipc_unregister_while_mapped),
+      cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -49,7 +49,9 @@ static void unmap(ipc_peer *p, int all) {
   }
 }
 
-/* The mapping of region r's allocation into device. */
+/* The mapping of region r's allocation into device.  The region must lie
+ * inside what the handle really maps: the record's alloc is the target's
+ * word, and a copy past the mapping would reach our own device memory. */
 static int map_get(ipc_peer *p, ipc_reg *r, int device, ipc_map **out) {
   if (r->map != NULL && r->map->device == device) {
     *out = r->map;
@@ -62,7 +64,7 @@ static int map_get(ipc_peer *p, ipc_reg *r, int device, ipc_map **out) {
   if (m == NULL) {
     if ((m = calloc(1, sizeof(*m))) == NULL)
       return sx__err(SX_ENOMEM, "cuda_ipc: mapping");
-    int rc = sx__mem_ipc_open(device, r->rec.handle, (void **)&m->ptr);
+    int rc = sx__mem_ipc_open(device, r->rec.handle, (void **)&m->ptr, &m->size);
     if (rc) {
       free(m);
       return sx__errwrap(rc, "%s: mapping region %u into cuda:%d", p->label,
@@ -70,10 +72,16 @@ static int map_get(ipc_peer *p, ipc_reg *r, int device, ipc_map **out) {
     }
     m->base = r->rec.base;
     m->device = device;
-    m->size = r->rec.alloc;
     m->next = p->maps;
     p->maps = m;
   }
+  const sx_region *R = &p->remote->regions[r - p->regs];
+  uint64_t end;
+  if (!sx__add_ok(r->rec.offset, R->length, &end) || end > m->size)
+    return sx__err(SX_EBOUNDS, "%s: region %u (%lu bytes at offset %lu) lies outside the "
+                   "%lu bytes its CUDA IPC handle maps", p->label, R->id,
+                   (unsigned long)R->length, (unsigned long)r->rec.offset,
+                   (unsigned long)m->size);
   r->map = m;
   *out = m;
   return 0;

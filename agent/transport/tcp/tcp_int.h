@@ -31,6 +31,7 @@
 #define SERVER_RBUF 16384           /* >= header + largest HELLO */
 #define REPLIES_PER_WRITE 256
 #define SERVER_QUEUE_MAX 1024       /* replies queued before it stops reading */
+#define SERVER_SEND_MAX (1u << 20)  /* bytes of CUDA IPC frames queued, the same */
 
 typedef struct tcp_t tcp_t;
 typedef struct sconn sconn; /* a reader's connection to us (tcp_serve.c) */

@@ -27,6 +27,7 @@ struct sconn {
   char reader[SX_NAME_MAX + 1];
   int hello_ok, closing, reading, handles;
   uint32_t queued;
+  size_t sbytes;                 /* of sx__tcp_sconn_send() frames not sent yet */
   size_t rlen;
   uint8_t rbuf[SERVER_RBUF];
   uint32_t nrep;
@@ -105,7 +106,7 @@ static void s_read_start(sconn *c);
  * from GPU memory (tcp_stage_serve.c) or a write authorization waiting for
  * the store (tcp_write.c).  The callers add their queue limits. */
 static int s_may_read(const sconn *c) {
-  return !c->closing && !c->reading && c->stage == NULL &&
+  return !c->closing && !c->reading && c->stage == NULL && c->sbytes < SERVER_SEND_MAX / 2 &&
          (c->w == NULL || !sx__tcp_w_holds(c->w));
 }
 
@@ -317,8 +318,9 @@ static void s_process(sconn *c) {
     return;
   memmove(c->rbuf, c->rbuf + off, c->rlen - off);
   c->rlen -= off;
-  if (c->queued >= SERVER_QUEUE_MAX && c->reading) {
-    /* The reader sends faster than it reads: push back. */
+  if ((c->queued >= SERVER_QUEUE_MAX || c->sbytes >= SERVER_SEND_MAX) && c->reading) {
+    /* The reader sends faster than it reads: push back.  IPC requests
+     * count by the bytes they are answered with (up to 24 times theirs). */
     uv_read_stop((uv_stream_t *)&c->h);
     c->reading = 0;
   }
@@ -426,14 +428,22 @@ void sx__tcp_sconn_resume(sconn *c, int err) {
 
 typedef struct sbuf_write {
   uv_write_t req;
+  sconn *c;
   uint8_t *buf;
+  size_t len;
 } sbuf_write;
 
+/* Runs before the connection is freed (libuv cancels writes before the
+ * close callback). */
 static void sbuf_written(uv_write_t *req, int status) {
   sbuf_write *w = (sbuf_write *)req;
+  sconn *c = w->c;
   (void)status; /* a broken connection shows on its read side */
+  c->sbytes -= w->len;
   free(w->buf);
   free(w);
+  if (s_may_read(c) && c->queued < SERVER_QUEUE_MAX / 2)
+    s_read_start(c);
 }
 
 int sx__tcp_sconn_send(sconn *c, uint8_t *buf, size_t len) {
@@ -443,7 +453,9 @@ int sx__tcp_sconn_send(sconn *c, uint8_t *buf, size_t len) {
     free(buf);
     return SX_EDISCONN;
   }
+  w->c = c;
   w->buf = buf;
+  w->len = len;
   uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
   if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, sbuf_written) != 0) {
     free(w);
@@ -451,6 +463,7 @@ int sx__tcp_sconn_send(sconn *c, uint8_t *buf, size_t len) {
     s_lost(c, 0);
     return SX_EDISCONN;
   }
+  c->sbytes += len;
   return 0;
 }
 
