@@ -580,6 +580,86 @@ static void test_agent_cancel_ends_batch_cancelled(void **state) {
   close(lfd);
 }
 
+/* Regression: fire-and-forget batches (a callback that destroys its own
+ * batch) still in flight when the agent is destroyed with their segment
+ * left open.  Shutdown closed the segment first, and the callbacks that
+ * ran afterwards freed their batches through it: a use after free. */
+static void destroy_in_cb(sx_batch *b, void *arg) {
+  atomic_int *calls = arg;
+  sx_batch_result res;
+  if (sx_batch_result_get(b, &res) == 0 && res.state == SX_BATCH_FAILED &&
+      res.error == SX_ESHUTDOWN)
+    atomic_fetch_add(calls, 1);
+  sx_batch_destroy(b);
+}
+
+static void test_agent_destroy_ends_self_destroying_batches_of_open_segments(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-2", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-8");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-2", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  atomic_int calls = 0;
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = destroy_in_cb;
+  bp.cb_arg = &calls;
+  for (int i = 0; i < 3; i++) {
+    sx_batch *b;
+    sxt_ok(sx_batch_create(seg, &bp, &b));
+    sxt_ok(sx_batch_add_blocks(b, &e, 1));
+    sxt_ok(sx_batch_submit(b));
+  }
+  usleep(50 * 1000); /* posted to the silent target */
+  sxt_agent_stop(&r); /* the segment is left open: destroy closes it */
+  assert_int_equal(atomic_load(&calls), 3);
+  close(lfd);
+}
+
+/* Regression: a segment closed under its batches (a misuse the agent logs)
+ * freed what they still read: the batch in flight ended through freed
+ * memory, and one submitted afterwards started on a freed peer.  Both now
+ * end with an error and are destroyed as usual. */
+static void test_agent_segment_closed_under_its_batches(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-3", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-9");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-3", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  sx_batch *running = sxt_batch_submit(seg, &e, 1, 20000), *later;
+  sxt_ok(sx_batch_create(seg, NULL, &later));
+  sxt_ok(sx_batch_add_blocks(later, &e, 1));
+  usleep(50 * 1000); /* posted to the silent target */
+  sx_segment_close(seg);
+  sxt_ok(sx_batch_wait(running, 10000));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(running, &res));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ECANCELED);
+  sxt_ok(sx_batch_submit(later));
+  sxt_ok(sx_batch_wait(later, 10000));
+  sxt_ok(sx_batch_result_get(later, &res));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_EINVAL);
+  assert_non_null(strstr(res.message, "segment was closed"));
+  sx_batch_destroy(running);
+  sx_batch_destroy(later);
+  sxt_agent_stop(&r);
+  close(lfd);
+}
+
 /* ------------------------------------------------------------ threads */
 
 typedef struct worker {
@@ -645,6 +725,8 @@ int main(void) {
       cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
       cmocka_unit_test(test_agent_deadline_holds_after_a_slow_loop_iteration),
       cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
+      cmocka_unit_test(test_agent_destroy_ends_self_destroying_batches_of_open_segments),
+      cmocka_unit_test(test_agent_segment_closed_under_its_batches),
       cmocka_unit_test(test_agent_batches_from_many_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
