@@ -58,6 +58,14 @@ void sx__push_free(sx_agent *a) {
   sx__push *ps = a->push;
   if (ps == NULL)
     return;
+  /* Callers that sx__push_close() woke may not have left yet (a waiter
+   * needs the mutex back after its wait): they hold the queue until then. */
+  pthread_mutex_lock(&ps->mu);
+  ps->closed = 1;
+  pthread_cond_broadcast(&ps->cv);
+  while (ps->waiters > 0)
+    pthread_cond_wait(&ps->cv, &ps->mu);
+  pthread_mutex_unlock(&ps->mu);
   sx__push_grants_free(a);
   while (ps->head != NULL) {
     sx__nq *q = ps->head;
@@ -218,12 +226,15 @@ int sx_agent_notice_next(sx_agent *a, int timeout_ms, sx_notice **out) {
   if (timeout_ms > 0)
     sx__deadline(&ts, (uint32_t)timeout_ms);
   pthread_mutex_lock(&ps->mu);
+  ps->waiters++; /* the agent's destroy frees the queue only after we left */
   while (ps->head == NULL && !ps->closed && timeout_ms != 0) {
     if (timeout_ms < 0)
       pthread_cond_wait(&ps->cv, &ps->mu);
     else if (pthread_cond_timedwait(&ps->cv, &ps->mu, &ts) != 0)
       break;
   }
+  if (--ps->waiters == 0 && ps->closed)
+    pthread_cond_broadcast(&ps->cv);
   sx__nq *q = ps->head;
   if (q != NULL) {
     ps->head = q->next;

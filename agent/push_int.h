@@ -45,6 +45,7 @@ typedef struct sx__push {
   uint32_t count;          /* mu */
   int efd;                 /* mu: -1 until sx_agent_notice_fd() */
   int closed;              /* mu: the agent is shutting down */
+  uint32_t waiters;        /* mu: callers inside sx_agent_notice_next() */
   sx_notice_cb cb;         /* mu */
   void *cb_arg;            /* mu */
 } sx__push;

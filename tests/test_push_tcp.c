@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +326,74 @@ static void test_push_tcp_deadline_with_payload_stuck_in_the_socket(void **state
   close(st.lfd);
 }
 
+/* ------------------------------------------------------------ racing the queue */
+
+/* CPU 0 kept busy by a spinner until the agent's destroy returned, and
+ * the waiters confined to it at the lowest priority (SCHED_IDLE): they
+ * hardly run again before the destroy, on the other CPUs, is over. */
+static atomic_int destroyed;
+
+static void on_cpu0(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+static void *spin(void *arg) {
+  (void)arg;
+  on_cpu0();
+  while (!atomic_load(&destroyed))
+    ;
+  return NULL;
+}
+
+typedef struct waiter {
+  sx_agent *a;
+  int rc;
+} waiter;
+
+static void *wait_notice(void *arg) {
+  waiter *w = arg;
+  struct sched_param sp = {0};
+  on_cpu0();
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+  sx_notice *n;
+  w->rc = sx_agent_notice_next(w->a, -1, &n);
+  return NULL;
+}
+
+/* Regression: sx_agent_destroy() woke threads waiting in
+ * sx_agent_notice_next() and freed the queue without waiting for them to
+ * leave; one that got the CPU late took a freed mutex and read freed
+ * memory (ASan: heap-use-after-free in sx_agent_notice_next). */
+static void test_push_destroy_waits_for_notice_waiters_to_leave(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "push");
+  sxt_agent c;
+  sxt_consumer_start(&c, url, "decode-0", SXT_RW);
+  enum { WAITERS = 4 };
+  waiter w[WAITERS];
+  pthread_t th[WAITERS], spinner;
+  for (int i = 0; i < WAITERS; i++) {
+    w[i] = (waiter){.a = c.a, .rc = 1};
+    pthread_create(&th[i], NULL, wait_notice, &w[i]);
+  }
+  usleep(100 * 1000); /* waiting now */
+  int busy = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+  if (busy)
+    pthread_create(&spinner, NULL, spin, NULL);
+  sxt_agent_stop(&c);
+  atomic_store(&destroyed, 1);
+  if (busy)
+    pthread_join(spinner, NULL);
+  for (int i = 0; i < WAITERS; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(w[i].rc, SX_ESHUTDOWN);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_tcp_writes_land_then_the_notice_arrives),
@@ -332,6 +402,7 @@ int main(void) {
       cmocka_unit_test(test_push_tcp_wire_refusals),
       cmocka_unit_test(test_push_many_producers_into_one_consumer),
       cmocka_unit_test(test_push_tcp_deadline_with_payload_stuck_in_the_socket),
+      cmocka_unit_test(test_push_destroy_waits_for_notice_waiters_to_leave),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
