@@ -179,8 +179,16 @@ int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
   sx_notice_cb cb = ps->cb;
   void *cb_arg = ps->cb_arg;
   int full = ps->count >= SX_NOTICE_QUEUE_MAX;
+  ps->cb_running = cb != NULL; /* sx_agent_notice_cb() waits for it */
   pthread_mutex_unlock(&ps->mu);
-  if (cb != NULL && cb(cb_arg, n) != 0) {
+  int took = cb != NULL && cb(cb_arg, n) != 0;
+  if (cb != NULL) {
+    pthread_mutex_lock(&ps->mu);
+    ps->cb_running = 0;
+    pthread_cond_broadcast(&ps->cv);
+    pthread_mutex_unlock(&ps->mu);
+  }
+  if (took) {
     sx_notice_free(n);
     sx__stats_notice(a);
     return 0;
@@ -277,9 +285,16 @@ int sx_agent_notice_fd(sx_agent *a) {
 int sx_agent_notice_cb(sx_agent *a, sx_notice_cb cb, void *arg) {
   if (a == NULL)
     return sx__err(SX_EINVAL, "sx_agent_notice_cb: NULL agent");
-  pthread_mutex_lock(&a->push->mu);
-  a->push->cb = cb;
-  a->push->cb_arg = arg;
-  pthread_mutex_unlock(&a->push->mu);
+  sx__push *ps = a->push;
+  int on_loop = sx__on_loop(a);
+  pthread_mutex_lock(&ps->mu);
+  ps->cb = cb;
+  ps->cb_arg = arg;
+  /* The old callback may be running on the agent thread with the old arg:
+   * once this returns, the caller may free that arg.  On the agent thread
+   * itself (from the callback) nothing runs meanwhile. */
+  while (ps->cb_running && !on_loop)
+    pthread_cond_wait(&ps->cv, &ps->mu);
+  pthread_mutex_unlock(&ps->mu);
   return 0;
 }

@@ -20,6 +20,8 @@
 #include "push_fixture.h"
 #include "transport/tcp/tcp_frame.h"
 
+static sx_agent *self_remover_agent; /* for remove_self() */
+
 static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   (void)state;
   sxt_pair x;
@@ -328,6 +330,84 @@ static void test_push_tcp_deadline_with_payload_stuck_in_the_socket(void **state
 
 /* ------------------------------------------------------------ racing the queue */
 
+/* A notice callback that holds the consumer's loop until released. */
+typedef struct held_cb {
+  atomic_int in_cb, release, calls;
+} held_cb;
+
+static int hold_notice(void *arg, const sx_notice *n) {
+  (void)n;
+  held_cb *h = arg;
+  atomic_fetch_add(&h->calls, 1);
+  atomic_store(&h->in_cb, 1);
+  while (!atomic_load(&h->release))
+    usleep(1000);
+  return 1;
+}
+
+typedef struct cb_remover {
+  sx_agent *a;
+  atomic_int returned;
+} cb_remover;
+
+static void *remove_cb(void *arg) {
+  cb_remover *r = arg;
+  sxt_ok(sx_agent_notice_cb(r->a, NULL, NULL));
+  atomic_store(&r->returned, 1);
+  return NULL;
+}
+
+/* A callback that removes itself from the agent thread (must not wait). */
+static int remove_self(void *arg, const sx_notice *n) {
+  (void)n;
+  atomic_int *calls = arg;
+  atomic_fetch_add(calls, 1);
+  sxt_ok(sx_agent_notice_cb(self_remover_agent, NULL, NULL));
+  return 1;
+}
+
+/* Regression: removing the notice callback returned while the loop was
+ * still inside it, so an engine that freed the callback's state after
+ * sx_agent_notice_cb(a, NULL, NULL) had it used after free. */
+static void test_push_notice_cb_removal_waits_for_a_running_callback(void **state) {
+  (void)state;
+  sxt_pair x;
+  sxt_pair_start(&x, SXT_RW);
+  sxt_pair_grant(&x);
+  held_cb h = {0};
+  sxt_ok(sx_agent_notice_cb(x.c.a, hold_notice, &h));
+  sx_block_write w = sxt_kv_write(0, 1, 1);
+  sx_batch *b = sxt_write_submit(x.seg, &w, 1, 5, 10000);
+  while (!atomic_load(&h.in_cb))
+    usleep(1000);
+  cb_remover r = {.a = x.c.a};
+  pthread_t th;
+  pthread_create(&th, NULL, remove_cb, &r);
+  usleep(200 * 1000);
+  assert_int_equal(atomic_load(&r.returned), 0); /* the callback still runs */
+  atomic_store(&h.release, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(atomic_load(&r.returned), 1);
+  sxt_ok(sx_batch_wait(b, 10000));
+  sx_batch_destroy(b);
+  /* Removed: the next notice is queued, the old callback not called. */
+  sx_batch_result res = sxt_run_write(x.seg, &w, 1, 6, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&h.calls), 1);
+  sxt_expect_notice(x.c.a, &x.p, "prefill-0", 6, &w, 1, 1000);
+  /* From the callback itself it does not wait (no deadlock). */
+  atomic_int calls = 0;
+  self_remover_agent = x.c.a;
+  sxt_ok(sx_agent_notice_cb(x.c.a, remove_self, &calls));
+  res = sxt_run_write(x.seg, &w, 1, 7, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  res = sxt_run_write(x.seg, &w, 1, 8, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&calls), 1);
+  sxt_expect_notice(x.c.a, &x.p, "prefill-0", 8, &w, 1, 1000);
+  sxt_pair_stop(&x);
+}
+
 /* CPU 0 kept busy by a spinner until the agent's destroy returned, and
  * the waiters confined to it at the lowest priority (SCHED_IDLE): they
  * hardly run again before the destroy, on the other CPUs, is over. */
@@ -402,6 +482,7 @@ int main(void) {
       cmocka_unit_test(test_push_tcp_wire_refusals),
       cmocka_unit_test(test_push_many_producers_into_one_consumer),
       cmocka_unit_test(test_push_tcp_deadline_with_payload_stuck_in_the_socket),
+      cmocka_unit_test(test_push_notice_cb_removal_waits_for_a_running_callback),
       cmocka_unit_test(test_push_destroy_waits_for_notice_waiters_to_leave),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
