@@ -320,7 +320,11 @@ int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
   if (rc)
     return rc;
   o->c.discard = open_discard;
-  int err = sx__call_wait(a, &o->c, timeout_ms + SX__CALL_SLACK_MS, &rc);
+  /* The loop bounds the open by timeout_ms itself; the slack on top must
+   * not wrap a long timeout around to a short one. */
+  uint32_t wait_ms = timeout_ms > UINT32_MAX - SX__CALL_SLACK_MS ? UINT32_MAX
+                                                                : timeout_ms + SX__CALL_SLACK_MS;
+  int err = sx__call_wait(a, &o->c, wait_ms, &rc);
   if (err)
     return err; /* the call is the agent's now */
   rc = sx__call_result(&o->c, rc);
