@@ -5,6 +5,7 @@
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,6 +367,16 @@ static int copy_params(sx_agent *a, const sx_agent_params *p) {
 static void loop_main(void *arg) {
   sx_agent *a = arg;
   a->loop_tid = uv_thread_self();
+  /* libuv writes to sockets with write(2), which raises SIGPIPE when the
+   * peer has reset the connection, and SIGPIPE kills a process that did
+   * not set it to SIG_IGN (a library cannot ask that of every engine).
+   * Blocked here, the signal stays pending on this thread, which never
+   * takes it, and the write fails with EPIPE, which the transports handle
+   * like any broken connection. */
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, NULL);
   uv_run(&a->loop, UV_RUN_DEFAULT);
 }
 

@@ -150,11 +150,17 @@ struct sx_segment {
   sx_cdesc *cd;      /* the descriptor as opened */
   sx__rindex ix;
   sx_transport_kind kind;
-  int batches;       /* atomic: batches not destroyed yet */
+  /* atomic: 1 while open, plus 1 per batch not destroyed yet.  Whoever
+   * drops the last frees the segment: a batch can outlive the close (the
+   * agent's shutdown closes segments left open while callbacks of their
+   * batches have yet to run), and it still reads cd, ix and kind. */
+  int refs;
   sx_segment *next, *prev; /* the agent's open segments (loop thread) */
 };
 
 void sx__segments_close(sx_agent *a);
+/* Any thread: drop one reference of s (see refs). */
+void sx__segment_put(sx_segment *s);
 /* A batch on peer ended with err: learn from it (stale, disconnected). */
 void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
 

@@ -122,7 +122,7 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   pthread_condattr_destroy(&ca);
   b->efd = -1;
   b->submit_call.embedded = b->cancel_call.embedded = 1;
-  __atomic_add_fetch(&s->batches, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
   *out = b;
   return 0;
 }
@@ -188,7 +188,7 @@ static void batch_free(sx_batch *b) {
     close(b->efd);
   pthread_mutex_destroy(&b->mu);
   pthread_cond_destroy(&b->cv);
-  __atomic_sub_fetch(&b->s->batches, 1, __ATOMIC_RELEASE);
+  sx__segment_put(b->s);
   free(b);
 }
 
@@ -296,7 +296,7 @@ static void finish(sx_batch *b) {
             b->s->cd->desc.name);
   /* A refused write (no grant) says nothing about reading that peer. */
   if (r->error && r->error != SX_ECANCELED && r->error != SX_ESHUTDOWN &&
-      !a->shutting_down && !(b->push != NULL && r->error == SX_EACCESS))
+      !a->shutting_down && b->s->peer != NULL && !(b->push != NULL && r->error == SX_EACCESS))
     sx__peer_failed(a, b->s->peer, r->error, r->message);
   uv_close((uv_handle_t *)&b->timer, publish_end);
 }
@@ -375,6 +375,10 @@ static void submit_run(sx__call *c) {
   sx__rpeer *peer = b->s->peer;
   if (a->shutting_down) {
     end_now(b, SX_ESHUTDOWN, "the agent is shutting down");
+    return;
+  }
+  if (peer == NULL) {
+    end_now(b, SX_EINVAL, "the segment was closed before the batch started");
     return;
   }
   if (b->plan.broken) {

@@ -58,6 +58,14 @@ void sx__push_free(sx_agent *a) {
   sx__push *ps = a->push;
   if (ps == NULL)
     return;
+  /* Callers that sx__push_close() woke may not have left yet (a waiter
+   * needs the mutex back after its wait): they hold the queue until then. */
+  pthread_mutex_lock(&ps->mu);
+  ps->closed = 1;
+  pthread_cond_broadcast(&ps->cv);
+  while (ps->waiters > 0)
+    pthread_cond_wait(&ps->cv, &ps->mu);
+  pthread_mutex_unlock(&ps->mu);
   sx__push_grants_free(a);
   while (ps->head != NULL) {
     sx__nq *q = ps->head;
@@ -171,8 +179,16 @@ int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
   sx_notice_cb cb = ps->cb;
   void *cb_arg = ps->cb_arg;
   int full = ps->count >= SX_NOTICE_QUEUE_MAX;
+  ps->cb_running = cb != NULL; /* sx_agent_notice_cb() waits for it */
   pthread_mutex_unlock(&ps->mu);
-  if (cb != NULL && cb(cb_arg, n) != 0) {
+  int took = cb != NULL && cb(cb_arg, n) != 0;
+  if (cb != NULL) {
+    pthread_mutex_lock(&ps->mu);
+    ps->cb_running = 0;
+    pthread_cond_broadcast(&ps->cv);
+    pthread_mutex_unlock(&ps->mu);
+  }
+  if (took) {
     sx_notice_free(n);
     sx__stats_notice(a);
     return 0;
@@ -218,12 +234,15 @@ int sx_agent_notice_next(sx_agent *a, int timeout_ms, sx_notice **out) {
   if (timeout_ms > 0)
     sx__deadline(&ts, (uint32_t)timeout_ms);
   pthread_mutex_lock(&ps->mu);
+  ps->waiters++; /* the agent's destroy frees the queue only after we left */
   while (ps->head == NULL && !ps->closed && timeout_ms != 0) {
     if (timeout_ms < 0)
       pthread_cond_wait(&ps->cv, &ps->mu);
     else if (pthread_cond_timedwait(&ps->cv, &ps->mu, &ts) != 0)
       break;
   }
+  if (--ps->waiters == 0 && ps->closed)
+    pthread_cond_broadcast(&ps->cv);
   sx__nq *q = ps->head;
   if (q != NULL) {
     ps->head = q->next;
@@ -266,9 +285,16 @@ int sx_agent_notice_fd(sx_agent *a) {
 int sx_agent_notice_cb(sx_agent *a, sx_notice_cb cb, void *arg) {
   if (a == NULL)
     return sx__err(SX_EINVAL, "sx_agent_notice_cb: NULL agent");
-  pthread_mutex_lock(&a->push->mu);
-  a->push->cb = cb;
-  a->push->cb_arg = arg;
-  pthread_mutex_unlock(&a->push->mu);
+  sx__push *ps = a->push;
+  int on_loop = sx__on_loop(a);
+  pthread_mutex_lock(&ps->mu);
+  ps->cb = cb;
+  ps->cb_arg = arg;
+  /* The old callback may be running on the agent thread with the old arg:
+   * once this returns, the caller may free that arg.  On the agent thread
+   * itself (from the callback) nothing runs meanwhile. */
+  while (ps->cb_running && !on_loop)
+    pthread_cond_wait(&ps->cv, &ps->mu);
+  pthread_mutex_unlock(&ps->mu);
   return 0;
 }

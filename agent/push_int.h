@@ -45,8 +45,10 @@ typedef struct sx__push {
   uint32_t count;          /* mu */
   int efd;                 /* mu: -1 until sx_agent_notice_fd() */
   int closed;              /* mu: the agent is shutting down */
+  uint32_t waiters;        /* mu: callers inside sx_agent_notice_next() */
   sx_notice_cb cb;         /* mu */
   void *cb_arg;            /* mu */
+  int cb_running;          /* mu: the loop is inside cb (with cb_arg) */
 } sx__push;
 
 /* agent.c: create with the agent, close at shutdown (wakes waiters with

@@ -141,6 +141,16 @@ void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg) {
 
 /* ------------------------------------------------------------ segments */
 
+void sx__segment_put(sx_segment *s) {
+  if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0)
+    return;
+  sx__cdesc_unref(s->cd);
+  sx__rindex_free(&s->ix);
+  free(s);
+}
+
+/* Loop thread: close s.  What only the loop may touch (the agent's list, the
+ * transport peer) goes now; the rest when the last batch on s is freed. */
 static void segment_free(sx_segment *s) {
   sx_agent *a = s->a;
   if (s->prev)
@@ -149,11 +159,11 @@ static void segment_free(sx_segment *s) {
     a->segments = s->next;
   if (s->next)
     s->next->prev = s->prev;
-  rpeer_put(s->peer, a);
-  sx__cdesc_unref(s->cd);
-  sx__rindex_free(&s->ix);
-  free(s);
+  sx__rpeer *p = s->peer;
+  s->peer = NULL; /* batches started from now on fail; see submit_run() */
+  rpeer_put(p, a);
   sx__stats_segment(a, -1);
+  sx__segment_put(s);
 }
 
 /* Loop thread: a segment over cd (takes a new reference). */
@@ -199,6 +209,7 @@ static int make_segment(sx_agent *a, sx_cdesc *cd, sx_segment **out) {
   s->a = a;
   s->cd = sx__cdesc_ref(cd);
   s->kind = kind;
+  s->refs = 1;
   s->next = a->segments;
   if (s->next)
     s->next->prev = s;
@@ -309,7 +320,11 @@ int sx_segment_open(sx_agent *a, const char *name, uint32_t timeout_ms,
   if (rc)
     return rc;
   o->c.discard = open_discard;
-  int err = sx__call_wait(a, &o->c, timeout_ms + SX__CALL_SLACK_MS, &rc);
+  /* The loop bounds the open by timeout_ms itself; the slack on top must
+   * not wrap a long timeout around to a short one. */
+  uint32_t wait_ms = timeout_ms > UINT32_MAX - SX__CALL_SLACK_MS ? UINT32_MAX
+                                                                : timeout_ms + SX__CALL_SLACK_MS;
+  int err = sx__call_wait(a, &o->c, wait_ms, &rc);
   if (err)
     return err; /* the call is the agent's now */
   rc = sx__call_result(&o->c, rc);
@@ -352,7 +367,7 @@ void sx_segment_close(sx_segment *s) {
   if (s == NULL)
     return;
   sx_agent *a = s->a;
-  int live = __atomic_load_n(&s->batches, __ATOMIC_ACQUIRE);
+  int live = __atomic_load_n(&s->refs, __ATOMIC_ACQUIRE) - 1;
   if (live > 0)
     sx__log(a, SX_LOG_ERROR, "closing segment %s with %d batches not destroyed: "
             "destroy them first", s->cd->desc.name, live);

@@ -7,6 +7,7 @@
  * retirement, opening a name not yet there) is in test_agent_lifecycle.c.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -375,6 +376,50 @@ static void test_agent_read_with_bad_token_fails_with_eaccess(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* Regression: the agent's thread writes to sockets with write(2) (libuv),
+ * which raises SIGPIPE on a connection the peer has reset, and nothing
+ * guarded against it: a process that had not set SIGPIPE to SIG_IGN itself
+ * (most engines; this test binary) died when a peer went away mid-write
+ * (test_push_tcp did, now and then, under ASan).  Here a write to a broken
+ * socket from the agent's thread (a batch callback) must fail with EPIPE
+ * and leave the process alive. */
+static void write_broken_socket(sx_batch *b, void *arg) {
+  (void)b;
+  int *err = arg, sv[2];
+  assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  close(sv[1]);
+  ssize_t w = write(sv[0], "x", 1);
+  *err = w < 0 ? errno : 0;
+  close(sv[0]);
+}
+
+static void test_agent_thread_survives_writes_to_broken_sockets(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-5", NULL, 3);
+  sxt_reader_start(&r, url, "decode-5");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-5", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  int err = -1;
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = write_broken_socket;
+  bp.cb_arg = &err;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, &e, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, 10000));
+  assert_int_equal(err, EPIPE);
+  sx_batch_destroy(b);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
 /* ------------------------------------------------------------ deadlines */
 
 /* A "target" that accepts connections (the kernel does) and never answers. */
@@ -580,6 +625,86 @@ static void test_agent_cancel_ends_batch_cancelled(void **state) {
   close(lfd);
 }
 
+/* Regression: fire-and-forget batches (a callback that destroys its own
+ * batch) still in flight when the agent is destroyed with their segment
+ * left open.  Shutdown closed the segment first, and the callbacks that
+ * ran afterwards freed their batches through it: a use after free. */
+static void destroy_in_cb(sx_batch *b, void *arg) {
+  atomic_int *calls = arg;
+  sx_batch_result res;
+  if (sx_batch_result_get(b, &res) == 0 && res.state == SX_BATCH_FAILED &&
+      res.error == SX_ESHUTDOWN)
+    atomic_fetch_add(calls, 1);
+  sx_batch_destroy(b);
+}
+
+static void test_agent_destroy_ends_self_destroying_batches_of_open_segments(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-2", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-8");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-2", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  atomic_int calls = 0;
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = destroy_in_cb;
+  bp.cb_arg = &calls;
+  for (int i = 0; i < 3; i++) {
+    sx_batch *b;
+    sxt_ok(sx_batch_create(seg, &bp, &b));
+    sxt_ok(sx_batch_add_blocks(b, &e, 1));
+    sxt_ok(sx_batch_submit(b));
+  }
+  usleep(50 * 1000); /* posted to the silent target */
+  sxt_agent_stop(&r); /* the segment is left open: destroy closes it */
+  assert_int_equal(atomic_load(&calls), 3);
+  close(lfd);
+}
+
+/* Regression: a segment closed under its batches (a misuse the agent logs)
+ * freed what they still read: the batch in flight ended through freed
+ * memory, and one submitted afterwards started on a freed peer.  Both now
+ * end with an error and are destroyed as usual. */
+static void test_agent_segment_closed_under_its_batches(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  uint16_t port;
+  int lfd = silent_listener(&port);
+  publish_silent(url, "silent-3", port);
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-9");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "silent-3", 1000, &seg));
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  sx_batch *running = sxt_batch_submit(seg, &e, 1, 20000), *later;
+  sxt_ok(sx_batch_create(seg, NULL, &later));
+  sxt_ok(sx_batch_add_blocks(later, &e, 1));
+  usleep(50 * 1000); /* posted to the silent target */
+  sx_segment_close(seg);
+  sxt_ok(sx_batch_wait(running, 10000));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(running, &res));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ECANCELED);
+  sxt_ok(sx_batch_submit(later));
+  sxt_ok(sx_batch_wait(later, 10000));
+  sxt_ok(sx_batch_result_get(later, &res));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_EINVAL);
+  assert_non_null(strstr(res.message, "segment was closed"));
+  sx_batch_destroy(running);
+  sx_batch_destroy(later);
+  sxt_agent_stop(&r);
+  close(lfd);
+}
+
 /* ------------------------------------------------------------ threads */
 
 typedef struct worker {
@@ -642,9 +767,12 @@ int main(void) {
       cmocka_unit_test(test_agent_check_reports_mismatch),
       cmocka_unit_test(test_agent_wire_rejects_bad_requests_and_keeps_serving),
       cmocka_unit_test(test_agent_read_with_bad_token_fails_with_eaccess),
+      cmocka_unit_test(test_agent_thread_survives_writes_to_broken_sockets),
       cmocka_unit_test(test_agent_deadline_ends_batch_with_timeout),
       cmocka_unit_test(test_agent_deadline_holds_after_a_slow_loop_iteration),
       cmocka_unit_test(test_agent_cancel_ends_batch_cancelled),
+      cmocka_unit_test(test_agent_destroy_ends_self_destroying_batches_of_open_segments),
+      cmocka_unit_test(test_agent_segment_closed_under_its_batches),
       cmocka_unit_test(test_agent_batches_from_many_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

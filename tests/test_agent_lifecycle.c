@@ -290,13 +290,15 @@ static void test_agent_unregister_withdraws_the_region(void **state) {
 
 typedef struct late_pub {
   const char *url;
+  const char *name;  /* NULL: "late-11" */
+  uint32_t delay_ms; /* 0: 200 */
   sxt_agent t;
 } late_pub;
 
 static void *publish_late(void *arg) {
   late_pub *lp = arg;
-  usleep(200 * 1000);
-  sxt_target_start(&lp->t, lp->url, "late-11", NULL, 11);
+  usleep((lp->delay_ms ? lp->delay_ms : 200) * 1000);
+  sxt_target_start(&lp->t, lp->url, lp->name ? lp->name : "late-11", NULL, 11);
   return NULL;
 }
 
@@ -354,6 +356,29 @@ static void test_agent_open_waits_for_the_name(void **state) {
   sxt_agent_stop(&lp.t);
 }
 
+/* Regression: the synchronous open waited for the agent thread timeout_ms
+ * plus a 30 s slack, added in 32 bits: a timeout near UINT32_MAX (an
+ * engine's "as long as it takes") wrapped to a short wait, and the open
+ * failed with SX_ETIMEDOUT ("the agent did not answer within 999 ms")
+ * while the name was still being waited for. */
+static void test_agent_open_with_a_timeout_near_uint32_max_waits(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent r;
+  sxt_reader_start(&r, url, "decode-12");
+  late_pub lp = {.url = url, .name = "late-12", .delay_ms = 1500};
+  pthread_t th;
+  pthread_create(&th, NULL, publish_late, &lp);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "late-12", UINT32_MAX - 29000, &seg));
+  pthread_join(th, NULL);
+  assert_string_equal(sx_segment_desc(seg)->name, "late-12");
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&lp.t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
@@ -363,6 +388,7 @@ int main(void) {
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
       cmocka_unit_test(test_agent_unregister_withdraws_the_region),
       cmocka_unit_test(test_agent_open_waits_for_the_name),
+      cmocka_unit_test(test_agent_open_with_a_timeout_near_uint32_max_waits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +19,8 @@
 #include "notice.h"
 #include "push_fixture.h"
 #include "transport/tcp/tcp_frame.h"
+
+static sx_agent *self_remover_agent; /* for remove_self() */
 
 static void test_push_tcp_writes_land_then_the_notice_arrives(void **state) {
   (void)state;
@@ -324,6 +328,152 @@ static void test_push_tcp_deadline_with_payload_stuck_in_the_socket(void **state
   close(st.lfd);
 }
 
+/* ------------------------------------------------------------ racing the queue */
+
+/* A notice callback that holds the consumer's loop until released. */
+typedef struct held_cb {
+  atomic_int in_cb, release, calls;
+} held_cb;
+
+static int hold_notice(void *arg, const sx_notice *n) {
+  (void)n;
+  held_cb *h = arg;
+  atomic_fetch_add(&h->calls, 1);
+  atomic_store(&h->in_cb, 1);
+  while (!atomic_load(&h->release))
+    usleep(1000);
+  return 1;
+}
+
+typedef struct cb_remover {
+  sx_agent *a;
+  atomic_int returned;
+} cb_remover;
+
+static void *remove_cb(void *arg) {
+  cb_remover *r = arg;
+  sxt_ok(sx_agent_notice_cb(r->a, NULL, NULL));
+  atomic_store(&r->returned, 1);
+  return NULL;
+}
+
+/* A callback that removes itself from the agent thread (must not wait). */
+static int remove_self(void *arg, const sx_notice *n) {
+  (void)n;
+  atomic_int *calls = arg;
+  atomic_fetch_add(calls, 1);
+  sxt_ok(sx_agent_notice_cb(self_remover_agent, NULL, NULL));
+  return 1;
+}
+
+/* Regression: removing the notice callback returned while the loop was
+ * still inside it, so an engine that freed the callback's state after
+ * sx_agent_notice_cb(a, NULL, NULL) had it used after free. */
+static void test_push_notice_cb_removal_waits_for_a_running_callback(void **state) {
+  (void)state;
+  sxt_pair x;
+  sxt_pair_start(&x, SXT_RW);
+  sxt_pair_grant(&x);
+  held_cb h = {0};
+  sxt_ok(sx_agent_notice_cb(x.c.a, hold_notice, &h));
+  sx_block_write w = sxt_kv_write(0, 1, 1);
+  sx_batch *b = sxt_write_submit(x.seg, &w, 1, 5, 10000);
+  while (!atomic_load(&h.in_cb))
+    usleep(1000);
+  cb_remover r = {.a = x.c.a};
+  pthread_t th;
+  pthread_create(&th, NULL, remove_cb, &r);
+  usleep(200 * 1000);
+  assert_int_equal(atomic_load(&r.returned), 0); /* the callback still runs */
+  atomic_store(&h.release, 1);
+  pthread_join(th, NULL);
+  assert_int_equal(atomic_load(&r.returned), 1);
+  sxt_ok(sx_batch_wait(b, 10000));
+  sx_batch_destroy(b);
+  /* Removed: the next notice is queued, the old callback not called. */
+  sx_batch_result res = sxt_run_write(x.seg, &w, 1, 6, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&h.calls), 1);
+  sxt_expect_notice(x.c.a, &x.p, "prefill-0", 6, &w, 1, 1000);
+  /* From the callback itself it does not wait (no deadlock). */
+  atomic_int calls = 0;
+  self_remover_agent = x.c.a;
+  sxt_ok(sx_agent_notice_cb(x.c.a, remove_self, &calls));
+  res = sxt_run_write(x.seg, &w, 1, 7, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  res = sxt_run_write(x.seg, &w, 1, 8, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&calls), 1);
+  sxt_expect_notice(x.c.a, &x.p, "prefill-0", 8, &w, 1, 1000);
+  sxt_pair_stop(&x);
+}
+
+/* CPU 0 kept busy by a spinner until the agent's destroy returned, and
+ * the waiters confined to it at the lowest priority (SCHED_IDLE): they
+ * hardly run again before the destroy, on the other CPUs, is over. */
+static atomic_int destroyed;
+
+static void on_cpu0(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
+static void *spin(void *arg) {
+  (void)arg;
+  on_cpu0();
+  while (!atomic_load(&destroyed))
+    ;
+  return NULL;
+}
+
+typedef struct waiter {
+  sx_agent *a;
+  int rc;
+} waiter;
+
+static void *wait_notice(void *arg) {
+  waiter *w = arg;
+  struct sched_param sp = {0};
+  on_cpu0();
+  pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+  sx_notice *n;
+  w->rc = sx_agent_notice_next(w->a, -1, &n);
+  return NULL;
+}
+
+/* Regression: sx_agent_destroy() woke threads waiting in
+ * sx_agent_notice_next() and freed the queue without waiting for them to
+ * leave; one that got the CPU late took a freed mutex and read freed
+ * memory (ASan: heap-use-after-free in sx_agent_notice_next). */
+static void test_push_destroy_waits_for_notice_waiters_to_leave(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "push");
+  sxt_agent c;
+  sxt_consumer_start(&c, url, "decode-0", SXT_RW);
+  enum { WAITERS = 4 };
+  waiter w[WAITERS];
+  pthread_t th[WAITERS], spinner;
+  for (int i = 0; i < WAITERS; i++) {
+    w[i] = (waiter){.a = c.a, .rc = 1};
+    pthread_create(&th[i], NULL, wait_notice, &w[i]);
+  }
+  usleep(100 * 1000); /* waiting now */
+  int busy = sysconf(_SC_NPROCESSORS_ONLN) > 1;
+  if (busy)
+    pthread_create(&spinner, NULL, spin, NULL);
+  sxt_agent_stop(&c);
+  atomic_store(&destroyed, 1);
+  if (busy)
+    pthread_join(spinner, NULL);
+  for (int i = 0; i < WAITERS; i++) {
+    pthread_join(th[i], NULL);
+    assert_int_equal(w[i].rc, SX_ESHUTDOWN);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_push_tcp_writes_land_then_the_notice_arrives),
@@ -332,6 +482,8 @@ int main(void) {
       cmocka_unit_test(test_push_tcp_wire_refusals),
       cmocka_unit_test(test_push_many_producers_into_one_consumer),
       cmocka_unit_test(test_push_tcp_deadline_with_payload_stuck_in_the_socket),
+      cmocka_unit_test(test_push_notice_cb_removal_waits_for_a_running_callback),
+      cmocka_unit_test(test_push_destroy_waits_for_notice_waiters_to_leave),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,7 +11,10 @@
  * synchronous open, ping, descriptor, batch wait) fail with SX_EBUSY when
  * called on the agent thread itself, i.e. from a callback; the
  * non-waiting ones (the asynchronous open, segment close, batch create,
- * add, submit, poll, cancel, result) work there too.
+ * add, submit, poll, cancel, result) work there too.  The agent's thread
+ * blocks SIGPIPE (a peer that resets a connection fails that connection,
+ * it does not kill the process), so the embedding program need not ignore
+ * it.
  *
  * Errors: every call returns 0 or a negative SX_E* code, and a failing call
  * leaves a message for the calling thread (sx_errmsg()).  Output arguments

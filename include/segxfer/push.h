@@ -200,7 +200,10 @@ SX_EXTERN int sx_agent_notice_fd(sx_agent *a);
  * A function that sees every accepted notice first, on the agent thread.
  * It returns non-zero to take the notice (it is then not queued, and n is
  * valid only during the call) or 0 to leave it in the queue.  NULL removes
- * the callback.  Never waits.
+ * the callback.  When this returns, the old callback is not running and
+ * will not be called again, so its arg may be freed: off the agent thread
+ * it waits for a call in progress to return; on it (from the callback
+ * itself) it never waits.
  */
 typedef int (*sx_notice_cb)(void *arg, const sx_notice *n);
 SX_EXTERN int sx_agent_notice_cb(sx_agent *a, sx_notice_cb cb, void *arg);
