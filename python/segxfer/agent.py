@@ -39,11 +39,19 @@ def _close_live_agents():
 
 
 def _bytes(s, what):
+    """s as the NUL-terminated UTF-8 the library takes.  A NUL inside would
+    cut the text there (a name "a\\0b" would publish, open or grant "a"),
+    so it is refused, as is text that is not UTF-8."""
     if s is None:
         return None
     if not isinstance(s, str):
         raise TypeError("%s must be a str (got %s)" % (what, type(s).__name__))
-    return s.encode("utf-8")
+    if "\0" in s:
+        raise invalid("%s must not contain NULs (got %r)" % (what, s))
+    try:
+        return s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid("%s is not valid UTF-8 text (%s)" % (what, e.reason)) from None
 
 
 def _fill(struct, field, value, what):

@@ -184,3 +184,23 @@ def test_bad_input_wait_and_result_before_submit(seg):
     with pytest.raises(segxfer.SX_EINVAL, match="already submitted"):
         b.add_blocks(0, 0)
     b.close()
+
+
+def test_bad_input_text_with_nul_or_not_utf8(pair, url):
+    """The library takes NUL-terminated text: a NUL inside a name would cut
+    it there (publish, open or grant another name than the one given)."""
+    for kw in (dict(name="prefill-0\0evil"), dict(metadata_url=url + "\0x"),
+               dict(name="p", namespace="ns\0x"), dict(name="p", listen="127.0.0.1:0\0x"),
+               dict(name="p", advertise="127.0.0.1\0x"), dict(name="\udc80")):
+        kw.setdefault("metadata_url", url)
+        with pytest.raises(segxfer.SX_EINVAL, match="NUL|UTF-8"):
+            segxfer.Agent(log_level="error", **kw)
+    with pytest.raises(segxfer.SX_EINVAL, match="name must not contain NULs"):
+        pair.reader.open(pair.name + "\0junk")
+    for producer in ("prefill-0\0junk", "\udc80"):
+        for call in (pair.target.grant_write, pair.target.revoke_write):
+            with pytest.raises(segxfer.SX_EINVAL, match="producer"):
+                call(producer)
+    with pytest.raises(segxfer.SX_EINVAL, match="location must not contain NULs"):
+        pair.reader.register(bytearray(4096), block_bytes=4096, group=5,
+                             location="cpu\0junk")
