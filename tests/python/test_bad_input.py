@@ -204,3 +204,25 @@ def test_bad_input_text_with_nul_or_not_utf8(pair, url):
     with pytest.raises(segxfer.SX_EINVAL, match="location must not contain NULs"):
         pair.reader.register(bytearray(4096), block_bytes=4096, group=5,
                              location="cpu\0junk")
+
+
+def test_bad_input_read_only_arrays(seg, pair):
+    """An array flagged read-only (np.frombuffer of bytes) is refused as
+    registered memory and as a read destination, as read-only buffers are:
+    reading into it would overwrite an immutable bytes object."""
+    src = b"\x5a" * 4096
+    ro = numpy.frombuffer(src, dtype=numpy.uint8)
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        pair.reader.register(ro, block_bytes=4096, group=5)
+    region = seg.regions()[0]["id"]
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        seg.read_ranges([(ro, region, 0, None)])
+    frozen = numpy.zeros(4096, dtype=numpy.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        seg.read_ranges([(frozen, region, 0, None)])
+    assert src == b"\x5a" * 4096 and not frozen.any()
+    # A writable array is taken as before.
+    buf = numpy.zeros(4096, dtype=numpy.uint8)
+    b = seg.read_ranges([(buf, region, 0, None)])
+    assert b.wait(10) and b.result().ok and buf.any()
