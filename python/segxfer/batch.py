@@ -428,8 +428,9 @@ def _params(timeout_ms, write=False, tag=0):
 def _timeout_ms(seconds, what):
     try:
         ms = int(round(float(seconds) * 1000))
-    except (TypeError, ValueError):
-        raise invalid("%s must be a number of seconds (got %r)" % (what, seconds)) from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
+        raise invalid("%s must be a finite number of seconds (got %r)"
+                      % (what, seconds)) from None
     if not 0 <= ms < 2**31:
         raise invalid("%s must be between 0 and 2**31 ms (got %r s)" % (what, seconds))
     return ms

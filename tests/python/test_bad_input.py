@@ -226,3 +226,19 @@ def test_bad_input_read_only_arrays(seg, pair):
     buf = numpy.zeros(4096, dtype=numpy.uint8)
     b = seg.read_ranges([(buf, region, 0, None)])
     assert b.wait(10) and b.result().ok and buf.any()
+
+
+def test_bad_input_infinite_timeouts(seg, pair):
+    """float('inf') (or nan) as a timeout is SX_EINVAL naming the timeout,
+    not an OverflowError from the conversion to milliseconds; None is the
+    way to wait without a limit."""
+    inf, nan = float("inf"), float("nan")
+    b = seg.read_blocks([1], [1])
+    for call in (lambda t: b.wait(t), lambda t: seg.ping(t), lambda t: seg.batch(t),
+                 lambda t: pair.reader.open(pair.name, t), lambda t: pair.target.next_notice(t),
+                 lambda t: seg.read_blocks([1], [1], timeout=t)):
+        for t in (inf, -inf, nan):
+            with pytest.raises(segxfer.SX_EINVAL, match="timeout must be a finite number"):
+                call(t)
+    assert b.wait(None) and b.result().ok
+    b.close()
