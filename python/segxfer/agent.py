@@ -168,7 +168,12 @@ class Agent(Owned):
             if v is not None:
                 setattr(p, field, _u32(v, field))
         if rdma_gid_index is not None:
-            p.rdma_gid_index = rdma_gid_index
+            # A C int (-1: the library picks); ctypes would wrap a larger value.
+            gid = _index(rdma_gid_index)
+            if gid is None or not -1 <= gid < 2**31:
+                raise invalid("rdma_gid_index must be an integer in -1 .. 2**31-1 (got %r)"
+                              % (rdma_gid_index,))
+            p.rdma_gid_index = gid
         if staging_bytes is not None:
             p.staging_bytes = _u64(staging_bytes, "staging_bytes")
         _fill(p.layout, "fingerprint", fingerprint, "fingerprint")

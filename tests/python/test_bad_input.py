@@ -242,3 +242,12 @@ def test_bad_input_infinite_timeouts(seg, pair):
                 call(t)
     assert b.wait(None) and b.result().ok
     b.close()
+
+
+def test_bad_input_rdma_gid_index(url):
+    """rdma_gid_index is a C int: a value ctypes would wrap (2**32 becomes 0,
+    a real GID index) or a non-integer is refused."""
+    for gid in (2**32, 2**40, -2, "1", 1.0, True):
+        with pytest.raises(segxfer.SX_EINVAL, match="rdma_gid_index"):
+            segxfer.Agent(None, url, rdma_gid_index=gid, log_level="error")
+    segxfer.Agent(None, url, rdma_gid_index=numpy.int64(-1), log_level="error").close()
