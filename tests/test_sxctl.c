@@ -411,6 +411,32 @@ static void test_sxctl_watch_json(void **state) {
   assert_int_equal(dels_seen, 1);
 }
 
+/* sxctl ARGS (a shell fragment, after --metadata) exits 2 with want on
+ * stderr: a usage error, found before the store or any agent is asked. */
+static void usage_fails(const char *want, const char *args) {
+  char *err;
+  int rc = run(NULL, &err, "--metadata '%s' %s", url, args);
+  if (rc != 2 || strstr(err, want) == NULL)
+    fail_msg("sxctl %s: exit %d, stderr '%s' (wanted 2 and '%s')", args, rc, err, want);
+  free(err);
+}
+
+static void test_sxctl_numbers_out_of_range_or_signed_are_usage_errors(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* More than 64 bits: strtoull gave 2^64-1 and the write went out with
+   * that tag (the seed likewise). */
+  usage_fails("--tag '99999999999999999999'",
+              "write prefill-0/tp0 --as p-1 --fill 1 --tag 99999999999999999999");
+  usage_fails("--seed '99999999999999999999'",
+              "read prefill-0/tp0 --seed 99999999999999999999");
+  /* A sign or blank first is not a number either. */
+  usage_fails("--tag '+7'", "write prefill-0/tp0 --as p-1 --fill 1 --tag +7");
+  usage_fails("--tag ' 7'", "write prefill-0/tp0 --as p-1 --fill 1 --tag ' 7'");
+  usage_fails("--batch ' 8'", "read prefill-0/tp0 --batch ' 8'");
+  usage_fails("--timeout-ms '+5'", "read prefill-0/tp0 --timeout-ms +5");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sxctl_ls_human),
@@ -420,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_sxctl_unreachable_and_usage),
       cmocka_unit_test(test_sxctl_rm),
       cmocka_unit_test(test_sxctl_watch_json),
+      cmocka_unit_test(test_sxctl_numbers_out_of_range_or_signed_are_usage_errors),
   };
   int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
                                            group_teardown);

@@ -3,6 +3,7 @@
  * options of the data path and their parsers, the agent and the segment
  * they open, the group shape of whole blocks, and the report.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -26,9 +27,15 @@ double sxctl_now_s(void) {
 /* ------------------------------------------------------------------ parsers */
 
 int sxctl_parse_u64(const char *s, uint64_t *out) {
+  /* strtoull takes blanks and a sign first, and gives ULLONG_MAX with
+   * ERANGE for more than 64 bits: --tag 99999999999999999999 would be
+   * 2^64-1.  Only digits (decimal, 0x-hex or 0-octal) that fit. */
+  if (s[0] < '0' || s[0] > '9')
+    return -1;
   char *end;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 0);
-  if (s[0] == '\0' || s[0] == '-' || *end != '\0')
+  if (*end != '\0' || errno != 0)
     return -1;
   *out = v;
   return 0;

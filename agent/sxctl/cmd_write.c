@@ -242,7 +242,7 @@ static int write_parse(const sxctl_cmd *cmd, int argc, char **argv, write_opts *
       have_fill = 1;
     } else if (strcmp(a, "--tag") == 0) {
       if (sxctl_parse_u64(v, &o->tag))
-        return sxctl_usage(cmd, "--tag '%s' is not a number", v);
+        return sxctl_usage(cmd, "--tag '%s' is not a number 0..2^64-1", v);
     } else if (strcmp(a, "--verify") == 0) {
       o->verify = 1;
     } else if ((rc = sxctl_data_opt(cmd, &o->c, argc, argv, &i)) != 0) {
