@@ -35,7 +35,7 @@ static void sleep_ms(int ms) {
 /* Run sxctl with args (a shell fragment); capture stdout and stderr. */
 static int run(char **out, char **err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int run(char **out, char **err, const char *fmt, ...) {
-  char args[2048], cmd[PATH_MAX + 2560], opath[200], epath[200];
+  char args[16384], cmd[PATH_MAX + 16896], opath[200], epath[200];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(args, sizeof(args), fmt, ap);
@@ -437,6 +437,34 @@ static void test_sxctl_numbers_out_of_range_or_signed_are_usage_errors(void **st
   usage_fails("--timeout-ms '+5'", "read prefill-0/tp0 --timeout-ms +5");
 }
 
+static void test_sxctl_blocks_spec_is_checked_whole_and_bounded(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* Judged before the store is asked (nope/0 is not published): random:N
+   * allocated N ids, and ran out of memory, before reading any. */
+  usage_fails("more than 16777216 blocks", "read nope/0 --blocks random:100000000000");
+  usage_fails("more than 16777216 blocks", "read nope/0 --blocks 0-16777216");
+  usage_fails("more than 16777216 blocks", "write nope/0 --as p-1 --fill 1 "
+              "--blocks 0-9999999,0-9999999");
+  /* Empty items were skipped: ',' read no block and exited 0. */
+  usage_fails("--blocks ','", "read nope/0 --blocks ,");
+  usage_fails("--blocks '1,,2'", "read nope/0 --blocks 1,,2");
+  usage_fails("--blocks '3,'", "read nope/0 --blocks 3,");
+  usage_fails("--blocks ''", "read nope/0 --blocks ''");
+  usage_fails("--blocks '0-99999999999999999999'", "read nope/0 --blocks 0-99999999999999999999");
+  /* A list longer than 4096 bytes was cut there: the block past the cut
+   * (99, beyond the 32 of prefill-0/tp0) was dropped, not refused. */
+  char *list = malloc(8192), *err;
+  size_t k = 0;
+  while (k < 5000)
+    k += (size_t)sprintf(list + k, "0,");
+  sprintf(list + k, "99");
+  assert_int_equal(run(NULL, &err, "--metadata '%s' read prefill-0/tp0 --blocks %s", url, list), 2);
+  assert_non_null(strstr(err, "the segment has 32 blocks per region"));
+  free(err);
+  free(list);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sxctl_ls_human),
@@ -447,6 +475,7 @@ int main(void) {
       cmocka_unit_test(test_sxctl_rm),
       cmocka_unit_test(test_sxctl_watch_json),
       cmocka_unit_test(test_sxctl_numbers_out_of_range_or_signed_are_usage_errors),
+      cmocka_unit_test(test_sxctl_blocks_spec_is_checked_whole_and_bounded),
   };
   int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
                                            group_teardown);
