@@ -251,9 +251,19 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_LISTEN: o->listen = optarg; break;
     case O_ADVERTISE: o->advertise = optarg; break;
     case O_LAYOUT: o->layout_file = optarg; break;
-    case O_DTYPE: o->dtype = optarg; break;
-    case O_FP: o->fingerprint = optarg; break;
-    case O_TAG: o->tag = optarg; break;
+    case O_DTYPE:
+    case O_FP:
+    case O_TAG: {
+      /* Published as given or not at all: a value cut to the field's size
+       * would be another fingerprint, and readers would check against it. */
+      size_t max = c == O_FP ? SX_FINGERPRINT_MAX : SX_TAG_MAX;
+      if (strlen(optarg) > max)
+        return usage_error("--%s '%s' is longer than %zu bytes",
+                           c == O_FP ? "fingerprint" : c == O_TAG ? "tag" : "dtype", optarg,
+                           max);
+      *(c == O_FP ? &o->fingerprint : c == O_TAG ? &o->tag : &o->dtype) = optarg;
+      break;
+    }
     case O_TAKEOVER: o->takeover = 1; break;
     case O_WRITABLE: o->writable = 1; break;
     case O_GRANT:
