@@ -597,6 +597,19 @@ static void test_e2e_sx_agent_refuses_layout_text_too_long(void **state) {
   assert_int_equal(sxt_stored_incarnation(&env, "opt-0", NULL), SX_ENOENT);
 }
 
+static void test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* 2^44 + 1 blocks of 1 MiB: the layer's size wrapped to 1 MiB, which was
+   * mapped, and regions claiming 2^44 + 1 blocks in it were registered. */
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --num-blocks 17592186044417 "
+                       "--block-bytes 1M --slots K");
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --num-blocks 1T --block-bytes 1T");
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --layers 4294967295 "
+                       "--block-bytes 1T --pool-size 1G --slots K,V,index");
+  assert_int_equal(sxt_stored_incarnation(&env, "opt-1", NULL), SX_ENOENT);
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -626,6 +639,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_store_lost_during_first_publish_agent_publishes_later),
       cmocka_unit_test(test_e2e_publish_while_store_down_is_retried),
       cmocka_unit_test(test_e2e_sx_agent_refuses_layout_text_too_long),
+      cmocka_unit_test(test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)
