@@ -610,6 +610,15 @@ static void test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits(void **state) 
   assert_int_equal(sxt_stored_incarnation(&env, "opt-1", NULL), SX_ENOENT);
 }
 
+static void test_e2e_sx_agent_names_an_option_missing_its_value(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* getopt's '?' for both cases said "unknown option '--layers'". */
+  sx_agent_usage_fails("--layers needs a value", "--name opt-2 --num-blocks 4 --layers");
+  sx_agent_usage_fails("--name needs a value", "--num-blocks 4 --name");
+  sx_agent_usage_fails("unknown option '--bogus'", "--name opt-2 --num-blocks 4 --bogus");
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -640,6 +649,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_publish_while_store_down_is_retried),
       cmocka_unit_test(test_e2e_sx_agent_refuses_layout_text_too_long),
       cmocka_unit_test(test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits),
+      cmocka_unit_test(test_e2e_sx_agent_names_an_option_missing_its_value),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)

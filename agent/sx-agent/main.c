@@ -244,7 +244,9 @@ static int parse_args(int argc, char **argv, options *o) {
   uint64_t v;
   int c;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  /* The leading ':' makes a missing value ':' rather than '?' (which read
+   * "unknown option '--layers'" for '--layers' at the end). */
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
     case O_NAME: o->name = optarg; break;
     case O_METADATA: o->metadata = optarg; break;
@@ -369,6 +371,8 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_VERSION:
       printf("sx-agent (segxfer %s)\n", sx_version());
       exit(EXIT_CLEAN);
+    case ':':
+      return usage_error("%s needs a value", argv[optind - 1]);
     default:
       return usage_error("unknown option '%s'", argv[optind - 1]);
     }
