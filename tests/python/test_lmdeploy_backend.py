@@ -173,6 +173,30 @@ def test_lmdeploy_bad_assignments(engines):
         b.p2p_migrate(assignment(peer, [(0, 0)], 16, 32))
 
 
+def test_lmdeploy_assignment_numbers_of_any_integer_kind(engines):
+    """Offsets an engine computed with numpy (or torch) are taken as ints;
+    values outside 0 .. 2**64-1, bools and a missing batch are SX_EINVAL
+    naming the field, never an OverflowError or a TypeError."""
+    import numpy
+    prefill, decode = engines
+    peer = "http://10.0.0.1:23333"
+    decode.backend.p2p_connect(peer, prefill.endpoint)
+    b = decode.backend
+    task = NS(mr_key=numpy.int64(0), target_offset=numpy.int64(5 * UNIT),
+              source_offset=torch.tensor(2 * UNIT), length=numpy.uint32(UNIT))
+    b.p2p_migrate(NS(remote_engine_id=peer, batch=[task]))
+    assert torch.equal(decode.cache[0, 2], prefill.cache[0, 5])
+    for field, value in (("target_offset", 2**64), ("source_offset", 2**64),
+                         ("length", 2**70), ("source_offset", True), ("length", 1.5)):
+        t = NS(mr_key=0, target_offset=0, source_offset=0, length=UNIT)
+        setattr(t, field, value)
+        with pytest.raises(segxfer.SX_EINVAL, match=field):
+            b.p2p_migrate(NS(remote_engine_id=peer, batch=[t]))
+    for batch in (None, 5, "tasks"):
+        with pytest.raises(segxfer.SX_EINVAL, match="batch"):
+            b.p2p_migrate(NS(remote_engine_id=peer, batch=batch))
+
+
 def test_lmdeploy_restarted_peer_is_stale(url):
     prefill = Engine(url, "p-engine", "d-engine", 32, 16)
     decode = Engine(url, "d-engine", "p-engine", 16, 32)
