@@ -32,7 +32,7 @@ import re
 from urllib.parse import parse_qsl, urlsplit
 
 from .agent import Agent
-from .batch import _u64
+from .batch import _index, _u64
 from .errors import code, error, invalid
 
 
@@ -103,7 +103,16 @@ class SegxferMigrationBackend:
         self.prefix = prefix or env.get("SEGXFER_PREFIX", "lmdeploy")
         self.transports = transports or env.get("SEGXFER_TRANSPORTS")
         layers = num_layers if num_layers is not None else env.get("SEGXFER_NUM_LAYERS")
-        self.num_layers = int(layers) if layers not in (None, "") else None
+        self.num_layers = None
+        if layers not in (None, ""):
+            # 0 was taken as "not given", a negative count reached the agent,
+            # and text that is not a number raised int()'s bare ValueError.
+            n = (int(layers) if layers.strip().isdigit() else None) \
+                if isinstance(layers, str) else _index(layers)
+            if n is None or n < 1:
+                raise invalid("num_layers (SEGXFER_NUM_LAYERS) must be a positive integer "
+                              "(got %r)" % (layers,))
+            self.num_layers = n
         self.layout = dict(fingerprint=fingerprint or env.get("SEGXFER_FINGERPRINT", ""),
                            dtype=dtype or env.get("SEGXFER_DTYPE", ""),
                            tag=tag or env.get("SEGXFER_TAG", ""))
@@ -194,7 +203,13 @@ class SegxferMigrationBackend:
             raise invalid("p2p_connect: no p2p_initialize for %r" % (remote_engine_id,))
         info = _field(conn_req, "endpoint_info", conn_req)
         if isinstance(info, (str, bytes)):
-            info = json.loads(info)
+            try:
+                info = json.loads(info)
+            except ValueError as e:
+                raise invalid("p2p_connect: the endpoint info is not JSON (%s)" % e) from None
+        if not isinstance(info, dict) or not isinstance(info.get("segment"), str):
+            raise invalid("p2p_connect: the endpoint info has no segment name (what the "
+                          "peer's endpoint_info() returns): %r" % (info,))
         _, ns = store_without_secrets(self.metadata_url)
         if info.get("namespace", ns) != ns:
             raise invalid("the peer publishes in namespace %r, this engine uses %r"
