@@ -437,6 +437,19 @@ static void test_sxctl_numbers_out_of_range_or_signed_are_usage_errors(void **st
   usage_fails("--timeout-ms '+5'", "read prefill-0/tp0 --timeout-ms +5");
 }
 
+static void test_sxctl_usage_errors_say_what_is_wrong(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* It said "unexpected argument '--label'" for a documented option. */
+  usage_fails("--label needs KEY=VALUE", "ls --label");
+  /* Exit 2 with the help on stdout and no word of the unknown command. */
+  usage_fails("unknown command 'frobnicate'", "help frobnicate");
+  char *out;
+  assert_int_equal(run(&out, NULL, "help read"), 0);
+  assert_non_null(strstr(out, "usage: sxctl read"));
+  free(out);
+}
+
 static void test_sxctl_blocks_spec_is_checked_whole_and_bounded(void **state) {
   (void)state;
   NEED_SERVER();
@@ -476,6 +489,7 @@ int main(void) {
       cmocka_unit_test(test_sxctl_watch_json),
       cmocka_unit_test(test_sxctl_numbers_out_of_range_or_signed_are_usage_errors),
       cmocka_unit_test(test_sxctl_blocks_spec_is_checked_whole_and_bounded),
+      cmocka_unit_test(test_sxctl_usage_errors_say_what_is_wrong),
   };
   int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
                                            group_teardown);
