@@ -9,6 +9,7 @@
  * SXT_FILTER=pattern runs a subset; SXT_KEEP_LOGS=1 keeps the sx-agent logs
  * and SXT_LOG_LEVEL=debug makes them verbose.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -558,6 +559,66 @@ static void test_e2e_publish_while_store_down_is_retried(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* ------------------------------------------------------------ options */
+
+/* sx-agent ARGS (a shell fragment, after --metadata) exits 2 within 10 s
+ * with want on stderr: refused before anything is published. */
+static void sx_agent_usage_fails(const char *want, const char *args) {
+  char cmd[PATH_MAX + 1024], errpath[200];
+  snprintf(errpath, sizeof(errpath), "%s/usage.err", env.tmpdir);
+  snprintf(cmd, sizeof(cmd), "timeout 10 %s/sx-agent --metadata '%s' %s 2>%s >/dev/null",
+           env.bindir, env.url, args, errpath);
+  int st = system(cmd);
+  char err[4096] = "";
+  FILE *f = fopen(errpath, "r");
+  if (f != NULL) {
+    err[fread(err, 1, sizeof(err) - 1, f)] = '\0';
+    fclose(f);
+  }
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 2 || strstr(err, want) == NULL)
+    fail_msg("sx-agent %s: exit %d, stderr '%s' (wanted 2 and '%s')", args,
+             WIFEXITED(st) ? WEXITSTATUS(st) : -1, err, want);
+}
+
+static void test_e2e_sx_agent_refuses_layout_text_too_long(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* They were cut to the field's size and published: readers then checked
+   * against another fingerprint (or dtype, or tag) than the one given. */
+  char fp[200], args[400];
+  memset(fp, 'f', 128);
+  fp[128] = '\0';
+  snprintf(args, sizeof(args), "--name opt-0 --num-blocks 4 --fingerprint %s", fp);
+  sx_agent_usage_fails("--fingerprint", args);
+  sx_agent_usage_fails("--dtype", "--name opt-0 --num-blocks 4 "
+                       "--dtype bf16-with-a-name-of-32-bytes-xyz");
+  sx_agent_usage_fails("--tag", "--name opt-0 --num-blocks 4 "
+                       "--tag NHD-with-a-name-of-32-bytes-wxyz");
+  assert_int_equal(sxt_stored_incarnation(&env, "opt-0", NULL), SX_ENOENT);
+}
+
+static void test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* 2^44 + 1 blocks of 1 MiB: the layer's size wrapped to 1 MiB, which was
+   * mapped, and regions claiming 2^44 + 1 blocks in it were registered. */
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --num-blocks 17592186044417 "
+                       "--block-bytes 1M --slots K");
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --num-blocks 1T --block-bytes 1T");
+  sx_agent_usage_fails("more than 2^64 bytes", "--name opt-1 --layers 4294967295 "
+                       "--block-bytes 1T --pool-size 1G --slots K,V,index");
+  assert_int_equal(sxt_stored_incarnation(&env, "opt-1", NULL), SX_ENOENT);
+}
+
+static void test_e2e_sx_agent_names_an_option_missing_its_value(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* getopt's '?' for both cases said "unknown option '--layers'". */
+  sx_agent_usage_fails("--layers needs a value", "--name opt-2 --num-blocks 4 --layers");
+  sx_agent_usage_fails("--name needs a value", "--num-blocks 4 --name");
+  sx_agent_usage_fails("unknown option '--bogus'", "--name opt-2 --num-blocks 4 --bogus");
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -586,6 +647,9 @@ int main(void) {
       cmocka_unit_test(test_e2e_store_restarted_empty_gets_the_segment_back),
       cmocka_unit_test(test_e2e_store_lost_during_first_publish_agent_publishes_later),
       cmocka_unit_test(test_e2e_publish_while_store_down_is_retried),
+      cmocka_unit_test(test_e2e_sx_agent_refuses_layout_text_too_long),
+      cmocka_unit_test(test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits),
+      cmocka_unit_test(test_e2e_sx_agent_names_an_option_missing_its_value),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)

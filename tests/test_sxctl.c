@@ -35,7 +35,7 @@ static void sleep_ms(int ms) {
 /* Run sxctl with args (a shell fragment); capture stdout and stderr. */
 static int run(char **out, char **err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int run(char **out, char **err, const char *fmt, ...) {
-  char args[2048], cmd[PATH_MAX + 2560], opath[200], epath[200];
+  char args[16384], cmd[PATH_MAX + 16896], opath[200], epath[200];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(args, sizeof(args), fmt, ap);
@@ -411,6 +411,73 @@ static void test_sxctl_watch_json(void **state) {
   assert_int_equal(dels_seen, 1);
 }
 
+/* sxctl ARGS (a shell fragment, after --metadata) exits 2 with want on
+ * stderr: a usage error, found before the store or any agent is asked. */
+static void usage_fails(const char *want, const char *args) {
+  char *err;
+  int rc = run(NULL, &err, "--metadata '%s' %s", url, args);
+  if (rc != 2 || strstr(err, want) == NULL)
+    fail_msg("sxctl %s: exit %d, stderr '%s' (wanted 2 and '%s')", args, rc, err, want);
+  free(err);
+}
+
+static void test_sxctl_numbers_out_of_range_or_signed_are_usage_errors(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* More than 64 bits: strtoull gave 2^64-1 and the write went out with
+   * that tag (the seed likewise). */
+  usage_fails("--tag '99999999999999999999'",
+              "write prefill-0/tp0 --as p-1 --fill 1 --tag 99999999999999999999");
+  usage_fails("--seed '99999999999999999999'",
+              "read prefill-0/tp0 --seed 99999999999999999999");
+  /* A sign or blank first is not a number either. */
+  usage_fails("--tag '+7'", "write prefill-0/tp0 --as p-1 --fill 1 --tag +7");
+  usage_fails("--tag ' 7'", "write prefill-0/tp0 --as p-1 --fill 1 --tag ' 7'");
+  usage_fails("--batch ' 8'", "read prefill-0/tp0 --batch ' 8'");
+  usage_fails("--timeout-ms '+5'", "read prefill-0/tp0 --timeout-ms +5");
+}
+
+static void test_sxctl_usage_errors_say_what_is_wrong(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* It said "unexpected argument '--label'" for a documented option. */
+  usage_fails("--label needs KEY=VALUE", "ls --label");
+  /* Exit 2 with the help on stdout and no word of the unknown command. */
+  usage_fails("unknown command 'frobnicate'", "help frobnicate");
+  char *out;
+  assert_int_equal(run(&out, NULL, "help read"), 0);
+  assert_non_null(strstr(out, "usage: sxctl read"));
+  free(out);
+}
+
+static void test_sxctl_blocks_spec_is_checked_whole_and_bounded(void **state) {
+  (void)state;
+  NEED_SERVER();
+  /* Judged before the store is asked (nope/0 is not published): random:N
+   * allocated N ids, and ran out of memory, before reading any. */
+  usage_fails("more than 16777216 blocks", "read nope/0 --blocks random:100000000000");
+  usage_fails("more than 16777216 blocks", "read nope/0 --blocks 0-16777216");
+  usage_fails("more than 16777216 blocks", "write nope/0 --as p-1 --fill 1 "
+              "--blocks 0-9999999,0-9999999");
+  /* Empty items were skipped: ',' read no block and exited 0. */
+  usage_fails("--blocks ','", "read nope/0 --blocks ,");
+  usage_fails("--blocks '1,,2'", "read nope/0 --blocks 1,,2");
+  usage_fails("--blocks '3,'", "read nope/0 --blocks 3,");
+  usage_fails("--blocks ''", "read nope/0 --blocks ''");
+  usage_fails("--blocks '0-99999999999999999999'", "read nope/0 --blocks 0-99999999999999999999");
+  /* A list longer than 4096 bytes was cut there: the block past the cut
+   * (99, beyond the 32 of prefill-0/tp0) was dropped, not refused. */
+  char *list = malloc(8192), *err;
+  size_t k = 0;
+  while (k < 5000)
+    k += (size_t)sprintf(list + k, "0,");
+  sprintf(list + k, "99");
+  assert_int_equal(run(NULL, &err, "--metadata '%s' read prefill-0/tp0 --blocks %s", url, list), 2);
+  assert_non_null(strstr(err, "the segment has 32 blocks per region"));
+  free(err);
+  free(list);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sxctl_ls_human),
@@ -420,6 +487,9 @@ int main(void) {
       cmocka_unit_test(test_sxctl_unreachable_and_usage),
       cmocka_unit_test(test_sxctl_rm),
       cmocka_unit_test(test_sxctl_watch_json),
+      cmocka_unit_test(test_sxctl_numbers_out_of_range_or_signed_are_usage_errors),
+      cmocka_unit_test(test_sxctl_blocks_spec_is_checked_whole_and_bounded),
+      cmocka_unit_test(test_sxctl_usage_errors_say_what_is_wrong),
   };
   int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
                                            group_teardown);

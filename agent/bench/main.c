@@ -106,8 +106,10 @@ int main(int argc, char **argv) {
       return BX_OK;
     } else if (strcmp(a, "--duration") == 0) {
       char *end;
-      if (v == NULL || (o.duration = strtod(v, &end)) <= 0 || *end != '\0' ||
-          o.duration > 3600) {
+      /* Written so that NaN fails too: it compares false both ways, and a
+       * case of NaN seconds never ended. */
+      if (v == NULL || !((o.duration = strtod(v, &end)) > 0 && o.duration <= 3600) ||
+          end == v || *end != '\0') {
         free(rest);
         return usage_error("--duration needs seconds (0 < S <= 3600), got '%s'",
                            v ? v : "");

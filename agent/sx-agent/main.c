@@ -244,16 +244,28 @@ static int parse_args(int argc, char **argv, options *o) {
   uint64_t v;
   int c;
   opterr = 0;
-  while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+  /* The leading ':' makes a missing value ':' rather than '?' (which read
+   * "unknown option '--layers'" for '--layers' at the end). */
+  while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
     switch (c) {
     case O_NAME: o->name = optarg; break;
     case O_METADATA: o->metadata = optarg; break;
     case O_LISTEN: o->listen = optarg; break;
     case O_ADVERTISE: o->advertise = optarg; break;
     case O_LAYOUT: o->layout_file = optarg; break;
-    case O_DTYPE: o->dtype = optarg; break;
-    case O_FP: o->fingerprint = optarg; break;
-    case O_TAG: o->tag = optarg; break;
+    case O_DTYPE:
+    case O_FP:
+    case O_TAG: {
+      /* Published as given or not at all: a value cut to the field's size
+       * would be another fingerprint, and readers would check against it. */
+      size_t max = c == O_FP ? SX_FINGERPRINT_MAX : SX_TAG_MAX;
+      if (strlen(optarg) > max)
+        return usage_error("--%s '%s' is longer than %zu bytes",
+                           c == O_FP ? "fingerprint" : c == O_TAG ? "tag" : "dtype", optarg,
+                           max);
+      *(c == O_FP ? &o->fingerprint : c == O_TAG ? &o->tag : &o->dtype) = optarg;
+      break;
+    }
     case O_TAKEOVER: o->takeover = 1; break;
     case O_WRITABLE: o->writable = 1; break;
     case O_GRANT:
@@ -359,6 +371,8 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_VERSION:
       printf("sx-agent (segxfer %s)\n", sx_version());
       exit(EXIT_CLEAN);
+    case ':':
+      return usage_error("%s needs a value", argv[optind - 1]);
     default:
       return usage_error("unknown option '%s'", argv[optind - 1]);
     }
@@ -391,15 +405,26 @@ static int build_layout(const options *o, sx_desc *d) {
     }
   } else {
     sx_desc_init(d);
-    uint64_t per_block_row = (uint64_t)o->layers * o->n_slots * o->block_bytes;
-    uint64_t nb = o->num_blocks;
+    /* Sizes multiply: one that wraps 64 bits would map a pool of the
+     * remainder and publish regions of wrapped lengths. */
+    uint64_t per_block_row, nb = o->num_blocks, layer_stride, length, pool;
+    if (__builtin_mul_overflow((uint64_t)o->layers * o->n_slots, o->block_bytes,
+                               &per_block_row))
+      return usage_error("--layers %u x %u slots x --block-bytes %lu is more than 2^64 bytes",
+                         o->layers, o->n_slots, (unsigned long)o->block_bytes);
     if (nb == 0)
       nb = o->pool_size / per_block_row;
     if (nb == 0)
       return usage_error("--pool-size %lu is smaller than one block per layer and slot "
                          "(%lu bytes)", (unsigned long)o->pool_size,
                          (unsigned long)per_block_row);
-    if (o->pool_size && o->num_blocks && o->pool_size < per_block_row * nb)
+    if (__builtin_mul_overflow(nb, o->block_bytes, &layer_stride) ||
+        __builtin_mul_overflow(layer_stride, (uint64_t)o->layers, &length) ||
+        __builtin_mul_overflow(per_block_row, nb, &pool))
+      return usage_error("--layers %u x %u slots x --num-blocks %lu x --block-bytes %lu is "
+                         "more than 2^64 bytes", o->layers, o->n_slots, (unsigned long)nb,
+                         (unsigned long)o->block_bytes);
+    if (o->pool_size && o->num_blocks && o->pool_size < pool)
       return usage_error("--pool-size is smaller than layers x slots x blocks x bytes");
     for (uint32_t i = 0; i < o->n_slots; i++) {
       sx_region r;
@@ -407,11 +432,11 @@ static int build_layout(const options *o, sx_desc *d) {
       r.id = i;
       r.group = o->group;
       r.layer_count = o->layers;
-      r.layer_stride = nb * o->block_bytes;
+      r.layer_stride = layer_stride;
       r.slot = o->slots[i];
       r.block_bytes = r.block_stride = o->block_bytes;
       r.num_blocks = nb;
-      r.length = r.layer_stride * o->layers;
+      r.length = length;
       if (sx_desc_add_region(d, &r) != 0)
         return usage_error("too many slots");
     }
@@ -485,9 +510,16 @@ int main(int argc, char **argv) {
 
   /* One anonymous mapping holds every region, page aligned; with huge
    * pages, the whole mapping is a multiple of the huge page size. */
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < layout.n_regions; i++)
-    total += (region_bytes(&layout.regions[i]) + 4095) & ~4095ull;
+  uint64_t total = 0, page = o.hugepage ? o.hugepage : 4096;
+  for (uint32_t i = 0; i < layout.n_regions; i++) {
+    uint64_t b = region_bytes(&layout.regions[i]);
+    if (b > UINT64_MAX - page || __builtin_add_overflow(total, (b + 4095) & ~4095ull, &total) ||
+        total > UINT64_MAX - page) {
+      fprintf(stderr, "sx-agent: the regions need more than 2^64 bytes\n");
+      sx_desc_free(&layout);
+      return EXIT_USAGE;
+    }
+  }
   int mflags = MAP_PRIVATE | MAP_ANONYMOUS;
   if (o.hugepage) {
     total = (total + o.hugepage - 1) / o.hugepage * o.hugepage;

@@ -3,6 +3,7 @@
  * options of the data path and their parsers, the agent and the segment
  * they open, the group shape of whole blocks, and the report.
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdlib.h>
@@ -26,9 +27,15 @@ double sxctl_now_s(void) {
 /* ------------------------------------------------------------------ parsers */
 
 int sxctl_parse_u64(const char *s, uint64_t *out) {
+  /* strtoull takes blanks and a sign first, and gives ULLONG_MAX with
+   * ERANGE for more than 64 bits: --tag 99999999999999999999 would be
+   * 2^64-1.  Only digits (decimal, 0x-hex or 0-octal) that fit. */
+  if (s[0] < '0' || s[0] > '9')
+    return -1;
   char *end;
+  errno = 0;
   unsigned long long v = strtoull(s, &end, 0);
-  if (s[0] == '\0' || s[0] == '-' || *end != '\0')
+  if (*end != '\0' || errno != 0)
     return -1;
   *out = v;
   return 0;
@@ -53,62 +60,87 @@ const char *sxctl_transport_name(sx_transport_kind k) {
        : k == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "none";
 }
 
-/* "random:N", "all", or a list "0-9,17,40-41". */
+/* One item of a --blocks list, "A" or "A-B", from *p to the next ',' or
+ * the end; *p moves past it and *more says whether a ',' followed.  An empty
+ * item ("1,,2", "3,", "") is malformed, not skipped. */
+static int list_item(const char **p, uint64_t *a, uint64_t *b, int *more) {
+  const char *s = *p, *comma = strchr(s, ',');
+  size_t len = comma ? (size_t)(comma - s) : strlen(s);
+  char tok[64]; /* two 64-bit numbers in hex and a dash fit */
+  if (len == 0 || len >= sizeof(tok))
+    return -1;
+  memcpy(tok, s, len);
+  tok[len] = '\0';
+  *p = s + len + (comma != NULL);
+  *more = comma != NULL;
+  char *dash = strchr(tok, '-');
+  if (dash == NULL) {
+    if (sxctl_parse_u64(tok, a))
+      return -1;
+    *b = *a;
+    return 0;
+  }
+  *dash = '\0';
+  return sxctl_parse_u64(tok, a) || sxctl_parse_u64(dash + 1, b) || *b < *a ? -1 : 0;
+}
+
+/* "random:N", "all", or a list "0-9,17,40-41": first counted (each id below
+ * max, at most SXCTL_MAX_BLOCKS in all), then, with out, filled.  The list
+ * is read where it lies: no copy of a bounded size cuts a long one short. */
 int sxctl_parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed, uint64_t **out,
                        size_t *n) {
-  size_t cap = 64, k = 0;
-  uint64_t *v = malloc(cap * sizeof(*v));
+  uint64_t count = 0, a, b;
+  int rnd = strncmp(spec, "random:", 7) == 0, all = strcmp(spec, "all") == 0, more = 1;
+  if (rnd) {
+    if (sxctl_parse_u64(spec + 7, &count) || count == 0)
+      return -1;
+    if (max == 0)
+      return -2;
+  } else if (all) {
+    if (max == 0)
+      return -2;
+    count = max;
+  } else {
+    for (const char *p = spec; more;) {
+      if (list_item(&p, &a, &b, &more))
+        return -1;
+      if (b >= max)
+        return -2;
+      if (b - a >= SXCTL_MAX_BLOCKS - count)
+        return -3;
+      count += b - a + 1;
+    }
+  }
+  if (count > SXCTL_MAX_BLOCKS)
+    return -3;
+  *n = (size_t)count;
+  if (out == NULL)
+    return 0;
+  uint64_t *v = malloc((size_t)count * sizeof(*v));
   if (v == NULL)
     return -1;
-  if (strncmp(spec, "random:", 7) == 0) {
-    uint64_t count;
-    if (sxctl_parse_u64(spec + 7, &count) || count == 0) {
-      free(v);
-      return -1;
-    }
+  size_t k = 0;
+  if (rnd) {
     uint64_t x = rand_seed;
     for (uint64_t i = 0; i < count; i++) {
-      if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
-        return -1;
       x ^= x << 13; /* xorshift64: reproducible for a given --seed */
       x ^= x >> 7;
       x ^= x << 17;
       v[k++] = x % max;
     }
+  } else if (all) {
+    for (uint64_t x = 0; x < count; x++)
+      v[k++] = x;
   } else {
-    char buf[4096];
-    if (strcmp(spec, "all") == 0)
-      snprintf(buf, sizeof(buf), "0-%" PRIu64, max - 1);
-    else
-      snprintf(buf, sizeof(buf), "%s", spec);
-    for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-      uint64_t a, b;
-      char *dash = strchr(tok, '-');
-      if (dash) {
-        *dash = '\0';
-        if (sxctl_parse_u64(tok, &a) || sxctl_parse_u64(dash + 1, &b) || b < a) {
-          free(v);
-          return -1;
-        }
-      } else if (sxctl_parse_u64(tok, &a)) {
-        free(v);
-        return -1;
-      } else {
-        b = a;
-      }
-      for (uint64_t x = a; x <= b; x++) {
-        if (x >= max) {
-          free(v);
-          return -2;
-        }
-        if (k == cap && (v = realloc(v, (cap *= 2) * sizeof(*v))) == NULL)
-          return -1;
+    more = 1;
+    for (const char *p = spec; more && list_item(&p, &a, &b, &more) == 0;)
+      for (uint64_t x = a;; x++) {
         v[k++] = x;
+        if (x == b)
+          break;
       }
-    }
   }
   *out = v;
-  *n = k;
   return 0;
 }
 
@@ -119,9 +151,27 @@ int sxctl_blocks(const sxctl_cmd *cmd, const sxctl_data_opts *o, uint64_t max,
     sxctl_err(cmd, "--blocks %s: %s %" PRIu64 " blocks%s", o->blocks, has, max, per);
     return SXCTL_ERROR;
   }
+  if (rc == -3) {
+    sxctl_err(cmd, "--blocks %s: more than %u blocks at a time (%s %" PRIu64 " blocks%s); "
+              "give a list or random:N", o->blocks, SXCTL_MAX_BLOCKS, has, max, per);
+    return SXCTL_ERROR;
+  }
   if (rc)
     return sxctl_usage(cmd, "--blocks '%s': use random:N, all, or a list like 0-9,17", o->blocks);
   return SXCTL_OK;
+}
+
+/* --blocks SPEC as far as it can be judged before the segment is known:
+ * its form and, but for `all`, its size.  0, or a usage error. */
+static int blocks_spec_usage(const sxctl_cmd *cmd, const char *spec) {
+  size_t n;
+  int rc = strcmp(spec, "all") == 0 ? 0 : sxctl_parse_blocks(spec, UINT64_MAX, 1, NULL, &n);
+  if (rc == -3)
+    return sxctl_usage(cmd, "--blocks '%s': more than %u blocks at a time", spec,
+                       SXCTL_MAX_BLOCKS);
+  if (rc == -1)
+    return sxctl_usage(cmd, "--blocks '%s': use random:N, all, or a list like 0-9,17", spec);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ options */
@@ -176,6 +226,8 @@ int sxctl_data_opt(const sxctl_cmd *cmd, sxctl_data_opts *o, int argc, char **ar
   } else if ((v = sxctl_opt_value(cmd, argc, argv, i)) == NULL) {
     return SXCTL_ERROR;
   } else if (strcmp(a, "--blocks") == 0) {
+    if (blocks_spec_usage(cmd, v))
+      return SXCTL_ERROR;
     o->blocks = v;
   } else if (strcmp(a, "--batch") == 0 || strcmp(a, "--depth") == 0) {
     if (sxctl_parse_u64(v, &n) || n == 0 || n > 65536)

@@ -117,7 +117,11 @@ static int ls_run(sxctl_ctx *ctx, int argc, char **argv) {
       return SXCTL_OK;
     } else if (strcmp(argv[i], "--json") == 0) {
       json = 1;
-    } else if (strcmp(argv[i], "--label") == 0 && i + 1 < argc) {
+    } else if (strcmp(argv[i], "--label") == 0) {
+      if (i + 1 == argc) { /* not "unexpected argument '--label'" */
+        free(filters);
+        return sxctl_usage(cmd, "--label needs KEY=VALUE");
+      }
       if (strchr(argv[i + 1], '=') == NULL) {
         free(filters);
         return sxctl_usage(cmd, "--label wants KEY=VALUE, not '%s'", argv[i + 1]);

@@ -242,7 +242,7 @@ static int write_parse(const sxctl_cmd *cmd, int argc, char **argv, write_opts *
       have_fill = 1;
     } else if (strcmp(a, "--tag") == 0) {
       if (sxctl_parse_u64(v, &o->tag))
-        return sxctl_usage(cmd, "--tag '%s' is not a number", v);
+        return sxctl_usage(cmd, "--tag '%s' is not a number 0..2^64-1", v);
     } else if (strcmp(a, "--verify") == 0) {
       o->verify = 1;
     } else if ((rc = sxctl_data_opt(cmd, &o->c, argc, argv, &i)) != 0) {
@@ -341,7 +341,8 @@ const sxctl_cmd sxctl_cmd_write = {
         "  --as PRODUCER        the segment name this producer publishes (required)\n"
         "  --fill SEED          the pattern to write (required)\n"
         "  --blocks SPEC        random:N (default random:100), all, or a list such as\n"
-        "                       0-9,17,40-41 (destination block ids)\n"
+        "                       0-9,17,40-41 (destination block ids); at most 16777216\n"
+        "                       blocks at a time\n"
         "  --tag N              tag of the first batch's notice; batch i has N+i (default 0)\n"
         "  --batch N            blocks per batch (default 64)\n"
         "  --depth N            batches in flight (default 2)\n"

@@ -74,9 +74,14 @@ int main(int argc, char **argv) {
   }
   if (strcmp(argv[1], "help") == 0) {
     const sxctl_cmd *c = argc > 2 ? find(argv[2]) : NULL;
+    if (c == NULL && argc > 2) { /* exit 2, and say why, as `sxctl bogus` does */
+      fprintf(stderr, "sxctl: unknown command '%s'\n\n", argv[2]);
+      help(stderr);
+      return SXCTL_ERROR;
+    }
     if (c == NULL) {
       help(stdout);
-      return argc > 2 ? SXCTL_ERROR : SXCTL_OK;
+      return SXCTL_OK;
     }
     fputs(c->help, stdout);
     return SXCTL_OK;

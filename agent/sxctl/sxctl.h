@@ -73,8 +73,13 @@ void sxctl_table_free(sxctl_table *t);
 
 /* ---- The commands that run an agent: read, ping, write (agentcmd.c) ---- */
 
+/* At most this many block ids in one --blocks (128 MiB of them): a larger
+ * random:N or list, or `all` of a larger pool, is refused, not allocated. */
+#define SXCTL_MAX_BLOCKS (1u << 24)
+
 /* Parsers: a number, tcp/rdma/cuda_ipc/auto, and a --blocks SPEC below max
- * (0, -1 malformed, -2 out of range). */
+ * (0, -1 malformed, -2 out of range, -3 more than SXCTL_MAX_BLOCKS); with
+ * out NULL only checked and counted. */
 int sxctl_parse_u64(const char *s, uint64_t *out);
 int sxctl_parse_transport(const char *s, unsigned *out);
 int sxctl_parse_blocks(const char *spec, uint64_t max, uint64_t rand_seed, uint64_t **out,

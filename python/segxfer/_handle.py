@@ -14,16 +14,32 @@ with destroy (a batch wait in another thread): close() asks the object to
 stop (cancel) and waits for them to leave before it destroys.  That wait
 polls: it only happens when a close races a wait in another thread, and a
 plain lock per handle keeps every batch cheap to make.
+
+A forked child inherits the handles but not the agent's thread: a call
+would wait forever for a thread that is not there, and a destroy would join
+it.  Handles remember the process that made them; in another process every
+use raises, and close() only forgets the C object (the parent still owns it).
 """
+import os
 import threading
 import time
 
 from .errors import invalid
 
+_pid = os.getpid()  # this process; set again in a forked child
+
+
+def _after_fork():
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
 
 class Handle:
     __slots__ = ("ptr", "_destroy", "_stop", "what", "parent", "children", "keep",
-                 "closed", "_users", "_lock")
+                 "closed", "_users", "_lock", "pid")
 
     def __init__(self, ptr, destroy, what, parent=None, stop=None):
         self.ptr = ptr
@@ -36,19 +52,27 @@ class Handle:
         self.closed = False
         self._users = 0
         self._lock = threading.Lock()
+        self.pid = _pid
         if parent is not None:
             parent.children.add(self)
 
     def get(self):
-        if self.closed:
-            raise invalid("%s is closed" % self.what)
+        if self.closed or self.pid != _pid:
+            raise self._unusable()
         return self.ptr
+
+    def _unusable(self):
+        if self.pid != _pid:
+            return invalid("%s was made in process %d, before fork(): it cannot be used "
+                           "in this process (%d); make a new one here"
+                           % (self.what, self.pid, _pid))
+        return invalid("%s is closed" % self.what)
 
     def __enter__(self):
         """Use the pointer in a C call that must finish before destroy."""
         with self._lock:
-            if self.closed:
-                raise invalid("%s is closed" % self.what)
+            if self.closed or self.pid != _pid:
+                raise self._unusable()
             self._users += 1
         return self.ptr
 
@@ -57,6 +81,9 @@ class Handle:
             self._users -= 1
 
     def close(self):
+        if self.pid != _pid:
+            self._forget()
+            return
         with self._lock:
             if self.closed:
                 return
@@ -69,6 +96,19 @@ class Handle:
         while self._users:
             time.sleep(0.001)
         self._destroy(self.ptr)
+        self.ptr = None
+        self.keep = []
+        if self.parent is not None:
+            self.parent.children.discard(self)
+
+    def _forget(self):
+        """close() in a forked child: the C object is the parent's; drop
+        the references without calling into the library."""
+        if self.closed:
+            return
+        self.closed = True
+        for child in list(self.children):
+            child._forget()
         self.ptr = None
         self.keep = []
         if self.parent is not None:

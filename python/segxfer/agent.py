@@ -21,7 +21,7 @@ import weakref
 
 from . import _lib
 from ._handle import Handle, Owned
-from .batch import Batch, _timeout_ms, _slots_mask, _u32, _u64
+from .batch import Batch, _index, _timeout_ms, _slots_mask, _u32, _u64
 from .errors import IncompatibleLayout, check, code, invalid
 from .memory import memory_of, pointer_location
 from . import push
@@ -39,11 +39,19 @@ def _close_live_agents():
 
 
 def _bytes(s, what):
+    """s as the NUL-terminated UTF-8 the library takes.  A NUL inside would
+    cut the text there (a name "a\\0b" would publish, open or grant "a"),
+    so it is refused, as is text that is not UTF-8."""
     if s is None:
         return None
     if not isinstance(s, str):
         raise TypeError("%s must be a str (got %s)" % (what, type(s).__name__))
-    return s.encode("utf-8")
+    if "\0" in s:
+        raise invalid("%s must not contain NULs (got %r)" % (what, s))
+    try:
+        return s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise invalid("%s is not valid UTF-8 text (%s)" % (what, e.reason)) from None
 
 
 def _fill(struct, field, value, what):
@@ -78,7 +86,8 @@ def slot_number(slot):
     if isinstance(slot, str):
         mask = _slots_mask([slot], "slot")
         return mask.bit_length() - 1
-    if not isinstance(slot, int) or not 0 <= slot < _lib.MAX_SLOTS:
+    slot = _index(slot)
+    if slot is None or not 0 <= slot < _lib.MAX_SLOTS:
         raise invalid("slot must be a slot name (K, V, index, state) or a number below %d"
                       % _lib.MAX_SLOTS)
     return slot
@@ -159,7 +168,12 @@ class Agent(Owned):
             if v is not None:
                 setattr(p, field, _u32(v, field))
         if rdma_gid_index is not None:
-            p.rdma_gid_index = rdma_gid_index
+            # A C int (-1: the library picks); ctypes would wrap a larger value.
+            gid = _index(rdma_gid_index)
+            if gid is None or not -1 <= gid < 2**31:
+                raise invalid("rdma_gid_index must be an integer in -1 .. 2**31-1 (got %r)"
+                              % (rdma_gid_index,))
+            p.rdma_gid_index = gid
         if staging_bytes is not None:
             p.staging_bytes = _u64(staging_bytes, "staging_bytes")
         _fill(p.layout, "fingerprint", fingerprint, "fingerprint")
@@ -221,7 +235,7 @@ class Agent(Owned):
             addr, nbytes, loc, keepalive = memory_of(memory, location)
             if length is None:
                 length = nbytes
-            elif length > nbytes:
+            elif _u64(length, "length") > nbytes:
                 raise invalid("length %d is more than the %d bytes of the memory"
                               % (length, nbytes))
         else:
@@ -230,10 +244,17 @@ class Agent(Owned):
             keepalive = None
             loc = location or pointer_location(_u64(addr, "addr"),
                                                _u64(length, "length"))
-        _u64(addr, "addr")
-        _u64(length, "length")
+        # Integers of any kind (numpy's, torch scalars) as Python ints.
+        addr, length = _u64(addr, "addr"), _u64(length, "length")
         layers = _u32(layers, "layers")
-        _u64(block_bytes, "block_bytes")
+        block_bytes = _u64(block_bytes, "block_bytes")
+        group, layer_first = _u32(group, "group"), _u32(layer_first, "layer_first")
+        if layer_stride is not None:
+            layer_stride = _u64(layer_stride, "layer_stride")
+        if block_stride is not None:
+            block_stride = _u64(block_stride, "block_stride")
+        if num_blocks is not None:
+            num_blocks = _u64(num_blocks, "num_blocks")
         if layers == 0 or block_bytes == 0:
             raise invalid("layers and block_bytes must be positive")
         if layer_stride is None:
@@ -245,8 +266,8 @@ class Agent(Owned):
             num_blocks = per_layer // block_stride if block_stride else 0
         rp = _lib.new_struct(_lib.RegionParams)
         rp.addr, rp.length = addr, length
-        rp.group = _u32(group, "group")
-        rp.layer_first, rp.layer_count = _u32(layer_first, "layer_first"), layers
+        rp.group = group
+        rp.layer_first, rp.layer_count = layer_first, layers
         rp.layer_stride = _u64(layer_stride, "layer_stride")
         rp.slot = slot_number(slot)
         rp.block_bytes = block_bytes
@@ -298,7 +319,7 @@ class Agent(Owned):
     def _shape(self, group, layers, slots):
         """(layer_first, layer_count, slot mask) of a block read; defaults
         from this agent's regions of the group."""
-        _u32(group, "group")
+        group = _u32(group, "group")
         mine = [r for r in self.regions.values() if r.group == group]
         if layers is None:
             if not mine:
@@ -322,7 +343,7 @@ class Agent(Owned):
             if not mask:
                 raise invalid("no region of group %d is registered (or give slots=)" % group)
         else:
-            if isinstance(slots, (str, int)):
+            if isinstance(slots, (str, int)) or _index(slots) is not None:
                 slots = [slots]
             mask = _slots_mask(slots, "slots")
         return _u32(first, "layer_first"), _u32(count, "layer count"), mask

@@ -15,6 +15,8 @@ import array
 import asyncio
 import ctypes
 import functools
+import numbers
+import operator
 import os
 
 from . import _lib
@@ -92,23 +94,40 @@ def _slots_mask(slots, where):
         if isinstance(s, str):
             s = {"K": _lib.SLOT_K, "V": _lib.SLOT_V, "INDEX": _lib.SLOT_INDEX,
                  "STATE": _lib.SLOT_STATE}.get(s.upper(), s)
-        if not isinstance(s, int) or not 0 <= s < _lib.MAX_SLOTS:
+        n = s if isinstance(s, str) else _index(s)
+        if not isinstance(n, int) or not 0 <= n < _lib.MAX_SLOTS:
             raise invalid("%s: slot %r is not a slot name or a number below %d"
                           % (where, s, _lib.MAX_SLOTS))
-        mask |= 1 << s
+        mask |= 1 << n
     return mask
 
 
+def _index(v):
+    """v as a Python int if it is an integer (int, numpy integer, integer
+    torch scalar: anything with __index__), else None.  bool is not a
+    number here."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return int(v)
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def _u32(v, what):
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**32:
+    i = _index(v)
+    if i is None or not 0 <= i < 2**32:
         raise invalid("%s must be an integer in 0 .. 2**32-1 (got %r)" % (what, v))
-    return v
+    return i
 
 
 def _u64(v, what):
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 2**64:
+    i = _index(v)
+    if i is None or not 0 <= i < 2**64:
         raise invalid("%s must be an integer in 0 .. 2**64-1 (got %r)" % (what, v))
-    return v
+    return i
 
 
 class _State:
@@ -195,6 +214,7 @@ class Batch(Owned):
         integers; layers a range or (first, count) (default: every layer
         this agent registered in the group); slots a slot, slot name or a
         list of them (default: every slot registered in the group)."""
+        group = _u32(group, "group")
         first, count, mask = self.segment.agent._shape(group, layers, slots)
         raddr, n, rkeep = ids_of(remote_ids, "remote_ids")
         laddr, ln, lkeep = ids_of(local_ids, "local_ids")
@@ -210,11 +230,13 @@ class Batch(Owned):
     def add_blocks(self, remote_block, local_block, count=1, group=0, layers=None,
                    slots=None):
         """count consecutive blocks from remote_block -> local_block: one entry."""
+        group = _u32(group, "group")
         first, lcount, mask = self.segment.agent._shape(group, layers, slots)
+        remote_block, local_block = _u64(remote_block, "remote_block"), \
+            _u64(local_block, "local_block")
+        count = _u64(count, "count")
         e = _lib.BlockRead(group=group, layer_first=first, layer_count=lcount, slots=mask,
-                           remote_block=_u64(remote_block, "remote_block"),
-                           local_block=_u64(local_block, "local_block"),
-                           count=_u64(count, "count"))
+                           remote_block=remote_block, local_block=local_block, count=count)
         check(_lib_.sx_batch_add_blocks(self._h.get(), ctypes.byref(e), 1))
         self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
@@ -223,11 +245,13 @@ class Batch(Owned):
                          slots=None):
         """Write batches: count consecutive blocks of this agent from
         local_block -> the consumer's remote_block: one entry."""
+        group = _u32(group, "group")
         first, lcount, mask = self.segment.agent._shape(group, layers, slots)
+        local_block, remote_block = _u64(local_block, "local_block"), \
+            _u64(remote_block, "remote_block")
+        count = _u64(count, "count")
         e = _lib.BlockWrite(group=group, layer_first=first, layer_count=lcount, slots=mask,
-                            local_block=_u64(local_block, "local_block"),
-                            remote_block=_u64(remote_block, "remote_block"),
-                            count=_u64(count, "count"))
+                            local_block=local_block, remote_block=remote_block, count=count)
         check(_lib_.sx_batch_add_block_writes(self._h.get(), ctypes.byref(e), 1))
         self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
@@ -353,8 +377,10 @@ def _pack_ranges(ranges):
         except (TypeError, ValueError):
             raise invalid("range %d: expected (local, remote_region, offset, length)"
                           % i) from None
-        if isinstance(local, int) and not isinstance(local, bool):
-            addr = _u64(local, "range %d: local" % i)
+        if length is not None:
+            length = _u64(length, "range %d: length" % i)
+        if isinstance(local, numbers.Integral) and not isinstance(local, bool):
+            addr = _u64(local, "range %d: local" % i)   # an address (numpy's too)
             if length is None:
                 raise invalid("range %d: a raw address needs a length" % i)
         else:
@@ -362,7 +388,7 @@ def _pack_ranges(ranges):
             keep.append(k)
             if length is None:
                 length = nbytes
-            elif not isinstance(length, int) or length > nbytes:
+            elif length > nbytes:
                 raise invalid("range %d: length %r is more than the %d bytes of the "
                               "local buffer" % (i, length, nbytes))
         packed[4 * i] = addr
@@ -402,8 +428,9 @@ def _params(timeout_ms, write=False, tag=0):
 def _timeout_ms(seconds, what):
     try:
         ms = int(round(float(seconds) * 1000))
-    except (TypeError, ValueError):
-        raise invalid("%s must be a number of seconds (got %r)" % (what, seconds)) from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: infinity
+        raise invalid("%s must be a finite number of seconds (got %r)"
+                      % (what, seconds)) from None
     if not 0 <= ms < 2**31:
         raise invalid("%s must be between 0 and 2**31 ms (got %r s)" % (what, seconds))
     return ms

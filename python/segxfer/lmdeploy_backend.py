@@ -32,6 +32,7 @@ import re
 from urllib.parse import parse_qsl, urlsplit
 
 from .agent import Agent
+from .batch import _index, _u64
 from .errors import code, error, invalid
 
 
@@ -102,7 +103,16 @@ class SegxferMigrationBackend:
         self.prefix = prefix or env.get("SEGXFER_PREFIX", "lmdeploy")
         self.transports = transports or env.get("SEGXFER_TRANSPORTS")
         layers = num_layers if num_layers is not None else env.get("SEGXFER_NUM_LAYERS")
-        self.num_layers = int(layers) if layers not in (None, "") else None
+        self.num_layers = None
+        if layers not in (None, ""):
+            # 0 was taken as "not given", a negative count reached the agent,
+            # and text that is not a number raised int()'s bare ValueError.
+            n = (int(layers) if layers.strip().isdigit() else None) \
+                if isinstance(layers, str) else _index(layers)
+            if n is None or n < 1:
+                raise invalid("num_layers (SEGXFER_NUM_LAYERS) must be a positive integer "
+                              "(got %r)" % (layers,))
+            self.num_layers = n
         self.layout = dict(fingerprint=fingerprint or env.get("SEGXFER_FINGERPRINT", ""),
                            dtype=dtype or env.get("SEGXFER_DTYPE", ""),
                            tag=tag or env.get("SEGXFER_TAG", ""))
@@ -193,7 +203,13 @@ class SegxferMigrationBackend:
             raise invalid("p2p_connect: no p2p_initialize for %r" % (remote_engine_id,))
         info = _field(conn_req, "endpoint_info", conn_req)
         if isinstance(info, (str, bytes)):
-            info = json.loads(info)
+            try:
+                info = json.loads(info)
+            except ValueError as e:
+                raise invalid("p2p_connect: the endpoint info is not JSON (%s)" % e) from None
+        if not isinstance(info, dict) or not isinstance(info.get("segment"), str):
+            raise invalid("p2p_connect: the endpoint info has no segment name (what the "
+                          "peer's endpoint_info() returns): %r" % (info,))
         _, ns = store_without_secrets(self.metadata_url)
         if info.get("namespace", ns) != ns:
             raise invalid("the peer publishes in namespace %r, this engine uses %r"
@@ -228,6 +244,10 @@ class SegxferMigrationBackend:
             raise invalid("p2p_migrate: not connected to %r (p2p_connect first)"
                           % (_field(assignment, "remote_engine_id"),))
         tasks = _field(assignment, "batch")
+        if isinstance(tasks, (str, bytes)) or not hasattr(tasks, "__iter__"):
+            raise invalid("p2p_migrate: the assignment's batch must be a list of tasks "
+                          "(got %r)" % (tasks,))
+        tasks = list(tasks)
         packed = self._pack(tasks, link)
         batch = link.segment.batch(timeout=self.migrate_timeout)
         try:
@@ -251,15 +271,15 @@ class SegxferMigrationBackend:
             if local is None or region is None:
                 raise invalid("task %d: mr_key %d is not registered %s" % (
                     i, mr_key, "here" if local is None else "by the peer"))
-            src, length = _field(t, "source_offset"), _field(t, "length")
-            if not (isinstance(src, int) and isinstance(length, int) and src >= 0 and
-                    length > 0 and src + length <= local[1]):
+            # Integers of any kind (an engine's numpy offsets too); a value
+            # outside 0 .. 2**64-1 is SX_EINVAL, not an OverflowError.
+            src = _u64(_field(t, "source_offset"), "task %d: source_offset" % i)
+            length = _u64(_field(t, "length"), "task %d: length" % i)
+            dst = _u64(_field(t, "target_offset"), "task %d: target_offset" % i)
+            if length == 0 or src + length > local[1]:
                 raise error(code("SX_EBOUNDS"), "task %d: source_offset %r + length %r "
                             "outside the %d bytes of local mr_key %d"
                             % (i, src, length, local[1], mr_key))
-            dst = _field(t, "target_offset")
-            if not isinstance(dst, int) or dst < 0:
-                raise invalid("task %d: target_offset %r" % (i, dst))
             packed[4 * i:4 * i + 4] = array.array("Q", (local[0] + src, region, dst, length))
         return packed
 

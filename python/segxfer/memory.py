@@ -50,9 +50,16 @@ def _interface_contiguous(shape, strides, itemsize):
 
 
 def _from_interface(ai, what, location):
-    ptr = ai["data"][0] if isinstance(ai.get("data"), tuple) else ai.get("data")
+    data = ai.get("data")
+    ptr = data[0] if isinstance(data, tuple) else data
     if not isinstance(ptr, int):
         raise invalid("%s: the array interface has no data pointer" % what)
+    # (ptr, read-only flag): as for buffers, memory segxfer may write into
+    # must be writable (np.frombuffer(bytes) would have the bytes object,
+    # which Python shares and never expects to change, overwritten).
+    if isinstance(data, tuple) and len(data) > 1 and data[1]:
+        raise invalid("%s: the array is read-only: segxfer writes into registered "
+                      "memory and read destinations (copy it first)" % what)
     shape = tuple(ai.get("shape", ()))
     itemsize = int(ai["typestr"][2:])
     if not _interface_contiguous(shape, ai.get("strides"), itemsize):

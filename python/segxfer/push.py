@@ -109,7 +109,8 @@ def grant(handle, fn, producer, incarnation, what):
         raise invalid("%s: an incarnation names one life of a producer: give its name too"
                       % what)
     inc = incarnation_bytes(incarnation)
-    name = producer.encode() if producer is not None else None
+    from .agent import _bytes
+    name = _bytes(producer, "producer")
     with handle as ptr:
         check(fn(ptr, name, inc), "%s %s" % (what, producer or "(the namespace)"))
 

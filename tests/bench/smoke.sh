@@ -64,6 +64,16 @@ else
   echo "  FAIL  read with its target killed: exit $krc, or a case has no row (logs in $out)"
   fail=1
 fi
+# Usage errors exit 2 at once: a --duration of nan compared false with both
+# bounds and the run never ended.
+for d in nan -nan inf 0 -1 3601 1x ''; do
+  timeout 10 "$bin" codec --duration "$d" --quiet >/dev/null 2>"$out/duration.err"
+  drc=$?
+  if [ $drc -ne 2 ] || ! grep -q -- '--duration' "$out/duration.err"; then
+    echo "  FAIL  codec --duration '$d': exit $drc (wanted 2, a usage error)"
+    fail=1
+  fi
+done
 # The files say what the run measured.
 grep -q '^codec,codec,"per-layer 80 layers x K,V",160,decode+validate' "$out/codec.csv" ||
   { echo "  FAIL  codec CSV lacks the 160-region row"; fail=1; }

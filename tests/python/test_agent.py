@@ -222,3 +222,39 @@ def test_agent_failed_batch_names_the_failed_blocks(url):
         seg.close()
     finally:
         p.close()
+
+
+def test_agent_numpy_and_torch_integer_scalars(pair):
+    """Engines hold block numbers, counts and groups as numpy integers or
+    0-d torch tensors (an element of a block table): every integer argument
+    takes them as it takes ints, and a numpy integer address is an address
+    (not an array whose own 8 bytes would be read into).  bool is not a
+    number."""
+    i64, i32, u8 = numpy.int64, numpy.int32, numpy.uint8
+    with pair.reader.open(pair.name) as seg:
+        with seg.batch() as b:
+            b.add_blocks(i64(1), torch.tensor(2), count=u8(2), group=i32(0),
+                         layers=(i64(0), torch.tensor(LAYERS)), slots=[i64(0), "V"])
+            b.add_blocks(numpy.uint64(9), i64(9), slots=i64(1))
+            b.submit().wait(10)
+            assert b.result().ok and b.result().n_entries == 2
+        pair.expect([1, 2], [2, 3])
+        pair.expect([9], [9], slots=(1,))
+        k = {(r["group"], r["slot"]): r for r in seg.regions()}[(0, 0)]
+        raw = (ctypes.c_char * BLOCK_BYTES)()
+        with seg.read_ranges([(numpy.uint64(ctypes.addressof(raw)), i32(k["id"]),
+                               i64(3 * BLOCK_BYTES), i64(BLOCK_BYTES))]) as b:
+            assert b.wait(10) and b.result().ok
+        assert bytes(raw) == block(pair.tmem[0], TARGET_BLOCKS, 0, 3)
+        with seg.batch() as b:
+            for kw in (dict(remote_block=True), dict(slots=True), dict(count=numpy.float64(1)),
+                       dict(group=True)):
+                args = dict(remote_block=0, local_block=0)
+                args.update(kw)
+                with pytest.raises(segxfer.SX_EINVAL):
+                    b.add_blocks(**args)
+    r = pair.reader.register(bytearray(4 * BLOCK_BYTES), block_bytes=i64(BLOCK_BYTES),
+                             group=i32(6), layers=torch.tensor(1), slot=i64(1),
+                             num_blocks=u8(4))
+    assert (r.group, r.slot, r.num_blocks, r.block_bytes) == (6, 1, 4, BLOCK_BYTES)
+    assert type(r.group) is int and type(r.num_blocks) is int

@@ -184,3 +184,70 @@ def test_bad_input_wait_and_result_before_submit(seg):
     with pytest.raises(segxfer.SX_EINVAL, match="already submitted"):
         b.add_blocks(0, 0)
     b.close()
+
+
+def test_bad_input_text_with_nul_or_not_utf8(pair, url):
+    """The library takes NUL-terminated text: a NUL inside a name would cut
+    it there (publish, open or grant another name than the one given)."""
+    for kw in (dict(name="prefill-0\0evil"), dict(metadata_url=url + "\0x"),
+               dict(name="p", namespace="ns\0x"), dict(name="p", listen="127.0.0.1:0\0x"),
+               dict(name="p", advertise="127.0.0.1\0x"), dict(name="\udc80")):
+        kw.setdefault("metadata_url", url)
+        with pytest.raises(segxfer.SX_EINVAL, match="NUL|UTF-8"):
+            segxfer.Agent(log_level="error", **kw)
+    with pytest.raises(segxfer.SX_EINVAL, match="name must not contain NULs"):
+        pair.reader.open(pair.name + "\0junk")
+    for producer in ("prefill-0\0junk", "\udc80"):
+        for call in (pair.target.grant_write, pair.target.revoke_write):
+            with pytest.raises(segxfer.SX_EINVAL, match="producer"):
+                call(producer)
+    with pytest.raises(segxfer.SX_EINVAL, match="location must not contain NULs"):
+        pair.reader.register(bytearray(4096), block_bytes=4096, group=5,
+                             location="cpu\0junk")
+
+
+def test_bad_input_read_only_arrays(seg, pair):
+    """An array flagged read-only (np.frombuffer of bytes) is refused as
+    registered memory and as a read destination, as read-only buffers are:
+    reading into it would overwrite an immutable bytes object."""
+    src = b"\x5a" * 4096
+    ro = numpy.frombuffer(src, dtype=numpy.uint8)
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        pair.reader.register(ro, block_bytes=4096, group=5)
+    region = seg.regions()[0]["id"]
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        seg.read_ranges([(ro, region, 0, None)])
+    frozen = numpy.zeros(4096, dtype=numpy.uint8)
+    frozen.flags.writeable = False
+    with pytest.raises(segxfer.SX_EINVAL, match="read-only"):
+        seg.read_ranges([(frozen, region, 0, None)])
+    assert src == b"\x5a" * 4096 and not frozen.any()
+    # A writable array is taken as before.
+    buf = numpy.zeros(4096, dtype=numpy.uint8)
+    b = seg.read_ranges([(buf, region, 0, None)])
+    assert b.wait(10) and b.result().ok and buf.any()
+
+
+def test_bad_input_infinite_timeouts(seg, pair):
+    """float('inf') (or nan) as a timeout is SX_EINVAL naming the timeout,
+    not an OverflowError from the conversion to milliseconds; None is the
+    way to wait without a limit."""
+    inf, nan = float("inf"), float("nan")
+    b = seg.read_blocks([1], [1])
+    for call in (lambda t: b.wait(t), lambda t: seg.ping(t), lambda t: seg.batch(t),
+                 lambda t: pair.reader.open(pair.name, t), lambda t: pair.target.next_notice(t),
+                 lambda t: seg.read_blocks([1], [1], timeout=t)):
+        for t in (inf, -inf, nan):
+            with pytest.raises(segxfer.SX_EINVAL, match="timeout must be a finite number"):
+                call(t)
+    assert b.wait(None) and b.result().ok
+    b.close()
+
+
+def test_bad_input_rdma_gid_index(url):
+    """rdma_gid_index is a C int: a value ctypes would wrap (2**32 becomes 0,
+    a real GID index) or a non-integer is refused."""
+    for gid in (2**32, 2**40, -2, "1", 1.0, True):
+        with pytest.raises(segxfer.SX_EINVAL, match="rdma_gid_index"):
+            segxfer.Agent(None, url, rdma_gid_index=gid, log_level="error")
+    segxfer.Agent(None, url, rdma_gid_index=numpy.int64(-1), log_level="error").close()

@@ -3,6 +3,8 @@ leaks: after close no fd and no thread is left behind."""
 import asyncio
 import gc
 import os
+import signal
+import time
 import threading
 
 import pytest
@@ -119,3 +121,45 @@ def test_lifecycle_no_fd_or_thread_left_after_close(url, sx_agent):
     gc.collect()
     assert fds() == fd0
     assert threads() == th0
+
+
+def test_lifecycle_fork_child_refuses_the_parents_agent(pair):
+    """A forked child (multiprocessing's fork, a DataLoader worker) inherits
+    the agent but not its thread: using it raises at once instead of waiting
+    forever for that thread, and the child's exit (atexit, collection)
+    leaves the parent's agent, segment and batches alone."""
+    seg = pair.reader.open(pair.name)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: report each call's outcome, then exit as Python does
+        os.close(rfd)
+        out = []
+        for call in (pair.target.status, lambda: pair.reader.open(pair.name),
+                     lambda: seg.read_blocks([1], [1]), lambda: pair.target.incarnation):
+            try:
+                call()
+                out.append("returned")
+            except segxfer.SX_EINVAL as e:
+                out.append("EINVAL" if "fork()" in str(e) else str(e))
+            except BaseException as e:  # noqa: B902  (anything else is a failure)
+                out.append(repr(e))
+        seg.close()
+        segxfer.agent._close_live_agents()   # what the child's atexit runs
+        os.write(wfd, ",".join(out).encode())
+        os._exit(0)
+    os.close(wfd)
+    deadline = time.monotonic() + 20
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung using the parent's agent")
+        time.sleep(0.05)
+    with os.fdopen(rfd, "rb") as f:
+        assert f.read().decode() == "EINVAL,EINVAL,EINVAL,EINVAL"
+    # The parent's objects work on: still published, still readable.
+    assert pair.target.status()["state"] == "PUBLISHED"
+    b = seg.read_blocks([1, 2], [3, 4])
+    assert b.wait(10) and b.result().ok
+    pair.expect([1, 2], [3, 4])
+    seg.close()

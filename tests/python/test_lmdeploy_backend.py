@@ -173,6 +173,52 @@ def test_lmdeploy_bad_assignments(engines):
         b.p2p_migrate(assignment(peer, [(0, 0)], 16, 32))
 
 
+def test_lmdeploy_assignment_numbers_of_any_integer_kind(engines):
+    """Offsets an engine computed with numpy (or torch) are taken as ints;
+    values outside 0 .. 2**64-1, bools and a missing batch are SX_EINVAL
+    naming the field, never an OverflowError or a TypeError."""
+    import numpy
+    prefill, decode = engines
+    peer = "http://10.0.0.1:23333"
+    decode.backend.p2p_connect(peer, prefill.endpoint)
+    b = decode.backend
+    task = NS(mr_key=numpy.int64(0), target_offset=numpy.int64(5 * UNIT),
+              source_offset=torch.tensor(2 * UNIT), length=numpy.uint32(UNIT))
+    b.p2p_migrate(NS(remote_engine_id=peer, batch=[task]))
+    assert torch.equal(decode.cache[0, 2], prefill.cache[0, 5])
+    for field, value in (("target_offset", 2**64), ("source_offset", 2**64),
+                         ("length", 2**70), ("source_offset", True), ("length", 1.5)):
+        t = NS(mr_key=0, target_offset=0, source_offset=0, length=UNIT)
+        setattr(t, field, value)
+        with pytest.raises(segxfer.SX_EINVAL, match=field):
+            b.p2p_migrate(NS(remote_engine_id=peer, batch=[t]))
+    for batch in (None, 5, "tasks"):
+        with pytest.raises(segxfer.SX_EINVAL, match="batch"):
+            b.p2p_migrate(NS(remote_engine_id=peer, batch=batch))
+
+
+def test_lmdeploy_bad_settings_and_endpoint_info(engines, url, monkeypatch):
+    """A layer count that is not a positive integer (argument or
+    SEGXFER_NUM_LAYERS), and endpoint info that is not what endpoint_info()
+    returns, are SX_EINVAL naming them, not ValueError, KeyError or
+    AttributeError from inside the backend."""
+    for bad in ("abc", "-2", "0", "2.5"):
+        monkeypatch.setenv("SEGXFER_NUM_LAYERS", bad)
+        with pytest.raises(segxfer.SX_EINVAL, match="SEGXFER_NUM_LAYERS"):
+            SegxferMigrationBackend(url)
+    monkeypatch.delenv("SEGXFER_NUM_LAYERS")
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(segxfer.SX_EINVAL, match="num_layers"):
+            SegxferMigrationBackend(url, num_layers=bad)
+    assert SegxferMigrationBackend(url, num_layers="4").num_layers == 4
+    _, decode = engines
+    peer = "http://10.0.0.1:23333"
+    for info, match in (("{bad", "not JSON"), ("{}", "no segment name"), ("[]", "no segment"),
+                        (json.dumps({"segment": 5}), "no segment")):
+        with pytest.raises(segxfer.SX_EINVAL, match=match):
+            decode.backend.p2p_connect(peer, NS(endpoint_info=info))
+
+
 def test_lmdeploy_restarted_peer_is_stale(url):
     prefill = Engine(url, "p-engine", "d-engine", 32, 16)
     decode = Engine(url, "d-engine", "p-engine", 16, 32)
