@@ -4,7 +4,11 @@
  * directions (GPU->host, host->GPU, GPU->GPU), with staging small enough
  * that work waits for chunks, blocks larger than a chunk, range reads into
  * unregistered device memory, a deadline in the middle, and unregister
- * while staged reads run.  Needs a CUDA device (make test-gpu).
+ * while staged reads run; many staged replies in flight on one connection
+ * (in order, byte for byte, mixed with host and refused reads), several
+ * readers on a small staging budget, a reader closing and a target
+ * unregistering while replies are staged.  Needs a CUDA device (make
+ * test-gpu).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +20,7 @@
 #include "internal.h"
 #include "pattern.h"
 #include "procs.h"
+#include "transport/tcp/tcp_frame.h"
 
 #define SEED 0x5eed6a11u
 
@@ -232,6 +237,305 @@ static void test_gpu_tcp_deadline_and_unregister(void **state) {
   gpu_pool_free(&t);
 }
 
+/* ------------------------------------------------ pipelined staged replies */
+
+/* Copies slowed down (the stand-in driver reads this when a stream starts;
+ * a real driver ignores it), so that several staged replies are in flight
+ * and copies on different streams finish out of order. */
+static void slow_copies(int us) {
+  char v[16];
+  snprintf(v, sizeof(v), "%d", us);
+  setenv("FAKE_CUDA_DELAY_US", v, 1);
+}
+
+static void fast_copies(void) { unsetenv("FAKE_CUDA_DELAY_US"); }
+
+/* A small deterministic generator for request shapes. */
+static uint64_t next_rand(uint64_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 7;
+  *x ^= *x << 17;
+  return *x;
+}
+
+typedef struct wreq {
+  uint32_t region;
+  uint64_t off, len;
+  int want; /* the status expected */
+} wreq;
+
+/* Send all n requests on fd, then read the n replies: each in request
+ * order, whole, with the expected status and exactly the bytes of the
+ * pattern of seed.  stop_after < n: close after that many replies and a
+ * part of the next one's payload. */
+static void wire_burst(int fd, const wreq *q, size_t n, uint64_t seed, size_t stop_after) {
+  uint8_t *hdrs = malloc(n * SX__FRAME_HDR);
+  assert_non_null(hdrs);
+  for (size_t i = 0; i < n; i++) {
+    sx__frame f = {.type = SX__FRAME_READ, .id = 1000 + i, .region = q[i].region,
+                   .offset = q[i].off, .length = q[i].len};
+    sx__frame_encode(&f, hdrs + i * SX__FRAME_HDR);
+  }
+  sxt_ok(sxt_wire_send(fd, hdrs, n * SX__FRAME_HDR));
+  free(hdrs);
+  for (size_t i = 0; i < n && i <= stop_after; i++) {
+    uint8_t b[SX__FRAME_HDR];
+    sx__frame g;
+    sxt_ok(sxt_wire_recv(fd, b, sizeof(b)));
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+    assert_int_equal(g.type, SX__FRAME_READ_REPLY);
+    if (g.id != 1000 + i)
+      fail_msg("reply %zu: id %lu, expected %lu", i, (unsigned long)g.id,
+               (unsigned long)(1000 + i));
+    assert_int_equal(g.status, q[i].want);
+    if (q[i].want != 0)
+      continue;
+    assert_true(g.length == q[i].len);
+    uint8_t *buf = malloc((size_t)g.length);
+    assert_non_null(buf);
+    if (i == stop_after) {
+      sxt_ok(sxt_wire_recv(fd, buf, (size_t)g.length / 2));
+      free(buf);
+      return;
+    }
+    sxt_ok(sxt_wire_recv(fd, buf, (size_t)g.length));
+    if (sx__pattern_check(buf, (size_t)g.length, seed, q[i].region, q[i].off, NULL) != 0)
+      fail_msg("reply %zu: region %u offset %lu length %lu: wrong bytes", i, q[i].region,
+               (unsigned long)q[i].off, (unsigned long)q[i].len);
+    free(buf);
+  }
+}
+
+/* A target with a GPU pool (t) and a host region (*host_id), HELLO said
+ * on a raw connection: fd. */
+typedef struct wire_target {
+  sx_agent *a;
+  gpu_pool t;
+  uint8_t *host;
+  uint32_t host_id;
+  uint64_t host_len;
+  sx_desc d;
+  uint16_t port;
+} wire_target;
+
+static void wire_target_start(wire_target *w, uint64_t staging, uint64_t blocks,
+                              uint64_t block_bytes) {
+  char url[64];
+  new_url(url, sizeof(url));
+  w->a = gpu_agent(url, "pipe-t", staging, SX_TRANSPORTS_TCP);
+  gpu_pool_make(&w->t, w->a, "cuda:0", 1, blocks, block_bytes, SEED);
+  w->host_len = blocks * block_bytes;
+  assert_non_null(w->host = malloc(w->host_len));
+  sx_region_params rp = {.addr = w->host, .length = w->host_len, .group = 1,
+                         .block_bytes = block_bytes,
+                         .num_blocks = blocks, .location = "cpu",
+                         .access = SX_ACCESS_REMOTE_READ};
+  sxt_ok(sx_agent_register(w->a, &rp, &w->host_id));
+  sx__pattern_fill(w->host, w->host_len, SEED, w->host_id, 0);
+  sxt_ok(sx_agent_descriptor(w->a, &w->d));
+  w->port = sxt_tcp_port(&w->d);
+}
+
+static int wire_open(const wire_target *w) {
+  int fd = sxt_wire_connect(w->port);
+  sxt_ok(sxt_wire_hello(fd, w->d.incarnation, w->d.token, "pipe-r"));
+  return fd;
+}
+
+static void wire_target_stop(wire_target *w) {
+  sx_desc_free(&w->d);
+  sx_agent_destroy(w->a);
+  gpu_pool_free(&w->t);
+  free(w->host);
+}
+
+/* Requests of GPU regions, most of them small, some longer than a chunk,
+ * mixed with reads of host memory and refused ones. */
+static size_t wire_mix(const wire_target *w, wreq *q, size_t n, uint64_t x) {
+  uint64_t len = w->host_len;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t r = next_rand(&x), kind = r % 16;
+    uint64_t l = 1 + (next_rand(&x) % 20000);
+    if (kind == 0)
+      l = 300000 + next_rand(&x) % 300000; /* several chunks */
+    uint64_t off = next_rand(&x) % (len - l);
+    q[i] = (wreq){.region = w->t.id[r % 2], .off = off, .len = l};
+    if (kind == 1 || kind == 2)
+      q[i].region = w->host_id;
+    if (kind == 3)
+      q[i] = (wreq){.region = w->t.id[0], .off = len - 10, .len = 11, .want = SX_EBOUNDS};
+    if (kind == 4)
+      q[i] = (wreq){.region = 9999, .off = 0, .len = 8, .want = SX_ENOREGION};
+  }
+  return n;
+}
+
+/* Many staged replies in flight on one connection: every reply whole, in
+ * request order, byte for byte, also among host and refused replies,
+ * with copies finishing out of order on several streams; 1 MiB of staging
+ * (four chunks of 256 KiB), so replies also wait for chunks. */
+static void test_gpu_tcp_pipelined_replies_one_connection(void **state) {
+  (void)state;
+  slow_copies(300);
+  wire_target w;
+  wire_target_start(&w, 1u << 20, 256, 4096);
+  int fd = wire_open(&w);
+  enum { N = 400 };
+  wreq *q = calloc(N, sizeof(*q));
+  for (uint64_t round = 0; round < 3; round++) {
+    wire_mix(&w, q, N, 0x9e3779b97f4a7c15ull + round);
+    wire_burst(fd, q, N, SEED, N);
+  }
+  /* Only GPU reads, all small: the pipe at its cap. */
+  for (size_t i = 0; i < N; i++)
+    q[i] = (wreq){.region = w.t.id[i % 2], .off = (i * 7919) % (w.host_len - 4096),
+                  .len = 1 + (i * 31) % 4096};
+  wire_burst(fd, q, N, SEED, N);
+  close(fd);
+  free(q);
+  wire_target_stop(&w);
+  fast_copies();
+}
+
+/* A reader that closes while replies are staged (one part-way out): every
+ * chunk comes back (the next connection gets all of the small pool), the
+ * region's reads are over (unregister returns), nothing leaks. */
+static void test_gpu_tcp_reader_closes_with_replies_staged(void **state) {
+  (void)state;
+  slow_copies(2000);
+  wire_target w;
+  wire_target_start(&w, 1u << 20, 256, 4096);
+  enum { N = 64 };
+  wreq q[N];
+  for (int k = 0; k < 3; k++) {
+    int fd = wire_open(&w);
+    for (size_t i = 0; i < N; i++)
+      q[i] = (wreq){.region = w.t.id[0], .off = (i * 8192) % 400000,
+                    .len = i % 4 ? 4096 : 600000};
+    wire_burst(fd, q, N, SEED, (size_t)k * 3); /* gone after a few replies */
+    close(fd);
+  }
+  /* Whole replies of the whole pool still come. */
+  int fd = wire_open(&w);
+  for (size_t i = 0; i < 8; i++)
+    q[i] = (wreq){.region = w.t.id[1], .off = i * 4096, .len = (1u << 20) - 32768};
+  wire_burst(fd, q, 8, SEED, 8);
+  close(fd);
+  sxt_ok(sx_agent_unregister(w.a, w.t.id[0]));
+  wire_target_stop(&w);
+  fast_copies();
+}
+
+typedef struct reader_run {
+  sx_agent *a;
+  sx_segment *seg;
+  gpu_pool r;
+  sx_block_read e[96];
+  sx_batch *b[2];
+} reader_run;
+
+/* Several readers at once on a small staging budget at both ends (1 MiB:
+ * four chunks per direction), small blocks, two batches each in flight:
+ * everything completes and every byte is where it belongs. */
+static void test_gpu_tcp_several_readers_small_staging(void **state) {
+  (void)state;
+  slow_copies(200);
+  char url[64];
+  new_url(url, sizeof(url));
+  enum { READERS = 3, PER = 96 };
+  const uint64_t bb = 8192, tblocks = 128, rblocks = 2 * PER;
+  sx_agent *ta = gpu_agent(url, "multi-t", 1u << 20, SX_TRANSPORTS_TCP);
+  gpu_pool t;
+  gpu_pool_make(&t, ta, "cuda:0", 1, tblocks, bb, SEED);
+  sxt_ok(sx_agent_publish(ta, 0));
+  reader_run *rr = calloc(READERS, sizeof(*rr));
+  for (int k = 0; k < READERS; k++) {
+    char name[32];
+    snprintf(name, sizeof(name), "multi-r%d", k);
+    rr[k].a = gpu_agent(url, name, 1u << 20, SX_TRANSPORTS_TCP);
+    gpu_pool_make(&rr[k].r, rr[k].a, k == 1 ? "cpu" : "cuda:0", 1, rblocks, bb, 0);
+    sxt_ok(sx_segment_open(rr[k].a, "multi-t", 2000, &rr[k].seg));
+  }
+  for (uint32_t round = 0; round < 2; round++) {
+    for (int k = 0; k < READERS; k++) {
+      gpu_entries(rr[k].e, PER, 1, tblocks, rblocks, 1, round * 7 + (uint32_t)k + 1);
+      for (int h = 0; h < 2; h++)
+        rr[k].b[h] = sxt_batch_submit(rr[k].seg, rr[k].e + h * PER / 2, PER / 2, 30000);
+    }
+    for (int k = 0; k < READERS; k++) {
+      for (int h = 0; h < 2; h++) {
+        sx_batch_result res;
+        sxt_ok(sx_batch_wait(rr[k].b[h], -1));
+        sxt_ok(sx_batch_result_get(rr[k].b[h], &res));
+        if (res.state != SX_BATCH_COMPLETED)
+          fail_msg("reader %d batch %d: %s (%s)", k, h, sx_batch_state_name(res.state),
+                   res.message);
+        sx_batch_destroy(rr[k].b[h]);
+      }
+      assert_int_equal(gpu_pool_verify(&rr[k].r, rr[k].seg, SEED, rr[k].e, PER), 0);
+    }
+  }
+  for (int k = 0; k < READERS; k++) {
+    sx_segment_close(rr[k].seg);
+    sx_agent_destroy(rr[k].a);
+    gpu_pool_free(&rr[k].r);
+  }
+  free(rr);
+  sx_agent_destroy(ta);
+  gpu_pool_free(&t);
+  fast_copies();
+}
+
+/* The target unregisters a region while many small staged replies of it
+ * are in flight on one connection: unregister returns only once no copy
+ * reads it (its memory is unmapped at once after, and a copy still
+ * reading it would fault), the batch ends, later reads are refused. */
+static void test_gpu_tcp_unregister_with_replies_staged(void **state) {
+  (void)state;
+  slow_copies(1000);
+  char url[64];
+  new_url(url, sizeof(url));
+  const uint64_t bb = 16384, blocks = 256;
+  sx_agent *ta = gpu_agent(url, "unreg-t", 1u << 20, SX_TRANSPORTS_TCP);
+  sx_agent_params p;
+  sxt_params(&p, url, "unreg-r");
+  p.conns_per_peer = 1;
+  p.transports = SX_TRANSPORTS_TCP;
+  sx_agent *ra;
+  sxt_ok(sx_agent_create(&p, &ra));
+  gpu_pool t, r;
+  gpu_pool_make(&t, ta, "cuda:0", 1, blocks, bb, SEED);
+  gpu_pool_make(&r, ra, "cuda:0", 1, blocks, bb, 0);
+  sxt_ok(sx_agent_publish(ta, 0));
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(ra, "unreg-t", 2000, &seg));
+  sx_block_read all = {.layer_count = 1, .slots = SXT_KV, .count = blocks};
+  unreg_arg u = {.a = ta, .id = t.id[0]};
+  pthread_t th;
+  sx_batch *b = sxt_batch_submit(seg, &all, 1, 30000);
+  assert_int_equal(pthread_create(&th, NULL, unreg_thread, &u), 0);
+  pthread_join(th, NULL);
+  sxt_ok(u.rc);
+  sx__mem_free(t.mem[0]); /* nothing may read it any more */
+  t.mem[0] = NULL;
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_destroy(b);
+  sx_batch_result res = sxt_run_batch(seg, &all, 1, 5000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ENOREGION);
+  /* V is still served, whole. */
+  sx_block_read v = {.layer_count = 1, .slots = 1ull << SX_SLOT_V, .count = blocks};
+  res = sxt_run_batch(seg, &v, 1, 30000);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("V after the unregister: %s", res.message);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  sx_agent_destroy(ta);
+  gpu_pool_free(&r);
+  gpu_pool_free(&t);
+  fast_copies();
+}
+
 static int need_gpu(void **state) {
   (void)state;
   if (gpu_devices() == 0) {
@@ -250,6 +554,10 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_small_staging_large_blocks),
       cmocka_unit_test(test_gpu_tcp_two_gpus),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
+      cmocka_unit_test(test_gpu_tcp_pipelined_replies_one_connection),
+      cmocka_unit_test(test_gpu_tcp_reader_closes_with_replies_staged),
+      cmocka_unit_test(test_gpu_tcp_several_readers_small_staging),
+      cmocka_unit_test(test_gpu_tcp_unregister_with_replies_staged),
   };
   return cmocka_run_group_tests(tests, need_gpu, NULL);
 }
