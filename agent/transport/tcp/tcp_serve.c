@@ -26,7 +26,6 @@ struct sconn {
   char host[48];                 /* "ip" */
   char reader[SX_NAME_MAX + 1];
   int hello_ok, closing, reading, handles;
-  int sheld;                     /* a request waits for the staged replies before it */
   uint32_t queued;
   size_t sbytes;                 /* of sx__tcp_sconn_send() frames not sent yet */
   size_t rlen;
@@ -35,7 +34,7 @@ struct sconn {
   reply rep[REPLIES_PER_WRITE];
   uint8_t hdr[REPLIES_PER_WRITE][SX__FRAME_HDR];
   sx__tcp_wconn *w;       /* push mode (tcp_write.c), NULL until a push frame */
-  sx__tcp_spipe *stage;  /* replies from GPU memory being staged (tcp_stage_serve.c) */
+  sx__tcp_sreply *stage; /* a reply from GPU memory being staged: parse no more */
   sx__ipc_holds *ipc;    /* CUDA IPC handles lent on this connection */
 };
 
@@ -72,7 +71,8 @@ static void s_close(sconn *c) {
   if (c->handles == 0 || uv_is_closing((uv_handle_t *)&c->h))
     return;
   c->closing = 1;
-  sx__tcp_stage_detach(c->stage);
+  if (c->stage != NULL)
+    sx__tcp_stage_detach(c->stage);
   c->stage = NULL;
   sx__ipc_drop(c->ipc);
   c->ipc = NULL;
@@ -102,15 +102,12 @@ static void s_lost(sconn *c, int err) {
 
 static void s_read_start(sconn *c);
 
-/* Not reading now, and nothing holds parsing back: as many replies being
- * staged from GPU memory as a connection may have (tcp_stage_serve.c), a
- * request that must wait until the staged replies before it are queued
- * (sheld), or a write authorization waiting for the store (tcp_write.c).
- * The callers add their queue limits. */
+/* Not reading now, and nothing holds parsing back: a reply being staged
+ * from GPU memory (tcp_stage_serve.c) or a write authorization waiting for
+ * the store (tcp_write.c).  The callers add their queue limits. */
 static int s_may_read(const sconn *c) {
-  return !c->closing && !c->reading && !c->sheld &&
-         sx__tcp_stage_pending(c->stage) < SX__STAGE_CONN_REPLIES &&
-         c->sbytes < SERVER_SEND_MAX / 2 && (c->w == NULL || !sx__tcp_w_holds(c->w));
+  return !c->closing && !c->reading && c->stage == NULL && c->sbytes < SERVER_SEND_MAX / 2 &&
+         (c->w == NULL || !sx__tcp_w_holds(c->w));
 }
 
 static void s_written(uv_write_t *req, int status) {
@@ -228,36 +225,21 @@ static void s_hello(sconn *c, const sx__frame *f, const uint8_t *body) {
   x->log(x->agent, SX_LOG_INFO, "tcp: reader %s connected from %s", c->reader, c->peer);
 }
 
-/* The checks of a READ: 0 (and *out, the region), or the refusal. */
-static int s_check(const sconn *c, const sx__frame *f, sx_lregion **out) {
+static void s_serve(sconn *c, const sx__frame *f) {
   const sx_tctx *x = sx__tcp_ctx(c->t);
   sx_lregion *l = x->find_region(x->agent, f->region);
   uint64_t end;
-  *out = l;
+  int st = 0;
   if (l == NULL)
-    return SX_ENOREGION;
-  if (!(l->r.access & SX_ACCESS_REMOTE_READ))
-    return SX_EDENIED;
-  if (f->length == 0)
-    return SX_EINVAL;
-  if (f->length > MAX_READ)
-    return SX_ELIMIT;
-  if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
-    return SX_EBOUNDS;
-  return 0;
-}
-
-/* Is f a READ answered through staging (GPU memory)? */
-static int s_staged(const sconn *c, const sx__frame *f) {
-  sx_lregion *l;
-  return f->type == SX__FRAME_READ && s_check(c, f, &l) == 0 &&
-         l->mem.kind == SX__MEM_CUDA;
-}
-
-static void s_serve(sconn *c, const sx__frame *f) {
-  const sx_tctx *x = sx__tcp_ctx(c->t);
-  sx_lregion *l;
-  int st = s_check(c, f, &l);
+    st = SX_ENOREGION;
+  else if (!(l->r.access & SX_ACCESS_REMOTE_READ))
+    st = SX_EDENIED;
+  else if (f->length == 0)
+    st = SX_EINVAL;
+  else if (f->length > MAX_READ)
+    st = SX_ELIMIT;
+  else if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
+    st = SX_EBOUNDS;
   if (st != 0)
     x->log(x->agent, SX_LOG_DEBUG, "tcp: refused read from %s: region %u offset %lu "
            "length %lu: %s", c->reader, f->region, (unsigned long)f->offset,
@@ -265,9 +247,11 @@ static void s_serve(sconn *c, const sx__frame *f) {
   x->served(x->agent, SX_TRANSPORT_TCP, st ? 0 : f->length, st);
   if (st == 0 && l->mem.kind == SX__MEM_CUDA) {
     /* GPU memory goes out through staging (tcp_stage_serve.c), in order
-     * after the replies gathered so far and the staged ones pending. */
+     * after the replies gathered so far. */
     if (s_flush(c, 0) != 0)
       return;
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
     sx__tcp_stage_reply(c->t, c, (uv_stream_t *)&c->h, &c->stage, f->id, l, f->offset,
                         f->length);
     return;
@@ -278,8 +262,7 @@ static void s_serve(sconn *c, const sx__frame *f) {
 
 static void s_process(sconn *c) {
   size_t off = 0;
-  c->sheld = 0;
-  while (!c->closing && sx__tcp_stage_pending(c->stage) < SX__STAGE_CONN_REPLIES &&
+  while (!c->closing && c->stage == NULL &&
          (c->w == NULL || (c->w->left == 0 && !sx__tcp_w_holds(c->w)))) {
     sx__frame f;
     int rc = sx__frame_decode(c->rbuf + off, c->rlen - off, &f);
@@ -300,12 +283,6 @@ static void s_process(sconn *c) {
       s_hello(c, &f, c->rbuf + off + SX__FRAME_HDR);
       off += SX__FRAME_HDR + (size_t)f.length;
       continue;
-    }
-    if (sx__tcp_stage_pending(c->stage) > 0 && !s_staged(c, &f)) {
-      /* Its answer would go out between (or inside) the staged replies
-       * still being written: it waits until they are queued. */
-      c->sheld = 1;
-      break;
     }
     if (f.type == SX__FRAME_IPC) {
       /* CUDA IPC handles (cuda_ipc.h): only after HELLO, as here. */
@@ -341,11 +318,9 @@ static void s_process(sconn *c) {
     return;
   memmove(c->rbuf, c->rbuf + off, c->rlen - off);
   c->rlen -= off;
-  if ((c->queued >= SERVER_QUEUE_MAX || c->sbytes >= SERVER_SEND_MAX || c->sheld ||
-       sx__tcp_stage_pending(c->stage) >= SX__STAGE_CONN_REPLIES) && c->reading) {
+  if ((c->queued >= SERVER_QUEUE_MAX || c->sbytes >= SERVER_SEND_MAX) && c->reading) {
     /* The reader sends faster than it reads: push back.  IPC requests
-     * count by the bytes they are answered with (up to 24 times theirs);
-     * staged replies by their number. */
+     * count by the bytes they are answered with (up to 24 times theirs). */
     uv_read_stop((uv_stream_t *)&c->h);
     c->reading = 0;
   }
@@ -439,6 +414,7 @@ void sx__tcp_on_connection(uv_stream_t *server, int status) {
 }
 
 void sx__tcp_sconn_resume(sconn *c, int err) {
+  c->stage = NULL;
   if (c->closing)
     return;
   if (err) {

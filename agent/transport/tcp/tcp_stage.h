@@ -6,12 +6,10 @@
  *
  * - Target: a READ of a GPU region is answered by device-to-host copies
  *   into pinned chunks, each written to the socket as soon as its copy
- *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  A
- *   connection has up to SX__STAGE_CONN_REPLIES staged replies in flight:
- *   their copies are issued in request order and their chunks written in
- *   that order, so frames go out whole and in order; the connection
- *   parses no other request while one is pending.  The region's `inflight`
- *   holds until a reply's last chunk has left, so unregister waits for it.
+ *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  The
+ *   connection parses no further request until every chunk of that reply
+ *   is queued (replies go out in order), and the region's `inflight` holds
+ *   until the last chunk has left, so unregister waits for it.
  * - Reader: a batch with GPU destinations is cut into pieces of at most a
  *   chunk; each piece is read over the ordinary TCP path into a pinned
  *   chunk and copied to the device from there while the next pieces
@@ -37,7 +35,7 @@
 typedef struct tcp_t tcp_t;
 typedef struct sconn sconn;
 typedef struct sx__tcp_stage sx__tcp_stage;
-typedef struct sx__tcp_spipe sx__tcp_spipe;
+typedef struct sx__tcp_sreply sx__tcp_sreply;
 
 /* Reader side: the TCP ops table's post, abort and peer_close.  Ops with no
  * GPU destination go straight to the plain TCP path (tcp_read.c). */
@@ -45,25 +43,16 @@ int sx__tcp_stage_post(sx_tpeer *p, sx_op *op);
 void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
 void sx__tcp_stage_peer_close(sx_tpeer *p);
 
-/* Target side: staged replies a connection may have pending (not yet
- * queued whole to its socket); at that many it reads no further request
- * until one is. */
-#define SX__STAGE_CONN_REPLIES 32
-
 /* Target side: answer READ id of [off, off+len) of GPU region l on
- * connection c (stream h), after the staged replies already pending on
- * *pipe (made here on first use; the connection owns it until
- * sx__tcp_stage_detach).  sx__tcp_sconn_resume(c, 0) runs each time a
- * reply was queued whole, sx__tcp_sconn_resume(c, err) when staging
- * failed (at once when staging is impossible): the connection closes. */
-void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_spipe **pipe,
+ * connection c (stream h).  *slot is set to the reply in progress; c must
+ * parse no further request until sx__tcp_sconn_resume(c, ...), which runs
+ * when the reply is queued, or at once (with an error) when staging is
+ * impossible. */
+void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
                          uint64_t id, sx_lregion *l, uint64_t off, uint64_t len);
-/* Replies staged on p (NULL: none yet) and not yet queued whole. */
-uint32_t sx__tcp_stage_pending(const sx__tcp_spipe *p);
-/* c is closing: write nothing more, resume nothing; chunks and replies
- * are freed as their copies and writes end.  NULL is a no-op. */
-void sx__tcp_stage_detach(sx__tcp_spipe *p);
-/* tcp_serve.c: a staged reply on c is queued whole (err 0: parse on; else
+/* c is closing: write nothing more for r, resume nothing. */
+void sx__tcp_stage_detach(sx__tcp_sreply *r);
+/* tcp_serve.c: the staged reply on c is queued (err 0: parse on; else
  * close the connection with that error). */
 void sx__tcp_sconn_resume(sconn *c, int err);
 
