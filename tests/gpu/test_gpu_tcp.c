@@ -4,7 +4,7 @@
  * directions (GPU->host, host->GPU, GPU->GPU), with staging small enough
  * that work waits for chunks, blocks larger than a chunk, range reads into
  * unregistered device memory, a deadline in the middle, and unregister
- * while staged reads run; many staged replies in flight on one connection
+ * while staged reads run; many staged requests queued on one connection
  * (in order, byte for byte, mixed with host and refused reads), several
  * readers on a small staging budget, a reader closing and a target
  * unregistering while replies are staged.  Needs a CUDA device (make
@@ -237,11 +237,11 @@ static void test_gpu_tcp_deadline_and_unregister(void **state) {
   gpu_pool_free(&t);
 }
 
-/* ------------------------------------------------ pipelined staged replies */
+/* ------------------------------------------------ many staged requests at once */
 
 /* Copies slowed down (the stand-in driver reads this when a stream starts;
- * a real driver ignores it), so that several staged replies are in flight
- * and copies on different streams finish out of order. */
+ * a real driver ignores it), so that requests pile up behind staged
+ * replies and chunks of one reply overlap copying and sending. */
 static void slow_copies(int us) {
   char v[16];
   snprintf(v, sizeof(v), "%d", us);
@@ -370,11 +370,11 @@ static size_t wire_mix(const wire_target *w, wreq *q, size_t n, uint64_t x) {
   return n;
 }
 
-/* Many staged replies in flight on one connection: every reply whole, in
- * request order, byte for byte, also among host and refused replies,
- * with copies finishing out of order on several streams; 1 MiB of staging
- * (four chunks of 256 KiB), so replies also wait for chunks. */
-static void test_gpu_tcp_pipelined_replies_one_connection(void **state) {
+/* Many staged requests sent at once on one connection: every reply whole,
+ * in request order, byte for byte, also among host and refused replies;
+ * 1 MiB of staging (four chunks of 256 KiB), so replies also wait for
+ * chunks. */
+static void test_gpu_tcp_many_requests_one_connection(void **state) {
   (void)state;
   slow_copies(300);
   wire_target w;
@@ -386,7 +386,7 @@ static void test_gpu_tcp_pipelined_replies_one_connection(void **state) {
     wire_mix(&w, q, N, 0x9e3779b97f4a7c15ull + round);
     wire_burst(fd, q, N, SEED, N);
   }
-  /* Only GPU reads, all small: the pipe at its cap. */
+  /* Only GPU reads, all small. */
   for (size_t i = 0; i < N; i++)
     q[i] = (wreq){.region = w.t.id[i % 2], .off = (i * 7919) % (w.host_len - 4096),
                   .len = 1 + (i * 31) % 4096};
@@ -554,7 +554,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_small_staging_large_blocks),
       cmocka_unit_test(test_gpu_tcp_two_gpus),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
-      cmocka_unit_test(test_gpu_tcp_pipelined_replies_one_connection),
+      cmocka_unit_test(test_gpu_tcp_many_requests_one_connection),
       cmocka_unit_test(test_gpu_tcp_reader_closes_with_replies_staged),
       cmocka_unit_test(test_gpu_tcp_several_readers_small_staging),
       cmocka_unit_test(test_gpu_tcp_unregister_with_replies_staged),
