@@ -326,7 +326,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     case O_FILL:
       if (sx__pattern_parse(optarg, &o->seed))
-        return usage_error("--fill '%s' is not a number", optarg);
+        return usage_error("--fill: %s", sx_errmsg());
       o->fill = 1;
       break;
     case O_TRANSPORT:
