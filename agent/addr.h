@@ -16,4 +16,10 @@ int sx__hostport_split(const char *s, char *host, size_t hsize, uint16_t *port);
 int sx__hostport_sockaddr(const char *s, struct sockaddr_storage *ss, char *host,
                           size_t hsize);
 
+/* What an advertised host may be, the address peers are told to connect
+ * to: an IPv4 or IPv6 literal other than the wildcard, or a DNS host name
+ * (labels of letters, digits and '-', 1..63 bytes each, 253 in all).  NULL
+ * when it is one, else why not (for a message). */
+const char *sx__host_unusable(const char *host);
+
 #endif

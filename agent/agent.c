@@ -268,6 +268,12 @@ static int pick_addresses(sx_agent *a, const sx_agent_params *p, const sx_url *u
   if (p->advertise != NULL) {
     if (sx__strlcpy(adv, p->advertise, sizeof(adv)))
       return sx__err(SX_EINVAL, "advertise address is longer than %d bytes", SX_ADDR_MAX);
+    /* Peers connect to it as given (rdma takes IP literals only): refuse
+     * what no peer could use rather than publish it. */
+    const char *why = sx__host_unusable(adv);
+    if (why != NULL)
+      return sx__err(SX_EINVAL, "advertise address '%.64s' is not one peers can connect to: %s",
+                     adv, why);
   } else if (listen != NULL && !wildcard(host)) {
     if (sx__strlcpy(adv, host, sizeof(adv)))
       return sx__err(SX_EINVAL, "listen host is longer than %d bytes", SX_ADDR_MAX);

@@ -144,6 +144,8 @@ static int check_add(sx_batch *b, int write, const char *what) {
   return check_new(b, what);
 }
 
+int sx__batch_is_write(const sx_batch *b) { return b->push != NULL; }
+
 int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
                       sx__pbatch **pb) {
   int rc = check_add(b, write, what);

@@ -1,7 +1,6 @@
 /* The verification pattern (see pattern.h).  Generated and checked a word
  * at a time: one splitmix64 per 8 bytes keeps filling a pool of gigabytes
  * and verifying every byte read cheap next to the transfer itself. */
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,11 +72,18 @@ int sx__pattern_check(const void *src, uint64_t len, uint64_t seed, uint32_t reg
 }
 
 int sx__pattern_parse(const char *s, uint64_t *seed) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (s[0] == '\0' || s[0] == '-' || *end != '\0' || errno)
-    return sx__err(SX_EINVAL, "pattern seed '%.32s' is not a number", s);
+  /* Digits only: strtoull would also take blanks, a sign and octal
+   * (--fill 010 would be 8). */
+  const char *end;
+  uint64_t v;
+  int rc = sx__parse_num(s, &end, &v);
+  if (rc == SX_EOVERFLOW)
+    return sx__err(SX_EINVAL, "pattern seed '%.32s' is out of range (at most 2^64-1)", s);
+  if (rc == 0 && *end != '\0')
+    rc = SX_EINVAL;
+  if (rc)
+    return sx__err(SX_EINVAL, "pattern seed '%.32s' is not a number (decimal without "
+                   "leading zeros, or 0x hex)", s);
   *seed = v;
   return 0;
 }

@@ -182,6 +182,15 @@ int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
                    "must list the same number", what, ids->n_local, ids->n_remote);
   if (ids->n_local == 0 || ids->local == NULL || ids->remote == NULL)
     return sx__err(SX_EINVAL, "%s: empty block lists", what);
+  /* The batch's own direction, and refused in our name once submitted
+   * (trying the write path and falling back to reads would report a
+   * submitted write batch as "this is a write batch"). */
+  int write = sx__batch_is_write(b);
+  sx__plan *plan;
+  sx__pbatch *pb;
+  int rc = sx__batch_entries(b, write, what, &plan, &pb);
+  if (rc)
+    return rc;
   /* Runs of consecutive pairs: (local, remote) -> (local+1, remote+1). */
   size_t runs = 1;
   for (size_t i = 1; i < ids->n_local; i++)
@@ -201,10 +210,7 @@ int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
                               .local_block = ids->local[i], .remote_block = ids->remote[i],
                               .count = 1};
   }
-  sx__plan *plan;
-  sx__pbatch *pb;
-  int rc;
-  if (sx__batch_entries(b, 1, what, &plan, &pb) == 0) {
+  if (write) {
     rc = sx_batch_add_block_writes(b, w, runs);
     free(w);
     return rc;

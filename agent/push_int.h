@@ -86,5 +86,7 @@ int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
 struct sx__plan;
 int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
                       sx__pbatch **pb);
+/* batch.c: whether b is a write batch (SX_BATCH_WRITE); fixed at creation. */
+int sx__batch_is_write(const sx_batch *b);
 
 #endif

@@ -166,7 +166,8 @@ static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
   uint32_t *loc_idx = arena_alloc(a, n * sizeof(uint32_t) + 1);
   char **locs = arena_alloc(a, n * sizeof(char *) + 1);
   /* Validated descriptors have one rkey per RDMA endpoint in every region;
-   * sx__desc_pack() also writes unvalidated ones, so take region 0's count. */
+   * sx__desc_pack() also writes unvalidated ones, so take region 0's count
+   * (at most SX_MAX_DEVICES: sx__desc_pack() checked every region's). */
   uint32_t devices = n ? d->regions[0].n_rkeys : 0;
   uint32_t *rkeys = arena_alloc(a, (size_t)n * devices * sizeof(uint32_t) + 1);
   uint32_t *wkeys = arena_alloc(a, (size_t)n * devices * sizeof(uint32_t) + 1);
@@ -222,6 +223,14 @@ int sx_desc_encode(const sx_desc *d, uint8_t **out, size_t *out_len) {
 }
 
 int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len) {
+  /* Unvalidated descriptors come here too (tests, hostile-store fixtures):
+   * the key arrays hold SX_MAX_DEVICES entries whatever the counts say, so
+   * a larger count is refused rather than read past the arrays. */
+  for (uint32_t i = 0; i < d->n_regions; i++)
+    if (d->regions[i].n_rkeys > SX_MAX_DEVICES || d->regions[i].n_wkeys > SX_MAX_DEVICES)
+      return sx__err(SX_ERKEYS, "encoding %s: region %u has %u rkeys and %u write keys; "
+                     "at most %d of each", d->name, d->regions[i].id, d->regions[i].n_rkeys,
+                     d->regions[i].n_wkeys, SX_MAX_DEVICES);
   arena a;
   arena_init(&a);
   Sxpb__SegmentDescriptor m = SXPB__SEGMENT_DESCRIPTOR__INIT;

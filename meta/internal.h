@@ -59,6 +59,13 @@ int sx__random(void *buf, size_t len);
 /* Constant-time comparison; 0 when equal. */
 int sx__ct_memcmp(const void *a, const void *b, size_t len);
 
+/* A number at the start of s: decimal digits (no leading zero but "0"
+ * itself) or 0x and hex digits, nothing before them (no blank, no sign).
+ * 0 with *out and *end just past the digits; SX_EINVAL when s does not
+ * start so, SX_EOVERFLOW when it does not fit 64 bits.  Callers check what
+ * follows (*end). */
+int sx__parse_num(const char *s, const char **end, uint64_t *out);
+
 /* Bounded copy that always terminates; returns 0 or SX_ELIMIT if cut. */
 int sx__strlcpy(char *dst, const char *src, size_t size);
 

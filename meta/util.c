@@ -53,3 +53,35 @@ int sx__strlcpy(char *dst, const char *src, size_t size) {
   memcpy(dst, src, n + 1);
   return 0;
 }
+
+int sx__parse_num(const char *s, const char **end, uint64_t *out) {
+  int hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  const char *p = hex ? s + 2 : s;
+  unsigned base = hex ? 16 : 10;
+  uint64_t v = 0;
+  int big = 0;
+  if (!hex && s[0] == '0' && s[1] >= '0' && s[1] <= '9')
+    return SX_EINVAL; /* 010: octal to strtoull, 10 to a reader; neither guessed */
+  const char *q = p;
+  for (;; q++) {
+    unsigned d;
+    if (*q >= '0' && *q <= '9')
+      d = (unsigned)(*q - '0');
+    else if (hex && *q >= 'a' && *q <= 'f')
+      d = (unsigned)(*q - 'a' + 10);
+    else if (hex && *q >= 'A' && *q <= 'F')
+      d = (unsigned)(*q - 'A' + 10);
+    else
+      break;
+    if (v > (UINT64_MAX - d) / base)
+      big = 1;
+    v = v * base + d;
+  }
+  if (q == p)
+    return SX_EINVAL;
+  if (big)
+    return SX_EOVERFLOW;
+  *end = q;
+  *out = v;
+  return 0;
+}

@@ -46,6 +46,34 @@ static void random_entries(sx_block_read *e, size_t n, uint32_t *rng) {
 
 /* ------------------------------------------------------------ reads */
 
+/* Pattern seeds (--fill, --verify): decimal or 0x hex, nothing else;
+ * strtoull's blanks, signs and octal (010 would be 8) are refused. */
+static void test_agent_pattern_seed_parse(void **state) {
+  (void)state;
+  static const struct {
+    const char *s;
+    uint64_t v;
+  } good[] = {{"0", 0},          {"8", 8},   {"42", 42}, {"0x10", 16}, {"0XfF", 255},
+              {"18446744073709551615", UINT64_MAX}, {"0xffffffffffffffff", UINT64_MAX}};
+  static const char *bad[] = {"",   " 8",  "8 ",  "+8",   "-8",  "010",  "00", "0x",
+                              "0x-1", "1e3", "8k", "0b1", "\t8", "0x1g",
+                              "18446744073709551616", "0x10000000000000000"};
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    uint64_t v = 7;
+    if (sx__pattern_parse(good[i].s, &v) != 0 || v != good[i].v)
+      fail_msg("'%s': %s, %lu", good[i].s, sx_errmsg(), (unsigned long)v);
+  }
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    uint64_t v = 7;
+    if (sx__pattern_parse(bad[i], &v) != SX_EINVAL || v != 7)
+      fail_msg("'%s' was taken as %lu", bad[i], (unsigned long)v);
+  }
+  sxt_rc(sx__pattern_parse("18446744073709551616", &(uint64_t){0}), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "out of range"));
+  sxt_rc(sx__pattern_parse("010", &(uint64_t){0}), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "leading zeros"));
+}
+
 static void test_agent_publish_open_check_and_read(void **state) {
   (void)state;
   char url[64];
@@ -762,6 +790,7 @@ static void test_agent_batches_from_many_threads(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_agent_pattern_seed_parse),
       cmocka_unit_test(test_agent_publish_open_check_and_read),
       cmocka_unit_test(test_agent_range_reads_callback_and_eventfd),
       cmocka_unit_test(test_agent_check_reports_mismatch),

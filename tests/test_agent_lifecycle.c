@@ -162,6 +162,49 @@ static void wait_state(sx_agent *a, sx_agent_state want, uint64_t ms) {
   fail_msg("state %d, wanted %d", st.state, want);
 }
 
+/* The advertised address goes to peers as given: what none could connect
+ * to is refused at create, saying why; what they can is taken. */
+static void test_agent_create_refuses_an_unusable_advertise_address(void **state) {
+  (void)state;
+  static const struct {
+    const char *adv, *why;
+  } bad[] = {{"a b", "only letters"},     {"", "empty"},
+             {"10.0.0.1:7000", "no port"}, {"[::1]", "no port"},
+             {"0.0.0.0", "wildcard"},   {"::", "wildcard"},
+             {"-host", "'-'"},          {"host-.example", "'-'"},
+             {"a..b", "empty label"},   {".a", "empty label"},
+             {"h\tst", "only letters"},  {"h\xc3\xa9", "only letters"}};
+  static const char *good[] = {"10.0.0.1", "::1", "fe80::1%lo", "node-7.example.org",
+                               "localhost", "host."};
+  char url[64];
+  new_url(url, sizeof(url));
+  sx_agent_params p;
+  sx_agent *a;
+  sxt_params(&p, url, "adv-0");
+  p.listen = "127.0.0.1:0";
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    p.advertise = bad[i].adv;
+    a = (sx_agent *)&p;
+    int rc = sx_agent_create(&p, &a);
+    if (rc != SX_EINVAL || strstr(sx_errmsg(), "advertise address") == NULL ||
+        strstr(sx_errmsg(), bad[i].why) == NULL)
+      fail_msg("advertise '%s': %s (%s)", bad[i].adv, sx_err_name(rc), sx_errmsg());
+    assert_ptr_equal(a, (sx_agent *)&p);
+  }
+  char long_name[300];
+  memset(long_name, 'a', sizeof(long_name) - 1);
+  long_name[sizeof(long_name) - 1] = '\0';
+  p.advertise = long_name;
+  sxt_rc(sx_agent_create(&p, &a), SX_EINVAL);
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    p.advertise = good[i];
+    int rc = sx_agent_create(&p, &a);
+    if (rc != 0)
+      fail_msg("advertise '%s': %s (%s)", good[i], sx_err_name(rc), sx_errmsg());
+    sx_agent_destroy(a);
+  }
+}
+
 static void test_agent_lease_reclaims_lost_segment(void **state) {
   (void)state;
   char url[64];
@@ -384,6 +427,7 @@ int main(void) {
       cmocka_unit_test(test_agent_restarted_target_is_stale_then_reopens),
       cmocka_unit_test(test_agent_batches_fail_fast_after_the_target_dies),
       cmocka_unit_test(test_agent_destroy_while_a_renewal_is_in_flight),
+      cmocka_unit_test(test_agent_create_refuses_an_unusable_advertise_address),
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
       cmocka_unit_test(test_agent_unregister_withdraws_the_region),

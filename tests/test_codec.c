@@ -456,6 +456,33 @@ static void test_codec_encode_refuses_invalid(void **state) {
   sx_desc_free(&d);
 }
 
+/* Key counts beyond the arrays are refused even unvalidated (sx__desc_pack
+ * writes what tests and hostile-store fixtures hand it), never read past. */
+static void test_codec_pack_refuses_key_counts_beyond_the_arrays(void **state) {
+  (void)state;
+  sx_desc d;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  fixture(&d);
+  d.regions[0].n_rkeys = SX_MAX_DEVICES + 1;
+  sxt_rc(sx__desc_pack(&d, &buf, &len), SX_ERKEYS);
+  assert_null(buf);
+  assert_non_null(strstr(sx_errmsg(), "9 rkeys"));
+  sxt_rc(sx_desc_encode(&d, &buf, &len), SX_ERKEYS);
+  assert_null(buf);
+  d.regions[0].n_rkeys = 0;
+  d.regions[d.n_regions - 1].n_wkeys = 1000;
+  sxt_rc(sx__desc_pack(&d, &buf, &len), SX_ERKEYS);
+  assert_null(buf);
+  assert_non_null(strstr(sx_errmsg(), "1000 write keys"));
+  /* At the limit it still packs, as given. */
+  d.regions[d.n_regions - 1].n_wkeys = 0;
+  d.regions[0].n_rkeys = SX_MAX_DEVICES;
+  sxt_ok(sx__desc_pack(&d, &buf, &len));
+  free(buf);
+  sx_desc_free(&d);
+}
+
 static void test_codec_event_roundtrip_and_rejects(void **state) {
   (void)state;
   sx_event ev = {.kind = SX_EVENT_PUT, .generation = 42}, back;
@@ -504,6 +531,7 @@ int main(void) {
       cmocka_unit_test(test_codec_rejects_missing_incarnation_or_token),
       cmocka_unit_test(test_codec_rejects_garbage_and_truncation),
       cmocka_unit_test(test_codec_encode_refuses_invalid),
+      cmocka_unit_test(test_codec_pack_refuses_key_counts_beyond_the_arrays),
       cmocka_unit_test(test_codec_event_roundtrip_and_rejects),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -619,6 +619,31 @@ static void test_e2e_sx_agent_names_an_option_missing_its_value(void **state) {
   sx_agent_usage_fails("unknown option '--bogus'", "--name opt-2 --num-blocks 4 --bogus");
 }
 
+static void test_e2e_sx_agent_refuses_malformed_sizes_slots_and_option_values(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* strtoull took blanks and octal (010 was 8), and the unit parser took a
+   * second B and an i without a unit. */
+  sx_agent_usage_fails("--pool-size '5BB' is not a size", "--name opt-3 --pool-size 5BB");
+  sx_agent_usage_fails("--pool-size '1iB' is not a size", "--name opt-3 --pool-size 1iB");
+  sx_agent_usage_fails("--block-bytes '010' is not a size",
+                       "--name opt-3 --num-blocks 4 --block-bytes 010");
+  sx_agent_usage_fails("--block-bytes ' 4K' is not a size",
+                       "--name opt-3 --num-blocks 4 --block-bytes ' 4K'");
+  sx_agent_usage_fails("--num-blocks '+4' is not a count", "--name opt-3 --num-blocks +4");
+  /* A slot twice was refused only at register, after the pool was made. */
+  sx_agent_usage_fails("slot 0 is given twice", "--name opt-3 --num-blocks 4 --slots K,0");
+  sx_agent_usage_fails("slot V is given twice", "--name opt-3 --num-blocks 4 --slots V,V");
+  sx_agent_usage_fails("an empty slot name", "--name opt-3 --num-blocks 4 --slots K,,V");
+  sx_agent_usage_fails("an empty slot name", "--name opt-3 --num-blocks 4 --slots K,");
+  /* A value given to an option that takes none read as an unknown option. */
+  sx_agent_usage_fails("--takeover takes no value ('--takeover=1')",
+                       "--name opt-3 --num-blocks 4 --takeover=1");
+  sx_agent_usage_fails("--writable takes no value", "--name opt-3 --num-blocks 4 --writable=yes");
+  sx_agent_usage_fails("unknown option '--bogus'", "--name opt-3 --num-blocks 4 --bogus=1");
+  assert_int_equal(sxt_stored_incarnation(&env, "opt-3", NULL), SX_ENOENT);
+}
+
 /* ------------------------------------------------------------ setup */
 
 static int group_setup(void **state) {
@@ -650,6 +675,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_sx_agent_refuses_layout_text_too_long),
       cmocka_unit_test(test_e2e_sx_agent_refuses_a_pool_of_more_than_64_bits),
       cmocka_unit_test(test_e2e_sx_agent_names_an_option_missing_its_value),
+      cmocka_unit_test(test_e2e_sx_agent_refuses_malformed_sizes_slots_and_option_values),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)

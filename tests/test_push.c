@@ -205,6 +205,12 @@ static void test_push_planning_refusals(void **state) {
   /* One direction per batch. */
   sx_block_read r = {.layer_count = 1, .slots = 1, .count = 1};
   sxt_rc(sx_batch_add_blocks(b, &r, 1), SX_EINVAL);
+  /* Once submitted, block lists are refused for that, not for the direction. */
+  sxt_ok(sx_batch_submit(b));
+  ids.n_local = ids.n_remote = 2;
+  sxt_rc(sx_batch_add_block_ids(b, &ids), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "sx_batch_add_block_ids: the batch was already submitted"));
+  sxt_ok(sx_batch_wait(b, 10000));
   sx_batch_destroy(b);
   sx_batch *rb;
   sxt_ok(sx_batch_create(x.seg, NULL, &rb));
@@ -212,6 +218,10 @@ static void test_push_planning_refusals(void **state) {
   /* A read batch takes block lists too, as reads. */
   ids.n_local = ids.n_remote = 2;
   sxt_ok(sx_batch_add_block_ids(rb, &ids));
+  sxt_ok(sx_batch_submit(rb));
+  sxt_rc(sx_batch_add_block_ids(rb, &ids), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "sx_batch_add_block_ids: the batch was already submitted"));
+  sxt_ok(sx_batch_wait(rb, 10000));
   sx_batch_destroy(rb);
   sx_batch_params bp;
   sx_batch_params_init(&bp);

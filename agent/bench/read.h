@@ -16,6 +16,7 @@
 typedef struct bx_tproc {
   pid_t pid;
   int in_fd, out_fd; /* its stdin (the lifeline) and stdout */
+  struct bx_errfwd *err; /* its stderr: held until it started, then passed on */
   uint16_t raw_port; /* its raw stream and control server */
   int ctl_fd;        /* control connection, 0 until used */
 } bx_tproc;

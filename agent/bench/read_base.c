@@ -30,13 +30,92 @@
 
 /* ------------------------------------------------------------ the target */
 
+static void stop_proc(bx_tproc *t);
+
+/* The target's stderr, read by a thread: held while it starts (so that a
+ * failed start can say what it said), then passed on to ours as it comes. */
+typedef struct bx_errfwd {
+  int fd;
+  pthread_t th;
+  pthread_mutex_t mu;
+  int pass;
+  size_t n;
+  char held[2048];
+} bx_errfwd;
+
+static void err_write(const char *p, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(STDERR_FILENO, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+static void *errfwd_main(void *arg) {
+  bx_errfwd *e = arg;
+  char b[4096];
+  for (;;) {
+    ssize_t r = read(e->fd, b, sizeof(b));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return NULL;
+    pthread_mutex_lock(&e->mu);
+    if (e->pass) {
+      err_write(b, (size_t)r);
+    } else {
+      size_t k = (size_t)r < sizeof(e->held) - 1 - e->n ? (size_t)r : sizeof(e->held) - 1 - e->n;
+      memcpy(e->held + e->n, b, k);
+      e->n += k;
+      e->held[e->n] = '\0';
+    }
+    pthread_mutex_unlock(&e->mu);
+  }
+}
+
+/* The target started: what it said so far goes out, and the rest as it comes. */
+static void errfwd_pass(bx_errfwd *e) {
+  if (e == NULL)
+    return;
+  pthread_mutex_lock(&e->mu);
+  e->pass = 1;
+  err_write(e->held, e->n);
+  e->n = 0;
+  pthread_mutex_unlock(&e->mu);
+}
+
+/* After the target ended (its end of the pipe closed): the thread's end;
+ * what it said and nobody saw into said (size bytes, "" if nothing). */
+static void errfwd_end(bx_tproc *t, char *said, size_t size) {
+  bx_errfwd *e = t->err;
+  if (said != NULL && size > 0)
+    said[0] = '\0';
+  if (e == NULL)
+    return;
+  pthread_join(e->th, NULL);
+  close(e->fd);
+  if (said != NULL && size > 0) {
+    size_t n = e->n;
+    while (n > 0 && (e->held[n - 1] == '\n' || e->held[n - 1] == '\r'))
+      n--;
+    snprintf(said, size, "%.*s", (int)n, e->held);
+  }
+  pthread_mutex_destroy(&e->mu);
+  free(e);
+  t->err = NULL;
+}
+
 int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64_t *sizes,
                     int n, uint64_t group_bytes, uint64_t seed, const char *transport,
                     int writable) {
-  int in[2], out[2];
+  int in[2], out[2], err[2];
   memset(t, 0, sizeof(*t));
   t->in_fd = t->out_fd = -1;
-  if (pipe(in) != 0 || pipe(out) != 0) {
+  if (pipe(in) != 0 || pipe(out) != 0 || pipe2(err, O_CLOEXEC) != 0) {
     fprintf(stderr, "sx-bench read: pipe: %s\n", strerror(errno));
     return -1;
   }
@@ -46,14 +125,26 @@ int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64
              bx_size_name(sizes[i], b, sizeof(b)));
   snprintf(gb, sizeof(gb), "%llu", (unsigned long long)group_bytes);
   snprintf(sd, sizeof(sd), "%llu", (unsigned long long)seed);
+  bx_errfwd *e = calloc(1, sizeof(*e));
+  if (e == NULL) {
+    fprintf(stderr, "sx-bench read: out of memory\n");
+    return -1;
+  }
+  e->fd = err[0];
+  pthread_mutex_init(&e->mu, NULL);
   pid_t pid = fork();
   if (pid < 0) {
     fprintf(stderr, "sx-bench read: fork: %s\n", strerror(errno));
+    close(err[0]);
+    close(err[1]);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
     return -1;
   }
   if (pid == 0) {
     dup2(in[0], STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
     close(in[0]);
     close(in[1]);
     close(out[0]);
@@ -66,9 +157,20 @@ int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64
   }
   close(in[0]);
   close(out[1]);
+  close(err[1]);
   t->pid = pid;
   t->in_fd = in[1];
   t->out_fd = out[0];
+  t->err = e;
+  if (pthread_create(&e->th, NULL, errfwd_main, e) != 0) {
+    fprintf(stderr, "sx-bench read: cannot start a thread for the target's messages\n");
+    t->err = NULL;
+    bx_target_stop(t);
+    close(e->fd);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+    return -1;
+  }
   /* Filling the pool takes a while: wait up to a minute for "ready". */
   char line[64];
   size_t got = 0;
@@ -86,15 +188,26 @@ int bx_target_spawn(bx_tproc *t, const char *url, const char *name, const uint64
   line[got] = '\0';
   unsigned port;
   if (sscanf(line, "ready %u", &port) != 1 || port == 0 || port > 65535) {
-    fprintf(stderr, "sx-bench read: the target did not start (it said '%s')\n", line);
-    bx_target_stop(t);
+    char said[1024];
+    stop_proc(t);
+    errfwd_end(t, said, sizeof(said));
+    if (said[0] == '\0')
+      snprintf(said, sizeof(said), "%s", line);
+    fprintf(stderr, "sx-bench read: the target did not start (%s%s%s)\n",
+            said[0] ? "it said '" : "it said nothing", said, said[0] ? "'" : "");
     return -1;
   }
+  errfwd_pass(t->err);
   t->raw_port = (uint16_t)port;
   return 0;
 }
 
 void bx_target_stop(bx_tproc *t) {
+  stop_proc(t);
+  errfwd_end(t, NULL, 0);
+}
+
+static void stop_proc(bx_tproc *t) {
   if (t->in_fd >= 0)
     close(t->in_fd); /* its lifeline: it unpublishes and exits */
   if (t->out_fd >= 0)

@@ -191,8 +191,17 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
   uint32_t access = SX_ACCESS_REMOTE_READ;
   int n = 1;
   (void)o;
+  static const char *const known[] = {"--metadata", "--name",   "--listen",   "--sizes",
+                                      "--group-bytes", "--seed", "--writable", "--transport"};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    size_t k = 0;
+    while (k < sizeof(known) / sizeof(known[0]) && strcmp(a, known[k]) != 0)
+      k++;
+    if (k == sizeof(known) / sizeof(known[0])) {
+      fprintf(stderr, "sx-bench target: unknown option '%s'\n", a);
+      return BX_USAGE;
+    }
     if (v == NULL) {
       fprintf(stderr, "sx-bench target: '%s' needs a value\n", a);
       return BX_USAGE;

@@ -159,8 +159,13 @@ int bx_parse_list(const char *s, uint64_t *out, int max, int sizes) {
   if (strlen(s) >= sizeof(buf))
     return -1;
   strcpy(buf, s);
-  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+  /* Every item given: strtok would skip the empty ones of "64K," and ",4". */
+  for (char *tok = buf, *next; tok != NULL; tok = next) {
     uint64_t v;
+    if ((next = strchr(tok, ',')) != NULL)
+      *next++ = '\0';
+    if (tok[0] == '\0')
+      return -1;
     if (n == max)
       return -1;
     if (sizes) {

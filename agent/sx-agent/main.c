@@ -76,7 +76,7 @@ static const char usage_text[] =
     "  --num-blocks N         blocks per layer and slot\n"
     "  --pool-size N          instead of --num-blocks: the pool's total size, split\n"
     "                         over layers x slots x block-bytes\n"
-    "  --slots LIST           slots, e.g. K,V (default) or K,V,index\n"
+    "  --slots LIST           slots, each once, e.g. K,V (default) or K,V,index\n"
     "  --group N              KV-cache group (default 0)\n"
     "  --dtype D              e.g. bf16 (default), fp8_e4m3\n"
     "  --fingerprint F        model/layout fingerprint (default \"sx-agent\")\n"
@@ -137,20 +137,21 @@ static int log_notice(void *arg, const sx_notice *n) {
 }
 
 static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (s[0] == '-' || end == s || errno)
+  /* NUMBER [K|M|G|T [i]] [B]: decimal or 0x hex digits first (no blank,
+   * sign or octal), then at most one unit; "5BB" and "5iB" are no sizes. */
+  const char *end;
+  uint64_t v;
+  if (sx__parse_num(s, &end, &v) != 0)
     return -1;
   uint64_t mul = 1;
   switch (*end) {
-  case 'k': case 'K': mul = 1ull << 10; end++; break;
-  case 'm': case 'M': mul = 1ull << 20; end++; break;
-  case 'g': case 'G': mul = 1ull << 30; end++; break;
-  case 't': case 'T': mul = 1ull << 40; end++; break;
+  case 'k': case 'K': mul = 1ull << 10; break;
+  case 'm': case 'M': mul = 1ull << 20; break;
+  case 'g': case 'G': mul = 1ull << 30; break;
+  case 't': case 'T': mul = 1ull << 40; break;
   default: break;
   }
-  if (*end == 'i' || *end == 'B')
+  if (mul > 1 && *++end == 'i')
     end++;
   if (*end == 'B')
     end++;
@@ -180,16 +181,32 @@ typedef struct options {
   uint32_t n_labels;
 } options;
 
+/* K,V,index: names or numbers, each once (a slot twice would be two
+ * regions on one key, refused only at register, after the pool was made). */
 static int parse_slots(const char *s, options *o) {
-  char buf[256];
-  snprintf(buf, sizeof(buf), "%s", s);
   o->n_slots = 0;
-  for (char *save, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    if (o->n_slots == SX_MAX_SLOTS || sx_slot_parse(tok, &o->slots[o->n_slots]) != 0)
-      return -1;
-    o->n_slots++;
+  for (const char *p = s;; p++) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char tok[32];
+    uint32_t slot;
+    if (len == 0)
+      return usage_error("--slots '%s': an empty slot name", s);
+    if (len >= sizeof(tok) || o->n_slots == SX_MAX_SLOTS)
+      return usage_error("--slots '%s': at most %d slots of names or numbers, e.g. "
+                         "K,V,index", s, SX_MAX_SLOTS);
+    memcpy(tok, p, len);
+    tok[len] = '\0';
+    if (sx_slot_parse(tok, &slot) != 0)
+      return usage_error("--slots '%s': %s", s, sx_errmsg());
+    for (uint32_t i = 0; i < o->n_slots; i++)
+      if (o->slots[i] == slot)
+        return usage_error("--slots '%s': slot %s is given twice", s, tok);
+    o->slots[o->n_slots++] = slot;
+    if (comma == NULL)
+      return 0;
+    p = comma;
   }
-  return o->n_slots ? 0 : -1;
 }
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -315,7 +332,7 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case O_SLOTS:
       if (parse_slots(optarg, o))
-        return usage_error("--slots '%s': use names or numbers, e.g. K,V,index", optarg);
+        return EXIT_USAGE;
       break;
     case O_LOCATION: {
       sx__mem_info m;
@@ -326,7 +343,7 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     case O_FILL:
       if (sx__pattern_parse(optarg, &o->seed))
-        return usage_error("--fill '%s' is not a number", optarg);
+        return usage_error("--fill: %s", sx_errmsg());
       o->fill = 1;
       break;
     case O_TRANSPORT:
@@ -373,8 +390,18 @@ static int parse_args(int argc, char **argv, options *o) {
       exit(EXIT_CLEAN);
     case ':':
       return usage_error("%s needs a value", argv[optind - 1]);
-    default:
-      return usage_error("unknown option '%s'", argv[optind - 1]);
+    default: {
+      /* getopt says '?' for --takeover=1 too (with optopt naming it): a
+       * value given to an option that takes none is no unknown option. */
+      const char *arg = argv[optind - 1], *eq = strchr(arg, '=');
+      if (strncmp(arg, "--", 2) == 0 && eq != NULL) {
+        for (const struct option *x = opts; x->name != NULL && optopt != 0; x++)
+          if (x->val == optopt && x->has_arg == no_argument)
+            return usage_error("--%s takes no value ('%s')", x->name, arg);
+        return usage_error("unknown option '%.*s'", (int)(eq - arg), arg);
+      }
+      return usage_error("unknown option '%s'", arg);
+    }
     }
   }
   if (optind < argc)

@@ -204,7 +204,7 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
       if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)
         return SXCTL_ERROR;
       if (sx__pattern_parse(v, &o->seed))
-        return sxctl_usage(cmd, "--verify '%s' is not a seed", v);
+        return sxctl_usage(cmd, "--verify: %s", sx_errmsg());
       o->verify = 1;
     } else if (strcmp(a, "--location") == 0) {
       if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)

@@ -238,7 +238,7 @@ static int write_parse(const sxctl_cmd *cmd, int argc, char **argv, write_opts *
       o->listen = v;
     } else if (strcmp(a, "--fill") == 0) {
       if (sx__pattern_parse(v, &o->seed))
-        return sxctl_usage(cmd, "--fill '%s' is not a seed", v);
+        return sxctl_usage(cmd, "--fill: %s", sx_errmsg());
       have_fill = 1;
     } else if (strcmp(a, "--tag") == 0) {
       if (sxctl_parse_u64(v, &o->tag))

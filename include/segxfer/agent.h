@@ -67,8 +67,10 @@ typedef struct sx_agent_params {
   /* host:port the data plane listens on.  NULL: "0.0.0.0:0" (any port)
    * when the agent has a name; a reader-only agent then does not listen. */
   const char *listen;
-  /* Address peers are told to connect to (default: the listen host, or
-   * the address of the interface that routes to the metadata store). */
+  /* Address peers are told to connect to: an IP address (not the
+   * wildcard) or a host name, no port; anything else is SX_EINVAL at
+   * create (default: the listen host, or the address of the interface
+   * that routes to the metadata store). */
   const char *advertise;
   /* SX_TRANSPORTS_* the agent may serve and use (default ALL: RDMA where a
    * device exists, TCP always, cuda_ipc where a CUDA driver is). */

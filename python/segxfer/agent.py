@@ -463,7 +463,11 @@ class Agent(Owned):
         return self._h.closed
 
     def __repr__(self):
-        return "Agent(%r, %s)" % (self.name, "closed" if self._h.closed else "open")
+        # Also for an agent whose __init__ raised part way (a traceback, a
+        # debugger): then it has no name or handle yet.
+        h = getattr(self, "_h", None)
+        return "Agent(%r, %s)" % (getattr(self, "name", None), "not created" if h is None
+                                  else "closed" if h.closed else "open")
 
 
 class Segment(Owned):

@@ -13,6 +13,7 @@ sx_batch_add_block_ids, converting in C (array.array, numpy, torch) and
 checking for negatives with one min() over the array.
 """
 import array
+import collections.abc
 import ctypes
 
 from . import _lib
@@ -132,6 +133,11 @@ def _ids_tensor(t, where):
     if t.dim() != 1:
         raise invalid("%s: block ids must be one-dimensional (shape %s)"
                       % (where, tuple(t.shape)))
+    if t.device.type == "meta":
+        # A meta tensor has a shape but no values (.cpu() raises
+        # NotImplementedError).
+        raise invalid("%s: block ids are a tensor on the meta device, which holds no "
+                      "values" % where)
     if t.device.type != "cpu":
         t = t.cpu()
     import torch
@@ -174,6 +180,11 @@ def ids_of(obj, where="ids"):
         return _ids_array(obj, where)
     if isinstance(obj, (bytes, bytearray, memoryview, str)):
         raise invalid("%s: block ids must be a sequence of integers, not %s"
+                      % (where, type(obj).__name__))
+    if isinstance(obj, (collections.abc.Mapping, collections.abc.Set)):
+        # Iterating would give a dict's keys (or a set's members in no set
+        # order), paired by position with the other side's ids.
+        raise invalid("%s: block ids must be a sequence of integers in order, not a %s"
                       % (where, type(obj).__name__))
     try:
         a = array.array("q", obj)

@@ -74,6 +74,33 @@ for d in nan -nan inf 0 -1 3601 1x ''; do
     fail=1
   fi
 done
+# Lists take every item given: a trailing comma was skipped (--sizes 64K,).
+for a in '--sizes 64K,' '--sizes ,64K' '--batches 1,,8' '--conns 1,'; do
+  # shellcheck disable=SC2086  # the option and its value
+  timeout 10 "$bin" read $a --duration 0.1 --quiet >/dev/null 2>"$out/list.err"
+  lrc=$?
+  if [ $lrc -ne 2 ] || ! grep -q -- "bad option '${a%% *}" "$out/list.err"; then
+    echo "  FAIL  read $a: exit $lrc (wanted 2, a usage error naming it)"
+    fail=1
+  fi
+done
+# The target says an unknown option is unknown (it said it "needs a value").
+timeout 10 "$bin" target --bogus >/dev/null 2>"$out/target-usage.err"
+trc=$?
+if [ $trc -ne 2 ] || ! grep -q "unknown option '--bogus'" "$out/target-usage.err"; then
+  echo "  FAIL  target --bogus: exit $trc, or it did not say the option is unknown"
+  fail=1
+fi
+# A target that cannot start: read says what it said (it printed "it said ''").
+timeout 60 "$bin" read --sizes 4K --batches 1 --conns 1 --duration 0.1 --group-bytes 2M \
+  --metadata redis://127.0.0.1:1 --quiet >/dev/null 2>"$out/target-fail.err"
+frc=$?
+if [ $frc -eq 0 ] || ! grep -q "did not start (it said 'sx-bench target: .*127.0.0.1:1" \
+  "$out/target-fail.err"; then
+  echo "  FAIL  read with a target that cannot start: exit $frc, or its error not passed on"
+  sed 's/^/        | /' "$out/target-fail.err" | tail -n 5
+  fail=1
+fi
 # The files say what the run measured.
 grep -q '^codec,codec,"per-layer 80 layers x K,V",160,decode+validate' "$out/codec.csv" ||
   { echo "  FAIL  codec CSV lacks the 160-region row"; fail=1; }

@@ -389,6 +389,13 @@ typedef struct relay {
   uint64_t shift;
   unsigned rewritten;
   pthread_t th;
+  /* A revoking target: once inject_go is set, one REVOKE frame (IPC_REPLY
+   * id 0) of inject[] goes to each reader connection that asked for IPC
+   * handles; the ids readers give back (IPC id 0) land in given[]. */
+  uint32_t inject[8];
+  unsigned n_inject, n_given, give_frames;
+  int inject_go;
+  uint32_t given[64];
 } relay;
 
 static void put64be(uint8_t *p, uint64_t v) {
@@ -396,9 +403,11 @@ static void put64be(uint8_t *p, uint64_t v) {
     p[i] = (uint8_t)(v >> (56 - 8 * i));
 }
 
-/* Whole frames from buf (n bytes) to fd, records rewritten; returns the
- * bytes used, or -1. */
-static ssize_t relay_frames(relay *r, int fd, uint8_t *buf, size_t n) {
+/* Each whole frame of buf (n bytes) to fn(r, frame, header, arg), which
+ * says -1 to stop; returns the bytes of whole frames, or -1. */
+static ssize_t relay_walk(relay *r, uint8_t *buf, size_t n,
+                          int (*fn)(relay *r, uint8_t *frame, const sx__frame *f, void *arg),
+                          void *arg) {
   size_t off = 0;
   for (;;) {
     sx__frame f;
@@ -407,32 +416,69 @@ static ssize_t relay_frames(relay *r, int fd, uint8_t *buf, size_t n) {
       return -1;
     if (rc == 0 || n - off < SX__FRAME_HDR + f.length)
       return (ssize_t)off;
-    uint8_t *body = buf + off + SX__FRAME_HDR;
-    if (f.type == SX__FRAME_IPC_REPLY && f.id != 0 && f.status == 0) {
-      for (uint64_t k = 0; k < f.length / SX__IPC_RECORD; k++) {
-        uint8_t *b = body + k * SX__IPC_RECORD;
-        sx__ipc_record rec;
-        sx__ipc_record_decode(b, &rec);
-        if (rec.status != 0)
-          continue;
-        put64be(b + 8, rec.alloc + r->shift);
-        put64be(b + 16, rec.offset + r->shift);
-        put64be(b + 24, rec.base - r->shift);
-        r->rewritten++;
-      }
-    }
-    if (sxt_wire_send(fd, buf + off, SX__FRAME_HDR + (size_t)f.length) != 0)
+    if (fn(r, buf + off, &f, arg) != 0)
       return -1;
     off += SX__FRAME_HDR + (size_t)f.length;
   }
 }
 
+/* A frame of the target's to the reader (fd in *arg), records rewritten. */
+static int relay_frame(relay *r, uint8_t *frame, const sx__frame *f, void *arg) {
+  uint8_t *body = frame + SX__FRAME_HDR;
+  if (f->type == SX__FRAME_IPC_REPLY && f->id != 0 && f->status == 0) {
+    for (uint64_t k = 0; k < f->length / SX__IPC_RECORD; k++) {
+      uint8_t *b = body + k * SX__IPC_RECORD;
+      sx__ipc_record rec;
+      sx__ipc_record_decode(b, &rec);
+      if (rec.status != 0)
+        continue;
+      put64be(b + 8, rec.alloc + r->shift);
+      put64be(b + 16, rec.offset + r->shift);
+      put64be(b + 24, rec.base - r->shift);
+      r->rewritten++;
+    }
+  }
+  return sxt_wire_send(*(int *)arg, frame, SX__FRAME_HDR + (size_t)f->length) != 0 ? -1 : 0;
+}
+
+static ssize_t relay_frames(relay *r, int fd, uint8_t *buf, size_t n) {
+  return relay_walk(r, buf, n, relay_frame, &fd);
+}
+
+/* A frame the reader sent, noted: *arg (int) when it asks for handles,
+ * the ids it gives back in r->given. */
+static int relay_note(relay *r, uint8_t *frame, const sx__frame *f, void *arg) {
+  const uint8_t *body = frame + SX__FRAME_HDR;
+  if (f->type == SX__FRAME_IPC && f->id != 0)
+    *(int *)arg = 1;
+  if (f->type == SX__FRAME_IPC && f->id == 0) {
+    unsigned g = __atomic_load_n(&r->n_given, __ATOMIC_RELAXED);
+    for (uint64_t k = 0; k < f->length / 4 && g < 64; k++)
+      r->given[g++] = (uint32_t)body[4 * k] << 24 | (uint32_t)body[4 * k + 1] << 16 |
+                      (uint32_t)body[4 * k + 2] << 8 | body[4 * k + 3];
+    __atomic_store_n(&r->n_given, g, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&r->give_frames, 1, __ATOMIC_RELEASE);
+  }
+  return 0;
+}
+
+static void relay_inject(relay *r, int fd) {
+  uint8_t b[SX__FRAME_HDR + 4 * 8];
+  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4 * (uint64_t)r->n_inject};
+  sx__frame_encode(&f, b);
+  for (unsigned k = 0; k < r->n_inject; k++)
+    for (int j = 0; j < 4; j++)
+      b[SX__FRAME_HDR + 4 * k + (unsigned)j] = (uint8_t)(r->inject[k] >> (24 - 8 * j));
+  (void)sxt_wire_send(fd, b, SX__FRAME_HDR + 4 * (size_t)r->n_inject);
+}
+
 static void *relay_main(void *arg) {
   relay *r = arg;
   enum { PAIRS = 8, CAP = 1 << 18 };
-  int rd[PAIRS], tg[PAIRS];
+  int rd[PAIRS], tg[PAIRS], ipc[PAIRS], injected[PAIRS];
   size_t tlen[PAIRS];
-  uint8_t *tbuf = malloc((size_t)PAIRS * CAP);
+  ssize_t rlen[PAIRS]; /* -1: not followed */
+  uint8_t *tbuf = malloc((size_t)PAIRS * CAP), *rbuf = malloc((size_t)PAIRS * CAP);
   for (int i = 0; i < PAIRS; i++)
     rd[i] = tg[i] = -1;
   while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
@@ -443,8 +489,8 @@ static void *relay_main(void *arg) {
       pf[np++] = (struct pollfd){.fd = rd[i], .events = POLLIN};
       pf[np++] = (struct pollfd){.fd = tg[i], .events = POLLIN};
     }
-    if (poll(pf, (nfds_t)np, 50) <= 0)
-      continue;
+    if (poll(pf, (nfds_t)np, 50) < 0)
+      continue; /* on a timeout, an injection may still be due */
     if (pf[0].revents & POLLIN) {
       int c = accept(r->lfd, NULL, NULL);
       int i = 0;
@@ -457,7 +503,7 @@ static void *relay_main(void *arg) {
         close(c);
         close(t);
       } else {
-        rd[i] = c, tg[i] = t, tlen[i] = 0;
+        rd[i] = c, tg[i] = t, tlen[i] = 0, rlen[i] = 0, ipc[i] = injected[i] = 0;
       }
     }
     for (int i = 0; i < PAIRS; i++) {
@@ -466,6 +512,25 @@ static void *relay_main(void *arg) {
         uint8_t b[65536];
         ssize_t n = recv(rd[i], b, sizeof(b), 0);
         broken = n <= 0 || sxt_wire_send(tg[i], b, (size_t)n) != 0;
+        if (!broken && rlen[i] >= 0 && (size_t)(rlen[i] + n) <= CAP) {
+          uint8_t *q = rbuf + (size_t)i * CAP;
+          memcpy(q + rlen[i], b, (size_t)n);
+          ssize_t used = relay_walk(r, q, (size_t)(rlen[i] + n), relay_note, &ipc[i]);
+          if (used >= 0) {
+            rlen[i] += n - used;
+            memmove(q, q + used, (size_t)rlen[i]);
+          } else {
+            rlen[i] = -1;
+          }
+        } else {
+          rlen[i] = -1;
+        }
+      }
+      /* Between whole frames of the target's (relay_frames sends only those). */
+      if (!broken && rd[i] >= 0 && ipc[i] && !injected[i] &&
+          __atomic_load_n(&r->inject_go, __ATOMIC_ACQUIRE)) {
+        relay_inject(r, rd[i]);
+        injected[i] = 1;
       }
       if (!broken && rd[i] >= 0 && (pf[2 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) {
         uint8_t *b = tbuf + (size_t)i * CAP;
@@ -489,6 +554,7 @@ static void *relay_main(void *arg) {
     if (rd[i] >= 0)
       close(rd[i]), close(tg[i]);
   free(tbuf);
+  free(rbuf);
   return NULL;
 }
 
@@ -512,38 +578,88 @@ static void relay_stop(relay *r) {
   close(r->lfd);
 }
 
+/* A target on 127.0.0.2 behind a relay (shift as in relay_start), and a
+ * reader on cuda:0 with the target's segment open over cuda_ipc. */
+typedef struct relayed {
+  target t;
+  relay rl;
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg;
+} relayed;
+
+static void relayed_start(relayed *x, const char *name, uint64_t shift) {
+  char rname[64];
+  snprintf(rname, sizeof(rname), "%s-r", name);
+  target_start_adv(&x->t, name, "cuda:0", "127.0.0.2:0", "127.0.0.1");
+  relay_start(&x->rl, x->t.port, shift);
+  x->ra = gpu_agent(url, rname, 0, 0);
+  gpu_pool_make(&x->r, x->ra, "cuda:0", LAYERS, 64, BB, 0);
+  x->seg = open_seg(x->ra, name);
+  assert_int_equal(sx_segment_transport(x->seg), SX_TRANSPORT_CUDA_IPC);
+}
+
+/* Close it all; no mapping stays open. */
+static void relayed_end(relayed *x) {
+  sx_segment_close(x->seg);
+  for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_agent_destroy(x->ra);
+  gpu_pool_free(&x->r);
+  relay_stop(&x->rl);
+  assert_int_equal(target_end(&x->t, 0), 0);
+}
+
 /* A target whose IPC records claim more memory than their handles map:
  * the reader checks what the driver mapped and refuses the regions
  * (SX_EBOUNDS), rather than copying from past its mapping (into memory of
  * its own).  Nothing lands in the destinations, no mapping stays open. */
 static void test_gpu_ipc_record_beyond_mapping(void **state) {
   (void)state;
-  target t;
-  target_start_adv(&t, "ipc-lie", "cuda:0", "127.0.0.2:0", "127.0.0.1");
-  relay rl;
-  relay_start(&rl, t.port, 1ull << 30);
-  sx_agent *ra = gpu_agent(url, "ipc-lie-r", 0, 0);
-  gpu_pool r;
-  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
-  sx_segment *seg = open_seg(ra, "ipc-lie");
-  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_CUDA_IPC);
+  relayed x;
+  relayed_start(&x, "ipc-lie", 1ull << 30);
   sx_block_read e[8];
   gpu_entries(e, 8, LAYERS, TBLOCKS, 64, 1, 5);
-  sx_batch_result res = sxt_run_batch(seg, e, 8, 5000);
-  assert_true(rl.rewritten > 0);
+  sx_batch_result res = sxt_run_batch(x.seg, e, 8, 5000);
+  assert_true(x.rl.rewritten > 0);
   if (res.state != SX_BATCH_FAILED || res.error != SX_EBOUNDS)
     fail_msg("a record beyond its mapping: %s (%s)", sx_batch_state_name(res.state),
              res.message);
   assert_non_null(strstr(res.message, "its CUDA IPC handle maps"));
-  assert_int_equal(gpu_pool_zero(&r, 0, 64), 0);
-  sx_segment_close(seg);
-  for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
+  assert_int_equal(gpu_pool_zero(&x.r, 0, 64), 0);
+  relayed_end(&x);
+}
+
+/* A target asking back regions in one frame that names an unknown id and
+ * a region three times: the reader gives that region back once and
+ * nothing else (what it keeps to give back stays within the descriptor's
+ * regions however the target repeats itself), and reads again after. */
+static void test_gpu_ipc_revoke_of_unknown_and_repeated_ids(void **state) {
+  (void)state;
+  relayed x;
+  relayed_start(&x, "ipc-rev", 0);
+  relay *rl = &x.rl;
+  read_verify(x.seg, &x.r, 1, SX_TRANSPORT_CUDA_IPC);
+  const sx_desc *d = sx_segment_desc(x.seg);
+  uint32_t id = d->regions[0].id, unknown = 0;
+  for (uint32_t i = 0; i < d->n_regions; i++)
+    if (d->regions[i].id >= unknown)
+      unknown = d->regions[i].id + 1000;
+  uint32_t ids[] = {unknown, id, id, unknown, id};
+  memcpy(rl->inject, ids, sizeof(ids));
+  rl->n_inject = 5;
+  __atomic_store_n(&rl->inject_go, 1, __ATOMIC_RELEASE);
+  for (int i = 0; i < 200 && __atomic_load_n(&rl->give_frames, __ATOMIC_ACQUIRE) == 0; i++)
     sxt_sleep_ms(10);
-  assert_int_equal(sx__mem_ipc_open_count(), 0);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
-  relay_stop(&rl);
-  assert_int_equal(target_end(&t, 0), 0);
+  sxt_sleep_ms(100); /* anything more it would give back */
+  unsigned n = __atomic_load_n(&rl->n_given, __ATOMIC_ACQUIRE);
+  if (__atomic_load_n(&rl->give_frames, __ATOMIC_ACQUIRE) != 1 || n != 1 ||
+      rl->given[0] != id)
+    fail_msg("gave back %u ids in %u frames (first %u), expected region %u once", n,
+             rl->give_frames, n ? rl->given[0] : 0, id);
+  read_verify(x.seg, &x.r, 2, SX_TRANSPORT_CUDA_IPC);
+  relayed_end(&x);
 }
 
 static int setup(void **state) {
@@ -580,6 +696,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_ipc_stale_incarnation),
       cmocka_unit_test(test_gpu_ipc_unregister_while_mapped),
       cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
+      cmocka_unit_test(test_gpu_ipc_revoke_of_unknown_and_repeated_ids),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,6 +30,13 @@ def seg(pair):
     ("12", "sequence of integers"),
     (torch.tensor([[1, 2]]), "one-dimensional"),
     (numpy.zeros((2, 2), dtype=numpy.int64), "one-dimensional"),
+    # A dict was read as its keys, a set in its own order.
+    ({1: 5, 2: 6}, "not a dict"),
+    ({3, 1, 2}, "not a set"),
+    (frozenset([1]), "not a frozenset"),
+    ({1: 5}.keys(), "in order"),
+    # A meta tensor has no values: .cpu() raised NotImplementedError.
+    (torch.empty(3, dtype=torch.int64, device="meta"), "meta device"),
 ])
 def test_bad_input_ids_of_the_wrong_kind(seg, ids, match):
     with pytest.raises(segxfer.SX_EINVAL, match=match):
@@ -168,6 +175,23 @@ def test_bad_input_agent_parameters(url):
         segxfer.Agent(b"name", url)
     with pytest.raises(segxfer.SX_EINVAL, match="timeout"):
         segxfer.Agent(None, url, log_level="error").open("x", timeout=-1)
+
+
+def test_bad_input_agent_repr_after_a_failed_init(url):
+    # repr (a traceback, a debugger) of an agent whose __init__ raised part
+    # way raised AttributeError: it had no name or handle yet.
+    a = segxfer.Agent.__new__(segxfer.Agent)
+    assert repr(a) == "Agent(None, not created)"
+    with pytest.raises(segxfer.SX_EINVAL, match="advertise"):
+        a.__init__("p", url, advertise="a b")
+    assert repr(a) == "Agent(None, not created)"
+    with pytest.raises(segxfer.SX_EINVAL, match="log_level"):
+        a.__init__("p", url, log_level="loud")
+    assert repr(a) == "Agent(None, not created)"
+    b = segxfer.Agent(None, url, log_level="error")
+    assert repr(b) == "Agent(None, open)"
+    b.close()
+    assert repr(b) == "Agent(None, closed)"
 
 
 def test_bad_input_wait_and_result_before_submit(seg):

@@ -418,27 +418,33 @@ void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status) {
   op->noticed(op, status ? err : 0, status ? msg : NULL);
 }
 
-void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
+int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
+  /* The target names what it asks back; only regions of its descriptor
+   * can be lent, and each is given back once: unknown and repeated ids
+   * are dropped, so the list stays within n_regions however many frames
+   * come while a copy keeps a region busy. */
   const sx_desc *d = p->remote;
-  uint32_t n = (uint32_t)(len / 4);
-  uint32_t *give = realloc(p->give, (p->n_give + n) * sizeof(uint32_t));
-  if (give == NULL) {
-    sx__ipc_lost(p, SX_ENOMEM, "cuda_ipc: out of memory");
-    return;
-  }
-  p->give = give;
-  for (uint32_t k = 0; k < n; k++) {
+  if (p->give == NULL && d->n_regions > 0 &&
+      (p->give = malloc(d->n_regions * sizeof(uint32_t))) == NULL)
+    return SX_ENOMEM;
+  size_t n = len / 4;
+  for (size_t k = 0; k < n; k++) {
     const uint8_t *b = ids + 4 * k;
     uint32_t id = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
-    for (uint32_t i = 0; i < d->n_regions; i++) {
-      if (d->regions[i].id == id) {
-        p->regs[i].state = R_NONE; /* asked again if needed: then refused */
-        p->regs[i].map = NULL;
-      }
-    }
-    p->give[p->n_give++] = id;
+    uint32_t i = 0, g = 0;
+    while (i < d->n_regions && d->regions[i].id != id)
+      i++;
+    if (i == d->n_regions)
+      continue;
+    p->regs[i].state = R_NONE; /* asked again if needed: then refused */
+    p->regs[i].map = NULL;
+    while (g < p->n_give && p->give[g] != id)
+      g++;
+    if (g == p->n_give)
+      p->give[p->n_give++] = id;
   }
   settle_peer(p);
+  return 0;
 }
 
 void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {

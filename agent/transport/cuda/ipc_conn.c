@@ -183,7 +183,11 @@ static void on_frame(ipc_peer *p, const sx__frame *f, const uint8_t *body) {
     return;
   } else if (f->type == SX__FRAME_IPC_REPLY) {
     if (f->id == 0) {
-      sx__ipc_revoked(p, body, (size_t)f->length);
+      if (sx__ipc_revoked(p, body, (size_t)f->length) != 0) {
+        snprintf(msg, sizeof(msg), "%s: out of memory noting regions to give back",
+                 p->label);
+        c_fail(p, SX_ENOMEM, msg);
+      }
     } else if (f->status != 0) {
       /* The target refused the whole request (it does not serve cuda_ipc). */
       for (uint32_t i = 0; i < p->remote->n_regions; i++) {

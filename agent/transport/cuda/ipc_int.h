@@ -124,7 +124,10 @@ void sx__ipc_conn_close(ipc_peer *p);
 
 /* cuda_ipc.c, called by ipc_conn.c */
 void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len);
-void sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len);
+/* The target asks back regions (ids, len bytes): 0, or SX_ENOMEM when
+ * they cannot be noted (the caller closes the connection: the target then
+ * counts nothing lent). */
+int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len);
 /* The target answered NOTICE id with status. */
 void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status);
 /* The connection failed or closed: err for waiting ops, mappings go. */
