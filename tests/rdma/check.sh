@@ -74,11 +74,29 @@ RXE_VM_EXTRA_FILES="$redis ${RXE_VM_EXTRA_FILES:-}" RXE_VM_MTU=${RXE_VM_MTU:-900
   vm_run one-vm ./run.sh one || fail=1
 if [ "${SX_RDMA_TWO_VMS:-1}" != 0 ]; then
   # Two hosts over the default 1500-byte link (RoCE MTU 1024), 1 vCPU each.
-  rm -rf "$payload/run"
-  mkdir -p "$payload/run"
-  RXE_VM_EXTRA_FILES="$redis ${RXE_VM_EXTRA_FILES:-}" \
-    RXE_VM_PEER_CMD='./run.sh two-peer' vm_run two-vms ./run.sh two-main || fail=1
-  rm -rf "$payload/run"
+  two_vms() {
+    rm -rf "$payload/run"
+    mkdir -p "$payload/run"
+    RXE_VM_EXTRA_FILES="$redis ${RXE_VM_EXTRA_FILES:-}" \
+      RXE_VM_PEER_CMD='./run.sh two-peer' vm_run two-vms ./run.sh two-main
+    r=$?
+    rm -rf "$payload/run"
+    return $r
+  }
+  if ! two_vms; then
+    # The emulated NIC between the VMs sometimes stops sending for a minute
+    # (a guest kernel's "NETDEV WATCHDOG: transmit queue 0 timed out", seen
+    # 2 times in 5 runs on 2026-11-26, the same builds passing otherwise):
+    # below rxe and segxfer, so that failure alone gets one more run.
+    if grep -q 'NETDEV WATCHDOG' "$logs/rdma-two-vms.log"; then
+      mv "$logs/rdma-two-vms.log" "$logs/rdma-two-vms-stalled-nic.log"
+      echo "check-rdma: two-vms: the virtual NIC between the VMs stalled" \
+           "($logs/rdma-two-vms-stalled-nic.log); running it once more"
+      two_vms || fail=1
+    else
+      fail=1
+    fi
+  fi
 fi
 [ $fail -eq 0 ] && echo "check-rdma: all passed" || echo "check-rdma: FAILED"
 exit $fail
