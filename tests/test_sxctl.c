@@ -435,6 +435,9 @@ static void test_sxctl_numbers_out_of_range_or_signed_are_usage_errors(void **st
   usage_fails("--tag ' 7'", "write prefill-0/tp0 --as p-1 --fill 1 --tag ' 7'");
   usage_fails("--batch ' 8'", "read prefill-0/tp0 --batch ' 8'");
   usage_fails("--timeout-ms '+5'", "read prefill-0/tp0 --timeout-ms +5");
+  /* A leading zero: strtoull read 010 as octal 8; seeds already refuse it. */
+  usage_fails("--tag '010'", "write prefill-0/tp0 --as p-1 --fill 1 --tag 010");
+  usage_fails("--batch '08'", "read prefill-0/tp0 --batch 08");
 }
 
 static void test_sxctl_usage_errors_say_what_is_wrong(void **state) {

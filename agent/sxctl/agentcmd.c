@@ -3,13 +3,13 @@
  * options of the data path and their parsers, the agent and the segment
  * they open, the group shape of whole blocks, and the report.
  */
-#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "internal.h"
 #include "sxctl.h"
 
 static void agent_log(void *arg, sx_log_level level, const char *msg) {
@@ -27,15 +27,13 @@ double sxctl_now_s(void) {
 /* ------------------------------------------------------------------ parsers */
 
 int sxctl_parse_u64(const char *s, uint64_t *out) {
-  /* strtoull takes blanks and a sign first, and gives ULLONG_MAX with
-   * ERANGE for more than 64 bits: --tag 99999999999999999999 would be
-   * 2^64-1.  Only digits (decimal, 0x-hex or 0-octal) that fit. */
-  if (s[0] < '0' || s[0] > '9')
-    return -1;
-  char *end;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (*end != '\0' || errno != 0)
+  /* strtoull takes blanks and a sign first, reads 010 as octal, and gives
+   * ULLONG_MAX with ERANGE for more than 64 bits (--tag 99999999999999999999
+   * would be 2^64-1).  The same rule as seeds: decimal without leading
+   * zeros, or 0x hex, that fits. */
+  const char *end;
+  uint64_t v;
+  if (sx__parse_num(s, &end, &v) != 0 || *end != '\0')
     return -1;
   *out = v;
   return 0;
