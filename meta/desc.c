@@ -195,7 +195,8 @@ int sx_slot_parse(const char *s, uint32_t *slot) {
   const char *num = strncmp(s, "slot", 4) == 0 ? s + 4 : s;
   char *end;
   unsigned long v = strtoul(num, &end, 10);
-  if (*num == '\0' || *end != '\0' || v >= SX_MAX_SLOTS)
+  /* Digits only: strtoul also takes blanks and a sign ("+1", " 1", "-0"). */
+  if (*num < '0' || *num > '9' || *end != '\0' || v >= SX_MAX_SLOTS)
     return sx__err(SX_EINVAL, "bad slot '%.32s': use K, V, index, state or 0..%d",
                    s, SX_MAX_SLOTS - 1);
   *slot = (uint32_t)v;

@@ -239,6 +239,29 @@ static void test_layout_parse_rejects_bad_files(void **state) {
                SX_EINVAL, "not an unsigned number");
 }
 
+/* Slot names and numbers (sx-agent --slots, layout files): a blank or a
+ * sign first was taken by strtoul ("+1" and " 1" were slot 1). */
+static void test_layout_slot_parse(void **state) {
+  (void)state;
+  static const struct {
+    const char *s;
+    uint32_t slot;
+  } good[] = {{"K", 0}, {"v", 1}, {"0", 0}, {"3", 3}, {"slot2", 2}};
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    uint32_t slot = 99;
+    sxt_ok(sx_slot_parse(good[i].s, &slot));
+    assert_int_equal(slot, good[i].slot);
+  }
+  static const char *const bad[] = {"", " 1", "+1", "-0", "1 ", "slot", "slot+1",
+                                    "slot 1", "1x", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    uint32_t slot = 99;
+    if (sx_slot_parse(bad[i], &slot) != SX_EINVAL)
+      fail_msg("slot '%s' was taken as %u", bad[i], slot);
+    assert_non_null(strstr(sx_errmsg(), "bad slot"));
+  }
+}
+
 static void test_layout_load_reports_missing_file(void **state) {
   (void)state;
   sx_desc d;
@@ -262,6 +285,7 @@ int main(void) {
       cmocka_unit_test(test_layout_parse_minimal_file_with_defaults),
       cmocka_unit_test(test_layout_parse_rejects_bad_files),
       cmocka_unit_test(test_layout_load_reports_missing_file),
+      cmocka_unit_test(test_layout_slot_parse),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

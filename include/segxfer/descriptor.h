@@ -232,7 +232,8 @@ SX_EXTERN const char *sx_event_kind_name(sx_event_kind k);
 
 /* "K", "V", "index", "state", or "slot<N>" for other ids.  Returns buf. */
 SX_EXTERN const char *sx_slot_name(uint32_t slot, char buf[16]);
-/* Inverse of sx_slot_name(); also accepts a plain number.  0 or SX_EINVAL. */
+/* Inverse of sx_slot_name() (names in any case); also accepts a plain
+ * number, digits only.  0 or SX_EINVAL. */
 SX_EXTERN int sx_slot_parse(const char *s, uint32_t *slot);
 
 /* Lower-case hex of an incarnation or token; out needs 2*len+1 bytes. */
