@@ -191,22 +191,10 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
   uint32_t access = SX_ACCESS_REMOTE_READ;
   int n = 1;
   (void)o;
-  static const char *const known[] = {"--metadata", "--name",   "--listen",   "--sizes",
-                                      "--group-bytes", "--seed", "--writable", "--transport"};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    size_t k = 0;
-    while (k < sizeof(known) / sizeof(known[0]) && strcmp(a, known[k]) != 0)
-      k++;
-    if (k == sizeof(known) / sizeof(known[0])) {
-      fprintf(stderr, "sx-bench target: unknown option '%s'\n", a);
-      return BX_USAGE;
-    }
-    if (v == NULL) {
-      fprintf(stderr, "sx-bench target: '%s' needs a value\n", a);
-      return BX_USAGE;
-    }
-    i++;
+  /* Every option takes a value: a missing one reads as "" here, and is
+   * said once the option is known to be one. */
+  for (int i = 1; i < argc; i += 2) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (strcmp(a, "--metadata") == 0)
       url = v;
     else if (strcmp(a, "--name") == 0)
@@ -225,8 +213,14 @@ int bx_target_main(const bx_common *o, int argc, char **argv) {
       transports = strcmp(v, "rdma") == 0   ? SX_TRANSPORTS_RDMA
                    : strcmp(v, "auto") == 0 ? SX_TRANSPORTS_ALL
                                             : SX_TRANSPORTS_TCP;
-    else
-      n = -1;
+    else {
+      fprintf(stderr, "sx-bench target: unknown option '%s'\n", a);
+      return BX_USAGE;
+    }
+    if (i + 1 == argc) {
+      fprintf(stderr, "sx-bench target: '%s' needs a value\n", a);
+      return BX_USAGE;
+    }
     if (n <= 0) {
       fprintf(stderr, "sx-bench target: bad option '%s %s'\n", a, v);
       return BX_USAGE;

@@ -209,6 +209,16 @@ static int parse_slots(const char *s, options *o) {
   }
 }
 
+/* --dtype, --fingerprint, --tag: published as given or not at all (a value
+ * cut to the field's size would be another fingerprint, and readers would
+ * check against it).  0, or the usage error said. */
+static int layout_text(const char *opt, size_t max, const char **out) {
+  if (strlen(optarg) > max)
+    return usage_error("--%s '%s' is longer than %zu bytes", opt, optarg, max);
+  *out = optarg;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
   enum {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
@@ -271,18 +281,17 @@ static int parse_args(int argc, char **argv, options *o) {
     case O_ADVERTISE: o->advertise = optarg; break;
     case O_LAYOUT: o->layout_file = optarg; break;
     case O_DTYPE:
-    case O_FP:
-    case O_TAG: {
-      /* Published as given or not at all: a value cut to the field's size
-       * would be another fingerprint, and readers would check against it. */
-      size_t max = c == O_FP ? SX_FINGERPRINT_MAX : SX_TAG_MAX;
-      if (strlen(optarg) > max)
-        return usage_error("--%s '%s' is longer than %zu bytes",
-                           c == O_FP ? "fingerprint" : c == O_TAG ? "tag" : "dtype", optarg,
-                           max);
-      *(c == O_FP ? &o->fingerprint : c == O_TAG ? &o->tag : &o->dtype) = optarg;
+      if (layout_text("dtype", SX_TAG_MAX, &o->dtype))
+        return EXIT_USAGE;
       break;
-    }
+    case O_FP:
+      if (layout_text("fingerprint", SX_FINGERPRINT_MAX, &o->fingerprint))
+        return EXIT_USAGE;
+      break;
+    case O_TAG:
+      if (layout_text("tag", SX_TAG_MAX, &o->tag))
+        return EXIT_USAGE;
+      break;
     case O_TAKEOVER: o->takeover = 1; break;
     case O_WRITABLE: o->writable = 1; break;
     case O_GRANT:

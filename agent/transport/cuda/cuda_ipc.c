@@ -355,18 +355,25 @@ static void fail_waiting(ipc_peer *p, int err, const char *msg) {
 
 /* ------------------------------------------------------------ from ipc_conn.c */
 
+/* The index of region id in d, or d->n_regions when d has none (ids come
+ * from the wire). */
+static uint32_t region_index(const sx_desc *d, uint32_t id) {
+  uint32_t i = 0;
+  while (i < d->n_regions && d->regions[i].id != id)
+    i++;
+  return i;
+}
+
 void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len) {
   const sx_desc *d = p->remote;
   for (size_t off = 0; off + SX__IPC_RECORD <= len; off += SX__IPC_RECORD) {
     sx__ipc_record rec;
     sx__ipc_record_decode(body + off, &rec);
-    const sx_region *R = NULL;
-    for (uint32_t i = 0; i < d->n_regions && R == NULL; i++)
-      if (d->regions[i].id == rec.region)
-        R = &d->regions[i];
-    if (R == NULL)
+    uint32_t i = region_index(d, rec.region);
+    if (i == d->n_regions)
       continue; /* not asked: ignore */
-    ipc_reg *r = &p->regs[R - d->regions];
+    const sx_region *R = &d->regions[i];
+    ipc_reg *r = &p->regs[i];
     if (r->state != R_ASKED)
       continue;
     uint64_t end;
@@ -431,9 +438,7 @@ int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
   for (size_t k = 0; k < n; k++) {
     const uint8_t *b = ids + 4 * k;
     uint32_t id = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
-    uint32_t i = 0, g = 0;
-    while (i < d->n_regions && d->regions[i].id != id)
-      i++;
+    uint32_t i = region_index(d, id), g = 0;
     if (i == d->n_regions)
       continue;
     p->regs[i].state = R_NONE; /* asked again if needed: then refused */
