@@ -6,10 +6,14 @@
  * flag, a failed, a timed-out and a cancelled batch give none; forged and
  * oversized read notices on the wire are refused.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -240,6 +244,106 @@ static void test_read_notice_none_when_timed_out_or_cancelled(void **state) {
   pair_stop(&p);
 }
 
+/* ------------------------------------------------------------ the reader's side */
+
+/* A target of our own on the wire: it says yes to HELLO, answers READs
+ * with payload (or, while fail_reads is set, with SX_EIO) and counts the
+ * read notices it gets, answering them 0. */
+typedef struct fake {
+  int lfd, fd;
+  uint16_t port;
+  atomic_int fail_reads, rnotices, reads;
+} fake;
+
+static void *fake_main(void *arg) {
+  fake *fk = arg;
+  fk->fd = accept(fk->lfd, NULL, NULL);
+  static uint8_t buf[SX__FRAME_HDR + SX_NOTICE_MAX_BYTES];
+  static uint8_t payload[256 * 1024];
+  for (;;) {
+    sx__frame f, r;
+    if (sxt_wire_recv(fk->fd, buf, SX__FRAME_HDR) ||
+        sx__frame_decode(buf, SX__FRAME_HDR, &f) != SX__FRAME_HDR)
+      return NULL;
+    if (f.type != SX__FRAME_READ && sxt_wire_recv(fk->fd, buf, (size_t)f.length))
+      return NULL;
+    r = (sx__frame){.id = f.id};
+    if (f.type == SX__FRAME_HELLO) {
+      r.type = SX__FRAME_HELLO_REPLY;
+    } else if (f.type == SX__FRAME_RNOTICE) {
+      atomic_fetch_add(&fk->rnotices, 1);
+      r.type = SX__FRAME_NOTICE_REPLY;
+    } else if (f.type == SX__FRAME_READ && f.length <= sizeof(payload)) {
+      atomic_fetch_add(&fk->reads, 1);
+      r.type = SX__FRAME_READ_REPLY;
+      if (atomic_load(&fk->fail_reads))
+        r.status = SX_EIO;
+      else
+        r.length = f.length;
+    } else {
+      return NULL;
+    }
+    sx__frame_encode(&r, buf);
+    if (sxt_wire_send(fk->fd, buf, SX__FRAME_HDR) ||
+        (r.length && sxt_wire_send(fk->fd, payload, (size_t)r.length)))
+      return NULL;
+  }
+}
+
+static void test_read_notice_reader_sends_none_after_a_failure(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rnotice");
+  fake fk = {.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), .fd = -1};
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(fk.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fk.lfd, 4), 0);
+  socklen_t sl = sizeof(sa);
+  getsockname(fk.lfd, (struct sockaddr *)&sa, &sl);
+  fk.port = ntohs(sa.sin_port);
+  sx_desc d;
+  sxt_desc_kv(&d, "fake-0", SXT_LAYERS, 0, SXT_BLOCK, SXT_TARGET_BLOCKS, 0);
+  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
+  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
+  d.endpoints[0].port = fk.port;
+  d.lease_ms = 60000;
+  sxt_store_publish(url, &d);
+  sx_desc_free(&d);
+  /* One connection, so that the fake serves it alone. */
+  sxt_agent r;
+  memset(&r, 0, sizeof(r));
+  sx_agent_params ap;
+  sxt_params(&ap, url, "decode-0");
+  ap.conns_per_peer = 1;
+  sxt_ok(sx_agent_create(&ap, &r.a));
+  sxt_register_kv(&r, SXT_READER_BLOCKS, SX_ACCESS_REMOTE_READ);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "fake-0", 2000, &seg));
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fake_main, &fk), 0);
+  /* Every READ refused: FAILED, and no RNOTICE on the wire. */
+  atomic_store(&fk.fail_reads, 1);
+  sx_block_read e = kv_read(0, 0, 4);
+  sx_batch_result res = finish(submit(seg, &e, 1, 1, 21, 5000));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_true(atomic_load(&fk.reads) > 0);
+  usleep(200000);
+  assert_int_equal(atomic_load(&fk.rnotices), 0);
+  /* The same fake, reads served: the notice comes (so the count above
+   * would have seen one). */
+  atomic_store(&fk.fail_reads, 0);
+  res = finish(submit(seg, &e, 1, 1, 22, 5000));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&fk.rnotices), 1);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  pthread_join(th, NULL);
+  if (fk.fd >= 0)
+    close(fk.fd);
+  close(fk.lfd);
+}
+
 /* ------------------------------------------------------------ the wire */
 
 /* An encoded notice of kind from name (incarnation inc) over blocks
@@ -337,6 +441,7 @@ int main(void) {
       cmocka_unit_test(test_read_notice_unnamed_reader),
       cmocka_unit_test(test_read_notice_flags_and_limits),
       cmocka_unit_test(test_read_notice_none_for_a_failed_batch),
+      cmocka_unit_test(test_read_notice_reader_sends_none_after_a_failure),
       cmocka_unit_test(test_read_notice_none_when_timed_out_or_cancelled),
       cmocka_unit_test(test_read_notice_forged_ones_are_refused),
   };
