@@ -330,25 +330,29 @@ static void op_noticed(sx_op *op, int status, const char *msg) {
   finish(b);
 }
 
-/* Where a read notice goes: on the batch's own peer, or, where that
- * transport cannot carry one (RDMA READs are one-sided and its read QPs
- * have no message path), on a TCP connection to the same target, opened
- * once per peer.  SX_ENOTSUP when neither can. */
-static int read_notify(sx_batch *b, sx_op *op) {
-  sx_agent *a = b->a;
-  int rc = sx__pbatch_notify(b->rnote, a, SX_NOTICE_READ, b->p.tag, b->plan.bytes, b->tp, op);
-  if (rc != SX_ENOTSUP || b->s->kind == SX_TRANSPORT_TCP)
-    return rc;
+/* Loop thread, at submit: where a notifying read batch over RDMA will send
+ * its notice.  RDMA READs are one-sided and a reader's QPs carry no
+ * messages (the target's side posts no receives), so the notice goes on a
+ * TCP connection to the same target, opened once per peer; a batch that
+ * could not send one fails here, before it reads anything. */
+static int rdma_notice_peer(sx_batch *b) {
   sx__rpeer *peer = b->s->peer;
-  sx_transport *t = a->tr[SX_TRANSPORT_TCP];
-  if (peer == NULL || t == NULL || !t->ops->usable(t, &peer->cd->desc))
-    return sx__err(SX_ENOTSUP, "%.64s: the %s transport cannot send read notices and the "
-                   "target publishes no TCP endpoint to send them on", b->s->cd->desc.name,
-                   b->tp->t->ops->name);
-  if (peer->ntp == NULL && (rc = t->ops->peer_open(t, &peer->cd->desc, &peer->ntp)) != 0)
-    return rc;
-  b->ntp = peer->ntp;
-  return sx__pbatch_notify(b->rnote, a, SX_NOTICE_READ, b->p.tag, b->plan.bytes, b->ntp, op);
+  sx_transport *t = b->a->tr[SX_TRANSPORT_TCP];
+  if (t == NULL || !t->ops->usable(t, &peer->cd->desc))
+    return sx__err(SX_ENOTSUP, "%.64s: read notices over RDMA travel on TCP, and %s",
+                   b->s->cd->desc.name, t == NULL ? "this agent runs no TCP transport"
+                                                  : "the target publishes no TCP endpoint");
+  int rc = peer->ntp == NULL ? t->ops->peer_open(t, &peer->cd->desc, &peer->ntp) : 0;
+  if (rc == 0)
+    b->ntp = peer->ntp;
+  return rc;
+}
+
+/* A notifying read batch's bytes all arrived: its notice, on its own peer
+ * or on the one rdma_notice_peer() chose. */
+static int read_notify(sx_batch *b, sx_op *op) {
+  return sx__pbatch_notify(b->rnote, b->a, SX_NOTICE_READ, b->p.tag, b->plan.bytes,
+                           b->ntp != NULL ? b->ntp : b->tp, op);
 }
 
 /* Every range settled.  A write batch whose writes all landed, or a
@@ -385,11 +389,15 @@ static void end_now(sx_batch *b, int rc, const char *msg) {
   finish(b);
 }
 
-/* The peer that holds what is left of the batch: its notice's once that
- * went elsewhere (all ranges have settled by then). */
+/* Stop the batch where it is: its ranges on its peer, and its read notice
+ * on the peer that carries it, if that is another (each settles only what
+ * it holds; the batch has ended before the second call if the first ended
+ * it, and then that call finds nothing). */
 static void abort_op(sx_batch *b, int status) {
-  sx_tpeer *tp = b->ntp != NULL ? b->ntp : b->tp;
-  tp->t->ops->abort(tp, &b->op, status);
+  sx_tpeer *ntp = b->ntp;
+  b->tp->t->ops->abort(b->tp, &b->op, status);
+  if (ntp != NULL && ntp != b->tp)
+    ntp->t->ops->abort(ntp, &b->op, status);
 }
 
 static void expired(uv_timer_t *t) {
@@ -449,6 +457,11 @@ static void submit_run(sx__call *c) {
     end_now(b, 0, NULL);
     return;
   }
+  int rc = 0;
+  if (b->rnote != NULL && b->s->kind == SX_TRANSPORT_RDMA && (rc = rdma_notice_peer(b)) != 0) {
+    end_now(b, rc, sx_errmsg());
+    return;
+  }
   uint64_t elapsed_ms = (sx__mono_ns() - b->submit_ns) / 1000000u;
   uint64_t left = elapsed_ms < b->p.timeout_ms ? b->p.timeout_ms - elapsed_ms : 0;
   /* Timers count from the loop's cached time, which is as old as this loop
@@ -456,7 +469,6 @@ static void submit_run(sx__call *c) {
   uv_update_time(&a->loop);
   uv_timer_start(&b->timer, expired, left, 0);
   sx_transport *t = a->tr[b->s->kind];
-  int rc = 0;
   sx_tpeer **tpp = b->push != NULL ? &peer->wtp : &peer->tp;
   if (*tpp == NULL &&
       (rc = b->push != NULL
