@@ -77,6 +77,28 @@ static void test_e2e_push_without_a_grant_is_refused(void **state) {
   assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
+/* Read notices into an sx-agent that is not writable: it takes and logs
+ * them (a daemon nobody reads must not fill its queue and refuse them). */
+static void test_e2e_push_read_notices_into_sx_agent(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  sxt_pool p;
+  sxt_pool_opts o = {.layers = 4, .block_bytes = 65536, .num_blocks = 256, .slots = "K,V",
+                     .fingerprint = "push/v1", .lease_ms = 3000, .log_level = "info",
+                     .publish_ms = 20000};
+  sxt_pool_start(&env, &p, "prefill-e2e-5", 1, &o);
+  char log[300];
+  snprintf(log, sizeof(log), "%s/read-5.log", env.tmpdir);
+  const char *r[] = {"read", "prefill-e2e-5", "--blocks", "0-99", "--batch", "16", "--depth",
+                     "3", "--verify", "1", "--notify-tag", "40", NULL};
+  assert_int_equal(sxctl(log, r), 0);
+  /* 100 blocks in batches of 16: seven notices, tags 40..46. */
+  assert_int_equal(sxt_count_in_file(p.log, "read notice: (unnamed reader)"), 7);
+  assert_int_equal(sxt_count_in_file(p.log, "read 8388608 bytes in 1 block runs"), 6);
+  assert_int_equal(sxt_count_in_file(p.log, "tag 46"), 1);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
 /* A consumer in this process on env's store. */
 static void consumer_start(sxt_agent *c, const char *name, uint64_t blocks) {
   memset(c, 0, sizeof(*c));
@@ -235,6 +257,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e2e_push_sxctl_write_into_sx_agent),
       cmocka_unit_test(test_e2e_push_without_a_grant_is_refused),
+      cmocka_unit_test(test_e2e_push_read_notices_into_sx_agent),
       cmocka_unit_test(test_e2e_push_producer_killed_mid_batch),
       cmocka_unit_test(test_e2e_push_read_notice_reader_killed_mid_batch),
   };
