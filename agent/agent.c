@@ -18,6 +18,8 @@
 
 extern const sx_transport_ops *const sx__transports[];
 extern const unsigned sx__n_transports;
+extern const struct sx__conn_handler *const sx__conn_handlers[];
+extern const unsigned sx__n_conn_handlers;
 
 /* How long create waits for the store's first answer beyond its connect
  * timeout, and how long shutdown gives the store to delete the segment. */
@@ -325,6 +327,8 @@ static int open_transports(sx_agent *a) {
       .written = sx__push_written,
       .region_at = sx__region_at,
       .grants_settled = sx__push_grants_settled,
+      .conn_handlers = sx__conn_handlers,
+      .n_conn_handlers = sx__n_conn_handlers,
   };
   int opened = 0, last = SX_ENODEV;
   for (unsigned i = 0; i < sx__n_transports; i++) {
