@@ -41,26 +41,6 @@ static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int
   sx__stats_served(agent, kind, bytes, err);
 }
 
-int sx_agent_status_get(sx_agent *a, sx_agent_status *out) {
-  if (a == NULL || out == NULL)
-    return sx__err(SX_EINVAL, "sx_agent_status_get: NULL argument");
-  pthread_mutex_lock(&a->lock);
-  sx_agent_status st = a->status;
-  pthread_mutex_unlock(&a->lock);
-  /* The serving counters are atomics (see stats.c); sum them up. */
-  sx_agent_stats s;
-  sx_agent_stats_get(a, &s, sizeof(s));
-  st.served_reads = st.served_bytes = st.served_errors = 0;
-  for (unsigned k = 0; k < SX_STATS_TRANSPORTS; k++) {
-    st.served_reads += s.served_reads[k];
-    st.served_bytes += s.served_bytes[k];
-    for (unsigned e = 0; e < SX_STATS_ERRORS; e++)
-      st.served_errors += s.served_errors[k][e];
-  }
-  *out = st;
-  return 0;
-}
-
 void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]) {
   memcpy(out, a->incarnation, SX_INCARNATION_LEN);
 }

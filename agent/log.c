@@ -1,9 +1,10 @@
 /*
- * Logging and the agent's published state: the bottom of the agent core.
- * Every core file (region.c, lease.c, segment.c, batch.c, ...) and, through
- * the transport context, every transport logs through here, so none of them
- * calls up into agent.c (the lifecycle), which only wires sx__log_tctx into
- * the context it hands the transports.
+ * Logging and the agent's published state (set and read): the bottom of
+ * the agent core.  Every core file (region.c, lease.c, segment.c,
+ * batch.c, ...) and, through the transport context, every transport logs
+ * and reads or sets the state through here, so none of them calls up into
+ * agent.c (the lifecycle), which only wires sx__log_tctx into the context
+ * it hands the transports.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -88,4 +89,24 @@ void sx__set_state(sx_agent *a, sx_agent_state s, int err) {
   pthread_mutex_unlock(&a->lock);
   if (old != s)
     sx__log(a, SX_LOG_DEBUG, "state %s -> %s", sx__agent_state_name(old), sx__agent_state_name(s));
+}
+
+int sx_agent_status_get(sx_agent *a, sx_agent_status *out) {
+  if (a == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_agent_status_get: NULL argument");
+  pthread_mutex_lock(&a->lock);
+  sx_agent_status st = a->status;
+  pthread_mutex_unlock(&a->lock);
+  /* The serving counters are atomics (see stats.c); sum them up. */
+  sx_agent_stats s;
+  sx_agent_stats_get(a, &s, sizeof(s));
+  st.served_reads = st.served_bytes = st.served_errors = 0;
+  for (unsigned k = 0; k < SX_STATS_TRANSPORTS; k++) {
+    st.served_reads += s.served_reads[k];
+    st.served_bytes += s.served_bytes[k];
+    for (unsigned e = 0; e < SX_STATS_ERRORS; e++)
+      st.served_errors += s.served_errors[k][e];
+  }
+  *out = st;
+  return 0;
 }

@@ -29,7 +29,7 @@
 #include <uv.h>
 
 #include "mem/mem.h"
-#include "transport/conn/frame.h"
+#include "transport/conn/conn.h"
 #include "transport/transport.h"
 
 typedef struct tcp_t tcp_t;
