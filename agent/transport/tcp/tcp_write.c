@@ -308,6 +308,14 @@ static int w_receiving(const void *slot) { return ((const sx__tcp_wconn *)slot)-
 
 static int w_header_alone(const void *slot) { return ((const sx__tcp_wconn *)slot)->verified; }
 
+/* A writable GPU region is being registered: the producer's grant is
+ * looked at again first (logged if it changed), before cuda_ipc's handler
+ * asks whether the connection may hold handles of that allocation. */
+static void w_gated(sx__conn *c, void *slot, const sx_lregion *l) {
+  (void)c, (void)l;
+  (void)w_allowed(slot);
+}
+
 const sx__conn_handler sx__tcp_push_frames = {
     .slot = SX__CONN_PUSH,
     .first = SX__FRAME_WAUTH,
@@ -321,4 +329,5 @@ const sx__conn_handler sx__tcp_push_frames = {
     .free = w_free,
     .write_allowed = w_write_allowed,
     .revoked = w_revoked,
+    .gated = w_gated,
 };
