@@ -27,8 +27,10 @@
  * ended.
  *
  * The code: tcp.c (this file: open, close, endpoint, ops table), tcp_serve.c
- * (target side), tcp_read.c (reader side), ../conn/ (the connection
- * the target serves and its wire format).
+ * (target side: the READ handler), tcp_write.c (target side: the push
+ * handler), tcp_read.c (reader side).  The connections the listener
+ * accepts (HELLO, framing, the reply queue, dispatch by frame type) are
+ * transport/conn/, one floor down, which cuda_ipc's handler shares.
  */
 #include <stdio.h>
 #include <stdlib.h>

@@ -68,7 +68,7 @@ static void r_fail(sx__tcp_sreply *r, int err) {
 static void written(uv_write_t *req, int status) {
   schunk *sc = req->data;
   sx__tcp_sreply *r = sc->r;
-  (void)status; /* a failed write is the connection's end: tcp_serve.c sees it */
+  (void)status; /* a failed write is the connection's end: conn.c sees it */
   sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
   free(sc);
   r->refs--;
