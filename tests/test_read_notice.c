@@ -19,7 +19,7 @@
 #include "internal.h"
 #include "notice.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 typedef struct pair {
   char url[64];
