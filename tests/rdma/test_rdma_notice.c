@@ -29,22 +29,8 @@ static sx_block_read kv_read(uint64_t remote, uint64_t local, uint64_t count) {
 
 static sx_batch_result run(sx_segment *s, const sx_block_read *e, size_t n, int notify,
                            uint64_t tag) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.flags = notify ? SX_BATCH_NOTIFY : 0;
-  bp.tag = tag;
-  bp.timeout_ms = 20000;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result r;
-  sxt_ok(sx_batch_result_get(b, &r));
-  r.failed = NULL;
-  r.n_failed = 0;
-  sx_batch_destroy(b);
-  return r;
+  return sxt_batch_finish(notify ? sxt_notify_submit(s, e, n, tag, 20000)
+                                 : sxt_batch_submit(s, e, n, 20000));
 }
 
 static void test_rdma_notice_after_every_read(void **state) {
@@ -86,22 +72,13 @@ static void test_rdma_notice_after_every_read(void **state) {
   /* Many at once: one notice each, every tag once. */
   sx_batch *bs[8];
   for (int i = 0; i < 8; i++) {
-    sx_batch_params bp;
-    sx_batch_params_init(&bp);
-    bp.flags = SX_BATCH_NOTIFY;
-    bp.tag = 100 + (uint64_t)i;
-    sxt_ok(sx_batch_create(seg, &bp, &bs[i]));
     sx_block_read one = kv_read((uint64_t)i * 8, (uint64_t)i * 4, 4);
-    sxt_ok(sx_batch_add_blocks(bs[i], &one, 1));
-    sxt_ok(sx_batch_submit(bs[i]));
+    bs[i] = sxt_notify_submit(seg, &one, 1, 100 + (uint64_t)i, 20000);
   }
   unsigned seen = 0;
   for (int i = 0; i < 8; i++) {
-    sxt_ok(sx_batch_wait(bs[i], -1));
-    sx_batch_result br;
-    sxt_ok(sx_batch_result_get(bs[i], &br));
+    sx_batch_result br = sxt_batch_finish(bs[i]);
     assert_int_equal(br.state, SX_BATCH_COMPLETED);
-    sx_batch_destroy(bs[i]);
     sxt_ok(sx_agent_notice_next(t.a, 1000, &n));
     assert_true(n->tag >= 100 && n->tag < 108 && !(seen & (1u << (n->tag - 100))));
     seen |= 1u << (n->tag - 100);
