@@ -145,8 +145,7 @@ sx_batch_result sxt_batch_finish(sx_batch *b) {
   sxt_ok(sx_batch_wait(b, -1));
   sx_batch_result res;
   sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL; /* not valid after destroy */
-  res.n_failed = 0;
+  res.failed = NULL; /* not valid after destroy; n_failed still counts them */
   sx_batch_destroy(b);
   return res;
 }

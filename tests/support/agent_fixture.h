@@ -61,7 +61,7 @@ sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
 sx_batch *sxt_notify_submit(sx_segment *s, const sx_block_read *e, size_t n, uint64_t tag,
                             uint32_t timeout_ms);
 /* Wait for b's end, destroy it: its result (the failed list cleared, since
- * it does not outlive the batch). */
+ * it does not outlive the batch; n_failed kept). */
 sx_batch_result sxt_batch_finish(sx_batch *b);
 /* Submit, wait for the end, destroy: the result (its failed list cleared,
  * since it does not outlive the batch). */
