@@ -1,8 +1,11 @@
 /* Push-mode fixtures (see push_fixture.h). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "pattern.h"
@@ -125,6 +128,29 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
                        const sx_block_write *w, size_t n, int timeout_ms) {
   sx_notice *no = NULL;
   sxt_ok(sx_agent_notice_next(consumer, timeout_ms, &no));
+  assert_int_equal(no->kind, SX_NOTICE_WRITE);
+  sxt_check_notice(no, p, pname, tag, w, n);
+  sx_notice_free(no);
+}
+
+void sxt_expect_read_notice(sx_agent *target, const sxt_agent *r, const char *rname,
+                            uint64_t tag, const sx_block_read *e, size_t n, int timeout_ms) {
+  sx_block_write w[16];
+  assert_true(n <= 16);
+  for (size_t i = 0; i < n; i++)
+    w[i] = (sx_block_write){.group = e[i].group, .layer_first = e[i].layer_first,
+                            .layer_count = e[i].layer_count, .slots = e[i].slots,
+                            .local_block = e[i].local_block, .remote_block = e[i].remote_block,
+                            .count = e[i].count};
+  sx_notice *no = NULL;
+  sxt_ok(sx_agent_notice_next(target, timeout_ms, &no));
+  assert_int_equal(no->kind, SX_NOTICE_READ);
+  sxt_check_notice(no, r, rname, tag, w, n);
+  sx_notice_free(no);
+}
+
+void sxt_check_notice(const sx_notice *no, const sxt_agent *p, const char *pname, uint64_t tag,
+                      const sx_block_write *w, size_t n) {
   assert_string_equal(no->producer, pname);
   uint8_t inc[SX_INCARNATION_LEN];
   sx_agent_incarnation(p->a, inc);
@@ -154,7 +180,6 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
   }
   assert_int_equal(k, n);
   assert_int_equal(no->bytes, bytes);
-  sx_notice_free(no);
 }
 
 /* ------------------------------------------------------------ many producers */
@@ -259,6 +284,27 @@ static int wire_frame(int fd, uint8_t type, uint64_t id, uint32_t region, uint64
   return g.status;
 }
 
+int sxt_fake_target(const char *url, const char *name, uint64_t blocks, uint32_t access) {
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(lfd, 16), 0);
+  socklen_t sl = sizeof(sa);
+  getsockname(lfd, (struct sockaddr *)&sa, &sl);
+  sx_desc d;
+  sxt_desc_kv(&d, name, SXT_LAYERS, 0, SXT_BLOCK, blocks, 0);
+  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
+  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
+  d.endpoints[0].port = ntohs(sa.sin_port);
+  d.lease_ms = 60000;
+  for (uint32_t i = 0; i < d.n_regions; i++)
+    d.regions[i].access = access;
+  sxt_store_publish(url, &d);
+  sx_desc_free(&d);
+  return lfd;
+}
+
 int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token) {
   uint8_t body[SX__WAUTH_BODY];
   memcpy(body, incarnation, SX_INCARNATION_LEN);
@@ -274,4 +320,8 @@ int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const 
 
 int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len) {
   return wire_frame(fd, SX__FRAME_NOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
+}
+
+int sxt_wire_rnotice(int fd, uint64_t id, const uint8_t *body, size_t len) {
+  return wire_frame(fd, SX__FRAME_RNOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
 }

@@ -55,7 +55,7 @@ void sx__conn_server_init(sx__conn_server *s, const sx_tctx *x,
   s->freed = freed;
   for (unsigned i = 0; i < x->n_conn_handlers; i++) {
     const sx__conn_handler *h = x->conn_handlers[i];
-    for (unsigned t = h->first; t <= h->last && t <= SX__FRAME_NOTICE_REPLY; t++)
+    for (unsigned t = h->first; t <= h->last && t <= SX__FRAME_TYPE_MAX; t++)
       s->by_type[t] = h;
     if (h->slot < SX__CONN_SLOTS && s->by_slot[h->slot] == NULL)
       s->by_slot[h->slot] = h;
@@ -297,8 +297,7 @@ static void s_process(sx__conn *c) {
       off += SX__FRAME_HDR + (size_t)f.length;
       continue;
     }
-    const sx__conn_handler *hd = f.type <= SX__FRAME_NOTICE_REPLY ? c->s->by_type[f.type]
-                                                                   : NULL;
+    const sx__conn_handler *hd = f.type <= SX__FRAME_TYPE_MAX ? c->s->by_type[f.type] : NULL;
     if (hd == NULL) {
       s_violation(c, "unexpected frame type");
       return;

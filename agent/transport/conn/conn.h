@@ -80,7 +80,7 @@ struct sx__conn_server {
   const sx_tctx *x;
   sx__conn *conns;
   uint32_t n_conns;
-  const sx__conn_handler *by_type[SX__FRAME_NOTICE_REPLY + 1];
+  const sx__conn_handler *by_type[SX__FRAME_TYPE_MAX + 1];
   const sx__conn_handler *by_slot[SX__CONN_SLOTS]; /* the slot's owner */
   /* A connection was freed (the owner counts them to know when it may
    * free itself). */

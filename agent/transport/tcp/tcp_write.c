@@ -167,6 +167,28 @@ static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
   return 0;
 }
 
+/* A read notice's body is complete: the agent checks it (a reader needs no
+ * WAUTH: HELLO checked the incarnation and token) against what the reader
+ * said in HELLO, and it is answered. */
+static void r_notice_done(sx__tcp_wconn *w) {
+  sx__conn *c = w->c;
+  const sx_tctx *x = wctx(w);
+  char msg[256] = "";
+  /* HELLO's empty name shows as "(unnamed)" in the connection's logs. */
+  const char *reader = sx__conn_reader(c);
+  if (strcmp(reader, "(unnamed)") == 0)
+    reader = "";
+  int st = x->read_notice == NULL
+               ? SX_ENOTSUP
+               : x->read_notice(x->agent, reader,
+                                sx__conn_used(c, SX__CONN_IPC) ? SX_TRANSPORT_CUDA_IPC
+                                                               : SX_TRANSPORT_TCP,
+                                w->notice, (size_t)w->len, msg, sizeof(msg));
+  free(w->notice);
+  w->notice = NULL;
+  sx__conn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st, NULL, NULL, 0);
+}
+
 /* A body is complete: land it and answer. */
 static void w_body_done(sx__tcp_wconn *w) {
   sx__conn *c = w->c;
@@ -178,6 +200,8 @@ static void w_body_done(sx__tcp_wconn *w) {
     }
     x->written(x->agent, SX_TRANSPORT_TCP, w->status ? 0 : w->len, w->status);
     sx__conn_reply(c, w->id, SX__FRAME_WRITE_REPLY, w->status, NULL, NULL, 0);
+  } else if (w->type == SX__FRAME_RNOTICE) {
+    r_notice_done(w);
   } else {
     char msg[256] = "";
     int st = w_allowed(w);
@@ -259,6 +283,7 @@ static int w_frame(sx__conn *c, void **wp, const sx__frame *f, uint8_t *buf, siz
     return (int)(SX__FRAME_HDR + w_body(w, f, body, avail));
   }
   case SX__FRAME_NOTICE:
+  case SX__FRAME_RNOTICE:
     if (f->length > 0 && (w->notice = malloc((size_t)f->length)) == NULL) {
       sx__conn_violation(c, "out of memory");
       return -1;
@@ -319,7 +344,7 @@ static void w_gated(sx__conn *c, void *slot, const sx_lregion *l) {
 const sx__conn_handler sx__tcp_push_frames = {
     .slot = SX__CONN_PUSH,
     .first = SX__FRAME_WAUTH,
-    .last = SX__FRAME_NOTICE_REPLY,
+    .last = SX__FRAME_RNOTICE,
     .frame = w_frame,
     .holds = w_holds,
     .receiving = w_receiving,
