@@ -15,12 +15,16 @@ then -Iinclude -Imeta -Iagent, as the Makefile says) and fails on:
      transport that needs a symbol agent.o defines (calling up into the
      lifecycle file instead of the bottom file, agent/log.c).
 
+Before the tree, it checks itself on a made-up tree that breaks rules 1-3
+(a check that cannot fail would prove nothing).
+
 Usage: python3 check_layers.py REPO [BUILD_DIR]
 """
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SEARCH = ["include", "meta", "agent"]
@@ -87,9 +91,8 @@ def cycles(edges):
     return out
 
 
-def main():
-    repo = sys.argv[1]
-    build = sys.argv[2] if len(sys.argv) > 2 else None
+def include_problems(repo):
+    """Rules 1-3: (problems, includes read, folders)."""
     bad, edges, why, n_inc = [], {}, {}, 0
     for src in sources(repo):
         with open(os.path.join(repo, src), encoding="utf-8") as f:
@@ -112,6 +115,40 @@ def main():
     for comp in cycles(edges):
         links = [why[(a, b)] for a in comp for b in comp if (a, b) in why]
         bad.append("folders include each other: " + ", ".join(comp) + " (" + "; ".join(links) + ")")
+    return bad, n_inc, len(edges)
+
+
+def self_test():
+    """A tree with one breach of each of rules 1-3 must give each one."""
+    files = {
+        "agent/transport/tcp/t.c": '#include "transport/cuda/c.h"\n',
+        "agent/transport/cuda/c.h": '#include "transport/tcp/t.h"\n',
+        "agent/transport/tcp/t.h": "\n",
+        "agent/transport/conn/k.c": '#include "transport/tcp/t.h"\n',
+        "agent/a.c": '#include "x/b.h"\n',
+        "agent/x/b.h": '#include "a.h"\n',
+        "agent/a.h": "\n",
+    }
+    with tempfile.TemporaryDirectory() as d:
+        for name, text in files.items():
+            os.makedirs(os.path.join(d, os.path.dirname(name)), exist_ok=True)
+            with open(os.path.join(d, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        bad, _, _ = include_problems(d)
+    want = ["transport tcp includes transport cuda", "transport cuda includes transport tcp",
+            "the connection module includes transport tcp",
+            "folders include each other: agent/transport/cuda, agent/transport/tcp",
+            "folders include each other: agent, agent/x"]
+    missed = [w for w in want if not any(w in b for b in bad)]
+    return [f"self-test: a made-up breach was not found: {w}" for w in missed]
+
+
+def main():
+    repo = sys.argv[1]
+    build = sys.argv[2] if len(sys.argv) > 2 else None
+    bad = self_test()
+    more, n_inc, n_dirs = include_problems(repo)
+    bad += more
     n_obj = 0
     if build:
         obj = os.path.join(build, "obj", "agent")
@@ -143,7 +180,7 @@ def main():
         print(b)
     if bad:
         return 1
-    print(f"{n_inc} includes in {len(edges)} folders, {n_obj} objects: no transport includes "
+    print(f"{n_inc} includes in {n_dirs} folders, {n_obj} objects: no transport includes "
           "another, no cross-folder loop, nothing calls up into agent.c")
     return 0
 
