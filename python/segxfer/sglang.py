@@ -190,13 +190,15 @@ def _build(api):
     Mode = api.DisaggregationMode
     wire_errors = api.wire_errors
 
+    send_lock = threading.Lock()
+
     def send(sock_lock, frames):
-        sock, lock = sock_lock if isinstance(sock_lock, tuple) else (sock_lock, None)
-        if lock is None:
+        """Send on a side-channel socket: a manager's (from its thread and
+        the scheduler's; sockets are not thread-safe) or a receiver's with
+        its lock (CommonKVReceiver._connect_to_bootstrap_server)."""
+        sock, lock = sock_lock if isinstance(sock_lock, tuple) else (sock_lock, send_lock)
+        with lock:
             sock.send_multipart(frames)
-        else:
-            with lock:
-                sock.send_multipart(frames)
 
     class SegxferKVManager(api.CommonKVManager):
         """One per engine rank (SGLang makes it in the scheduler process of
@@ -369,6 +371,10 @@ def _build(api):
                 info["dst_kv_indices"] = np.frombuffer(msg[3], dtype=np.int32)
                 with self._lock:
                     self.transfer_infos.setdefault(room, {})[name] = info
+                    # What SGLang's finalize_bootstrap reads through
+                    # pop_decode_prefix_len: the decode holds that much already.
+                    self.req_to_decode_prefix_len[room] = int(info.get("decode_prefix_len")
+                                                              or 0)
                 self._room_ready(room)
             elif kind == _ABORT:
                 room = int(msg[1].decode("ascii"))
@@ -781,6 +787,12 @@ def _build(api):
                     status = KVPoll.Failed
             if status in (KVPoll.Success, KVPoll.Failed):
                 self.conclude_state = status
+                # Ended: its batches are closed (a cancelled one waited for)
+                # and its destination forgotten, as Mooncake's worker pops
+                # transfer_infos once a room is done.
+                self.kv_mgr.forget_room(room)
+                with self.kv_mgr._lock:
+                    self.kv_mgr.transfer_infos.pop(room, None)
             elif status == KVPoll.Bootstrapping:
                 timed_out = self._check_bootstrap_timeout()
                 if timed_out is not None:
@@ -814,6 +826,7 @@ def _build(api):
     class SegxferKVReceiver(api.CommonKVReceiver):
         def __init__(self, mgr, bootstrap_addr, bootstrap_room=None, *args, **kwargs):
             self.init_time = None
+            self.transports = []    # what the room's notices came over, once concluded
             super().__init__(mgr, bootstrap_addr, bootstrap_room)
             self.conclude_state = None
 
@@ -870,7 +883,8 @@ def _build(api):
                 self.conclude_state = KVPoll.Failed
                 return
             body = json.dumps({"dst_aux_index": aux_index, "dst_state_indices": states,
-                               "required_dst_info_num": self.required_dst_info_num}).encode()
+                               "required_dst_info_num": self.required_dst_info_num,
+                               "decode_prefix_len": int(decode_prefix_len or 0)}).encode()
             for info in self.bootstrap_infos:
                 try:
                     send(self._connect_to_bootstrap_server(info),
@@ -890,6 +904,9 @@ def _build(api):
             status = self.kv_mgr.check_status(self.bootstrap_room)
             if status in (KVPoll.Success, KVPoll.Failed):
                 self.conclude_state = status
+                with self.kv_mgr._lock:     # later notices of the room are ignored
+                    r = self.kv_mgr.rooms.pop(self.bootstrap_room, None) or {}
+                self.transports = sorted(r.get("transports", ()))
             elif status in (KVPoll.WaitingForInput, KVPoll.Transferring):
                 timed_out = self._check_waiting_timeout()
                 if timed_out is not None:

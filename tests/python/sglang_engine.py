@@ -180,7 +180,8 @@ def main():
                     server = c["SegxferKVBootstrapServer"]("127.0.0.1", cfg["bport"])
                 mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], 0), mode,
                                             ServerArgs(cfg), False)
-                out(ok=True, segments=mgr.segment_names(), sglang=c["using_sglang"])
+                out(ok=True, segments=mgr.segment_names(), sglang=c["using_sglang"],
+                    port=mgr.rank_port)
             elif cmd[0] == "open":
                 room = int(cmd[1])
                 r = rooms[room]
@@ -231,7 +232,7 @@ def main():
                 room = int(cmd[1])
                 res = conclude(room, float(cmd[2]))
                 if role == "decode":
-                    res["transports"] = sorted(mgr.rooms.get(room, {}).get("transports", ()))
+                    res["transports"] = ends[room].transports
                 out(ok=True, seconds=round(time.monotonic() - t0, 3), **res)
             elif cmd[0] == "abort":
                 ends[int(cmd[1])].abort()

@@ -159,6 +159,51 @@ def test_sglang_pages_aux_and_state_arrive(engines, wire):
         assert res["seen"][-1] == "Success"
 
 
+def test_sglang_bad_side_channel_messages_do_not_stop_the_prefill(engines):
+    zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (make deps installs "
+                              "python3-zmq)")
+    bport = free_port()
+    prefill = engines("prefill", bport)
+    decode = engines("decode", bport)
+    port = prefill.cmd("start")["port"]
+    decode.cmd("start")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect("tcp://127.0.0.1:%d" % port)
+    for frames in ([b"SEGXFER_ROOM", b"not a number"], [b"SEGXFER_REGISTER", b"{bad json"],
+                   [b"SEGXFER_ROOM", b"5", b"x", b"\x01\x02\x03", b"[]"], [b"\xff" * 40],
+                   [b"ABORT", b"-"], [b"SEGXFER_GRANTED", b"nobody"]):
+        sock.send_multipart(frames)
+    sock.close()
+    ctx.term()
+    r = ROOMS[0]
+    prefill.cmd("open", r["room"])
+    assert decode.cmd("open", r["room"])["state"] == "WaitingForInput"
+    assert prefill.cmd("ready", r["room"])["state"] == "WaitingForInput"
+    prefill.cmd("send", r["room"])
+    assert prefill.cmd("poll", r["room"], 20)["state"] == "Success"
+    assert decode.cmd("poll", r["room"], 20)["state"] == "Success"
+    assert decode.cmd("verify", r["room"])["problems"] == []
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_split_keeps_runs_under_the_notice_limit():
+    import numpy as np
+    from segxfer import sglang
+    dst = np.array([0, 1, 2, 10, 11, 20, 30, 31, 32, 33, 40], np.int64)
+    src = np.arange(len(dst), dtype=np.int64) + 100
+    e = sglang._Entry("kv", 0, 4, ["K"], src, dst)
+    chunks = sglang._split([e, sglang._Entry("kv", 1, 3, ["K"], src[:1], dst[:1])], limit=2)
+    assert [sum(sglang._runs(x.dst) for x in c) for c in chunks] == [2, 2, 2]
+    got = [x for c in chunks for x in c]
+    assert np.array_equal(np.concatenate([x.dst for x in got[:-1]]), dst)
+    assert np.array_equal(np.concatenate([x.src for x in got[:-1]]), src)
+    assert got[-1].group == 1 and list(got[-1].dst) == [0]
+    assert sglang._split([e])[0][0].dst is not None and len(sglang._split([e])) == 1
+
+
 def test_sglang_killed_prefill_fails_decode_with_reason(engines):
     bport = free_port()
     prefill = engines("prefill", bport)
