@@ -462,6 +462,18 @@ class CommonKVManager:
             return sock
 
 
+def _fake_failure_exception(self):
+    """The common classes' placeholder (backends override it)."""
+    raise Exception("Fake KVReceiver Exception")
+
+
+def _aborted(end):
+    """What CommonKVSender.abort and CommonKVReceiver.abort both do first."""
+    end.kv_mgr.record_failure(end.bootstrap_room, "Aborted by AbortReq.")
+    end.kv_mgr.update_status(end.bootstrap_room, KVPoll.Failed)
+    end.conclude_state = KVPoll.Failed
+
+
 class CommonKVSender:
     def __init__(self, mgr, bootstrap_addr, bootstrap_room, dest_tp_ranks, pp_rank,
                  req_has_disagg_prefill_dp_rank=False):
@@ -501,8 +513,7 @@ class CommonKVSender:
         self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
         return KVPoll.Failed
 
-    def failure_exception(self):
-        raise Exception("Fake KVReceiver Exception")
+    failure_exception = _fake_failure_exception
 
     def clear(self):
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
@@ -510,9 +521,7 @@ class CommonKVSender:
         self.kv_mgr.transfer_infos.pop(self.bootstrap_room, None)
 
     def abort(self):
-        self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")
-        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
-        self.conclude_state = KVPoll.Failed
+        _aborted(self)
 
 
 class CommonKVReceiver:
@@ -627,8 +636,7 @@ class CommonKVReceiver:
             self.abort_notified = True
         return KVPoll.Failed
 
-    def failure_exception(self):
-        raise Exception("Fake KVReceiver Exception")
+    failure_exception = _fake_failure_exception
 
     def clear(self):
         self.kv_mgr.request_status.pop(self.bootstrap_room, None)
@@ -636,9 +644,7 @@ class CommonKVReceiver:
         self.kv_mgr.prefill_response_tracker.pop(self.bootstrap_room, None)
 
     def abort(self):
-        self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")
-        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
-        self.conclude_state = KVPoll.Failed
+        _aborted(self)
         if not self.abort_notified and getattr(self, "bootstrap_infos", None) is not None:
             self._send_abort_notification()
             self.abort_notified = True

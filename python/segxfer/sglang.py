@@ -878,10 +878,11 @@ def _build(api):
             states = [None if s is None else _ids(s, "state_indices").tolist()
                       for s in (state_indices or [])]
             endpoints = [(i["rank_ip"], int(i["rank_port"])) for i in self.bootstrap_infos]
-            if not m.register_decode_room(room, endpoints, m.expected_bytes(
-                    len(kv), aux_index is not None, states)):
-                self.conclude_state = KVPoll.Failed
-                return
+            # A prefill that refused this decode fails the room here; the
+            # destination still goes to it, so that its sender fails too
+            # instead of waiting in Bootstrapping for its deadline.
+            refused = not m.register_decode_room(room, endpoints, m.expected_bytes(
+                len(kv), aux_index is not None, states))
             body = json.dumps({"dst_aux_index": aux_index, "dst_state_indices": states,
                                "required_dst_info_num": self.required_dst_info_num,
                                "decode_prefix_len": int(decode_prefix_len or 0)}).encode()
@@ -896,6 +897,8 @@ def _build(api):
                     self.conclude_state = KVPoll.Failed
                     m.update_status(room, KVPoll.Failed)
                     return
+            if refused:
+                self.conclude_state = KVPoll.Failed
             self.init_time = time.time()
 
         def poll(self):

@@ -167,6 +167,24 @@ def main():
                 reason = "%s: %s" % (type(e).__name__, e)
         return dict(state=names[st], seen=seen, reason=reason)
 
+    def bootstrapped(room, then):
+        """Poll room's end until it leaves Bootstrapping (20 s at most) and, at
+        WaitingForInput, call then() (the receiver's send_metadata, the
+        sender's init), as SGLang's queues do; the state, with the reason
+        when Failed."""
+        end, deadline = ends[room], time.monotonic() + 20
+        st = end.poll()
+        while st == KVPoll.Bootstrapping and time.monotonic() < deadline:
+            time.sleep(0.005)
+            st = end.poll()
+        if st == KVPoll.WaitingForInput:
+            then()
+            st = end.poll()
+        res = dict(ok=True, state=names[st])
+        if st == KVPoll.Failed:
+            res.update(conclude(room, 0))
+        return res
+
     for line in sys.stdin:
         cmd = line.split()
         if not cmd:
@@ -195,31 +213,14 @@ def main():
                     time.sleep(0.05)
                 recv = ends[room] = c["SegxferKVReceiver"](mgr, addr, room)
                 recv.init(0)
-                st = recv.poll()
-                while st == KVPoll.Bootstrapping and time.monotonic() - t0 < 20:
-                    time.sleep(0.005)
-                    st = recv.poll()
-                if st == KVPoll.WaitingForInput:
-                    recv.send_metadata(np.array(r["dst_pages"], np.int32), r["aux_dst"],
-                                       [np.array(r["state_dst"], np.int64)])
-                    st = recv.poll()
-                res = dict(ok=True, state=names[st])
-                if st == KVPoll.Failed:
-                    res.update(conclude(room, 0))
-                out(**res)
+                out(**bootstrapped(room, lambda: recv.send_metadata(
+                    np.array(r["dst_pages"], np.int32), r["aux_dst"],
+                    [np.array(r["state_dst"], np.int64)])))
             elif cmd[0] == "ready":
                 room = int(cmd[1])
-                sender, r = ends[room], rooms[room]
-                st = sender.poll()
-                while st == KVPoll.Bootstrapping and time.monotonic() - t0 < 20:
-                    time.sleep(0.005)
-                    st = sender.poll()
-                if st == KVPoll.WaitingForInput:
-                    sender.init(len(r["src_pages"]), r["aux_src"])
-                res = dict(ok=True, state=names[st])
-                if st == KVPoll.Failed:
-                    res.update(conclude(room, 0))
-                out(**res)
+                r = rooms[room]
+                out(**bootstrapped(room, lambda: ends[room].init(len(r["src_pages"]),
+                                                                 r["aux_src"])))
             elif cmd[0] == "send":
                 room = int(cmd[1])
                 sender, r = ends[room], rooms[room]

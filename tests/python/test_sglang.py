@@ -126,11 +126,18 @@ def handshake(prefill, decode, rooms=ROOMS):
     return p["segments"], d["segments"]
 
 
-def run_transfer(engines, device="cpu", env=None):
+def pair(engines, shake=True, decode_kw=None, **kw):
+    """A prefill and a decode process on a fresh bootstrap port (after
+    handshake() when shake); decode_kw: the decode's own settings."""
     bport = free_port()
-    prefill = engines("prefill", bport, device=device, env=env)
-    decode = engines("decode", bport, device=device, env=env)
-    psegs, dsegs = handshake(prefill, decode)
+    prefill = engines("prefill", bport, **kw)
+    decode = engines("decode", bport, **dict(kw, **(decode_kw or {})))
+    segs = handshake(prefill, decode) if shake else None
+    return prefill, decode, segs
+
+
+def run_transfer(engines, device="cpu", env=None):
+    prefill, decode, (psegs, dsegs) = pair(engines, device=device, env=env)
     for r in ROOMS:
         assert prefill.cmd("send", r["room"])["state"] in ("Transferring", "Success")
     results = {}
@@ -162,9 +169,7 @@ def test_sglang_pages_aux_and_state_arrive(engines, wire):
 def test_sglang_bad_side_channel_messages_do_not_stop_the_prefill(engines):
     zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (make deps installs "
                               "python3-zmq)")
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport)
+    prefill, decode, _ = pair(engines, shake=False)
     port = prefill.cmd("start")["port"]
     decode.cmd("start")
     ctx = zmq.Context()
@@ -205,10 +210,7 @@ def test_sglang_split_keeps_runs_under_the_notice_limit():
 
 
 def test_sglang_killed_prefill_fails_decode_with_reason(engines):
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport)
-    handshake(prefill, decode)
+    prefill, decode, _ = pair(engines)
     prefill.proc.send_signal(signal.SIGKILL)
     prefill.proc.wait()
     t0 = time.monotonic()
@@ -220,10 +222,7 @@ def test_sglang_killed_prefill_fails_decode_with_reason(engines):
 
 
 def test_sglang_decode_abort_is_clean_on_both_sides(engines):
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport)
-    handshake(prefill, decode)
+    prefill, decode, _ = pair(engines)
     room, other = ROOMS[0]["room"], ROOMS[1]["room"]
     assert decode.cmd("abort", room)["state"] == "Failed"
     res = prefill.cmd("poll", room, 10)
@@ -240,10 +239,7 @@ def test_sglang_decode_abort_is_clean_on_both_sides(engines):
 
 
 def test_sglang_prefill_abort_fails_decode_with_reason(engines):
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport)
-    handshake(prefill, decode)
+    prefill, decode, _ = pair(engines)
     room = ROOMS[1]["room"]
     assert prefill.cmd("abort", room)["state"] == "Failed"
     res = prefill.cmd("poll", room, 1)
@@ -255,9 +251,7 @@ def test_sglang_prefill_abort_fails_decode_with_reason(engines):
 
 
 def test_sglang_different_tp_is_refused_clearly(engines):
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport, tp_size=2)
+    prefill, decode, _ = pair(engines, shake=False, decode_kw=dict(tp_size=2))
     prefill.cmd("start")
     decode.cmd("start")
     room = ROOMS[0]["room"]
@@ -270,9 +264,8 @@ def test_sglang_different_tp_is_refused_clearly(engines):
 
 
 def test_sglang_layout_mismatch_is_refused_before_any_write(engines):
-    bport = free_port()
-    prefill = engines("prefill", bport)
-    decode = engines("decode", bport, env={"SEGXFER_FINGERPRINT": "another-model"})
+    prefill, decode, _ = pair(engines, shake=False,
+                              decode_kw=dict(env={"SEGXFER_FINGERPRINT": "another-model"}))
     prefill.cmd("start")
     decode.cmd("start")
     room = ROOMS[0]["room"]
