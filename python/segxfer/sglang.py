@@ -262,7 +262,15 @@ def _build(api):
             loc = {r: pointer_location(r[3], r[4]) for r in regions}
             kv_kinds = {loc[r] != "cpu" for r in regions if r[0] != GROUP_AUX}
             aux_kinds = {loc[r] != "cpu" for r in regions if r[0] == GROUP_AUX}
-            split = aux_kinds and kv_kinds != aux_kinds
+            # SEGXFER_SGLANG_AUX_SEGMENT: auto (a segment of its own for the aux
+            # rows when they lie in another kind of memory than the KV), yes,
+            # no (one segment: then no cuda_ipc for a GPU cache).
+            mode = _env("SEGXFER_SGLANG_AUX_SEGMENT", "auto")
+            if mode not in ("auto", "yes", "no"):
+                raise ValueError("SEGXFER_SGLANG_AUX_SEGMENT must be auto, yes or no (got %r)"
+                                 % mode)
+            split = bool(aux_kinds) and (mode == "yes" or
+                                         (mode == "auto" and kv_kinds != aux_kinds))
             base = self._segment_base()
             kw = self._layout()
             transports = _env("SEGXFER_TRANSPORTS", "auto")

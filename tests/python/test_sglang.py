@@ -166,6 +166,31 @@ def test_sglang_pages_aux_and_state_arrive(engines, wire):
         assert res["seen"][-1] == "Success"
 
 
+def test_sglang_aux_in_a_segment_of_its_own(engines):
+    """The layout a GPU rank has (KV segment + aux segment, two batches per
+    request, one notice each), forced on host memory."""
+    psegs, dsegs, results = run_transfer(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"})
+    assert sorted(psegs) == ["aux", "kv"] and dsegs["aux"] == dsegs["kv"] + "/aux"
+    for res in results.values():
+        assert res["transports"] == ["tcp"] and res["seen"][-1] == "Success"
+
+
+def test_sglang_segments_that_do_not_pair_are_refused(engines):
+    prefill, decode, _ = pair(engines, shake=False,
+                              decode_kw=dict(env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"}))
+    prefill.cmd("start")
+    decode.cmd("start")
+    room = ROOMS[0]["room"]
+    prefill.cmd("open", room)
+    decode.cmd("open", room)
+    for end in (prefill, decode):
+        res = end.cmd("poll", room, 10)
+        assert res["state"] == "Failed" and "form the segments ['aux', 'kv']" in \
+            res["reason"], res
+    prefill.quit()
+    decode.quit()
+
+
 def test_sglang_bad_side_channel_messages_do_not_stop_the_prefill(engines):
     zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (make deps installs "
                               "python3-zmq)")
