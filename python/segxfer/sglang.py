@@ -277,6 +277,9 @@ def _build(api):
             extra = {}
             if _env("SEGXFER_LEASE_MS"):
                 extra["lease_ms"] = int(_env("SEGXFER_LEASE_MS"))
+            for key in ("listen", "advertise"):
+                if _env("SEGXFER_" + key.upper()):
+                    extra[key] = _env("SEGXFER_" + key.upper())
             parts = {}
             writable = not self.is_prefill
             try:
@@ -678,9 +681,12 @@ def _build(api):
                                                                 KVPoll.Transferring)}
                 peers = [(ep, self.prefill_peers[ep]) for ep in waiting
                          if ep in self.prefill_peers and self.prefill_peers[ep]["parts"]]
-            agent = self.parts["kv"].agent
+            # The aux segment where there is one: host memory, read over TCP,
+            # where a ping of a GPU segment on one host would map its memory.
+            key = "aux" if "aux" in self.parts else "kv"
+            agent = self.parts[key].agent
             for ep, peer in peers:
-                name = peer["parts"]["kv"]
+                name = peer["parts"][key]
                 try:
                     if peer["segment"] is None:
                         peer["segment"] = agent.open(name, timeout=self.liveness_interval)

@@ -234,8 +234,9 @@ def test_sglang_split_keeps_runs_under_the_notice_limit():
     assert sglang._split([e])[0][0].dst is not None and len(sglang._split([e])) == 1
 
 
-def test_sglang_killed_prefill_fails_decode_with_reason(engines):
-    prefill, decode, _ = pair(engines)
+@pytest.mark.parametrize("aux_segment", ["auto", "yes"])
+def test_sglang_killed_prefill_fails_decode_with_reason(engines, aux_segment):
+    prefill, decode, _ = pair(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": aux_segment})
     prefill.proc.send_signal(signal.SIGKILL)
     prefill.proc.wait()
     t0 = time.monotonic()
