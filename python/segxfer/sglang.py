@@ -464,7 +464,15 @@ def _build(api):
                 if len(infos) < need or any(
                         self.decode_peers.get(n, {}).get("state") != "ready" for n in infos):
                     return
-                self.update_status(room, KVPoll.WaitingForInput)
+                self.advance(room, KVPoll.WaitingForInput)
+
+        def advance(self, room, status):
+            """update_status for a forward step only: SGLang's update_status
+            takes the larger state, which would lift a Failed room (0) back
+            to WaitingForInput or Transferring."""
+            with self._lock:
+                if self.request_status.get(room) not in (None, KVPoll.Failed):
+                    self.update_status(room, status)
 
         def submit(self, room, kv_indices, index_slice, is_last, aux_index, state_indices):
             """The write batches of one send(): the pages of this chunk, and on
@@ -660,7 +668,7 @@ def _build(api):
                                         % (r["got"], r["expected"]))
                     self.update_status(n.tag, KVPoll.Failed)
                 else:
-                    self.update_status(n.tag, KVPoll.Transferring)
+                    self.advance(n.tag, KVPoll.Transferring)
 
         def _fail_endpoint(self, endpoint, reason):
             with self._lock:
@@ -775,7 +783,7 @@ def _build(api):
                 self.kv_mgr.submit(room, kv_indices, index_slice, is_last,
                                    self.aux_index if is_last else None,
                                    state_indices if is_last else None)
-                self.kv_mgr.update_status(room, KVPoll.Transferring)
+                self.kv_mgr.advance(room, KVPoll.Transferring)
             except (ValueError, SegxferError) as e:
                 reason = "segxfer: the write for room %d was refused: %s" % (room, e)
                 self.kv_mgr.record_failure(room, reason)
@@ -790,8 +798,8 @@ def _build(api):
             if status == KVPoll.Transferring:
                 state = self.kv_mgr.room_state(room)
                 if state == KVPoll.Success:
-                    self.kv_mgr.update_status(room, KVPoll.Success)
-                    status = KVPoll.Success
+                    self.kv_mgr.advance(room, KVPoll.Success)
+                    status = self.kv_mgr.check_status(room)   # Failed if aborted meanwhile
                 elif state != KVPoll.Transferring:
                     reason = "segxfer: write batch for room %d ended %s: %s %s" % (
                         room, state.state, state.error_name, state.message)

@@ -148,7 +148,14 @@ def main():
         sys.stdout.write(json.dumps(kw) + "\n")
         sys.stdout.flush()
 
+    concluded = {}
+
     def conclude(room, seconds):
+        """Poll until Success/Failed (as SGLang's queues do), then, once per
+        room as SGLang does, failure_exception() on Failed; later calls
+        answer the same."""
+        if room in concluded:
+            return concluded[room]
         end = ends[room]
         deadline = time.monotonic() + seconds
         seen = []
@@ -165,7 +172,10 @@ def main():
                 end.failure_exception()
             except Exception as e:  # noqa: BLE001  (what SGLang catches)
                 reason = "%s: %s" % (type(e).__name__, e)
-        return dict(state=names[st], seen=seen, reason=reason)
+        res = dict(state=names[st], seen=seen, reason=reason)
+        if st in (KVPoll.Success, KVPoll.Failed):
+            concluded[room] = res
+        return res
 
     def bootstrapped(room, then):
         """Poll room's end until it leaves Bootstrapping (20 s at most) and, at
