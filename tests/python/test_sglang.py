@@ -317,3 +317,33 @@ def test_sglang_gpu_kv_over_cuda_ipc_and_staged_tcp(engines, transport):
     for res in results.values():
         want = ["cuda_ipc", "tcp"] if transport == "auto" else ["tcp"]
         assert res["transports"] == want, res
+
+
+def test_sglang_a_failed_room_is_never_lifted_again(url, monkeypatch):
+    """A room aborted while its grant was on the way stays Failed: SGLang's
+    update_status keeps the larger state, and Failed is the smallest."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    KVPoll = c["KVPoll"]
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    bufs = eng.Buffers("cpu", 3)
+    mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], 0),
+                                c["DisaggregationMode"].PREFILL, eng.ServerArgs({"bport": bport}),
+                                False)
+    try:
+        sender = c["SegxferKVSender"](mgr, "127.0.0.1:%d" % bport, 42, [0], 0)
+        sender.abort()
+        mgr.decode_peers["decode-x"] = {"state": "ready", "endpoint": ("127.0.0.1", 1),
+                                        "segments": {}, "reason": None}
+        mgr.transfer_infos[42] = {"decode-x": {"required_dst_info_num": 1}}
+        mgr._room_ready(42)                     # the grant arrives after the abort
+        assert mgr.check_status(42) == KVPoll.Failed
+        mgr.advance(42, KVPoll.Transferring)
+        assert mgr.check_status(42) == KVPoll.Failed
+    finally:
+        mgr.teardown()
+        server.close()
