@@ -9,8 +9,10 @@ Asserted: the pages written equal the prefill's pages, and the aux row and
 state slots arrive, over two chunks (chunked prefill), with nothing else
 touched; a prefill killed after the handshake turns the decode's poll to
 Failed with a reason within seconds; an abort on either side ends both
-sides Failed with the reason, both processes exit cleanly; different TP and
-a different layout are refused with a clear reason before any write.  With a
+sides Failed with the reason, both processes exit cleanly; different TP, a
+different layout and segments that do not pair are refused with a clear
+reason before any write; garbage on the side channel is survived; a Failed
+room is never lifted by a late step.  With a
 CUDA device (torch.cuda.is_available(), the GPU machine), the same with KV
 and state on cuda:0 and aux rows in host memory, over cuda_ipc and staged
 TCP.
