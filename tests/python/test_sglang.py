@@ -138,6 +138,17 @@ def pair(engines, shake=True, decode_kw=None, **kw):
     return prefill, decode, segs
 
 
+def opened_with(engines, **decode_kw):
+    """Both managers up, the decode with decode_kw, one room opened on both
+    sides: (prefill, decode, room, the decode's open answer)."""
+    prefill, decode, _ = pair(engines, shake=False, decode_kw=decode_kw)
+    prefill.cmd("start")
+    decode.cmd("start")
+    room = ROOMS[0]["room"]
+    prefill.cmd("open", room)
+    return prefill, decode, room, decode.cmd("open", room)
+
+
 def run_transfer(engines, device="cpu", env=None):
     prefill, decode, (psegs, dsegs) = pair(engines, device=device, env=env)
     for r in ROOMS:
@@ -178,13 +189,7 @@ def test_sglang_aux_in_a_segment_of_its_own(engines):
 
 
 def test_sglang_segments_that_do_not_pair_are_refused(engines):
-    prefill, decode, _ = pair(engines, shake=False,
-                              decode_kw=dict(env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"}))
-    prefill.cmd("start")
-    decode.cmd("start")
-    room = ROOMS[0]["room"]
-    prefill.cmd("open", room)
-    decode.cmd("open", room)
+    prefill, decode, room, _ = opened_with(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"})
     for end in (prefill, decode):
         res = end.cmd("poll", room, 10)
         assert res["state"] == "Failed" and "form the segments ['aux', 'kv']" in \
@@ -279,12 +284,7 @@ def test_sglang_prefill_abort_fails_decode_with_reason(engines):
 
 
 def test_sglang_different_tp_is_refused_clearly(engines):
-    prefill, decode, _ = pair(engines, shake=False, decode_kw=dict(tp_size=2))
-    prefill.cmd("start")
-    decode.cmd("start")
-    room = ROOMS[0]["room"]
-    prefill.cmd("open", room)
-    res = decode.cmd("open", room)
+    prefill, decode, room, res = opened_with(engines, tp_size=2)
     assert res["state"] == "Failed", res
     assert "equal attention TP only" in res["reason"] and "issue 23" in res["reason"], res
     prefill.quit()
@@ -292,13 +292,7 @@ def test_sglang_different_tp_is_refused_clearly(engines):
 
 
 def test_sglang_layout_mismatch_is_refused_before_any_write(engines):
-    prefill, decode, _ = pair(engines, shake=False,
-                              decode_kw=dict(env={"SEGXFER_FINGERPRINT": "another-model"}))
-    prefill.cmd("start")
-    decode.cmd("start")
-    room = ROOMS[0]["room"]
-    prefill.cmd("open", room)
-    decode.cmd("open", room)
+    prefill, decode, room, _ = opened_with(engines, env={"SEGXFER_FINGERPRINT": "another-model"})
     res = prefill.cmd("poll", room, 10)
     assert res["state"] == "Failed" and "fingerprint" in res["reason"], res
     res = decode.cmd("poll", room, 10)
