@@ -37,6 +37,11 @@ Equal TP only: see _tp_plan, the one place where the read/write plans of
 heterogeneous TP (segxfer issue 23) plug in.  docs/engines-sglang.md has the
 settings and how SGLang loads this backend (segxfer's .pth hook).
 
+Files: this one (publishing, the manager's setup and teardown, sender,
+receiver, get_kv_class), _sglang_prefill.py and _sglang_decode.py (the
+manager's prefill and decode sides), _sglang_proto.py (what both share),
+_sglang_compat.py (SGLang's classes or their stand-in).
+
 The classes derive from SGLang's CommonKVManager/Sender/Receiver when SGLang
 is importable, else from the stand-in in segxfer._sglang_compat; they are
 built on first use (module __getattr__), so importing this module imports
@@ -52,63 +57,14 @@ import time
 import numpy as np
 
 from . import _sglang_compat
+from ._sglang_decode import DecodeSide
+from ._sglang_prefill import PrefillSide
+from ._sglang_proto import (_REGISTER, _ROOM, GROUP_AUX, GROUP_KV, GROUP_STATE, _env,
+                            _env_seconds, _ids, cancel, send)
 from .agent import Agent
 from .errors import SegxferError
 
 logger = logging.getLogger("segxfer.sglang")
-
-# Region groups of an engine rank's segment.
-GROUP_KV, GROUP_AUX, GROUP_STATE = 0, 1, 2
-# A write batch's notice lists at most 1024 runs (SX_NOTICE_MAX_ENTRIES);
-# requests with more runs go in several batches with the same tag.
-_RUNS_PER_BATCH = 1000
-
-# Side-channel messages of this backend (the first frame).
-_REGISTER = b"SEGXFER_REGISTER"    # decode -> prefill: its segments, TP, endpoint
-_PEER = b"SEGXFER_PEER"            # prefill -> decode: checked; its segments to grant
-_GRANTED = b"SEGXFER_GRANTED"      # decode -> prefill: granted, write away
-_REFUSED = b"SEGXFER_REFUSED"      # prefill -> decode: this pair cannot transfer
-_ROOM = b"SEGXFER_ROOM"            # decode -> prefill: a request's destination
-_FAILED = b"SEGXFER_FAILED"        # prefill -> decode: a request's transfer failed
-_ABORT = b"ABORT"                  # decode -> prefill, as CommonKVReceiver sends it
-
-
-def _env(name, default=None):
-    v = os.environ.get(name)
-    return default if v in (None, "") else v
-
-
-def _env_seconds(name, default):
-    v = _env(name)
-    if v is None:
-        return default
-    try:
-        s = float(v)
-    except ValueError:
-        s = -1.0
-    if not 0 < s < 2**31 / 1000:
-        raise ValueError("%s must be a positive number of seconds (got %r)" % (name, v))
-    return s
-
-
-def _runs(dst):
-    """The number of runs of consecutive destination ids in dst (a notice
-    merges a run into one entry)."""
-    if len(dst) == 0:
-        return 0
-    return 1 + int(np.count_nonzero(np.diff(dst) != 1))
-
-
-def _ids(v, what):
-    """Page or slot ids as a 1-D int64 numpy array (SGLang passes int32/int64
-    numpy arrays, lists or tensors)."""
-    if hasattr(v, "cpu") and hasattr(v, "numpy"):
-        v = v.cpu().numpy()
-    a = np.asarray(v)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise ValueError("%s must be a 1-D array of integers (got %s of %s)"
-                         % (what, a.shape, a.dtype))
-    return a.astype(np.int64, copy=False)
 
 
 class _Part:
@@ -122,42 +78,6 @@ class _Part:
 
     def __init__(self, key, agent, name):
         self.key, self.agent, self.name, self.groups = key, agent, name, set()
-
-
-class _Entry:
-    """Writes of one group: src[i] -> dst[i] in layers (0, layers), slots."""
-
-    __slots__ = ("part", "group", "layers", "slots", "src", "dst")
-
-    def __init__(self, part, group, layers, slots, src, dst):
-        self.part, self.group, self.layers, self.slots = part, group, layers, slots
-        self.src, self.dst = src, dst
-
-
-def _split(entries, limit=_RUNS_PER_BATCH):
-    """entries as lists of entries of at most `limit` destination runs each
-    (an entry longer than that is cut at run boundaries)."""
-    out, cur, runs = [], [], 0
-    for e in entries:
-        start = 0
-        breaks = np.flatnonzero(np.diff(e.dst) != 1) + 1 if len(e.dst) else []
-        bounds = list(breaks) + [len(e.dst)]
-        i = 0
-        while start < len(e.dst):
-            room = limit - runs
-            if room == 0:
-                out.append(cur)
-                cur, runs = [], 0
-                continue
-            j = min(i + room, len(bounds)) - 1
-            end = bounds[j]
-            cur.append(_Entry(e.part, e.group, e.layers, e.slots, e.src[start:end],
-                              e.dst[start:end]))
-            runs += j - i + 1
-            i, start = j + 1, end
-    if cur:
-        out.append(cur)
-    return out
 
 
 def _layout_parts(kv_args, is_mla):
@@ -190,17 +110,7 @@ def _build(api):
     Mode = api.DisaggregationMode
     wire_errors = api.wire_errors
 
-    send_lock = threading.Lock()
-
-    def send(sock_lock, frames):
-        """Send on a side-channel socket: a manager's (from its thread and
-        the scheduler's; sockets are not thread-safe) or a receiver's with
-        its lock (CommonKVReceiver._connect_to_bootstrap_server)."""
-        sock, lock = sock_lock if isinstance(sock_lock, tuple) else (sock_lock, send_lock)
-        with lock:
-            sock.send_multipart(frames)
-
-    class SegxferKVManager(api.CommonKVManager):
+    class SegxferKVManager(PrefillSide, DecodeSide, api.CommonKVManager):
         """One per engine rank (SGLang makes it in the scheduler process of
         each rank).  Publishes the rank's buffers, runs the side channel's
         thread, and on decode takes the notices."""
@@ -209,6 +119,7 @@ def _build(api):
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
             self._stopped = False
             self._lock = threading.RLock()
+            self._wire_errors = wire_errors
             self.is_prefill = disaggregation_mode == Mode.PREFILL
             self.transfer_timeout = _env_seconds("SEGXFER_SGLANG_TRANSFER_TIMEOUT", 60.0)
             self.open_timeout = _env_seconds("SEGXFER_SGLANG_OPEN_TIMEOUT", 10.0)
@@ -342,373 +253,6 @@ def _build(api):
                     total += len(idx) * sum(a.state_item_lens[c])
             return total
 
-        # ------------------------------------------------------------ prefill
-
-        def _prefill_loop(self):
-            while not self._stopped:
-                try:
-                    if not self.server_socket.poll(100):
-                        continue
-                    msg = self.server_socket.recv_multipart()
-                except Exception as e:  # noqa: BLE001  (closed at teardown)
-                    if self._stopped:
-                        return
-                    logger.error("segxfer sglang: side channel: %s", e)
-                    continue
-                try:
-                    self._prefill_message(msg)
-                except Exception as e:  # noqa: BLE001  (bad input must not stop the thread)
-                    logger.error("segxfer sglang: bad side-channel message %r: %s",
-                                 msg[:1], e)
-
-        def _prefill_message(self, msg):
-            kind = msg[0]
-            if kind == _REGISTER:
-                self._on_register(msg)
-            elif kind == _GRANTED:
-                name = msg[1].decode()
-                with self._lock:
-                    peer = self.decode_peers.get(name)
-                    if peer is None or peer["state"] != "granting":
-                        return
-                    peer["state"] = "ready"
-                    rooms = [r for r, infos in self.transfer_infos.items() if name in infos]
-                for room in rooms:
-                    self._room_ready(room)
-            elif kind == _ROOM:
-                room = int(msg[1].decode("ascii"))
-                name = msg[2].decode()
-                info = json.loads(msg[4].decode())
-                info["dst_kv_indices"] = np.frombuffer(msg[3], dtype=np.int32)
-                with self._lock:
-                    self.transfer_infos.setdefault(room, {})[name] = info
-                    # What SGLang's finalize_bootstrap reads through
-                    # pop_decode_prefix_len: the decode holds that much already.
-                    self.req_to_decode_prefix_len[room] = int(info.get("decode_prefix_len")
-                                                              or 0)
-                self._room_ready(room)
-            elif kind == _ABORT:
-                room = int(msg[1].decode("ascii"))
-                with self._lock:
-                    active = room in self.request_status and \
-                        self.check_status(room) != KVPoll.Success
-                    if active:
-                        self.record_failure(room, "The decode aborted the request (AbortReq).")
-                        self.update_status(room, KVPoll.Failed)
-                    batches = list(self.room_batches.get(room, ()))
-                for b in batches:
-                    _cancel(b)
-            else:
-                logger.warning("segxfer sglang: unknown side-channel message %r", kind[:32])
-
-        def _on_register(self, msg):
-            """A decode rank's registration: open its segments, check the
-            layout against ours, refuse other TP, then tell it our segments
-            to grant."""
-            d = json.loads(msg[1].decode())
-            name, endpoint = d["segment"], (d["ip"], int(d["port"]))
-            peer = {"state": "refused", "endpoint": endpoint, "segments": {}, "reason": None}
-            try:
-                self._tp_plan(d["attn_tp_size"], name)
-                if sorted(d["parts"]) != sorted(self.parts):
-                    raise ValueError(
-                        "the decode's buffers form the segments %s, this prefill's %s (aux "
-                        "rows and KV must lie in the same kinds of memory on both sides)"
-                        % (sorted(d["parts"]), sorted(self.parts)))
-                for key, seg_name in d["parts"].items():
-                    seg = self.parts[key].agent.open(seg_name, timeout=self.open_timeout)
-                    peer["segments"][key] = seg
-                    seg.check()          # IncompatibleLayout: before any write
-                peer["state"] = "granting"
-            except (ValueError, SegxferError) as e:
-                peer["reason"] = "segxfer: %s cannot take this prefill's KV: %s" % (name, e)
-                logger.error("%s", peer["reason"])
-                for seg in peer["segments"].values():
-                    seg.close()
-                peer["segments"] = {}
-            with self._lock:
-                old = self.decode_peers.get(name)
-                self.decode_peers[name] = peer
-            if old is not None:
-                for seg in old["segments"].values():
-                    seg.close()
-            sock = self._connect(_sglang_compat.tcp_endpoint(*endpoint))
-            if peer["state"] == "refused":
-                send(sock, [_REFUSED, json.dumps({"ip": self.local_ip, "port": self.rank_port,
-                                                  "reason": peer["reason"]}).encode()])
-                with self._lock:
-                    rooms = [r for r, i in self.transfer_infos.items() if name in i]
-                for room in rooms:
-                    self._room_ready(room)
-                return
-            send(sock, [_PEER, json.dumps({
-                "ip": self.local_ip, "port": self.rank_port, "decode": name,
-                "parts": {k: [p.name, p.agent.incarnation] for k, p in self.parts.items()},
-            }).encode()])
-
-        def _room_ready(self, room):
-            """WaitingForInput once the room's destination arrived from every
-            decode rank it needs and each of them granted us; Failed if one
-            refused."""
-            with self._lock:
-                infos = self.transfer_infos.get(room, {})
-                if room not in self.request_status or not infos:
-                    return
-                need = min(int(i.get("required_dst_info_num", 1)) for i in infos.values())
-                for name in infos:
-                    peer = self.decode_peers.get(name)
-                    if peer is not None and peer["state"] == "refused":
-                        self.record_failure(room, peer["reason"])
-                        self.update_status(room, KVPoll.Failed)
-                        return
-                if len(infos) < need or any(
-                        self.decode_peers.get(n, {}).get("state") != "ready" for n in infos):
-                    return
-                self.advance(room, KVPoll.WaitingForInput)
-
-        def advance(self, room, status):
-            """update_status for a forward step only: SGLang's update_status
-            takes the larger state, which would lift a Failed room (0) back
-            to WaitingForInput or Transferring."""
-            with self._lock:
-                if self.request_status.get(room) not in (None, KVPoll.Failed):
-                    self.update_status(room, status)
-
-        def submit(self, room, kv_indices, index_slice, is_last, aux_index, state_indices):
-            """The write batches of one send(): the pages of this chunk, and on
-            the last chunk the aux row and state slots; one batch per decode
-            rank and part (more only past 1024 runs), tagged with room."""
-            with self._lock:
-                infos = dict(self.transfer_infos.get(room, {}))
-                peers = {n: self.decode_peers.get(n) for n in infos}
-            if not infos:
-                raise ValueError("no destination for room %d from the decode (send before "
-                                 "the request left Bootstrapping)" % room)
-            src = _ids(kv_indices, "kv_indices")
-            batches = []
-            try:
-                for name, info in infos.items():
-                    peer = peers[name]
-                    if peer is None or peer["state"] != "ready":
-                        raise ValueError("decode %s has not granted this prefill" % name)
-                    entries = self._entries(info, src, index_slice, is_last, aux_index,
-                                            state_indices)
-                    for key in self.parts:
-                        mine = [e for e in entries if e.part == key]
-                        if not mine:
-                            continue
-                        seg = peer["segments"][key]
-                        for chunk in _split(mine):
-                            b = seg.batch(timeout=self.transfer_timeout, write=True, tag=room)
-                            batches.append(b)
-                            for e in chunk:
-                                b.add_block_ids(e.dst, e.src, group=e.group,
-                                                layers=(0, e.layers), slots=e.slots)
-                            b.submit()
-            except BaseException:
-                for b in batches:
-                    b.close()
-                raise
-            with self._lock:
-                self.room_batches.setdefault(room, []).extend(batches)
-                if is_last:
-                    self.room_last_sent.add(room)
-
-        def _entries(self, info, src, index_slice, is_last, aux_index, state_indices):
-            layers = {}
-            for part in self.parts.values():
-                for g in part.groups:
-                    layers[g] = part.key
-            kv_layers = len(self.kv_args.kv_data_ptrs)
-            mha = not self.is_mla_backend and kv_layers % 2 == 0
-            dst = info["dst_kv_indices"][index_slice].astype(np.int64)
-            if len(dst) != len(src):
-                raise ValueError("the decode gave %d pages for pages %d..%d of the request, "
-                                 "this chunk has %d" % (len(dst), index_slice.start,
-                                                        index_slice.stop, len(src)))
-            out = []
-            if len(src):
-                out.append(_Entry(layers[GROUP_KV], GROUP_KV,
-                                  kv_layers // 2 if mha else kv_layers,
-                                  ["K", "V"] if mha else ["K"], src, dst))
-            if not is_last:
-                return out
-            if aux_index is not None and self.kv_args.aux_data_ptrs:
-                if info.get("dst_aux_index") is None:
-                    raise ValueError("the decode sent no aux index")
-                out.append(_Entry(layers[GROUP_AUX], GROUP_AUX, len(self.kv_args.aux_data_ptrs),
-                                  ["K"], np.array([aux_index], np.int64),
-                                  np.array([info["dst_aux_index"]], np.int64)))
-            dst_states = info.get("dst_state_indices") or []
-            for c, idx in enumerate(state_indices or []):
-                if idx is None or len(idx) == 0:
-                    continue
-                s = _ids(idx, "state_indices[%d]" % c)
-                if c >= len(dst_states) or len(dst_states[c]) != len(s):
-                    raise ValueError("state component %d: the decode gave %s slots, the "
-                                     "prefill sends %d" % (c, len(dst_states[c]) if c < len(
-                                         dst_states) else "no", len(s)))
-                out.append(_Entry(layers[GROUP_STATE + c], GROUP_STATE + c,
-                                  len(self.kv_args.state_data_ptrs[c]), ["state"], s,
-                                  np.asarray(dst_states[c], np.int64)))
-            return out
-
-        def room_state(self, room):
-            """Success once the last chunk's batches all completed, Failed with
-            the first batch's error, else Transferring (prefill side)."""
-            with self._lock:
-                batches = list(self.room_batches.get(room, ()))
-                last = room in self.room_last_sent
-            for b in batches:
-                if not b.done():
-                    return KVPoll.Transferring
-                r = b.result()
-                if not r.ok:
-                    return r
-            return KVPoll.Success if last else KVPoll.Transferring
-
-        def tell_decode_failed(self, room, reason):
-            with self._lock:
-                infos = dict(self.transfer_infos.get(room, {}))
-                peers = [self.decode_peers.get(n) for n in infos]
-            for peer in peers:
-                if peer is None:
-                    continue
-                try:
-                    send(self._connect(_sglang_compat.tcp_endpoint(*peer["endpoint"])),
-                         [_FAILED, str(room).encode("ascii"), reason.encode()])
-                except wire_errors as e:
-                    logger.warning("segxfer sglang: could not tell %s that room %d failed: "
-                                   "%s", peer["endpoint"], room, e)
-
-        def forget_room(self, room):
-            with self._lock:
-                batches = self.room_batches.pop(room, [])
-                self.room_last_sent.discard(room)
-            for b in batches:
-                b.close()       # cancels and waits for one still running
-
-        # ------------------------------------------------------------ decode
-
-        def _decode_loop(self):
-            next_check = time.monotonic() + self.liveness_interval
-            while not self._stopped:
-                try:
-                    if self.server_socket.poll(20):
-                        self._decode_message(self.server_socket.recv_multipart())
-                except Exception as e:  # noqa: BLE001
-                    if self._stopped:
-                        return
-                    logger.error("segxfer sglang: side channel: %s", e)
-                for part in self.parts.values():
-                    try:
-                        for n in part.agent.notices():
-                            self._on_notice(n)
-                    except SegxferError as e:
-                        if self._stopped:
-                            return
-                        logger.error("segxfer sglang: notices: %s", e)
-                if time.monotonic() >= next_check:
-                    self._check_prefills()
-                    next_check = time.monotonic() + self.liveness_interval
-
-        def _decode_message(self, msg):
-            kind = msg[0]
-            if kind == _PEER:
-                d = json.loads(msg[1].decode())
-                endpoint = (d["ip"], int(d["port"]))
-                for key, (name, inc) in d["parts"].items():
-                    if key not in self.parts:
-                        raise ValueError("prefill part %r unknown here" % key)
-                    self.parts[key].agent.grant_write(name, inc)
-                peer = {"parts": {k: v[0] for k, v in d["parts"].items()}, "failed": None,
-                        "misses": 0, "segment": None}
-                with self._lock:
-                    old = self.prefill_peers.get(endpoint)
-                    self.prefill_peers[endpoint] = peer
-                if old is not None and old["segment"] is not None:
-                    old["segment"].close()
-                send(self._connect(_sglang_compat.tcp_endpoint(*endpoint)),
-                     [_GRANTED, d["decode"].encode()])
-            elif kind == _REFUSED:
-                d = json.loads(msg[1].decode())
-                endpoint = (d["ip"], int(d["port"]))
-                with self._lock:
-                    self.prefill_peers[endpoint] = {"parts": {}, "failed": d["reason"],
-                                                    "misses": 0, "segment": None}
-                self._fail_endpoint(endpoint, d["reason"])
-            elif kind == _FAILED:
-                room = int(msg[1].decode("ascii"))
-                with self._lock:
-                    if room in self.rooms and self.request_status.get(room) not in (
-                            KVPoll.Success, KVPoll.Failed, None):
-                        self.record_failure(room, "prefill: %s" % msg[2].decode(
-                            errors="replace"))
-                        self.update_status(room, KVPoll.Failed)
-
-        def _on_notice(self, n):
-            with self._lock:
-                r = self.rooms.get(n.tag)
-                if r is None or self.request_status.get(n.tag) in (None, KVPoll.Failed,
-                                                                   KVPoll.Success):
-                    return   # a request cleared, aborted or failed: bytes it no longer wants
-                allowed = set()
-                for ep in r["endpoints"]:
-                    allowed.update(self.prefill_peers.get(ep, {}).get("parts", {}).values())
-                if n.producer not in allowed:
-                    logger.warning("segxfer sglang: notice for room %d from %s, which is not "
-                                   "its prefill", n.tag, n.producer)
-                    return
-                r["got"] += n.bytes
-                r.setdefault("transports", set()).add(n.transport)
-                if r["got"] == r["expected"]:
-                    self.update_status(n.tag, KVPoll.Success)
-                elif r["got"] > r["expected"]:
-                    self.record_failure(n.tag, "%d bytes arrived for a request of %d"
-                                        % (r["got"], r["expected"]))
-                    self.update_status(n.tag, KVPoll.Failed)
-                else:
-                    self.advance(n.tag, KVPoll.Transferring)
-
-        def _fail_endpoint(self, endpoint, reason):
-            with self._lock:
-                for room, r in self.rooms.items():
-                    if endpoint in r["endpoints"] and self.request_status.get(room) in (
-                            KVPoll.Bootstrapping, KVPoll.WaitingForInput,
-                            KVPoll.Transferring):
-                        self.record_failure(room, reason)
-                        self.update_status(room, KVPoll.Failed)
-
-        def _check_prefills(self):
-            """Ping the segment of every prefill rank a request waits on; one
-            that does not answer twice in a row (killed, hung, or its segment
-            gone from the store when its lease ran out) fails its requests."""
-            with self._lock:
-                waiting = {ep for room, r in self.rooms.items() for ep in r["endpoints"]
-                           if self.request_status.get(room) in (KVPoll.WaitingForInput,
-                                                                KVPoll.Transferring)}
-                peers = [(ep, self.prefill_peers[ep]) for ep in waiting
-                         if ep in self.prefill_peers and self.prefill_peers[ep]["parts"]]
-            # The aux segment where there is one: host memory, read over TCP,
-            # where a ping of a GPU segment on one host would map its memory.
-            key = "aux" if "aux" in self.parts else "kv"
-            agent = self.parts[key].agent
-            for ep, peer in peers:
-                name = peer["parts"][key]
-                try:
-                    if peer["segment"] is None:
-                        peer["segment"] = agent.open(name, timeout=self.liveness_interval)
-                    peer["segment"].ping(timeout=self.liveness_interval)
-                    peer["misses"] = 0
-                except SegxferError as e:
-                    if peer["segment"] is not None:
-                        peer["segment"].close()
-                        peer["segment"] = None
-                    peer["misses"] += 1
-                    if peer["misses"] >= 2:
-                        self._fail_endpoint(ep, "segxfer: the prefill's segment %s stopped "
-                                            "answering (%s); its KV will not come" % (name, e))
-
         # ------------------------------------------------------------ teardown
 
         def teardown(self):
@@ -737,16 +281,6 @@ def _build(api):
                 pass
 
         close = teardown
-
-        def register_decode_room(self, room, endpoints, expected):
-            with self._lock:
-                self.rooms[room] = {"endpoints": endpoints, "expected": expected, "got": 0}
-                refused = [self.prefill_peers[ep]["failed"] for ep in endpoints
-                           if ep in self.prefill_peers and self.prefill_peers[ep]["failed"]]
-            if refused:
-                self.record_failure(room, refused[0])
-                self.update_status(room, KVPoll.Failed)
-            return not refused
 
     def _failure_exception(self):
         """Both sides: Failed, local state cleared, KVTransferError with the
@@ -841,7 +375,7 @@ def _build(api):
             with self.kv_mgr._lock:
                 batches = list(self.kv_mgr.room_batches.get(room, ()))
             for b in batches:
-                _cancel(b)
+                cancel(b)
                 b.wait(self.kv_mgr.transfer_timeout)
             self.kv_mgr.tell_decode_failed(room, "the prefill aborted the request")
 
@@ -953,13 +487,6 @@ def _build(api):
             "DisaggregationMode": Mode, "SegxferKVManager": SegxferKVManager,
             "SegxferKVSender": SegxferKVSender, "SegxferKVReceiver": SegxferKVReceiver,
             "SegxferKVBootstrapServer": SegxferKVBootstrapServer, "using_sglang": api.real}
-
-
-def _cancel(batch):
-    try:
-        batch.cancel()
-    except SegxferError:
-        pass    # it ended already
 
 
 _classes = None

@@ -228,17 +228,17 @@ def test_sglang_bad_side_channel_messages_do_not_stop_the_prefill(engines):
 
 def test_sglang_split_keeps_runs_under_the_notice_limit():
     import numpy as np
-    from segxfer import sglang
+    from segxfer import _sglang_prefill as pre
     dst = np.array([0, 1, 2, 10, 11, 20, 30, 31, 32, 33, 40], np.int64)
     src = np.arange(len(dst), dtype=np.int64) + 100
-    e = sglang._Entry("kv", 0, 4, ["K"], src, dst)
-    chunks = sglang._split([e, sglang._Entry("kv", 1, 3, ["K"], src[:1], dst[:1])], limit=2)
-    assert [sum(sglang._runs(x.dst) for x in c) for c in chunks] == [2, 2, 2]
+    e = pre._Entry("kv", 0, 4, ["K"], src, dst)
+    chunks = pre._split([e, pre._Entry("kv", 1, 3, ["K"], src[:1], dst[:1])], limit=2)
+    assert [sum(pre._runs(x.dst) for x in c) for c in chunks] == [2, 2, 2]
     got = [x for c in chunks for x in c]
     assert np.array_equal(np.concatenate([x.dst for x in got[:-1]]), dst)
     assert np.array_equal(np.concatenate([x.src for x in got[:-1]]), src)
     assert got[-1].group == 1 and list(got[-1].dst) == [0]
-    assert sglang._split([e])[0][0].dst is not None and len(sglang._split([e])) == 1
+    assert pre._split([e])[0][0].dst is not None and len(pre._split([e])) == 1
 
 
 @pytest.mark.parametrize("aux_segment", ["auto", "yes"])
