@@ -18,7 +18,6 @@ logger = logging.getLogger("segxfer.sglang")
 class DecodeSide:
     """SegxferKVManager's decode methods (state: prefill_peers, rooms)."""
 
-
     def _decode_loop(self):
         next_check = time.monotonic() + self.liveness_interval
         while not self._stopped:

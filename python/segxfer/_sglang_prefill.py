@@ -65,7 +65,6 @@ class PrefillSide:
     """SegxferKVManager's prefill methods (state: decode_peers,
     room_batches, room_last_sent, SGLang's transfer_infos)."""
 
-
     def _prefill_loop(self):
         while not self._stopped:
             try:
