@@ -34,6 +34,7 @@ answer per line on stdout:
   poll ROOM SECONDS         poll until Success/Failed; failure_exception's
                             text on Failed
   abort ROOM                sender/receiver abort()
+  revoke                    decode: revoke every grant given to a prefill
   verify ROOM               decode: the destination pages, aux row and
                             state slots hold the prefill's bytes, and
                             nothing else changed
@@ -248,6 +249,13 @@ def main():
             elif cmd[0] == "abort":
                 ends[int(cmd[1])].abort()
                 out(ok=True, state=names[ends[int(cmd[1])].poll()])
+            elif cmd[0] == "revoke":
+                # The decode takes back every grant it gave (as an operator
+                # could): the prefill's next batch is refused by the data plane.
+                for peer in list(mgr.prefill_peers.values()):
+                    for key, name in peer["parts"].items():
+                        mgr.parts[key].agent.revoke_write(name)
+                out(ok=True)
             elif cmd[0] == "verify":
                 room = int(cmd[1])
                 out(ok=True, problems=verify(bufs, rooms[room], list(rooms.values()),

@@ -8,7 +8,9 @@ segxfer/_sglang_compat.py takes its place, and says what it keeps).
 Asserted: the pages written equal the prefill's pages, and the aux row and
 state slots arrive, over two chunks (chunked prefill), with nothing else
 touched; a prefill killed after the handshake turns the decode's poll to
-Failed with a reason within seconds; an abort on either side ends both
+Failed with a reason within seconds; a batch the decode refuses fails the
+prefill from the batch and the decode from the prefill's message; an abort
+on either side ends both
 sides Failed with the reason, both processes exit cleanly; different TP, a
 different layout and segments that do not pair are refused with a clear
 reason before any write; garbage on the side channel is survived; a Failed
@@ -267,6 +269,22 @@ def test_sglang_decode_abort_is_clean_on_both_sides(engines):
     assert prefill.cmd("poll", other, 20)["state"] == "Success"
     assert decode.cmd("poll", other, 20)["state"] == "Success"
     assert decode.cmd("verify", other)["problems"] == []
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_refused_batch_fails_prefill_then_decode(engines):
+    """The prefill learns of a failure from its batch and tells the decode."""
+    prefill, decode, _ = pair(engines)
+    room = ROOMS[0]["room"]
+    decode.cmd("revoke")
+    prefill.cmd("send", room)
+    res = prefill.cmd("poll", room, 20)
+    assert res["state"] == "Failed" and "write batch for room" in res["reason"], res
+    assert "SX_E" in res["reason"], res
+    res = decode.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "prefill: segxfer: write batch" in res["reason"], res
+    assert decode.cmd("verify", room)["problems"]    # nothing landed
     prefill.quit()
     decode.quit()
 
