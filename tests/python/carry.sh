@@ -24,7 +24,9 @@ cp -P "$build"/lib/libsegxfer.so* "$dest/build/lib/"
 cp "$build/bin/sx-agent" "$build/bin/sxctl" "$dest/build/bin/"
 cp "$build/tests/python/abi_probe" "$build/tests/python/bench_read" "$dest/build/tests/python/"
 cp -r python/segxfer "$dest/python/"
+cp python/_segxfer_sglang_hook.py python/segxfer-sglang.pth "$dest/python/"
 cp tests/python/*.py tests/python/*.sh "$dest/tests/python/"
+cp -r tests/python/sglang_standin "$dest/tests/python/"   # test_sglang_hook's SGLang
 cp docs/python.md "$dest/docs/"   # test_docs runs the lines it shows
 cp include/segxfer/errors.h "$dest/include/segxfer/"   # test_errors reads the table
 p=$(command -v redis-server) && cp "$p" "$dest/bin/"

@@ -1,0 +1,363 @@
+"""segxfer's SGLang backend (python/segxfer/sglang.py) in SGLang's call
+order, with a prefill and a decode process (tests/python/sglang_engine.py
+replays prefill.py and decode.py of sgl-project/sglang; the order is cited
+there), a real redis-server, and SGLang's bootstrap server and side channel
+(SGLang itself is not installed here: the stand-in in
+segxfer/_sglang_compat.py takes its place, and says what it keeps).
+
+Asserted: the pages written equal the prefill's pages, and the aux row and
+state slots arrive, over two chunks (chunked prefill), with nothing else
+touched; a prefill killed after the handshake turns the decode's poll to
+Failed with a reason within seconds; a batch the decode refuses fails the
+prefill from the batch and the decode from the prefill's message; an abort
+on either side ends both
+sides Failed with the reason, both processes exit cleanly; different TP, a
+different layout and segments that do not pair are refused with a clear
+reason before any write; garbage on the side channel is survived; a Failed
+room is never lifted by a late step.  With a
+CUDA device (torch.cuda.is_available(), the GPU machine), the same with KV
+and state on cuda:0 and aux rows in host memory, over cuda_ipc and staged
+TCP.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from harness import free_port
+
+ENGINE = os.path.join(ROOT, "tests", "python", "sglang_engine.py")
+
+
+def _cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+CUDA = _cuda()
+
+
+def _has_zmq():
+    try:
+        import zmq  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+ROOMS = [
+    # Scattered destination pages (runs of 1..3), one aux row, two state slots.
+    dict(room=7001, src_pages=[0, 1, 2, 3, 9, 10, 11, 5], dst_pages=[20, 3, 4, 5, 12, 13, 0, 8],
+         aux_src=2, aux_dst=6, state_src=[1, 4], state_dst=[3, 0]),
+    dict(room=2**62 + 17, src_pages=[12, 13, 14, 15, 16], dst_pages=[14, 15, 16, 17, 18],
+         aux_src=5, aux_dst=1, state_src=[2], state_dst=[5]),
+]
+
+
+class Engine:
+    """A sglang_engine.py process: commands in, JSON answers out."""
+
+    def __init__(self, role, url, bport, env=None, **cfg):
+        cfg.update(role=role, bport=bport, rooms=ROOMS, seed=cfg.get("seed", 11))
+        e = dict(os.environ, SX_METADATA_URL=url, SEGXFER_SGLANG_STANDIN="1",
+                 SEGXFER_SGLANG_LIVENESS_S="0.3", PYTHONUNBUFFERED="1")
+        e.update(env or {})
+        self.role = role
+        self.proc = subprocess.Popen([sys.executable, ENGINE, json.dumps(cfg)], env=e,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+
+    def cmd(self, *words, timeout=30):
+        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout)
+            raise AssertionError("%s exited (rc %s): %s" % (self.role, self.proc.returncode,
+                                                             self.proc.stderr.read()[-3000:]))
+        ans = json.loads(line)
+        assert ans.get("ok"), (self.role, words, ans)
+        return ans
+
+    def quit(self):
+        """quit: teardown and a clean exit (rc 0)."""
+        ans = self.cmd("quit")
+        assert ans.get("bye")
+        assert self.proc.wait(20) == 0, self.proc.stderr.read()[-3000:]
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def engines(url):
+    made = []
+
+    def start(role, bport, **kw):
+        e = Engine(role, url, bport, **kw)
+        made.append(e)
+        return e
+    yield start
+    for e in made:
+        e.kill()
+
+
+def handshake(prefill, decode, rooms=ROOMS):
+    """Both managers up; per room, SGLang's bootstrap: sender made, receiver
+    through init and send_metadata, sender to WaitingForInput and init."""
+    p, d = prefill.cmd("start"), decode.cmd("start")
+    assert p["sglang"] is False and d["sglang"] is False   # the stand-in, here
+    for r in rooms:
+        assert prefill.cmd("open", r["room"])["state"] == "Bootstrapping"
+        assert decode.cmd("open", r["room"])["state"] == "WaitingForInput"
+    for r in rooms:
+        assert prefill.cmd("ready", r["room"])["state"] == "WaitingForInput"
+    return p["segments"], d["segments"]
+
+
+def pair(engines, shake=True, decode_kw=None, **kw):
+    """A prefill and a decode process on a fresh bootstrap port (after
+    handshake() when shake); decode_kw: the decode's own settings."""
+    bport = free_port()
+    prefill = engines("prefill", bport, **kw)
+    decode = engines("decode", bport, **dict(kw, **(decode_kw or {})))
+    segs = handshake(prefill, decode) if shake else None
+    return prefill, decode, segs
+
+
+def opened_with(engines, **decode_kw):
+    """Both managers up, the decode with decode_kw, one room opened on both
+    sides: (prefill, decode, room, the decode's open answer)."""
+    prefill, decode, _ = pair(engines, shake=False, decode_kw=decode_kw)
+    prefill.cmd("start")
+    decode.cmd("start")
+    room = ROOMS[0]["room"]
+    prefill.cmd("open", room)
+    return prefill, decode, room, decode.cmd("open", room)
+
+
+def run_transfer(engines, device="cpu", env=None):
+    prefill, decode, (psegs, dsegs) = pair(engines, device=device, env=env)
+    for r in ROOMS:
+        assert prefill.cmd("send", r["room"])["state"] in ("Transferring", "Success")
+    results = {}
+    for r in ROOMS:
+        pr = prefill.cmd("poll", r["room"], 20)
+        dr = decode.cmd("poll", r["room"], 20)
+        assert pr["state"] == "Success", pr
+        assert dr["state"] == "Success", dr
+        assert decode.cmd("verify", r["room"])["problems"] == []
+        results[r["room"]] = dr
+    prefill.quit()
+    decode.quit()
+    return psegs, dsegs, results
+
+
+@pytest.mark.parametrize("wire", ["zmq", "socket"])
+def test_sglang_pages_aux_and_state_arrive(engines, wire):
+    if wire == "zmq" and not _has_zmq():
+        pytest.skip("pyzmq is not installed (make deps installs python3-zmq)")
+    psegs, dsegs, results = run_transfer(engines, env={"SEGXFER_SGLANG_WIRE": wire})
+    # Host memory only: one segment per rank, named, not addressed.
+    assert list(psegs) == ["kv"] and list(dsegs) == ["kv"]
+    assert psegs["kv"].startswith("sglang/prefill/") and dsegs["kv"].startswith("sglang/decode/")
+    for res in results.values():
+        assert res["transports"] == ["tcp"]
+        assert res["seen"][-1] == "Success"
+
+
+def test_sglang_aux_in_a_segment_of_its_own(engines):
+    """The layout a GPU rank has (KV segment + aux segment, two batches per
+    request, one notice each), forced on host memory."""
+    psegs, dsegs, results = run_transfer(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"})
+    assert sorted(psegs) == ["aux", "kv"] and dsegs["aux"] == dsegs["kv"] + "/aux"
+    for res in results.values():
+        assert res["transports"] == ["tcp"] and res["seen"][-1] == "Success"
+
+
+def test_sglang_segments_that_do_not_pair_are_refused(engines):
+    prefill, decode, room, _ = opened_with(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": "yes"})
+    for end in (prefill, decode):
+        res = end.cmd("poll", room, 10)
+        assert res["state"] == "Failed" and "form the segments ['aux', 'kv']" in \
+            res["reason"], res
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_bad_side_channel_messages_do_not_stop_the_prefill(engines):
+    zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (make deps installs "
+                              "python3-zmq)")
+    prefill, decode, _ = pair(engines, shake=False)
+    port = prefill.cmd("start")["port"]
+    decode.cmd("start")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect("tcp://127.0.0.1:%d" % port)
+    for frames in ([b"SEGXFER_ROOM", b"not a number"], [b"SEGXFER_REGISTER", b"{bad json"],
+                   [b"SEGXFER_ROOM", b"5", b"x", b"\x01\x02\x03", b"[]"], [b"\xff" * 40],
+                   [b"ABORT", b"-"], [b"SEGXFER_GRANTED", b"nobody"]):
+        sock.send_multipart(frames)
+    sock.close()
+    ctx.term()
+    r = ROOMS[0]
+    prefill.cmd("open", r["room"])
+    assert decode.cmd("open", r["room"])["state"] == "WaitingForInput"
+    assert prefill.cmd("ready", r["room"])["state"] == "WaitingForInput"
+    prefill.cmd("send", r["room"])
+    assert prefill.cmd("poll", r["room"], 20)["state"] == "Success"
+    assert decode.cmd("poll", r["room"], 20)["state"] == "Success"
+    assert decode.cmd("verify", r["room"])["problems"] == []
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_split_keeps_runs_under_the_notice_limit():
+    import numpy as np
+    from segxfer import _sglang_prefill as pre
+    dst = np.array([0, 1, 2, 10, 11, 20, 30, 31, 32, 33, 40], np.int64)
+    src = np.arange(len(dst), dtype=np.int64) + 100
+    e = pre._Entry("kv", 0, 4, ["K"], src, dst)
+    chunks = pre._split([e, pre._Entry("kv", 1, 3, ["K"], src[:1], dst[:1])], limit=2)
+    assert [sum(pre._runs(x.dst) for x in c) for c in chunks] == [2, 2, 2]
+    got = [x for c in chunks for x in c]
+    assert np.array_equal(np.concatenate([x.dst for x in got[:-1]]), dst)
+    assert np.array_equal(np.concatenate([x.src for x in got[:-1]]), src)
+    assert got[-1].group == 1 and list(got[-1].dst) == [0]
+    assert pre._split([e])[0][0].dst is not None and len(pre._split([e])) == 1
+
+
+@pytest.mark.parametrize("aux_segment", ["auto", "yes"])
+def test_sglang_killed_prefill_fails_decode_with_reason(engines, aux_segment):
+    prefill, decode, _ = pair(engines, env={"SEGXFER_SGLANG_AUX_SEGMENT": aux_segment})
+    prefill.proc.send_signal(signal.SIGKILL)
+    prefill.proc.wait()
+    t0 = time.monotonic()
+    res = decode.cmd("poll", ROOMS[0]["room"], 15)
+    assert res["state"] == "Failed", res
+    assert time.monotonic() - t0 < 10
+    assert "stopped answering" in res["reason"] and "KVTransferError" in res["reason"], res
+    decode.quit()
+
+
+def test_sglang_decode_abort_is_clean_on_both_sides(engines):
+    prefill, decode, _ = pair(engines)
+    room, other = ROOMS[0]["room"], ROOMS[1]["room"]
+    assert decode.cmd("abort", room)["state"] == "Failed"
+    res = prefill.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "decode aborted" in res["reason"], res
+    res = decode.cmd("poll", room, 1)
+    assert res["state"] == "Failed" and "Aborted by AbortReq" in res["reason"], res
+    # The other request of the same pair still goes through.
+    prefill.cmd("send", other)
+    assert prefill.cmd("poll", other, 20)["state"] == "Success"
+    assert decode.cmd("poll", other, 20)["state"] == "Success"
+    assert decode.cmd("verify", other)["problems"] == []
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_refused_batch_fails_prefill_then_decode(engines):
+    """The prefill learns of a failure from its batch and tells the decode."""
+    prefill, decode, _ = pair(engines)
+    room = ROOMS[0]["room"]
+    decode.cmd("revoke")
+    prefill.cmd("send", room)
+    res = prefill.cmd("poll", room, 20)
+    assert res["state"] == "Failed" and "write batch for room" in res["reason"], res
+    assert "SX_E" in res["reason"], res
+    res = decode.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "prefill: segxfer: write batch" in res["reason"], res
+    assert decode.cmd("verify", room)["problems"]    # nothing landed
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_prefill_abort_fails_decode_with_reason(engines):
+    prefill, decode, _ = pair(engines)
+    room = ROOMS[1]["room"]
+    assert prefill.cmd("abort", room)["state"] == "Failed"
+    res = prefill.cmd("poll", room, 1)
+    assert res["state"] == "Failed" and "Aborted by AbortReq" in res["reason"], res
+    res = decode.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "prefill aborted" in res["reason"], res
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_different_tp_is_refused_clearly(engines):
+    prefill, decode, room, res = opened_with(engines, tp_size=2)
+    assert res["state"] == "Failed", res
+    assert "equal attention TP only" in res["reason"] and "issue 23" in res["reason"], res
+    prefill.quit()
+    decode.quit()
+
+
+def test_sglang_layout_mismatch_is_refused_before_any_write(engines):
+    prefill, decode, room, _ = opened_with(engines, env={"SEGXFER_FINGERPRINT": "another-model"})
+    res = prefill.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "fingerprint" in res["reason"], res
+    res = decode.cmd("poll", room, 10)
+    assert res["state"] == "Failed" and "cannot take this prefill's KV" in res["reason"], res
+    assert decode.cmd("verify", room)["problems"]   # nothing was written
+    prefill.quit()
+    decode.quit()
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device here (torch.cuda.is_available() is "
+                    "False); the GPU machine runs this")
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_sglang_gpu_kv_over_cuda_ipc_and_staged_tcp(engines, transport):
+    psegs, dsegs, results = run_transfer(engines, device="cuda:0",
+                                         env={"SEGXFER_TRANSPORTS": transport})
+    # KV and state on the GPU, aux rows in host memory: two segments per rank.
+    assert sorted(psegs) == ["aux", "kv"] and sorted(dsegs) == ["aux", "kv"]
+    for res in results.values():
+        want = ["cuda_ipc", "tcp"] if transport == "auto" else ["tcp"]
+        assert res["transports"] == want, res
+
+
+def test_sglang_a_failed_room_is_never_lifted_again(url, monkeypatch):
+    """A room aborted while its grant was on the way stays Failed: SGLang's
+    update_status keeps the larger state, and Failed is the smallest."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    KVPoll = c["KVPoll"]
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    bufs = eng.Buffers("cpu", 3)
+    mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], 0),
+                                c["DisaggregationMode"].PREFILL, eng.ServerArgs({"bport": bport}),
+                                False)
+    try:
+        sender = c["SegxferKVSender"](mgr, "127.0.0.1:%d" % bport, 42, [0], 0)
+        sender.abort()
+        mgr.decode_peers["decode-x"] = {"state": "ready", "endpoint": ("127.0.0.1", 1),
+                                        "segments": {}, "reason": None}
+        mgr.transfer_infos[42] = {"decode-x": {"required_dst_info_num": 1}}
+        mgr._room_ready(42)                     # the grant arrives after the abort
+        assert mgr.check_status(42) == KVPoll.Failed
+        mgr.advance(42, KVPoll.Transferring)
+        assert mgr.check_status(42) == KVPoll.Failed
+    finally:
+        mgr.teardown()
+        server.close()
