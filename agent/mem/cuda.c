@@ -102,6 +102,26 @@ static int load(void) {
   /* The CUDA 13 batch copy: one call for a batch's ranges when it is there. */
   void *batch = dlsym(lib, "cuMemcpyBatchAsync_v2");
   memcpy(&real.MemcpyBatchAsync, &batch, sizeof(batch));
+  /* The gather kernel's calls: without any of them, no kernel. */
+  static const struct {
+    const char *sym;
+    size_t off;
+  } opt[] = {
+#define SYM(field, name) {name, offsetof(sx__cuda_drv, field)}
+      SYM(ModuleLoadData, "cuModuleLoadData"),
+      SYM(ModuleGetFunction, "cuModuleGetFunction"),
+      SYM(LaunchKernel, "cuLaunchKernel"),
+      SYM(EventCreate, "cuEventCreate"),
+      SYM(EventRecord, "cuEventRecord"),
+      SYM(EventSynchronize, "cuEventSynchronize"),
+      SYM(EventDestroy, "cuEventDestroy_v2"),
+      SYM(CtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
+#undef SYM
+  };
+  for (size_t i = 0; i < SX__ARRAY_SIZE(opt); i++) {
+    void *f = dlsym(lib, opt[i].sym);
+    memcpy((char *)&real + opt[i].off, &f, sizeof(f));
+  }
   return 0;
 }
 
@@ -169,6 +189,13 @@ const sx__cuda_drv *sx__cuda_get(int device, int *err) {
     }
   }
   return d;
+}
+
+CUcontext sx__cuda_ctx(int device) {
+  pthread_mutex_lock(&mu);
+  CUcontext c = device >= 0 && device < MAX_DEVICES ? ctx[device] : NULL;
+  pthread_mutex_unlock(&mu);
+  return c;
 }
 
 int sx__mem_cuda_devices(int *n) {

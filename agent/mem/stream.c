@@ -21,11 +21,6 @@ struct sx__mem_notifier {
   sx__mem_notice *head, **tail; /* mu */
 };
 
-struct sx__mem_stream {
-  CUstream s;
-  int device;
-};
-
 typedef struct notice_arg {
   sx__mem_notifier *n;
   sx__mem_notice *note;
@@ -140,6 +135,7 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d != NULL) {
     d->StreamSynchronize(s->s);
+    sx__gather_ring_free(d, s->ring);
     d->StreamDestroy(s->s);
   }
   free(s);
@@ -155,38 +151,6 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
   CUresult r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                               len, s->s);
   return r == CUDA_SUCCESS ? 0 : sx__cuda_err(d, r, "queueing a copy");
-}
-
-static int batch_broken; /* atomic: the batch call failed once: not again */
-
-int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
-                             size_t n) {
-  int rc;
-  const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
-  if (d == NULL)
-    return rc;
-  _Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr is 64 bits");
-  if (n > 1 && d->MemcpyBatchAsync != NULL &&
-      !__atomic_load_n(&batch_broken, __ATOMIC_RELAXED)) {
-    /* Stream order: the sources are read in the order the stream gives,
-     * as with single copies. */
-    CUmemcpyAttributes attr;
-    memset(&attr, 0, sizeof(attr));
-    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-    size_t idx = 0;
-    CUresult r = d->MemcpyBatchAsync((CUdeviceptr *)dst, (CUdeviceptr *)src, len, n, &attr,
-                                     &idx, 1, s->s);
-    if (r == CUDA_SUCCESS)
-      return 0;
-    /* Refused (an older driver's rules): single copies from now on. */
-    __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
-  }
-  for (size_t i = 0; i < n; i++) {
-    CUresult r = d->MemcpyAsync((CUdeviceptr)dst[i], (CUdeviceptr)src[i], len[i], s->s);
-    if (r != CUDA_SUCCESS)
-      return sx__cuda_err(d, r, "queueing a copy");
-  }
-  return 0;
 }
 
 int sx__mem_stream_sync(sx__mem_stream *s) {
