@@ -21,6 +21,9 @@
  * as the GPU reads it.  Events are markers in a stream's queue.
  * FAKE_CUDA_NO_BATCH=1 makes the batch copy refuse (as a driver whose
  * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load.
+ * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
+ * launches only keep their order): for profiling segxfer's own CPU cost
+ * per batch, never for tests.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -226,6 +229,8 @@ static void *worker(void *arg) {
   stream *s = arg;
   const char *e = getenv("FAKE_CUDA_DELAY_US");
   int delay = e ? atoi(e) : 0;
+  e = getenv("FAKE_CUDA_NO_COPY");
+  int no_copy = e != NULL && strcmp(e, "1") == 0;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (s->head == NULL && !s->stop)
@@ -246,7 +251,7 @@ static void *worker(void *arg) {
     } else if (o->table != NULL) {
       if (delay)
         usleep((useconds_t)delay);
-      for (uint64_t i = 0; i < o->n; i++)
+      for (uint64_t i = 0; i < o->n && !no_copy; i++)
         memmove((void *)(uintptr_t)o->table[3 * i], (const void *)(uintptr_t)o->table[3 * i + 1],
                 (size_t)o->table[3 * i + 2]);
     } else if (o->fn != NULL) {
@@ -254,7 +259,8 @@ static void *worker(void *arg) {
     } else {
       if (delay)
         usleep((useconds_t)delay);
-      memmove(o->dst, o->src, o->len);
+      if (!no_copy)
+        memmove(o->dst, o->src, o->len);
     }
     free(o);
     pthread_mutex_lock(&s->mu);
