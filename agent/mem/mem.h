@@ -107,7 +107,10 @@ int sx__mem_stream_device(const sx__mem_stream *s);
 /* Queue an asynchronous copy of len bytes (any kinds; host memory should be
  * pinned for the copy to overlap). */
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
-/* Queue note behind the work on s.  0, or an error (note will not run). */
+/* Queue note behind the work on s.  0, or an error (note will not run).
+ * By a host function on the stream (default), or with SX_GPU_NOTICE=event
+ * by an event that a thread of the stream's own waits for (the stream is
+ * not held while the notice is delivered; see stream.c). */
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
 /* Deliver note on n's loop in a later iteration (any thread): for work
  * that must not run inside the current call stack. */

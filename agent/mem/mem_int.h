@@ -62,6 +62,7 @@ struct sx__mem_stream {
   CUstream s;
   int device;
   struct sx__gather_ring *ring;
+  struct sx__mem_waiter *w; /* stream.c: event notices' thread, or NULL */
 };
 /* gather.c: free a stream's tables (its work has ended). */
 void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r);
