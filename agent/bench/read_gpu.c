@@ -192,6 +192,7 @@ static void entries(run *R, int g, uint64_t k, sx_block_read *e) {
 /* What a measured case gives. */
 typedef struct mres {
   double gbps, rps, p50_ms, p99_ms;
+  double post_us, end_us; /* p50: submit to posted, submit to ended (loop thread) */
   uint64_t methods[4]; /* gathers per copy method in this process */
 } mres;
 
@@ -200,7 +201,7 @@ typedef struct mres {
 typedef struct macc {
   uint64_t bytes, reqs;
   double secs;
-  bx_lat lat;
+  bx_lat lat, post, end;
   uint64_t methods[4];
 } macc;
 
@@ -231,6 +232,8 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
         bytes += o->batch * size;
         reqs++;
         bx_lat_add(&acc->lat, (uint64_t)((now - at[slot]) * 1e9));
+        bx_lat_add(&acc->post, res.post_ns);
+        bx_lat_add(&acc->end, res.transfer_ns);
       }
       if (!warm && now - start > secs / 5) {
         warm = 1;
@@ -266,7 +269,11 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
 
 static mres macc_result(macc *a) {
   mres r = {.gbps = (double)a->bytes / a->secs / 1e9, .rps = (double)a->reqs / a->secs,
-            .p50_ms = bx_lat_pct(&a->lat, 0.5) / 1e6, .p99_ms = bx_lat_pct(&a->lat, 0.99) / 1e6};
+            .p50_ms = bx_lat_pct(&a->lat, 0.5) / 1e6, .p99_ms = bx_lat_pct(&a->lat, 0.99) / 1e6,
+            .post_us = bx_lat_pct(&a->post, 0.5) / 1e3, .end_us = bx_lat_pct(&a->end, 0.5) / 1e3};
+  bx_lat_free(&a->lat);
+  bx_lat_free(&a->post);
+  bx_lat_free(&a->end);
   memcpy(r.methods, a->methods, sizeof(r.methods));
   return r;
 }
@@ -422,7 +429,8 @@ static const bx_col cols[] = {
     {"transport", "TRANSPORT", NULL}, {"path", "PATH", NULL}, {"block", "BLOCK", NULL},
     {"batch", "RANGES/REQ", "%.0f"},  {"req_s", "REQ/S", "%.0f"},
     {"gb_s", "GB/S", "%.2f"},         {"p50_ms", "P50 MS", "%.3f"},
-    {"p99_ms", "P99 MS", "%.3f"},     {"method", "COPIES BY", NULL},
+    {"p99_ms", "P99 MS", "%.3f"},     {"post_us", "POSTED US", "%.0f"},
+    {"end_us", "ENDED US", "%.0f"},   {"method", "COPIES BY", NULL},
     {"baseline", "BASELINE", NULL},   {"baseline_gb_s", "BASELINE GB/S", "%.2f"},
     {"ratio", "VS BASELINE", "%.2fx"},
 };
@@ -460,6 +468,8 @@ static void row(bx_table *t, const char *tr, const char *path, uint64_t size,
   if (v->p50_ms > 0) {
     bx_set_num(r, "p50_ms", v->p50_ms);
     bx_set_num(r, "p99_ms", v->p99_ms);
+    bx_set_num(r, "post_us", v->post_us);
+    bx_set_num(r, "end_us", v->end_us);
   }
   if (method == NULL) {
     methods_str(v->methods, ms, sizeof(ms));
@@ -637,6 +647,9 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
                 (unsigned long long)o.rounds);
   bx_table_note(t, "tcp baseline: host-memory TCP reads between the same two processes, "
                 "in two halves around each case");
+  bx_table_note(t, "POSTED US, ENDED US: medians from submit to the transport's post and "
+                "to the batch's end on the agent's loop (the rest of P50 is the wake of the "
+                "waiting thread)");
   bx_table_note(t, "COPIES BY: the memory layer's copy methods that ran in this process "
                 "(SX_GPU_COPY=%s)", sx__mem_copy_name(sx__mem_copy_env()));
   side gs = {0}, hs = {0};
@@ -666,12 +679,9 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
           ok = base_copy(&R, g, tl.device, rl.device, slice, SX__COPY_KERNEL, &kb) == 0 &&
                measure(&R, gs.seg, g, slice, &v) == 0 &&
                base_copy(&R, g, tl.device, rl.device, slice / 2, SX__COPY_RANGE, &cb) == 0;
-        if (!ok || check(&R, gs.seg, g, gs.mem[g], last) != 0) {
-          bx_lat_free(&v.lat);
-          goto out;
-        }
         mres mv = macc_result(&v), mk = macc_result(&kb), mc = macc_result(&cb);
-        bx_lat_free(&v.lat);
+        if (!ok || check(&R, gs.seg, g, gs.mem[g], last) != 0)
+          goto out;
         row(t, "cuda_ipc", "gpu->gpu", o.sizes[g], o.batch, &mv, NULL, "gather kernel, 1 proc",
             mk.gbps);
         row(t, "one process", "gather kernel", o.sizes[g], o.batch, &mk, NULL, NULL, 0);
@@ -705,8 +715,6 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
                  measure(&R, hs.seg, g, co->duration / 2, &hb) == 0 &&
                  check(&R, hs.seg, g, hs.mem[g], last) == 0;
         mres mv = macc_result(&v), mh = macc_result(&hb);
-        bx_lat_free(&v.lat);
-        bx_lat_free(&hb.lat);
         if (!ok)
           goto out;
         row(t, "tcp", "gpu->gpu staged", o.sizes[g], o.batch, &mv, "per chunk", "host tcp",
