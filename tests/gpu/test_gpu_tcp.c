@@ -162,6 +162,25 @@ static void test_gpu_tcp_gpu_to_gpu(void **state) {
 
 /* Blocks of 1.5 MiB + 4 KiB through 1 MiB of staging (four 256 KiB chunks
  * per direction): every range is cut, chunks run out and work waits. */
+/* Small blocks: the target answers READs that arrive together as a group,
+ * one gather kernel launch filling one chunk (tcp_stage_serve.c).  Blocks
+ * of 4100 bytes put every part after the first at an unaligned place in
+ * the chunk; every byte is checked, and the launches counted (the target
+ * is this process). */
+static void test_gpu_tcp_small_blocks_in_groups(void **state) {
+  (void)state;
+  uint64_t before[4], after[4];
+  sx__mem_copy_counts(before);
+  staged("cuda:0", "cuda:0", 4100, 0, 64, 1);
+  staged("cuda:0", "cpu", 4096, 0, 64, 1);
+  sx__mem_copy_counts(after);
+  print_message("gathers: kernel %lu, batch %lu, range %lu\n",
+                (unsigned long)(after[SX__COPY_KERNEL] - before[SX__COPY_KERNEL]),
+                (unsigned long)(after[SX__COPY_BATCH] - before[SX__COPY_BATCH]),
+                (unsigned long)(after[SX__COPY_RANGE] - before[SX__COPY_RANGE]));
+  assert_true(after[SX__COPY_KERNEL] > before[SX__COPY_KERNEL]);
+}
+
 static void test_gpu_tcp_small_staging_large_blocks(void **state) {
   (void)state;
   const uint64_t bb = (3u << 19) + 4096;
@@ -551,6 +570,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_gpu_to_host),
       cmocka_unit_test(test_gpu_tcp_host_to_gpu),
       cmocka_unit_test(test_gpu_tcp_gpu_to_gpu),
+      cmocka_unit_test(test_gpu_tcp_small_blocks_in_groups),
       cmocka_unit_test(test_gpu_tcp_small_staging_large_blocks),
       cmocka_unit_test(test_gpu_tcp_two_gpus),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),

@@ -225,39 +225,72 @@ static void s_hello(sconn *c, const sx__frame *f, const uint8_t *body) {
   x->log(x->agent, SX_LOG_INFO, "tcp: reader %s connected from %s", c->reader, c->peer);
 }
 
-static void s_serve(sconn *c, const sx__frame *f) {
-  const sx_tctx *x = sx__tcp_ctx(c->t);
-  sx_lregion *l = x->find_region(x->agent, f->region);
+/* Why READ f of region l (NULL: none) is refused, or 0. */
+static int s_refusal(const sx__frame *f, const sx_lregion *l) {
   uint64_t end;
-  int st = 0;
   if (l == NULL)
-    st = SX_ENOREGION;
-  else if (!(l->r.access & SX_ACCESS_REMOTE_READ))
-    st = SX_EDENIED;
-  else if (f->length == 0)
-    st = SX_EINVAL;
-  else if (f->length > MAX_READ)
-    st = SX_ELIMIT;
-  else if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
-    st = SX_EBOUNDS;
+    return SX_ENOREGION;
+  if (!(l->r.access & SX_ACCESS_REMOTE_READ))
+    return SX_EDENIED;
+  if (f->length == 0)
+    return SX_EINVAL;
+  if (f->length > MAX_READ)
+    return SX_ELIMIT;
+  if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
+    return SX_EBOUNDS;
+  return 0;
+}
+
+/* Is READ f of region l one we serve?  0 or the refusal, counted for
+ * metrics either way. */
+static int s_check(sconn *c, const sx__frame *f, const sx_lregion *l) {
+  const sx_tctx *x = sx__tcp_ctx(c->t);
+  int st = s_refusal(f, l);
   if (st != 0)
     x->log(x->agent, SX_LOG_DEBUG, "tcp: refused read from %s: region %u offset %lu "
            "length %lu: %s", c->reader, f->region, (unsigned long)f->offset,
            (unsigned long)f->length, sx_err_name(st));
   x->served(x->agent, SX_TRANSPORT_TCP, st ? 0 : f->length, st);
+  return st;
+}
+
+/* Serve READ f; more: the avail bytes received behind its header.  Returns
+ * how many of them it took (READs of GPU memory answered with it). */
+static size_t s_serve(sconn *c, const sx__frame *f, const uint8_t *more, size_t avail) {
+  const sx_tctx *x = sx__tcp_ctx(c->t);
+  sx_lregion *l = x->find_region(x->agent, f->region);
+  int st = s_check(c, f, l);
   if (st == 0 && l->mem.kind == SX__MEM_CUDA) {
     /* GPU memory goes out through staging (tcp_stage_serve.c), in order
-     * after the replies gathered so far. */
+     * after the replies gathered so far; the READs of the same GPU that
+     * wait right behind this one, as many as fit one chunk, go with it. */
     if (s_flush(c, 0) != 0)
-      return;
+      return 0;
     uv_read_stop((uv_stream_t *)&c->h);
     c->reading = 0;
-    sx__tcp_stage_reply(c->t, c, (uv_stream_t *)&c->h, &c->stage, f->id, l, f->offset,
-                        f->length);
-    return;
+    sx__tcp_sread rd[SX__STAGE_GROUP] = {{f->id, l, f->offset, f->length}};
+    size_t n = 1, used = 0;
+    uint64_t room = sx__tcp_stage_group_bytes(c->t), total = f->length;
+    sx__frame g;
+    while (n < SX__STAGE_GROUP && total < room &&
+           sx__frame_decode(more + used, avail - used, &g) == SX__FRAME_HDR &&
+           g.type == SX__FRAME_READ && g.length <= room - total) {
+      sx_lregion *gl = x->find_region(x->agent, g.region);
+      /* Anything else (a refusal too) is served on its own, in order. */
+      if (s_refusal(&g, gl) != 0 || gl->mem.kind != SX__MEM_CUDA ||
+          gl->mem.device != l->mem.device)
+        break;
+      s_check(c, &g, gl);
+      rd[n++] = (sx__tcp_sread){g.id, gl, g.offset, g.length};
+      total += g.length;
+      used += SX__FRAME_HDR;
+    }
+    sx__tcp_stage_reply(c->t, c, (uv_stream_t *)&c->h, &c->stage, rd, n);
+    return used;
   }
   s_reply(c, f->id, SX__FRAME_READ_REPLY, st, l,
           st ? NULL : (uint8_t *)(uintptr_t)(l->r.addr + f->offset), f->length);
+  return 0;
 }
 
 static void s_process(sconn *c) {
@@ -308,7 +341,7 @@ static void s_process(sconn *c) {
       return;
     }
     off += SX__FRAME_HDR;
-    s_serve(c, &f);
+    off += s_serve(c, &f, c->rbuf + off, c->rlen - off);
     if (c->nrep == REPLIES_PER_WRITE && s_flush(c, 0) != 0)
       return;
   }

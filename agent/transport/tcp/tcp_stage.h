@@ -43,13 +43,28 @@ int sx__tcp_stage_post(sx_tpeer *p, sx_op *op);
 void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
 void sx__tcp_stage_peer_close(sx_tpeer *p);
 
-/* Target side: answer READ id of [off, off+len) of GPU region l on
- * connection c (stream h).  *slot is set to the reply in progress; c must
- * parse no further request until sx__tcp_sconn_resume(c, ...), which runs
- * when the reply is queued, or at once (with an error) when staging is
- * impossible. */
+/* One READ of GPU memory to answer: [off, off+len) of region l. */
+typedef struct sx__tcp_sread {
+  uint64_t id;
+  sx_lregion *l;
+  uint64_t off, len;
+} sx__tcp_sread;
+
+#define SX__STAGE_GROUP 64 /* READs one staged reply may answer together */
+
+/* Target side: answer the n READs rd (in order) on connection c (stream
+ * h).  n > 1 (several READs that were waiting behind the first, all of
+ * GPU memory of one device, together at most sx__tcp_stage_group_bytes):
+ * one gather (the memory layer's kernel) fills one pinned chunk with all
+ * of them and one write sends their replies.  *slot is set to the reply
+ * in progress; c must parse no further request until
+ * sx__tcp_sconn_resume(c, ...), which runs when the reply is queued, or
+ * at once (with an error) when staging is impossible. */
 void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
-                         uint64_t id, sx_lregion *l, uint64_t off, uint64_t len);
+                         const sx__tcp_sread *rd, size_t n);
+/* How many bytes READs answered together may have (one chunk), or 0
+ * when no staging can be had. */
+uint64_t sx__tcp_stage_group_bytes(tcp_t *t);
 /* c is closing: write nothing more for r, resume nothing. */
 void sx__tcp_stage_detach(sx__tcp_sreply *r);
 /* tcp_serve.c: the staged reply on c is queued (err 0: parse on; else
