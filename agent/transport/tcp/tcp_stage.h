@@ -6,14 +6,18 @@
  *
  * - Target: a READ of a GPU region is answered by device-to-host copies
  *   into pinned chunks, each written to the socket as soon as its copy
- *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  The
- *   connection parses no further request until every chunk of that reply
- *   is queued (replies go out in order), and the region's `inflight` holds
- *   until the last chunk has left, so unregister waits for it.
+ *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  READs
+ *   of one GPU already received behind it (up to SX__STAGE_GROUP, one chunk
+ *   in all) are answered with it: one gather launch fills one chunk, one
+ *   write sends every reply.  The connection parses no further request
+ *   until every chunk of that reply is queued (replies go out in order),
+ *   and the regions' `inflight` holds until the last chunk has left, so
+ *   unregister waits for it.
  * - Reader: a batch with GPU destinations is cut into pieces of at most a
- *   chunk; each piece is read over the ordinary TCP path into a pinned
- *   chunk and copied to the device from there while the next pieces
- *   arrive.  A range settles only after its last device copy finished, so
+ *   chunk; small ranges share a piece (up to SX__STAGE_GROUP, one after the
+ *   other in its chunk); each piece is read over the ordinary TCP path
+ *   into a pinned chunk and copied to the device from there (one gather
+ *   launch for a shared one) while the next pieces arrive.  A range settles only after its last device copy finished, so
  *   a batch is COMPLETED only then; an abort waits for copies in flight.
  * - Staging memory is bounded: sx_agent_params.staging_bytes per
  *   direction, allocated on first use, in chunks of at most 1 MiB; work
