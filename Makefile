@@ -190,6 +190,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@tests/docs/check-links.sh "$(BUILD)"
+	@tests/docs/check-layers.sh "$(BUILD)"
 	@tests/docs/check-example.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-rdma
 

@@ -18,7 +18,7 @@
 #include "internal.h"
 #include "notice.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 static sx_agent *self_remover_agent; /* for remove_self() */
 

@@ -13,7 +13,7 @@
 #include "backend.h"
 #include "internal.h"
 #include "pattern.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 static void quiet_log(void *arg, sx_log_level level, const char *msg) {
   (void)arg;

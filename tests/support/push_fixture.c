@@ -7,7 +7,7 @@
 
 #include "pattern.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 void sxt_pair_start(sxt_pair *x, uint32_t access) {
   sxt_mem_url(x->url, sizeof(x->url), "push");
