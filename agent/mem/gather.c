@@ -28,7 +28,7 @@
 #define PIECE (64u << 10) /* bytes one thread block copies at a time */
 #define THREADS 256       /* as gather.cu's __launch_bounds__ */
 #define MAX_GRID 65535u   /* blocks stride over longer tables */
-#define RING_SLOTS 8
+#define RING_SLOTS 32 /* launches in flight per stream before the host waits */
 #define TABLE_MIN (16u << 10)
 
 typedef struct piece {
@@ -201,7 +201,7 @@ static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
 static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *rg, size_t n) {
   uint64_t *a = malloc(n * 2 * sizeof(uint64_t));
   size_t *len = malloc(n * sizeof(size_t));
-  int rc = 1;
+  int rc = -1;
   if (a != NULL && len != NULL) {
     for (size_t i = 0; i < n; i++) {
       a[i] = rg[i].dst;
@@ -221,7 +221,7 @@ static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *
   }
   free(a);
   free(len);
-  return rc; /* 1: not queued (no memory, or refused): single copies */
+  return rc; /* 1: refused by the driver; -1: no memory (single copies, this once) */
 }
 
 int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigned flags,
@@ -248,10 +248,13 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
     method = SX__COPY_RANGE;
   if (method == SX__COPY_KERNEL) {
     rc = launch(d, f, s, rg, n);
-  } else if (method == SX__COPY_BATCH && batch(d, s, rg, n) != 0) {
+  } else if (method == SX__COPY_BATCH) {
+    int b = batch(d, s, rg, n);
     /* Refused (an older driver's rules): single copies from now on. */
-    __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
-    method = SX__COPY_RANGE;
+    if (b == 1)
+      __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
+    if (b != 0)
+      method = SX__COPY_RANGE;
   }
   if (method == SX__COPY_RANGE) {
     rc = 0;
