@@ -294,10 +294,10 @@ static void run(ipc_peer *p, iop *o) {
       rg[c++].len = op->xfers[i].length;
     }
     /* Pageable host memory is for the copy engines only. */
-    sx__mem_copy_method used;
+    sx__mem_copy_method used = SX__COPY_AUTO;
     int rc = sx__mem_gather(o->slots[k].s, rg, c, o->slots[k].host ? 0 : SX__GATHER_SM_OK,
                             SX__COPY_AUTO, &used);
-    if (!(t->said & 1u << used)) {
+    if (rc == 0 && !(t->said & 1u << used)) {
       t->said |= 1u << used;
       const char *why = used == SX__COPY_KERNEL ? NULL
                         : sx__mem_kernel_error(sx__mem_stream_device(o->slots[k].s));
