@@ -62,11 +62,16 @@ static int load(void) {
              dlerror());
     return SX_ENODEV;
   }
+  /* optional: NULL where the driver lacks it (the CUDA 13 batch copy: one
+   * call for a batch's ranges; the gather kernel's module, launch, events
+   * and peer access: without any of them, no kernel). */
   static const struct {
     const char *sym;
     size_t off;
+    int optional;
   } syms[] = {
-#define SYM(field, name) {name, offsetof(sx__cuda_drv, field)}
+#define SYM(field, name) {name, offsetof(sx__cuda_drv, field), 0}
+#define OPT(field, name) {name, offsetof(sx__cuda_drv, field), 1}
       SYM(Init, "cuInit"),
       SYM(GetErrorString, "cuGetErrorString"),
       SYM(GetErrorName, "cuGetErrorName"),
@@ -88,20 +93,27 @@ static int load(void) {
       SYM(IpcGetMemHandle, "cuIpcGetMemHandle"),
       SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle_v2"),
       SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle"),
+      OPT(MemcpyBatchAsync, "cuMemcpyBatchAsync_v2"),
+      OPT(ModuleLoadData, "cuModuleLoadData"),
+      OPT(ModuleGetFunction, "cuModuleGetFunction"),
+      OPT(LaunchKernel, "cuLaunchKernel"),
+      OPT(EventCreate, "cuEventCreate"),
+      OPT(EventRecord, "cuEventRecord"),
+      OPT(EventSynchronize, "cuEventSynchronize"),
+      OPT(EventDestroy, "cuEventDestroy_v2"),
+      OPT(CtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
 #undef SYM
+#undef OPT
   };
   for (size_t i = 0; i < SX__ARRAY_SIZE(syms); i++) {
     void *f = dlsym(lib, syms[i].sym);
-    if (f == NULL) {
+    if (f == NULL && !syms[i].optional) {
       snprintf(load_msg, sizeof(load_msg), "the CUDA driver %s lacks %s (too old?)",
                libname, syms[i].sym);
       return SX_ENODEV;
     }
     memcpy((char *)&real + syms[i].off, &f, sizeof(f));
   }
-  /* The CUDA 13 batch copy: one call for a batch's ranges when it is there. */
-  void *batch = dlsym(lib, "cuMemcpyBatchAsync_v2");
-  memcpy(&real.MemcpyBatchAsync, &batch, sizeof(batch));
   return 0;
 }
 
@@ -169,6 +181,13 @@ const sx__cuda_drv *sx__cuda_get(int device, int *err) {
     }
   }
   return d;
+}
+
+CUcontext sx__cuda_ctx(int device) {
+  pthread_mutex_lock(&mu);
+  CUcontext c = device >= 0 && device < MAX_DEVICES ? ctx[device] : NULL;
+  pthread_mutex_unlock(&mu);
+  return c;
 }
 
 int sx__mem_cuda_devices(int *n) {

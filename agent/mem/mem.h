@@ -107,17 +107,74 @@ int sx__mem_stream_device(const sx__mem_stream *s);
 /* Queue an asynchronous copy of len bytes (any kinds; host memory should be
  * pinned for the copy to overlap). */
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
-/* Queue n copies (dst[i] <- src[i], len[i] bytes) in one driver call where
- * the driver has cuMemcpyBatchAsync, else one call each. */
-int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
-                             size_t n);
-/* Queue note behind the work on s.  0, or an error (note will not run). */
+/* Queue note behind the work on s.  0, or an error (note will not run).
+ * By a host function on the stream (default), or with SX_GPU_NOTICE=event
+ * by an event that a thread of the stream's own waits for (the stream is
+ * not held while the notice is delivered; see stream.c). */
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
 /* Deliver note on n's loop in a later iteration (any thread): for work
  * that must not run inside the current call stack. */
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
+
+/* ------------------------------------------------------------ gathers */
+
+/*
+ * A batch of copies in one call, by one of three methods:
+ *
+ *   kernel  the gather kernel (agent/mem/gather.cu, shipped as PTX and
+ *           JIT-compiled by the driver once per device): one launch on s
+ *           for all ranges, the GPU's SMs loading and storing 16 bytes at a
+ *           time where aligned, from this GPU's memory, a peer GPU's (an
+ *           IPC mapping, or peer access: over NVLink) or pinned host
+ *           memory.  The ranges go to the GPU as a table in pinned host
+ *           memory, read in place by the kernel.
+ *   batch   cuMemcpyBatchAsync: one driver call, the copy engines pay per
+ *           range (CUDA 12.8+ drivers; refused or missing: range).
+ *   range   one cuMemcpyAsync per range.
+ *
+ * Which runs: the method asked for; SX__COPY_AUTO takes the environment's
+ * SX_GPU_COPY=kernel|batch|range|auto, and on auto chooses per shape: one
+ * range goes to the copy engine (range: no SMs taken for one copy); more
+ * go to the kernel when flags say it may touch every pointer and the
+ * average range is at most SX__GATHER_KERNEL_MAX bytes, else batch.  The
+ * kernel is passed over (batch, else range) where flags lack
+ * SX__GATHER_SM_OK (pageable host memory: only the copy engines reach it)
+ * or where it does not load (sx__mem_kernel_error says why).
+ */
+typedef struct sx__mem_range {
+  uint64_t dst, src, len;
+} sx__mem_range;
+
+typedef enum sx__mem_copy_method {
+  SX__COPY_AUTO = 0,
+  SX__COPY_KERNEL = 1,
+  SX__COPY_BATCH = 2,
+  SX__COPY_RANGE = 3,
+} sx__mem_copy_method;
+
+#define SX__GATHER_SM_OK 1u /* every pointer is device or pinned host memory */
+#define SX__GATHER_KERNEL_MAX (8u << 20) /* auto: kernel up to this mean range */
+
+/* Queue r[0..n) on s (each r[i].len bytes from src to dst; any kinds the
+ * method reaches).  *used (may be NULL): the method that ran.  0, or an
+ * error (some copies may have been queued: they still run). */
+int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *r, size_t n, unsigned flags,
+                   sx__mem_copy_method method, sx__mem_copy_method *used);
+/* SX_GPU_COPY as a method (SX__COPY_AUTO when unset, or unknown: said once
+ * on stderr). */
+sx__mem_copy_method sx__mem_copy_env(void);
+/* "auto", "kernel", "batch", "range". */
+const char *sx__mem_copy_name(sx__mem_copy_method m);
+/* Load the kernel for device: NULL when it is there, else why not. */
+const char *sx__mem_kernel_error(int device);
+/* Gathers queued so far in this process, per method (index: the enum),
+ * for logs and benchmarks. */
+void sx__mem_copy_counts(uint64_t out[4]);
+/* Let device's context load and store peer's memory (cuCtxEnablePeerAccess;
+ * already enabled is fine).  IPC mappings need none of it. */
+int sx__mem_peer_enable(int device, int peer);
 
 /* ------------------------------------------------------------ IPC */
 

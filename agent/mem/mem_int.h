@@ -42,7 +42,32 @@ typedef struct sx__cuda_drv {
   CUresult (*MemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
                                size_t count, CUmemcpyAttributes *attrs, size_t *attrs_idx,
                                size_t n_attrs, CUstream s);
+  /* Optional (NULL where missing: no gather kernel, copies as above):
+   * the gather kernel's module, launches, events and peer access. */
+  CUresult (*ModuleLoadData)(CUmodule *m, const void *image);
+  CUresult (*ModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
+  CUresult (*LaunchKernel)(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                           unsigned by, unsigned bz, unsigned shmem, CUstream s,
+                           void **params, void **extra);
+  CUresult (*EventCreate)(CUevent *e, unsigned flags);
+  CUresult (*EventRecord)(CUevent e, CUstream s);
+  CUresult (*EventSynchronize)(CUevent e);
+  CUresult (*EventDestroy)(CUevent e);
+  CUresult (*CtxEnablePeerAccess)(CUcontext peer, unsigned flags);
 } sx__cuda_drv;
+
+/* A stream (stream.c); ring: the gather kernel's piece tables on it
+ * (gather.c), NULL until its first launch. */
+struct sx__mem_stream {
+  CUstream s;
+  int device;
+  struct sx__gather_ring *ring;
+  struct sx__mem_waiter *w; /* stream.c: event notices' thread, or NULL */
+};
+/* gather.c: free a stream's tables (its work has ended). */
+void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r);
+/* The retained primary context of device (NULL if not retained yet). */
+CUcontext sx__cuda_ctx(int device);
 
 /* The loaded driver (with its primary context of device made current on
  * this thread when device >= 0), or NULL with the error recorded. */

@@ -69,10 +69,24 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
   (void)s, (void)dst, (void)src, (void)len;
   return no_cuda("copy");
 }
-int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
-                             size_t n) {
-  (void)s, (void)dst, (void)src, (void)len, (void)n;
+int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *r, size_t n, unsigned flags,
+                   sx__mem_copy_method method, sx__mem_copy_method *used) {
+  (void)s, (void)r, (void)n, (void)flags, (void)method, (void)used;
   return no_cuda("copy");
+}
+sx__mem_copy_method sx__mem_copy_env(void) { return SX__COPY_AUTO; }
+const char *sx__mem_copy_name(sx__mem_copy_method m) {
+  static const char *const names[] = {"auto", "kernel", "batch", "range"};
+  return (unsigned)m < 4 ? names[m] : "?";
+}
+const char *sx__mem_kernel_error(int device) {
+  (void)device;
+  return "built without CUDA support";
+}
+void sx__mem_copy_counts(uint64_t out[4]) { out[0] = out[1] = out[2] = out[3] = 0; }
+int sx__mem_peer_enable(int device, int peer) {
+  (void)device, (void)peer;
+  return no_cuda("peer access");
 }
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   (void)s, (void)n, (void)note;

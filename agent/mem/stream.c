@@ -6,6 +6,13 @@
  * makes no CUDA call (the driver forbids that there); it only appends the
  * notice to the notifier's list and wakes the loop through uv_async_send,
  * so completion costs no polling and no spinning core.
+ *
+ * A host function holds its stream until it returned, so the work queued
+ * behind it waits for the driver's thread to wake.  With SX_GPU_NOTICE=event
+ * a notice is an event recorded on the stream instead (blocking sync: the
+ * waiting thread sleeps until the GPU signals it) and a thread of the
+ * stream's own waits for its events in order and posts their notices: the
+ * stream runs on meanwhile.
  */
 #ifdef SX_HAVE_CUDA
 #include <pthread.h>
@@ -21,17 +28,29 @@ struct sx__mem_notifier {
   sx__mem_notice *head, **tail; /* mu */
 };
 
-struct sx__mem_stream {
-  CUstream s;
-  int device;
-};
-
 typedef struct notice_arg {
   sx__mem_notifier *n;
   sx__mem_notice *note;
 } notice_arg;
 
 static long ipc_open; /* atomic: mappings open now */
+
+/* SX_GPU_NOTICE=event: a stream's notices by events and a thread. */
+typedef struct wait_item {
+  struct wait_item *next;
+  CUevent ev;
+  sx__mem_notifier *n;
+  sx__mem_notice *note;
+} wait_item;
+
+struct sx__mem_waiter {
+  pthread_t th;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  wait_item *head, **tail, *spare; /* mu */
+  int stop;                        /* mu */
+  int device;
+};
 
 /* ------------------------------------------------------------ notices */
 
@@ -95,11 +114,123 @@ static void CUDA_CB host_fn(void *arg) {
   sx__mem_notice_post(n, note);
 }
 
+static void *waiter_main(void *arg) {
+  struct sx__mem_waiter *w = arg;
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(w->device, &rc);
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (w->head == NULL && !w->stop)
+      pthread_cond_wait(&w->cv, &w->mu);
+    wait_item *it = w->head;
+    if (it == NULL)
+      break;
+    pthread_mutex_unlock(&w->mu);
+    /* Blocks until the GPU passed the event (an error means the stream is
+     * broken: the notice comes anyway, as a host function's would not). */
+    if (d != NULL)
+      d->EventSynchronize(it->ev);
+    sx__mem_notice_post(it->n, it->note);
+    pthread_mutex_lock(&w->mu);
+    w->head = it->next;
+    if (w->head == NULL)
+      w->tail = &w->head;
+    it->next = w->spare;
+    w->spare = it;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static int notice_events(void) {
+  static int mode = -1; /* 0 host functions, 1 events */
+  if (mode < 0) {
+    const char *e = getenv("SX_GPU_NOTICE");
+    mode = e != NULL && strcmp(e, "event") == 0;
+  }
+  return mode;
+}
+
+/* Queue note behind s as an event its waiter thread waits for: 0, or 1
+ * when that cannot be done (a host function then). */
+static int notify_event(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifier *n,
+                        sx__mem_notice *note) {
+  if (d->EventCreate == NULL || d->EventRecord == NULL || d->EventSynchronize == NULL ||
+      d->EventDestroy == NULL)
+    return 1;
+  struct sx__mem_waiter *w = s->w;
+  if (w == NULL) {
+    if ((w = calloc(1, sizeof(*w))) == NULL)
+      return 1;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->tail = &w->head;
+    w->device = s->device;
+    if (pthread_create(&w->th, NULL, waiter_main, w) != 0) {
+      pthread_mutex_destroy(&w->mu);
+      pthread_cond_destroy(&w->cv);
+      free(w);
+      return 1;
+    }
+    s->w = w;
+  }
+  pthread_mutex_lock(&w->mu);
+  wait_item *it = w->spare;
+  if (it != NULL)
+    w->spare = it->next;
+  pthread_mutex_unlock(&w->mu);
+  if (it == NULL) {
+    if ((it = calloc(1, sizeof(*it))) == NULL)
+      return 1;
+    if (d->EventCreate(&it->ev, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING) !=
+        CUDA_SUCCESS) {
+      free(it);
+      return 1;
+    }
+  }
+  if (d->EventRecord(it->ev, s->s) != CUDA_SUCCESS) {
+    d->EventDestroy(it->ev);
+    free(it);
+    return 1;
+  }
+  it->n = n;
+  it->note = note;
+  it->next = NULL;
+  pthread_mutex_lock(&w->mu);
+  *w->tail = it;
+  w->tail = &it->next;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  return 0;
+}
+
+/* The stream's work has ended: its waiter posts what is left and goes. */
+static void waiter_stop(const sx__cuda_drv *d, struct sx__mem_waiter *w) {
+  if (w == NULL)
+    return;
+  pthread_mutex_lock(&w->mu);
+  w->stop = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  pthread_join(w->th, NULL);
+  while (w->spare != NULL) {
+    wait_item *it = w->spare;
+    w->spare = it->next;
+    d->EventDestroy(it->ev);
+    free(it);
+  }
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;
+  if (notice_events() && notify_event(d, s, n, note) == 0)
+    return 0;
   notice_arg *a = malloc(sizeof(*a));
   if (a == NULL)
     return sx__err(SX_ENOMEM, "notice");
@@ -140,6 +271,8 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d != NULL) {
     d->StreamSynchronize(s->s);
+    waiter_stop(d, s->w);
+    sx__gather_ring_free(d, s->ring);
     d->StreamDestroy(s->s);
   }
   free(s);
@@ -155,38 +288,6 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
   CUresult r = d->MemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                               len, s->s);
   return r == CUDA_SUCCESS ? 0 : sx__cuda_err(d, r, "queueing a copy");
-}
-
-static int batch_broken; /* atomic: the batch call failed once: not again */
-
-int sx__mem_copy_batch_async(sx__mem_stream *s, uint64_t *dst, uint64_t *src, size_t *len,
-                             size_t n) {
-  int rc;
-  const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
-  if (d == NULL)
-    return rc;
-  _Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr is 64 bits");
-  if (n > 1 && d->MemcpyBatchAsync != NULL &&
-      !__atomic_load_n(&batch_broken, __ATOMIC_RELAXED)) {
-    /* Stream order: the sources are read in the order the stream gives,
-     * as with single copies. */
-    CUmemcpyAttributes attr;
-    memset(&attr, 0, sizeof(attr));
-    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-    size_t idx = 0;
-    CUresult r = d->MemcpyBatchAsync((CUdeviceptr *)dst, (CUdeviceptr *)src, len, n, &attr,
-                                     &idx, 1, s->s);
-    if (r == CUDA_SUCCESS)
-      return 0;
-    /* Refused (an older driver's rules): single copies from now on. */
-    __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
-  }
-  for (size_t i = 0; i < n; i++) {
-    CUresult r = d->MemcpyAsync((CUdeviceptr)dst[i], (CUdeviceptr)src[i], len[i], s->s);
-    if (r != CUDA_SUCCESS)
-      return sx__cuda_err(d, r, "queueing a copy");
-  }
-  return 0;
 }
 
 int sx__mem_stream_sync(sx__mem_stream *s) {

@@ -13,6 +13,17 @@
  * memcpy, host functions are called there (as the driver's own thread
  * would).  FAKE_CUDA_DEVICES (default 2) sets the device count,
  * FAKE_CUDA_DELAY_US slows every asynchronous copy down.
+ *
+ * The memory layer's gather kernel "runs" too: cuModuleLoadData accepts
+ * only a PTX image with an entry sx_gather, and its launch is done on the
+ * stream's thread by copying each piece of the table the kernel would
+ * read (dst, src, len; agent/mem/gather.cu), read when the launch runs,
+ * as the GPU reads it.  Events are markers in a stream's queue.
+ * FAKE_CUDA_NO_BATCH=1 makes the batch copy refuse (as a driver whose
+ * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load.
+ * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
+ * launches only keep their order): for profiling segxfer's own CPU cost
+ * per batch, never for tests.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -46,7 +57,16 @@ typedef struct op {
   size_t len;
   CUhostFn fn;
   void *arg;
+  const uint64_t *table; /* a gather launch: n pieces of (dst, src, len) */
+  uint64_t n;
+  struct event *ev;      /* an event record */
 } op;
+
+typedef struct event {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned recorded, reached; /* records queued, records the stream passed */
+} event;
 
 typedef struct stream {
   pthread_t th;
@@ -209,6 +229,8 @@ static void *worker(void *arg) {
   stream *s = arg;
   const char *e = getenv("FAKE_CUDA_DELAY_US");
   int delay = e ? atoi(e) : 0;
+  e = getenv("FAKE_CUDA_NO_COPY");
+  int no_copy = e != NULL && strcmp(e, "1") == 0;
   pthread_mutex_lock(&s->mu);
   for (;;) {
     while (s->head == NULL && !s->stop)
@@ -221,12 +243,24 @@ static void *worker(void *arg) {
       s->tail = &s->head;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (o->fn != NULL) {
+    if (o->ev != NULL) {
+      pthread_mutex_lock(&o->ev->mu);
+      o->ev->reached++;
+      pthread_cond_broadcast(&o->ev->cv);
+      pthread_mutex_unlock(&o->ev->mu);
+    } else if (o->table != NULL) {
+      if (delay)
+        usleep((useconds_t)delay);
+      for (uint64_t i = 0; i < o->n && !no_copy; i++)
+        memmove((void *)(uintptr_t)o->table[3 * i], (const void *)(uintptr_t)o->table[3 * i + 1],
+                (size_t)o->table[3 * i + 2]);
+    } else if (o->fn != NULL) {
       o->fn(o->arg);
     } else {
       if (delay)
         usleep((useconds_t)delay);
-      memmove(o->dst, o->src, o->len);
+      if (!no_copy)
+        memmove(o->dst, o->src, o->len);
     }
     free(o);
     pthread_mutex_lock(&s->mu);
@@ -357,6 +391,9 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
                                       size_t count, CUmemcpyAttributes *attrs,
                                       size_t *attrs_idx, size_t n_attrs, CUstream h) {
+  const char *no = getenv("FAKE_CUDA_NO_BATCH");
+  if (no != NULL && strcmp(no, "1") == 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
   if (n_attrs != 1 || attrs == NULL || attrs_idx == NULL || attrs_idx[0] != 0 ||
       attrs->srcAccessOrder == 0)
     return CUDA_ERROR_INVALID_VALUE;
@@ -365,5 +402,99 @@ EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size
     if (r != CUDA_SUCCESS)
       return r;
   }
+  return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------ the gather kernel */
+
+static int module_token, function_token;
+
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+  const char *no = getenv("FAKE_CUDA_NO_KERNEL");
+  if (no != NULL && strcmp(no, "1") == 0)
+    return CUDA_ERROR_INVALID_PTX;
+  const char *ptx = image;
+  while (*ptx == '\n' || *ptx == ' ')
+    ptx++;
+  if (strncmp(ptx, ".version ", 9) != 0)
+    return CUDA_ERROR_INVALID_IMAGE;
+  if (strstr(ptx, ".entry sx_gather(") == NULL)
+    return CUDA_ERROR_INVALID_PTX;
+  *m = (CUmodule)&module_token;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+  if (m != (CUmodule)&module_token || strcmp(name, "sx_gather") != 0)
+    return CUDA_ERROR_NOT_FOUND;
+  *f = (CUfunction)&function_token;
+  return CUDA_SUCCESS;
+}
+
+/* sx_gather(const sx_piece *table, unsigned long long n): the parameters
+ * are read now (as the driver copies them at launch), the table when the
+ * launch runs.  The table must be memory the kernel may read: pinned host
+ * or device memory. */
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                               CUstream h, void **params, void **extra) {
+  if (f != (CUfunction)&function_token || params == NULL || extra != NULL || gx == 0 ||
+      gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  uint64_t table, n;
+  memcpy(&table, params[0], sizeof(table));
+  memcpy(&n, params[1], sizeof(n));
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)table);
+  int ok = a != NULL && table + n * 24 <= a->base + a->size;
+  pthread_mutex_unlock(&mu);
+  if (!ok)
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  op *o = calloc(1, sizeof(*o));
+  o->table = (const uint64_t *)(uintptr_t)table;
+  o->n = n;
+  return enqueue(h, o);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
+  (void)flags;
+  event *ev = calloc(1, sizeof(*ev));
+  pthread_mutex_init(&ev->mu, NULL);
+  pthread_cond_init(&ev->cv, NULL);
+  *e = (CUevent)ev;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
+  event *ev = (event *)e;
+  op *o = calloc(1, sizeof(*o));
+  o->ev = ev;
+  pthread_mutex_lock(&ev->mu);
+  ev->recorded++;
+  pthread_mutex_unlock(&ev->mu);
+  return enqueue(h, o);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+  event *ev = (event *)e;
+  pthread_mutex_lock(&ev->mu);
+  while (ev->reached < ev->recorded)
+    pthread_cond_wait(&ev->cv, &ev->mu);
+  pthread_mutex_unlock(&ev->mu);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+  event *ev = (event *)e;
+  cuEventSynchronize(e);
+  pthread_mutex_destroy(&ev->mu);
+  pthread_cond_destroy(&ev->cv);
+  free(ev);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+  if (flags != 0 || peer == NULL)
+    return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }

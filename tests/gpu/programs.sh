@@ -76,6 +76,14 @@ grep -q "EACCESS" "$dir/out" || fail "the refused write did not say SX_EACCESS"
 
 step "$bin/sx-bench" read --location cuda:0 --sizes 64K --batches 16 --depth 2 \
   --duration 0.4 --group-bytes 4M || fail "sx-bench read --location cuda:0"
-grep -q "^cuda_ipc .* plain D2D copy" "$dir/out" || fail "sx-bench printed no cuda_ipc row"
+grep -q "^cuda_ipc .* kernel .*gather kernel, 1 proc" "$dir/out" ||
+  fail "sx-bench printed no cuda_ipc row copied by the kernel against the one-process gather"
+grep -q "^one process .*cuMemcpyAsync/range .* range" "$dir/out" ||
+  fail "sx-bench printed no per-range reference row"
 grep -q "^tcp .*staged.* host tcp" "$dir/out" || fail "sx-bench printed no staged tcp row"
+# The engine shape: requests of 4 blocks in each of 2 layers x K,V.
+step "$bin/sx-bench" read --location cuda:0 --transport cuda_ipc --block-bytes 16K \
+  --layers 2 --kv 2 --request-blocks 4 --depth 2 --rounds 2 --duration 0.4 \
+  --group-bytes 4M || fail "sx-bench read --location cuda:0 (engine shape)"
+grep -q "^cuda_ipc .* 16K  *16 " "$dir/out" || fail "sx-bench printed no engine-shape row"
 echo "programs: all checks passed"

@@ -715,6 +715,142 @@ static void test_gpu_ipc_read_notice(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* ------------------------------------------------------------ copy methods */
+
+static uint64_t count_of(sx__mem_copy_method m) {
+  uint64_t c[4];
+  sx__mem_copy_counts(c);
+  return c[m];
+}
+
+static int on_stand_in(void) {
+  const char *l = getenv("SX_CUDA_LIBRARY");
+  return l != NULL && strstr(l, "libfakecuda") != NULL;
+}
+
+static sx_batch_result run_ranges(sx_segment *seg, const sx_range_read *rr, size_t n) {
+  sx_batch *b;
+  sx_batch_result res;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_ok(sx_batch_add_ranges(b, rr, n));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL; /* not valid after destroy */
+  sx_batch_destroy(b);
+  return res;
+}
+
+/* Raw ranges at odd offsets and lengths into device memory at an odd
+ * address, and into host memory: byte for byte.  Returns the gathers of
+ * kernel that ran for the host one (the kernel must not touch pageable
+ * memory). */
+static uint64_t odd_ranges(sx_segment *seg, gpu_pool *r) {
+  const sx_desc *d = sx_segment_desc(seg);
+  assert_int_equal(d->n_regions, 2);
+  uint32_t k = d->regions[0].id, v = d->regions[1].id;
+  uint8_t *host = malloc(3 * BB + 3), *back = malloc(3 * BB + 3);
+  assert_non_null(host);
+  assert_non_null(back);
+  sx_range_read rr[2] = {
+      {.local = r->mem[0] + 7, .remote_region = k, .offset = 5, .length = 2 * BB + 3},
+      {.local = r->mem[1] + 4096, .remote_region = v, .offset = 16 * 3, .length = BB - 1}};
+  sx_batch_result res = run_ranges(seg, rr, 2);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  sxt_ok(sx__mem_copy(back, r->mem[0] + 7, 2 * BB + 3));
+  assert_int_equal(sx__pattern_check(back, 2 * BB + 3, SEED, k, 5, NULL), 0);
+  sxt_ok(sx__mem_copy(back, r->mem[1] + 4096, BB - 1));
+  assert_int_equal(sx__pattern_check(back, BB - 1, SEED, v, 16 * 3, NULL), 0);
+  uint64_t k0 = count_of(SX__COPY_KERNEL);
+  sx_range_read hr[2] = {
+      {.local = host, .remote_region = k, .offset = 3, .length = BB},
+      {.local = host + BB, .remote_region = v, .offset = 0, .length = 2 * BB + 3}};
+  res = run_ranges(seg, hr, 2);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(sx__pattern_check(host, BB, SEED, k, 3, NULL), 0);
+  assert_int_equal(sx__pattern_check(host + BB, 2 * BB + 3, SEED, v, 0, NULL), 0);
+  free(host);
+  free(back);
+  return count_of(SX__COPY_KERNEL) - k0;
+}
+
+/* Each method forced with SX_GPU_COPY (and auto) reads byte for byte, and
+ * is the one that ran: the gather kernel (which must load wherever there
+ * is a GPU: the library ships it), the batch call, single copies. */
+static void test_gpu_ipc_copy_methods(void **state) {
+  (void)state;
+  const char *why = sx__mem_kernel_error(0);
+  if (why != NULL)
+    fail_msg("%s", why);
+  target t;
+  target_start(&t, "ipc-m", "cuda:0", NULL);
+  static const char *const methods[] = {"kernel", "batch", "range", "auto"};
+  for (int k = 0; k < 4; k++) {
+    setenv("SX_GPU_COPY", methods[k], 1);
+    uint64_t before[4], after[4];
+    sx__mem_copy_counts(before);
+    gpu_pool r;
+    sx_agent *ra;
+    sx_segment *seg = reader_of("ipc-m", "ipc-mr", &r, &ra);
+    for (uint32_t round = 2; round <= 4; round++)
+      read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+    uint64_t host_kernels = odd_ranges(seg, &r);
+    sx__mem_copy_counts(after);
+    sx_segment_close(seg);
+    sx_agent_destroy(ra);
+    gpu_pool_free(&r);
+    uint64_t d[4];
+    for (int m = 0; m < 4; m++)
+      d[m] = after[m] - before[m];
+    print_message("SX_GPU_COPY=%s: kernel %lu, batch %lu, range %lu gathers\n", methods[k],
+                  (unsigned long)d[1], (unsigned long)d[2], (unsigned long)d[3]);
+    assert_int_equal(host_kernels, 0);
+    assert_int_equal(d[SX__COPY_AUTO], 0); /* never reported as such */
+    if (k == 0 || k == 3) {
+      /* Every batch of several device ranges is one launch. */
+      assert_true(d[SX__COPY_KERNEL] >= 4);
+      assert_int_equal(d[SX__COPY_BATCH] + d[SX__COPY_RANGE], 1); /* the host batch */
+    } else if (k == 1) {
+      assert_int_equal(d[SX__COPY_KERNEL], 0);
+      assert_true(d[SX__COPY_BATCH] >= 4);
+    } else {
+      assert_int_equal(d[SX__COPY_KERNEL] + d[SX__COPY_BATCH], 0);
+      assert_true(d[SX__COPY_RANGE] >= 4);
+    }
+  }
+  unsetenv("SX_GPU_COPY");
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* A driver that refuses the batch call (as one without it): batches go
+ * as single copies from then on, byte for byte.  Only the stand-in can
+ * refuse it; last, since the refusal is remembered by the process. */
+static void test_gpu_ipc_batch_refused(void **state) {
+  (void)state;
+  if (!on_stand_in())
+    skip();
+  setenv("SX_GPU_COPY", "batch", 1);
+  setenv("FAKE_CUDA_NO_BATCH", "1", 1);
+  target t;
+  target_start(&t, "ipc-nb", "cuda:0", NULL);
+  uint64_t before[4], after[4];
+  sx__mem_copy_counts(before);
+  gpu_pool r;
+  sx_agent *ra;
+  sx_segment *seg = reader_of("ipc-nb", "ipc-nbr", &r, &ra);
+  read_verify(seg, &r, 2, SX_TRANSPORT_CUDA_IPC);
+  odd_ranges(seg, &r);
+  sx__mem_copy_counts(after);
+  assert_int_equal(after[SX__COPY_BATCH], before[SX__COPY_BATCH]);
+  assert_true(after[SX__COPY_RANGE] - before[SX__COPY_RANGE] >= 3);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  unsetenv("SX_GPU_COPY");
+  unsetenv("FAKE_CUDA_NO_BATCH");
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   if (gpu_devices() == 0) {
@@ -751,6 +887,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
       cmocka_unit_test(test_gpu_ipc_revoke_of_unknown_and_repeated_ids),
       cmocka_unit_test(test_gpu_ipc_read_notice),
+      cmocka_unit_test(test_gpu_ipc_copy_methods),
+      cmocka_unit_test(test_gpu_ipc_batch_refused), /* last: the refusal stays */
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -162,6 +162,103 @@ static void test_gpu_tcp_gpu_to_gpu(void **state) {
 
 /* Blocks of 1.5 MiB + 4 KiB through 1 MiB of staging (four 256 KiB chunks
  * per direction): every range is cut, chunks run out and work waits. */
+static uint64_t next_rand(uint64_t *x);
+
+/* The gather kernel straight through the memory layer: 100 launches on one
+ * stream (more than its tables, so they are reused behind events), each
+ * of ranges at odd offsets and lengths (byte, 4-byte and 16-byte paths,
+ * ranges longer than a piece), device to device, and with two GPUs from
+ * the other GPU's memory (peer access); every byte compared with the same
+ * copies done on the host. */
+static void gather_direct(int sdev, int ddev) {
+  const size_t size = 4u << 20, rounds = 100, n = 37;
+  uint8_t *src, *dst, *host = malloc(size), *want = calloc(1, size), *got = malloc(size);
+  for (size_t i = 0; i < size; i++)
+    host[i] = (uint8_t)(i * 131 + (i >> 9));
+  sxt_ok(sx__mem_alloc(sdev, size, (void **)&src));
+  sxt_ok(sx__mem_alloc(ddev, size, (void **)&dst));
+  sxt_ok(sx__mem_copy(src, host, size));
+  sxt_ok(sx__mem_copy(dst, want, size));
+  if (sdev != ddev)
+    sxt_ok(sx__mem_peer_enable(ddev, sdev));
+  sx__mem_stream *s;
+  sxt_ok(sx__mem_stream_create(ddev, &s));
+  uint64_t x = 0x1234567;
+  uint64_t k0 = 0, c[4];
+  sx__mem_copy_counts(c);
+  k0 = c[SX__COPY_KERNEL];
+  for (size_t r = 0; r < rounds; r++) {
+    sx__mem_range rg[37];
+    for (size_t i = 0; i < n; i++) {
+      /* Destinations: disjoint slots of 100000 bytes, so rounds overwrite
+       * in order (one stream) and the host replay gives the same bytes. */
+      uint64_t len = 1 + next_rand(&x) % (i % 5 == 0 ? 99000 : 5000);
+      uint64_t so = next_rand(&x) % (size - len), doff = i * 100000 + next_rand(&x) % 997;
+      if (i % 3 == 0) { /* 16-byte aligned both sides */
+        so &= ~15ull;
+        doff &= ~15ull;
+      }
+      rg[i] = (sx__mem_range){(uint64_t)(uintptr_t)(dst + doff),
+                              (uint64_t)(uintptr_t)(src + so), len};
+      memmove(want + doff, host + so, len);
+    }
+    sx__mem_copy_method used;
+    sxt_ok(sx__mem_gather(s, rg, n, SX__GATHER_SM_OK, SX__COPY_KERNEL, &used));
+    assert_int_equal(used, SX__COPY_KERNEL);
+  }
+  sxt_ok(sx__mem_stream_sync(s));
+  sx__mem_copy_counts(c);
+  assert_int_equal(c[SX__COPY_KERNEL] - k0, rounds);
+  sxt_ok(sx__mem_copy(got, dst, size));
+  for (size_t i = 0; i < size; i++)
+    if (got[i] != want[i])
+      fail_msg("cuda:%d -> cuda:%d: byte %zu is %u, not %u", sdev, ddev, i, got[i], want[i]);
+  sx__mem_stream_destroy(s);
+  sx__mem_free(src);
+  sx__mem_free(dst);
+  free(host);
+  free(want);
+  free(got);
+}
+
+static void test_gpu_gather_kernel(void **state) {
+  (void)state;
+  gather_direct(0, 0);
+  if (gpu_devices() >= 2) {
+    gather_direct(1, 0);
+    gather_direct(0, 1);
+  }
+}
+
+static uint64_t kernels(void) {
+  uint64_t c[4];
+  sx__mem_copy_counts(c);
+  return c[SX__COPY_KERNEL];
+}
+
+/* Small blocks go in groups: the target answers READs that arrive
+ * together with one gather kernel launch filling one chunk
+ * (tcp_stage_serve.c), the reader packs ranges into one chunk and
+ * scatters them with one launch (tcp_stage_read.c).  Blocks of 4100 bytes
+ * put every part after the first at an unaligned place in the chunk;
+ * every byte is checked.  Both ends are this process: GPU -> host
+ * memory launches on the target only, host -> GPU on the reader only. */
+static void test_gpu_tcp_small_blocks_in_groups(void **state) {
+  (void)state;
+  uint64_t k0 = kernels();
+  staged("cuda:0", "cpu", 4100, 0, 64, 1);
+  uint64_t k1 = kernels();
+  staged("cpu", "cuda:0", 4100, 0, 64, 1);
+  uint64_t k2 = kernels();
+  staged("cuda:0", "cuda:0", 4096, 0, 64, 1);
+  uint64_t k3 = kernels();
+  print_message("gather launches: target %lu, reader %lu, both %lu\n",
+                (unsigned long)(k1 - k0), (unsigned long)(k2 - k1), (unsigned long)(k3 - k2));
+  assert_true(k1 > k0);
+  assert_true(k2 > k1);
+  assert_true(k3 > k2);
+}
+
 static void test_gpu_tcp_small_staging_large_blocks(void **state) {
   (void)state;
   const uint64_t bb = (3u << 19) + 4096;
@@ -551,6 +648,8 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_gpu_to_host),
       cmocka_unit_test(test_gpu_tcp_host_to_gpu),
       cmocka_unit_test(test_gpu_tcp_gpu_to_gpu),
+      cmocka_unit_test(test_gpu_gather_kernel),
+      cmocka_unit_test(test_gpu_tcp_small_blocks_in_groups),
       cmocka_unit_test(test_gpu_tcp_small_staging_large_blocks),
       cmocka_unit_test(test_gpu_tcp_two_gpus),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),

@@ -200,10 +200,15 @@ static int local_device(const sx_xfer *x) {
   return m.kind == SX__MEM_CUDA ? m.device : -1;
 }
 
-static int stream_for(cipc_t *t, int device, sx__mem_stream **out) {
+/* The stream for a range of an op on device: all of the op's ranges on
+ * one stream (one gather launch), ops taking the streams in turn; when
+ * copies are forced onto the copy engines, ranges take them in turn. */
+static int stream_for(cipc_t *t, int device, unsigned pick, sx__mem_stream **out) {
   if (device < 0 || device >= IPC_MAX_DEVICES)
     return sx__err(SX_ENODEV, "cuda_ipc: device %d", device);
-  sx__mem_stream **s = &t->streams[device][t->rr[device]++ % IPC_STREAMS];
+  if (t->spread)
+    pick = t->rr[device]++;
+  sx__mem_stream **s = &t->streams[device][pick % IPC_STREAMS];
   if (*s == NULL) {
     int rc = sx__mem_stream_create(device, s);
     if (rc)
@@ -237,6 +242,7 @@ static void run(ipc_peer *p, iop *o) {
   sx_op *op = o->op;
   char msg[256] = "";
   int err = 0;
+  unsigned pick = t->rr_op++;
   list_add(&p->running, o);
   o->slots_left = 1; /* held while queueing */
   for (size_t i = 0; i < op->n; i++) {
@@ -249,7 +255,7 @@ static void run(ipc_peer *p, iop *o) {
     sx__mem_stream *s = NULL;
     /* Host destinations are copied by the stream of device 0's context. */
     if (rc == 0 && (rc = map_get(p, r, dev < 0 ? 0 : dev, &m)) == 0)
-      rc = stream_for(t, m->device, &s);
+      rc = stream_for(t, m->device, pick, &s);
     if (rc == 0) {
       unsigned k;
       for (k = 0; k < o->n_slots && o->slots[k].s != s; k++) {
@@ -262,6 +268,7 @@ static void run(ipc_peer *p, iop *o) {
           o->slots[o->n_slots++] = (iop_slot){.o = o, .s = s};
         o->slot[i] = (uint8_t)k;
         o->slots[k].left++;
+        o->slots[k].host |= dev < 0;
         o->src[i] = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset + x->roff);
       }
     }
@@ -273,21 +280,32 @@ static void run(ipc_peer *p, iop *o) {
         snprintf(msg, sizeof(msg), "%s", sx_errmsg());
     }
   }
-  /* Each stream's copies in one call (cuMemcpyBatchAsync where the driver
-   * has it), then one notice behind them. */
-  uint64_t *dst = o->src + op->n, *src = dst + op->n;
-  size_t *len = (size_t *)(src + op->n);
+  /* Each stream's copies in one call (the gather kernel, or the copy
+   * engines: sx__mem_gather chooses), then one notice behind them. */
+  sx__mem_range *rg = (sx__mem_range *)(o->src + op->n);
   for (unsigned k = 0; k < o->n_slots; k++) {
     size_t c = 0;
     for (size_t i = 0; i < op->n; i++) {
       if (o->slot[i] != k)
         continue;
       uint64_t local = (uint64_t)(uintptr_t)op->xfers[i].local;
-      dst[c] = p->write ? o->src[i] : local; /* o->src: the side in the target */
-      src[c] = p->write ? local : o->src[i];
-      len[c++] = (size_t)op->xfers[i].length;
+      rg[c].dst = p->write ? o->src[i] : local; /* o->src: the side in the target */
+      rg[c].src = p->write ? local : o->src[i];
+      rg[c++].len = op->xfers[i].length;
     }
-    int rc = sx__mem_copy_batch_async(o->slots[k].s, dst, src, len, c);
+    /* Pageable host memory is for the copy engines only. */
+    sx__mem_copy_method used = SX__COPY_AUTO;
+    int rc = sx__mem_gather(o->slots[k].s, rg, c, o->slots[k].host ? 0 : SX__GATHER_SM_OK,
+                            SX__COPY_AUTO, &used);
+    if (rc == 0 && !(t->said & 1u << used)) {
+      t->said |= 1u << used;
+      const char *why = used == SX__COPY_KERNEL ? NULL
+                        : sx__mem_kernel_error(sx__mem_stream_device(o->slots[k].s));
+      t->base.ctx->log(t->base.ctx->agent, SX_LOG_INFO, "cuda_ipc: copies by %s (first "
+                       "used for %zu ranges, %s%s%s)", sx__mem_copy_name(used), c,
+                       o->slots[k].host ? "host memory on our side" : "device memory",
+                       why ? "; " : "", why ? why : "");
+    }
     if (rc != 0) {
       /* Copies of it may have been queued: they end before the notice. */
       if (err == 0) {
@@ -655,6 +673,8 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ops = &sx__cuda_ipc_ops;
   t->base.ctx = ctx;
   t->loop = ctx->loop;
+  sx__mem_copy_method m = sx__mem_copy_env();
+  t->spread = m == SX__COPY_BATCH || m == SX__COPY_RANGE;
   sx__host_identity(&t->self);
   *out = &t->base;
   return 0;

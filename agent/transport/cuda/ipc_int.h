@@ -26,6 +26,9 @@ struct cipc_t {
   sx__mem_notifier *nf;
   sx__mem_stream *streams[IPC_MAX_DEVICES][IPC_STREAMS];
   unsigned rr[IPC_MAX_DEVICES];
+  unsigned rr_op;          /* the stream of the next op on each device */
+  int spread;              /* SX_GPU_COPY=batch|range: ranges over the streams */
+  unsigned said;           /* copy methods logged so far (bit per method) */
   ipc_peer *peers;
   sx_desc self;            /* host_id and process only */
 };
@@ -68,6 +71,7 @@ typedef struct iop_slot {
   iop *o;
   sx__mem_stream *s;
   uint32_t left;           /* ranges of the op on this stream not settled */
+  int host;                /* one of them has a host destination or source */
 } iop_slot;
 
 struct iop {
@@ -77,7 +81,7 @@ struct iop {
   int status;              /* abort status: ranges settle with it */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
   uint64_t *src;           /* per range: where it is read; then room for
-                            * one stream's dst, src and len arrays */
+                            * one stream's ranges (sx__mem_range) */
   iop_slot slots[IPC_SLOTS];
   uint32_t n_slots, slots_left;
 };

@@ -6,14 +6,18 @@
  *
  * - Target: a READ of a GPU region is answered by device-to-host copies
  *   into pinned chunks, each written to the socket as soon as its copy
- *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  The
- *   connection parses no further request until every chunk of that reply
- *   is queued (replies go out in order), and the region's `inflight` holds
- *   until the last chunk has left, so unregister waits for it.
+ *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  READs
+ *   of one GPU already received behind it (up to SX__STAGE_GROUP, one chunk
+ *   in all) are answered with it: one gather launch fills one chunk, one
+ *   write sends every reply.  The connection parses no further request
+ *   until every chunk of that reply is queued (replies go out in order),
+ *   and the regions' `inflight` holds until the last chunk has left, so
+ *   unregister waits for it.
  * - Reader: a batch with GPU destinations is cut into pieces of at most a
- *   chunk; each piece is read over the ordinary TCP path into a pinned
- *   chunk and copied to the device from there while the next pieces
- *   arrive.  A range settles only after its last device copy finished, so
+ *   chunk; small ranges share a piece (up to SX__STAGE_GROUP, one after the
+ *   other in its chunk); each piece is read over the ordinary TCP path
+ *   into a pinned chunk and copied to the device from there (one gather
+ *   launch for a shared one) while the next pieces arrive.  A range settles only after its last device copy finished, so
  *   a batch is COMPLETED only then; an abort waits for copies in flight.
  * - Staging memory is bounded: sx_agent_params.staging_bytes per
  *   direction, allocated on first use, in chunks of at most 1 MiB; work
@@ -42,13 +46,28 @@ int sx__tcp_stage_post(sx_tpeer *p, sx_op *op);
 void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
 void sx__tcp_stage_peer_close(sx_tpeer *p);
 
-/* Target side: answer READ id of [off, off+len) of GPU region l on
- * connection c (stream h).  *slot (c's SX__CONN_READ slot) is set to the
- * reply in progress; c parses no further request until
- * sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply is
- * queued, or at once (with an error) when staging is impossible. */
+/* One READ of GPU memory to answer: [off, off+len) of region l. */
+typedef struct sx__tcp_sread {
+  uint64_t id;
+  sx_lregion *l;
+  uint64_t off, len;
+} sx__tcp_sread;
+
+#define SX__STAGE_GROUP 64 /* READs one staged reply may answer together */
+
+/* Target side: answer the n READs rd (in order) on connection c (stream
+ * h).  n > 1 (several READs that were waiting behind the first, all of
+ * GPU memory of one device, together at most sx__tcp_stage_group_bytes):
+ * one gather (the memory layer's kernel) fills one pinned chunk with all
+ * of them and one write sends their replies.  *slot (c's SX__CONN_READ
+ * slot) is set to the reply in progress; c parses no further request
+ * until sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply
+ * is queued, or at once (with an error) when staging is impossible. */
 void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
-                         uint64_t id, sx_lregion *l, uint64_t off, uint64_t len);
+                         const sx__tcp_sread *rd, size_t n);
+/* How many bytes READs answered together may have (one chunk), or 0
+ * when no staging can be had. */
+uint64_t sx__tcp_stage_group_bytes(tcp_t *t);
 /* c is closing: write nothing more for r, resume nothing. */
 void sx__tcp_stage_detach(sx__tcp_sreply *r);
 

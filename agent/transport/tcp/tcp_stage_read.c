@@ -5,9 +5,12 @@
  * device when it arrived; a write batch (push mode) whose sources include
  * GPU memory is copied to pinned chunks piece by piece, and each piece is
  * sent as its copy finished, so the copy of piece n+1 overlaps sending
- * piece n (see tcp_stage.h).  A piece is an sx_op of one range posted to
- * tcp_read.c, so the wire, the connections and their failure handling
- * stay one code path.  A range settles when its last piece did (writes:
+ * piece n (see tcp_stage.h).  A piece is an sx_op posted to tcp_read.c,
+ * so the wire, the connections and their failure handling stay one code
+ * path.  A read's small ranges share a piece: as many as fit one chunk
+ * (up to SX__STAGE_GROUP), one after the other in it, and once all of
+ * them arrived one gather (the memory layer's kernel) scatters them to
+ * their destinations, one launch and one notice for the lot.  A range settles when its last piece did (writes:
  * when the consumer acknowledged it), so a write batch sends its notice
  * only after every byte was acknowledged.
  */
@@ -29,12 +32,18 @@ typedef struct srange {
   int settled;
 } srange;
 
+/* Where one range of a piece goes: part idx of o, from off in it. */
+typedef struct ppart {
+  size_t idx;
+  uint64_t off;
+} ppart;
+
 typedef struct piece {
-  sx_op op;             /* one range, posted to tcp_read.c */
-  sx_xfer x;
+  sx_op op;             /* its ranges (x), posted to tcp_read.c */
+  sx_xfer *x;           /* k of them, into the chunk one after the other */
+  ppart *part;          /* k */
+  size_t k;
   sop *o;
-  size_t idx;           /* the range of o it is part of */
-  uint64_t off;         /* within that range */
   void *chunk;          /* staging; NULL: received in place (host) */
   sx__mem_notice note;
   struct piece *next, *prev; /* o->posted while tcp_read.c has it */
@@ -120,9 +129,13 @@ static void piece_free(sx__mem_notice *n) {
 
 static void piece_end(piece *pc) {
   sop *o = pc->o;
-  size_t idx = pc->idx;
   if (pc->chunk != NULL)
     sx__stage_chunk_put(o->st, SX__STAGE_READ, pc->chunk);
+  o->live++; /* o outlives the settles and the pump */
+  for (size_t j = 0; j < pc->k; j++)
+    o->r[pc->part[j].idx].outstanding--;
+  for (size_t j = 0; j < pc->k; j++)
+    try_settle(o, pc->part[j].idx);
   /* tcp_read.c may still look at the piece's op after its done returned:
    * it is freed in a later loop iteration. */
   sx__mem_notifier *nf = sx__stage_notifier(o->st);
@@ -131,9 +144,6 @@ static void piece_end(piece *pc) {
     sx__mem_notice_post(nf, &pc->note);
   else
     free(pc);
-  o->r[idx].outstanding--;
-  o->live++; /* o outlives the settle and the pump */
-  try_settle(o, idx);
   pump(o);
   o->live--;
   o->live--; /* the piece's */
@@ -156,20 +166,34 @@ static void piece_done(sx_op *pop) {
     o->posted = pc->next;
   if (pc->next)
     pc->next->prev = pc->prev;
-  if (pc->x.status != 0) {
-    record(o, pc->idx, pc->x.status, pop->message);
+  size_t ok = 0;
+  for (size_t j = 0; j < pc->k; j++) {
+    if (pc->x[j].status != 0)
+      record(o, pc->part[j].idx, pc->x[j].status, pop->message);
+    else
+      ok++;
+  }
+  if (ok == 0 || pc->chunk == NULL || o->aborted || o->write) {
     piece_end(pc);
     return;
   }
-  if (pc->chunk == NULL || o->aborted || o->write) {
-    piece_end(pc);
-    return;
-  }
+  /* The ranges that arrived go from the chunk to their destinations in
+   * one call (a gather launch for several, one copy for one). */
+  sx__mem_range one, *rg = ok == 1 ? &one : malloc(ok * sizeof(*rg));
+  int dev = o->r[pc->part[0].idx].device, rc = rg == NULL ? SX_ENOMEM : 0;
+  size_t m = 0;
+  for (size_t j = 0; j < pc->k && rc == 0; j++)
+    if (pc->x[j].status == 0)
+      rg[m++] = (sx__mem_range){
+          (uint64_t)(uintptr_t)(o->op->xfers[pc->part[j].idx].local + pc->part[j].off),
+          (uint64_t)(uintptr_t)pc->x[j].local, pc->x[j].length};
   sx__mem_stream *s;
-  uint8_t *dst = o->op->xfers[pc->idx].local + pc->off;
-  int rc = sx__stage_stream(o->st, SX__STAGE_READ, o->r[pc->idx].device, &s);
   if (rc == 0)
-    rc = sx__mem_copy_async(s, dst, pc->chunk, (size_t)pc->x.length);
+    rc = sx__stage_stream(o->st, SX__STAGE_READ, dev, &s);
+  if (rc == 0)
+    rc = sx__mem_gather(s, rg, m, SX__GATHER_SM_OK, SX__COPY_AUTO, NULL);
+  if (rg != &one)
+    free(rg);
   if (rc == 0) {
     pc->note.fn = copied;
     rc = sx__mem_notify(s, sx__stage_notifier(o->st), &pc->note);
@@ -177,7 +201,8 @@ static void piece_done(sx_op *pop) {
       sx__mem_stream_sync(s); /* the copy must be over before the chunk is reused */
   }
   if (rc != 0) {
-    record(o, pc->idx, rc, sx_errmsg());
+    for (size_t j = 0; j < pc->k; j++)
+      record(o, pc->part[j].idx, rc, rc == SX_ENOMEM ? NULL : sx_errmsg());
     piece_end(pc);
   }
 }
@@ -194,7 +219,8 @@ static int piece_post(piece *pc) {
     o->posted = pc->next;
     if (pc->next)
       pc->next->prev = NULL;
-    record(o, pc->idx, rc, sx_errmsg());
+    for (size_t j = 0; j < pc->k; j++)
+      record(o, pc->part[j].idx, rc, sx_errmsg());
     stop(o, rc, NULL);
     piece_end(pc);
   }
@@ -215,16 +241,16 @@ static void staged(sx__mem_notice *n) {
 static int piece_stage(piece *pc, const uint8_t *src) {
   sop *o = pc->o;
   sx__mem_stream *s;
-  int rc = sx__stage_stream(o->st, SX__STAGE_READ, o->r[pc->idx].device, &s);
+  int rc = sx__stage_stream(o->st, SX__STAGE_READ, o->r[pc->part[0].idx].device, &s);
   if (rc == 0)
-    rc = sx__mem_copy_async(s, pc->chunk, src, (size_t)pc->x.length);
+    rc = sx__mem_copy_async(s, pc->chunk, src, (size_t)pc->x[0].length);
   if (rc == 0) {
     pc->note.fn = staged;
     if ((rc = sx__mem_notify(s, sx__stage_notifier(o->st), &pc->note)) != 0)
       sx__mem_stream_sync(s); /* the copy must be over before the chunk is reused */
   }
   if (rc != 0) {
-    record(o, pc->idx, rc, sx_errmsg());
+    record(o, pc->part[0].idx, rc, sx_errmsg());
     stop(o, rc, NULL);
     piece_end(pc);
   }
@@ -268,32 +294,50 @@ static void pump(sop *o) {
         }
       }
     }
-    piece *pc = calloc(1, sizeof(*pc));
+    /* A read's whole ranges that fit the chunk behind this one, into the
+     * same device, share it (not a write's: each of those is sent as its
+     * copy ended). */
+    size_t k = 1;
+    uint64_t fill = len;
+    if (chunk != NULL && !o->write && o->cur_off == 0 && len == x->length)
+      while (k < SX__STAGE_GROUP && o->cur + k < o->n && o->r[o->cur + k].device == dev &&
+             o->op->xfers[o->cur + k].length <= chunk_size - fill) {
+        fill += o->op->xfers[o->cur + k].length;
+        k++;
+      }
+    piece *pc = calloc(1, sizeof(*pc) + k * (sizeof(sx_xfer) + sizeof(ppart)));
     if (pc == NULL) {
       if (chunk != NULL)
         sx__stage_chunk_put(o->st, SX__STAGE_READ, chunk);
       stop(o, SX_ENOMEM, "tcp: staging: out of memory");
       return;
     }
+    pc->x = (sx_xfer *)(pc + 1);
+    pc->part = (ppart *)(pc->x + k);
+    pc->k = k;
     pc->o = o;
-    pc->idx = o->cur;
-    pc->off = o->cur_off;
     pc->chunk = chunk;
-    pc->x = *x;
-    pc->x.local = chunk != NULL ? chunk : x->local + o->cur_off;
-    pc->x.lreg = NULL;
-    pc->x.roff = x->roff + o->cur_off;
-    pc->x.length = len;
-    pc->x.status = 1;
-    pc->op = (sx_op){.xfers = &pc->x, .n = 1, .pending = 1, .done = piece_done,
-                     .owner = pc};
-    o->r[o->cur].outstanding++;
-    o->live++;
     const uint8_t *src = x->local + o->cur_off;
-    if ((o->cur_off += len) == x->length) {
-      o->cur++;
-      o->cur_off = 0;
+    uint64_t at = 0;
+    for (size_t j = 0; j < k; j++) {
+      const sx_xfer *xj = &o->op->xfers[o->cur];
+      uint64_t lj = j == 0 ? len : xj->length;
+      pc->part[j] = (ppart){.idx = o->cur, .off = o->cur_off};
+      pc->x[j] = *xj;
+      pc->x[j].local = chunk != NULL ? (uint8_t *)chunk + at : xj->local + o->cur_off;
+      pc->x[j].lreg = NULL;
+      pc->x[j].roff = xj->roff + o->cur_off;
+      pc->x[j].length = lj;
+      pc->x[j].status = 1;
+      at += lj;
+      o->r[o->cur].outstanding++;
+      if ((o->cur_off += lj) == xj->length) {
+        o->cur++;
+        o->cur_off = 0;
+      }
     }
+    pc->op = (sx_op){.xfers = pc->x, .n = k, .pending = k, .done = piece_done, .owner = pc};
+    o->live++;
     if ((o->write && chunk != NULL ? piece_stage(pc, src) : piece_post(pc)) != 0)
       return;
   }

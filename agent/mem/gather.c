@@ -1,0 +1,291 @@
+/*
+ * Gathers: many copies in one call, by the gather kernel, the driver's
+ * batch copy or single copies (see mem.h for which runs when).
+ *
+ * The kernel (gather.cu; its PTX in gather_ptx.h) is loaded once per device
+ * into the primary context with cuModuleLoadData, the driver compiling it
+ * for the GPU it runs on.  A launch takes a table of pieces: the ranges cut
+ * into at most PIECE bytes each, so one thread block copies one piece and a
+ * few large ranges still spread over the SMs.  The table lies in pinned host
+ * memory that the kernel reads in place (unified addressing maps it for
+ * every device), one of RING_SLOTS per stream used in turn; an event
+ * recorded behind each launch says when its table may be written again, so
+ * the host only waits when RING_SLOTS launches are still queued on that one
+ * stream.  The stream orders everything else: copies and notices queued
+ * after a launch start after it ended.
+ */
+#ifdef SX_HAVE_CUDA
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gather_ptx.h"
+#include "internal.h"
+#include "mem_int.h"
+
+#define MAX_DEVICES 64
+#define PIECE (64u << 10) /* bytes one thread block copies at a time */
+#define THREADS 256       /* as gather.cu's __launch_bounds__ */
+#define MAX_GRID 65535u   /* blocks stride over longer tables */
+#define RING_SLOTS 32 /* launches in flight per stream before the host waits */
+#define TABLE_MIN (16u << 10)
+
+typedef struct piece {
+  uint64_t dst, src, len; /* as gather.cu's sx_piece */
+} piece;
+
+typedef struct slot {
+  piece *table; /* pinned */
+  size_t cap;   /* pieces */
+  CUevent done; /* recorded behind the launch that reads table */
+  int busy;
+} slot;
+
+struct sx__gather_ring {
+  slot slots[RING_SLOTS];
+  unsigned next;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int kstate[MAX_DEVICES];        /* mu: 0 untried, 1 loaded, -1 failed */
+static CUfunction kfn[MAX_DEVICES];    /* mu */
+static char kerr[MAX_DEVICES][200];    /* mu: why it failed */
+static uint64_t counts[4];             /* atomic */
+static int batch_broken;               /* atomic: the batch call failed once */
+
+static const char *const names[] = {"auto", "kernel", "batch", "range"};
+
+const char *sx__mem_copy_name(sx__mem_copy_method m) {
+  return (unsigned)m < 4 ? names[m] : "?";
+}
+
+sx__mem_copy_method sx__mem_copy_env(void) {
+  static int said;
+  const char *e = getenv("SX_GPU_COPY");
+  if (e == NULL || *e == '\0')
+    return SX__COPY_AUTO;
+  for (int m = 0; m < 4; m++)
+    if (strcmp(e, names[m]) == 0)
+      return (sx__mem_copy_method)m;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    fprintf(stderr, "segxfer: SX_GPU_COPY=%s is not kernel, batch, range or auto: "
+            "choosing per shape\n", e);
+  return SX__COPY_AUTO;
+}
+
+void sx__mem_copy_counts(uint64_t out[4]) {
+  for (int i = 0; i < 4; i++)
+    out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+}
+
+/* The kernel of device (its context current), or NULL. */
+static CUfunction kernel(const sx__cuda_drv *d, int device) {
+  if (device < 0 || device >= MAX_DEVICES)
+    return NULL;
+  pthread_mutex_lock(&mu);
+  if (kstate[device] == 0) {
+    CUmodule m;
+    CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+    const char *what = "the driver lacks cuModuleLoadData, cuLaunchKernel or events";
+    if (d->ModuleLoadData && d->ModuleGetFunction && d->LaunchKernel && d->EventCreate &&
+        d->EventRecord && d->EventSynchronize && d->EventDestroy) {
+      what = "loading its PTX";
+      r = d->ModuleLoadData(&m, sx__gather_ptx);
+      if (r == CUDA_SUCCESS) {
+        what = "finding sx_gather in it";
+        r = d->ModuleGetFunction(&kfn[device], m, "sx_gather");
+      }
+    }
+    const char *s = NULL;
+    if (r != CUDA_SUCCESS && (d->GetErrorString == NULL ||
+                              d->GetErrorString(r, &s) != CUDA_SUCCESS))
+      s = NULL;
+    if (r != CUDA_SUCCESS)
+      snprintf(kerr[device], sizeof(kerr[device]), "no gather kernel on cuda:%d: %s%s%s",
+               device, what, s ? ": " : "", s ? s : "");
+    /* The module stays loaded while the process runs (the primary context
+     * keeps it; it is a few kilobytes). */
+    kstate[device] = r == CUDA_SUCCESS ? 1 : -1;
+  }
+  CUfunction f = kstate[device] == 1 ? kfn[device] : NULL;
+  pthread_mutex_unlock(&mu);
+  return f;
+}
+
+const char *sx__mem_kernel_error(int device) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(device, &rc);
+  if (d == NULL)
+    return sx_errmsg();
+  if (kernel(d, device) != NULL)
+    return NULL;
+  pthread_mutex_lock(&mu);
+  const char *e = device >= 0 && device < MAX_DEVICES ? kerr[device] : "no such device";
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r) {
+  if (r == NULL)
+    return;
+  for (int i = 0; i < RING_SLOTS; i++) {
+    if (r->slots[i].done != NULL)
+      d->EventDestroy(r->slots[i].done);
+    if (r->slots[i].table != NULL)
+      d->MemFreeHost(r->slots[i].table);
+  }
+  free(r);
+}
+
+/* The next table of s with room for n pieces, free to write. */
+static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t n, slot **out) {
+  if (s->ring == NULL && (s->ring = calloc(1, sizeof(*s->ring))) == NULL)
+    return sx__err(SX_ENOMEM, "gather tables");
+  slot *t = &s->ring->slots[s->ring->next++ % RING_SLOTS];
+  CUresult r;
+  if (t->busy && (r = d->EventSynchronize(t->done)) != CUDA_SUCCESS)
+    return sx__cuda_err(d, r, "waiting for a gather launch");
+  t->busy = 0;
+  if (t->done == NULL && (r = d->EventCreate(&t->done, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
+    return sx__cuda_err(d, r, "creating an event");
+  if (t->cap < n) {
+    size_t cap = TABLE_MIN / sizeof(piece);
+    while (cap < n)
+      cap *= 2;
+    if (t->table != NULL)
+      d->MemFreeHost(t->table);
+    t->table = NULL;
+    t->cap = 0;
+    void *p;
+    if ((r = d->MemHostAlloc(&p, cap * sizeof(piece), CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
+      return sx__cuda_err(d, r, "allocating a gather table");
+    t->table = p;
+    t->cap = cap;
+  }
+  *out = t;
+  return 0;
+}
+
+static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
+                  const sx__mem_range *rg, size_t n) {
+  size_t np = 0;
+  for (size_t i = 0; i < n; i++)
+    np += rg[i].len == 0 ? 0 : (rg[i].len + PIECE - 1) / PIECE;
+  if (np == 0)
+    return 0;
+  slot *t = NULL;
+  int rc = table_get(d, s, np, &t);
+  if (rc)
+    return rc;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t off = 0; off < rg[i].len; off += PIECE)
+      t->table[k++] = (piece){rg[i].dst + off, rg[i].src + off,
+                              rg[i].len - off < PIECE ? rg[i].len - off : PIECE};
+  uint64_t table = (uint64_t)(uintptr_t)t->table, count = np;
+  void *params[] = {&table, &count};
+  unsigned grid = np < MAX_GRID ? (unsigned)np : MAX_GRID;
+  CUresult r = d->LaunchKernel(f, grid, 1, 1, THREADS, 1, 1, 0, s->s, params, NULL);
+  if (r != CUDA_SUCCESS)
+    return sx__cuda_err(d, r, "launching the gather kernel");
+  if ((r = d->EventRecord(t->done, s->s)) != CUDA_SUCCESS) {
+    /* Not known when the table is free: wait for it now. */
+    d->StreamSynchronize(s->s);
+    return 0;
+  }
+  t->busy = 1;
+  return 0;
+}
+
+static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *rg, size_t n) {
+  uint64_t *a = malloc(n * 2 * sizeof(uint64_t));
+  size_t *len = malloc(n * sizeof(size_t));
+  int rc = -1;
+  if (a != NULL && len != NULL) {
+    for (size_t i = 0; i < n; i++) {
+      a[i] = rg[i].dst;
+      a[n + i] = rg[i].src;
+      len[i] = (size_t)rg[i].len;
+    }
+    /* Stream order: sources are read in the order the stream gives, as
+     * with single copies. */
+    CUmemcpyAttributes attr;
+    memset(&attr, 0, sizeof(attr));
+    attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+    size_t idx = 0;
+    _Static_assert(sizeof(CUdeviceptr) == sizeof(uint64_t), "CUdeviceptr is 64 bits");
+    CUresult r = d->MemcpyBatchAsync((CUdeviceptr *)a, (CUdeviceptr *)(a + n), len, n, &attr,
+                                     &idx, 1, s->s);
+    rc = r == CUDA_SUCCESS ? 0 : 1;
+  }
+  free(a);
+  free(len);
+  return rc; /* 1: refused by the driver; -1: no memory (single copies, this once) */
+}
+
+int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigned flags,
+                   sx__mem_copy_method method, sx__mem_copy_method *used) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
+  if (d == NULL)
+    return rc;
+  rc = 0;
+  if (method == SX__COPY_AUTO)
+    method = sx__mem_copy_env();
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < n; i++)
+    bytes += rg[i].len;
+  if (method == SX__COPY_AUTO)
+    method = n <= 1 ? SX__COPY_RANGE
+             : bytes / n <= SX__GATHER_KERNEL_MAX ? SX__COPY_KERNEL : SX__COPY_BATCH;
+  CUfunction f = NULL;
+  if (method == SX__COPY_KERNEL &&
+      (!(flags & SX__GATHER_SM_OK) || (f = kernel(d, s->device)) == NULL))
+    method = SX__COPY_BATCH;
+  if (method == SX__COPY_BATCH &&
+      (n <= 1 || d->MemcpyBatchAsync == NULL || __atomic_load_n(&batch_broken, __ATOMIC_RELAXED)))
+    method = SX__COPY_RANGE;
+  if (method == SX__COPY_KERNEL) {
+    rc = launch(d, f, s, rg, n);
+  } else if (method == SX__COPY_BATCH) {
+    int b = batch(d, s, rg, n);
+    /* Refused (an older driver's rules): single copies from now on. */
+    if (b == 1)
+      __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
+    if (b != 0)
+      method = SX__COPY_RANGE;
+  }
+  if (method == SX__COPY_RANGE) {
+    rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+      CUresult r = d->MemcpyAsync((CUdeviceptr)rg[i].dst, (CUdeviceptr)rg[i].src,
+                                  (size_t)rg[i].len, s->s);
+      if (r != CUDA_SUCCESS)
+        rc = sx__cuda_err(d, r, "queueing a copy");
+    }
+  }
+  if (method != SX__COPY_BATCH || rc == 0)
+    __atomic_add_fetch(&counts[method], 1, __ATOMIC_RELAXED);
+  if (used != NULL)
+    *used = method;
+  return rc;
+}
+
+int sx__mem_peer_enable(int device, int peer) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(peer, &rc);
+  if (d == NULL || (d = sx__cuda_get(device, &rc)) == NULL)
+    return rc;
+  if (device == peer)
+    return 0;
+  if (d->CtxEnablePeerAccess == NULL)
+    return sx__err(SX_ENOTSUP, "the CUDA driver lacks cuCtxEnablePeerAccess");
+  CUresult r = d->CtxEnablePeerAccess(sx__cuda_ctx(peer), 0);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+    return sx__cuda_err(d, r, "enabling peer access");
+  return 0;
+}
+#else
+typedef int sx__mem_gather_unused; /* ISO C wants something in a file */
+#endif

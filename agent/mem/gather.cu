@@ -1,0 +1,61 @@
+/*
+ * The gather/scatter copy kernel of the memory layer (agent/mem/gather.c
+ * loads it).  This is its source; the library ships the PTX that
+ * agent/mem/gen_gather_ptx.sh makes from it (agent/mem/gather_ptx.h), so
+ * building segxfer needs no nvcc and no CUDA runtime: the driver
+ * JIT-compiles the PTX once per process and device.
+ *
+ * One launch copies a whole table of pieces.  A piece is at most
+ * SX__GATHER_PIECE bytes (the host cuts longer ranges), and one thread
+ * block copies one piece at a time, blocks striding over the table, so a
+ * batch of many small ranges keeps every SM busy while one copy-engine
+ * operation per range would pay its fixed cost each time.  Pointers may be
+ * this GPU's memory, a peer GPU's (an IPC mapping or peer access: loads and
+ * stores go over NVLink) or pinned host memory (the table itself is pinned
+ * host memory, read in place).
+ */
+struct sx_piece {
+  unsigned long long dst, src, len;
+};
+
+#define THREADS 256
+#define UNROLL 4
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+sx_gather(const sx_piece *__restrict__ table, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x) {
+    const unsigned long long dst = table[i].dst, src = table[i].src, len = table[i].len;
+    unsigned long long done = 0;
+    if (((dst | src) & 15) == 0) {
+      /* 16-byte loads and stores, UNROLL of them in flight per thread so
+       * that reads over NVLink overlap. */
+      const uint4 *s = (const uint4 *)src;
+      uint4 *d = (uint4 *)dst;
+      const unsigned long long nv = len / 16;
+      unsigned long long k = threadIdx.x;
+      for (; k + (UNROLL - 1) * THREADS < nv; k += UNROLL * THREADS) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+          v[u] = s[k + u * THREADS];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+          d[k + u * THREADS] = v[u];
+      }
+      for (; k < nv; k += THREADS)
+        d[k] = s[k];
+      done = nv * 16;
+    } else if (((dst | src) & 3) == 0) {
+      const unsigned *s = (const unsigned *)src;
+      unsigned *d = (unsigned *)dst;
+      const unsigned long long nw = len / 4;
+      for (unsigned long long k = threadIdx.x; k < nw; k += THREADS)
+        d[k] = s[k];
+      done = nw * 4;
+    }
+    const unsigned char *s = (const unsigned char *)src;
+    unsigned char *d = (unsigned char *)dst;
+    for (unsigned long long k = done + threadIdx.x; k < len; k += THREADS)
+      d[k] = s[k];
+  }
+}
