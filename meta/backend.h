@@ -141,7 +141,8 @@ extern const sx_backend_ops sx__backend_mem_ops;
 /* Tests: with on, every mem:// backend on store `name` answers its ops from
  * a timer callback ms after the op was called (0: at the next loop turn). */
 void sx__mem_set_delay(const char *name, int on, uint32_t ms);
-extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
+extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel://,
+                                                    * redis+cluster:// */
 extern const sx_backend_ops sx__backend_etcd_ops; /* etcd://, etcd+https:// */
 
 /* Dispatchers: a missing slot returns SX_ENOTSUP. */

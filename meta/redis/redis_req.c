@@ -28,6 +28,10 @@ void sx__redis_q_free(rreq *q) {
   free(q->names);
   free(q->values);
   free(q->items);
+  for (size_t i = 0; i < q->cl_cap; i++)
+    if (q->cl_stash[i] != NULL)
+      freeReplyObject(q->cl_stash[i]);
+  free(q->cl_stash);
   free(q);
 }
 
@@ -35,6 +39,8 @@ static void q_release(rreq *q) {
   if (q->done && q->outstanding == 0)
     sx__redis_q_free(q);
 }
+
+void sx__redis_q_release(rreq *q) { q_release(q); }
 
 static void q_unlink(rreq *q) {
   redis_backend *rb = q->rb;
@@ -135,7 +141,7 @@ static char *resp_head(char *p, char kind, size_t n) {
  */
 int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
   redis_backend *rb = q->rb;
-  if (rb->state != RB_READY || rb->data == NULL)
+  if (rb->state != RB_READY || (rb->data == NULL && !rb->cluster))
     return sx__err(SX_EUNREACH, "%s: connection lost", rb->redacted);
   size_t al[16], total = 16;
   if (argc > 16)
@@ -155,7 +161,20 @@ int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
     *p++ = '\r';
     *p++ = '\n';
   }
-  int rc = redisAsyncFormattedCommand(rb->data, q_cb, q, buf, (size_t)(p - buf));
+  int rc;
+  if (rb->cluster) {
+    /* The key decides the node: a script's first key, else the first
+     * argument (every command segxfer sends names one key there). */
+    int k = argc > 3 && (strcmp(argv[0], "EVAL") == 0 || strcmp(argv[0], "EVALSHA") == 0)
+                ? 3
+                : 1;
+    rc = argc > k ? sx__rcl_send(q, buf, (size_t)(p - buf), argv[k], al[k])
+                  : sx__err(SX_EINVAL, "%s: %s: a command without a key", q->name, q->what);
+    if (buf != stack)
+      free(buf);
+    return rc;
+  }
+  rc = redisAsyncFormattedCommand(rb->data, q_cb, q, buf, (size_t)(p - buf));
   if (buf != stack)
     free(buf);
   if (rc != REDIS_OK)
@@ -258,6 +277,16 @@ static void op_timer_cb(uv_timer_t *t) {
       sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: not connected to %s within %u ms (timeout_ms)",
                q->name, q->what, rb->redacted, rb->base.url.timeout_ms);
       q_release(q);
+      continue;
+    }
+    if (rb->cluster) {
+      /* One node of several did not answer, or a slot had no master that
+       * long (a failover): fail the op, keep the others, look again. */
+      sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from the cluster %s within "
+                         "%u ms (timeout_ms)", q->name, q->what, rb->redacted,
+                         rb->base.url.timeout_ms);
+      q_release(q);
+      sx__rcl_suspect(rb);
       continue;
     }
     sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from %s:%d within %u ms (timeout_ms)",
