@@ -14,9 +14,11 @@
  * have wide margins: the machine is shared with other builds.
  */
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend_publisher.h"
@@ -86,7 +88,7 @@ static int seg_publish(sxt_store *st, seg *s, uint32_t lease, sxt_reply *r) {
 }
 
 static unsigned seg_slot(const char *ns, const char *name) {
-  char key[256];
+  char key[2048];
   snprintf(key, sizeof(key), "sx:%s:seg:{%s}", ns, name);
   return sx__rcl_key_slot(key, strlen(key));
 }
@@ -250,6 +252,379 @@ static void test_cluster_events_from_every_shard(void **state) {
   sxt_store_close(&w);
 }
 
+
+/* ------------------------------------------------- failover, resharding */
+
+/* Renew (or get) every segment at once and wait for all the answers; the
+ * statuses go to st[]. */
+static void renew_all(sxt_store *p, seg *s, int n, uint32_t lease, int *st) {
+  sxt_reply r[64];
+  sxt_reply *rp[64];
+  memset(r, 0, sizeof(r));
+  for (int i = 0; i < n; i++) {
+    rp[i] = &r[i];
+    int rc = sx__backend_renew(p->b, s[i].name, s[i].inc, lease, sxt_reply_cb, &r[i]);
+    if (rc != 0) {
+      r[i].calls = 1;
+      r[i].status = rc;
+    }
+  }
+  assert_int_equal(sxt_stores_await(&p, 1, rp, (size_t)n, SXT_OP_DEADLINE_MS), 0);
+  for (int i = 0; i < n; i++) {
+    st[i] = r[i].status;
+    sxt_reply_free(&r[i]);
+  }
+}
+
+static void get_all(sxt_store *p, seg *s, int n, int *st) {
+  sxt_reply r[64];
+  sxt_reply *rp[64];
+  memset(r, 0, sizeof(r));
+  for (int i = 0; i < n; i++) {
+    rp[i] = &r[i];
+    int rc = sx__backend_get(p->b, s[i].name, sxt_reply_cb, &r[i]);
+    if (rc != 0) {
+      r[i].calls = 1;
+      r[i].status = rc;
+    }
+  }
+  assert_int_equal(sxt_stores_await(&p, 1, rp, (size_t)n, SXT_OP_DEADLINE_MS), 0);
+  for (int i = 0; i < n; i++) {
+    st[i] = r[i].status;
+    if (st[i] == 0 && (r[i].len != s[i].len || memcmp(r[i].value, s[i].val, s[i].len) != 0))
+      st[i] = SX_EDECODE;
+    sxt_reply_free(&r[i]);
+  }
+}
+
+/* Pick names, one per shard channel (n == SX_RCL_SHARDS) or any. */
+static void seg_pick_shards(seg *s, const char *fmt) {
+  int have[SX_RCL_SHARDS] = {0}, n = 0;
+  for (int i = 0; n < SX_RCL_SHARDS && i < 100000; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), fmt, i);
+    unsigned k = sx__rcl_shard_of(name);
+    if (have[k])
+      continue;
+    have[k] = 1;
+    seg_init(&s[n++], fmt, i);
+  }
+  assert_int_equal(n, SX_RCL_SHARDS);
+}
+
+/* Publish the next generation of every segment and take each put event. */
+static void events_flow(sxt_store *p, sxt_store *w, seg *s, int n) {
+  sxt_reply r;
+  for (int i = 0; i < n; i++) {
+    s[i].gen++;
+    free(s[i].val);
+    sxt_encoded_desc(s[i].name, s[i].inc, s[i].gen, &s[i].val, &s[i].len);
+    assert_int_equal(seg_publish(p, &s[i], 5000, &r), 0);
+    sxt_reply_free(&r);
+  }
+  for (int i = 0; i < n; i++)
+    if (sxt_store_take_event(w, SX_EVENT_PUT, s[i].name, 10000, NULL) != 0)
+      fail_msg("no put event for %s (shard %u) after the change", s[i].name,
+               sx__rcl_shard_of(s[i].name));
+}
+
+/* The master of the most segments is SIGKILLed; its replica takes over.
+ * Owners renewing every 500 ms never lose a lease (5 s), every segment is
+ * readable again, and the watcher gets events from every shard again. */
+static void test_cluster_master_failover(void **state) {
+  (void)state;
+  NEED_CLUSTER();
+  char url[512];
+  cl_url("fo", "timeout_ms=1000&connect_timeout_ms=1000", url, sizeof(url));
+  sxt_store p, w;
+  sxt_ok(sxt_store_open(&p, url, 1));
+  sxt_ok(sxt_store_open(&w, url, 1));
+  assert_int_equal(sxt_store_watch(&w), 0);
+  seg s[SX_RCL_SHARDS];
+  seg_pick_shards(s, "fo/%d");
+  const int n = SX_RCL_SHARDS;
+  const uint32_t lease = 5000;
+  sxt_reply r;
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(seg_publish(&p, &s[i], lease, &r), 0);
+    sxt_reply_free(&r);
+  }
+  int on[SXT_RCLUSTER_NODES] = {0}, victim = 0;
+  for (int i = 0; i < n; i++)
+    on[sxt_rcluster_master_of(&cl, seg_slot("fo", s[i].name))]++;
+  for (int i = 1; i < SXT_RCLUSTER_NODES; i++)
+    if (on[i] > on[victim])
+      victim = i;
+  assert_true(on[victim] > 0);
+  int watches = w.n_watch;
+  uint64_t last_ok[SX_RCL_SHARDS], t0 = sx__mono_ms(), worst = 0;
+  for (int i = 0; i < n; i++)
+    last_ok[i] = t0;
+  sxt_redis_kill(&cl.node[victim], SIGKILL);
+  fprintf(stderr, "killed master on port %d (serving %d of %d segments)\n",
+          cl.node[victim].port, on[victim], n);
+  int st[SX_RCL_SHARDS], all_ok_since = 0, failures = 0;
+  while (sx__mono_ms() - t0 < 30000) {
+    renew_all(&p, s, n, lease, st);
+    uint64_t now = sx__mono_ms();
+    int ok = 1;
+    for (int i = 0; i < n; i++) {
+      if (st[i] == SX_EGONE || st[i] == SX_EFENCED)
+        fail_msg("%s: lease lost during the failover (%s)", s[i].name, sx_err_name(st[i]));
+      if (st[i] == 0) {
+        if (now - last_ok[i] > worst)
+          worst = now - last_ok[i];
+        last_ok[i] = now;
+      } else {
+        ok = 0;
+        failures++;
+      }
+    }
+    all_ok_since = ok ? all_ok_since + 1 : 0;
+    if (all_ok_since >= 3)
+      break;
+    sxt_store_run_for(&w, 500);
+  }
+  fprintf(stderr, "renewals back for all after %llu ms; longest gap %llu ms, %d failed "
+          "renewals\n", (unsigned long long)(sx__mono_ms() - t0),
+          (unsigned long long)worst, failures);
+  assert_true(all_ok_since >= 3);
+  assert_true(worst < lease);
+  get_all(&p, s, n, st);
+  for (int i = 0; i < n; i++)
+    if (st[i] != 0)
+      fail_msg("%s unreadable after the failover: %s", s[i].name, sx_err_name(st[i]));
+  /* The watcher subscribed again where the channels now live. */
+  assert_int_equal(sxt_store_wait_watch(&w, watches + 1, 20000), 0);
+  events_flow(&p, &w, s, n);
+  for (int i = 0; i < n; i++)
+    free(s[i].val);
+  sxt_store_close(&p);
+  sxt_store_close(&w);
+  /* The old master comes back as a replica, for the tests after this. */
+  assert_int_equal(sxt_redis_restart_keep(&cl.node[victim]), 0);
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+}
+
+/* redis-cli --cluster reshard moves 4000 slots, keys and all, from one
+ * master to another while owners publish, renew and readers resolve: every
+ * op succeeds (through ASK and MOVED), nothing is lost, no event twice. */
+static void test_cluster_reshard_under_load(void **state) {
+  (void)state;
+  NEED_CLUSTER();
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+  char url[512];
+  cl_url("rs", "timeout_ms=3000", url, sizeof(url));
+  sxt_store p, w;
+  sxt_ok(sxt_store_open(&p, url, 1));
+  sxt_ok(sxt_store_open(&w, url, 1));
+  assert_int_equal(sxt_store_watch(&w), 0);
+  enum { N = 32, NEW = 48 };
+  seg s[N], fresh[NEW];
+  sxt_reply r;
+  for (int i = 0; i < N; i++) {
+    seg_init(&s[i], "rs/%d", i);
+    assert_int_equal(seg_publish(&p, &s[i], 10000, &r), 0);
+    sxt_reply_free(&r);
+  }
+  /* From the master of slot 0 to the master of slot 16383. */
+  int from = sxt_rcluster_master_of(&cl, 0), to = sxt_rcluster_master_of(&cl, 16383);
+  assert_true(from >= 0 && to >= 0 && from != to);
+  char from_id[41], to_id[41], seed[32];
+  assert_int_equal(sxt_rcluster_node_id(&cl, from, from_id), 0);
+  assert_int_equal(sxt_rcluster_node_id(&cl, to, to_id), 0);
+  snprintf(seed, sizeof(seed), "127.0.0.1:%d", cl.node[from].port);
+  const char *args[] = {"--cluster", "reshard", seed, "--cluster-from", from_id,
+                        "--cluster-to", to_id, "--cluster-slots", "4000",
+                        "--cluster-yes", "--cluster-pipeline", "4", NULL};
+  pid_t cli = sxt_rcluster_cli_spawn(&cl, args);
+  assert_true(cli > 0);
+  int st[N], rounds = 0, done = 0, n_new = 0, exit_code = -1;
+  uint64_t t0 = sx__mono_ms();
+  while (!done || rounds < 3) {
+    renew_all(&p, s, N, 10000, st);
+    for (int i = 0; i < N; i++)
+      if (st[i] != 0)
+        fail_msg("renew %s during resharding: %s", s[i].name, sx_err_name(st[i]));
+    get_all(&p, s, N, st);
+    for (int i = 0; i < N; i++)
+      if (st[i] != 0)
+        fail_msg("get %s during resharding: %s", s[i].name, sx_err_name(st[i]));
+    if (n_new < NEW) {
+      seg_init(&fresh[n_new], "rs-new/%d", n_new);
+      int rc = seg_publish(&p, &fresh[n_new], 10000, &r);
+      if (rc != 0)
+        fail_msg("publish %s during resharding: %s (%s)", fresh[n_new].name,
+                 sx_err_name(rc), r.message);
+      sxt_reply_free(&r);
+      n_new++;
+    }
+    rounds += done;
+    /* The watcher runs as an agent's loop would, beside the others. */
+    sxt_store_run_for(&w, 5);
+    int wst;
+    if (!done && waitpid(cli, &wst, WNOHANG) == cli) {
+      done = 1;
+      exit_code = WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
+    }
+    if (sx__mono_ms() - t0 > 90000)
+      fail_msg("resharding did not end within 90 s");
+  }
+  fprintf(stderr, "resharding took %llu ms; %d publishes, %d renew+get rounds of %d\n",
+          (unsigned long long)(sx__mono_ms() - t0), n_new, rounds, N);
+  assert_int_equal(exit_code, 0);
+  /* The slots did move, and the ops followed them. */
+  assert_int_equal(sxt_rcluster_master_of(&cl, 0), to);
+  const redis_backend *rb = (const redis_backend *)p.b;
+  fprintf(stderr, "client: %llu MOVED, %llu ASK, %llu TRYAGAIN/CLUSTERDOWN, %llu map reads\n",
+          (unsigned long long)rb->cl_moved, (unsigned long long)rb->cl_asked,
+          (unsigned long long)rb->cl_retried, (unsigned long long)rb->cl_refreshes);
+  assert_true(rb->cl_moved > 0);
+  /* Nothing lost, each listed once, each new one announced once. */
+  assert_int_equal(sxt_list(&p, &r), 0);
+  assert_int_equal(r.n_items, N + n_new);
+  for (size_t i = 0; i < r.n_items; i++)
+    for (size_t j = i + 1; j < r.n_items; j++)
+      assert_string_not_equal(r.items[i].name, r.items[j].name);
+  sxt_reply_free(&r);
+  /* A shard channel whose slot moved was dropped by its old master
+   * (sunsubscribe) and subscribed again at the new one: an event published
+   * in between is not delivered (Redis keeps no backlog), and on_watch is
+   * reported again so that caches drop what they hold.  Every other event
+   * arrives, and none twice. */
+  int moved[SX_RCL_SHARDS] = {0}, any_moved = 0, missed = 0;
+  for (unsigned k = 0; k < SX_RCL_SHARDS; k++) {
+    char ch[64];
+    snprintf(ch, sizeof(ch), "sx:rs:events:{%u}", k);
+    unsigned sl = sx__rcl_key_slot(ch, strlen(ch));
+    moved[k] = sxt_rcluster_master_of(&cl, sl) == to && sl < 4000;
+    any_moved |= moved[k];
+  }
+  for (int i = 0; i < n_new; i++) {
+    if (sxt_store_take_event(&w, SX_EVENT_PUT, fresh[i].name, moved[sx__rcl_shard_of(
+                                 fresh[i].name)] ? 500 : 10000, NULL) != 0) {
+      if (!moved[sx__rcl_shard_of(fresh[i].name)])
+        fail_msg("no put event for %s (its channel did not move)", fresh[i].name);
+      missed++;
+    }
+    assert_true(sxt_store_count_events(&w, SX_EVENT_PUT, fresh[i].name) <= 1);
+  }
+  fprintf(stderr, "%d of %d put events missed, all on channels whose slot moved\n",
+          missed, n_new);
+  if (any_moved)
+    assert_true(w.n_watch >= 2);
+  for (int i = 0; i < N; i++)
+    free(s[i].val);
+  for (int i = 0; i < n_new; i++)
+    free(fresh[i].val);
+  sxt_store_close(&p);
+  sxt_store_close(&w);
+}
+
+
+/* Run one command on node i and check it did not fail. */
+static void node_ok_cmd(int i, const char *fmt, ...) {
+  redisContext *c = sxt_redis_connect(&cl.node[i]);
+  assert_non_null(c);
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(c, fmt, ap);
+  va_end(ap);
+  redisFree(c);
+  if (r == NULL || r->type == REDIS_REPLY_ERROR)
+    fail_msg("node %d: '%s' failed: %s", i, fmt, r ? r->str : "no reply");
+  freeReplyObject(r);
+}
+
+/* One slot migrated by hand, as redis-cli does it.  While it is MIGRATING,
+ * a read of a key already moved is answered with ASK, which the client
+ * follows (ASKING, once); a script (two keys, one of them absent: the fence
+ * set) is answered with TRYAGAIN until the slot is assigned, and the client
+ * retries it within its timeout; once the slot is assigned, MOVED. */
+static void test_cluster_ask_during_slot_migration(void **state) {
+  (void)state;
+  NEED_CLUSTER();
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+  char url[512];
+  cl_url("ask", "timeout_ms=15000", url, sizeof(url));
+  sxt_store p;
+  sxt_ok(sxt_store_open(&p, url, 1));
+  seg a, b;
+  seg_init(&a, "ask/%d", 0);
+  unsigned slot = seg_slot("ask", a.name);
+  int i;
+  for (i = 1; i < 1000000; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "ask/%d", i);
+    if (seg_slot("ask", name) == slot)
+      break;
+  }
+  seg_init(&b, "ask/%d", i);
+  assert_int_equal(seg_slot("ask", b.name), slot);
+  sxt_reply r;
+  assert_int_equal(seg_publish(&p, &a, 60000, &r), 0);
+  sxt_reply_free(&r);
+  int src = sxt_rcluster_master_of(&cl, slot), dst = -1;
+  for (int k = 0; k < 3 && dst < 0; k++) {
+    int m = sxt_rcluster_master_of(&cl, k == 0 ? 0 : k == 1 ? 8000 : 16383);
+    if (m >= 0 && m != src)
+      dst = m;
+  }
+  assert_true(src >= 0 && dst >= 0);
+  char src_id[41], dst_id[41];
+  assert_int_equal(sxt_rcluster_node_id(&cl, src, src_id), 0);
+  assert_int_equal(sxt_rcluster_node_id(&cl, dst, dst_id), 0);
+  node_ok_cmd(dst, "CLUSTER SETSLOT %u IMPORTING %s", slot, src_id);
+  node_ok_cmd(src, "CLUSTER SETSLOT %u MIGRATING %s", slot, dst_id);
+  node_ok_cmd(src, "MIGRATE 127.0.0.1 %d %s 0 5000 KEYS sx:ask:seg:{%s}",
+              cl.node[dst].port, "", a.name);
+  const redis_backend *rb = (const redis_backend *)p.b;
+  uint64_t asked = rb->cl_asked, retried = rb->cl_retried;
+  /* Moved already: read on the target. */
+  assert_int_equal(sxt_get(&p, a.name, &r), 0);
+  assert_memory_equal(r.value, a.val, a.len);
+  sxt_reply_free(&r);
+  assert_true(rb->cl_asked >= asked + 2); /* HMGET and PTTL */
+  /* Scripts wait while the slot is half moved. */
+  sxt_reply rr, rp;
+  memset(&rr, 0, sizeof(rr));
+  memset(&rp, 0, sizeof(rp));
+  sx_publish_req req = sxt_req(b.name, b.inc, b.gen, b.val, b.len, 60000, 0);
+  sxt_ok(sx__backend_renew(p.b, a.name, a.inc, 60000, sxt_reply_cb, &rr));
+  sxt_ok(sx__backend_publish(p.b, &req, sxt_reply_cb, &rp));
+  sxt_store_run_for(&p, 500);
+  assert_int_equal(rr.calls + rp.calls, 0);
+  assert_true(rb->cl_retried > retried);
+  /* The slot now belongs to the target everywhere: they go through. */
+  uint64_t moved = rb->cl_moved, refreshes = rb->cl_refreshes;
+  node_ok_cmd(dst, "CLUSTER SETSLOT %u NODE %s", slot, dst_id);
+  node_ok_cmd(src, "CLUSTER SETSLOT %u NODE %s", slot, dst_id);
+  sxt_reply *both[] = {&rr, &rp};
+  sxt_store *ps = &p;
+  assert_int_equal(sxt_stores_await(&ps, 1, both, 2, SXT_OP_DEADLINE_MS), 0);
+  if (rr.status || rp.status)
+    fail_msg("renew: %s (%s); publish: %s (%s)", sx_err_name(rr.status), rr.message,
+             sx_err_name(rp.status), rp.message);
+  sxt_reply_free(&rr);
+  sxt_reply_free(&rp);
+  /* Through MOVED, or a map read after TRYAGAIN that saw the change. */
+  assert_true(rb->cl_moved > moved || rb->cl_refreshes > refreshes);
+  redisReply *ex = sxt_redis_command(&cl.node[dst], "EXISTS sx:ask:seg:{%s}", b.name);
+  assert_non_null(ex);
+  assert_int_equal(ex->integer, 1);
+  freeReplyObject(ex);
+  assert_int_equal(sxt_get(&p, b.name, &r), 0);
+  assert_memory_equal(r.value, b.val, b.len);
+  sxt_reply_free(&r);
+  assert_int_equal(sxt_list(&p, &r), 0);
+  assert_int_equal(r.n_items, 2);
+  sxt_reply_free(&r);
+  free(a.val);
+  free(b.val);
+  sxt_store_close(&p);
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+}
+
 /* Opening must fail with this status and a message containing want. */
 static void open_fails(const char *url, int status, const char *want) {
   sx_store *s = NULL;
@@ -316,6 +691,9 @@ int main(void) {
       cmocka_unit_test(test_cluster_listing_across_shards),
       cmocka_unit_test(test_cluster_events_from_every_shard),
       cmocka_unit_test(test_cluster_bad_input_at_connect),
+      cmocka_unit_test(test_cluster_ask_during_slot_migration),
+      cmocka_unit_test(test_cluster_master_failover),
+      cmocka_unit_test(test_cluster_reshard_under_load),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter && *filter)

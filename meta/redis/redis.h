@@ -75,6 +75,8 @@ typedef struct redis_backend {
   int cluster;   /* redis+cluster:// */
   sx_rcl *cl;    /* its client state (redis_cluster.c); NULL otherwise */
   uv_timer_t cl_timer; /* cluster: map refresh delay and deadline */
+  /* Cluster: redirections and retries so far (tests and logs read them). */
+  uint64_t cl_moved, cl_asked, cl_retried, cl_refreshes;
 
   rb_state state;
   redisAsyncContext *data; /* commands; NULL when down */
@@ -221,8 +223,11 @@ void sx__rcl_drop(redis_backend *rb);
 void sx__rcl_free(redis_backend *rb);
 /* Send one RESP command of q to the master of key's slot (retrying on
  * MOVED, ASK, TRYAGAIN, CLUSTERDOWN and lost nodes until q's deadline);
- * replies reach q->on_reply in the order the commands were sent. */
-int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen);
+ * replies reach q->on_reply in the order the commands were sent.  write: the
+ * command changes data or announces, so it is not resent once it may have
+ * reached a node that was then lost. */
+int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen,
+                 int write);
 /* Subscribe to the shard channels and every master's keyspace events. */
 void sx__rcl_watch(redis_backend *rb);
 /* The map may be stale (an op timed out): look again soon. */

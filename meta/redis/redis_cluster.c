@@ -68,6 +68,7 @@ typedef struct rcl_cmd {
   unsigned slot;
   int tries;
   rcl_node *ask; /* resend there once, after ASKING */
+  int write;     /* changes data or announces: not resent after a loss */
   size_t len;
   char buf[];
 } rcl_cmd;
@@ -83,7 +84,6 @@ struct sx_rcl {
   int disc_port;
   char disc_err[400];
   uint32_t backoff_ms;
-  uint64_t last_refresh;
   int16_t chan_node[SX_RCL_SHARDS]; /* whose sub carries channel k, -1 none */
   int watch_told;
 };
@@ -362,7 +362,17 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
   }
   if (r == NULL) {
     /* The node went: node_lost (from the disconnect callback, right after
-     * this) reads the map again; the command waits for it. */
+     * this) reads the map again, and a command that never left waits for
+     * it.  A write that may have been applied is not sent twice (a publish
+     * would then fail on its own generation, an event be announced twice):
+     * its op fails, and the caller decides. */
+    if (c->write && (ac->c.flags & REDIS_CONNECTED)) {
+      sx__redis_q_finish(q, SX_EUNREACH, "%s: %s: the connection to %s:%d was lost with the "
+                         "write in flight (it may have been applied)", q->name, q->what,
+                         n->host, n->port);
+      cmd_free(c);
+      return;
+    }
     park(rb, c);
     return;
   }
@@ -385,8 +395,10 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
       return;
     }
     if (ask) {
+      rb->cl_asked++;
       c->ask = to;
     } else {
+      rb->cl_moved++;
       rb->cl->slot_node[slot] = (int16_t)node_index(rb->cl, to);
       to->master = 1;
       refresh(rb, RCL_REFRESH_GAP_MS);
@@ -398,6 +410,7 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
     /* A multi-key command during a migration, or a cluster without a
      * master for some slot (a failover in progress): later. */
     c->tries++;
+    rb->cl_retried++;
     park(rb, c);
     refresh(rb, RCL_RETRY_MS);
     return;
@@ -431,7 +444,8 @@ static void dispatch(redis_backend *rb, rcl_cmd *c) {
     park(rb, c);
 }
 
-int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen) {
+int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen,
+                 int write) {
   redis_backend *rb = q->rb;
   if (q->cl_sent >= q->cl_cap) {
     size_t cap = q->cl_cap ? q->cl_cap * 2 : 4;
@@ -449,6 +463,7 @@ int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t k
   c->q = q;
   c->seq = q->cl_sent++;
   c->slot = sx__rcl_key_slot(key, klen);
+  c->write = write;
   c->len = len;
   memcpy(c->buf, buf, len);
   q->outstanding++;
@@ -680,7 +695,7 @@ static void cl_timer_cb(uv_timer_t *t) {
   }
   cl->refreshing = 1;
   cl->disc_tried = 0;
-  cl->last_refresh = uv_now(rb->base.loop);
+  rb->cl_refreshes++;
   disc_attempt(rb);
 }
 

@@ -165,10 +165,10 @@ int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
   if (rb->cluster) {
     /* The key decides the node: a script's first key, else the first
      * argument (every command segxfer sends names one key there). */
-    int k = argc > 3 && (strcmp(argv[0], "EVAL") == 0 || strcmp(argv[0], "EVALSHA") == 0)
-                ? 3
-                : 1;
-    rc = argc > k ? sx__rcl_send(q, buf, (size_t)(p - buf), argv[k], al[k])
+    int script = strcmp(argv[0], "EVAL") == 0 || strcmp(argv[0], "EVALSHA") == 0;
+    int k = script && argc > 3 ? 3 : 1;
+    int write = script || strcmp(argv[0], "SPUBLISH") == 0;
+    rc = argc > k ? sx__rcl_send(q, buf, (size_t)(p - buf), argv[k], al[k], write)
                   : sx__err(SX_EINVAL, "%s: %s: a command without a key", q->name, q->what);
     if (buf != stack)
       free(buf);

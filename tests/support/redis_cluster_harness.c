@@ -72,10 +72,17 @@ int sxt_rcluster_cli_wait(pid_t pid) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The node says the cluster is ok, and, if a master, its replica is in
+ * sync (so that it can take over). */
 static int node_ok(const sxt_redis *r) {
   redisReply *rep = sxt_redis_command(r, "CLUSTER INFO");
   int ok = rep && rep->type == REDIS_REPLY_STRING && strstr(rep->str, "cluster_state:ok") &&
            strstr(rep->str, "cluster_slots_ok:16384");
+  if (rep)
+    freeReplyObject(rep);
+  rep = ok ? sxt_redis_command(r, "INFO replication") : NULL;
+  if (rep && rep->type == REDIS_REPLY_STRING && strstr(rep->str, "role:master"))
+    ok = strstr(rep->str, "state=online") != NULL;
   if (rep)
     freeReplyObject(rep);
   return ok;

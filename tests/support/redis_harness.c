@@ -212,7 +212,7 @@ static int register_live(sxt_redis *r) {
 
 static int start_server(sxt_redis *r) {
   char port[16], logfile[200], replicaof[16], acl[512], pass[200];
-  const char *argv[48];
+  const char *argv[56];
   int n = 0;
   snprintf(port, sizeof(port), "%d", r->port);
   snprintf(logfile, sizeof(logfile), "%s/redis.log", r->dir);
@@ -276,6 +276,12 @@ static int start_server(sxt_redis *r) {
     argv[n++] = "nodes.conf";
     argv[n++] = "--cluster-node-timeout";
     argv[n++] = "1000";
+    /* Replicas sync at once (not after the diskless delay of 5 s), and
+     * may take over however long their master was gone. */
+    argv[n++] = "--repl-diskless-sync-delay";
+    argv[n++] = "0";
+    argv[n++] = "--cluster-replica-validity-factor";
+    argv[n++] = "0";
   }
   if (r->opts.replica_of) {
     snprintf(replicaof, sizeof(replicaof), "%d", r->opts.replica_of->port);
