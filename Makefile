@@ -188,6 +188,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
+	@tests/deploy/test_redis_cluster.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@tests/docs/check-links.sh "$(BUILD)"
