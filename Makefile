@@ -42,7 +42,7 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
-             curl groff-base man-db python3-yaml shellcheck \
+             curl groff-base man-db python3-yaml shellcheck stunnel4 \
              python3-torch python3-numpy python3-pytest
 
 # ---------------------------------------------------------------- flags
@@ -189,6 +189,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
 	@tests/deploy/test_redis_cluster.sh "$(BUILD)"
+	@tests/deploy/test_redis_tls.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@tests/docs/check-links.sh "$(BUILD)"
