@@ -440,8 +440,20 @@ topology() {
 
 master_addr() { scli meta1 -h "$NET.21" -p 26379 sentinel get-master-addr-by-name "$MASTER" | head -n1; }
 
+# After a failover: node1's reconnects and republishes, the listing, and a
+# verified read.
+after_failover() {
+  local m reconnects republishes
+  m=$(http_get "http://$NET.31:9464/metrics")
+  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
+  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
+  say "node1: store reconnects $reconnects, republishes $republishes, still published"
+  sxctl ls
+  sxctl read prefill-0/tp0 --blocks random:100 --verify 42
+}
+
 sentinel_failover_demo() {
-  local m reconnects republishes h
+  local h
   step "6. Sentinel failover: the replica on meta2 becomes master; the agents follow"
   say "master before: $(master_addr)"
   scli meta1 -h "$NET.21" -p 26379 sentinel failover "$MASTER"
@@ -455,20 +467,15 @@ sentinel_failover_demo() {
   # with masteruser/masterauth from redis.conf).
   wait_for 60 "the old master resynchronising as a replica" role_connected meta1 "$NET.10"
   say "old master $NET.10: now a replica of $NET.11"
-  m=$(http_get "http://$NET.31:9464/metrics")
-  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
-  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
   # 0 republishes: the agent moved on +switch-master and renewed on the new
   # master before its lease ran out there.
-  say "node1: store reconnects $reconnects, republishes $republishes, still published"
-  sxctl ls
-  sxctl read prefill-0/tp0 --blocks random:100 --verify 42
+  after_failover
 }
 
 # The replica of the master on meta1 takes over (CLUSTER FAILOVER, as an
 # operator does for maintenance); the agents follow the slot map.
 cluster_failover_demo() {
-  local m reconnects republishes h rep
+  local h rep
   step "6. Redis Cluster failover: the replica of meta1's master takes over; the agents follow"
   ccli meta1 -h "$NET.10" -p 7001 cluster nodes | awk '{print "  " $2, $3}'
   rep=$(ccli meta1 -h "$NET.10" -p 7001 cluster replicas \
@@ -486,12 +493,7 @@ cluster_failover_demo() {
   for h in node1 node2; do
     wait_for 30 "sx-agent on $h being ready" http_get "http://$(addrs "$h"):9464/ready"
   done
-  m=$(http_get "http://$NET.31:9464/metrics")
-  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
-  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
-  say "node1: store reconnects $reconnects, republishes $republishes, still published"
-  sxctl ls
-  sxctl read prefill-0/tp0 --blocks random:100 --verify 42
+  after_failover
 }
 
 demo() {

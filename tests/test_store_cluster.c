@@ -255,15 +255,17 @@ static void test_cluster_events_from_every_shard(void **state) {
 
 /* ------------------------------------------------- failover, resharding */
 
-/* Renew (or get) every segment at once and wait for all the answers; the
- * statuses go to st[]. */
-static void renew_all(sxt_store *p, seg *s, int n, uint32_t lease, int *st) {
+/* Renew (renew != 0, with lease) or get every segment at once and wait for
+ * all the answers; the statuses go to st[] (a get that returns another
+ * value than the segment's: SX_EDECODE). */
+static void all_at_once(sxt_store *p, seg *s, int n, int renew, uint32_t lease, int *st) {
   sxt_reply r[64];
   sxt_reply *rp[64];
   memset(r, 0, sizeof(r));
   for (int i = 0; i < n; i++) {
     rp[i] = &r[i];
-    int rc = sx__backend_renew(p->b, s[i].name, s[i].inc, lease, sxt_reply_cb, &r[i]);
+    int rc = renew ? sx__backend_renew(p->b, s[i].name, s[i].inc, lease, sxt_reply_cb, &r[i])
+                   : sx__backend_get(p->b, s[i].name, sxt_reply_cb, &r[i]);
     if (rc != 0) {
       r[i].calls = 1;
       r[i].status = rc;
@@ -272,30 +274,18 @@ static void renew_all(sxt_store *p, seg *s, int n, uint32_t lease, int *st) {
   assert_int_equal(sxt_stores_await(&p, 1, rp, (size_t)n, SXT_OP_DEADLINE_MS), 0);
   for (int i = 0; i < n; i++) {
     st[i] = r[i].status;
-    sxt_reply_free(&r[i]);
-  }
-}
-
-static void get_all(sxt_store *p, seg *s, int n, int *st) {
-  sxt_reply r[64];
-  sxt_reply *rp[64];
-  memset(r, 0, sizeof(r));
-  for (int i = 0; i < n; i++) {
-    rp[i] = &r[i];
-    int rc = sx__backend_get(p->b, s[i].name, sxt_reply_cb, &r[i]);
-    if (rc != 0) {
-      r[i].calls = 1;
-      r[i].status = rc;
-    }
-  }
-  assert_int_equal(sxt_stores_await(&p, 1, rp, (size_t)n, SXT_OP_DEADLINE_MS), 0);
-  for (int i = 0; i < n; i++) {
-    st[i] = r[i].status;
-    if (st[i] == 0 && (r[i].len != s[i].len || memcmp(r[i].value, s[i].val, s[i].len) != 0))
+    if (!renew && st[i] == 0 &&
+        (r[i].len != s[i].len || memcmp(r[i].value, s[i].val, s[i].len) != 0))
       st[i] = SX_EDECODE;
     sxt_reply_free(&r[i]);
   }
 }
+
+static void renew_all(sxt_store *p, seg *s, int n, uint32_t lease, int *st) {
+  all_at_once(p, s, n, 1, lease, st);
+}
+
+static void get_all(sxt_store *p, seg *s, int n, int *st) { all_at_once(p, s, n, 0, 0, st); }
 
 /* Pick names, one per shard channel (n == SX_RCL_SHARDS) or any. */
 static void seg_pick_shards(seg *s, const char *fmt) {

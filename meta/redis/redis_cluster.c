@@ -22,16 +22,7 @@
  * notifications (expiry is local to the node holding the key) and, with
  * SSUBSCRIBE, to the shard channels sx:NS:events:{k} whose slot it owns
  * (Redis 7 sharded pub/sub: an event goes to one shard, not the whole
- * cluster bus).  When a slot moves, its node drops our subscription
- * (sunsubscribe); the channel is subscribed again at its new master after
- * the next map refresh, and on_watch is reported again.
- *
- * hiredis 0.14 knows SUBSCRIBE and PSUBSCRIBE but not SSUBSCRIBE: it hands
- * pushes to the callback it registered for the channel's name under
- * SUBSCRIBE, and aborts on a push in a connection it does not think is
- * subscribed.  So each shard channel is subscribed with SUBSCRIBE too (no
- * one publishes on it with PUBLISH), which registers the callback that
- * its smessage and ssubscribe pushes then find.
+ * cluster bus); that part is in redis_cluster_sub.c.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -39,83 +30,11 @@
 #include <string.h>
 
 #include "internal.h"
-#include "redis.h"
+#include "redis_cluster.h"
 
-#define RCL_MAX_NODES 64
-/* Redirections and retries of one command before its op fails. */
-#define RCL_MAX_TRIES 32
-/* The pause before a retry after TRYAGAIN or CLUSTERDOWN. */
-#define RCL_RETRY_MS 50u
-/* At most one map refresh per this many ms while redirections come in. */
-#define RCL_REFRESH_GAP_MS 100u
-
-typedef struct rcl_node {
-  redis_backend *rb;
-  int used;
-  char host[256];
-  int port;
-  redisAsyncContext *ac;  /* commands */
-  redisAsyncContext *sub; /* events, while watching */
-  int hs_left;            /* handshake replies still expected on ac */
-  int sub_left;           /* subscription confirmations still expected */
-  int master;             /* a master in the current map */
-} rcl_node;
-
-typedef struct rcl_cmd {
-  struct rcl_cmd *next;
-  rreq *q;
-  uint32_t seq;
-  unsigned slot;
-  int tries;
-  rcl_node *ask; /* resend there once, after ASKING */
-  int write;     /* changes data or announces: not resent after a loss */
-  size_t len;
-  char buf[];
-} rcl_cmd;
-
-struct sx_rcl {
-  rcl_node nodes[RCL_MAX_NODES];
-  int16_t slot_node[SX_RCL_SLOTS]; /* index into nodes, -1 unknown */
-  int have_map;
-  rcl_cmd *parked, *parked_tail;
-  redisAsyncContext *disc; /* asking a node for the map */
-  int disc_next, disc_tried, refreshing, again;
-  char disc_host[256];
-  int disc_port;
-  char disc_err[400];
-  uint32_t backoff_ms;
-  int16_t chan_node[SX_RCL_SHARDS]; /* whose sub carries channel k, -1 none */
-  int watch_told;
-};
-
-static void refresh(redis_backend *rb, uint32_t delay_ms);
 static void dispatch(redis_backend *rb, rcl_cmd *c);
-static void sub_connect(rcl_node *n);
-static void resubscribe(redis_backend *rb);
-
-/* ------------------------------------------------------------- shards */
-
-unsigned sx__rcl_shard_of(const char *name) {
-  return sx__rcl_crc16(name, strlen(name)) % SX_RCL_SHARDS;
-}
-
-void sx__rcl_index_key(const redis_backend *rb, unsigned shard, char *dst, size_t size) {
-  snprintf(dst, size, "%s:{%u}", rb->index_key, shard);
-}
-
-void sx__rcl_channel(const redis_backend *rb, unsigned shard, char *dst, size_t size) {
-  snprintf(dst, size, "%s:{%u}", rb->channel, shard);
-}
-
-static unsigned channel_slot(const redis_backend *rb, unsigned k) {
-  char ch[SX_NS_MAX + 32];
-  sx__rcl_channel(rb, k, ch, sizeof(ch));
-  return sx__rcl_key_slot(ch, strlen(ch));
-}
 
 /* ------------------------------------------------------------- nodes */
-
-static int node_index(const sx_rcl *cl, const rcl_node *n) { return (int)(n - cl->nodes); }
 
 /* The node at host:port, added to the table when new (NULL when the table
  * is full of nodes still in use). */
@@ -137,7 +56,7 @@ static rcl_node *node_get(redis_backend *rb, const char *host, int port) {
   if (free_slot == NULL)
     return NULL;
   /* A reused entry must not be named by a stale slot. */
-  int idx = node_index(cl, free_slot);
+  int idx = sx__rcl_node_index(cl, free_slot);
   for (unsigned s = 0; s < SX_RCL_SLOTS; s++)
     if (cl->slot_node[s] == idx)
       cl->slot_node[s] = -1;
@@ -151,7 +70,7 @@ static rcl_node *node_get(redis_backend *rb, const char *host, int port) {
 
 static void node_drop(rcl_node *n) {
   sx_rcl *cl = n->rb->cl;
-  int idx = node_index(cl, n);
+  int idx = sx__rcl_node_index(cl, n);
   for (int k = 0; k < SX_RCL_SHARDS; k++)
     if (cl->chan_node[k] == idx)
       cl->chan_node[k] = -1;
@@ -175,10 +94,9 @@ static void node_lost(rcl_node *n, const char *why) {
                            text[0] ? text : "connection closed");
     return;
   }
-  refresh(rb, sx__redis_backoff(&rb->cl->backoff_ms));
+  sx__rcl_refresh(rb, sx__redis_backoff(&rb->cl->backoff_ms));
 }
 
-static void check_ready(redis_backend *rb);
 
 enum { HS_AUTH = 1, HS_SCRIPT = 100 };
 
@@ -205,7 +123,7 @@ static void node_hs_cb(redisAsyncContext *ac, void *reply, void *priv) {
     n->rb->script_sha[step - HS_SCRIPT][40] = '\0';
   }
   if (--n->hs_left == 0)
-    check_ready(n->rb);
+    sx__rcl_check_ready(n->rb);
 }
 
 static void node_on_connect(const redisAsyncContext *cac, int status) {
@@ -399,9 +317,9 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
       c->ask = to;
     } else {
       rb->cl_moved++;
-      rb->cl->slot_node[slot] = (int16_t)node_index(rb->cl, to);
+      rb->cl->slot_node[slot] = (int16_t)sx__rcl_node_index(rb->cl, to);
       to->master = 1;
-      refresh(rb, RCL_REFRESH_GAP_MS);
+      sx__rcl_refresh(rb, RCL_REFRESH_GAP_MS);
     }
     dispatch(rb, c);
     return;
@@ -412,7 +330,7 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
     c->tries++;
     rb->cl_retried++;
     park(rb, c);
-    refresh(rb, RCL_RETRY_MS);
+    sx__rcl_refresh(rb, RCL_RETRY_MS);
     return;
   }
   deliver_in_order(q, c->seq, r);
@@ -428,7 +346,7 @@ static void dispatch(redis_backend *rb, rcl_cmd *c) {
   }
   if (n == NULL || (n->ac == NULL && node_connect(n) != 0)) {
     park(rb, c);
-    refresh(rb, n == NULL ? 0 : sx__redis_backoff(&cl->backoff_ms));
+    sx__rcl_refresh(rb, n == NULL ? 0 : sx__redis_backoff(&cl->backoff_ms));
     return;
   }
   if (c->ask != NULL) {
@@ -531,7 +449,7 @@ static void apply_map(redis_backend *rb, const sx_rcl_range *ranges, size_t n) {
       continue; /* more than RCL_MAX_NODES masters: those slots redirect */
     nd->master = 1;
     for (unsigned s = ranges[i].first; s <= ranges[i].last; s++)
-      cl->slot_node[s] = (int16_t)node_index(cl, nd);
+      cl->slot_node[s] = (int16_t)sx__rcl_node_index(cl, nd);
   }
   cl->have_map = 1;
   for (int i = 0; i < RCL_MAX_NODES && rb->state != RB_DOWN; i++) {
@@ -541,15 +459,15 @@ static void apply_map(redis_backend *rb, const sx_rcl_range *ranges, size_t n) {
     if (nd->ac == NULL && node_connect(nd) != 0)
       continue; /* node_lost() asked for another look (or failed the session) */
     if (rb->watching && nd->sub == NULL)
-      sub_connect(nd);
+      sx__rcl_sub_connect(nd);
   }
   if (rb->state == RB_DOWN)
     return;
   if (rb->watching)
-    resubscribe(rb);
+    sx__rcl_resubscribe(rb);
   if (rb->state == RB_READY)
     flush_parked(rb);
-  check_ready(rb);
+  sx__rcl_check_ready(rb);
 }
 
 static void disc_slots_cb(redisAsyncContext *ac, void *reply, void *priv) {
@@ -606,7 +524,7 @@ static void disc_slots_cb(redisAsyncContext *ac, void *reply, void *priv) {
   free(ranges);
   if (cl->again && rb->state == RB_READY) {
     cl->again = 0;
-    refresh(rb, RCL_REFRESH_GAP_MS);
+    sx__rcl_refresh(rb, RCL_REFRESH_GAP_MS);
   }
 }
 
@@ -702,7 +620,7 @@ static void cl_timer_cb(uv_timer_t *t) {
 /* Read the map again after delay_ms (sooner requests win; one at a time,
  * and while one runs, another is asked for after it).  While a refresh
  * runs, the timer is its deadline. */
-static void refresh(redis_backend *rb, uint32_t delay_ms) {
+void sx__rcl_refresh(redis_backend *rb, uint32_t delay_ms) {
   sx_rcl *cl = rb->cl;
   if (rb->state == RB_CLOSED || rb->state == RB_DOWN)
     return;
@@ -718,202 +636,12 @@ static void refresh(redis_backend *rb, uint32_t delay_ms) {
 
 void sx__rcl_suspect(redis_backend *rb) {
   if (rb->cl != NULL)
-    refresh(rb, RCL_REFRESH_GAP_MS);
-}
-
-/* ------------------------------------------------------------- events */
-
-static void watch_check(redis_backend *rb) {
-  sx_rcl *cl = rb->cl;
-  if (!rb->watching || rb->state != RB_READY || cl->watch_told)
-    return;
-  for (int k = 0; k < SX_RCL_SHARDS; k++)
-    if (cl->chan_node[k] < 0)
-      return;
-  for (int i = 0; i < RCL_MAX_NODES; i++) {
-    const rcl_node *n = &cl->nodes[i];
-    if (n->master && (n->sub == NULL || n->sub_left > 0))
-      return;
-  }
-  cl->watch_told = 1;
-  if (rb->base.hooks.on_watch)
-    rb->base.hooks.on_watch(rb->base.hooks.arg);
-}
-
-static int channel_shard(const redis_backend *rb, const redisReply *ch) {
-  char name[SX_NS_MAX + 32];
-  if (ch->type != REDIS_REPLY_STRING)
-    return -1;
-  for (unsigned k = 0; k < SX_RCL_SHARDS; k++) {
-    sx__rcl_channel(rb, k, name, sizeof(name));
-    if (ch->len == strlen(name) && memcmp(ch->str, name, ch->len) == 0)
-      return (int)k;
-  }
-  return -1;
-}
-
-static void sub_lost(rcl_node *n, const char *why) {
-  redis_backend *rb = n->rb;
-  sx_rcl *cl = rb->cl;
-  int idx = node_index(cl, n);
-  n->sub = NULL;
-  n->sub_left = 0;
-  cl->watch_told = 0;
-  for (int k = 0; k < SX_RCL_SHARDS; k++)
-    if (cl->chan_node[k] == idx)
-      cl->chan_node[k] = -1;
-  if (rb->state == RB_CONNECTING) {
-    sx__redis_session_fail(rb, SX_EUNREACH, "cluster node %s:%d (events): %s", n->host,
-                           n->port, why[0] ? why : "connection closed");
-    return;
-  }
-  refresh(rb, sx__redis_backoff(&cl->backoff_ms));
-}
-
-static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
-  rcl_node *n = ac->data;
-  redis_backend *rb = n->rb;
-  redisReply *r = reply;
-  (void)priv;
-  if (ac != n->sub)
-    return;
-  if (r == NULL) {
-    sub_lost(n, ac->errstr);
-    return;
-  }
-  if (r->type == REDIS_REPLY_ERROR) {
-    char text[200], host[256];
-    int ask, port;
-    unsigned slot;
-    sx__redis_scrub(text, sizeof(text), r->str, r->len, rb->base.url.password);
-    if (sx__rcl_parse_redirect(r, &ask, &slot, host, sizeof(host), &port) == 0) {
-      /* A shard channel subscribed at a node that no longer owns it. */
-      n->sub_left--;
-      for (unsigned k = 0; k < SX_RCL_SHARDS; k++)
-        if (channel_slot(rb, k) == slot && rb->cl->chan_node[k] == node_index(rb->cl, n))
-          rb->cl->chan_node[k] = -1;
-      refresh(rb, 0);
-      return;
-    }
-    if (sx__redis_map_error(r) == SX_EAUTH && !sx__redis_is_error(r, "NOPERM")) {
-      sx__redis_auth_fail(rb, r);
-      return;
-    }
-    sx__redis_session_fail(rb, sx__redis_map_error(r), "subscribing to events on %s:%d "
-                           "failed: %s (a watching user needs +psubscribe, +ssubscribe "
-                           "and the channels sx:NS:events:* and __keyspace@0__:*)",
-                           n->host, n->port, text);
-    return;
-  }
-  if (r->type != REDIS_REPLY_ARRAY || r->elements < 3 ||
-      r->element[0]->type != REDIS_REPLY_STRING)
-    return;
-  const char *kind = r->element[0]->str;
-  if (strcmp(kind, "subscribe") == 0 || strcmp(kind, "psubscribe") == 0 ||
-      strcmp(kind, "ssubscribe") == 0) {
-    if (n->sub_left > 0 && --n->sub_left == 0) {
-      check_ready(rb);
-      watch_check(rb);
-    }
-  } else if ((strcmp(kind, "smessage") == 0 || strcmp(kind, "message") == 0) &&
-             r->elements == 3) {
-    sx__redis_deliver_event(rb, r->element[2]);
-  } else if (strcmp(kind, "pmessage") == 0 && r->elements == 4) {
-    sx__redis_deliver_expiry(rb, r->element[2], r->element[3]);
-  } else if (strcmp(kind, "sunsubscribe") == 0) {
-    /* The channel's slot left this node (resharding, failover). */
-    int k = channel_shard(rb, r->element[1]);
-    if (k >= 0 && rb->cl->chan_node[k] == node_index(rb->cl, n)) {
-      rb->cl->chan_node[k] = -1;
-      rb->cl->watch_told = 0;
-      refresh(rb, 0);
-    }
-  }
-}
-
-static void sub_on_connect(const redisAsyncContext *cac, int status) {
-  redisAsyncContext *ac = (redisAsyncContext *)cac;
-  rcl_node *n = ac->data;
-  if (ac != n->sub || status == REDIS_OK)
-    return;
-  sub_lost(n, ac->errstr);
-}
-
-static void sub_on_disconnect(const redisAsyncContext *cac, int status) {
-  redisAsyncContext *ac = (redisAsyncContext *)cac;
-  rcl_node *n = ac->data;
-  (void)status;
-  if (ac == n->sub)
-    sub_lost(n, ac->errstr);
-}
-
-static void subscribe_channel(rcl_node *n, unsigned k) {
-  redis_backend *rb = n->rb;
-  char ch[SX_NS_MAX + 32];
-  sx__rcl_channel(rb, k, ch, sizeof(ch));
-  const char *s[] = {"SUBSCRIBE", ch};
-  const char *ss[] = {"SSUBSCRIBE", ch};
-  /* SUBSCRIBE first: see the top of the file. */
-  redisAsyncCommandArgv(n->sub, sub_cb, NULL, 2, s, NULL);
-  redisAsyncCommandArgv(n->sub, sub_cb, NULL, 2, ss, NULL);
-  n->sub_left += 2;
-  rb->cl->chan_node[k] = (int16_t)node_index(rb->cl, n);
-}
-
-static void sub_connect(rcl_node *n) {
-  redis_backend *rb = n->rb;
-  char err[160];
-  n->sub = sx__redis_connect(rb->base.loop, n->host, n->port, n, sub_on_connect,
-                             sub_on_disconnect, err, sizeof(err));
-  if (n->sub == NULL) {
-    sub_lost(n, err);
-    return;
-  }
-  rb->cl->watch_told = 0;
-  n->sub_left = 0;
-  if (rb->base.url.has_password) {
-    const char *argv[3];
-    int argc = sx__redis_auth_argv(rb, argv);
-    redisAsyncCommandArgv(n->sub, sub_cb, NULL, argc, argv, NULL);
-  }
-  /* Expiry is announced by the node that held the key: every master. */
-  const char *p[] = {"PSUBSCRIBE", rb->ks_pattern};
-  redisAsyncCommandArgv(n->sub, sub_cb, NULL, 2, p, NULL);
-  n->sub_left++;
-}
-
-/* Subscribe every shard channel at its slot's master, where it is not. */
-static void resubscribe(redis_backend *rb) {
-  sx_rcl *cl = rb->cl;
-  for (unsigned k = 0; k < SX_RCL_SHARDS; k++) {
-    int owner = cl->slot_node[channel_slot(rb, k)];
-    if (owner < 0 || cl->chan_node[k] == owner)
-      continue;
-    rcl_node *n = &cl->nodes[owner];
-    if (n->sub == NULL)
-      sub_connect(n);
-    if (n->sub == NULL)
-      continue;
-    cl->watch_told = 0;
-    subscribe_channel(n, k);
-  }
-  watch_check(rb);
-}
-
-void sx__rcl_watch(redis_backend *rb) {
-  sx_rcl *cl = rb->cl;
-  if (cl == NULL || !cl->have_map || (rb->state != RB_READY && rb->state != RB_CONNECTING))
-    return; /* the next connect subscribes */
-  for (int i = 0; i < RCL_MAX_NODES && rb->state != RB_DOWN; i++)
-    if (cl->nodes[i].master && cl->nodes[i].sub == NULL)
-      sub_connect(&cl->nodes[i]);
-  if (rb->state != RB_DOWN)
-    resubscribe(rb);
+    sx__rcl_refresh(rb, RCL_REFRESH_GAP_MS);
 }
 
 /* ------------------------------------------------------------- session */
 
-static void check_ready(redis_backend *rb) {
+void sx__rcl_check_ready(redis_backend *rb) {
   sx_rcl *cl = rb->cl;
   if (rb->state != RB_CONNECTING || !cl->have_map)
     return;
@@ -933,7 +661,7 @@ static void check_ready(redis_backend *rb) {
   sx__redis_ready(rb);
   if (rb->state == RB_READY) {
     flush_parked(rb);
-    watch_check(rb);
+    sx__rcl_watch_check(rb);
   }
 }
 
