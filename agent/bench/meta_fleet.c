@@ -81,6 +81,12 @@ int bx_meta_parse(bx_meta_opts *mo, int argc, char **argv) {
         return BX_USAGE;
       }
       mo->cluster = (uint32_t)x[0];
+    } else if (strcmp(a, "--held-p99-ms") == 0) {
+      if (bx_parse_list(v, x, 1, 0) != 1 || x[0] == 0 || x[0] > 60000) {
+        fprintf(stderr, "sx-bench meta: --held-p99-ms needs 1..60000 ms\n");
+        return BX_USAGE;
+      }
+      mo->held_p99_ms = (double)x[0];
     } else if (strcmp(a, "--reader-rate") == 0) {
       if (bx_parse_list(v, x, 1, 0) != 1 || x[0] > 100000) {
         fprintf(stderr, "sx-bench meta: --reader-rate needs 0..100000 resolves/s\n");
@@ -605,7 +611,7 @@ int bx_meta_fleet(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size
                label[0] ? ", " : "", label);
       int kept = !fs.late && !fs.renew_errors &&
                  fs.late_max_ms < mo->lease_ms - mo->lease_ms / 3;
-      if (kept && p99 / 1e3 <= BX_FLEET_HELD_P99_MS && agents > m->held) {
+      if (kept && p99 / 1e3 <= mo->held_p99_ms && agents > m->held) {
         m->held = agents;
         m->held_p99_ms = p99 / 1e3;
       }

@@ -93,9 +93,16 @@ static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
     vsnprintf(q->rep.message, sizeof(q->rep.message), fmt, ap);
   else if (status == 0)
     q->rep.message[0] = '\0';
+  /* The callback may close the backend, which drops the connections and
+   * so releases the ops whose replies are outstanding, this one too: hold
+   * it until the caller releases it.  rb itself lives until the loop has
+   * run its close callbacks. */
+  redis_backend *rb = q->rb;
+  q->outstanding++;
   q->cb(q->arg, &q->rep);
-  if (q->rb->head == NULL)
-    uv_timer_stop(&q->rb->op_timer);
+  q->outstanding--;
+  if (rb->head == NULL)
+    uv_timer_stop(&rb->op_timer);
 }
 
 void sx__redis_q_finish(rreq *q, int status, const char *fmt, ...) {
