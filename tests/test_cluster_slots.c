@@ -172,6 +172,78 @@ static void test_rcl_parse_slots_and_coverage(void **state) {
   }
 }
 
+/* One CLUSTER SHARDS entry: slots (pairs) and nodes (field lists). */
+static redisReply *node_entry(const char *ip, const char *endpoint, long long port,
+                              const char *role, const char *health) {
+  return rep_arr(10, rep_str("ip"), rep_str(ip), rep_str("endpoint"), rep_str(endpoint),
+                 rep_str("port"), rep_int(port), rep_str("role"), rep_str(role),
+                 rep_str("health"), rep_str(health));
+}
+
+static void test_rcl_parse_shards(void **state) {
+  (void)state;
+  sx_rcl_range out[8];
+  size_t n;
+  char msg[200];
+  redisReply *r = rep_arr(
+      3,
+      rep_arr(4, rep_str("slots"), rep_arr(4, rep_int(0), rep_int(99), rep_int(200), rep_int(5460)),
+              rep_str("nodes"),
+              rep_arr(2, node_entry("10.0.0.1", "10.0.0.1", 7002, "replica", "online"),
+                      node_entry("10.0.0.2", "node2.example", 7001, "master", "online"))),
+      rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(5461), rep_int(16383)), rep_str("nodes"),
+              rep_arr(2, node_entry("10.0.0.3", "?", 7003, "master", "fail"),
+                      node_entry("10.0.0.4", "10.0.0.4", 7004, "master", "online"))),
+      /* A master without slots yet. */
+      rep_arr(4, rep_str("slots"), rep_arr(0), rep_str("nodes"),
+              rep_arr(1, node_entry("10.0.0.5", "10.0.0.5", 7005, "master", "online"))));
+  assert_int_equal(sx__rcl_parse_shards(r, out, 8, &n, msg, sizeof(msg)), 0);
+  assert_int_equal(n, 3);
+  assert_int_equal(out[0].first, 0);
+  assert_int_equal(out[0].last, 99);
+  assert_string_equal(out[0].host, "node2.example"); /* the endpoint */
+  assert_int_equal(out[0].port, 7001);
+  assert_int_equal(out[1].first, 200);
+  assert_int_equal(out[1].port, 7001);
+  assert_string_equal(out[2].host, "10.0.0.4"); /* the failed master is skipped */
+  assert_int_equal(sx__rcl_uncovered(out, n, msg, sizeof(msg)), 100);
+  freeReplyObject(r);
+
+  /* A shard whose only master failed leaves its slots uncovered. */
+  r = rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(16383)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 1, "master", "fail"))));
+  assert_int_equal(sx__rcl_parse_shards(r, out, 8, &n, msg, sizeof(msg)), 0);
+  assert_int_equal(n, 0);
+  freeReplyObject(r);
+
+  redisReply *bad[] = {
+      rep_str("x"),
+      rep_arr(1, rep_arr(2, rep_str("slots"), rep_int(3))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(1, rep_int(0)), rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 1, "master", "online")))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(9), rep_int(3)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 1, "master", "online")))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(16384)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 1, "master", "online")))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(1)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a b", "a b", 1, "master", "online")))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(1)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 0, "master", "online")))),
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    msg[0] = '\0';
+    if (sx__rcl_parse_shards(bad[i], out, 8, &n, msg, sizeof(msg)) == 0)
+      fail_msg("malformed CLUSTER SHARDS answer %zu was accepted", i);
+    assert_true(msg[0] != '\0');
+    freeReplyObject(bad[i]);
+  }
+}
+
 static void test_rcl_shards_spread(void **state) {
   (void)state;
   /* The index pieces and event channels spread over the three masters
@@ -193,6 +265,7 @@ int main(void) {
       cmocka_unit_test(test_rcl_key_slot_hash_tags),
       cmocka_unit_test(test_rcl_parse_redirect),
       cmocka_unit_test(test_rcl_parse_slots_and_coverage),
+      cmocka_unit_test(test_rcl_parse_shards),
       cmocka_unit_test(test_rcl_shards_spread),
   };
   return cmocka_run_group_tests_name("cluster_slots", tests, NULL, NULL);

@@ -705,19 +705,44 @@ static void test_cluster_bad_input_at_connect(void **state) {
   freeReplyObject(r);
   open_fails(url, SX_ESTORE, "first gap: 100-16383");
 
-  /* An ACL user without CLUSTER SLOTS. */
-  r = sxt_redis_command(&lone, "ACL SETUSER noslots on >pw ~* &* +@all -cluster|slots");
+  /* An ACL user without CLUSTER SHARDS and CLUSTER SLOTS. */
+  r = sxt_redis_command(&lone, "ACL SETUSER noslots on >pw ~* &* +@all -cluster|slots "
+                        "-cluster|shards");
   assert_non_null(r);
   assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
   freeReplyObject(r);
   snprintf(url, sizeof(url), "redis+cluster://noslots:pw@127.0.0.1:%d?connect_timeout_ms="
            "2000", lone.port);
-  open_fails(url, SX_EAUTH, "+cluster|slots");
+  open_fails(url, SX_EAUTH, "needs +cluster|shards or +cluster|slots");
   /* A wrong password. */
   snprintf(url, sizeof(url), "redis+cluster://noslots:nope@127.0.0.1:%d?connect_timeout_ms="
            "2000", lone.port);
   open_fails(url, SX_EAUTH, "authentication as 'noslots' failed");
   sxt_redis_stop(&lone);
+
+  /* A user who may not run CLUSTER SHARDS: the map comes from CLUSTER
+   * SLOTS, and the store works. */
+  for (int i = 0; i < SXT_RCLUSTER_NODES; i++) {
+    r = sxt_redis_command(&cl.node[i], "ACL SETUSER noshards on >pw ~* &* +@all "
+                          "-cluster|shards");
+    assert_non_null(r);
+    assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+  }
+  char seeds[256];
+  snprintf(seeds, sizeof(seeds), "redis+cluster://noshards:pw@127.0.0.1:%d,127.0.0.1:%d"
+           "?namespace=nosh", cl.node[0].port, cl.node[1].port);
+  sx_store *ok;
+  sxt_ok(sx_store_open(seeds, &ok));
+  sx_desc d;
+  sxt_desc_make(&d, "nosh/0", 0x21, 1, 60000);
+  sxt_ok(sx_store_publish(ok, &d, 0));
+  sx_desc got;
+  sxt_ok(sx_store_get(ok, "nosh/0", &got, NULL));
+  assert_int_equal(got.generation, 1);
+  sx_desc_free(&got);
+  sx_desc_free(&d);
+  sx_store_close(ok);
 
   /* No seed answers. */
   snprintf(url, sizeof(url), "redis+cluster://127.0.0.1:%d,127.0.0.1:%d?connect_timeout_ms="

@@ -209,6 +209,11 @@ typedef struct sx_rcl_range {
 /* A CLUSTER SLOTS reply into at most max ranges: 0, or -1 with msg. */
 int sx__rcl_parse_slots(const redisReply *r, sx_rcl_range *out, size_t max, size_t *n,
                         char *msg, size_t msize);
+/* The same from a CLUSTER SHARDS reply (Redis >= 7.0): each shard's slot
+ * ranges with its master (role master, health not fail; its endpoint, else
+ * its ip).  A shard without such a master leaves its slots uncovered. */
+int sx__rcl_parse_shards(const redisReply *r, sx_rcl_range *out, size_t max, size_t *n,
+                         char *msg, size_t msize);
 /* How many slots no range covers (0: all), with the first gap in msg. */
 int sx__rcl_uncovered(const sx_rcl_range *ranges, size_t n, char *msg, size_t msize);
 

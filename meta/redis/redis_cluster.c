@@ -3,7 +3,8 @@
  *
  * The ops (backend_redis.c) are the same as on one server; what changes is
  * where each command goes.  The URL's hosts are seeds: the slot map comes
- * from CLUSTER SLOTS on the first seed (or known node) that answers, and
+ * from CLUSTER SHARDS (CLUSTER SLOTS where that is unknown or denied) on
+ * the first seed (or known node) that answers, and
  * every master gets one hiredis connection on the agent's loop, set up with
  * the same handshake as a single server (AUTH, SCRIPT LOAD).  Each command
  * goes to the master of its key's slot (redis_slots.c).  Then:
@@ -470,12 +471,15 @@ static void apply_map(redis_backend *rb, const sx_rcl_range *ranges, size_t n) {
   sx__rcl_check_ready(rb);
 }
 
-static void disc_slots_cb(redisAsyncContext *ac, void *reply, void *priv) {
+/* The map: CLUSTER SHARDS (priv 0) first; where a node does not know it
+ * (Redis < 7) or the user may not run it, CLUSTER SLOTS (priv 1). */
+static void disc_map_cb(redisAsyncContext *ac, void *reply, void *priv) {
   redis_backend *rb = ac->data;
   sx_rcl *cl = rb->cl;
   redisReply *r = reply;
+  int slots = priv != NULL;
+  const char *cmd = slots ? "CLUSTER SLOTS" : "CLUSTER SHARDS";
   char msg[300];
-  (void)priv;
   if (cl == NULL || ac != cl->disc)
     return;
   if (r == NULL) {
@@ -486,20 +490,31 @@ static void disc_slots_cb(redisAsyncContext *ac, void *reply, void *priv) {
   if (r->type == REDIS_REPLY_ERROR) {
     char text[160];
     sx__redis_scrub(text, sizeof(text), r->str, r->len, rb->base.url.password);
-    if (strstr(text, "cluster support disabled"))
+    if (strstr(text, "cluster support disabled")) {
       disc_failed(rb, SX_ESTORE, "not a cluster node (it answered '%s'): use redis:// for "
                   "a single server", text);
-    else if (sx__redis_map_error(r) == SX_EAUTH)
-      disc_failed(rb, SX_EAUTH, "CLUSTER SLOTS refused ('%s'): the ACL user%s%s needs "
-                  "+cluster|slots (docs/store.md lists a cluster user's rules)", text,
-                  rb->base.url.user[0] ? " " : "", rb->base.url.user);
-    else
-      disc_failed(rb, 0, "CLUSTER SLOTS failed: %s", text);
+    } else if (!slots && (sx__redis_map_error(r) == SX_EAUTH || strstr(text, "nknown"))) {
+      const char *argv[] = {"CLUSTER", "SLOTS"};
+      redisAsyncCommandArgv(ac, disc_map_cb, (void *)1, 2, argv, NULL);
+    } else if (sx__redis_map_error(r) == SX_EAUTH) {
+      disc_failed(rb, SX_EAUTH, "CLUSTER SHARDS and CLUSTER SLOTS refused ('%s'): the ACL "
+                  "user%s%s needs +cluster|shards or +cluster|slots (docs/store.md lists a "
+                  "cluster user's rules)", text, rb->base.url.user[0] ? " " : "",
+                  rb->base.url.user);
+    } else {
+      disc_failed(rb, 0, "%s failed: %s", cmd, text);
+    }
     return;
   }
+  /* CLUSTER SLOTS has a range per element; a shard may list several. */
   size_t n, max = r->type == REDIS_REPLY_ARRAY && r->elements > 0 ? r->elements : 1;
+  if (!slots)
+    max = SX_RCL_SLOTS / 4;
   sx_rcl_range *ranges = max <= SX_RCL_SLOTS ? malloc(max * sizeof(*ranges)) : NULL;
-  if (ranges == NULL || sx__rcl_parse_slots(r, ranges, max, &n, msg, sizeof(msg)) != 0) {
+  int prc = ranges == NULL ? -1
+            : slots        ? sx__rcl_parse_slots(r, ranges, max, &n, msg, sizeof(msg))
+                           : sx__rcl_parse_shards(r, ranges, max, &n, msg, sizeof(msg));
+  if (prc != 0) {
     free(ranges);
     disc_failed(rb, 0, "%s", ranges ? msg : "CLUSTER SLOTS: too many ranges");
     return;
@@ -594,8 +609,8 @@ static void disc_attempt(redis_backend *rb) {
     int argc = sx__redis_auth_argv(rb, argv);
     redisAsyncCommandArgv(cl->disc, disc_auth_cb, NULL, argc, argv, NULL);
   }
-  const char *argv[] = {"CLUSTER", "SLOTS"};
-  redisAsyncCommandArgv(cl->disc, disc_slots_cb, NULL, 2, argv, NULL);
+  const char *argv[] = {"CLUSTER", "SHARDS"};
+  redisAsyncCommandArgv(cl->disc, disc_map_cb, NULL, 2, argv, NULL);
   /* While a refresh runs, the timer is its deadline. */
   uv_timer_start(&rb->cl_timer, cl_timer_cb, rb->base.url.connect_timeout_ms, 0);
 }
@@ -607,7 +622,7 @@ static void cl_timer_cb(uv_timer_t *t) {
     return;
   if (cl->refreshing) {
     sx__redis_drop(&cl->disc);
-    disc_failed(rb, 0, "no answer to CLUSTER SLOTS within %u ms (connect_timeout_ms)",
+    disc_failed(rb, 0, "no answer to CLUSTER SHARDS/SLOTS within %u ms (connect_timeout_ms)",
                 rb->base.url.connect_timeout_ms);
     return;
   }

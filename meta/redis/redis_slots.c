@@ -174,3 +174,91 @@ int sx__rcl_uncovered(const sx_rcl_range *ranges, size_t n, char *msg, size_t ms
            missing, SX_RCL_SLOTS, first, last);
   return (int)missing;
 }
+
+/* The value after key in a flat [key, value, ...] array, or NULL. */
+static const redisReply *field(const redisReply *map, const char *key) {
+  if (map->type != REDIS_REPLY_ARRAY)
+    return NULL;
+  for (size_t i = 0; i + 1 < map->elements; i += 2) {
+    const redisReply *k = map->element[i];
+    if (k->type == REDIS_REPLY_STRING && k->len == strlen(key) &&
+        memcmp(k->str, key, k->len) == 0)
+      return map->element[i + 1];
+  }
+  return NULL;
+}
+
+static int field_is(const redisReply *map, const char *key, const char *want) {
+  const redisReply *v = field(map, key);
+  return v != NULL && v->type == REDIS_REPLY_STRING && v->len == strlen(want) &&
+         memcmp(v->str, want, v->len) == 0;
+}
+
+/* The master of a shard's node list: its endpoint (else ip) and port.
+ * 0; -1 when it has no healthy master; -2 when the list or the master's
+ * entry is malformed. */
+static int shard_master(const redisReply *nodes, sx_rcl_range *out) {
+  if (nodes == NULL || nodes->type != REDIS_REPLY_ARRAY)
+    return -2;
+  for (size_t i = 0; i < nodes->elements; i++) {
+    const redisReply *nd = nodes->element[i];
+    if (!field_is(nd, "role", "master") || field_is(nd, "health", "fail"))
+      continue;
+    const redisReply *port = field(nd, "port"), *host = field(nd, "endpoint");
+    if (host == NULL || host->type != REDIS_REPLY_STRING)
+      host = field(nd, "ip");
+    if (port == NULL || port->type != REDIS_REPLY_INTEGER || host == NULL ||
+        host->type != REDIS_REPLY_STRING)
+      return -2;
+    /* As a CLUSTER SLOTS node entry, [host, port], for one set of checks. */
+    redisReply *elems[2] = {(redisReply *)host, (redisReply *)port};
+    redisReply entry = {.type = REDIS_REPLY_ARRAY, .elements = 2, .element = elems};
+    return slots_node(&entry, out) == 0 ? 0 : -2;
+  }
+  return -1;
+}
+
+int sx__rcl_parse_shards(const redisReply *r, sx_rcl_range *out, size_t max, size_t *n,
+                         char *msg, size_t msize) {
+  char desc[160];
+  *n = 0;
+  if (r->type != REDIS_REPLY_ARRAY) {
+    sx__redis_describe(r, desc, sizeof(desc));
+    snprintf(msg, msize, "CLUSTER SHARDS answered %s", desc);
+    return -1;
+  }
+  for (size_t i = 0; i < r->elements; i++) {
+    const redisReply *sh = r->element[i], *slots = field(sh, "slots");
+    if (slots == NULL || slots->type != REDIS_REPLY_ARRAY || slots->elements % 2 != 0) {
+      snprintf(msg, msize, "CLUSTER SHARDS: shard %zu is malformed", i);
+      return -1;
+    }
+    if (slots->elements == 0)
+      continue; /* a shard without slots (a new master) */
+    sx_rcl_range master;
+    int mrc = shard_master(field(sh, "nodes"), &master);
+    if (mrc == -2) {
+      snprintf(msg, msize, "CLUSTER SHARDS: the nodes of shard %zu are malformed", i);
+      return -1;
+    }
+    if (mrc != 0)
+      continue; /* no healthy master: its slots stay uncovered (and are said so) */
+    for (size_t k = 0; k < slots->elements; k += 2) {
+      const redisReply *a = slots->element[k], *b = slots->element[k + 1];
+      if (a->type != REDIS_REPLY_INTEGER || b->type != REDIS_REPLY_INTEGER || a->integer < 0 ||
+          b->integer < a->integer || b->integer >= SX_RCL_SLOTS) {
+        snprintf(msg, msize, "CLUSTER SHARDS: shard %zu has a bad slot range", i);
+        return -1;
+      }
+      if (*n >= max) {
+        snprintf(msg, msize, "CLUSTER SHARDS answered more than %zu ranges", max);
+        return -1;
+      }
+      out[*n] = master;
+      out[*n].first = (unsigned)a->integer;
+      out[*n].last = (unsigned)b->integer;
+      (*n)++;
+    }
+  }
+  return 0;
+}

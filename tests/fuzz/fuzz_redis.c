@@ -5,7 +5,7 @@
  * description and scrubbing for messages, error mapping, element access, a
  * segment's value (HMGET + PTTL), the publish script's HELD answer, a
  * keyspace expiry notification, and a cluster's answers: MOVED/ASK errors
- * and CLUSTER SLOTS maps (redis_slots.c).  Nothing may crash, and what parses must
+ * and CLUSTER SLOTS and CLUSTER SHARDS maps (redis_slots.c).  Nothing may crash, and what parses must
  * hold up: names valid, strings NUL-terminated, values of the stated size.
  */
 #include <stdlib.h>
@@ -63,7 +63,11 @@ static void one(const redisReply *r, const redisReply *next) {
     abort();
   sx_rcl_range ranges[16];
   size_t nr;
-  if (sx__rcl_parse_slots(r, ranges, 16, &nr, buf, sizeof(buf)) == 0) {
+  for (int shards = 0; shards < 2; shards++) {
+    int prc = shards ? sx__rcl_parse_shards(r, ranges, 16, &nr, buf, sizeof(buf))
+                     : sx__rcl_parse_slots(r, ranges, 16, &nr, buf, sizeof(buf));
+    if (prc != 0)
+      continue;
     for (size_t k = 0; k < nr; k++)
       if (ranges[k].first > ranges[k].last || ranges[k].last >= SX_RCL_SLOTS ||
           ranges[k].port < 1 || ranges[k].port > 65535)
