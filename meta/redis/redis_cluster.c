@@ -253,6 +253,17 @@ static void deliver(rreq *q, redisReply *r) {
  * in order; a reply that came early waits in the stash. */
 static void deliver_in_order(rreq *q, uint32_t seq, redisReply *r) {
   if (seq != q->cl_next) {
+    /* The stash is made on the first reply that comes early: most ops
+     * (one key, one node) never need it. */
+    if (seq >= q->cl_cap) {
+      size_t cap = q->cl_sent > seq ? q->cl_sent : seq + 1;
+      redisReply **st = realloc(q->cl_stash, cap * sizeof(*st));
+      if (st != NULL) {
+        memset(st + q->cl_cap, 0, (cap - q->cl_cap) * sizeof(*st));
+        q->cl_stash = st;
+        q->cl_cap = cap;
+      }
+    }
     if (seq < q->cl_cap && q->cl_stash[seq] == NULL &&
         (q->cl_stash[seq] = reply_dup(r)) != NULL)
       return;
@@ -366,15 +377,6 @@ static void dispatch(redis_backend *rb, rcl_cmd *c) {
 int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen,
                  int write) {
   redis_backend *rb = q->rb;
-  if (q->cl_sent >= q->cl_cap) {
-    size_t cap = q->cl_cap ? q->cl_cap * 2 : 4;
-    redisReply **st = realloc(q->cl_stash, cap * sizeof(*st));
-    if (st == NULL)
-      return sx__err(SX_ENOMEM, "%s: %s", q->name, q->what);
-    memset(st + q->cl_cap, 0, (cap - q->cl_cap) * sizeof(*st));
-    q->cl_stash = st;
-    q->cl_cap = cap;
-  }
   rcl_cmd *c = malloc(sizeof(*c) + len);
   if (c == NULL)
     return sx__err(SX_ENOMEM, "%s: %s", q->name, q->what);
