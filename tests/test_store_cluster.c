@@ -8,7 +8,7 @@
  * every master's expiries, a master killed and its replica promoted while
  * owners renew and watchers watch, slots resharded under load, and bad
  * input at connect (a node not in cluster mode, uncovered slots, an ACL
- * user without CLUSTER SLOTS).
+ * user without CLUSTER SHARDS and CLUSTER SLOTS).
  *
  * SXT_FILTER=test_cluster_* runs only the matching tests.  Timing checks
  * have wide margins: the machine is shared with other builds.
