@@ -93,7 +93,9 @@ class RedisCluster:
         if exe is None or cli is None:
             raise Missing("redis-server/redis-cli are not installed (make deps)")
         self.procs, self.ports = [], []
-        while len(self.ports) < 6:
+        for _ in range(200):
+            if len(self.ports) == 6:
+                break
             # A node also listens on port + 10000 (the cluster bus).
             port = free_port()
             if port > 55535:
@@ -118,6 +120,9 @@ class RedisCluster:
             else:
                 proc.kill()
                 proc.wait()
+        if len(self.ports) < 6:
+            self.stop()
+            raise RuntimeError("could not start six redis-server cluster nodes")
         out = subprocess.run(
             [cli, "--cluster", "create", *["127.0.0.1:%d" % p for p in self.ports],
              "--cluster-replicas", "1", "--cluster-yes"],
