@@ -357,6 +357,9 @@ static void dispatch(redis_backend *rb, rcl_cmd *c) {
     n = idx >= 0 ? &cl->nodes[idx] : NULL;
   }
   if (n == NULL || (n->ac == NULL && node_connect(n) != 0)) {
+    /* An ASK is for this attempt only: a retry asks the slot's owner,
+     * which redirects again if the slot is still moving. */
+    c->ask = NULL;
     park(rb, c);
     sx__rcl_refresh(rb, n == NULL ? 0 : sx__redis_backoff(&cl->backoff_ms));
     return;
