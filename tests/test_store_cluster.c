@@ -616,20 +616,6 @@ static void test_cluster_ask_during_slot_migration(void **state) {
 }
 
 
-/* An op's callback that closes the backend (as sx-bench's fleet does when
- * an op fails). */
-typedef struct closer {
-  sxt_store *s;
-  int calls, status;
-} closer;
-
-static void close_in_cb(void *arg, const sx_backend_reply *rep) {
-  closer *c = arg;
-  c->calls++;
-  c->status = rep->status;
-  sx__backend_close(c->s->b);
-  c->s->b = NULL;
-}
 
 /* A master stops answering; the op that times out first closes the
  * backend from its callback while its own command and another op's are
@@ -647,21 +633,7 @@ static void test_cluster_close_from_a_timed_out_op(void **state) {
   int m = sxt_rcluster_master_of(&cl, seg_slot("cl", "stuck/0"));
   assert_true(m >= 0);
   sxt_redis_kill(&cl.node[m], SIGSTOP);
-  closer c = {.s = &s};
-  sxt_reply other;
-  memset(&other, 0, sizeof(other));
-  sxt_ok(sx__backend_get(s.b, "stuck/0", close_in_cb, &c));
-  sxt_ok(sx__backend_get(s.b, "stuck/0", sxt_reply_cb, &other));
-  uint64_t t0 = sx__mono_ms();
-  while (c.calls == 0 && sx__mono_ms() - t0 < 10000)
-    uv_run(&s.loop, UV_RUN_ONCE);
-  assert_int_equal(c.calls, 1);
-  assert_int_equal(c.status, SX_ETIMEDOUT);
-  assert_int_equal(other.calls, 1);
-  assert_true(other.status == SX_ECANCELED || other.status == SX_ETIMEDOUT);
-  sxt_reply_free(&other);
-  sxt_store_close(&s);
-  assert_int_equal(c.calls, 1);
+  sxt_store_close_from_timed_out_op(&s, "stuck/0");
   sxt_redis_kill(&cl.node[m], SIGCONT);
   assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
 }

@@ -599,20 +599,6 @@ static void test_backend_fetch(void **state) {
   sxt_bk_close(&k);
 }
 
-
-typedef struct closer {
-  sxt_store *s;
-  int calls, status;
-} closer;
-
-static void close_in_cb(void *arg, const sx_backend_reply *rep) {
-  closer *c = arg;
-  c->calls++;
-  c->status = rep->status;
-  sx__backend_close(c->s->b);
-  c->s->b = NULL;
-}
-
 /* The server stops answering; the op that times out first closes the
  * backend from its callback while its command and another op's are still
  * outstanding.  Both end once, and the first is not touched after the
@@ -627,21 +613,7 @@ static void test_store_close_from_a_timed_out_op(void **state) {
   sxt_store st;
   sxt_ok(sxt_store_open(&st, url, 1));
   sxt_redis_kill(&r, SIGSTOP);
-  closer c = {.s = &st};
-  sxt_reply other;
-  memset(&other, 0, sizeof(other));
-  sxt_ok(sx__backend_get(st.b, "stuck/0", close_in_cb, &c));
-  sxt_ok(sx__backend_get(st.b, "stuck/0", sxt_reply_cb, &other));
-  uint64_t t0 = sx__mono_ms();
-  while (c.calls == 0 && sx__mono_ms() - t0 < 10000)
-    uv_run(&st.loop, UV_RUN_ONCE);
-  assert_int_equal(c.calls, 1);
-  assert_int_equal(c.status, SX_ETIMEDOUT);
-  assert_int_equal(other.calls, 1);
-  assert_true(other.status == SX_ECANCELED || other.status == SX_ETIMEDOUT);
-  sxt_reply_free(&other);
-  sxt_store_close(&st);
-  assert_int_equal(c.calls, 1);
+  sxt_store_close_from_timed_out_op(&st, "stuck/0");
   sxt_redis_kill(&r, SIGCONT);
   sxt_redis_stop(&r);
 }
