@@ -42,7 +42,7 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              redis-server redis-sentinel redis-tools etcd-server etcd-client openssl \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
-             curl groff-base man-db python3-yaml shellcheck \
+             curl groff-base man-db python3-yaml shellcheck stunnel4 \
              python3-torch python3-numpy python3-pytest python3-zmq
 
 # ---------------------------------------------------------------- flags
@@ -100,8 +100,8 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
                test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc \
-               test_read_notice
-INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
+               test_read_notice test_cluster_slots
+INTEG_TESTS := test_store_redis test_store_sentinel test_store_cluster test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 # The engine guide's program (docs/engine-guide.md), run by tests/docs/check-example.sh.
@@ -192,6 +192,8 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/bench/smoke.sh "$(BUILD)"
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
+	@tests/deploy/test_redis_cluster.sh "$(BUILD)"
+	@tests/deploy/test_redis_tls.sh "$(BUILD)"
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@tests/docs/check-links.sh "$(BUILD)"

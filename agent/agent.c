@@ -86,6 +86,16 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
     sx__lease_on_conn(a, up, err, msg);
 }
 
+/* The store's watch is (again) in place.  Again means that events may have
+ * been missed: a Redis Cluster node dropped a shard channel's subscription
+ * when its slot moved, or a master failed over.  The cache forgets what it
+ * holds, as after an outage. */
+static void on_watch(void *arg) {
+  sx_agent *a = arg;
+  if (a->watch_seen++ > 0 && a->cache != NULL)
+    sx__cache_flush(a->cache);
+}
+
 /* ------------------------------------------------------------ descriptor */
 
 typedef struct desc_call {
@@ -453,7 +463,8 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   a->lease.timer.data = a;
   a->lease.timer_init = 1;
 
-  sx_backend_hooks hooks = {.on_event = on_event, .on_conn = on_conn, .arg = a};
+  sx_backend_hooks hooks = {
+      .on_event = on_event, .on_conn = on_conn, .on_watch = on_watch, .arg = a};
   if ((rc = sx__backend_open(&a->loop, a->url, &hooks, &a->backend)) != 0)
     goto out_loop;
   sx_cache_params cp;

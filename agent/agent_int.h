@@ -247,6 +247,7 @@ struct sx_agent {
   int conn_err;           /* lock: its error */
   char conn_msg[1024];    /* lock */
   int store_down;
+  int watch_seen; /* hooks.on_watch calls so far (loop thread) */
 
   sx_tctx tctx;
   sx_transport *tr[SX__TRANSPORT_SLOTS];

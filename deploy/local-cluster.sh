@@ -45,6 +45,13 @@
 #   SXLC_LEASE_MS  the agents' lease (default 3000)
 #   SXLC_ETCD      1: also run the three-member etcd cluster of deploy/etcd
 #                  (needs etcd-server and etcd-client)
+#   SXLC_STORE     sentinel (default): the Redis master, replica and sentinels
+#                  above; cluster: instead a Redis Cluster of deploy/redis-cluster,
+#                  3 masters and 3 replicas, two nodes per meta host (ports
+#                  7001 and 7002 on 10.0.0.10, .11 and .23, each master's
+#                  replica on another host), agents and sxctl on
+#                  redis+cluster:// URLs, and the demo's failover a
+#                  CLUSTER FAILOVER instead of Sentinel's
 #   SXLC_FAIL_AFTER  net|store|agents: fail on purpose after that step (tests
 #                  use it to check that a failed `up` removes everything)
 set -euo pipefail
@@ -58,6 +65,8 @@ LEASE_MS=${SXLC_LEASE_MS:-3000}
 DELAY=${SXLC_DELAY:-}
 FAIL_AFTER=${SXLC_FAIL_AFTER:-}
 ETCD=${SXLC_ETCD:-0}
+STORE=${SXLC_STORE:-sentinel}
+case $STORE in sentinel | cluster) ;; *) echo "local-cluster: SXLC_STORE is sentinel or cluster" >&2; exit 2 ;; esac
 HOSTS="meta1 meta2 meta3 node1 node2 client"
 MASTER=sx-meta
 
@@ -189,9 +198,14 @@ load_secrets() {
   # shellcheck disable=SC1091
   . "$DIR/secrets"
   local s="$NET.21:26379,$NET.22:26379,$NET.23:26379/$MASTER?namespace=prod&sentinel_password=$SENTINEL_CLIENT_PW"
-  AGENT_URL="redis+sentinel://sx-agent-prod:$AGENT_PW@$s"
-  READER_URL="redis+sentinel://sx-reader-prod:$READER_PW@$s"
-  ADMIN_URL="redis+sentinel://sx-admin-prod:$ADMIN_PW@$s"
+  local scheme=redis+sentinel
+  if [ "$STORE" = cluster ]; then
+    s="$NET.10:7001,$NET.11:7001,$NET.23:7001?namespace=prod"
+    scheme=redis+cluster
+  fi
+  AGENT_URL="$scheme://sx-agent-prod:$AGENT_PW@$s"
+  READER_URL="$scheme://sx-reader-prod:$READER_PW@$s"
+  ADMIN_URL="$scheme://sx-admin-prod:$ADMIN_PW@$s"
   ETCD_URL="etcd://$NET.51:2379,$NET.52:2379,$NET.53:2379?namespace=prod"
 }
 
@@ -288,6 +302,51 @@ store_up() {
   wait_for 30 "three sentinels agreeing on $MASTER" quorum
 }
 
+# Redis Cluster (SXLC_STORE=cluster): nodes HOST:PORT, masters first, so
+# that redis-cli puts each replica on another host than its master.
+CLUSTER_NODES() {
+  echo "meta1:$NET.10:7001 meta2:$NET.11:7001 meta3:$NET.23:7001" \
+    "meta1:$NET.10:7002 meta2:$NET.11:7002 meta3:$NET.23:7002"
+}
+# redis-cli as the cluster's admin user (deploy/redis-cluster/users.acl).
+ccli() {
+  local h=$1
+  shift
+  REDISCLI_AUTH=$CLUSTER_PW on "$h" redis-cli --user sx-cluster-admin --no-auth-warning "$@"
+}
+cluster_ok() { ccli meta1 -h "$NET.10" -p 7001 cluster info | grep -q '^cluster_state:ok'; }
+cluster_answers() { ccli "$1" -h "$2" -p "$3" ping | grep -qx PONG; }
+# node_role_is ROLE HOST ADDR PORT: ROLE's first line is ROLE (master, slave).
+node_role_is() { [ "$(ccli "$2" -h "$3" -p "$4" role | head -n1)" = "$1" ]; }
+
+cluster_up() {
+  local src="$repo/deploy/redis-cluster" n h a p d addrs=""
+  for n in $(CLUSTER_NODES); do
+    h=${n%%:*}
+    a=${n#*:}
+    p=${a#*:}
+    a=${a%:*}
+    d="$DIR/$h/redis-$p"
+    mkdir -p "$d"
+    sed -e "s#^bind BIND#bind $a#; s#^port PORT#port $p#; s#DIR#$d#g" \
+        -e "s/REPLICA-PASSWORD/$REPLICA_PW/g" -e 's#^logfile .*#logfile ""#' \
+        "$src/node.conf" >"$d/redis.conf"
+    sed -e "s/AGENT-PASSWORD/$AGENT_PW/; s/READER-PASSWORD/$READER_PW/" \
+        -e "s/ADMIN-PASSWORD/$ADMIN_PW/; s/REPLICA-PASSWORD/$REPLICA_PW/" \
+        -e "s/CLUSTER-PASSWORD/$CLUSTER_PW/" "$src/users.acl" >"$d/users.acl"
+    start "$h" "redis-$h-$p" redis-server "$d/redis.conf"
+    addrs="$addrs $a:$p"
+  done
+  for n in $(CLUSTER_NODES); do
+    a=${n#*:}
+    wait_for 15 "redis node $a answering" cluster_answers "${n%%:*}" "${a%:*}" "${a#*:}"
+  done
+  # shellcheck disable=SC2086
+  ccli meta1 --cluster create $addrs --cluster-replicas 1 --cluster-yes \
+    >>"$DIR/logs/cluster-create.log" 2>&1 || die "redis-cli --cluster create failed"
+  wait_for 30 "the cluster being ok" cluster_ok
+}
+
 ETCD_ENDPOINTS() { echo "http://$NET.51:2379,http://$NET.52:2379,http://$NET.53:2379"; }
 etcd_healthy() {
   ETCDCTL_API=3 on client etcdctl --endpoints="$(ETCD_ENDPOINTS)" endpoint health
@@ -345,14 +404,20 @@ up() {
     echo "REPLICA_PW=$(rand)"
     echo "SENTINEL_PW=$(rand)"
     echo "SENTINEL_CLIENT_PW=$(rand)"
+    echo "CLUSTER_PW=$(rand)"
   } >"$DIR/secrets"
   chmod 600 "$DIR/secrets"
   load_secrets
   say "network: namespaces $(ns sw) (bridge) and $(for h in $HOSTS; do printf '%s ' "$(ns "$h")"; done)"
   net_up
   maybe_fail net
-  say "store: redis master $NET.10, replica $NET.11, sentinels $NET.21-23 (deploy/redis configs)"
-  store_up
+  if [ "$STORE" = cluster ]; then
+    say "store: Redis Cluster, masters $NET.10:7001, $NET.11:7001, $NET.23:7001, replicas on :7002 (deploy/redis-cluster configs)"
+    cluster_up
+  else
+    say "store: redis master $NET.10, replica $NET.11, sentinels $NET.21-23 (deploy/redis configs)"
+    store_up
+  fi
   if [ "$ETCD" = 1 ]; then
     say "etcd: members $NET.51-53 (deploy/etcd configs)"
     etcd_up
@@ -374,6 +439,62 @@ topology() {
 }
 
 master_addr() { scli meta1 -h "$NET.21" -p 26379 sentinel get-master-addr-by-name "$MASTER" | head -n1; }
+
+# After a failover: node1's reconnects and republishes, the listing, and a
+# verified read.
+after_failover() {
+  local m reconnects republishes
+  m=$(http_get "http://$NET.31:9464/metrics")
+  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
+  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
+  say "node1: store reconnects $reconnects, republishes $republishes, still published"
+  sxctl ls
+  sxctl read prefill-0/tp0 --blocks random:100 --verify 42
+}
+
+sentinel_failover_demo() {
+  local h
+  step "6. Sentinel failover: the replica on meta2 becomes master; the agents follow"
+  say "master before: $(master_addr)"
+  scli meta1 -h "$NET.21" -p 26379 sentinel failover "$MASTER"
+  wait_for 60 "the sentinels naming $NET.11 master" master_is "$NET.11"
+  say "master after:  $(master_addr)"
+  for h in node1 node2; do
+    wait_for 30 "sx-agent on $h reconnecting to the new master" reconnected "$h"
+    wait_for 30 "sx-agent on $h being ready again" http_get "http://$(addrs "$h"):9464/ready"
+  done
+  # The old master rejoins as a replica of the new one (it authenticates
+  # with masteruser/masterauth from redis.conf).
+  wait_for 60 "the old master resynchronising as a replica" role_connected meta1 "$NET.10"
+  say "old master $NET.10: now a replica of $NET.11"
+  # 0 republishes: the agent moved on +switch-master and renewed on the new
+  # master before its lease ran out there.
+  after_failover
+}
+
+# The replica of the master on meta1 takes over (CLUSTER FAILOVER, as an
+# operator does for maintenance); the agents follow the slot map.
+cluster_failover_demo() {
+  local h rep
+  step "6. Redis Cluster failover: the replica of meta1's master takes over; the agents follow"
+  ccli meta1 -h "$NET.10" -p 7001 cluster nodes | awk '{print "  " $2, $3}'
+  rep=$(ccli meta1 -h "$NET.10" -p 7001 cluster replicas \
+          "$(ccli meta1 -h "$NET.10" -p 7001 cluster myid)" | awk '{print $2; exit}')
+  rep=${rep%@*}
+  [ -n "$rep" ] || die "no replica of $NET.10:7001"
+  say "replica $rep takes over from $NET.10:7001"
+  h=meta2
+  case $rep in "$NET.23":*) h=meta3 ;; "$NET.10":*) h=meta1 ;; esac
+  ccli "$h" -h "${rep%:*}" -p "${rep#*:}" cluster failover
+  wait_for 30 "$rep being a master" node_role_is master "$h" "${rep%:*}" "${rep#*:}"
+  wait_for 30 "$NET.10:7001 being a replica" node_role_is slave meta1 "$NET.10" 7001
+  wait_for 30 "the cluster being ok again" cluster_ok
+  ccli meta1 -h "$NET.10" -p 7001 cluster nodes | awk '{print "  " $2, $3}'
+  for h in node1 node2; do
+    wait_for 30 "sx-agent on $h being ready" http_get "http://$(addrs "$h"):9464/ready"
+  done
+  after_failover
+}
 
 demo() {
   local t0 t1 reconnects
@@ -409,28 +530,11 @@ demo() {
     grep -E '^segxfer_(ready|served_bytes_total\{transport="tcp"\}|served_reads_total\{transport="tcp"\}|lease_renewals_total|store_up) '
   http_get "http://$NET.31:9464/ready"
 
-  step "6. Sentinel failover: the replica on meta2 becomes master; the agents follow"
-  say "master before: $(master_addr)"
-  scli meta1 -h "$NET.21" -p 26379 sentinel failover "$MASTER"
-  wait_for 60 "the sentinels naming $NET.11 master" master_is "$NET.11"
-  say "master after:  $(master_addr)"
-  for h in node1 node2; do
-    wait_for 30 "sx-agent on $h reconnecting to the new master" reconnected "$h"
-    wait_for 30 "sx-agent on $h being ready again" http_get "http://$(addrs "$h"):9464/ready"
-  done
-  # The old master rejoins as a replica of the new one (it authenticates
-  # with masteruser/masterauth from redis.conf).
-  wait_for 60 "the old master resynchronising as a replica" role_connected meta1 "$NET.10"
-  say "old master $NET.10: now a replica of $NET.11"
-  local m republishes
-  m=$(http_get "http://$NET.31:9464/metrics")
-  reconnects=$(echo "$m" | awk '/^segxfer_store_reconnects_total /{print $2}')
-  republishes=$(echo "$m" | awk '/^segxfer_republishes_total /{print $2}')
-  # 0 republishes: the agent moved on +switch-master and renewed on the new
-  # master before its lease ran out there.
-  say "node1: store reconnects $reconnects, republishes $republishes, still published"
-  sxctl ls
-  sxctl read prefill-0/tp0 --blocks random:100 --verify 42
+  if [ "$STORE" = cluster ]; then
+    cluster_failover_demo
+  else
+    sentinel_failover_demo
+  fi
 
   step "7. node2's agent is killed (SIGKILL): its segment disappears when the lease ($LEASE_MS ms) runs out"
   local pids

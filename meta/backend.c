@@ -19,7 +19,7 @@ int sx__backend_open(uv_loop_t *loop, const char *text, const sx_backend_hooks *
   if (rc)
     return rc;
   const char *scheme = url.scheme;
-  if (strcmp(scheme, "redis+sentinel") == 0)
+  if (strcmp(scheme, "redis+sentinel") == 0 || strcmp(scheme, "redis+cluster") == 0)
     scheme = "redis";
   else if (strcmp(scheme, "etcd+https") == 0)
     scheme = "etcd";

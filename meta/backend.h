@@ -141,7 +141,12 @@ extern const sx_backend_ops sx__backend_mem_ops;
 /* Tests: with on, every mem:// backend on store `name` answers its ops from
  * a timer callback ms after the op was called (0: at the next loop turn). */
 void sx__mem_set_delay(const char *name, int on, uint32_t ms);
-extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel:// */
+/* Tests: every watching mem:// backend on store `name` reports on_watch
+ * again, as a Redis Cluster backend does after a slot move or failover
+ * (events may have been missed). */
+void sx__mem_rewatch(const char *name);
+extern const sx_backend_ops sx__backend_redis_ops; /* redis://, redis+sentinel://,
+                                                    * redis+cluster:// */
 extern const sx_backend_ops sx__backend_etcd_ops; /* etcd://, etcd+https:// */
 
 /* Dispatchers: a missing slot returns SX_ENOTSUP. */

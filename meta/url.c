@@ -215,13 +215,15 @@ int sx__url_parse(const char *text, sx_url *out) {
   const char *sep = strstr(text, "://");
   if (sep == NULL)
     return sx__err(SX_EURL, "metadata URL has no scheme (expected redis://, "
-                   "redis+sentinel://, etcd://)");
+                   "redis+sentinel://, redis+cluster://, etcd://)");
   size_t slen = (size_t)(sep - text);
   uint16_t dport;
   if (slen == 5 && memcmp(text, "redis", 5) == 0)
     dport = 6379;
   else if (slen == 14 && memcmp(text, "redis+sentinel", 14) == 0)
     dport = 26379;
+  else if (slen == 13 && memcmp(text, "redis+cluster", 13) == 0)
+    dport = 6379;
   else if ((slen == 4 && memcmp(text, "etcd", 4) == 0) ||
            (slen == 10 && memcmp(text, "etcd+https", 10) == 0))
     dport = 2379;
@@ -229,9 +231,10 @@ int sx__url_parse(const char *text, sx_url *out) {
     dport = 0;
   else
     return sx__err(SX_EURL, "metadata URL: unknown scheme '%.*s' (expected redis, "
-                   "redis+sentinel, etcd)", (int)(slen > 24 ? 24 : slen), text);
+                   "redis+sentinel, redis+cluster, etcd)", (int)(slen > 24 ? 24 : slen), text);
   memcpy(u.scheme, text, slen);
   int is_redis = u.scheme[0] == 'r', is_sentinel = slen == 14, is_mem = dport == 0;
+  int is_cluster = slen == 13;
 
   const char *p = sep + 3;
   /* The user info ends at the last '@' of the whole URL: '@' is valid in no
@@ -281,9 +284,9 @@ int sx__url_parse(const char *text, sx_url *out) {
       const char *hend = comma ? comma : auth_end;
       if (u.n_hosts == SX_URL_MAX_HOSTS)
         return sx__err(SX_EURL, "metadata URL: more than %d hosts", SX_URL_MAX_HOSTS);
-      if (u.n_hosts > 0 && is_redis && !is_sentinel)
+      if (u.n_hosts > 0 && is_redis && !is_sentinel && !is_cluster)
         return sx__err(SX_EURL, "metadata URL: redis:// takes one host; use "
-                       "redis+sentinel:// for several");
+                       "redis+sentinel:// or redis+cluster:// for several");
       int rc = parse_host(h, (size_t)(hend - h), u.n_hosts, dport, &u.hosts[u.n_hosts]);
       if (rc)
         return rc;
@@ -313,6 +316,9 @@ int sx__url_parse(const char *text, sx_url *out) {
     }
     if (len > 0) {
       uint32_t db;
+      if (is_cluster)
+        return sx__err(SX_EURL, "metadata URL: redis+cluster:// takes no path: a cluster "
+                       "has database 0 only ('/%.*s')", (int)(len > 40 ? 40 : len), seg);
       if (!is_redis)
         return sx__err(SX_EURL, "metadata URL: %s:// takes no path ('/%.*s')", u.scheme,
                        (int)(len > 40 ? 40 : len), seg);
@@ -350,7 +356,7 @@ void sx__url_redact(const sx_url *u, char *buf, size_t size) {
   for (int i = 0; i < u->n_hosts; i++)
     PUT(strchr(u->hosts[i].host, ':') ? "%s[%s]:%u" : "%s%s:%u", i ? "," : "",
         u->hosts[i].host, u->hosts[i].port);
-  if (u->scheme[0] == 'r' && strlen(u->scheme) > 5)
+  if (strcmp(u->scheme, "redis+sentinel") == 0)
     PUT("/%s", u->master);
   if (u->db)
     PUT("/%d", u->db);

@@ -16,7 +16,8 @@ typedef struct sx_url_host {
 } sx_url_host;
 
 typedef struct sx_url {
-  char scheme[24];  /* "redis", "redis+sentinel", "etcd", "etcd+https", "mem" */
+  char scheme[24];  /* "redis", "redis+sentinel", "redis+cluster", "etcd",
+                     * "etcd+https", "mem" */
   sx_url_host hosts[SX_URL_MAX_HOSTS];
   int n_hosts;
   char user[128];
@@ -38,13 +39,15 @@ typedef struct sx_url {
  * Parse
  *   redis://[user[:password]@]host[:port][/db][?query]
  *   redis+sentinel://[user[:password]@]host[:port][,host[:port]...]/master[/db][?query]
+ *   redis+cluster://[user[:password]@]host[:port][,host[:port]...][?query]
+ *                   (seed nodes of a Redis Cluster; database 0 only)
  *   etcd://host[:port][,host[:port]...][?query]     (also etcd+https://)
  *   mem://name[?query]                              (in-process, for tests)
  * with query keys namespace, connect_timeout_ms, timeout_ms, and for
  * redis+sentinel:// also sentinel_user and sentinel_password (the sentinels'
  * AUTH).  User, password and the sentinel credentials may be percent-encoded
  * ('@' and '&' in the sentinel ones must be: %40, %26); IPv6 hosts go in
- * brackets.  Default ports: redis 6379, sentinel 26379, etcd 2379.  Returns 0
+ * brackets.  Default ports: redis and redis+cluster 6379, sentinel 26379, etcd 2379.  Returns 0
  * or SX_EURL with a message naming the part that is wrong (passwords are
  * never echoed).
  */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "agent_fixture.h"
+#include "backend.h"
 #include "internal.h"
 #include "pattern.h"
 
@@ -175,6 +176,49 @@ static void batch_cb(sx_batch *b, void *arg) {
   s->state = res.state;
   s->wait_rc = wait_rc;
   pthread_mutex_unlock(&s->mu);
+}
+
+/* The store's watch was set up again (on a Redis Cluster: a slot moved or
+ * a master failed over, and events may have been missed): the reader's
+ * cache forgets what it holds, and the next open asks the store. */
+static void test_agent_cache_flushed_when_the_watch_is_set_up_again(void **state) {
+  (void)state;
+  char url[64], name[64];
+  new_url(url, sizeof(url));
+  snprintf(name, sizeof(name), "%s", url + strlen("mem://"));
+  name[strcspn(name, "?")] = '\0';
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-0", NULL, 42);
+  sxt_reader_start(&r, url, "decode-0");
+  sx_segment *seg;
+  sx_agent_stats st;
+  sxt_ok(sx_segment_open(r.a, "prefill-0", 1000, &seg));
+  sx_segment_close(seg);
+  sxt_ok(sx_segment_open(r.a, "prefill-0", 1000, &seg));
+  sx_segment_close(seg);
+  sxt_ok(sx_agent_stats_get(r.a, &st, sizeof(st)));
+  assert_int_equal(st.cache_entries, 1);
+  assert_true(st.cache_hits >= 1);
+  uint64_t misses = st.cache_misses;
+  sx__mem_rewatch(name);
+  /* on_watch arrives on the reader's loop: until then opens are hits;
+   * the first open after it asks the store.  The entry's TTL (the 2 s
+   * lease) outlasts the wait: only the flush makes an open miss here. */
+  uint64_t t0 = sx__mono_ms();
+  do {
+    uv_sleep(10);
+    sxt_ok(sx_segment_open(r.a, "prefill-0", 1000, &seg));
+    sx_segment_close(seg);
+    sxt_ok(sx_agent_stats_get(r.a, &st, sizeof(st)));
+  } while (st.cache_misses == misses && sx__mono_ms() - t0 < 1000);
+  assert_int_equal(st.cache_misses, misses + 1);
+  /* And it is cached again. */
+  sxt_ok(sx_segment_open(r.a, "prefill-0", 1000, &seg));
+  sx_segment_close(seg);
+  sxt_ok(sx_agent_stats_get(r.a, &st, sizeof(st)));
+  assert_int_equal(st.cache_misses, misses + 1);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
 }
 
 static void test_agent_range_reads_callback_and_eventfd(void **state) {
@@ -792,6 +836,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_agent_pattern_seed_parse),
       cmocka_unit_test(test_agent_publish_open_check_and_read),
+      cmocka_unit_test(test_agent_cache_flushed_when_the_watch_is_set_up_again),
       cmocka_unit_test(test_agent_range_reads_callback_and_eventfd),
       cmocka_unit_test(test_agent_check_reports_mismatch),
       cmocka_unit_test(test_agent_wire_rejects_bad_requests_and_keeps_serving),

@@ -599,6 +599,25 @@ static void test_backend_fetch(void **state) {
   sxt_bk_close(&k);
 }
 
+/* The server stops answering; the op that times out first closes the
+ * backend from its callback while its command and another op's are still
+ * outstanding.  Both end once, and the first is not touched after the
+ * close released it (a heap-use-after-free under the sanitizers before). */
+static void test_store_close_from_a_timed_out_op(void **state) {
+  (void)state;
+  NEED_REDIS();
+  sxt_redis r;
+  assert_int_equal(sxt_redis_start(&r, NULL), 0);
+  char url[256];
+  sxt_redis_url(&r, url, sizeof(url), "namespace=cl&timeout_ms=300");
+  sxt_store st;
+  sxt_ok(sxt_store_open(&st, url, 1));
+  sxt_redis_kill(&r, SIGSTOP);
+  sxt_store_close_from_timed_out_op(&st, "stuck/0");
+  sxt_redis_kill(&r, SIGCONT);
+  sxt_redis_stop(&r);
+}
+
 int main(void) {
   const char *filter = getenv("SXT_FILTER");
   if (filter && *filter)
@@ -614,6 +633,7 @@ int main(void) {
       cmocka_unit_test(test_store_auth_acl_users),
       cmocka_unit_test(test_store_unreachable),
       cmocka_unit_test(test_store_command_timeout),
+      cmocka_unit_test(test_store_close_from_a_timed_out_op),
       cmocka_unit_test(test_backend_fetch),
   };
   return cmocka_run_group_tests_name("store suite and Redis specifics on redis-server",

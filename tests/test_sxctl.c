@@ -1,6 +1,7 @@
 /*
  * sxctl run as a binary (BUILD/bin/sxctl) against each store backend (a
- * real redis-server, then a real etcd, from the store fixtures): human
+ * real redis-server, a real 3+3 Redis Cluster, then a real etcd, from the
+ * store fixtures): human
  * output checked, --json parsed with jansson, exit codes.  The same tests
  * run for both; what differs is only the URL.
  */
@@ -16,6 +17,7 @@
 
 #include "etcd_harness.h"
 #include "procs.h"
+#include "redis_cluster_harness.h"
 #include "redis_harness.h"
 #include "sxtest.h"
 
@@ -121,6 +123,11 @@ static int group_setup_fx(const sxt_store_fixture *f) {
 static int group_setup_redis(void **state) {
   (void)state;
   return group_setup_fx(&sxt_redis_fixture);
+}
+
+static int group_setup_cluster(void **state) {
+  (void)state;
+  return group_setup_fx(&sxt_rcluster_fixture);
 }
 
 static int group_setup_etcd(void **state) {
@@ -496,6 +503,8 @@ int main(void) {
   };
   int failed = cmocka_run_group_tests_name("sxctl on redis", tests, group_setup_redis,
                                            group_teardown);
+  failed += cmocka_run_group_tests_name("sxctl on redis-cluster", tests, group_setup_cluster,
+                                        group_teardown);
   failed += cmocka_run_group_tests_name("sxctl on etcd", tests, group_setup_etcd,
                                         group_teardown);
   return failed;

@@ -97,6 +97,41 @@ static void test_url_sentinel_hosts(void **state) {
   assert_string_equal(u.password, "pw");
 }
 
+static void expect_bad(const char *url, const char *part);
+
+/* redis+cluster://: seed nodes, default port 6379, credentials, no db. */
+static void test_url_cluster_seeds(void **state) {
+  (void)state;
+  sx_url u;
+  char buf[512];
+  sxt_ok(sx__url_parse("redis+cluster://sx-agent:p%40ss@n1:7000,[::1],10.0.0.3:7002"
+                       "?namespace=prod&timeout_ms=500",
+                       &u));
+  assert_string_equal(u.scheme, "redis+cluster");
+  assert_int_equal(u.n_hosts, 3);
+  assert_string_equal(u.hosts[0].host, "n1");
+  assert_int_equal(u.hosts[0].port, 7000);
+  assert_string_equal(u.hosts[1].host, "::1");
+  assert_int_equal(u.hosts[1].port, 6379);
+  assert_int_equal(u.hosts[2].port, 7002);
+  assert_string_equal(u.user, "sx-agent");
+  assert_string_equal(u.password, "p@ss");
+  assert_string_equal(u.ns, "prod");
+  assert_int_equal(u.timeout_ms, 500);
+  assert_int_equal(u.db, 0);
+  sx__url_redact(&u, buf, sizeof(buf));
+  assert_string_equal(buf, "redis+cluster://sx-agent:***@n1:7000,[::1]:6379,"
+                           "10.0.0.3:7002?namespace=prod");
+  sxt_ok(sx__url_parse("redis+cluster://n1", &u));
+  assert_int_equal(u.n_hosts, 1);
+  expect_bad("redis+cluster://n1/2", "database 0 only");
+  expect_bad("redis+cluster://n1/m", "no path");
+  expect_bad("redis+cluster://n1?sentinel_password=x", "only for redis+sentinel://");
+  expect_bad("redis+cluster://", "host 1 is empty");
+  expect_bad("redis+cluster://n1,", "host 2 is empty");
+  expect_bad("redis+clusters://n1", "unknown scheme");
+}
+
 static void test_url_other_schemes(void **state) {
   (void)state;
   sx_url u;
@@ -307,6 +342,7 @@ int main(void) {
       cmocka_unit_test(test_url_unencoded_specials_in_password),
       cmocka_unit_test(test_url_ipv6),
       cmocka_unit_test(test_url_sentinel_hosts),
+      cmocka_unit_test(test_url_cluster_seeds),
       cmocka_unit_test(test_url_other_schemes),
       cmocka_unit_test(test_url_malformed),
       cmocka_unit_test(test_url_long_namespace_is_named),

@@ -136,7 +136,21 @@ typedef struct bx_redis {
 } bx_redis;
 
 int bx_redis_start(bx_redis *r);
+/* The same, as a Redis Cluster node (cluster-enabled; its bus port free). */
+int bx_redis_start_node(bx_redis *r, int cluster);
 void bx_redis_stop(bx_redis *r);
+
+/* A private Redis Cluster of n masters (no replicas), joined with
+ * redis-cli --cluster create: 0 with the nodes' seeds in url_hosts
+ * ("127.0.0.1:P1,..."), or -1 (said why on stderr). */
+#define BX_CLUSTER_MAX 8
+typedef struct bx_rcluster {
+  bx_redis node[BX_CLUSTER_MAX];
+  int n;
+  char url_hosts[BX_CLUSTER_MAX * 24];
+} bx_rcluster;
+int bx_rcluster_start(bx_rcluster *c, int masters);
+void bx_rcluster_stop(bx_rcluster *c);
 
 /* Machine facts for the report header. */
 typedef struct bx_machine {

@@ -31,6 +31,8 @@ typedef struct bx_meta_opts {
   uint32_t fleet_conns, readers, lease_ms;
   uint32_t reader_rate; /* resolves/s per fleet reader; 0: closed loop */
   unsigned ops; /* MB_OP_* to run */
+  uint32_t cluster; /* masters of a private Redis Cluster for the fleet, 0: none */
+  double held_p99_ms; /* --held-p99-ms: a fleet is held within this p99 resolve */
 } bx_meta_opts;
 
 enum {
@@ -67,7 +69,18 @@ typedef struct mb {
   size_t *lens;
   uint8_t (*incs)[SX_INCARNATION_LEN];
   uint64_t *gens;
+  /* The fleet: "" for the store of the run, else what the second store is
+   * ("cluster"): its table and targets are named after it.  held: the
+   * largest fleet with every lease kept and p99 resolve within
+   * --held-p99-ms (0: none), and its p99 (ms). */
+  const char *label;
+  uint32_t held;
+  double held_p99_ms;
 } mb;
+
+/* The resolve p99 a fleet must keep to count as held by default (the same
+ * bound as the target of 10,000 agents; --held-p99-ms changes it). */
+#define BX_FLEET_HELD_P99_MS 2.0
 
 typedef struct bx_run bx_run;
 

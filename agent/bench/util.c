@@ -324,7 +324,20 @@ static void rm_rf(const char *dir) {
     waitpid(pid, NULL, 0);
 }
 
-int bx_redis_start(bx_redis *r) {
+int bx_redis_start(bx_redis *r) { return bx_redis_start_node(r, 0); }
+
+/* Is 127.0.0.1:port free to bind? */
+static int port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+int bx_redis_start_node(bx_redis *r, int cluster) {
   memset(r, 0, sizeof(*r));
   snprintf(r->dir, sizeof(r->dir), "/tmp/sx-bench-redis.XXXXXX");
   if (mkdtemp(r->dir) == NULL) {
@@ -335,6 +348,9 @@ int bx_redis_start(bx_redis *r) {
   /* A port found free may be taken before redis binds it: try a few. */
   for (int attempt = 0; attempt < 5; attempt++) {
     int port = free_port();
+    /* A cluster node also listens on port + 10000 (the cluster bus). */
+    for (int k = 0; cluster && k < 200 && (port > 55535 || !port_free(port + 10000)); k++)
+      port = free_port();
     if (port < 0)
       continue;
     char ports[16];
@@ -353,9 +369,16 @@ int bx_redis_start(bx_redis *r) {
         dup2(devnull, STDOUT_FILENO);
       }
       /* No persistence, expiry notifications as agents expect them. */
-      execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", r->dir, "--daemonize", "no",
-             "--notify-keyspace-events", "Kx", "--loglevel", "warning", (char *)NULL);
+      if (cluster)
+        execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", r->dir, "--daemonize", "no",
+               "--notify-keyspace-events", "Kx", "--loglevel", "warning",
+               "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+               "--cluster-node-timeout", "5000", (char *)NULL);
+      else
+        execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1",
+               "--save", "", "--appendonly", "no", "--dir", r->dir, "--daemonize", "no",
+               "--notify-keyspace-events", "Kx", "--loglevel", "warning", (char *)NULL);
       fprintf(stderr, "sx-bench: cannot run redis-server: %s (install redis-server, or "
               "give --metadata URL)\n", strerror(errno));
       _exit(127);
@@ -423,4 +446,86 @@ void bx_machine_get(bx_machine *m) {
   double la[1];
   if (getloadavg(la, 1) == 1)
     m->load1 = la[0];
+}
+
+/* ------------------------------------------------------------ cluster */
+
+/* Does every node say cluster_state:ok? */
+static int cluster_ok(const bx_rcluster *c) {
+  for (int i = 0; i < c->n; i++) {
+    struct timeval tv = {0, 300000};
+    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", c->node[i].port, tv);
+    int ok = 0;
+    if (ctx != NULL && !ctx->err) {
+      redisReply *r = redisCommand(ctx, "CLUSTER INFO");
+      ok = r != NULL && r->type == REDIS_REPLY_STRING && strstr(r->str, "cluster_state:ok");
+      if (r)
+        freeReplyObject(r);
+    }
+    if (ctx)
+      redisFree(ctx);
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
+int bx_rcluster_start(bx_rcluster *c, int masters) {
+  memset(c, 0, sizeof(*c));
+  if (masters < 3 || masters > BX_CLUSTER_MAX) {
+    fprintf(stderr, "sx-bench: a cluster has 3..%d masters\n", BX_CLUSTER_MAX);
+    return -1;
+  }
+  char addr[BX_CLUSTER_MAX][24];
+  const char *argv[BX_CLUSTER_MAX + 8];
+  int n = 0;
+  argv[n++] = "redis-cli";
+  argv[n++] = "--cluster";
+  argv[n++] = "create";
+  for (c->n = 0; c->n < masters; c->n++) {
+    if (bx_redis_start_node(&c->node[c->n], 1) != 0)
+      goto fail;
+    snprintf(addr[c->n], sizeof(addr[c->n]), "127.0.0.1:%d", c->node[c->n].port);
+    argv[n++] = addr[c->n];
+    size_t o = strlen(c->url_hosts);
+    snprintf(c->url_hosts + o, sizeof(c->url_hosts) - o, "%s%s", o ? "," : "", addr[c->n]);
+  }
+  argv[n++] = "--cluster-replicas";
+  argv[n++] = "0";
+  argv[n++] = "--cluster-yes";
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0)
+    goto fail;
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      dup2(devnull, STDIN_FILENO);
+      dup2(devnull, STDOUT_FILENO);
+    }
+    execvp("redis-cli", (char *const *)argv);
+    _exit(127);
+  }
+  int st;
+  if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    fprintf(stderr, "sx-bench: redis-cli --cluster create failed (is redis-tools "
+            "installed?)\n");
+    goto fail;
+  }
+  for (int i = 0; i < 300; i++) {
+    if (cluster_ok(c))
+      return 0;
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+  }
+  fprintf(stderr, "sx-bench: the private cluster did not become ok within 30 s\n");
+fail:
+  bx_rcluster_stop(c);
+  return -1;
+}
+
+void bx_rcluster_stop(bx_rcluster *c) {
+  for (int i = 0; i < BX_CLUSTER_MAX; i++)
+    bx_redis_stop(&c->node[i]);
+  c->n = 0;
 }

@@ -26,6 +26,7 @@ static void help(FILE *f) {
           "                   redis://127.0.0.1:6379?namespace=prod\n"
           "                   redis://agent:PASSWORD@10.0.0.5:6379/2?namespace=prod\n"
           "                   redis+sentinel://s1:26379,s2:26379/mymaster?namespace=prod\n"
+          "                   redis+cluster://n1:7001,n2:7001,n3:7001?namespace=prod\n"
           "  -h, --help       this text; `sxctl COMMAND --help` for a command\n"
           "  --version        print the library version\n"
           "\n"

@@ -451,6 +451,18 @@ static int mem_watch(sx_backend *b) {
   return uv_timer_start(&m->sweep, sweep_cb, 20, 20) ? SX_EIO : 0;
 }
 
+void sx__mem_rewatch(const char *name) {
+  pthread_mutex_lock(&mem_lock);
+  mem_store *s = store_get(name);
+  for (mem_backend *m = s ? s->instances : NULL; m; m = m->next_instance) {
+    if (!m->watching || m->closing)
+      continue;
+    m->announce_watch = 1;
+    uv_async_send(&m->async);
+  }
+  pthread_mutex_unlock(&mem_lock);
+}
+
 static void closed_cb(uv_handle_t *h) {
   mem_backend *m = h->data;
   if (--m->handles > 0)

@@ -12,6 +12,10 @@
  *   sx:NS:fence:{N}  SET of fenced incarnations (hex), TTL 24 h
  *   sx:NS:index      ZSET member N, score = lease expiry (server ms)
  *   sx:NS:events     pub/sub channel of encoded SegmentEvents
+ * On a Redis Cluster (redis+cluster://, redis_cluster.c) the index and the
+ * channel are split into SX_RCL_SHARDS pieces, sx:NS:index:{k} and the
+ * sharded pub/sub channel sx:NS:events:{k}, k = CRC16(N) mod 16, so that
+ * they spread over the masters; the client SPUBLISHes the events there.
  *
  * Connection handling (redis.h has the picture): ops issued while the
  * session is being set up wait for it (bounded by their own timeout); ops
@@ -41,6 +45,9 @@ static int q_script(rreq *q) {
   int n = 0;
   char fence_ttl[16];
   snprintf(fence_ttl, sizeof(fence_ttl), "%u", SX_REDIS_FENCE_TTL_MS);
+  /* A cluster's channel is in another slot than the script's keys: the
+   * client publishes there (after_write). */
+  const char *channel = rb->cluster ? "" : rb->channel;
 #define ARG(p, l) (argv[n] = (const char *)(p), lens[n] = (l), n++)
 #define SARG(s) ARG(s, strlen(s))
   if (q->eval || rb->script_sha[q->script][0] == '\0') {
@@ -62,7 +69,7 @@ static int q_script(rreq *q) {
     SARG(q->takeover ? "1" : "0");
     ARG(q->put_ev, q->put_ev_len);
     ARG(q->del_ev, q->del_ev_len);
-    SARG(rb->channel);
+    SARG(channel);
     SARG(fence_ttl);
     break;
   case SX_SCRIPT_RENEW:
@@ -71,10 +78,10 @@ static int q_script(rreq *q) {
     break;
   case SX_SCRIPT_UNPUBLISH:
     SARG(q->inc_hex);
-    SARG(rb->channel);
+    SARG(channel);
     break;
   case SX_SCRIPT_REMOVE:
-    SARG(rb->channel);
+    SARG(channel);
     SARG(fence_ttl);
     break;
   }
@@ -129,25 +136,66 @@ static void fenced(rreq *q, const redisReply *r) {
              q->inc_hex);
 }
 
-/* After a successful publish/renew: put the name in the listing index with
- * its expiry.  A failure here is not the op's failure (the segment is
- * published); the next renew writes the entry again. */
+/* The listing index key of q's name: one key on a single server, the
+ * name's piece on a cluster. */
+static const char *index_key(const rreq *q, char *buf, size_t size) {
+  if (!q->rb->cluster)
+    return q->rb->index_key;
+  sx__rcl_index_key(q->rb, sx__rcl_shard_of(q->name), buf, size);
+  return buf;
+}
+
+/* Put the name in the listing index with its expiry. */
 static int index_add(rreq *q) {
-  char score[32];
+  char score[32], key[SX_NS_MAX + 32];
   uint64_t lease = strtoull(q->lease, NULL, 10);
   snprintf(score, sizeof(score), "%" PRIu64, q->server_now + lease);
-  const char *argv[] = {"ZADD", q->rb->index_key, score, q->name};
+  const char *argv[] = {"ZADD", index_key(q, key, sizeof(key)), score, q->name};
   return sx__redis_q_send(q, 4, argv, NULL);
 }
 
 static int index_rem(rreq *q) {
-  const char *argv[] = {"ZREM", q->rb->index_key, q->name};
+  char key[SX_NS_MAX + 32];
+  const char *argv[] = {"ZREM", index_key(q, key, sizeof(key)), q->name};
   return sx__redis_q_send(q, 3, argv, NULL);
 }
 
+/* The op ends once what after_write() sent has answered (q->step). */
 static void index_done(rreq *q, redisReply *r) {
   (void)r;
-  sx__redis_q_finish(q, 0, NULL);
+  if (q->got >= q->step)
+    sx__redis_q_finish(q, 0, NULL);
+}
+
+/*
+ * After a successful write: the index entry (add or remove) and, on a
+ * cluster, the event on the name's shard channel.  A failure of either is
+ * not the op's failure (the segment is written): the next renew writes the
+ * entry again, and caches also expire entries by TTL.  Returns 1 when the
+ * op waits for their replies, 0 when nothing could be sent.
+ */
+static int after_write(rreq *q, int add, const char *ev, size_t ev_len) {
+  q->on_reply = index_done;
+  q->step = q->got;
+  if ((add ? index_add(q) : index_rem(q)) == 0)
+    q->step++;
+  if (q->rb->cluster && ev != NULL && ev_len > 0) {
+    char ch[SX_NS_MAX + 32];
+    sx__rcl_channel(q->rb, sx__rcl_shard_of(q->name), ch, sizeof(ch));
+    const char *argv[] = {"SPUBLISH", ch, ev};
+    size_t lens[] = {8, strlen(ch), ev_len};
+    if (sx__redis_q_send(q, 3, argv, lens) == 0)
+      q->step++;
+  }
+  return q->step > q->got;
+}
+
+/* Element i of a script reply as bytes (an event), or NULL. */
+static const char *reply_bytes(const redisReply *r, size_t i, size_t *len) {
+  if (i >= r->elements || r->element[i]->type != REDIS_REPLY_STRING)
+    return NULL;
+  *len = r->element[i]->len;
+  return r->element[i]->str;
 }
 
 static void publish_reply(rreq *q, redisReply *r) {
@@ -160,8 +208,7 @@ static void publish_reply(rreq *q, redisReply *r) {
                q->what);
       return;
     }
-    q->on_reply = index_done;
-    if (index_add(q))
+    if (!after_write(q, 1, (const char *)q->put_ev, q->put_ev_len))
       sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "FENCED") == 0) {
     fenced(q, r);
@@ -239,8 +286,7 @@ static void renew_reply(rreq *q, redisReply *r) {
       sx__redis_q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
       return;
     }
-    q->on_reply = index_done;
-    if (index_add(q))
+    if (!after_write(q, 1, NULL, 0))
       sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "GONE") == 0) {
     sx__redis_q_finish(q, SX_EGONE, "%s: %s: the segment is gone from the store (lease expired, or "
@@ -273,8 +319,9 @@ static void unpublish_reply(rreq *q, redisReply *r) {
   if (script_reply(q, r, &word))
     return;
   if (strcmp(word, "OK") == 0) {
-    q->on_reply = index_done;
-    if (index_rem(q))
+    size_t evl = 0;
+    const char *ev = reply_bytes(r, 1, &evl);
+    if (!after_write(q, 0, ev, evl))
       sx__redis_q_finish(q, 0, NULL);
   } else if (strcmp(word, "GONE") == 0) {
     sx__redis_q_finish(q, SX_EGONE, "%s: unpublish: the segment is already gone", q->name);
@@ -308,10 +355,11 @@ static void remove_reply(rreq *q, redisReply *r) {
   if (strcmp(word, "OK") == 0 || strcmp(word, "NOENT") == 0) {
     /* Drop the index entry in both cases: a NOENT name may still be listed
      * until its score is pruned. */
+    size_t evl = 0;
+    const char *ev = reply_bytes(r, 2, &evl);
     if (strcmp(word, "NOENT") == 0)
       q->rep.status = SX_ENOENT;
-    q->on_reply = index_done;
-    if (index_rem(q) || q->rep.status)
+    if (!after_write(q, 0, ev, evl) || q->rep.status)
       sx__redis_q_finish(q, q->rep.status, "%s: no such segment", q->name);
   } else {
     sx__redis_q_finish(q, SX_ESTORE, "%s: remove: unexpected script status", q->name);
@@ -429,10 +477,13 @@ static int redis_fetch(sx_backend *b, const char *name, sx_backend_cb cb, void *
 
 /*
  * list: prune the index (a failure is fine: read-only users may not write),
- * read its members, then each member's value and TTL in one pipeline.
+ * read its members, then each member's value and TTL in one pipeline.  On a
+ * cluster the same for each piece of the index, all pipelined; the names
+ * come together before the values are read.  q->step counts the replies
+ * before the values'.
  */
 static void list_values_reply(rreq *q, redisReply *r) {
-  size_t k = (size_t)(q->got - 3); /* replies of this step so far, minus one */
+  size_t k = (size_t)(q->got - q->step - 1); /* replies of this step so far, minus one */
   size_t i = k / 2;
   if (i >= q->n_names)
     return;
@@ -462,32 +513,34 @@ static void list_values_reply(rreq *q, redisReply *r) {
   }
 }
 
-static void list_index_reply(rreq *q, redisReply *r) {
+/* Add the names of one index reply; 0, or -1 when the op was failed. */
+static int list_collect(rreq *q, const redisReply *r, const char *key) {
   char desc[200];
-  if (q->got == 1) {
-    /* The prune: only a dead connection matters, which q_cb handles. */
-    return;
-  }
   if (r->type == REDIS_REPLY_ERROR) {
     sx__redis_describe(r, desc, sizeof(desc));
-    sx__redis_q_finish(q, sx__redis_map_error(r), "list: reading the index %s failed: %s", q->rb->index_key,
-             desc);
-    return;
+    sx__redis_q_finish(q, sx__redis_map_error(r), "list: reading the index %s failed: %s",
+                       key, desc);
+    return -1;
   }
-  if (r->type != REDIS_REPLY_ARRAY || r->elements > SX_REDIS_MAX_LIST) {
+  if (r->type != REDIS_REPLY_ARRAY || r->elements > SX_REDIS_MAX_LIST - q->n_names) {
     sx__redis_describe(r, desc, sizeof(desc));
     sx__redis_q_finish(q, SX_ESTORE, "list: unexpected index reply: %s", desc);
-    return;
+    return -1;
   }
-  size_t n = r->elements;
-  q->names = calloc(n + 1, sizeof(char *));
-  q->values = calloc(n + 1, sizeof(uint8_t *));
-  q->items = calloc(n + 1, sizeof(sx_backend_item));
-  if (q->names == NULL || q->values == NULL || q->items == NULL) {
+  size_t n = q->n_names + r->elements;
+  char **names = realloc(q->names, (n + 1) * sizeof(char *));
+  if (names != NULL)
+    q->names = names;
+  uint8_t **values = names ? realloc(q->values, (n + 1) * sizeof(uint8_t *)) : NULL;
+  if (values != NULL)
+    q->values = values;
+  sx_backend_item *items = values ? realloc(q->items, (n + 1) * sizeof(*items)) : NULL;
+  if (items == NULL) {
     sx__redis_q_finish(q, SX_ENOMEM, "list: out of memory for %zu entries", n);
-    return;
+    return -1;
   }
-  for (size_t i = 0; i < n; i++) {
+  q->items = items;
+  for (size_t i = 0; i < r->elements; i++) {
     const char *name = sx__redis_elem_str(r, i, SX_NAME_MAX);
     /* Skip members that are no segment name: keys built from them could
      * reach outside the namespace's hash tags. */
@@ -495,16 +548,24 @@ static void list_index_reply(rreq *q, redisReply *r) {
       continue;
     if ((q->names[q->n_names] = strdup(name)) == NULL) {
       sx__redis_q_finish(q, SX_ENOMEM, "list: out of memory");
-      return;
+      return -1;
     }
+    q->values[q->n_names] = NULL;
+    memset(&q->items[q->n_names], 0, sizeof(q->items[0]));
     q->items[q->n_names].name = q->names[q->n_names];
     q->items[q->n_names].ttl_ms = -1;
     q->n_names++;
   }
+  return 0;
+}
+
+/* Read every collected name's value and TTL. */
+static void list_fetch(rreq *q) {
   if (q->n_names == 0) {
     sx__redis_q_finish(q, 0, NULL);
     return;
   }
+  q->step = q->got;
   q->on_reply = list_values_reply;
   for (size_t i = 0; i < q->n_names; i++) {
     char key[SX_REDIS_KEY_MAX];
@@ -521,15 +582,44 @@ static void list_index_reply(rreq *q, redisReply *r) {
   }
 }
 
+/* Replies: (prune, range) per index key, in order; prunes are ignored
+ * (only a dead connection matters, which the request layer handles). */
+static void list_index_reply(rreq *q, redisReply *r) {
+  if (q->got % 2 == 1)
+    return;
+  char key[SX_NS_MAX + 32];
+  const char *k = q->rb->index_key;
+  if (q->rb->cluster) {
+    sx__rcl_index_key(q->rb, (unsigned)(q->got / 2 - 1), key, sizeof(key));
+    k = key;
+  }
+  if (list_collect(q, r, k) != 0)
+    return;
+  if (q->got == 2 * (q->rb->cluster ? SX_RCL_SHARDS : 1))
+    list_fetch(q);
+}
+
 static int list_start(rreq *q) {
-  char cutoff[32];
+  char cutoff[32], key[SX_NS_MAX + 32];
   uint64_t now = sx__wall_ms();
   snprintf(cutoff, sizeof(cutoff), "%" PRIu64,
            now > SX_REDIS_INDEX_GRACE_MS ? now - SX_REDIS_INDEX_GRACE_MS : 0);
-  const char *prune[] = {"ZREMRANGEBYSCORE", q->rb->index_key, "-inf", cutoff};
-  const char *range[] = {"ZRANGE", q->rb->index_key, "0", "-1"};
-  int rc = sx__redis_q_send(q, 4, prune, NULL);
-  return rc ? rc : sx__redis_q_send(q, 4, range, NULL);
+  unsigned pieces = q->rb->cluster ? SX_RCL_SHARDS : 1;
+  for (unsigned i = 0; i < pieces; i++) {
+    const char *k = q->rb->index_key;
+    if (q->rb->cluster) {
+      sx__rcl_index_key(q->rb, i, key, sizeof(key));
+      k = key;
+    }
+    const char *prune[] = {"ZREMRANGEBYSCORE", k, "-inf", cutoff};
+    const char *range[] = {"ZRANGE", k, "0", "-1"};
+    int rc = sx__redis_q_send(q, 4, prune, NULL);
+    if (rc == 0)
+      rc = sx__redis_q_send(q, 4, range, NULL);
+    if (rc)
+      return rc;
+  }
+  return 0;
 }
 
 static int redis_list(sx_backend *b, sx_backend_cb cb, void *arg) {

@@ -53,6 +53,14 @@ typedef enum rb_state {
 } rb_state;
 
 typedef struct rreq rreq;
+typedef struct sx_rcl sx_rcl;
+
+/* Redis Cluster: its hash slots, and the number of pieces the listing index
+ * and the event channel are split into (redis+cluster:// only), each piece
+ * a hash tag of its own, "{0}".."{15}", so that they spread over the
+ * masters: renewals on every master do not all write one hot key. */
+#define SX_RCL_SLOTS 16384
+#define SX_RCL_SHARDS 16
 
 typedef struct redis_backend {
   sx_backend base;
@@ -64,6 +72,11 @@ typedef struct redis_backend {
   char ks_pattern[SX_NS_MAX + 48]; /* "__keyspace@DB__:sx:NS:seg:*" */
   size_t ks_prefix_len;            /* length of the pattern without '*' */
   int sentinel;
+  int cluster;   /* redis+cluster:// */
+  sx_rcl *cl;    /* its client state (redis_cluster.c); NULL otherwise */
+  uv_timer_t cl_timer; /* cluster: map refresh delay and deadline */
+  /* Cluster: redirections and retries so far (tests and logs read them). */
+  uint64_t cl_moved, cl_asked, cl_retried, cl_refreshes;
 
   rb_state state;
   redisAsyncContext *data; /* commands; NULL when down */
@@ -177,6 +190,58 @@ void sx__redis_sentinel_close(redis_backend *rb);
 /* The sentinel being asked did not answer within connect_timeout_ms. */
 void sx__redis_sres_timeout(redis_backend *rb);
 
+/* redis_slots.c ----------------------------------------------------------- */
+
+uint16_t sx__rcl_crc16(const char *buf, size_t len);
+/* The hash slot of a key (its hash tag's, if it has one). */
+unsigned sx__rcl_key_slot(const char *key, size_t len);
+/* A MOVED or ASK error: 0 with *ask, the slot and the node's address, or -1
+ * for any other reply (and for a malformed one). */
+int sx__rcl_parse_redirect(const redisReply *r, int *ask, unsigned *slot, char *host,
+                           size_t hsize, int *port);
+/* One slot range of the map and its master (host "" when the node that
+ * answered did not know its own address: it is that node). */
+typedef struct sx_rcl_range {
+  unsigned first, last;
+  char host[256];
+  int port;
+} sx_rcl_range;
+/* A CLUSTER SLOTS reply into at most max ranges: 0, or -1 with msg. */
+int sx__rcl_parse_slots(const redisReply *r, sx_rcl_range *out, size_t max, size_t *n,
+                        char *msg, size_t msize);
+/* The same from a CLUSTER SHARDS reply (Redis >= 7.0): each shard's slot
+ * ranges with its master (role master, health not fail; its endpoint, else
+ * its ip).  A shard without such a master leaves its slots uncovered. */
+int sx__rcl_parse_shards(const redisReply *r, sx_rcl_range *out, size_t max, size_t *n,
+                         char *msg, size_t msize);
+/* How many slots no range covers (0: all), with the first gap in msg. */
+int sx__rcl_uncovered(const sx_rcl_range *ranges, size_t n, char *msg, size_t msize);
+
+/* redis_cluster.c ---------------------------------------------------------- */
+
+/* Discover the map from the seeds and connect to every master; the session
+ * is ready (sx__redis_ready) once all answered their handshake. */
+void sx__rcl_start(redis_backend *rb);
+/* Drop every node connection (session failure or close); close also frees
+ * the client state. */
+void sx__rcl_drop(redis_backend *rb);
+void sx__rcl_free(redis_backend *rb);
+/* Send one RESP command of q to the master of key's slot (retrying on
+ * MOVED, ASK, TRYAGAIN, CLUSTERDOWN and lost nodes until q's deadline);
+ * replies reach q->on_reply in the order the commands were sent.  write: the
+ * command changes data or announces, so it is not resent once it may have
+ * reached a node that was then lost. */
+int sx__rcl_send(rreq *q, const char *buf, size_t len, const char *key, size_t klen,
+                 int write);
+/* Subscribe to the shard channels and every master's keyspace events. */
+void sx__rcl_watch(redis_backend *rb);
+/* The map may be stale (an op timed out): look again soon. */
+void sx__rcl_suspect(redis_backend *rb);
+/* The index piece and the event channel of a segment name's shard. */
+unsigned sx__rcl_shard_of(const char *name);
+void sx__rcl_index_key(const redis_backend *rb, unsigned shard, char *dst, size_t size);
+void sx__rcl_channel(const redis_backend *rb, unsigned shard, char *dst, size_t size);
+
 /* redis_req.c (requests) --------------------------------------------------- */
 
 typedef int (*sx__redis_start_fn)(rreq *q);
@@ -220,6 +285,13 @@ struct rreq {
   uint8_t **values;
   sx_backend_item *items;
   size_t n_names;
+
+  /* Cluster: commands sent and replies handed on so far, and replies that
+   * came back ahead of an earlier command's (from another node), by the
+   * number of their command. */
+  uint32_t cl_sent, cl_next;
+  redisReply **cl_stash;
+  size_t cl_cap;
 };
 
 /* A new op on name (may be NULL); start sends its commands, on_reply takes
@@ -235,6 +307,8 @@ int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens);
 void sx__redis_q_finish(rreq *q, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void sx__redis_q_free(rreq *q);
+/* Free a finished op once no reply is outstanding. */
+void sx__redis_q_release(rreq *q);
 /* prefix + name + "}" into dst (sized for the longest prefix and name). */
 #define SX_REDIS_KEY_MAX (SX_NAME_MAX + SX_NS_MAX + 24)
 void sx__redis_key(char *dst, const char *prefix, const char *name, size_t nlen);
@@ -268,6 +342,16 @@ void sx__redis_session_fail(redis_backend *rb, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Close a context we own; safe inside its own callbacks. */
 void sx__redis_drop(redisAsyncContext **acp);
+/* The session is up: send what waited, tell on_conn. */
+void sx__redis_ready(redis_backend *rb);
+/* AUTH [user] password for the URL's credentials; its argument count. */
+int sx__redis_auth_argv(const redis_backend *rb, const char **argv);
+/* A refused AUTH: fail the session with SX_EAUTH, saying what to check. */
+void sx__redis_auth_fail(redis_backend *rb, const redisReply *r);
+/* An event message's payload, or a keyspace notification, to on_event. */
+void sx__redis_deliver_event(redis_backend *rb, const redisReply *payload);
+void sx__redis_deliver_expiry(redis_backend *rb, const redisReply *chan,
+                              const redisReply *what);
 
 
 #endif

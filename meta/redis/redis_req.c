@@ -28,6 +28,10 @@ void sx__redis_q_free(rreq *q) {
   free(q->names);
   free(q->values);
   free(q->items);
+  for (size_t i = 0; i < q->cl_cap; i++)
+    if (q->cl_stash[i] != NULL)
+      freeReplyObject(q->cl_stash[i]);
+  free(q->cl_stash);
   free(q);
 }
 
@@ -35,6 +39,8 @@ static void q_release(rreq *q) {
   if (q->done && q->outstanding == 0)
     sx__redis_q_free(q);
 }
+
+void sx__redis_q_release(rreq *q) { q_release(q); }
 
 static void q_unlink(rreq *q) {
   redis_backend *rb = q->rb;
@@ -87,9 +93,16 @@ static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
     vsnprintf(q->rep.message, sizeof(q->rep.message), fmt, ap);
   else if (status == 0)
     q->rep.message[0] = '\0';
+  /* The callback may close the backend, which drops the connections and
+   * so releases the ops whose replies are outstanding, this one too: hold
+   * it until the caller releases it.  rb itself lives until the loop has
+   * run its close callbacks. */
+  redis_backend *rb = q->rb;
+  q->outstanding++;
   q->cb(q->arg, &q->rep);
-  if (q->rb->head == NULL)
-    uv_timer_stop(&q->rb->op_timer);
+  q->outstanding--;
+  if (rb->head == NULL)
+    uv_timer_stop(&rb->op_timer);
 }
 
 void sx__redis_q_finish(rreq *q, int status, const char *fmt, ...) {
@@ -135,7 +148,7 @@ static char *resp_head(char *p, char kind, size_t n) {
  */
 int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
   redis_backend *rb = q->rb;
-  if (rb->state != RB_READY || rb->data == NULL)
+  if (rb->state != RB_READY || (rb->data == NULL && !rb->cluster))
     return sx__err(SX_EUNREACH, "%s: connection lost", rb->redacted);
   size_t al[16], total = 16;
   if (argc > 16)
@@ -155,7 +168,20 @@ int sx__redis_q_send(rreq *q, int argc, const char **argv, const size_t *lens) {
     *p++ = '\r';
     *p++ = '\n';
   }
-  int rc = redisAsyncFormattedCommand(rb->data, q_cb, q, buf, (size_t)(p - buf));
+  int rc;
+  if (rb->cluster) {
+    /* The key decides the node: a script's first key, else the first
+     * argument (every command segxfer sends names one key there). */
+    int script = strcmp(argv[0], "EVAL") == 0 || strcmp(argv[0], "EVALSHA") == 0;
+    int k = script && argc > 3 ? 3 : 1;
+    int write = script || strcmp(argv[0], "SPUBLISH") == 0;
+    rc = argc > k ? sx__rcl_send(q, buf, (size_t)(p - buf), argv[k], al[k], write)
+                  : sx__err(SX_EINVAL, "%s: %s: a command without a key", q->name, q->what);
+    if (buf != stack)
+      free(buf);
+    return rc;
+  }
+  rc = redisAsyncFormattedCommand(rb->data, q_cb, q, buf, (size_t)(p - buf));
   if (buf != stack)
     free(buf);
   if (rc != REDIS_OK)
@@ -258,6 +284,16 @@ static void op_timer_cb(uv_timer_t *t) {
       sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: not connected to %s within %u ms (timeout_ms)",
                q->name, q->what, rb->redacted, rb->base.url.timeout_ms);
       q_release(q);
+      continue;
+    }
+    if (rb->cluster) {
+      /* One node of several did not answer, or a slot had no master that
+       * long (a failover): fail the op, keep the others, look again. */
+      sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from the cluster %s within "
+                         "%u ms (timeout_ms)", q->name, q->what, rb->redacted,
+                         rb->base.url.timeout_ms);
+      q_release(q);
+      sx__rcl_suspect(rb);
       continue;
     }
     sx__redis_q_finish(q, SX_ETIMEDOUT, "%s: %s: no answer from %s:%d within %u ms (timeout_ms)",

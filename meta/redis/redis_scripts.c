@@ -4,7 +4,10 @@
  * Each touches only KEYS[1] (the segment hash, sx:NS:seg:{N}) and KEYS[2]
  * (the fence set, sx:NS:fence:{N}), which share the hash tag {N}, so a
  * script is atomic and valid in Redis Cluster.  The listing index lives in
- * another slot and is updated by the client with a separate command.
+ * another slot and is updated by the client with a separate command.  So
+ * does the event channel on a cluster (sharded pub/sub, another slot): there
+ * the channel argument is empty, the scripts publish nothing, and unpublish
+ * and removal hand the stored delete event back for the client to SPUBLISH.
  *
  * Times come from the server's TIME, so that lease ages do not depend on
  * client clocks.  Generations are compared as decimal strings (Lua numbers
@@ -24,7 +27,7 @@
   "local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))\n"
 
 /* Publish: ARGV = inc_hex, generation, value, lease_ms, takeover(0|1),
- * put_event, delete_event, channel, fence_ttl_ms.
+ * put_event, delete_event, channel ('' = do not publish), fence_ttl_ms.
  * Replies: {OK, now} | {FENCED} | {HELD, inc, age_ms, ttl_ms} |
  * {GENERATION, current}. */
 static const char publish_lua[] =
@@ -48,7 +51,7 @@ static const char publish_lua[] =
     "redis.call('HSET', KEYS[1], 'd', ARGV[3], 'inc', ARGV[1], 'gen', ARGV[2],\n"
     "           'pub', now, 'ren', now, 'lease', ARGV[4], 'xd', ARGV[7])\n"
     "redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
-    "redis.call('PUBLISH', ARGV[8], ARGV[6])\n"
+    "if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[8], ARGV[6]) end\n"
     "return {'OK', now}\n";
 
 /* Renew: ARGV = inc_hex, lease_ms.
@@ -66,8 +69,8 @@ static const char renew_lua[] =
     "redis.call('HSET', KEYS[1], 'ren', now, 'lease', ARGV[2])\n"
     "return {'OK', now}\n";
 
-/* Unpublish: ARGV = inc_hex, channel.
- * Replies: {OK} | {GONE} | {FENCED, holder_or_empty}. */
+/* Unpublish: ARGV = inc_hex, channel ('' = do not publish).
+ * Replies: {OK, delete_event_or_empty} | {GONE} | {FENCED, holder_or_empty}. */
 static const char unpublish_lua[] =
     "if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'FENCED', ''} end\n"
     "if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then\n"
@@ -77,12 +80,13 @@ static const char unpublish_lua[] =
     "local cur = redis.call('HMGET', KEYS[1], 'inc', 'xd')\n"
     "if cur[1] ~= ARGV[1] then return {'FENCED', cur[1] or ''} end\n"
     "redis.call('DEL', KEYS[1])\n"
-    "if cur[2] then redis.call('PUBLISH', ARGV[2], cur[2]) end\n"
-    "return {'OK'}\n";
+    "if cur[2] and ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], cur[2]) end\n"
+    "return {'OK', cur[2] or ''}\n";
 
-/* Admin removal: ARGV = channel, fence_ttl_ms.  Deletes whatever is stored
- * (also a value of the wrong type) and fences the holder's incarnation.
- * Replies: {OK, holder_or_empty} | {NOENT}. */
+/* Admin removal: ARGV = channel ('' = do not publish), fence_ttl_ms.
+ * Deletes whatever is stored (also a value of the wrong type) and fences
+ * the holder's incarnation.
+ * Replies: {OK, holder_or_empty, delete_event_or_empty} | {NOENT}. */
 static const char remove_lua[] =
     "local ty = redis.call('TYPE', KEYS[1]).ok\n"
     "if ty == 'none' then return {'NOENT'} end\n"
@@ -96,8 +100,8 @@ static const char remove_lua[] =
     "  redis.call('PEXPIRE', KEYS[2], ARGV[2])\n"
     "end\n"
     "redis.call('DEL', KEYS[1])\n"
-    "if ev then redis.call('PUBLISH', ARGV[1], ev) end\n"
-    "return {'OK', inc or ''}\n";
+    "if ev and ARGV[1] ~= '' then redis.call('PUBLISH', ARGV[1], ev) end\n"
+    "return {'OK', inc or '', ev or ''}\n";
 
 const char *const sx__redis_scripts[SX_SCRIPT_COUNT] = {
     [SX_SCRIPT_PUBLISH] = publish_lua,

@@ -31,7 +31,7 @@ void sx__redis_lost(redis_backend *rb, redisAsyncContext *ac) {
 
 /* ------------------------------------------------------------ events */
 
-static void deliver_event(redis_backend *rb, const redisReply *payload) {
+void sx__redis_deliver_event(redis_backend *rb, const redisReply *payload) {
   sx_event ev;
   if (payload->type != REDIS_REPLY_STRING || payload->len > 4096)
     return;
@@ -43,8 +43,8 @@ static void deliver_event(redis_backend *rb, const redisReply *payload) {
 }
 
 /* "__keyspace@DB__:sx:NS:seg:{NAME}" with message "expired". */
-static void deliver_expiry(redis_backend *rb, const redisReply *chan,
-                           const redisReply *what) {
+void sx__redis_deliver_expiry(redis_backend *rb, const redisReply *chan,
+                              const redisReply *what) {
   sx_event ev;
   memset(&ev, 0, sizeof(ev));
   ev.kind = SX_EVENT_EXPIRED;
@@ -94,13 +94,13 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
         maybe_ready(rb);
     }
   } else if (strcmp(kind, "message") == 0 && r->elements == 3) {
-    deliver_event(rb, r->element[2]);
+    sx__redis_deliver_event(rb, r->element[2]);
   } else if (strcmp(kind, "pmessage") == 0 && r->elements == 4) {
-    deliver_expiry(rb, r->element[2], r->element[3]);
+    sx__redis_deliver_expiry(rb, r->element[2], r->element[3]);
   }
 }
 
-static void auth_fail(redis_backend *rb, const redisReply *r) {
+void sx__redis_auth_fail(redis_backend *rb, const redisReply *r) {
   char text[160];
   sx__redis_scrub(text, sizeof(text), r->str, r->len, rb->base.url.password);
   if (rb->base.url.has_password)
@@ -121,7 +121,7 @@ static void sub_auth_cb(redisAsyncContext *ac, void *reply, void *priv) {
   if (r == NULL)
     sx__redis_lost(rb, ac);
   else if (r->type == REDIS_REPLY_ERROR)
-    auth_fail(rb, r);
+    sx__redis_auth_fail(rb, r);
 }
 
 static void sub_on_connect(const redisAsyncContext *cac, int status) {
@@ -142,7 +142,7 @@ static void sub_on_disconnect(const redisAsyncContext *cac, int status) {
     sx__redis_lost(rb, ac);
 }
 
-static int auth_argv(redis_backend *rb, const char **argv) {
+int sx__redis_auth_argv(const redis_backend *rb, const char **argv) {
   int n = 0;
   argv[n++] = "AUTH";
   if (rb->base.url.user[0])
@@ -162,7 +162,7 @@ static void sub_connect(redis_backend *rb) {
   }
   if (rb->base.url.has_password) {
     const char *argv[3];
-    int n = auth_argv(rb, argv);
+    int n = sx__redis_auth_argv(rb, argv);
     redisAsyncCommandArgv(rb->sub, sub_auth_cb, NULL, n, argv, NULL);
   }
   const char *s[] = {"SUBSCRIBE", rb->channel};
@@ -176,7 +176,7 @@ static void sub_connect(redis_backend *rb) {
 
 enum { HS_AUTH = 100, HS_SELECT, HS_ROLE, HS_SCRIPT };
 
-static void ready(redis_backend *rb) {
+void sx__redis_ready(redis_backend *rb) {
   rb->state = RB_READY;
   uv_timer_stop(&rb->conn_timer);
   rb->backoff_ms = 0;
@@ -194,7 +194,7 @@ static void ready(redis_backend *rb) {
 static void maybe_ready(redis_backend *rb) {
   if (rb->state == RB_CONNECTING && rb->hs_left == 0 &&
       (!rb->watching || (rb->sub != NULL && rb->sub_left == 0)))
-    ready(rb);
+    sx__redis_ready(rb);
 }
 
 static void hs_cb(redisAsyncContext *ac, void *reply, void *priv) {
@@ -219,7 +219,7 @@ static void hs_cb(redisAsyncContext *ac, void *reply, void *priv) {
   }
   if (r->type == REDIS_REPLY_ERROR) {
     if (step == HS_AUTH || sx__redis_map_error(r) == SX_EAUTH) {
-      auth_fail(rb, r);
+      sx__redis_auth_fail(rb, r);
       return;
     }
     sx__redis_describe(r, desc, sizeof(desc));
@@ -291,7 +291,7 @@ void sx__redis_master_resolved(redis_backend *rb) {
    * connect deadline covers it all. */
   if (rb->base.url.has_password) {
     const char *argv[3];
-    int n = auth_argv(rb, argv);
+    int n = sx__redis_auth_argv(rb, argv);
     hs_send(rb, HS_AUTH, n, argv);
   }
   if (rb->base.url.db != 0) {
@@ -313,6 +313,11 @@ void sx__redis_master_resolved(redis_backend *rb) {
 }
 
 static void session_start(redis_backend *rb) {
+  if (rb->cluster) {
+    rb->state = RB_CONNECTING;
+    sx__rcl_start(rb);
+    return;
+  }
   if (rb->sentinel) {
     rb->state = RB_RESOLVING;
     sx__redis_resolve(rb);
@@ -347,6 +352,8 @@ void sx__redis_session_fail(redis_backend *rb, int err, const char *fmt, ...) {
   uv_timer_stop(&rb->conn_timer);
   snprintf(rb->last_err, sizeof(rb->last_err), "%s", detail);
   sx__redis_fail_all(rb, err, msg);
+  if (rb->cluster)
+    sx__rcl_drop(rb);
   sx__redis_drop(&data);
   sx__redis_drop(&sub);
   sx__redis_drop(&sres);
@@ -395,6 +402,10 @@ int sx__redis_watch(sx_backend *b) {
   if (rb->watching)
     return 0;
   rb->watching = 1;
+  if (rb->cluster) {
+    sx__rcl_watch(rb);
+    return 0;
+  }
   /* Connected (or connecting) without events: add the subscription now.
    * Otherwise the next connect includes it. */
   if ((rb->state == RB_READY || rb->state == RB_CONNECTING) && rb->sub == NULL)
@@ -422,6 +433,8 @@ void sx__redis_close(sx_backend *b) {
   sx__redis_drop(&sub);
   sx__redis_drop(&sres);
   sx__redis_sentinel_close(rb);
+  sx__rcl_free(rb);
+  uv_close((uv_handle_t *)&rb->cl_timer, closed_cb);
   uv_close((uv_handle_t *)&rb->conn_timer, closed_cb);
   uv_close((uv_handle_t *)&rb->op_timer, closed_cb);
   uv_close((uv_handle_t *)&rb->swatch_timer, closed_cb);
@@ -429,7 +442,8 @@ void sx__redis_close(sx_backend *b) {
 
 int sx__redis_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *hooks,
                       sx_backend **out) {
-  if (strcmp(url->scheme, "redis") != 0 && strcmp(url->scheme, "redis+sentinel") != 0)
+  if (strcmp(url->scheme, "redis") != 0 && strcmp(url->scheme, "redis+sentinel") != 0 &&
+      strcmp(url->scheme, "redis+cluster") != 0)
     return sx__err(SX_EURL, "metadata URL: scheme %s is not redis", url->scheme);
   if (url->n_hosts < 1)
     return sx__err(SX_EURL, "metadata URL: no host");
@@ -442,6 +456,7 @@ int sx__redis_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *h
   if (hooks)
     rb->base.hooks = *hooks;
   rb->sentinel = strcmp(url->scheme, "redis+sentinel") == 0;
+  rb->cluster = strcmp(url->scheme, "redis+cluster") == 0;
   sx__url_redact(url, rb->redacted, sizeof(rb->redacted));
   snprintf(rb->seg_prefix, sizeof(rb->seg_prefix), "sx:%s:seg:{", url->ns);
   snprintf(rb->fence_prefix, sizeof(rb->fence_prefix), "sx:%s:fence:{", url->ns);
@@ -455,8 +470,9 @@ int sx__redis_open(uv_loop_t *loop, const sx_url *url, const sx_backend_hooks *h
   uv_timer_init(loop, &rb->conn_timer);
   uv_timer_init(loop, &rb->op_timer);
   uv_timer_init(loop, &rb->swatch_timer);
-  rb->conn_timer.data = rb->op_timer.data = rb->swatch_timer.data = rb;
-  rb->handles = 3;
+  uv_timer_init(loop, &rb->cl_timer);
+  rb->conn_timer.data = rb->op_timer.data = rb->swatch_timer.data = rb->cl_timer.data = rb;
+  rb->handles = 4;
   /* Connect from the loop, so hooks never run before open returns; ops
    * issued meanwhile wait for the connection. */
   rb->state = RB_STARTING;

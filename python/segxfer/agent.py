@@ -118,8 +118,8 @@ class Agent(Owned):
     """A transfer agent: its own thread, store connection and data plane.
 
     name          the segment name to publish (None: a reader only)
-    metadata_url  redis://..., redis+sentinel://..., etcd://... (default:
-                  $SX_METADATA_URL)
+    metadata_url  redis://..., redis+sentinel://..., redis+cluster://...,
+                  etcd://... (default: $SX_METADATA_URL)
     transports    "auto", or names among "tcp", "rdma", "cuda_ipc"
     fingerprint, tag, dtype, tp_rank, tp_size, pp_rank, pp_size, labels:
                   the published layout (readers check it against theirs)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # deploy/local-cluster.sh, end to end, under a prefix of its own:
 #   1. `demo` passes (cross-host verified reads, metrics, Sentinel failover,
-#      lease expiry) and leaves no namespace or process behind;
+#      lease expiry) and leaves no namespace or process behind, and so does
+#      `demo` with SXLC_STORE=cluster (a Redis Cluster, CLUSTER FAILOVER);
 #   2. an `up` that fails half way (SXLC_FAIL_AFTER=store) removes everything;
 #   3. an `up` stopped with SIGTERM half way removes everything;
 #   4. `down` removes leftovers (a namespace with a process in it) and can be
@@ -70,6 +71,21 @@ for want in "verified every byte: 200.0 MiB" "verified every byte: 64.0 MiB" \
   grep -q "$want" "$log" || fail "demo: no '$want' in its output"
 done
 nothing_left "after demo"
+
+# 1b. The demo on a Redis Cluster (deploy/redis-cluster) instead of Sentinel.
+echo "### demo, SXLC_STORE=cluster" >>"$log"
+mark=$(wc -l <"$log")
+SXLC_STORE=cluster timeout -k 10 300 "$script" demo >>"$log" 2>&1 ||
+  fail "cluster demo exited $?"
+tail -n +"$mark" "$log" >"$log.cluster"
+for want in "store: Redis Cluster" "verified every byte: 200.0 MiB" \
+            "takes over from 10.0.0.10:7001" \
+            "10.0.0.10:7001@17001 myself,slave" "verified every byte: 100.0 MiB" \
+            "prefill-1/tp0 gone" "removed every namespace and process"; do
+  grep -q "$want" "$log.cluster" || fail "cluster demo: no '$want' in its output"
+done
+rm -f "$log.cluster"
+nothing_left "after the cluster demo"
 
 # 2. A failed up removes what it made.
 echo "### up failing after the store" >>"$log"

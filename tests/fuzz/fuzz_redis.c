@@ -3,8 +3,9 @@
  * a stream of RESP bytes, read into replies by hiredis' own reader (as the
  * backend does); each reply then goes through every parser of ours: the
  * description and scrubbing for messages, error mapping, element access, a
- * segment's value (HMGET + PTTL), the publish script's HELD answer and a
- * keyspace expiry notification.  Nothing may crash, and what parses must
+ * segment's value (HMGET + PTTL), the publish script's HELD answer, a
+ * keyspace expiry notification, and a cluster's answers: MOVED/ASK errors
+ * and CLUSTER SLOTS and CLUSTER SHARDS maps (redis_slots.c).  Nothing may crash, and what parses must
  * hold up: names valid, strings NUL-terminated, values of the stated size.
  */
 #include <stdlib.h>
@@ -54,6 +55,27 @@ static void one(const redisReply *r, const redisReply *next) {
         sx_name_validate(name) != 0)
       abort();
   }
+  int ask, port;
+  unsigned slot;
+  char host[64];
+  if (sx__rcl_parse_redirect(r, &ask, &slot, host, sizeof(host), &port) == 0 &&
+      (slot >= SX_RCL_SLOTS || port < 1 || port > 65535 || strlen(host) >= sizeof(host)))
+    abort();
+  sx_rcl_range ranges[16];
+  size_t nr;
+  for (int shards = 0; shards < 2; shards++) {
+    int prc = shards ? sx__rcl_parse_shards(r, ranges, 16, &nr, buf, sizeof(buf))
+                     : sx__rcl_parse_slots(r, ranges, 16, &nr, buf, sizeof(buf));
+    if (prc != 0)
+      continue;
+    for (size_t k = 0; k < nr; k++)
+      if (ranges[k].first > ranges[k].last || ranges[k].last >= SX_RCL_SLOTS ||
+          ranges[k].port < 1 || ranges[k].port > 65535)
+        abort();
+    (void)sx__rcl_uncovered(ranges, nr, buf, sizeof(buf));
+  }
+  if (r->type == REDIS_REPLY_STRING || r->type == REDIS_REPLY_ERROR)
+    (void)sx__rcl_key_slot(r->str, r->len);
   uint64_t u;
   int64_t i64;
   if (r->type == REDIS_REPLY_STRING) {

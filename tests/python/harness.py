@@ -83,6 +83,74 @@ class RedisServer:
                 self.proc.wait()
 
 
+class RedisCluster:
+    """A Redis Cluster of 3 masters and 3 replicas on free loopback ports
+    (redis-server --cluster-enabled yes, joined by redis-cli --cluster
+    create --cluster-replicas 1), keyspace notifications on every node."""
+
+    def __init__(self, workdir):
+        exe, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if exe is None or cli is None:
+            raise Missing("redis-server/redis-cli are not installed (make deps)")
+        self.procs, self.ports = [], []
+        for _ in range(200):
+            if len(self.ports) == 6:
+                break
+            # A node also listens on port + 10000 (the cluster bus).
+            port = free_port()
+            if port > 55535:
+                continue
+            d = workdir / str(port)
+            d.mkdir()
+            proc = subprocess.Popen(
+                [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--notify-keyspace-events", "Kx",
+                 "--cluster-enabled", "yes", "--cluster-node-timeout", "1000",
+                 "--cluster-config-file", "nodes.conf", "--repl-diskless-sync-delay", "0",
+                 "--dir", str(d), "--logfile", str(d / "redis.log")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(50):
+                if _redis_pid(port) == proc.pid:
+                    self.procs.append(proc)
+                    self.ports.append(port)
+                    break
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            else:
+                proc.kill()
+                proc.wait()
+        if len(self.ports) < 6:
+            self.stop()
+            raise RuntimeError("could not start six redis-server cluster nodes")
+        out = subprocess.run(
+            [cli, "--cluster", "create", *["127.0.0.1:%d" % p for p in self.ports],
+             "--cluster-replicas", "1", "--cluster-yes"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        if out.returncode != 0:
+            self.stop()
+            raise RuntimeError("redis-cli --cluster create failed:\n" + out.stdout.decode())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            infos = [subprocess.run([cli, "-p", str(p), "cluster", "info"],
+                                    stdout=subprocess.PIPE).stdout for p in self.ports]
+            if all(b"cluster_state:ok" in i for i in infos):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("the cluster did not become ok")
+
+    def url(self, ns):
+        return "redis+cluster://%s?namespace=%s" % (
+            ",".join("127.0.0.1:%d" % p for p in self.ports), ns)
+
+    def stop(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 LAYERS, BLOCK_BYTES, TARGET_BLOCKS, READER_BLOCKS = 3, 4096, 32, 16
 LAYOUT = dict(fingerprint="pytest-llama/v1", tag="NHD", dtype="bf16")
 

@@ -212,7 +212,7 @@ static int register_live(sxt_redis *r) {
 
 static int start_server(sxt_redis *r) {
   char port[16], logfile[200], replicaof[16], acl[512], pass[200];
-  const char *argv[40];
+  const char *argv[56];
   int n = 0;
   snprintf(port, sizeof(port), "%d", r->port);
   snprintf(logfile, sizeof(logfile), "%s/redis.log", r->dir);
@@ -269,6 +269,20 @@ static int start_server(sxt_redis *r) {
          tok = strtok_r(NULL, " ", &save))
       argv[n++] = tok;
   }
+  if (r->opts.cluster) {
+    argv[n++] = "--cluster-enabled";
+    argv[n++] = "yes";
+    argv[n++] = "--cluster-config-file";
+    argv[n++] = "nodes.conf";
+    argv[n++] = "--cluster-node-timeout";
+    argv[n++] = "1000";
+    /* Replicas sync at once (not after the diskless delay of 5 s), and
+     * may take over however long their master was gone. */
+    argv[n++] = "--repl-diskless-sync-delay";
+    argv[n++] = "0";
+    argv[n++] = "--cluster-replica-validity-factor";
+    argv[n++] = "0";
+  }
   if (r->opts.replica_of) {
     snprintf(replicaof, sizeof(replicaof), "%d", r->opts.replica_of->port);
     argv[n++] = "--replicaof";
@@ -318,13 +332,35 @@ static int start_once(sxt_redis *r) {
   return spawn(r, argv);
 }
 
+/* Is 127.0.0.1:port free to bind? */
+static int port_free(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0)
+    close(fd);
+  return ok;
+}
+
+/* A cluster node also listens on its port + 10000 (the cluster bus): both
+ * must be free, so the port must be at most 55535. */
+static int node_port(const sxt_redis *r) {
+  for (int i = 0; r->opts.cluster && i < 200; i++) {
+    int p = sxt_free_port();
+    if (p > 0 && p <= 55535 && port_free(p + 10000))
+      return p;
+  }
+  return sxt_free_port();
+}
+
 /* Pick a port and start; retry with another port if the first was taken
  * between our probe and the server's bind (other tests run in parallel). */
 static int start_fresh(sxt_redis *r) {
   if (make_dir(r))
     return -1;
   for (int attempt = 0; attempt < 5; attempt++) {
-    r->port = sxt_free_port();
+    r->port = node_port(r);
     if (r->port > 0 && start_once(r) == 0)
       return 0;
   }

@@ -54,6 +54,9 @@ typedef struct sxt_redis_opts {
   /* Addresses to listen on (space-separated; default "127.0.0.1"), e.g.
    * also a veth address that agents in a network namespace reach. */
   const char *bind;
+  /* A Redis Cluster node (cluster-enabled, node timeout 1000 ms, its
+   * nodes.conf in its directory); redis_cluster_harness.h joins nodes. */
+  int cluster;
 } sxt_redis_opts;
 
 struct sxt_redis {

@@ -131,6 +131,13 @@ int sxt_stores_await(sxt_store *const *stores, size_t n, sxt_reply *const *repli
 int sxt_store_watch(sxt_store *s);
 /* Wait until on_watch has been reported at least count times. */
 int sxt_store_wait_watch(sxt_store *s, int count, uint32_t timeout_ms);
+/* With the server stopped (SIGSTOP) and a short timeout_ms: start two
+ * reads of name, the first of which closes the backend from its callback
+ * (its own command and the second read still outstanding); check that both
+ * end once (the first with SX_ETIMEDOUT, the second cancelled or timed
+ * out) and close s.  A regression test for ops released by a close they
+ * ran themselves. */
+void sxt_store_close_from_timed_out_op(sxt_store *s, const char *name);
 /* Wait until on_conn has reported up (or down) at least count times. */
 int sxt_store_wait_conn(sxt_store *s, int up, int count, uint32_t timeout_ms);
 
