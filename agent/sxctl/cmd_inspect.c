@@ -264,6 +264,20 @@ static void show_human(const sx_desc *d, const sx_store_lease *lease, int secret
          d->layout.fingerprint[0] ? d->layout.fingerprint : "-",
          d->layout.tag[0] ? d->layout.tag : "-", d->layout.dtype[0] ? d->layout.dtype : "-",
          d->layout.tp_rank, d->layout.tp_size, d->layout.pp_rank, d->layout.pp_size);
+  if (d->layout.layer_count)
+    printf("stage         layers %u-%u\n", d->layout.layer_first,
+           d->layout.layer_first + d->layout.layer_count - 1);
+  for (uint32_t i = 0; i < d->layout.n_blocks && i < SX_MAX_BLOCK_DESCS; i++) {
+    const sx_block_desc *b = &d->layout.blocks[i];
+    printf("%s", i ? "              " : "blocks        ");
+    if (b->order == SX_KV_MLA)
+      printf("group %u: %u tokens x %u x %s, MLA (no head split)\n", b->group, b->tokens,
+             b->head_dim, b->dtype);
+    else
+      printf("group %u: %u tokens x heads %u-%u of %u x %u x %s, %s\n", b->group, b->tokens,
+             b->head_first, b->head_first + b->head_count - 1, b->heads_total, b->head_dim,
+             b->dtype, sx_kv_order_name(b->order));
+  }
   labels_text(d, labels, sizeof(labels));
   printf("labels        %s\n", labels[0] ? labels : "-");
   sx_desc here;

@@ -57,12 +57,25 @@ MISMATCH_KINDS = {0: "none", 1: "fingerprint", 2: "layout_tag", 3: "dtype",
                   4: "missing_key", 5: "extra_key", 6: "block_bytes"}
 
 
+MAX_BLOCK_DESCS = 8
+KV_ORDERS = {"NHD": 1, "HND": 2, "MLA": 3}
+
+
+class BlockDesc(Structure):
+    _fields_ = [("group", c_uint32), ("order", c_int), ("tokens", c_uint32),
+                ("head_first", c_uint32), ("head_count", c_uint32),
+                ("heads_total", c_uint32), ("head_dim", c_uint32),
+                ("dtype", c_char * (TAG_MAX + 1)), ("slots", c_uint64)]
+
+
 class Layout(Structure):
     _fields_ = [("fingerprint", c_char * (FINGERPRINT_MAX + 1)),
                 ("tag", c_char * (TAG_MAX + 1)),
                 ("dtype", c_char * (TAG_MAX + 1)),
                 ("tp_rank", c_uint32), ("tp_size", c_uint32),
-                ("pp_rank", c_uint32), ("pp_size", c_uint32)]
+                ("pp_rank", c_uint32), ("pp_size", c_uint32),
+                ("layer_first", c_uint32), ("layer_count", c_uint32),
+                ("n_blocks", c_uint32), ("blocks", BlockDesc * MAX_BLOCK_DESCS)]
 
 
 class Label(Structure):
@@ -196,7 +209,7 @@ class AgentStatus(Structure):
 
 
 # Every mirrored struct, by its C name (the ABI test walks this).
-STRUCTS = {"sx_layout": Layout, "sx_label": Label, "sx_agent_params": AgentParams,
+STRUCTS = {"sx_layout": Layout, "sx_block_desc": BlockDesc, "sx_label": Label, "sx_agent_params": AgentParams,
            "sx_region_params": RegionParams, "sx_endpoint": Endpoint, "sx_region": Region,
            "sx_desc": Desc, "sx_mismatch": Mismatch, "sx_block_read": BlockRead,
            "sx_block_ids": BlockIds,

@@ -20,7 +20,13 @@ int main(void) {
   S(sx_layout);
   F(sx_layout, fingerprint); F(sx_layout, tag); F(sx_layout, dtype);
   F(sx_layout, tp_rank); F(sx_layout, tp_size); F(sx_layout, pp_rank);
-  F(sx_layout, pp_size);
+  F(sx_layout, pp_size); F(sx_layout, layer_first); F(sx_layout, layer_count);
+  F(sx_layout, n_blocks); F(sx_layout, blocks);
+  S(sx_block_desc);
+  F(sx_block_desc, group); F(sx_block_desc, order); F(sx_block_desc, tokens);
+  F(sx_block_desc, head_first); F(sx_block_desc, head_count);
+  F(sx_block_desc, heads_total); F(sx_block_desc, head_dim); F(sx_block_desc, dtype);
+  F(sx_block_desc, slots);
   S(sx_label);
   F(sx_label, key); F(sx_label, value);
   S(sx_agent_params);
