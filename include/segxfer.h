@@ -11,6 +11,7 @@
 #include "segxfer/errors.h"
 #include "segxfer/descriptor.h"
 #include "segxfer/layout.h"
+#include "segxfer/plan.h"
 #include "segxfer/store.h"
 #include "segxfer/agent.h"
 #include "segxfer/push.h"

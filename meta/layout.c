@@ -28,6 +28,22 @@ const char *sx_mismatch_kind_name(sx_mismatch_kind k) {
     return "extra_key";
   case SX_MISMATCH_BLOCK_BYTES:
     return "block_bytes";
+  case SX_MISMATCH_BLOCK_DESC:
+    return "block_desc";
+  case SX_MISMATCH_HEADS_TOTAL:
+    return "heads_total";
+  case SX_MISMATCH_HEAD_DIM:
+    return "head_dim";
+  case SX_MISMATCH_BLOCK_TOKENS:
+    return "block_tokens";
+  case SX_MISMATCH_ORDER:
+    return "order";
+  case SX_MISMATCH_HEADS_MISSING:
+    return "heads_missing";
+  case SX_MISMATCH_HEADS_OVERLAP:
+    return "heads_overlap";
+  case SX_MISMATCH_TP:
+    return "tp";
   }
   return "unknown";
 }

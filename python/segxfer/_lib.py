@@ -54,7 +54,9 @@ BATCH_STATES = {0: "NEW", 1: "RUNNING", 2: "COMPLETED", 3: "FAILED", 4: "TIMEOUT
 AGENT_STATES = {0: "UNPUBLISHED", 1: "PUBLISHED", 2: "RECLAIMING", 3: "FENCED"}
 LOG_LEVELS = {"error": 0, "warn": 1, "info": 2, "debug": 3}
 MISMATCH_KINDS = {0: "none", 1: "fingerprint", 2: "layout_tag", 3: "dtype",
-                  4: "missing_key", 5: "extra_key", 6: "block_bytes"}
+                  4: "missing_key", 5: "extra_key", 6: "block_bytes", 7: "block_desc",
+                  8: "heads_total", 9: "head_dim", 10: "block_tokens", 11: "order",
+                  12: "heads_missing", 13: "heads_overlap", 14: "tp"}
 
 
 MAX_BLOCK_DESCS = 8
