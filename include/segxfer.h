@@ -12,6 +12,7 @@
 #include "segxfer/descriptor.h"
 #include "segxfer/layout.h"
 #include "segxfer/plan.h"
+#include "segxfer/group.h"
 #include "segxfer/store.h"
 #include "segxfer/agent.h"
 #include "segxfer/push.h"
