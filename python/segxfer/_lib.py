@@ -202,6 +202,23 @@ class BatchResult(Structure):
                 ("transport", c_int), ("post_ns", c_uint64), ("transfer_ns", c_uint64)]
 
 
+class GroupParams(Structure):
+    _fields_ = [("names", POINTER(c_char_p)), ("n_names", c_uint32), ("engine", c_char_p),
+                ("tp_size", c_uint32), ("timeout_ms", c_uint32), ("flags", c_uint)]
+
+
+class GroupResult(Structure):
+    _fields_ = [("state", c_int), ("error", c_int), ("message", c_char * 256),
+                ("bytes", c_uint64), ("n_ranges", c_uint32), ("members", c_uint32),
+                ("n_failed", c_uint32), ("failed", POINTER(c_uint64)),
+                ("transfer_ns", c_uint64)]
+
+
+class PlanInfo(Structure):
+    _fields_ = [("members", c_uint32), ("used", c_uint32), ("groups", c_uint32),
+                ("pieces", c_uint32), ("whole", c_uint32)]
+
+
 class AgentStatus(Structure):
     _fields_ = [("state", c_int), ("generation", c_uint64), ("renewals", c_uint64),
                 ("renew_failures", c_uint64), ("republishes", c_uint64),
@@ -211,7 +228,9 @@ class AgentStatus(Structure):
 
 
 # Every mirrored struct, by its C name (the ABI test walks this).
-STRUCTS = {"sx_layout": Layout, "sx_block_desc": BlockDesc, "sx_label": Label, "sx_agent_params": AgentParams,
+STRUCTS = {"sx_layout": Layout, "sx_block_desc": BlockDesc,
+           "sx_group_params": GroupParams, "sx_group_result": GroupResult,
+           "sx_plan_info": PlanInfo, "sx_label": Label, "sx_agent_params": AgentParams,
            "sx_region_params": RegionParams, "sx_endpoint": Endpoint, "sx_region": Region,
            "sx_desc": Desc, "sx_mismatch": Mismatch, "sx_block_read": BlockRead,
            "sx_block_ids": BlockIds,
@@ -303,6 +322,18 @@ _PROTOS = {
     "sx_agent_notice_next": (c_int, [_P, c_int, POINTER(POINTER(Notice))]),
     "sx_agent_notice_fd": (c_int, [_P]),
     "sx_notice_free": (None, [POINTER(Notice)]),
+    "sx_group_params_init": (None, [POINTER(GroupParams)]),
+    "sx_group_open": (c_int, [_P, POINTER(GroupParams), POINTER(_P), POINTER(Mismatch)]),
+    "sx_group_close": (None, [_P]),
+    "sx_group_size": (c_uint32, [_P]),
+    "sx_group_segment": (_P, [_P, c_uint32]),
+    "sx_group_plan": (_P, [_P]),
+    "sx_group_read": (c_int, [_P, POINTER(c_uint64), c_size_t, POINTER(c_uint64), c_size_t,
+                              c_uint32, POINTER(GroupResult)]),
+    "sx_segment_plan": (c_int, [_P, c_uint, POINTER(_P), POINTER(Mismatch)]),
+    "sx_plan_free": (None, [_P]),
+    "sx_plan_text": (c_int, [_P, POINTER(c_void_p)]),
+    "sx_plan_info_get": (c_int, [_P, POINTER(PlanInfo)]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)

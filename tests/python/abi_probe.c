@@ -22,6 +22,17 @@ int main(void) {
   F(sx_layout, tp_rank); F(sx_layout, tp_size); F(sx_layout, pp_rank);
   F(sx_layout, pp_size); F(sx_layout, layer_first); F(sx_layout, layer_count);
   F(sx_layout, n_blocks); F(sx_layout, blocks);
+  S(sx_group_params);
+  F(sx_group_params, names); F(sx_group_params, n_names); F(sx_group_params, engine);
+  F(sx_group_params, tp_size); F(sx_group_params, timeout_ms); F(sx_group_params, flags);
+  S(sx_group_result);
+  F(sx_group_result, state); F(sx_group_result, error); F(sx_group_result, message);
+  F(sx_group_result, bytes); F(sx_group_result, n_ranges); F(sx_group_result, members);
+  F(sx_group_result, n_failed); F(sx_group_result, failed);
+  F(sx_group_result, transfer_ns);
+  S(sx_plan_info);
+  F(sx_plan_info, members); F(sx_plan_info, used); F(sx_plan_info, groups);
+  F(sx_plan_info, pieces); F(sx_plan_info, whole);
   S(sx_block_desc);
   F(sx_block_desc, group); F(sx_block_desc, order); F(sx_block_desc, tokens);
   F(sx_block_desc, head_first); F(sx_block_desc, head_count);
