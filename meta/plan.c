@@ -393,11 +393,12 @@ int sx_layout_plan(const sx_desc *local, const sx_desc *const *remotes, uint32_t
   int rc = set_check(local, remotes, n, flags, mismatch);
   if (rc)
     return rc;
-  /* Groups: one per description, one per group's undescribed slots. */
-  uint32_t max_groups = SX__PLAN_GROUPS;
+  /* Groups: one per description, one per group's undescribed slots (at
+   * most one per local region). */
+  uint32_t max_groups = SX_MAX_BLOCK_DESCS + local->n_regions;
   sx_plan *p = calloc(1, sizeof(*p));
   if (p == NULL || (p->names = calloc(n, sizeof(*p->names))) == NULL ||
-      (p->rdesc = calloc((size_t)n * max_groups, sizeof(*p->rdesc))) == NULL ||
+      (p->rdesc = calloc((size_t)n * SX__PLAN_GROUPS, sizeof(*p->rdesc))) == NULL ||
       (p->groups = calloc(max_groups, sizeof(*p->groups))) == NULL ||
       (p->keys = calloc(local->n_regions ? local->n_regions : 1, sizeof(*p->keys))) == NULL) {
     plan_free(p);
@@ -414,11 +415,6 @@ int sx_layout_plan(const sx_desc *local, const sx_desc *const *remotes, uint32_t
     const sx_region *L = &local->regions[i];
     int pg = find_pg(p, L->group, L->slot);
     if (pg < 0) {
-      if (p->n_groups == max_groups) {
-        rc = sx__err(SX_ELIMIT, "sx_layout_plan: more than %u undescribed groups",
-                     SX_MAX_BLOCK_DESCS);
-        break;
-      }
       const sx_block_desc *b = sx__block_desc(l, L->group);
       uint64_t slots = b ? ~sx__block_slots(b) : ~0ull;
       if ((rc = plan_whole(p, local, L->group, slots, remotes, n, mismatch)))

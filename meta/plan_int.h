@@ -37,9 +37,9 @@ typedef struct sx__pkey {
   uint32_t group, slot, layer_first, layer_count, pg;
 } sx__pkey;
 
-/* Planned groups at most: one per description, one per group's slots no
- * description covers. */
-#define SX__PLAN_GROUPS (2 * SX_MAX_BLOCK_DESCS)
+/* Member descriptions kept per member: described groups come first in
+ * the plan's groups, so their index is below SX_MAX_BLOCK_DESCS. */
+#define SX__PLAN_GROUPS SX_MAX_BLOCK_DESCS
 
 struct sx_plan {
   uint32_t n_members;

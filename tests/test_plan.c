@@ -496,6 +496,27 @@ static void test_plan_bad_arguments_and_limits(void **state) {
   sx_desc_free(&c);
 }
 
+/* Many undescribed groups plan as many whole groups (one per group). */
+static void test_plan_many_undescribed_groups(void **state) {
+  (void)state;
+  sx_desc a;
+  sxt_desc_kv(&a, "decode-0", 2, 1, 4096, 8, 0);
+  for (uint32_t i = 0; i < a.n_regions; i++)
+    a.regions[i].group = i / 2 * 1000; /* 2 layers x K,V: groups 0 and 1000 */
+  for (uint32_t i = 0; i < a.n_regions; i++)
+    a.regions[i].layer_first = i % 2;
+  sxt_ok(sx_desc_validate(&a));
+  const sx_desc *rd[1] = {&a};
+  sx_plan *p;
+  sxt_ok(sx_layout_plan(&a, rd, 1, 0, &p, NULL));
+  sx_plan_info info;
+  sxt_ok(sx_plan_info_get(p, &info));
+  assert_int_equal(info.whole, 1);
+  assert_true(info.groups >= 2);
+  sx_plan_free(p);
+  sx_desc_free(&a);
+}
+
 static int count_range(void *arg, const sx__prange *r) {
   (void)r;
   (*(int *)arg)++;
@@ -576,6 +597,7 @@ int main(void) {
       cmocka_unit_test(test_plan_undescribed_layouts_read_whole_blocks),
       cmocka_unit_test(test_plan_refusals_name_the_first_misfit),
       cmocka_unit_test(test_plan_bad_arguments_and_limits),
+      cmocka_unit_test(test_plan_many_undescribed_groups),
       cmocka_unit_test(test_plan_expand_checks_every_block_first),
       cmocka_unit_test(test_plan_text_says_which_heads_come_from_where),
   };
