@@ -17,6 +17,7 @@
 
 #include "agent_int.h"
 #include "plan_int.h"
+#include "push_int.h"
 #include "segxfer/group.h"
 
 struct sx_group {
@@ -25,6 +26,13 @@ struct sx_group {
   sx_segment **segs;
   sx_plan *plan;
   uint64_t *failed;
+  /* Staging buffers per member, kept from read to read: a fresh one would
+   * be page-faulted in on every read. */
+  uint8_t **stage;
+  uint64_t *stage_cap;
+  /* The staging buffers as local regions of no transport (TCP reads need
+   * none), so ranges into them say where they land: host memory. */
+  sx_lregion *stage_l;
 };
 
 void sx_group_params_init(sx_group_params *p) {
@@ -46,6 +54,11 @@ void sx_group_close(sx_group *g) {
   for (uint32_t i = 0; i < g->n; i++)
     sx_segment_close(g->segs[i]);
   sx_plan_free(g->plan);
+  for (uint32_t i = 0; g->stage && i < g->n; i++)
+    free(g->stage[i]);
+  free(g->stage);
+  free(g->stage_cap);
+  free(g->stage_l);
   free(g->segs);
   free(g->failed);
   free(g);
@@ -83,7 +96,12 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
   if (mismatch != NULL)
     memset(mismatch, 0, sizeof(*mismatch));
   sx_group *g = calloc(1, sizeof(*g));
-  if (g == NULL || (g->segs = calloc(n, sizeof(*g->segs))) == NULL) {
+  if (g == NULL || (g->segs = calloc(n, sizeof(*g->segs))) == NULL ||
+      (g->stage = calloc(n, sizeof(*g->stage))) == NULL ||
+      (g->stage_cap = calloc(n, sizeof(*g->stage_cap))) == NULL ||
+      (g->stage_l = calloc(n, sizeof(*g->stage_l))) == NULL) {
+    if (g)
+      free(g->segs), free(g->stage), free(g->stage_cap);
     free(g);
     return sx__err(SX_ENOMEM, "sx_group_open");
   }
@@ -124,37 +142,142 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
 
 /* ------------------------------------------------------------ reading */
 
-/* One member's entries: ranges and the local block index of each. */
+/*
+ * What one member gives, collected from the expansion: pieces (remote
+ * region and offset, local address, length, the local block they fill),
+ * and the same pieces grouped into runs that are contiguous on the remote
+ * side.  A token-major cache split by heads cuts a piece per token, while
+ * the remote rank's blocks are whole: over TCP into host memory those runs
+ * are read into a staging buffer with one request each and scattered
+ * here, which costs a memcpy instead of a request per piece.  RDMA and
+ * device memory read the pieces directly.
+ */
+typedef struct piece {
+  uint32_t region, block;
+  uint64_t roff, laddr, len;
+} piece;
+
+typedef struct span {
+  uint32_t region;
+  uint64_t roff, soff, len;
+  uint32_t first, n; /* its pieces */
+} span;
+
 typedef struct mlist {
-  sx_range_read *r;
-  uint32_t *block;
-  size_t n, cap;
+  piece *p;
+  size_t np, capp;
+  span *s;
+  size_t ns, caps;
+  uint64_t bytes;
+  int staged;
+  uint8_t *stage; /* the group's */
+  const sx_lregion *stage_l;
 } mlist;
 
-typedef struct collect {
-  mlist *m;
-} collect;
+/* The most a member's read stages (beyond it, pieces are read directly). */
+#define STAGE_MAX ((uint64_t)256 << 20)
+
+static int grow(void **v, size_t *cap, size_t n, size_t size) {
+  if (n < *cap)
+    return 0;
+  size_t c = *cap ? *cap * 2 : 256;
+  void *nv = realloc(*v, c * size);
+  if (nv == NULL)
+    return sx__err(SX_ENOMEM, "expanding a plan");
+  *v = nv;
+  *cap = c;
+  return 0;
+}
 
 static int collect_range(void *arg, const sx__prange *pr) {
-  collect *c = arg;
-  mlist *l = &c->m[pr->member];
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 256;
-    sx_range_read *r = realloc(l->r, cap * sizeof(*r));
-    if (r == NULL)
-      return sx__err(SX_ENOMEM, "expanding a plan");
-    l->r = r;
-    uint32_t *b = realloc(l->block, cap * sizeof(*b));
-    if (b == NULL)
-      return sx__err(SX_ENOMEM, "expanding a plan");
-    l->block = b;
-    l->cap = cap;
+  mlist *l = &((mlist *)arg)[pr->member];
+  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
+    return SX_ENOMEM;
+  l->p[l->np] = (piece){pr->R->id, pr->block, pr->roff, pr->laddr, pr->len};
+  span *last = l->ns ? &l->s[l->ns - 1] : NULL;
+  if (last && last->region == pr->R->id && last->roff + last->len == pr->roff) {
+    last->len += pr->len;
+    last->n++;
+  } else {
+    if (grow((void **)&l->s, &l->caps, l->ns, sizeof(span)))
+      return SX_ENOMEM;
+    l->s[l->ns++] = (span){pr->R->id, pr->roff, l->bytes, pr->len, (uint32_t)l->np, 1};
   }
-  l->r[l->n] = (sx_range_read){.local = (void *)(uintptr_t)pr->laddr,
-                               .remote_region = pr->R->id, .offset = pr->roff,
-                               .length = pr->len};
-  l->block[l->n++] = pr->block;
+  l->bytes += pr->len;
+  l->np++;
   return 0;
+}
+
+static void mlist_free(mlist *l) {
+  free(l->p);
+  free(l->s);
+}
+
+/* Member i's staging buffer of at least bytes, or NULL. */
+static uint8_t *stage_get(sx_group *g, uint32_t i, uint64_t bytes) {
+  if (g->stage_cap[i] < bytes) {
+    free(g->stage[i]);
+    g->stage_cap[i] = 0;
+    if ((g->stage[i] = malloc(bytes)) == NULL)
+      return NULL;
+    g->stage_cap[i] = bytes;
+    sx_region *r = &g->stage_l[i].r;
+    r->addr = (uint64_t)(uintptr_t)g->stage[i];
+    r->length = r->block_bytes = r->block_stride = bytes;
+    r->num_blocks = r->layer_count = 1;
+    g->stage_l[i].mem = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
+  }
+  return g->stage[i];
+}
+
+/* Are all of the agent's local regions host memory? */
+static int local_on_host(const sx_desc *local) {
+  for (uint32_t i = 0; i < local->n_regions; i++)
+    if (strcmp(local->regions[i].location, "cpu") != 0)
+      return 0;
+  return 1;
+}
+
+/* The batch entries of member l: spans into its staging buffer, or pieces. */
+static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
+  if (l->staged) {
+    struct sx__plan *plan;
+    sx__pbatch *pb;
+    int rc = sx__batch_entries(b, 0, "sx_group_read", &plan, &pb);
+    for (size_t i = 0; i < l->ns && rc == 0; i++) {
+      const sx_region *R = sx__rindex_id(&seg->ix, l->s[i].region);
+      rc = R ? sx__plan_add_xfer(plan, R, l->stage_l, l->s[i].roff, l->stage + l->s[i].soff,
+                                 l->s[i].len)
+             : sx__err(SX_ENOREGION, "no remote region %u", l->s[i].region);
+    }
+    return rc;
+  }
+  size_t n = l->np;
+  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "sx_group_read");
+  for (size_t i = 0; i < n; i++)
+    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].region, l->p[i].roff,
+                           l->p[i].len};
+  int rc = sx_batch_add_ranges(b, r, n);
+  free(r);
+  return rc;
+}
+
+static void mark(uint8_t *bad, uint32_t block) {
+  bad[block / 8] |= (uint8_t)(1u << (block % 8));
+}
+
+/* Mark the blocks of entry e of member l. */
+static void mark_entry(uint8_t *bad, const mlist *l, uint32_t e) {
+  if (!l->staged) {
+    if (e < l->np)
+      mark(bad, l->p[e].block);
+    return;
+  }
+  if (e < l->ns)
+    for (uint32_t k = 0; k < l->s[e].n; k++)
+      mark(bad, l->p[l->s[e].first + k].block);
 }
 
 static int state_rank(sx_batch_state s) {
@@ -185,18 +308,24 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
   /* The local snapshot has every region the plan's keys name, or the
    * expansion refuses: a region unregistered since the open is never
    * written through an old address. */
-  collect c = {m};
-  rc = sx__plan_expand(g->plan, &local, rd, g->n, rb, nr, lb, nl, collect_range, &c);
+  rc = sx__plan_expand(g->plan, &local, rd, g->n, rb, nr, lb, nl, collect_range, m);
+  int host = local_on_host(&local);
   sx_desc_free(&local);
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   if (timeout_ms)
     bp.timeout_ms = timeout_ms;
   for (uint32_t i = 0; i < g->n && rc == 0; i++) {
-    if (m[i].n == 0)
+    mlist *l = &m[i];
+    if (l->np == 0)
       continue;
+    /* Stage where it saves at least half of the requests. */
+    l->staged = host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
+                l->ns * 2 <= l->np && l->bytes <= STAGE_MAX &&
+                (l->stage = stage_get(g, i, l->bytes)) != NULL;
+    l->stage_l = &g->stage_l[i];
     if ((rc = sx_batch_create(g->segs[i], &bp, &b[i])) == 0 &&
-        (rc = sx_batch_add_ranges(b[i], m[i].r, m[i].n)) != 0)
+        (rc = add_entries(b[i], g->segs[i], l)) != 0)
       rc = sx__errwrap(rc, "%s", rd[i]->name);
   }
   sx_group_result res;
@@ -212,8 +341,8 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
       /* Not started: its blocks fail; the members already started run on. */
       sx_batch_destroy(b[i]);
       b[i] = NULL;
-      for (size_t k = 0; k < m[i].n; k++)
-        bad[m[i].block[k] / 8] |= (uint8_t)(1u << (m[i].block[k] % 8));
+      for (size_t k = 0; k < m[i].np; k++)
+        mark(bad, m[i].p[k].block);
       if (res.error == 0) {
         res.error = src;
         snprintf(res.message, sizeof(res.message), "%.60s: %.190s", rd[i]->name, sx_errmsg());
@@ -232,6 +361,7 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
     res.members++;
     res.bytes += r.bytes;
     res.n_ranges += r.n_ranges;
+    uint8_t *failed_span = NULL;
     if (r.state != SX_BATCH_COMPLETED) {
       if (state_rank(r.state) > state_rank(res.state))
         res.state = r.state;
@@ -241,18 +371,34 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
       }
       /* Entries are numbered from 0 in the order added (one add call). */
       for (uint32_t k = 0; k < r.n_failed; k++)
-        if (r.failed[k] < m[i].n)
-          bad[m[i].block[r.failed[k]] / 8] |= (uint8_t)(1u << (m[i].block[r.failed[k]] % 8));
+        mark_entry(bad, &m[i], r.failed[k]);
       if (r.n_failed == 0) /* no list (no memory for it): all of its blocks */
-        for (size_t k = 0; k < m[i].n; k++)
-          bad[m[i].block[k] / 8] |= (uint8_t)(1u << (m[i].block[k] % 8));
+        for (size_t k = 0; k < m[i].np; k++)
+          mark(bad, m[i].p[k].block);
+      if (m[i].staged && (failed_span = calloc(m[i].ns / 8 + 1, 1)) != NULL)
+        for (uint32_t k = 0; k < r.n_failed; k++)
+          if (r.failed[k] < m[i].ns)
+            failed_span[r.failed[k] / 8] |= (uint8_t)(1u << (r.failed[k] % 8));
     }
+    /* Scatter what arrived in the staging buffer (the batch has ended:
+     * nothing writes it any more). */
+    if (m[i].staged && (r.state == SX_BATCH_COMPLETED || failed_span != NULL))
+      for (size_t k = 0; k < m[i].ns; k++) {
+        if (failed_span && (failed_span[k / 8] >> (k % 8) & 1))
+          continue;
+        const span *sp = &m[i].s[k];
+        for (uint32_t q = 0; q < sp->n; q++) {
+          const piece *pc = &m[i].p[sp->first + q];
+          memcpy((void *)(uintptr_t)pc->laddr, m[i].stage + sp->soff + (pc->roff - sp->roff),
+                 pc->len);
+        }
+      }
+    free(failed_span);
   }
   res.transfer_ns = sx__mono_ns() - t0;
   for (uint32_t i = 0; i < g->n; i++) {
     sx_batch_destroy(b[i]);
-    free(m[i].r);
-    free(m[i].block);
+    mlist_free(&m[i]);
   }
   if (rc == 0) {
     uint32_t nf = 0;
