@@ -99,21 +99,30 @@ static const uint64_t LB[] = {5, 11, 2, 7, 13, 1, 8, 4}; /* and here */
 #define TOKENS 29
 
 typedef struct world {
+  int staged;
   char url[128];
   rank p[2], d;
 } world;
 
-static int setup(void **state) {
+static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
   world *w = calloc(1, sizeof(*w));
   sxt_mem_url(w->url, sizeof(w->url), "group");
-  rank_start(&w->p[0], w->url, "pf/tp0", SX_KV_HND, 8, 0, 2, 0, 2);
-  rank_start(&w->p[1], w->url, "pf/tp1", SX_KV_HND, 8, 2, 2, 1, 2);
+  w->staged = pre == SX_KV_NHD;
+  rank_start(&w->p[0], w->url, "pf/tp0", pre, pre_tokens, 0, 2, 0, 2);
+  rank_start(&w->p[1], w->url, "pf/tp1", pre, pre_tokens, 2, 2, 1, 2);
   fill(&w->p[0], RB, TOKENS);
   fill(&w->p[1], RB, TOKENS);
   rank_start(&w->d, w->url, NULL, SX_KV_NHD, 4, 0, HEADS, 0, 1);
   *state = w;
   return 0;
 }
+
+/* HND blocks of 8 tokens into NHD blocks of 4: pieces read directly. */
+static int setup(void **state) { return setup_orders(state, SX_KV_HND, 8); }
+
+/* NHD blocks of 8 into NHD blocks of 4: each rank's half of a token is a
+ * piece, but its whole block is contiguous remotely: read staged over TCP. */
+static int setup_staged(void **state) { return setup_orders(state, SX_KV_NHD, 8); }
 
 static int teardown(void **state) {
   world *w = *state;
@@ -139,7 +148,7 @@ static void expect_reference(const world *w) {
   }
 }
 
-static void test_group_tp2_hnd_into_tp1_nhd_by_engine_name(void **state) {
+static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   world *w = *state;
   sx_group_params gp;
   sx_group_params_init(&gp);
@@ -161,6 +170,12 @@ static void test_group_tp2_hnd_into_tp1_nhd_by_engine_name(void **state) {
   assert_int_equal(r.n_failed, 0);
   assert_int_equal(r.members, 2);
   assert_int_equal(r.bytes, 2ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
+  /* Staged: a request per remote block, layer and slot (16 per rank), not
+   * one per token piece (128 per rank). */
+  if (w->staged)
+    assert_true(r.n_ranges <= 32);
+  else
+    assert_true(r.n_ranges >= 256);
   expect_reference(w);
   /* Again into the same blocks: the same bytes (reads are idempotent). */
   sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
@@ -245,7 +260,11 @@ static void test_group_member_gone_fails_the_blocks_it_fed(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_group_tp2_hnd_into_tp1_nhd_by_engine_name, setup,
+      cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name,
+                                      setup_staged, teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed,
+                                      setup_staged, teardown),
+      cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_refuses_before_any_byte_moves, setup,
                                       teardown),
