@@ -162,6 +162,39 @@ static void test_layout_check_rejects_null(void **state) {
   sx_desc_free(&l);
 }
 
+/* Block descriptions: the same on both sides (or on one side only, an
+ * older peer) check as before; other heads at equal block_bytes do not. */
+static void test_layout_check_block_descriptions(void **state) {
+  (void)state;
+  sx_desc l, r;
+  sx_mismatch m;
+  pair(&l, &r);
+  sx_block_desc b = {.order = SX_KV_HND, .tokens = 16, .head_first = 0, .head_count = 8,
+                     .heads_total = 16, .head_dim = 128};
+  strcpy(b.dtype, "bf16");
+  l.layout.n_blocks = 1;
+  l.layout.blocks[0] = b;
+  sxt_ok(sx_desc_validate(&l));
+  sxt_ok(sx_layout_check(&l, &r, 0, &m)); /* the remote describes nothing */
+  r.layout.n_blocks = 1;
+  r.layout.blocks[0] = b;
+  sxt_ok(sx_layout_check(&l, &r, 0, &m));
+  r.layout.blocks[0].head_first = 8; /* the other TP rank: same bytes, other heads */
+  sxt_ok(sx_desc_validate(&r));
+  sxt_rc(sx_layout_check(&l, &r, 0, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_BLOCK_DESC);
+  assert_string_equal(m.field, "block_desc");
+  assert_string_equal(m.local, "HND 16t h0-7/16 d128 bf16");
+  assert_string_equal(m.remote, "HND 16t h8-15/16 d128 bf16");
+  assert_non_null(strstr(m.message, "read plan"));
+  r.layout.blocks[0] = b;
+  r.layout.blocks[0].order = SX_KV_NHD;
+  sxt_rc(sx_layout_check(&l, &r, 0, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_BLOCK_DESC);
+  sx_desc_free(&l);
+  sx_desc_free(&r);
+}
+
 static void test_layout_json_roundtrip_through_layout_file(void **state) {
   (void)state;
   sx_desc d, back;
@@ -281,6 +314,7 @@ int main(void) {
       cmocka_unit_test(test_layout_check_extra_key),
       cmocka_unit_test(test_layout_check_reports_lowest_key_first),
       cmocka_unit_test(test_layout_check_rejects_null),
+      cmocka_unit_test(test_layout_check_block_descriptions),
       cmocka_unit_test(test_layout_json_roundtrip_through_layout_file),
       cmocka_unit_test(test_layout_parse_minimal_file_with_defaults),
       cmocka_unit_test(test_layout_parse_rejects_bad_files),
