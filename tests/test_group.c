@@ -148,8 +148,8 @@ static void expect_reference(const world *w) {
   }
 }
 
-static void test_group_tp2_into_tp1_by_engine_name(void **state) {
-  world *w = *state;
+/* The set of both prefill ranks, by engine name and tp size. */
+static sx_group *open_pf(const world *w) {
   sx_group_params gp;
   sx_group_params_init(&gp);
   gp.engine = "pf";
@@ -157,6 +157,13 @@ static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   sx_group *g;
   sx_mismatch m;
   sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
+  assert_int_equal(m.kind, SX_MISMATCH_NONE);
+  return g;
+}
+
+static void test_group_tp2_into_tp1_by_engine_name(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
   assert_int_equal(sx_group_size(g), 2);
   assert_string_equal(sx_segment_desc(sx_group_segment(g, 1))->name, "pf/tp1");
   assert_null(sx_group_segment(g, 2));
@@ -231,12 +238,7 @@ static void test_group_refuses_before_any_byte_moves(void **state) {
 
 static void test_group_member_gone_fails_the_blocks_it_fed(void **state) {
   world *w = *state;
-  sx_group_params gp;
-  sx_group_params_init(&gp);
-  gp.engine = "pf";
-  gp.tp_size = 2;
-  sx_group *g;
-  sxt_ok(sx_group_open(w->d.a, &gp, &g, NULL));
+  sx_group *g = open_pf(w);
   /* Rank 1 restarts between the open and the read (its process, and so
    * its listener and incarnation, are gone). */
   rank_stop(&w->p[1]);

@@ -96,6 +96,24 @@ static void side_free(side *s) {
   sx_desc_free(&s->d);
 }
 
+/* A TP=2 prefill: prefix/tp0 and prefix/tp1 holding count heads each of
+ * total, rank 1's right after rank 0's. */
+static void tp2_make(side r[2], const char *prefix, sx_kv_order order, uint32_t tokens,
+                     uint32_t count, uint32_t total) {
+  for (uint32_t i = 0; i < 2; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s/tp%u", prefix, i);
+    side_make(&r[i], name, order, tokens, order == SX_KV_MLA ? 0 : i * count, count, total, 8);
+    side_tp(&r[i], i, 2);
+  }
+}
+
+static void sides_free(side *l, side *r, uint32_t n) {
+  side_free(l);
+  for (uint32_t i = 0; i < n; i++)
+    side_free(&r[i]);
+}
+
 /* Write the request's tokens [0, n) into the blocks table[] of s. */
 static void fill(side *s, const uint64_t *table, uint32_t n) {
   for (uint32_t slot = 0; slot < 2; slot++)
@@ -174,33 +192,23 @@ static void test_plan_tp2_to_tp1_hnd_reads_head_slices(void **state) {
   (void)state;
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_HND, 16, 0, 8, 8, 8);
-  side_make(&r[0], "prefill-0/tp0", SX_KV_HND, 16, 0, 4, 8, 8);
-  side_make(&r[1], "prefill-0/tp1", SX_KV_HND, 16, 4, 4, 8, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "prefill-0", SX_KV_HND, 16, 4, 8);
   sx_plan_info info = run_case(&l, r, 2, RB, 4, LB, 4, 61);
   assert_int_equal(info.pieces, 2); /* one head slice per member */
   assert_int_equal(info.used, 2);
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 static void test_plan_tp2_to_tp1_nhd_reads_token_pieces(void **state) {
   (void)state;
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_NHD, 4, 0, 4, 4, 8);
-  side_make(&r[1], "prefill-0/tp1", SX_KV_NHD, 4, 2, 2, 4, 8);
-  side_make(&r[0], "prefill-0/tp0", SX_KV_NHD, 4, 0, 2, 4, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "prefill-0", SX_KV_NHD, 4, 2, 4);
   /* Members in any order: tp1 first. */
   side rev[2] = {r[1], r[0]};
   sx_plan_info info = run_case(&l, rev, 2, RB, 4, LB, 4, 13);
   assert_int_equal(info.pieces, 2 * 4); /* per member, one piece per token */
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 static void test_plan_tp1_to_tp2_reads_a_part_of_each_block(void **state) {
@@ -300,15 +308,10 @@ static void test_plan_everything_at_once(void **state) {
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_NHD, 8, 1, 2, 4, 8);
   side_tp(&l, 0, 1);
-  side_make(&r[0], "p/tp0", SX_KV_HND, 4, 0, 2, 4, 8);
-  side_make(&r[1], "p/tp1", SX_KV_HND, 4, 2, 2, 4, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "p", SX_KV_HND, 4, 2, 4);
   sx_plan_info info = run_case(&l, r, 2, RB, 4, LB, 2, 14);
   assert_int_equal(info.used, 2);
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 static void test_plan_mla_reads_whole_latents(void **state) {
@@ -316,16 +319,11 @@ static void test_plan_mla_reads_whole_latents(void **state) {
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_MLA, 16, 0, 1, 1, 8);
   side_tp(&l, 1, 2);
-  side_make(&r[0], "p/tp0", SX_KV_MLA, 32, 0, 1, 1, 8);
-  side_make(&r[1], "p/tp1", SX_KV_MLA, 32, 0, 1, 1, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "p", SX_KV_MLA, 32, 1, 1);
   sx_plan_info info = run_case(&l, r, 2, RB, 2, LB, 4, 60);
   assert_int_equal(info.pieces, 1);
   assert_int_equal(info.used, 1);
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 /* Layouts without descriptions plan as whole blocks, with the equal-layout
@@ -382,10 +380,7 @@ static void test_plan_refusals_name_the_first_misfit(void **state) {
   (void)state;
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_NHD, 16, 0, 8, 8, 8);
-  side_make(&r[0], "prefill-0/tp0", SX_KV_HND, 16, 0, 4, 8, 8);
-  side_make(&r[1], "prefill-0/tp1", SX_KV_HND, 16, 4, 4, 8, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "prefill-0", SX_KV_HND, 16, 4, 8);
   sx_block_desc keep = r[1].d.layout.blocks[0];
   sx_block_desc *b = &r[1].d.layout.blocks[0];
 
@@ -451,9 +446,7 @@ static void test_plan_refusals_name_the_first_misfit(void **state) {
   sx_plan *p;
   sxt_ok(sx_layout_plan(&l.d, rd, 2, SX_CHECK_IGNORE_FINGERPRINT, &p, NULL));
   sx_plan_free(p);
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 static void test_plan_bad_arguments_and_limits(void **state) {
@@ -562,10 +555,7 @@ static void test_plan_text_says_which_heads_come_from_where(void **state) {
   (void)state;
   side l, r[2];
   side_make(&l, "decode-0", SX_KV_HND, 16, 0, 8, 8, 8);
-  side_make(&r[0], "prefill-0/tp0", SX_KV_HND, 32, 0, 4, 8, 8);
-  side_make(&r[1], "prefill-0/tp1", SX_KV_HND, 32, 4, 4, 8, 8);
-  side_tp(&r[0], 0, 2);
-  side_tp(&r[1], 1, 2);
+  tp2_make(r, "prefill-0", SX_KV_HND, 32, 4, 8);
   const sx_desc *rd[2] = {&r[0].d, &r[1].d};
   sx_plan *p;
   char *text;
@@ -578,9 +568,7 @@ static void test_plan_text_says_which_heads_come_from_where(void **state) {
     fail_msg("plan text:\n%s", text);
   free(text);
   sx_plan_free(p);
-  side_free(&l);
-  side_free(&r[0]);
-  side_free(&r[1]);
+  sides_free(&l, r, 2);
 }
 
 int main(void) {

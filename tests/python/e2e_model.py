@@ -205,6 +205,14 @@ def say(obj):
     print(json.dumps(obj), flush=True)
 
 
+def say_error(e):
+    """Report a segxfer error (a layout mismatch with its kind and values);
+    the decode role's exit status for it."""
+    say({"error": type(e).__name__, "message": str(e), "kind": getattr(e, "kind", None),
+         "local": getattr(e, "local", None), "remote": getattr(e, "remote", None)})
+    return 3
+
+
 def run_prefill(args):
     import segxfer
     model = setup(args)
@@ -268,10 +276,7 @@ def run_decode_plan(args):
                     result = asyncio.run(g.read_blocks_async(remote, local, timeout=10))
                     transport = g.transport
             except segxfer.SegxferError as e:
-                say({"error": type(e).__name__, "message": str(e),
-                     "kind": getattr(e, "kind", None), "local": getattr(e, "local", None),
-                     "remote": getattr(e, "remote", None)})
-                return 3
+                return say_error(e)
             if not result.ok:
                 say({"error": result.state, "message": result.message,
                      "failed": result.failed})
@@ -312,10 +317,7 @@ def run_decode(args):
                     asyncio.run(pull(seg, remote, local))
                 transport = seg.transport
         except segxfer.SegxferError as e:
-            say({"error": type(e).__name__, "message": str(e),
-                 "kind": getattr(e, "kind", None), "local": getattr(e, "local", None),
-                 "remote": getattr(e, "remote", None)})
-            return 3
+            return say_error(e)
     tokens, logits = decode_steps(model, cache, list(local), manager, args.first_token,
                                   args.prompt_len, args.steps)
     torch.save({"tokens": tokens, "logits": logits}, args.out)
