@@ -11,6 +11,7 @@
  * process restarted: SX_ESTALE, a reset connection) fails its own entries,
  * which map back to the local blocks they were filling.
  */
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "plan_int.h"
 #include "push_int.h"
 #include "segxfer/group.h"
+#include "segxfer/store.h"
 
 struct sx_group {
   sx_agent *a;
@@ -85,14 +87,59 @@ int sx_segment_plan(sx_segment *s, unsigned flags, sx_plan **out, sx_mismatch *m
   return plan_members(s->a, &s, 1, flags, out, mismatch);
 }
 
+/* The live segment names matching pattern, sorted (the store lists them
+ * so), into names[] (owned by the caller: free each). */
+static int match_names(sx_agent *a, const char *pattern, char **names, uint32_t *n) {
+  sx_store *s;
+  sx_store_entry *e = NULL;
+  size_t ne = 0;
+  int rc = sx_store_open(a->url, &s);
+  if (rc)
+    return sx__errwrap(rc, "sx_group_open: listing segments for '%s'", pattern);
+  rc = sx_store_list(s, &e, &ne);
+  sx_store_close(s);
+  if (rc)
+    return sx__errwrap(rc, "sx_group_open: listing segments for '%s'", pattern);
+  uint32_t k = 0;
+  for (size_t i = 0; i < ne && rc == 0; i++) {
+    if (e[i].status != 0 || fnmatch(pattern, e[i].name, 0) != 0)
+      continue;
+    if (k == SX_PLAN_MAX_MEMBERS)
+      rc = sx__err(SX_ELIMIT, "sx_group_open: more than %d segments match '%s'",
+                   SX_PLAN_MAX_MEMBERS, pattern);
+    else if ((names[k++] = strdup(e[i].name)) == NULL)
+      rc = sx__err(SX_ENOMEM, "sx_group_open");
+  }
+  sx_store_entries_free(e, ne);
+  if (rc == 0 && k == 0)
+    rc = sx__err(SX_ENOENT, "sx_group_open: no live segment matches '%s'", pattern);
+  *n = k;
+  return rc;
+}
+
 int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
                   sx_mismatch *mismatch) {
   if (a == NULL || p == NULL || out == NULL)
     return sx__err(SX_EINVAL, "sx_group_open: NULL argument");
+  if (p->names == NULL && p->engine == NULL && p->pattern != NULL) {
+    char *found[SX_PLAN_MAX_MEMBERS] = {0};
+    uint32_t nf = 0;
+    int rc = match_names(a, p->pattern, found, &nf);
+    if (rc == 0) {
+      sx_group_params q = *p;
+      q.names = (const char *const *)found;
+      q.n_names = nf;
+      q.pattern = NULL;
+      rc = sx_group_open(a, &q, out, mismatch);
+    }
+    for (uint32_t i = 0; i < SX_PLAN_MAX_MEMBERS; i++)
+      free(found[i]);
+    return rc;
+  }
   uint32_t n = p->names ? p->n_names : p->tp_size;
   if (n == 0 || n > SX_PLAN_MAX_MEMBERS || (p->names == NULL && p->engine == NULL))
-    return sx__err(SX_EINVAL, "sx_group_open: give 1..%d names, or an engine and its "
-                   "tp_size", SX_PLAN_MAX_MEMBERS);
+    return sx__err(SX_EINVAL, "sx_group_open: give 1..%d names, an engine and its "
+                   "tp_size, or a pattern", SX_PLAN_MAX_MEMBERS);
   if (mismatch != NULL)
     memset(mismatch, 0, sizeof(*mismatch));
   sx_group *g = calloc(1, sizeof(*g));

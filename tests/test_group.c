@@ -164,6 +164,15 @@ static sx_group *open_pf(const world *w) {
 static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   world *w = *state;
   sx_group *g = open_pf(w);
+  /* The same set by pattern: the same members, in name order. */
+  sx_group_params gp;
+  sx_group_params_init(&gp);
+  gp.pattern = "pf/tp*";
+  sx_group *byp;
+  sxt_ok(sx_group_open(w->d.a, &gp, &byp, NULL));
+  assert_int_equal(sx_group_size(byp), 2);
+  assert_string_equal(sx_segment_desc(sx_group_segment(byp, 0))->name, "pf/tp0");
+  sx_group_close(byp);
   assert_int_equal(sx_group_size(g), 2);
   assert_string_equal(sx_segment_desc(sx_group_segment(g, 1))->name, "pf/tp1");
   assert_null(sx_group_segment(g, 2));
@@ -220,7 +229,17 @@ static void test_group_refuses_before_any_byte_moves(void **state) {
   gp.names = NULL;
   gp.tp_size = 0;
   sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINVAL);
+  /* By pattern: no live name matches; only rank 0 matches. */
+  gp.engine = NULL;
+  gp.pattern = "pf/nothing*";
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_ENOENT);
+  assert_non_null(strstr(sx_errmsg(), "pf/nothing*"));
+  gp.pattern = "pf/tp0*";
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_HEADS_MISSING);
+  gp.pattern = NULL;
   /* A block outside a region: nothing is sent. */
+  gp.engine = "pf";
   gp.tp_size = 2;
   sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
   uint64_t far[] = {9, BLOCKS};

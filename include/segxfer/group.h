@@ -40,6 +40,13 @@ typedef struct sx_group_params {
   /* How long to wait for every member to be published (default 5000). */
   uint32_t timeout_ms;
   unsigned flags; /* SX_CHECK_IGNORE_FINGERPRINT */
+  /* ...or by a glob pattern over the namespace's live segment names
+   * ("prefill-0/tp*"; '*' also matches '/'), used when names and engine
+   * are NULL: the names listed now (one store round trip on a connection
+   * of its own), sorted, at most SX_PLAN_MAX_MEMBERS.  A rank that is not
+   * published is then missing from the set, which the plan refuses
+   * (heads_missing) unless the others hold its heads. */
+  const char *pattern;
 } sx_group_params;
 
 SX_EXTERN void sx_group_params_init(sx_group_params *p);
@@ -48,8 +55,9 @@ SX_EXTERN void sx_group_params_init(sx_group_params *p);
  * Open every member (sx_segment_open, one deadline for all), plan the set
  * against this agent's layout and registered regions, and keep both.
  * Errors: SX_EINCOMPAT with the first misfit in *mismatch (may be NULL),
- * SX_ENOENT naming the member not published in time (a missing rank),
- * SX_EINVAL (no names, more than SX_PLAN_MAX_MEMBERS, a name too long),
+ * SX_ENOENT naming the member not published in time (a missing rank) or
+ * the pattern no live segment matches, SX_EINVAL (no names, more than
+ * SX_PLAN_MAX_MEMBERS, a name too long), store errors (pattern),
  * the open errors, SX_EBUSY on the agent thread.
  */
 SX_EXTERN int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,

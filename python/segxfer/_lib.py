@@ -204,7 +204,8 @@ class BatchResult(Structure):
 
 class GroupParams(Structure):
     _fields_ = [("names", POINTER(c_char_p)), ("n_names", c_uint32), ("engine", c_char_p),
-                ("tp_size", c_uint32), ("timeout_ms", c_uint32), ("flags", c_uint)]
+                ("tp_size", c_uint32), ("timeout_ms", c_uint32), ("flags", c_uint),
+                ("pattern", c_char_p)]
 
 
 class GroupResult(Structure):

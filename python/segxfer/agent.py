@@ -469,15 +469,16 @@ class Agent(Owned):
         published.  SX_ENOENT if it is not."""
         return Segment(self, name, timeout)
 
-    def open_group(self, names=None, *, engine=None, tp_size=None, timeout=5.0,
-                   ignore_fingerprint=False):
-        """Open a set of segments read as one: names, or the ranks
-        "<engine>/tp0".."<engine>/tp<tp_size-1>".  Planned at once against
+    def open_group(self, names=None, *, engine=None, tp_size=None, pattern=None,
+                   timeout=5.0, ignore_fingerprint=False):
+        """Open a set of segments read as one: names, the ranks
+        "<engine>/tp0".."<engine>/tp<tp_size-1>", or the live names matching
+        a glob pattern ("prefill-0/tp*").  Planned at once against
         this agent's layout and regions (register first); raises
         IncompatibleLayout (kind "heads_missing", "heads_overlap",
         "block_tokens", "tp", ...) or SX_ENOENT (a rank not published within
         timeout) before any byte moves.  See segxfer.Group."""
-        return Group(self, names, engine, tp_size, timeout, ignore_fingerprint)
+        return Group(self, names, engine, tp_size, timeout, ignore_fingerprint, pattern)
 
     # ------------------------------------------------------------ lifetime
 

@@ -145,7 +145,7 @@ class Group(Owned):
     SX_ENOENT for a rank not published) before any byte moves."""
 
     def __init__(self, agent, names=None, engine=None, tp_size=None, timeout=5.0,
-                 ignore_fingerprint=False):
+                 ignore_fingerprint=False, pattern=None):
         from .batch import _timeout_ms, _u32
         self.agent = agent
         p = _lib.new_struct(_lib.GroupParams)
@@ -164,8 +164,13 @@ class Group(Owned):
             keep.append(raw)
             p.engine, p.tp_size = raw, _u32(tp_size, "tp_size")
             self.names = ["%s/tp%d" % (engine, i) for i in range(int(tp_size))]
+        elif pattern is not None:
+            raw = str(pattern).encode()
+            keep.append(raw)
+            p.pattern = raw
+            self.names = [pattern]
         else:
-            raise invalid("open_group needs names, or engine and tp_size")
+            raise invalid("open_group needs names, engine and tp_size, or pattern")
         p.timeout_ms = _timeout_ms(timeout, "timeout")
         p.flags = _lib.CHECK_IGNORE_FINGERPRINT if ignore_fingerprint else 0
         out = ctypes.c_void_p()

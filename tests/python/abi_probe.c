@@ -25,6 +25,7 @@ int main(void) {
   S(sx_group_params);
   F(sx_group_params, names); F(sx_group_params, n_names); F(sx_group_params, engine);
   F(sx_group_params, tp_size); F(sx_group_params, timeout_ms); F(sx_group_params, flags);
+  F(sx_group_params, pattern);
   S(sx_group_result);
   F(sx_group_result, state); F(sx_group_result, error); F(sx_group_result, message);
   F(sx_group_result, bytes); F(sx_group_result, n_ranges); F(sx_group_result, members);

@@ -94,6 +94,8 @@ def test_group_reads_a_tp2_prefill_into_one_rank(url):
                 # Whole blocks arrived: positions past the request are the
                 # prefill side's zeros on both.
                 assert all(torch.equal(a, b) for a, b in zip(ref, cache))
+            with agent.open_group(pattern="pf/tp*") as g:
+                assert len(g) == 2 and g.read_blocks(remote, local).ok
             # One rank alone: a structured refusal.
             with pytest.raises(segxfer.IncompatibleLayout) as e:
                 agent.open_group(["pf/tp0"])
