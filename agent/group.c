@@ -121,6 +121,8 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
                   sx_mismatch *mismatch) {
   if (a == NULL || p == NULL || out == NULL)
     return sx__err(SX_EINVAL, "sx_group_open: NULL argument");
+  if (sx__on_loop(a))
+    return sx__err(SX_EBUSY, "sx_group_open waits: not from the agent thread (a callback)");
   if (p->names == NULL && p->engine == NULL && p->pattern != NULL) {
     char *found[SX_PLAN_MAX_MEMBERS] = {0};
     uint32_t nf = 0;
@@ -339,6 +341,9 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
     return sx__err(SX_EINVAL, "sx_group_read: NULL argument");
   if (nl > UINT32_MAX)
     return sx__err(SX_ELIMIT, "sx_group_read: %zu local blocks", nl);
+  /* It waits for its batches, which the agent thread ends. */
+  if (sx__on_loop(g->a))
+    return sx__err(SX_EBUSY, "sx_group_read waits: not from the agent thread (a callback)");
   const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
   mlist m[SX_PLAN_MAX_MEMBERS];
   sx_batch *b[SX_PLAN_MAX_MEMBERS] = {0};

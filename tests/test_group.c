@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "agent_fixture.h"
+#include "procs.h"
 #include "segxfer/group.h"
 
 #define LAYERS 2
@@ -200,6 +201,40 @@ static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   sx_group_close(g);
 }
 
+/* From the agent thread (an open callback), the waiting calls refuse. */
+typedef struct on_loop {
+  sx_group *g;
+  sx_agent *a;
+  int read_rc, open_rc, done;
+} on_loop;
+
+static void on_open(void *arg, int status, sx_segment *seg) {
+  on_loop *o = arg;
+  sx_group_result r;
+  sx_group_params gp;
+  sx_group *g = NULL;
+  sx_group_params_init(&gp);
+  gp.engine = "pf";
+  gp.tp_size = 2;
+  o->read_rc = sx_group_read(o->g, RB, 1, LB, 1, 1000, &r);
+  o->open_rc = sx_group_open(o->a, &gp, &g, NULL);
+  (void)status;
+  sx_segment_close(seg);
+  __atomic_store_n(&o->done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_group_refuses_on_the_agent_thread(void **state) {
+  world *w = *state;
+  on_loop o = {open_pf(w), w->d.a, 0, 0, 0};
+  sxt_ok(sx_segment_open_async(w->d.a, "pf/tp0", 1000, on_open, &o));
+  for (int i = 0; i < 500 && !__atomic_load_n(&o.done, __ATOMIC_ACQUIRE); i++)
+    sxt_sleep_ms(10);
+  assert_true(o.done);
+  assert_int_equal(o.read_rc, SX_EBUSY);
+  assert_int_equal(o.open_rc, SX_EBUSY);
+  sx_group_close(o.g);
+}
+
 static void test_group_refuses_before_any_byte_moves(void **state) {
   world *w = *state;
   sx_group_params gp;
@@ -288,6 +323,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_refuses_before_any_byte_moves, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_group_refuses_on_the_agent_thread, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed, setup,
                                       teardown),
