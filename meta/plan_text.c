@@ -70,13 +70,12 @@ static void member_words(text *t, const sx_plan *p, const sx__pgroup *g, uint32_
   const sx_block_desc *rb = &p->rdesc[(size_t)m * SX__PLAN_GROUPS + gi];
   const sx_block_desc *lb = &g->ldesc;
   uint32_t lo = UINT32_MAX, hi = 0, pieces = 0;
-  uint64_t bytes = 0, minp = UINT64_MAX, maxp = 0;
+  uint64_t minp = UINT64_MAX, maxp = 0;
   for (uint32_t q = 0; q < g->n; q++) {
     const sx__piece *pc = &p->pieces[g->first + q];
     if (pc->member != m)
       continue;
     pieces++;
-    bytes += pc->len;
     minp = pc->len < minp ? pc->len : minp;
     maxp = pc->len > maxp ? pc->len : maxp;
   }
