@@ -167,11 +167,13 @@ static int set_check(const sx_desc *local, const sx_desc *const *remotes, uint32
       return refuse(m, SX_MISMATCH_TP, "tp_size", 0, u32s(r0->tp_size, a),
                     u32s(r->tp_size, b), "the set mixes tp sizes: %s has %u, %s has %u",
                     remotes[0]->name, r0->tp_size, remotes[i]->name, r->tp_size);
+    /* A rank repeats within one pipeline stage (stages repeat ranks). */
     for (uint32_t j = 0; j < i && r->tp_size; j++)
-      if (remotes[j]->layout.tp_rank == r->tp_rank)
+      if (remotes[j]->layout.tp_rank == r->tp_rank && remotes[j]->layout.pp_rank == r->pp_rank)
         return refuse(m, SX_MISMATCH_TP, "tp_rank", 0, u32s(r->tp_rank, a),
-                      u32s(r->tp_rank, b), "tp rank %u of %u appears twice in the set: %s "
-                      "and %s", r->tp_rank, r->tp_size, remotes[j]->name, remotes[i]->name);
+                      u32s(r->tp_rank, b), "tp rank %u of %u (pp rank %u) appears twice in "
+                      "the set: %s and %s", r->tp_rank, r->tp_size, r->pp_rank,
+                      remotes[j]->name, remotes[i]->name);
   }
   return 0;
 }
@@ -224,7 +226,8 @@ static int group_descs(const sx_block_desc *lb, uint64_t slots, const sx_desc *c
  * the readers of a replicated set spread over it. */
 static int head_runs(const sx_block_desc *lb, uint32_t local_rank,
                      const sx_desc *const *remotes, const sx_block_desc *const *rbs,
-                     uint32_t n, hrun *runs, uint32_t *n_runs, sx_mismatch *m) {
+                     uint32_t n, uint64_t mask, const char *band, hrun *runs,
+                     uint32_t *n_runs, sx_mismatch *m) {
   char a[48], b[48];
   uint32_t g = lb->group;
   for (uint32_t i = 0; i < n; i++)
@@ -245,13 +248,14 @@ static int head_runs(const sx_block_desc *lb, uint32_t local_rank,
   while (h < end) {
     uint32_t holders[SX_PLAN_MAX_MEMBERS], nh = 0;
     for (uint32_t i = 0; i < n; i++)
-      if (h >= rbs[i]->head_first && h - rbs[i]->head_first < rbs[i]->head_count)
+      if ((mask >> i & 1) && h >= rbs[i]->head_first &&
+          h - rbs[i]->head_first < rbs[i]->head_count)
         holders[nh++] = i;
     if (nh == 0) {
       snprintf(a, sizeof(a), "%u", h);
       return refuse(m, SX_MISMATCH_HEADS_MISSING, "heads", g, a, "absent",
-                    "group %u: no segment of the set holds KV head %u (of %u): a rank is "
-                    "missing", g, h, lb->heads_total);
+                    "group %u%s: no segment of the set holds KV head %u (of %u): a rank is "
+                    "missing", g, band, h, lb->heads_total);
     }
     uint32_t mb = holders[local_rank % nh];
     uint32_t stop = rbs[mb]->head_first + rbs[mb]->head_count;
@@ -264,28 +268,51 @@ static int head_runs(const sx_block_desc *lb, uint32_t local_rank,
   return 0;
 }
 
+/* Room for one more planned group (and its members' descriptions). */
+static int more_groups(sx_plan *p) {
+  if (p->n_groups < p->cap_groups)
+    return 0;
+  uint32_t cap = p->cap_groups ? p->cap_groups * 2 : 8;
+  sx__pgroup *g = realloc(p->groups, cap * sizeof(*g));
+  if (g == NULL)
+    return sx__err(SX_ENOMEM, "planning");
+  p->groups = g;
+  sx_block_desc *r = realloc(p->rdesc, (size_t)cap * p->n_members * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "planning");
+  p->rdesc = r;
+  p->cap_groups = cap;
+  return 0;
+}
+
+/* A described group read from the members in mask (all of them, or those
+ * holding a pipeline stage's layers: band says which, for messages). */
 static int plan_group(sx_plan *p, const sx_desc *local, const sx_block_desc *lb,
-                      const sx_desc *const *remotes, uint32_t n, sx_mismatch *m) {
+                      const sx_desc *const *remotes, uint32_t n, uint64_t mask,
+                      const char *band, sx_mismatch *m) {
   const sx_block_desc *rbs[SX_PLAN_MAX_MEMBERS];
   hrun runs[SX_MAX_HEADS];
   uint32_t n_runs = 0;
   uint64_t slots = sx__block_slots(lb);
   int rc = group_descs(lb, slots, remotes, n, rbs, m);
   if (rc == 0)
-    rc = head_runs(lb, local->layout.tp_rank, remotes, rbs, n, runs, &n_runs, m);
+    rc = head_runs(lb, local->layout.tp_rank, remotes, rbs, n, mask, band, runs, &n_runs, m);
+  if (rc == 0)
+    rc = more_groups(p);
   if (rc)
     return rc;
   sx__pgroup *g = &p->groups[p->n_groups];
   memset(g, 0, sizeof(*g));
   g->group = lb->group;
   g->slots = slots;
+  g->mask = mask;
   g->ldesc = *lb;
   g->unit = lb->tokens < rbs[0]->tokens ? lb->tokens : rbs[0]->tokens;
   g->kl = lb->tokens / g->unit;
   g->kr = rbs[0]->tokens / g->unit;
   g->first = p->n_pieces;
   for (uint32_t i = 0; i < n; i++)
-    p->rdesc[(size_t)i * SX__PLAN_GROUPS + p->n_groups] = *rbs[i];
+    p->rdesc[(size_t)p->n_groups * n + i] = *rbs[i];
   if ((rc = make_pieces(p, g, lb, rbs, runs, n_runs)))
     return rc;
   g->n = p->n_pieces - g->first;
@@ -310,6 +337,10 @@ static int plan_whole(sx_plan *p, const sx_desc *local, uint32_t group, uint64_t
     return refuse(m, SX_MISMATCH_DTYPE, "dtype", group, l->dtype, r->dtype,
                   "dtype differs: local '%s', remote '%s'", l->dtype, r->dtype);
   (void)a;
+  int rc = more_groups(p);
+  if (rc)
+    return rc;
+  memset(&p->rdesc[(size_t)p->n_groups * n], 0, n * sizeof(*p->rdesc));
   sx__pgroup *g = &p->groups[p->n_groups++];
   memset(g, 0, sizeof(*g));
   g->group = group;
@@ -320,12 +351,85 @@ static int plan_whole(sx_plan *p, const sx_desc *local, uint32_t group, uint64_t
   return 0; /* the one piece depends on the key's block_bytes: see expand */
 }
 
-/* The pgroup covering (group, slot), or -1. */
-static int find_pg(const sx_plan *p, uint32_t group, uint32_t slot) {
-  for (uint32_t i = 0; i < p->n_groups; i++)
-    if (p->groups[i].group == group && (p->groups[i].slots >> slot & 1))
+/* The planned group covering (group, slot) from the members in mask
+ * (described) or whole, or -1. */
+static int find_pg(const sx_plan *p, uint32_t group, uint32_t slot, int whole, uint64_t mask) {
+  for (uint32_t i = 0; i < p->n_groups; i++) {
+    const sx__pgroup *g = &p->groups[i];
+    if (g->group == group && (g->slots >> slot & 1) && g->whole == whole &&
+        (whole || g->mask == mask))
       return (int)i;
+  }
   return -1;
+}
+
+/* The members holding (group, layer, slot). */
+static uint64_t layer_mask(const sx_desc *const *remotes, uint32_t n, uint32_t group,
+                           uint32_t layer, uint32_t slot) {
+  uint64_t mask = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if (sx_desc_find(remotes[i], group, layer, slot) != NULL)
+      mask |= 1ull << i;
+  return mask;
+}
+
+static int add_key(sx_plan *p, sx__pkey k) {
+  if (p->n_keys == p->cap_keys) {
+    uint32_t cap = p->cap_keys ? p->cap_keys * 2 : 16;
+    sx__pkey *v = realloc(p->keys, cap * sizeof(*v));
+    if (v == NULL)
+      return sx__err(SX_ENOMEM, "planning");
+    p->keys = v;
+    p->cap_keys = cap;
+  }
+  p->keys[p->n_keys++] = k;
+  return 0;
+}
+
+/*
+ * A described local region: its layers in bands over which the same
+ * members hold the layer (all of them, unless the set is split by pipeline
+ * stage), each band planned from those members.
+ */
+static int plan_region(sx_plan *p, const sx_desc *local, const sx_block_desc *lb,
+                       const sx_region *L, const sx_desc *const *remotes, uint32_t n,
+                       sx_mismatch *m) {
+  uint64_t layer = L->layer_first, end = (uint64_t)L->layer_first + L->layer_count;
+  uint64_t all = n == 64 ? ~0ull : (1ull << n) - 1;
+  char s[16];
+  while (layer < end) {
+    uint64_t mask = layer_mask(remotes, n, L->group, (uint32_t)layer, L->slot), stop = layer + 1;
+    while (stop < end && layer_mask(remotes, n, L->group, (uint32_t)stop, L->slot) == mask)
+      stop++;
+    if (mask == 0) {
+      sx_mismatch tmp;
+      if (m == NULL)
+        m = &tmp;
+      refuse(m, SX_MISMATCH_MISSING_KEY, "key", L->group, "present", "absent",
+             "key group %u layer %lu slot %s: local has it, no segment of the set does",
+             L->group, (unsigned long)layer, sx_slot_name(L->slot, s));
+      m->layer = (uint32_t)layer;
+      m->slot = L->slot;
+      return SX_EINCOMPAT;
+    }
+    int pg = find_pg(p, L->group, L->slot, 0, mask);
+    if (pg < 0) {
+      char band[48] = "";
+      if (mask != all)
+        snprintf(band, sizeof(band), " layers %lu-%lu", (unsigned long)layer,
+                 (unsigned long)stop - 1);
+      int rc = plan_group(p, local, lb, remotes, n, mask, band, m);
+      if (rc)
+        return rc;
+      pg = (int)p->n_groups - 1;
+    }
+    int rc = add_key(p, (sx__pkey){L->group, L->slot, (uint32_t)layer,
+                                   (uint32_t)(stop - layer), (uint32_t)pg});
+    if (rc)
+      return rc;
+    layer = stop;
+  }
+  return 0;
 }
 
 /* Members a group reads from. */
@@ -393,14 +497,8 @@ int sx_layout_plan(const sx_desc *local, const sx_desc *const *remotes, uint32_t
   int rc = set_check(local, remotes, n, flags, mismatch);
   if (rc)
     return rc;
-  /* Groups: one per description, one per group's undescribed slots (at
-   * most one per local region). */
-  uint32_t max_groups = SX_MAX_BLOCK_DESCS + local->n_regions;
   sx_plan *p = calloc(1, sizeof(*p));
-  if (p == NULL || (p->names = calloc(n, sizeof(*p->names))) == NULL ||
-      (p->rdesc = calloc((size_t)n * SX__PLAN_GROUPS, sizeof(*p->rdesc))) == NULL ||
-      (p->groups = calloc(max_groups, sizeof(*p->groups))) == NULL ||
-      (p->keys = calloc(local->n_regions ? local->n_regions : 1, sizeof(*p->keys))) == NULL) {
+  if (p == NULL || (p->names = calloc(n, sizeof(*p->names))) == NULL) {
     plan_free(p);
     return sx__err(SX_ENOMEM, "sx_layout_plan");
   }
@@ -408,22 +506,32 @@ int sx_layout_plan(const sx_desc *local, const sx_desc *const *remotes, uint32_t
   for (uint32_t i = 0; i < n; i++)
     memcpy(p->names[i], remotes[i]->name, sizeof(p->names[i]));
   const sx_layout *l = &local->layout;
-  for (uint32_t i = 0; i < l->n_blocks && i < SX_MAX_BLOCK_DESCS && rc == 0; i++)
-    rc = plan_group(p, local, &l->blocks[i], remotes, n, mismatch);
-  /* The keys, and whole groups for what no description covers. */
+  /* Every description is checked against the set even where no region of
+   * its group is registered yet: a misfit shows at the open. */
+  for (uint32_t i = 0; i < l->n_blocks && i < SX_MAX_BLOCK_DESCS && rc == 0; i++) {
+    const sx_block_desc *rbs[SX_PLAN_MAX_MEMBERS];
+    rc = group_descs(&l->blocks[i], sx__block_slots(&l->blocks[i]), remotes, n, rbs,
+                     mismatch);
+  }
+  /* The keys: described regions in bands of the members holding them, and
+   * whole groups for what no description covers. */
   for (uint32_t i = 0; i < local->n_regions && rc == 0; i++) {
     const sx_region *L = &local->regions[i];
-    int pg = find_pg(p, L->group, L->slot);
+    const sx_block_desc *b = sx__block_desc(l, L->group);
+    if (b != NULL && (sx__block_slots(b) >> L->slot & 1)) {
+      rc = plan_region(p, local, b, L, remotes, n, mismatch);
+      continue;
+    }
+    int pg = find_pg(p, L->group, L->slot, 1, 0);
     if (pg < 0) {
-      const sx_block_desc *b = sx__block_desc(l, L->group);
       uint64_t slots = b ? ~sx__block_slots(b) : ~0ull;
       if ((rc = plan_whole(p, local, L->group, slots, remotes, n, mismatch)))
         break;
       pg = (int)p->n_groups - 1;
     }
-    sx__pkey *k = &p->keys[p->n_keys++];
-    *k = (sx__pkey){L->group, L->slot, L->layer_first, L->layer_count, (uint32_t)pg};
-    rc = key_check(p, k, L, remotes, mismatch);
+    sx__pkey k = {L->group, L->slot, L->layer_first, L->layer_count, (uint32_t)pg};
+    if ((rc = add_key(p, k)) == 0)
+      rc = key_check(p, &p->keys[p->n_keys - 1], L, remotes, mismatch);
   }
   if (rc) {
     plan_free(p);

@@ -24,6 +24,8 @@ typedef struct sx__piece {
 typedef struct sx__pgroup {
   uint32_t group;
   uint64_t slots;        /* the slots it covers */
+  uint64_t mask;         /* described: the members it may read from (those
+                          * holding its layers: a pipeline stage's) */
   int whole;
   uint32_t unit;         /* tokens per unit (described groups) */
   uint32_t kl, kr;       /* units per local, per remote block */
@@ -37,22 +39,18 @@ typedef struct sx__pkey {
   uint32_t group, slot, layer_first, layer_count, pg;
 } sx__pkey;
 
-/* Member descriptions kept per member: described groups come first in
- * the plan's groups, so their index is below SX_MAX_BLOCK_DESCS. */
-#define SX__PLAN_GROUPS SX_MAX_BLOCK_DESCS
-
 struct sx_plan {
   uint32_t n_members;
   char (*names)[SX_NAME_MAX + 1];
-  sx_block_desc *rdesc;  /* [member * SX__PLAN_GROUPS + group]: each
-                          * member's description of each group (zero when
+  sx_block_desc *rdesc;  /* [group * n_members + member]: each member's
+                          * description of each planned group (zero when
                           * whole) */
   sx__pgroup *groups;
-  uint32_t n_groups;
+  uint32_t n_groups, cap_groups;
   sx__piece *pieces;
   uint32_t n_pieces, cap_pieces;
   sx__pkey *keys;
-  uint32_t n_keys;
+  uint32_t n_keys, cap_keys;
 };
 
 /* One range of an expanded plan. */

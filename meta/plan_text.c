@@ -67,7 +67,7 @@ static void heads_words(text *t, uint32_t a, uint32_t b) {
 /* One group read from one member: the heads, the ratio, the pieces. */
 static void member_words(text *t, const sx_plan *p, const sx__pgroup *g, uint32_t gi,
                          uint32_t m) {
-  const sx_block_desc *rb = &p->rdesc[(size_t)m * SX__PLAN_GROUPS + gi];
+  const sx_block_desc *rb = &p->rdesc[(size_t)gi * p->n_members + m];
   const sx_block_desc *lb = &g->ldesc;
   uint32_t lo = UINT32_MAX, hi = 0, pieces = 0;
   uint64_t minp = UINT64_MAX, maxp = 0;

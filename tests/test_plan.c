@@ -108,6 +108,23 @@ static void tp2_make(side r[2], const char *prefix, sx_kv_order order, uint32_t 
   }
 }
 
+/* A pipeline stage: only layers [first, first + count) of the side. */
+static void side_stage(side *s, uint32_t first, uint32_t count, uint32_t pp_rank,
+                       uint32_t pp_size) {
+  for (uint32_t i = 0; i < s->d.n_regions; i++) {
+    sx_region *r = &s->d.regions[i];
+    r->addr = (uint64_t)(uintptr_t)slot_layer_block(s, r->slot, first, 0);
+    r->layer_first = first;
+    r->layer_count = count;
+    r->length = count * r->layer_stride;
+  }
+  s->d.layout.layer_first = first;
+  s->d.layout.layer_count = count;
+  s->d.layout.pp_rank = pp_rank;
+  s->d.layout.pp_size = pp_size;
+  sxt_ok(sx_desc_validate(&s->d));
+}
+
 static void sides_free(side *l, side *r, uint32_t n) {
   side_free(l);
   for (uint32_t i = 0; i < n; i++)
@@ -326,6 +343,49 @@ static void test_plan_mla_reads_whole_latents(void **state) {
   sides_free(&l, r, 2);
 }
 
+/* A set split by pipeline stage (and by TP within each stage): each band
+ * of layers is read from the stage holding it. */
+static void test_plan_pipeline_stages(void **state) {
+  (void)state;
+  side l, r[4];
+  side_make(&l, "decode-0", SX_KV_NHD, 4, 0, 4, 4, 8);
+  side_make(&r[0], "p/pp0", SX_KV_NHD, 8, 0, 4, 4, 8);
+  side_make(&r[1], "p/pp1", SX_KV_NHD, 8, 0, 4, 4, 8);
+  side_stage(&r[0], 0, 2, 0, 2);
+  side_stage(&r[1], 2, 1, 1, 2);
+  sx_plan_info info = run_case(&l, r, 2, RB, 2, LB, 4, 15);
+  assert_int_equal(info.used, 2);
+  assert_int_equal(info.groups, 2);
+  const sx_desc *rd[4] = {&r[0].d, &r[1].d};
+  sx_plan *p;
+  char *text;
+  sxt_ok(sx_layout_plan(&l.d, rd, 2, 0, &p, NULL));
+  sxt_ok(sx_plan_text(p, &text));
+  if (!strstr(text, "group 0 (K,V, layers 0-1)") || !strstr(text, "group 0 (K,V, layers 2-2)"))
+    fail_msg("plan text:\n%s", text);
+  free(text);
+  sx_plan_free(p);
+  side_free(&r[0]);
+  side_free(&r[1]);
+  /* TP=2 x PP=2: four members, ranks repeating across the stages. */
+  for (uint32_t i = 0; i < 4; i++) {
+    char name[32];
+    snprintf(name, sizeof(name), "p/pp%u/tp%u", i / 2, i % 2);
+    side_make(&r[i], name, SX_KV_HND, 4, i % 2 * 2, 2, 4, 8);
+    side_tp(&r[i], i % 2, 2);
+    side_stage(&r[i], i < 2 ? 0 : 1, i < 2 ? 1 : 2, i / 2, 2);
+  }
+  info = run_case(&l, r, 4, RB, 4, LB, 4, 16);
+  assert_int_equal(info.used, 4);
+  /* The same rank twice in one stage is still refused. */
+  r[3].d.layout.tp_rank = 0;
+  const sx_desc *rd4[4] = {&r[0].d, &r[1].d, &r[2].d, &r[3].d};
+  sx_mismatch m;
+  sxt_rc(sx_layout_plan(&l.d, rd4, 4, 0, &p, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_TP);
+  sides_free(&l, r, 4);
+}
+
 /* Layouts without descriptions plan as whole blocks, with the equal-layout
  * rules, and move the same bytes. */
 static void test_plan_undescribed_layouts_read_whole_blocks(void **state) {
@@ -433,11 +493,18 @@ static void test_plan_refusals_name_the_first_misfit(void **state) {
   l.d.layout.n_blocks = 0;
   expect_refusal(&l, r, 2, SX_MISMATCH_BLOCK_DESC, "not described", "2", "a set of 2");
   l.d.layout.n_blocks = 1;
-  /* A member lacking one of the reader's layers. */
+  /* A member lacking one of the reader's layers: its heads are missing
+   * there; a layer no member holds is a missing key. */
   r[1].d.regions[1].layer_count = 2;
   r[1].d.regions[1].length -= r[1].d.regions[1].layer_stride;
+  expect_refusal(&l, r, 2, SX_MISMATCH_HEADS_MISSING, "4", "absent",
+                 "group 0 layers 2-2: no segment of the set holds KV head 4");
+  r[0].d.regions[1].layer_count = 2;
+  r[0].d.regions[1].length -= r[0].d.regions[1].layer_stride;
   expect_refusal(&l, r, 2, SX_MISMATCH_MISSING_KEY, "present", "absent",
-                 "layer 2 slot V: local has it, prefill-0/tp1 does not");
+                 "layer 2 slot V: local has it, no segment of the set does");
+  r[0].d.regions[1].layer_count = LAYERS;
+  r[0].d.regions[1].length += r[0].d.regions[1].layer_stride;
   r[1].d.regions[1].layer_count = LAYERS;
   /* Fingerprint. */
   strcpy(r[0].d.layout.fingerprint, "other-model");
@@ -582,6 +649,7 @@ int main(void) {
       cmocka_unit_test(test_plan_nhd_into_hnd_and_back),
       cmocka_unit_test(test_plan_everything_at_once),
       cmocka_unit_test(test_plan_mla_reads_whole_latents),
+      cmocka_unit_test(test_plan_pipeline_stages),
       cmocka_unit_test(test_plan_undescribed_layouts_read_whole_blocks),
       cmocka_unit_test(test_plan_refusals_name_the_first_misfit),
       cmocka_unit_test(test_plan_bad_arguments_and_limits),

@@ -23,8 +23,9 @@
  * Groups without a description are read whole, block for block, from the
  * first segment, which must then hold them with equal block_bytes, tag and
  * dtype (the sx_layout_check() rules); a set of more than one segment needs
- * descriptions.  Stages (pipeline parallel) are not split across a set:
- * every segment a head is read from must hold all the reader's layers.
+ * descriptions.  A set split by pipeline stage is planned in bands of
+ * layers: each band is read from the members holding its layers (a TP rank
+ * may then repeat across stages, not within one).
  *
  * Threading: a plan is immutable once made; any thread may read it.
  */
