@@ -363,13 +363,27 @@ static int find_pg(const sx_plan *p, uint32_t group, uint32_t slot, int whole, u
   return -1;
 }
 
-/* The members holding (group, layer, slot). */
+/* The members holding (group, layer, slot), and in *stop the first layer
+ * after it where that may change (a region of some member begins or ends
+ * there; at most end), so bands are found in steps of regions, never of
+ * layers: a region may span 2^32 layers. */
 static uint64_t layer_mask(const sx_desc *const *remotes, uint32_t n, uint32_t group,
-                           uint32_t layer, uint32_t slot) {
+                           uint64_t layer, uint32_t slot, uint64_t end, uint64_t *stop) {
   uint64_t mask = 0;
+  *stop = end;
   for (uint32_t i = 0; i < n; i++)
-    if (sx_desc_find(remotes[i], group, layer, slot) != NULL)
-      mask |= 1ull << i;
+    for (uint32_t j = 0; j < remotes[i]->n_regions; j++) {
+      const sx_region *r = &remotes[i]->regions[j];
+      uint64_t rf = r->layer_first, re = rf + r->layer_count;
+      if (r->group != group || r->slot != slot)
+        continue;
+      if (layer >= rf && layer < re) {
+        mask |= 1ull << i;
+        *stop = re < *stop ? re : *stop;
+      } else if (rf > layer && rf < *stop) {
+        *stop = rf;
+      }
+    }
   return mask;
 }
 
@@ -398,9 +412,10 @@ static int plan_region(sx_plan *p, const sx_desc *local, const sx_block_desc *lb
   uint64_t all = n == 64 ? ~0ull : (1ull << n) - 1;
   char s[16];
   while (layer < end) {
-    uint64_t mask = layer_mask(remotes, n, L->group, (uint32_t)layer, L->slot), stop = layer + 1;
-    while (stop < end && layer_mask(remotes, n, L->group, (uint32_t)stop, L->slot) == mask)
-      stop++;
+    uint64_t stop, next;
+    uint64_t mask = layer_mask(remotes, n, L->group, layer, L->slot, end, &stop);
+    while (stop < end && layer_mask(remotes, n, L->group, stop, L->slot, end, &next) == mask)
+      stop = next;
     if (mask == 0) {
       sx_mismatch tmp;
       if (m == NULL)

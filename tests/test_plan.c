@@ -556,6 +556,36 @@ static void test_plan_bad_arguments_and_limits(void **state) {
   sx_desc_free(&c);
 }
 
+/* A valid region may span nearly 2^32 layers (a stride of one byte): the
+ * plan steps by regions, so this takes no time, and expansion of a short
+ * request is bounded by the request. */
+static void test_plan_huge_layer_counts_are_stepped_by_regions(void **state) {
+  (void)state;
+  sx_desc a;
+  sxt_desc_base(&a, "odd/0");
+  a.layout.n_blocks = 1;
+  a.layout.blocks[0] = (sx_block_desc){.order = SX_KV_NHD, .tokens = 1, .head_count = 1,
+                                       .heads_total = 1, .head_dim = 1};
+  strcpy(a.layout.blocks[0].dtype, "int8");
+  sx_region r;
+  memset(&r, 0, sizeof(r));
+  r.layer_count = 0xf0000000u;
+  r.layer_stride = 1;
+  r.block_bytes = r.block_stride = 1;
+  r.num_blocks = 1;
+  r.length = 0xf0000000u;
+  r.addr = 0x100000;
+  r.access = SX_ACCESS_REMOTE_READ;
+  strcpy(r.location, "cpu");
+  assert_int_equal(sx_desc_add_region(&a, &r), 0);
+  sxt_ok(sx_desc_validate(&a));
+  const sx_desc *rd[1] = {&a};
+  sx_plan *p;
+  sxt_ok(sx_layout_plan(&a, rd, 1, 0, &p, NULL));
+  sx_plan_free(p);
+  sx_desc_free(&a);
+}
+
 /* Many undescribed groups plan as many whole groups (one per group). */
 static void test_plan_many_undescribed_groups(void **state) {
   (void)state;
@@ -654,6 +684,7 @@ int main(void) {
       cmocka_unit_test(test_plan_refusals_name_the_first_misfit),
       cmocka_unit_test(test_plan_bad_arguments_and_limits),
       cmocka_unit_test(test_plan_many_undescribed_groups),
+      cmocka_unit_test(test_plan_huge_layer_counts_are_stepped_by_regions),
       cmocka_unit_test(test_plan_expand_checks_every_block_first),
       cmocka_unit_test(test_plan_text_says_which_heads_come_from_where),
   };
