@@ -97,7 +97,7 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 # The test registry.  Each name is tests/<name>.c, one cmocka binary.
 #   UNIT_TESTS  need nothing outside the process.
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
-UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
+UNIT_TESTS  := test_errors test_codec test_layout test_plan test_group test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
                test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc \
                test_read_notice test_cluster_slots

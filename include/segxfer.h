@@ -11,6 +11,8 @@
 #include "segxfer/errors.h"
 #include "segxfer/descriptor.h"
 #include "segxfer/layout.h"
+#include "segxfer/plan.h"
+#include "segxfer/group.h"
 #include "segxfer/store.h"
 #include "segxfer/agent.h"
 #include "segxfer/push.h"

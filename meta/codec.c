@@ -254,6 +254,28 @@ int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len) {
   layout.tp_size = d->layout.tp_size;
   layout.pp_rank = d->layout.pp_rank;
   layout.pp_size = d->layout.pp_size;
+  layout.layer_first = d->layout.layer_first;
+  layout.layer_count = d->layout.layer_count;
+  Sxpb__BlockDesc bds[SX_MAX_BLOCK_DESCS], *bdp[SX_MAX_BLOCK_DESCS];
+  if (d->layout.n_blocks > SX_MAX_BLOCK_DESCS)
+    return sx__err(SX_ELIMIT, "encoding %s: %u block descriptions; at most %d", d->name,
+                   d->layout.n_blocks, SX_MAX_BLOCK_DESCS);
+  for (uint32_t i = 0; i < d->layout.n_blocks; i++) {
+    const sx_block_desc *b = &d->layout.blocks[i];
+    sxpb__block_desc__init(&bds[i]);
+    bds[i].group = b->group;
+    bds[i].order = (uint32_t)b->order;
+    bds[i].tokens = b->tokens;
+    bds[i].head_first = b->head_first;
+    bds[i].head_count = b->head_count;
+    bds[i].heads_total = b->heads_total;
+    bds[i].head_dim = b->head_dim;
+    bds[i].dtype = (char *)b->dtype;
+    bds[i].slots = b->slots;
+    bdp[i] = &bds[i];
+  }
+  layout.blocks = bdp;
+  layout.n_blocks = d->layout.n_blocks;
   m.layout = &layout;
 
   Sxpb__Endpoint *eps = arena_alloc(&a, d->n_endpoints * sizeof(*eps) + 1);
@@ -448,6 +470,30 @@ static int convert(const Sxpb__SegmentDescriptor *m, sx_desc *d) {
     d->layout.tp_size = l->tp_size;
     d->layout.pp_rank = l->pp_rank;
     d->layout.pp_size = l->pp_size;
+    d->layout.layer_first = l->layer_first;
+    d->layout.layer_count = l->layer_count;
+    if (l->n_blocks > SX_MAX_BLOCK_DESCS)
+      return sx__err(SX_ELIMIT, "layout has %zu block descriptions; the limit is %d",
+                     l->n_blocks, SX_MAX_BLOCK_DESCS);
+    for (size_t i = 0; i < l->n_blocks; i++) {
+      const Sxpb__BlockDesc *pb = l->blocks[i];
+      sx_block_desc *b = &d->layout.blocks[i];
+      if (pb->order > SX_KV_MLA)
+        return sx__err(SX_EINVAL, "block description %zu: order %u is unknown", i,
+                       pb->order);
+      b->group = pb->group;
+      b->order = (sx_kv_order)pb->order;
+      b->tokens = pb->tokens;
+      b->head_first = pb->head_first;
+      b->head_count = pb->head_count;
+      b->heads_total = pb->heads_total;
+      b->head_dim = pb->head_dim;
+      b->slots = pb->slots;
+      if ((rc = take_str(b->dtype, sizeof(b->dtype), pb->dtype, "block description dtype",
+                         SX_ELIMIT)))
+        return rc;
+    }
+    d->layout.n_blocks = (uint32_t)l->n_blocks;
   }
 
   for (size_t i = 0; i < m->n_endpoints; i++) {

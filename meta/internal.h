@@ -77,6 +77,14 @@ void *sx__desc_array(size_t n, size_t size);
  * fields (name, incarnation, token, endpoints): used for layout files. */
 int sx__layout_validate(const sx_desc *d);
 
+/* Block descriptions (blockdesc.c): their rules (called by
+ * sx__layout_validate), the slots one covers, its block size (0 or
+ * SX_EINVAL on an unknown dtype or overflow), and a group's, or NULL. */
+int sx__blocks_validate(const sx_desc *d);
+uint64_t sx__block_slots(const sx_block_desc *b);
+int sx__block_bytes(const sx_block_desc *b, uint64_t *out);
+const sx_block_desc *sx__block_desc(const sx_layout *l, uint32_t group);
+
 /* Encode without validating (sx_desc_encode() validates, then calls this).
  * Tests use it to build descriptors that break one rule. */
 int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len);

@@ -28,6 +28,22 @@ const char *sx_mismatch_kind_name(sx_mismatch_kind k) {
     return "extra_key";
   case SX_MISMATCH_BLOCK_BYTES:
     return "block_bytes";
+  case SX_MISMATCH_BLOCK_DESC:
+    return "block_desc";
+  case SX_MISMATCH_HEADS_TOTAL:
+    return "heads_total";
+  case SX_MISMATCH_HEAD_DIM:
+    return "head_dim";
+  case SX_MISMATCH_BLOCK_TOKENS:
+    return "block_tokens";
+  case SX_MISMATCH_ORDER:
+    return "order";
+  case SX_MISMATCH_HEADS_MISSING:
+    return "heads_missing";
+  case SX_MISMATCH_HEADS_OVERLAP:
+    return "heads_overlap";
+  case SX_MISMATCH_TP:
+    return "tp";
   }
   return "unknown";
 }
@@ -155,6 +171,34 @@ int sx_layout_check(const sx_desc *local, const sx_desc *remote, unsigned flags,
   if (strcmp(l->dtype, r->dtype))
     return fail(mismatch, SX_MISMATCH_DTYPE, "dtype", l->dtype, r->dtype);
 
+  /* Both sides describe a group's blocks and the descriptions differ (other
+   * heads, order or block size at equal block_bytes): not equal layouts,
+   * whatever the byte counts say.  A plan may still fit them. */
+  for (uint32_t i = 0; i < l->n_blocks && i < SX_MAX_BLOCK_DESCS; i++) {
+    const sx_block_desc *x = &l->blocks[i], *y = sx__block_desc(r, x->group);
+    if (y == NULL || (x->order == y->order && x->tokens == y->tokens &&
+                      x->head_first == y->head_first && x->head_count == y->head_count &&
+                      x->heads_total == y->heads_total && x->head_dim == y->head_dim &&
+                      strcmp(x->dtype, y->dtype) == 0 &&
+                      sx__block_slots(x) == sx__block_slots(y)))
+      continue;
+    char lw[64], rw[64];
+    snprintf(lw, sizeof(lw), "%s %ut h%u-%u/%u d%u %s", sx_kv_order_name(x->order), x->tokens,
+             x->head_first, x->head_first + x->head_count - 1, x->heads_total, x->head_dim,
+             x->dtype);
+    snprintf(rw, sizeof(rw), "%s %ut h%u-%u/%u d%u %s", sx_kv_order_name(y->order), y->tokens,
+             y->head_first, y->head_first + y->head_count - 1, y->heads_total, y->head_dim,
+             y->dtype);
+    int rc = fail(mismatch, SX_MISMATCH_BLOCK_DESC, "block_desc", lw, rw);
+    if (mismatch != NULL) {
+      mismatch->group = x->group;
+      snprintf(mismatch->message, sizeof(mismatch->message),
+               "group %u blocks differ: local %s, remote %s (tokens, heads of the model, "
+               "head_dim, dtype): not equal layouts; a read plan may fit them", x->group, lw,
+               rw);
+    }
+    return rc;
+  }
   run *a = make_runs(local), *b = make_runs(remote);
   int rc = (a && b) ? sweep(a, local->n_regions, b, remote->n_regions, mismatch)
                     : sx__err(SX_ENOMEM, "sx_layout_check");

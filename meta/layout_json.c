@@ -55,6 +55,28 @@ int sx_desc_to_json(const sx_desc *d, int with_secrets, char **out) {
   json_object_set_new(layout, "tp_size", json_integer(d->layout.tp_size));
   json_object_set_new(layout, "pp_rank", json_integer(d->layout.pp_rank));
   json_object_set_new(layout, "pp_size", json_integer(d->layout.pp_size));
+  if (d->layout.layer_count) {
+    json_object_set_new(layout, "layer_first", json_integer(d->layout.layer_first));
+    json_object_set_new(layout, "layer_count", json_integer(d->layout.layer_count));
+  }
+  if (d->layout.n_blocks) {
+    json_t *bl = json_array();
+    for (uint32_t i = 0; i < d->layout.n_blocks && i < SX_MAX_BLOCK_DESCS; i++) {
+      const sx_block_desc *b = &d->layout.blocks[i];
+      json_t *jb = json_object();
+      json_object_set_new(jb, "group", json_integer(b->group));
+      json_object_set_new(jb, "order", json_string(sx_kv_order_name(b->order)));
+      json_object_set_new(jb, "tokens", json_integer(b->tokens));
+      json_object_set_new(jb, "head_first", json_integer(b->head_first));
+      json_object_set_new(jb, "head_count", json_integer(b->head_count));
+      json_object_set_new(jb, "heads_total", json_integer(b->heads_total));
+      json_object_set_new(jb, "head_dim", json_integer(b->head_dim));
+      json_object_set_new(jb, "dtype", json_string(b->dtype));
+      json_object_set_new(jb, "slots", u64_json(sx__block_slots(b)));
+      json_array_append_new(bl, jb);
+    }
+    json_object_set_new(layout, "blocks", bl);
+  }
   json_object_set_new(root, "layout", layout);
   for (uint32_t i = 0; i < d->n_labels; i++)
     json_object_set_new(labels, d->labels[i].key, json_string(d->labels[i].value));
@@ -224,6 +246,31 @@ static int parse_region(json_t *jr, uint32_t idx, sx_region *r) {
   return 0;
 }
 
+static int parse_block(json_t *jb, uint32_t idx, sx_block_desc *b) {
+  char ctx[32], order[16];
+  int rc;
+  snprintf(ctx, sizeof(ctx), "layout.blocks[%u]", idx);
+  if (!json_is_object(jb))
+    return sx__err(SX_EINVAL, "%s must be an object", ctx);
+  memset(b, 0, sizeof(*b));
+  if ((rc = get_u32(jb, ctx, "group", 0, 0, &b->group)) ||
+      (rc = get_str(jb, ctx, "order", order, sizeof(order), "NHD")) ||
+      (rc = get_u32(jb, ctx, "tokens", 1, 0, &b->tokens)) ||
+      (rc = get_u32(jb, ctx, "head_first", 0, 0, &b->head_first)) ||
+      (rc = get_u32(jb, ctx, "head_count", 1, 0, &b->head_count)) ||
+      (rc = get_u32(jb, ctx, "heads_total", 0, b->head_count, &b->heads_total)) ||
+      (rc = get_u32(jb, ctx, "head_dim", 1, 0, &b->head_dim)) ||
+      (rc = get_str(jb, ctx, "dtype", b->dtype, sizeof(b->dtype), "")) ||
+      (rc = get_u64(jb, ctx, "slots", 0, 0, UINT64_MAX, &b->slots)))
+    return rc;
+  for (int o = SX_KV_NHD; o <= SX_KV_MLA; o++)
+    if (strcmp(order, sx_kv_order_name((sx_kv_order)o)) == 0)
+      b->order = (sx_kv_order)o;
+  if (b->order == SX_KV_NONE)
+    return sx__err(SX_EINVAL, "%s: order '%s' is not NHD, HND or MLA", ctx, order);
+  return 0;
+}
+
 static int parse_endpoint(json_t *je, uint32_t idx, sx_endpoint *e) {
   char ctx[32], kind[16], gid[2 * SX_GID_LEN + 1];
   uint64_t port, port_num;
@@ -271,8 +318,25 @@ static int parse_root(json_t *root, sx_desc *d) {
         (rc = get_u32(layout, "layout", "tp_rank", 0, 0, &l->tp_rank)) ||
         (rc = get_u32(layout, "layout", "tp_size", 0, 0, &l->tp_size)) ||
         (rc = get_u32(layout, "layout", "pp_rank", 0, 0, &l->pp_rank)) ||
-        (rc = get_u32(layout, "layout", "pp_size", 0, 0, &l->pp_size)))
+        (rc = get_u32(layout, "layout", "pp_size", 0, 0, &l->pp_size)) ||
+        (rc = get_u32(layout, "layout", "layer_first", 0, 0, &l->layer_first)) ||
+        (rc = get_u32(layout, "layout", "layer_count", 0, 0, &l->layer_count)))
       return rc;
+    json_t *bl = json_object_get(layout, "blocks");
+    if (bl != NULL) {
+      if (!json_is_array(bl) || json_array_size(bl) > SX_MAX_BLOCK_DESCS)
+        return sx__err(SX_ELIMIT, "\"layout.blocks\" must be an array of at most %d",
+                       SX_MAX_BLOCK_DESCS);
+      for (size_t i = 0; i < json_array_size(bl); i++) {
+        sx_block_desc b;
+        if ((rc = parse_block(json_array_get(bl, i), (uint32_t)i, &b)))
+          return rc;
+        /* A description without dtype takes the layout's. */
+        if (b.dtype[0] == '\0')
+          snprintf(b.dtype, sizeof(b.dtype), "%s", l->dtype);
+        l->blocks[l->n_blocks++] = b;
+      }
+    }
   }
   json_t *name = json_object_get(root, "name");
   if (name != NULL && (rc = get_str(root, "layout file", "name", d->name,

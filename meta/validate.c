@@ -320,7 +320,8 @@ int sx__layout_validate(const sx_desc *d) {
       return sx__err(SX_EINVAL, "region %u: group %u is above %u", d->regions[i].id,
                      d->regions[i].group, SX__MAX_GROUP);
   }
-  return keys_validate(d);
+  int rc = keys_validate(d);
+  return rc ? rc : sx__blocks_validate(d);
 }
 
 int sx_desc_validate(const sx_desc *d) {

@@ -483,6 +483,151 @@ static void test_codec_pack_refuses_key_counts_beyond_the_arrays(void **state) {
   sx_desc_free(&d);
 }
 
+/* A block description that fits sxt_desc_kv's 16384-byte blocks: 16 tokens
+ * x 4 heads (4..7 of 8) x 128 x bf16. */
+static void block_fixture(sx_desc *d) {
+  sxt_desc_kv(d, "prefill-0/tp1", 8, 0, 16384, 64, 0);
+  d->layout.tp_rank = 1;
+  d->layout.tp_size = 2;
+  d->layout.n_blocks = 1;
+  d->layout.blocks[0] = (sx_block_desc){.group = 0, .order = SX_KV_HND, .tokens = 16,
+                                        .head_first = 4, .head_count = 4,
+                                        .heads_total = 8, .head_dim = 128};
+  strcpy(d->layout.blocks[0].dtype, "bf16");
+}
+
+static void test_codec_block_description_roundtrip(void **state) {
+  (void)state;
+  sx_desc d;
+  block_fixture(&d);
+  d.layout.layer_first = 0;
+  d.layout.layer_count = 8;
+  roundtrip(&d);
+  /* MLA: no head split. */
+  d.layout.blocks[0] = (sx_block_desc){.order = SX_KV_MLA, .tokens = 16, .head_count = 1,
+                                       .heads_total = 1, .head_dim = 512};
+  strcpy(d.layout.blocks[0].dtype, "bf16");
+  roundtrip(&d);
+  sx_desc_free(&d);
+}
+
+/* A descriptor written before block descriptions (no Layout fields 8-10)
+ * decodes with none, and one with them differs only there. */
+static void test_codec_old_descriptor_decodes_without_blocks(void **state) {
+  (void)state;
+  sx_desc d, back;
+  uint8_t *buf;
+  size_t len;
+  sxt_desc_kv(&d, "old/tp0", 4, 0, 4096, 16, 0);
+  sxt_ok(sx_desc_encode(&d, &buf, &len));
+  /* Unpack and check the wire form carries no block field at all. */
+  Sxpb__SegmentDescriptor *m = sxpb__segment_descriptor__unpack(NULL, len, buf);
+  assert_non_null(m);
+  assert_int_equal(m->layout->n_blocks, 0);
+  sxpb__segment_descriptor__free_unpacked(m, NULL);
+  sxt_ok(sx_desc_decode(buf, len, &back));
+  assert_int_equal(back.layout.n_blocks, 0);
+  assert_int_equal(back.layout.layer_count, 0);
+  sx_desc_free(&back);
+  free(buf);
+  sx_desc_free(&d);
+}
+
+/* Hostile descriptions from a store: each broken rule is refused at
+ * decode with its code, never turned into a descriptor. */
+static void expect_decode_rc(const sx_desc *d, int want) {
+  uint8_t *buf;
+  size_t len;
+  sx_desc out;
+  sxt_ok(sx__desc_pack(d, &buf, &len));
+  sxt_rc(sx_desc_decode(buf, len, &out), want);
+  free(buf);
+}
+
+static void test_codec_rejects_bad_block_descriptions(void **state) {
+  (void)state;
+  sx_desc d;
+  block_fixture(&d);
+  sx_block_desc good = d.layout.blocks[0];
+#define BAD(stmt, code)                                                        \
+  do {                                                                         \
+    d.layout.blocks[0] = good;                                                 \
+    sx_block_desc *b = &d.layout.blocks[0];                                    \
+    (void)b;                                                                   \
+    stmt;                                                                      \
+    expect_decode_rc(&d, code);                                                \
+    sxt_rc(sx_desc_validate(&d), code);                                        \
+  } while (0)
+  BAD(b->tokens = 0, SX_EINVAL);
+  BAD(b->tokens = SX_MAX_BLOCK_TOKENS + 1, SX_EINVAL);
+  BAD(b->heads_total = 0, SX_EINVAL);
+  BAD(b->heads_total = SX_MAX_HEADS + 1, SX_EINVAL);
+  BAD(b->head_count = 0, SX_EINVAL);
+  BAD(b->head_first = 8, SX_EINVAL);
+  BAD(b->head_first = 5, SX_EINVAL);                     /* 5..8 leaves 8 heads */
+  BAD((b->head_first = 0xffffffffu, b->head_count = 2), SX_EINVAL); /* wraps */
+  BAD(b->head_dim = 0, SX_EINVAL);
+  BAD(b->head_dim = SX_MAX_HEAD_DIM + 1, SX_EINVAL);
+  BAD(strcpy(b->dtype, "fp13"), SX_EINVAL);
+  BAD(b->order = SX_KV_NONE, SX_EINVAL);
+  BAD(b->order = SX_KV_MLA, SX_EINVAL);                 /* MLA with a head split */
+  BAD(b->head_dim = 64, SX_EINVAL);                     /* 8192 != block_bytes */
+  BAD(strcpy(b->dtype, "fp32"), SX_EINVAL);             /* 32768 != block_bytes */
+  /* Every number at its limit: a product far above block_bytes. */
+  BAD((b->tokens = SX_MAX_BLOCK_TOKENS, b->heads_total = SX_MAX_HEADS,
+       b->head_first = 0, b->head_count = SX_MAX_HEADS, b->head_dim = SX_MAX_HEAD_DIM,
+       strcpy(b->dtype, "fp64")), SX_EINVAL);
+  /* Two descriptions of one group. */
+  d.layout.blocks[0] = good;
+  d.layout.blocks[1] = good;
+  d.layout.n_blocks = 2;
+  expect_decode_rc(&d, SX_EDUPLICATE);
+  d.layout.n_blocks = 1;
+  /* A stage whose layers do not hold the regions'. */
+  d.layout.layer_first = 4;
+  d.layout.layer_count = 4;
+  expect_decode_rc(&d, SX_ELAYERS);
+  d.layout.layer_first = 0xfffffff0u;
+  d.layout.layer_count = 0x20;
+  expect_decode_rc(&d, SX_EOVERFLOW);
+  d.layout.layer_first = d.layout.layer_count = 0;
+  /* An order number no build knows, straight on the wire. */
+  {
+    uint8_t *buf;
+    size_t len;
+    sx_desc out;
+    sxt_ok(sx__desc_pack(&d, &buf, &len));
+    Sxpb__SegmentDescriptor *m = sxpb__segment_descriptor__unpack(NULL, len, buf);
+    free(buf);
+    assert_non_null(m);
+    m->layout->blocks[0]->order = 77;
+    len = sxpb__segment_descriptor__get_packed_size(m);
+    buf = malloc(len);
+    sxpb__segment_descriptor__pack(m, buf);
+    sxt_rc(sx_desc_decode(buf, len, &out), SX_EINVAL);
+    /* More descriptions than the limit. */
+    m->layout->blocks[0]->order = SX_KV_HND;
+    Sxpb__BlockDesc *many[SX_MAX_BLOCK_DESCS + 1];
+    for (int i = 0; i <= SX_MAX_BLOCK_DESCS; i++)
+      many[i] = m->layout->blocks[0];
+    Sxpb__BlockDesc **keep = m->layout->blocks;
+    size_t keep_n = m->layout->n_blocks;
+    m->layout->blocks = many;
+    m->layout->n_blocks = SX_MAX_BLOCK_DESCS + 1;
+    free(buf);
+    len = sxpb__segment_descriptor__get_packed_size(m);
+    buf = malloc(len);
+    sxpb__segment_descriptor__pack(m, buf);
+    sxt_rc(sx_desc_decode(buf, len, &out), SX_ELIMIT);
+    m->layout->blocks = keep;
+    m->layout->n_blocks = keep_n;
+    sxpb__segment_descriptor__free_unpacked(m, NULL);
+    free(buf);
+  }
+#undef BAD
+  sx_desc_free(&d);
+}
+
 static void test_codec_event_roundtrip_and_rejects(void **state) {
   (void)state;
   sx_event ev = {.kind = SX_EVENT_PUT, .generation = 42}, back;
@@ -505,6 +650,9 @@ static void test_codec_event_roundtrip_and_rejects(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_codec_roundtrip_small),
+      cmocka_unit_test(test_codec_block_description_roundtrip),
+      cmocka_unit_test(test_codec_old_descriptor_decodes_without_blocks),
+      cmocka_unit_test(test_codec_rejects_bad_block_descriptions),
       cmocka_unit_test(test_codec_roundtrip_every_field),
       cmocka_unit_test(test_codec_roundtrip_large),
       cmocka_unit_test(test_codec_compact_strided_80_layers),

@@ -1,4 +1,5 @@
 /* Compatibility check (one test per mismatch kind) and layout files. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -162,6 +163,39 @@ static void test_layout_check_rejects_null(void **state) {
   sx_desc_free(&l);
 }
 
+/* Block descriptions: the same on both sides (or on one side only, an
+ * older peer) check as before; other heads at equal block_bytes do not. */
+static void test_layout_check_block_descriptions(void **state) {
+  (void)state;
+  sx_desc l, r;
+  sx_mismatch m;
+  pair(&l, &r);
+  sx_block_desc b = {.order = SX_KV_HND, .tokens = 16, .head_first = 0, .head_count = 8,
+                     .heads_total = 16, .head_dim = 128};
+  strcpy(b.dtype, "bf16");
+  l.layout.n_blocks = 1;
+  l.layout.blocks[0] = b;
+  sxt_ok(sx_desc_validate(&l));
+  sxt_ok(sx_layout_check(&l, &r, 0, &m)); /* the remote describes nothing */
+  r.layout.n_blocks = 1;
+  r.layout.blocks[0] = b;
+  sxt_ok(sx_layout_check(&l, &r, 0, &m));
+  r.layout.blocks[0].head_first = 8; /* the other TP rank: same bytes, other heads */
+  sxt_ok(sx_desc_validate(&r));
+  sxt_rc(sx_layout_check(&l, &r, 0, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_BLOCK_DESC);
+  assert_string_equal(m.field, "block_desc");
+  assert_string_equal(m.local, "HND 16t h0-7/16 d128 bf16");
+  assert_string_equal(m.remote, "HND 16t h8-15/16 d128 bf16");
+  assert_non_null(strstr(m.message, "read plan"));
+  r.layout.blocks[0] = b;
+  r.layout.blocks[0].order = SX_KV_NHD;
+  sxt_rc(sx_layout_check(&l, &r, 0, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_BLOCK_DESC);
+  sx_desc_free(&l);
+  sx_desc_free(&r);
+}
+
 static void test_layout_json_roundtrip_through_layout_file(void **state) {
   (void)state;
   sx_desc d, back;
@@ -183,6 +217,59 @@ static void test_layout_json_roundtrip_through_layout_file(void **state) {
   free(json);
   sx_desc_free(&back);
   sx_desc_free(&d);
+}
+
+/* Block descriptions in layout files: written by show --json, read back
+ * the same; a description defaults its dtype to the layout's; bad ones
+ * are refused with what is wrong. */
+static void test_layout_file_block_descriptions(void **state) {
+  (void)state;
+  static const char text[] =
+      "{\"layout\": {\"fingerprint\": \"m1\", \"dtype\": \"bf16\", \"tp_rank\": 1,\n"
+      "  \"tp_size\": 2, \"layer_first\": 0, \"layer_count\": 2, \"blocks\": [\n"
+      "  {\"order\": \"HND\", \"tokens\": 16, \"head_first\": 4, \"head_count\": 4,\n"
+      "   \"heads_total\": 8, \"head_dim\": 128}]},\n"
+      " \"regions\": [{\"slot\": \"K\", \"layer_count\": 2, \"layer_stride\": 65536,\n"
+      "   \"block_bytes\": 16384, \"num_blocks\": 4}]}";
+  sx_desc d, back;
+  char *json;
+  sxt_ok(sx_layout_parse(text, strlen(text), &d));
+  assert_int_equal(d.layout.n_blocks, 1);
+  const sx_block_desc *b = &d.layout.blocks[0];
+  assert_int_equal(b->order, SX_KV_HND);
+  assert_int_equal(b->head_first, 4);
+  assert_string_equal(b->dtype, "bf16");
+  assert_int_equal(d.layout.layer_count, 2);
+  snprintf(d.name, sizeof(d.name), "x");
+  sxt_ok(sx_desc_to_json(&d, 0, &json));
+  sxt_ok(sx_layout_parse(json, strlen(json), &back));
+  assert_int_equal(back.layout.n_blocks, 1);
+  assert_int_equal(back.layout.blocks[0].head_count, 4);
+  assert_int_equal(back.layout.blocks[0].slots, 3); /* written resolved: K and V */
+  free(json);
+  sx_desc_free(&back);
+  sx_desc_free(&d);
+  static const struct {
+    const char *from, *to;
+    int rc;
+    const char *says;
+  } bad[] = {
+      {"\"HND\"", "\"HDN\"", SX_EINVAL, "order 'HDN'"},
+      {"\"head_dim\": 128", "\"head_dim\": 64", SX_EINVAL, "block_bytes 16384"},
+      {"\"head_first\": 4", "\"head_first\": 5", SX_EINVAL, "inside the model"},
+      {"\"tokens\": 16,", "", SX_EINVAL, "\"tokens\" is required"},
+      {"\"layer_first\": 0", "\"layer_first\": 1", SX_ELAYERS, "outside the stage"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    char buf[1024];
+    const char *at = strstr(text, bad[i].from);
+    assert_non_null(at);
+    snprintf(buf, sizeof(buf), "%.*s%s%s", (int)(at - text), text, bad[i].to,
+             at + strlen(bad[i].from));
+    sxt_rc(sx_layout_parse(buf, strlen(buf), &d), bad[i].rc);
+    if (strstr(sx_errmsg(), bad[i].says) == NULL)
+      fail_msg("case %zu: '%s' lacks '%s'", i, sx_errmsg(), bad[i].says);
+  }
 }
 
 static void test_layout_parse_minimal_file_with_defaults(void **state) {
@@ -281,6 +368,8 @@ int main(void) {
       cmocka_unit_test(test_layout_check_extra_key),
       cmocka_unit_test(test_layout_check_reports_lowest_key_first),
       cmocka_unit_test(test_layout_check_rejects_null),
+      cmocka_unit_test(test_layout_check_block_descriptions),
+      cmocka_unit_test(test_layout_file_block_descriptions),
       cmocka_unit_test(test_layout_json_roundtrip_through_layout_file),
       cmocka_unit_test(test_layout_parse_minimal_file_with_defaults),
       cmocka_unit_test(test_layout_parse_rejects_bad_files),

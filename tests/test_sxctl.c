@@ -288,6 +288,84 @@ static void test_sxctl_check(void **state) {
   free(err);
 }
 
+/* A described segment: 8 layers of K/V blocks of 16 tokens x heads
+ * [first, first+count) of 8 x 128 x bf16. */
+static void desc_described(sx_desc *d, const char *name, uint8_t inc, sx_kv_order order,
+                           uint32_t first, uint32_t count, uint32_t rank, uint32_t size) {
+  desc_make(d, name, inc, "tp", 16ull * count * 128 * 2, 60000);
+  d->layout.tp_rank = rank;
+  d->layout.tp_size = size;
+  d->layout.n_blocks = 1;
+  d->layout.blocks[0] = (sx_block_desc){.order = order, .tokens = 16, .head_first = first,
+                                        .head_count = count, .heads_total = 8,
+                                        .head_dim = 128};
+  strcpy(d->layout.blocks[0].dtype, "bf16");
+}
+
+static void test_sxctl_check_prints_plans(void **state) {
+  (void)state;
+  NEED_SERVER();
+  sx_store *s;
+  sx_desc d;
+  assert_int_equal(sx_store_open(url, &s), 0);
+  desc_described(&d, "plan-p/tp0", 0x41, SX_KV_HND, 0, 4, 0, 2);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  sx_desc_free(&d);
+  desc_described(&d, "plan-p/tp1", 0x42, SX_KV_HND, 4, 4, 1, 2);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  sx_desc_free(&d);
+  desc_described(&d, "plan-d/tp0", 0x43, SX_KV_HND, 0, 8, 0, 1);
+  sxt_ok(sx_store_publish(s, &d, 0));
+  sx_desc_free(&d);
+  char *out, *err;
+  assert_int_equal(run(&out, NULL, "--metadata '%s' show plan-p/tp1", url), 0);
+  assert_non_null(strstr(out, "group 0: 16 tokens x heads 4-7 of 8 x 128 x bf16, HND"));
+  free(out);
+  assert_int_equal(run(&out, NULL, "--metadata '%s' show plan-p/tp1 --json", url), 0);
+  json_t *j = json_loads(out, 0, NULL);
+  json_t *b0 = json_array_get(json_object_get(json_object_get(j, "layout"), "blocks"), 0);
+  assert_int_equal(json_integer_value(json_object_get(b0, "head_first")), 4);
+  assert_string_equal(json_string_value(json_object_get(b0, "order")), "HND");
+  json_decref(j);
+  free(out);
+  /* Both ranks into one: a plan in words. */
+  assert_int_equal(run(&out, NULL, "--metadata '%s' check plan-p/tp0 plan-p/tp1 --against "
+                       "plan-d/tp0", url), 0);
+  assert_non_null(strstr(out, "compatible with a plan"));
+  assert_non_null(strstr(out, "reads heads 4-7 (all it holds) of each block of plan-p/tp1"));
+  assert_non_null(strstr(out, "reads heads 0-3 (all it holds) of each block of plan-p/tp0"));
+  free(out);
+  /* One rank alone: heads 4-7 have no holder; a structured refusal. */
+  assert_int_equal(run(&out, NULL, "--metadata '%s' check plan-p/tp0 --against plan-d/tp0 "
+                       "--json", url), 1);
+  j = json_loads(out, 0, NULL);
+  assert_non_null(j);
+  assert_true(json_is_false(json_object_get(j, "compatible")));
+  assert_string_equal(json_string_value(json_object_get(j, "mismatch")), "heads_missing");
+  assert_string_equal(json_string_value(json_object_get(j, "local")), "4");
+  json_decref(j);
+  free(out);
+  /* The other way (decode TP=2 reading a TP=1 prefill): each rank's part;
+   * the equal check alone would not pass it (the block sizes differ). */
+  assert_int_equal(run(&out, NULL, "--metadata '%s' check plan-d/tp0 --against plan-p/tp1",
+                       url), 0);
+  assert_non_null(strstr(out, "reads heads 4-7 of each block of plan-d/tp0"));
+  free(out);
+  /* Against an undescribed reader: refused with the check's words. */
+  assert_int_equal(run(&out, &err, "--metadata '%s' check plan-p/tp0 plan-p/tp1 --against "
+                       "decode-0/tp0", url), 1);
+  assert_non_null(strstr(out, "a set of 2"));
+  free(out);
+  free(err);
+  const char *names[] = {"plan-p/tp0", "plan-p/tp1", "plan-d/tp0"};
+  for (int i = 0; i < 3; i++) {
+    uint8_t inc[SX_INCARNATION_LEN];
+    memset(inc, 0x41 + i, sizeof(inc));
+    sxt_ok(sx_store_unpublish(s, names[i], inc));
+  }
+  sx_store_close(s);
+}
+
 static void test_sxctl_unreachable_and_usage(void **state) {
   (void)state;
   char *out, *err, dead[512];
@@ -494,6 +572,7 @@ int main(void) {
       cmocka_unit_test(test_sxctl_ls_json),
       cmocka_unit_test(test_sxctl_show),
       cmocka_unit_test(test_sxctl_check),
+      cmocka_unit_test(test_sxctl_check_prints_plans),
       cmocka_unit_test(test_sxctl_unreachable_and_usage),
       cmocka_unit_test(test_sxctl_rm),
       cmocka_unit_test(test_sxctl_watch_json),

@@ -185,6 +185,10 @@ int bx_target_main(const bx_common *o, int argc, char **argv);
 
 extern const char bx_codec_help[], bx_meta_help[], bx_read_help[], bx_target_help[];
 
+/* Read plans against equal layouts (plan.c). */
+int bx_plan_main(const bx_common *o, int argc, char **argv);
+extern const char bx_plan_help[];
+
 /* GPU memory (read_gpu.c): `read --location cuda:N` and its far end. */
 int bx_read_gpu_main(const bx_common *o, int argc, char **argv);
 int bx_gpu_target_main(const bx_common *o, int argc, char **argv);

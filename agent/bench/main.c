@@ -34,6 +34,8 @@ static const char usage_text[] =
     "  read     batched block reads between two processes (tcp or rdma), block\n"
     "           sizes 4K..4M, batches 1..1024, contiguous or scattered ids;\n"
     "           against a raw TCP stream (or ib_read_bw) between the same processes\n"
+    "  plan     a TP=2 -> TP=1 read plan (two segments of half the KV heads into\n"
+    "           one reader) against equal layouts on the same bytes (tcp)\n"
     "  target   the far end of `read` (it spawns it; not for direct use)\n"
     "\n"
     "options of every mode:\n"
@@ -74,6 +76,7 @@ static const mode modes[] = {
     {"codec", bx_codec_main, bx_codec_help},
     {"meta", bx_meta_main, bx_meta_help},
     {"read", bx_read_main, bx_read_help},
+    {"plan", bx_plan_main, bx_plan_help},
     {"target", bx_target_main, bx_target_help},
     {"gpu-target", bx_gpu_target_main, bx_gpu_target_help},
 };

@@ -264,6 +264,20 @@ static void show_human(const sx_desc *d, const sx_store_lease *lease, int secret
          d->layout.fingerprint[0] ? d->layout.fingerprint : "-",
          d->layout.tag[0] ? d->layout.tag : "-", d->layout.dtype[0] ? d->layout.dtype : "-",
          d->layout.tp_rank, d->layout.tp_size, d->layout.pp_rank, d->layout.pp_size);
+  if (d->layout.layer_count)
+    printf("stage         layers %u-%u\n", d->layout.layer_first,
+           d->layout.layer_first + d->layout.layer_count - 1);
+  for (uint32_t i = 0; i < d->layout.n_blocks && i < SX_MAX_BLOCK_DESCS; i++) {
+    const sx_block_desc *b = &d->layout.blocks[i];
+    printf("%s", i ? "              " : "blocks        ");
+    if (b->order == SX_KV_MLA)
+      printf("group %u: %u tokens x %u x %s, MLA (no head split)\n", b->group, b->tokens,
+             b->head_dim, b->dtype);
+    else
+      printf("group %u: %u tokens x heads %u-%u of %u x %u x %s, %s\n", b->group, b->tokens,
+             b->head_first, b->head_first + b->head_count - 1, b->heads_total, b->head_dim,
+             b->dtype, sx_kv_order_name(b->order));
+  }
   labels_text(d, labels, sizeof(labels));
   printf("labels        %s\n", labels[0] ? labels : "-");
   sx_desc here;
@@ -401,10 +415,46 @@ const sxctl_cmd sxctl_cmd_show = {
 
 /* --------------------------------------------------------------- check */
 
+/* The check's verdict, in words or JSON.  err/m are the plan's when it
+ * ran (then plan_text is set on success), else the equal check's. */
+static void check_print(int json, char **names, int n, const char *with, int err,
+                        const sx_mismatch *m, const char *plan_text, int equal) {
+  char who[1024] = "";
+  for (int i = 0; i < n; i++)
+    snprintf(who + strlen(who), sizeof(who) - strlen(who), "%s%s", i ? ", " : "", names[i]);
+  if (json) {
+    json_t *o = json_object(), *segs = json_array();
+    for (int i = 0; i < n; i++)
+      json_array_append_new(segs, json_string(names[i]));
+    json_object_set_new(o, "segment", json_string(names[0]));
+    json_object_set_new(o, "segments", segs);
+    json_object_set_new(o, "against", json_string(with));
+    json_object_set_new(o, "compatible", json_boolean(err == 0));
+    json_object_set_new(o, "equal", json_boolean(equal));
+    if (err != 0) {
+      json_object_set_new(o, "mismatch", json_string(sx_mismatch_kind_name(m->kind)));
+      json_object_set_new(o, "field", json_string(m->field ? m->field : ""));
+      json_object_set_new(o, "local", json_string(m->local));
+      json_object_set_new(o, "remote", json_string(m->remote));
+      json_object_set_new(o, "message", json_string(m->message));
+    }
+    if (plan_text != NULL)
+      json_object_set_new(o, "plan", json_string(plan_text));
+    json_print(o);
+  } else if (err == 0) {
+    printf("compatible%s: %s and %s\n", equal ? "" : " with a plan", who, with);
+    if (plan_text != NULL)
+      fputs(plan_text, stdout);
+  } else {
+    printf("incompatible: %s vs %s: %s\n", who, with, m->message);
+  }
+}
+
 static int check_run(sxctl_ctx *ctx, int argc, char **argv) {
   const sxctl_cmd *cmd = &sxctl_cmd_check;
-  const char *name = NULL, *against = NULL, *layout = NULL;
-  int json = 0;
+  const char *against = NULL, *layout = NULL;
+  char *names[SX_PLAN_MAX_MEMBERS];
+  int json = 0, n = 0;
   unsigned flags = 0;
   for (int i = 1; i < argc; i++) {
     if (sxctl_is_help(cmd, argv[i]))
@@ -417,12 +467,14 @@ static int check_run(sxctl_ctx *ctx, int argc, char **argv) {
       against = argv[++i];
     else if (strcmp(argv[i], "--layout") == 0 && i + 1 < argc)
       layout = argv[++i];
-    else if (argv[i][0] == '-' || name != NULL)
+    else if (argv[i][0] == '-')
       return sxctl_usage(cmd, "unexpected argument '%s'", argv[i]);
+    else if (n == SX_PLAN_MAX_MEMBERS)
+      return sxctl_usage(cmd, "at most %d segments", SX_PLAN_MAX_MEMBERS);
     else
-      name = argv[i];
+      names[n++] = argv[i];
   }
-  if (name == NULL)
+  if (n == 0)
     return sxctl_usage(cmd, "which segment? (sxctl check NAME --against NAME2)");
   if ((against == NULL) == (layout == NULL))
     return sxctl_usage(cmd, "give exactly one of --against NAME2 and --layout FILE");
@@ -449,35 +501,41 @@ static int check_run(sxctl_ctx *ctx, int argc, char **argv) {
       return SXCTL_ERROR;
     }
   }
-  sx_desc remote;
-  rc = fetch(cmd, s, name, &remote, NULL);
+  sx_desc remote[SX_PLAN_MAX_MEMBERS];
+  const sx_desc *rp[SX_PLAN_MAX_MEMBERS];
+  int got = 0;
+  for (rc = SXCTL_OK; got < n && rc == SXCTL_OK; got++) {
+    rc = fetch(cmd, s, names[got], &remote[got], NULL);
+    rp[got] = &remote[got];
+  }
+  if (rc != SXCTL_OK)
+    got--; /* the last fetch failed: nothing to free there */
   if (rc == SXCTL_NO)
     rc = SXCTL_ERROR;
   if (rc == SXCTL_OK) {
-    sx_mismatch m;
-    int err = sx_layout_check(&local, &remote, flags, &m);
+    /* One segment with an equal layout: the check as it always was.
+     * Otherwise (or besides) the plan says whether and how it fits. */
+    sx_mismatch m, pm;
+    int equal = n == 1 && sx_layout_check(&local, &remote[0], flags, &m) == 0;
+    sx_plan *plan = NULL;
+    char *text = NULL;
+    int err = sx_layout_plan(&local, rp, (uint32_t)n, flags, &plan, &pm);
+    if (err == 0)
+      err = sx_plan_text(plan, &text);
+    else if (err == SX_EINCOMPAT && n == 1 && local.layout.n_blocks == 0 &&
+             remote[0].layout.n_blocks == 0)
+      pm = m; /* no descriptions: the check's words, as before plans */
     const char *with = against ? against : layout;
-    if (json) {
-      json_t *o = json_object();
-      json_object_set_new(o, "segment", json_string(name));
-      json_object_set_new(o, "against", json_string(with));
-      json_object_set_new(o, "compatible", json_boolean(err == 0));
-      if (err != 0) {
-        json_object_set_new(o, "mismatch", json_string(sx_mismatch_kind_name(m.kind)));
-        json_object_set_new(o, "field", json_string(m.field ? m.field : ""));
-        json_object_set_new(o, "local", json_string(m.local));
-        json_object_set_new(o, "remote", json_string(m.remote));
-        json_object_set_new(o, "message", json_string(m.message));
-      }
-      json_print(o);
-    } else if (err == 0) {
-      printf("compatible: %s and %s\n", name, with);
-    } else {
-      printf("incompatible: %s vs %s: %s\n", name, with, m.message);
-    }
+    if (err != 0 && err != SX_EINCOMPAT)
+      sxctl_err(cmd, "%s: %s", sx_err_name(err), sx_errmsg());
+    else
+      check_print(json, names, n, with, err, &pm, text, equal);
     rc = err == 0 ? SXCTL_OK : err == SX_EINCOMPAT ? SXCTL_NO : SXCTL_ERROR;
-    sx_desc_free(&remote);
+    free(text);
+    sx_plan_free(plan);
   }
+  for (int i = 0; i < got; i++)
+    sx_desc_free(&remote[i]);
   sx_desc_free(&local);
   sx_store_close(s);
   return rc;
@@ -486,13 +544,17 @@ static int check_run(sxctl_ctx *ctx, int argc, char **argv) {
 const sxctl_cmd sxctl_cmd_check = {
     .name = "check",
     .summary = "check a segment's layout against another segment or a layout file",
-    .help = "usage: sxctl check NAME (--against NAME2 | --layout FILE) [--ignore-fingerprint] [--json]\n"
+    .help = "usage: sxctl check NAME... (--against NAME2 | --layout FILE) [--ignore-fingerprint] [--json]\n"
             "\n"
             "Check whether a reader with the layout of NAME2 (or of FILE) may read NAME:\n"
-            "same fingerprint, layout tag and dtype, the same (group, layer, slot) keys\n"
-            "and equal block sizes (block counts may differ).  Prints the first\n"
-            "mismatch.  Exit 0 compatible, 1 incompatible, 2 error (including a NAME or\n"
-            "NAME2 that does not exist).\n"
+            "equal layouts (same fingerprint, layout tag and dtype, the same (group,\n"
+            "layer, slot) keys and equal block sizes; block counts may differ), or\n"
+            "layouts whose block descriptions fit through a read plan (another tensor-\n"
+            "parallel split, GQA replicas, block sizes in an integer ratio, NHD/HND),\n"
+            "which is printed in words.  Several NAMEs are one set (the ranks of a\n"
+            "prefill engine) read together.  Prints the first mismatch otherwise.\n"
+            "Exit 0 compatible, 1 incompatible, 2 error (including a NAME or NAME2\n"
+            "that does not exist).\n"
             "\n"
             "  --against NAME2        compare with another published segment\n"
             "  --layout FILE          compare with a layout file (JSON; `sxctl show --json`\n"
@@ -502,6 +564,7 @@ const sxctl_cmd sxctl_cmd_check = {
             "\n"
             "examples:\n"
             "  sxctl check prefill-0/tp3 --against decode-0/tp3\n"
+            "  sxctl check prefill-0/tp0 prefill-0/tp1 --against decode-0/tp0\n"
             "  sxctl check prefill-0/tp3 --layout my-layout.json && echo ok\n",
     .run = check_run,
 };

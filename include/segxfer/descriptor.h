@@ -47,6 +47,10 @@ extern "C" {
 #define SX_ADDR_MAX 63           /* endpoint host: IPv4/IPv6 literal or name */
 #define SX_HOST_ID_LEN 36        /* boot id: "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
 #define SX_HOSTNAME_MAX 64       /* [A-Za-z0-9._-] */
+#define SX_MAX_BLOCK_DESCS 8     /* block descriptions (groups) per layout */
+#define SX_MAX_BLOCK_TOKENS 65536 /* tokens per block */
+#define SX_MAX_HEADS 4096        /* KV heads of a model */
+#define SX_MAX_HEAD_DIM 65536    /* elements per head and token */
 
 #define SX_INCARNATION_LEN 16
 #define SX_TOKEN_LEN 16
@@ -120,6 +124,39 @@ typedef struct sx_label {
   char value[SX_LABEL_VALUE_MAX + 1];
 } sx_label;
 
+/* The order of the elements inside one block of one layer and slot. */
+typedef enum sx_kv_order {
+  SX_KV_NONE = 0, /* not described */
+  SX_KV_NHD = 1,  /* token-major: [tokens][heads][head_dim] */
+  SX_KV_HND = 2,  /* head-major: [heads][tokens][head_dim] */
+  SX_KV_MLA = 3,  /* no head split (MLA latent): [tokens][head_dim]; every
+                   * rank holds the whole of it */
+} sx_kv_order;
+
+/*
+ * What a block of one group is (optional: a layout without descriptions
+ * checks and plans as whole, equal blocks).  Every region of the group whose
+ * slot is in `slots` then has block_bytes == tokens * head_count * head_dim *
+ * (bytes of dtype), which validation enforces, so a plan can cut blocks into
+ * head and token pieces without leaving them.  With SX_KV_MLA head_first is 0
+ * and head_count == heads_total (no split).
+ */
+typedef struct sx_block_desc {
+  uint32_t group;
+  sx_kv_order order;
+  uint32_t tokens;       /* tokens per block, 1..SX_MAX_BLOCK_TOKENS */
+  uint32_t head_first;   /* the KV heads this segment holds: */
+  uint32_t head_count;   /*   [head_first, head_first + head_count) */
+  uint32_t heads_total;  /*   of the model's heads_total (<= SX_MAX_HEADS) */
+  uint32_t head_dim;     /* elements per head and token */
+  char dtype[SX_TAG_MAX + 1]; /* "fp32", "bf16", "fp16", "fp8_e4m3", "int8"... */
+  uint64_t slots;        /* slots described (bit mask); 0 is K and V */
+} sx_block_desc;
+
+/* Bytes of one element of a dtype name, 0 for a name not known. */
+SX_EXTERN uint32_t sx_dtype_bytes(const char *dtype);
+SX_EXTERN const char *sx_kv_order_name(sx_kv_order o);
+
 /* Segment-wide facts a reader must agree with. */
 typedef struct sx_layout {
   char fingerprint[SX_FINGERPRINT_MAX + 1]; /* model/layout fingerprint */
@@ -127,6 +164,12 @@ typedef struct sx_layout {
   char dtype[SX_TAG_MAX + 1];               /* e.g. "bf16", "fp8_e4m3" */
   uint32_t tp_rank, tp_size;
   uint32_t pp_rank, pp_size;
+  /* Pipeline stage: the layers this segment holds, [layer_first,
+   * layer_first + layer_count); count 0: not said.  Regions must lie in it. */
+  uint32_t layer_first, layer_count;
+  /* Block descriptions, one per group at most (see sx_block_desc). */
+  uint32_t n_blocks;
+  sx_block_desc blocks[SX_MAX_BLOCK_DESCS];
 } sx_layout;
 
 typedef struct sx_desc {

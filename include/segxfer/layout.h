@@ -30,6 +30,15 @@ typedef enum sx_mismatch_kind {
   SX_MISMATCH_MISSING_KEY, /* local has (group, layer, slot), remote lacks it */
   SX_MISMATCH_EXTRA_KEY,   /* remote has a key the local layout lacks */
   SX_MISMATCH_BLOCK_BYTES,
+  /* Plans (segxfer/plan.h): */
+  SX_MISMATCH_BLOCK_DESC,    /* a group is described on one side only */
+  SX_MISMATCH_HEADS_TOTAL,   /* the model's KV head counts differ */
+  SX_MISMATCH_HEAD_DIM,
+  SX_MISMATCH_BLOCK_TOKENS,  /* tokens per block not in an integer ratio */
+  SX_MISMATCH_ORDER,         /* MLA against a head-split cache */
+  SX_MISMATCH_HEADS_MISSING, /* a local head no remote segment holds */
+  SX_MISMATCH_HEADS_OVERLAP, /* two remote segments hold overlapping, unequal heads */
+  SX_MISMATCH_TP,            /* the set's tp sizes differ or a rank repeats */
 } sx_mismatch_kind;
 
 typedef struct sx_mismatch {

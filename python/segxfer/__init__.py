@@ -14,6 +14,7 @@ See docs/python.md.
 from . import _lib
 from .agent import Agent, Region, Segment
 from .batch import Batch, BatchResult
+from .group import Group, GroupResult, block_desc
 from .errors import CODES, IncompatibleLayout, SegxferError
 from .errors import *  # noqa: F401,F403  (SX_EINVAL, SX_ENOENT, ...: one class per code)
 from .memory import pointer_location
@@ -37,7 +38,8 @@ def dtype_name(dtype):
     return _DTYPES.get(name, name)
 
 
-__all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "Notice", "NoticeBlocks",
+__all__ = ["Agent", "Region", "Segment", "Batch", "BatchResult", "Group", "GroupResult",
+           "block_desc", "Notice", "NoticeBlocks",
            "NoticeRange", "SegxferError",
            "IncompatibleLayout", "CODES", "dtype_name", "pointer_location", "library_path",
            "SLOT_K", "SLOT_V", "SLOT_INDEX", "SLOT_STATE"] + [c.__name__ for c in CODES.values()]

@@ -56,7 +56,20 @@ BATCH_STATES = {0: "NEW", 1: "RUNNING", 2: "COMPLETED", 3: "FAILED", 4: "TIMEOUT
 AGENT_STATES = {0: "UNPUBLISHED", 1: "PUBLISHED", 2: "RECLAIMING", 3: "FENCED"}
 LOG_LEVELS = {"error": 0, "warn": 1, "info": 2, "debug": 3}
 MISMATCH_KINDS = {0: "none", 1: "fingerprint", 2: "layout_tag", 3: "dtype",
-                  4: "missing_key", 5: "extra_key", 6: "block_bytes"}
+                  4: "missing_key", 5: "extra_key", 6: "block_bytes", 7: "block_desc",
+                  8: "heads_total", 9: "head_dim", 10: "block_tokens", 11: "order",
+                  12: "heads_missing", 13: "heads_overlap", 14: "tp"}
+
+
+MAX_BLOCK_DESCS = 8
+KV_ORDERS = {"NHD": 1, "HND": 2, "MLA": 3}
+
+
+class BlockDesc(Structure):
+    _fields_ = [("group", c_uint32), ("order", c_int), ("tokens", c_uint32),
+                ("head_first", c_uint32), ("head_count", c_uint32),
+                ("heads_total", c_uint32), ("head_dim", c_uint32),
+                ("dtype", c_char * (TAG_MAX + 1)), ("slots", c_uint64)]
 
 
 class Layout(Structure):
@@ -64,7 +77,9 @@ class Layout(Structure):
                 ("tag", c_char * (TAG_MAX + 1)),
                 ("dtype", c_char * (TAG_MAX + 1)),
                 ("tp_rank", c_uint32), ("tp_size", c_uint32),
-                ("pp_rank", c_uint32), ("pp_size", c_uint32)]
+                ("pp_rank", c_uint32), ("pp_size", c_uint32),
+                ("layer_first", c_uint32), ("layer_count", c_uint32),
+                ("n_blocks", c_uint32), ("blocks", BlockDesc * MAX_BLOCK_DESCS)]
 
 
 class Label(Structure):
@@ -190,6 +205,24 @@ class BatchResult(Structure):
                 ("transport", c_int), ("post_ns", c_uint64), ("transfer_ns", c_uint64)]
 
 
+class GroupParams(Structure):
+    _fields_ = [("names", POINTER(c_char_p)), ("n_names", c_uint32), ("engine", c_char_p),
+                ("tp_size", c_uint32), ("timeout_ms", c_uint32), ("flags", c_uint),
+                ("pattern", c_char_p)]
+
+
+class GroupResult(Structure):
+    _fields_ = [("state", c_int), ("error", c_int), ("message", c_char * 256),
+                ("bytes", c_uint64), ("n_ranges", c_uint32), ("members", c_uint32),
+                ("n_failed", c_uint32), ("failed", POINTER(c_uint64)),
+                ("transfer_ns", c_uint64)]
+
+
+class PlanInfo(Structure):
+    _fields_ = [("members", c_uint32), ("used", c_uint32), ("groups", c_uint32),
+                ("pieces", c_uint32), ("whole", c_uint32)]
+
+
 class AgentStatus(Structure):
     _fields_ = [("state", c_int), ("generation", c_uint64), ("renewals", c_uint64),
                 ("renew_failures", c_uint64), ("republishes", c_uint64),
@@ -199,7 +232,9 @@ class AgentStatus(Structure):
 
 
 # Every mirrored struct, by its C name (the ABI test walks this).
-STRUCTS = {"sx_layout": Layout, "sx_label": Label, "sx_agent_params": AgentParams,
+STRUCTS = {"sx_layout": Layout, "sx_block_desc": BlockDesc,
+           "sx_group_params": GroupParams, "sx_group_result": GroupResult,
+           "sx_plan_info": PlanInfo, "sx_label": Label, "sx_agent_params": AgentParams,
            "sx_region_params": RegionParams, "sx_endpoint": Endpoint, "sx_region": Region,
            "sx_desc": Desc, "sx_mismatch": Mismatch, "sx_block_read": BlockRead,
            "sx_block_ids": BlockIds,
@@ -291,6 +326,18 @@ _PROTOS = {
     "sx_agent_notice_next": (c_int, [_P, c_int, POINTER(POINTER(Notice))]),
     "sx_agent_notice_fd": (c_int, [_P]),
     "sx_notice_free": (None, [POINTER(Notice)]),
+    "sx_group_params_init": (None, [POINTER(GroupParams)]),
+    "sx_group_open": (c_int, [_P, POINTER(GroupParams), POINTER(_P), POINTER(Mismatch)]),
+    "sx_group_close": (None, [_P]),
+    "sx_group_size": (c_uint32, [_P]),
+    "sx_group_segment": (_P, [_P, c_uint32]),
+    "sx_group_plan": (_P, [_P]),
+    "sx_group_read": (c_int, [_P, POINTER(c_uint64), c_size_t, POINTER(c_uint64), c_size_t,
+                              c_uint32, POINTER(GroupResult)]),
+    "sx_segment_plan": (c_int, [_P, c_uint, POINTER(_P), POINTER(Mismatch)]),
+    "sx_plan_free": (None, [_P]),
+    "sx_plan_text": (c_int, [_P, POINTER(c_void_p)]),
+    "sx_plan_info_get": (c_int, [_P, POINTER(PlanInfo)]),
 }
 for _name, (_res, _args) in _PROTOS.items():
     _f = getattr(lib, _name)

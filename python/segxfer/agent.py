@@ -25,6 +25,7 @@ from .batch import Batch, _index, _timeout_ms, _slots_mask, _u32, _u64
 from .errors import IncompatibleLayout, check, code, invalid
 from .memory import memory_of, pointer_location
 from . import push
+from .group import Group, _raise_mismatch, block_desc, fill_blocks, plan_text
 
 _lib_ = _lib.lib
 _live_agents = weakref.WeakSet()
@@ -126,6 +127,14 @@ class Agent(Owned):
     lease_ms, renew_ms, listen, advertise, namespace, conns_per_peer,
     rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms, staging_bytes: as in
                   sx_agent_params (include/segxfer/agent.h); None: default
+    kv_layout     "NHD", "HND" or "MLA": describe the blocks of group 0 (what
+                  plans across tensor-parallel splits, block sizes and orders
+                  need); tokens, heads and head_dim come from kv_cache (a
+                  paged cache tensor) or block_tokens, kv_heads (first,
+                  count, total) and head_dim; see segxfer.block_desc
+    blocks        block descriptions (dicts from segxfer.block_desc), for
+                  several groups; instead of kv_layout
+    pp_layers     (first, count): the pipeline stage's layers
     log_level     "error", "warn", "info", "debug"
     log           None (the library writes to stderr), or a callable
                   log(level, message) run on the agent's thread
@@ -139,7 +148,9 @@ class Agent(Owned):
                  pp_size=0, labels=None, lease_ms=None, renew_ms=None, listen=None,
                  advertise=None, namespace=None, conns_per_peer=None, rdma_devices=None,
                  rdma_gid_index=None, slice_bytes=None, cache_ttl_ms=None,
-                 staging_bytes=None, log_level="info", log=None):
+                 staging_bytes=None, kv_layout=None, kv_cache=None, block_tokens=None,
+                 kv_heads=None, head_dim=None, blocks=None, pp_layers=None,
+                 log_level="info", log=None):
         if metadata_url is None:
             metadata_url = os.environ.get("SX_METADATA_URL")
         if not metadata_url:
@@ -182,6 +193,21 @@ class Agent(Owned):
         for field, v in (("tp_rank", tp_rank), ("tp_size", tp_size), ("pp_rank", pp_rank),
                          ("pp_size", pp_size)):
             setattr(p.layout, field, _u32(v, field))
+        if kv_layout is not None:
+            if blocks is not None:
+                raise invalid("give kv_layout or blocks, not both")
+            first, count, total = (tuple(kv_heads) if kv_heads is not None
+                                   else (None, None, None))
+            blocks = [block_desc(kv_cache, kv_layout=kv_layout, tokens=block_tokens,
+                                 head_first=first, head_count=count, heads_total=total,
+                                 head_dim=head_dim, dtype=dtype or None, tp_rank=tp_rank,
+                                 tp_size=tp_size)]
+        if blocks:
+            fill_blocks(p.layout, list(blocks))
+        self.blocks = list(blocks or [])
+        if pp_layers is not None:
+            p.layout.layer_first = _u32(pp_layers[0], "pp_layers")
+            p.layout.layer_count = _u32(pp_layers[1], "pp_layers")
         labels = dict(labels or {})
         if labels:
             arr = (_lib.Label * len(labels))()
@@ -443,6 +469,17 @@ class Agent(Owned):
         published.  SX_ENOENT if it is not."""
         return Segment(self, name, timeout)
 
+    def open_group(self, names=None, *, engine=None, tp_size=None, pattern=None,
+                   timeout=5.0, ignore_fingerprint=False):
+        """Open a set of segments read as one: names, the ranks
+        "<engine>/tp0".."<engine>/tp<tp_size-1>", or the live names matching
+        a glob pattern ("prefill-0/tp*").  Planned at once against
+        this agent's layout and regions (register first); raises
+        IncompatibleLayout (kind "heads_missing", "heads_overlap",
+        "block_tokens", "tp", ...) or SX_ENOENT (a rank not published within
+        timeout) before any byte moves.  See segxfer.Group."""
+        return Group(self, names, engine, tp_size, timeout, ignore_fingerprint, pattern)
+
     # ------------------------------------------------------------ lifetime
 
     def close(self):
@@ -523,6 +560,20 @@ class Segment(Owned):
                                      _lib.text(m.field), m.group, m.layer, m.slot,
                                      _lib.text(m.local), _lib.text(m.remote))
         check(rc, "check %s" % self.name)
+
+    def plan(self, ignore_fingerprint=False):
+        """How this agent's blocks are read from this segment, in words
+        (equal layouts: whole blocks; else head slices, token pieces, block
+        ratios).  Raises IncompatibleLayout with the first misfit."""
+        m = _lib.new_struct(_lib.Mismatch)
+        out = ctypes.c_void_p()
+        flags = _lib.CHECK_IGNORE_FINGERPRINT if ignore_fingerprint else 0
+        rc = _lib_.sx_segment_plan(self._h.get(), flags, ctypes.byref(out), m)
+        _raise_mismatch(rc, m, "plan %s" % self.name)
+        try:
+            return plan_text(out.value)
+        finally:
+            _lib_.sx_plan_free(out.value)
 
     def ping(self, timeout=5.0):
         """Round trip to the owner: (microseconds, transport name)."""

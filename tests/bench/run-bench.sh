@@ -53,6 +53,11 @@ part read-tcp read --duration "$d" --sizes 4K,16K,64K,256K,1M,4M --batches 1,16,
 td=$(awk -v d="$d" 'BEGIN { print 3 * d }')
 part read-targets read --duration "$td" --rounds 3 --sizes 64K,1M --batches 64 --ids scattered \
   --conns 1,2,4,8 --plot "$out/read-targets.png"
+# Read plans (issue 23): a TP=2 prefill into one reader, against equal
+# layouts on the same bytes; HND (head slices, the target) and NHD (a piece
+# per token and rank).
+part plan plan --duration "$d" --rounds 3 --order HND
+part plan-nhd plan --duration "$d" --rounds 3 --order NHD
 # Push mode: write batches against the raw stream the other way round.
 part write-targets read --op write --duration "$td" --rounds 3 --sizes 64K,1M --batches 64 \
   --ids scattered --conns 1,4 --plot "$out/write-targets.png"
@@ -78,7 +83,7 @@ fi
   echo
   echo "Targets (issues 6 and 16), judged on ratios from this run (read: the alternating rounds"
   echo "of read-targets and read-rdma; read-tcp's own lines are single windows):"
-  for f in codec meta read-targets read-rdma write-targets read-rdma-write; do
+  for f in codec meta read-targets read-rdma write-targets read-rdma-write plan plan-nhd; do
     [ -f "$out/$f.txt" ] && sed -n '/^Targets/,$p' "$out/$f.txt" | grep -v '^Targets' |
       sed "s/^/[$f] /"
   done

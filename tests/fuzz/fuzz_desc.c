@@ -23,8 +23,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       (d.n_regions && memcmp(again.regions, d.regions, d.n_regions * sizeof(sx_region))) ||
       memcmp(again.incarnation, d.incarnation, SX_INCARNATION_LEN) != 0 ||
       strcmp(again.host_id, d.host_id) != 0 || strcmp(again.hostname, d.hostname) != 0 ||
-      again.process != d.process)
+      again.process != d.process || memcmp(&again.layout, &d.layout, sizeof(d.layout)))
     abort();
+  /* A valid descriptor plans against itself (block descriptions whose
+   * numbers passed validation cut blocks inside them), and its plan has
+   * words. */
+  const sx_desc *self[1] = {&d};
+  sx_plan *plan;
+  char *words;
+  int prc = sx_layout_plan(&d, self, 1, 0, &plan, NULL);
+  if (prc != 0 && prc != SX_ELIMIT)
+    abort();
+  if (prc == 0) {
+    if (sx_plan_text(plan, &words) != 0)
+      abort();
+    free(words);
+    sx_plan_free(plan);
+  }
   /* The JSON form must parse back as a layout with the same regions. */
   char *json;
   sx_desc lay;

@@ -11,6 +11,17 @@ process:
              N tokens greedily; write tokens and logits
   reference  prefill and decode in one process, no segxfer
 
+Different layouts (the read plans of docs/architecture.md): a prefill
+process may hold one tensor-parallel rank's share of the KV heads
+(--tp-rank/--tp-size: it runs the whole model, as a TP rank's attention
+output after the all-reduce is the whole model's, and registers only its
+heads), and the decode role with --plan opens the prefill ranks as one set
+(--peer-tp) and reads through the plan; with --tp-size N it runs N decode
+ranks, each an agent of its own with a cache of its own heads and its own
+plan, and the model then runs on their caches put side by side (what the
+all-reduce of a TP attention computes).  --block-size and --kv-layout
+(NHD or HND) set the paged cache's shape on each side.
+
 Random weights from a fixed seed (made on the CPU, then moved, so every
 device gets the same ones), RMSNorm, rotary embeddings, grouped-query
 attention over the paged cache gathered through the block table, SwiGLU.
@@ -42,8 +53,9 @@ def prompt_tokens(seed, n):
 
 
 class TinyLM:
-    def __init__(self, seed, kv_heads, device, dtype):
+    def __init__(self, seed, kv_heads, device, dtype, block_size=BLOCK_SIZE, kv_layout="NHD"):
         self.kv_heads, self.device, self.dtype = kv_heads, device, dtype
+        self.block_size, self.kv_layout = block_size, kv_layout
         g = torch.Generator().manual_seed(seed)
 
         def w(*shape, scale):
@@ -65,11 +77,25 @@ class TinyLM:
         inv = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM))
         self.inv_freq = inv.to(device)
 
-    def new_cache(self, num_blocks):
-        """K and V: [layers, num_blocks, block_size, kv_heads, head_dim] (NHD)."""
-        shape = (LAYERS, num_blocks, BLOCK_SIZE, self.kv_heads, HEAD_DIM)
+    def new_cache(self, num_blocks, heads=None):
+        """K and V: [layers, num_blocks, block_size, heads, head_dim] (NHD) or
+        [layers, num_blocks, heads, block_size, head_dim] (HND)."""
+        heads = self.kv_heads if heads is None else heads
+        if self.kv_layout == "HND":
+            shape = (LAYERS, num_blocks, heads, self.block_size, HEAD_DIM)
+        else:
+            shape = (LAYERS, num_blocks, self.block_size, heads, HEAD_DIM)
         return (torch.zeros(shape, device=self.device, dtype=self.dtype),
                 torch.zeros(shape, device=self.device, dtype=self.dtype))
+
+    def head_axis(self):
+        return 2 if self.kv_layout == "HND" else 3
+
+    def _at(self, li, blocks, offs):
+        """The cache index of (layer, blocks, offsets): rows [S, heads, hd]."""
+        if self.kv_layout == "HND":
+            return (li, blocks, slice(None), offs)
+        return (li, blocks, offs)
 
     @staticmethod
     def _rms(x, weight):
@@ -102,11 +128,12 @@ class TinyLM:
             q = self._rope((h @ p["wq"]).view(t, HEADS, HEAD_DIM), pos)
             k = self._rope((h @ p["wk"]).view(t, self.kv_heads, HEAD_DIM), pos)
             v = (h @ p["wv"]).view(t, self.kv_heads, HEAD_DIM)
-            k_cache[li, table[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = k
-            v_cache[li, table[pos // BLOCK_SIZE], pos % BLOCK_SIZE] = v
-            blocks, offs = table[all_pos // BLOCK_SIZE], all_pos % BLOCK_SIZE
-            keys = k_cache[li, blocks, offs].repeat_interleave(rep, dim=1)   # [S, H, hd]
-            vals = v_cache[li, blocks, offs].repeat_interleave(rep, dim=1)
+            bs = self.block_size
+            k_cache[self._at(li, table[pos // bs], pos % bs)] = k
+            v_cache[self._at(li, table[pos // bs], pos % bs)] = v
+            at = self._at(li, table[all_pos // bs], all_pos % bs)
+            keys = k_cache[at].repeat_interleave(rep, dim=1)   # [S, H, hd]
+            vals = v_cache[at].repeat_interleave(rep, dim=1)
             scores = torch.einsum("thd,shd->hts", q.float(), keys.float()) / math.sqrt(HEAD_DIM)
             scores = scores.masked_fill(mask[None], float("-inf"))
             att = torch.einsum("hts,shd->thd", scores.softmax(-1), vals.float()).to(x.dtype)
@@ -132,8 +159,8 @@ class BlockManager:
         return out
 
 
-def blocks_for(n_tokens):
-    return (n_tokens + BLOCK_SIZE - 1) // BLOCK_SIZE
+def blocks_for(n_tokens, block_size=BLOCK_SIZE):
+    return (n_tokens + block_size - 1) // block_size
 
 
 def decode_steps(model, cache, table, manager, first_token, start, steps):
@@ -142,7 +169,7 @@ def decode_steps(model, cache, table, manager, first_token, start, steps):
     tok = first_token
     for i in range(steps):
         pos = start + i
-        if pos // BLOCK_SIZE >= len(table):
+        if pos // model.block_size >= len(table):
             table.extend(manager.alloc(1))
         out = model.forward([tok], [pos], cache, table)
         logits.append(out.cpu())
@@ -155,7 +182,15 @@ def setup(args):
     torch.manual_seed(0)
     torch.set_num_threads(1)     # one CPU kernel path in every process
     dtype = DTYPES[args.dtype]
-    return TinyLM(args.seed, args.kv_heads, args.device, dtype)
+    return TinyLM(args.seed, args.kv_heads, args.device, dtype, args.block_size, args.kv_layout)
+
+
+def rank_heads(kv_heads, rank, size):
+    """(first, count) of the KV heads a TP rank holds; with more ranks than
+    heads, size // kv_heads ranks hold each head (GQA replication)."""
+    if size > kv_heads:
+        return rank // (size // kv_heads), 1
+    return rank * (kv_heads // size), kv_heads // size
 
 
 def agent_layout(args):
@@ -170,19 +205,38 @@ def say(obj):
     print(json.dumps(obj), flush=True)
 
 
+def say_error(e):
+    """Report a segxfer error (a layout mismatch with its kind and values);
+    the decode role's exit status for it."""
+    say({"error": type(e).__name__, "message": str(e), "kind": getattr(e, "kind", None),
+         "local": getattr(e, "local", None), "remote": getattr(e, "remote", None)})
+    return 3
+
+
 def run_prefill(args):
     import segxfer
     model = setup(args)
     prompt = prompt_tokens(args.prompt_seed, args.prompt_len)
     cache = model.new_cache(NUM_BLOCKS["prefill"])
-    table = BlockManager(NUM_BLOCKS["prefill"], 11).alloc(blocks_for(len(prompt)))
+    table = BlockManager(NUM_BLOCKS["prefill"], 11).alloc(blocks_for(len(prompt),
+                                                                     model.block_size))
     logits = model.forward(prompt, list(range(len(prompt))), cache, table)
     torch.save(logits.cpu(), args.out)
+    layout = agent_layout(args)
+    if args.tp_size:
+        # This rank keeps its share of the KV heads, in a cache of its own.
+        first, count = rank_heads(args.kv_heads, args.tp_rank, args.tp_size)
+        ax = model.head_axis()
+        cache = tuple(c.narrow(ax, first, count).contiguous() for c in cache)
+        layout.update(tp_rank=args.tp_rank, tp_size=args.tp_size,
+                      kv_heads=(first, count, args.kv_heads))
+    if args.plan:
+        layout.update(kv_layout=args.kv_layout, kv_cache=cache[0])
     # cuda_ipc hands its handles out over the TCP listener: a target that
     # serves it must run TCP too (the reader is the one that forces it).
     serve = "tcp,cuda_ipc" if args.transport == "cuda_ipc" else args.transport
     with segxfer.Agent(args.name, args.url, transports=serve, lease_ms=args.lease_ms,
-                       log_level="warn", **agent_layout(args)) as agent:
+                       log_level="warn", **layout) as agent:
         agent.register_blocks(cache[0], "K")
         agent.register_blocks(cache[1], "V")
         agent.publish()
@@ -192,8 +246,58 @@ def run_prefill(args):
         say({"served_reads": agent.status()["served_reads"]})
 
 
+def run_decode_plan(args):
+    """Decode through read plans: --tp-size ranks (default 1), each an agent
+    with a cache of its heads, reading one set of prefill segments."""
+    import segxfer
+    model = setup(args)
+    manager = BlockManager(NUM_BLOCKS["decode"], 23)
+    remote = [int(b) for b in args.remote_blocks.split(",")]
+    ranks = args.tp_size or 1
+    local = manager.alloc(blocks_for(args.prompt_len, model.block_size))
+    if args.peer_tp:
+        peers = dict(engine=args.peer, tp_size=args.peer_tp)
+    else:
+        peers = dict(names=[args.peer])
+    caches, plans, served = [], [], 0
+    for r in range(ranks):
+        first, count = rank_heads(args.kv_heads, r, ranks)
+        cache = model.new_cache(NUM_BLOCKS["decode"], count)
+        layout = agent_layout(args)
+        layout.update(tp_rank=r, tp_size=args.tp_size, kv_heads=(first, count, args.kv_heads),
+                      kv_layout=args.kv_layout, kv_cache=cache[0])
+        with segxfer.Agent(None, args.url, transports=args.transport, log_level="error",
+                           **layout) as agent:
+            agent.register_blocks(cache[0], "K")
+            agent.register_blocks(cache[1], "V")
+            try:
+                with agent.open_group(timeout=args.open_timeout, **peers) as g:
+                    plans.append(g.plan())
+                    result = asyncio.run(g.read_blocks_async(remote, local, timeout=10))
+                    transport = g.transport
+            except segxfer.SegxferError as e:
+                return say_error(e)
+            if not result.ok:
+                say({"error": result.state, "message": result.message,
+                     "failed": result.failed})
+                return 3
+            served += result.bytes
+        caches.append(cache)
+    # The ranks' caches side by side: every head, as the all-reduce sees it.
+    ax = model.head_axis()
+    cache = tuple(torch.cat([c[i] for c in caches], dim=ax) for i in range(2))
+    tokens, logits = decode_steps(model, cache, list(local), manager, args.first_token,
+                                  args.prompt_len, args.steps)
+    torch.save({"tokens": tokens, "logits": logits}, args.out)
+    say({"local_blocks": local, "tokens": tokens, "transport": transport, "plans": plans,
+         "bytes": served})
+    return 0
+
+
 def run_decode(args):
     import segxfer
+    if args.plan:
+        return run_decode_plan(args)
     model = setup(args)
     cache = model.new_cache(NUM_BLOCKS["decode"])
     manager = BlockManager(NUM_BLOCKS["decode"], 23)
@@ -213,10 +317,7 @@ def run_decode(args):
                     asyncio.run(pull(seg, remote, local))
                 transport = seg.transport
         except segxfer.SegxferError as e:
-            say({"error": type(e).__name__, "message": str(e),
-                 "kind": getattr(e, "kind", None), "local": getattr(e, "local", None),
-                 "remote": getattr(e, "remote", None)})
-            return 3
+            return say_error(e)
     tokens, logits = decode_steps(model, cache, list(local), manager, args.first_token,
                                   args.prompt_len, args.steps)
     torch.save({"tokens": tokens, "logits": logits}, args.out)
@@ -244,7 +345,7 @@ def run_reference(args):
     prompt = prompt_tokens(args.prompt_seed, args.prompt_len)
     cache = model.new_cache(NUM_BLOCKS["prefill"])
     manager = BlockManager(NUM_BLOCKS["prefill"], 5)
-    table = manager.alloc(blocks_for(len(prompt)))
+    table = manager.alloc(blocks_for(len(prompt), model.block_size))
     prefill_logits = model.forward(prompt, list(range(len(prompt))), cache, table)
     first = int(prefill_logits.argmax())
     tokens, logits = decode_steps(model, cache, table, manager, first, len(prompt),
@@ -275,6 +376,16 @@ def main(argv=None):
     ap.add_argument("--skip-pull", action="store_true")
     ap.add_argument("--go-on-stdin", action="store_true",
                     help="decode: set up, print ready, open the peer after a line on stdin")
+    ap.add_argument("--block-size", type=int, default=BLOCK_SIZE)
+    ap.add_argument("--kv-layout", default="NHD", choices=["NHD", "HND"])
+    ap.add_argument("--tp-rank", type=int, default=0)
+    ap.add_argument("--tp-size", type=int, default=0,
+                    help="prefill: this rank's share of the KV heads; decode (--plan): "
+                         "this many ranks")
+    ap.add_argument("--plan", action="store_true",
+                    help="describe the blocks; decode: read through a plan from a set")
+    ap.add_argument("--peer-tp", type=int, default=0,
+                    help="decode --plan: the prefill set is PEER/tp0..tp<N-1>")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     return {"prefill": run_prefill, "decode": run_decode,

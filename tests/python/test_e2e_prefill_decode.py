@@ -111,9 +111,9 @@ def decode_after(action, url, tmp, info, *extra):
     return proc.returncode, (lines[-1] if lines else {}), err, out
 
 
-def reference(tmp):
+def reference(tmp, *extra):
     out = str(tmp / "reference.pt")
-    rc, _, err = finish(role("reference", "--steps", str(STEPS), "--out", out))
+    rc, _, err = finish(role("reference", "--steps", str(STEPS), "--out", out, *extra))
     assert rc == 0, err
     return torch.load(out)
 
@@ -222,6 +222,86 @@ def test_e2e_dead_prefill_gives_an_error_not_tokens(url, tmp_path):
     assert not os.path.exists(out)
 
 
+# Layouts that differ but fit (read plans): (name, prefill ranks, prefill
+# arguments, decode arguments, arguments of every role).
+PLANS = [
+    ("tp2_to_tp1", 2, (), (), ()),
+    ("tp1_to_tp2", 1, (), ("--tp-size", "2"), ()),
+    ("gqa_tp4_to_tp1", 4, (), (), ()),
+    ("block32_to_block16", 1, ("--block-size", "32"), ("--block-size", "16"),
+     ("--prompt-len", "40")),
+    ("nhd_to_hnd", 1, ("--kv-layout", "NHD"), ("--kv-layout", "HND"), ()),
+]
+
+
+@parametrize("name, ranks, pre, dec, both", PLANS)
+def test_e2e_plan_tokens_and_logits_equal_a_single_process_run(url, tmp_path, name, ranks,
+                                                                pre, dec, both):
+    """The prefill ranks each hold their share of the KV heads (--tp-size);
+    the decode side reads them as one set through a read plan and decodes:
+    tokens and logits equal the single-process run bit for bit."""
+    ref = reference(tmp_path, *both)
+    engine = "e2e/plan-%s" % name
+    prefills = []
+    try:
+        for r in range(ranks):
+            prefills.append(Prefill(url, tmp_path, name="%s/tp%d" % (engine, r),
+                                    extra=("--plan", "--tp-rank", str(r), "--tp-size",
+                                           str(ranks), *pre, *both)))
+        info = prefills[0].info
+        assert all(p.info["block_ids"] == info["block_ids"] for p in prefills)
+        out = str(tmp_path / "decode.pt")
+        proc = role("decode", "--url", url, "--peer", engine, "--peer-tp", str(ranks),
+                    "--plan", "--out", out,
+                    "--remote-blocks", ",".join(map(str, info["block_ids"])),
+                    "--prompt-len", str(info["prompt_len"]),
+                    "--first-token", str(info["first_token"]), "--steps", str(STEPS),
+                    *dec, *both)
+        rc, lines, err = finish(proc)
+        res = lines[-1] if lines else {}
+        assert rc == 0, (res, err)
+    finally:
+        served = [p.done() for p in prefills]
+    got = torch.load(out)
+    assert info["first_token"] == ref["tokens"][0]
+    assert same(torch.load(prefills[0].out), ref["prefill_logits"])
+    assert got["tokens"] == ref["tokens"][1:]
+    assert same(got["logits"], ref["decode_logits"])
+    # Every rank that holds heads nobody else holds was read from; with
+    # replicas (GQA) the reader picks one of each pair.
+    if TRANSPORT == "tcp":
+        readers = sum(1 for s in served if s["served_reads"] > 0)
+        assert readers == (2 if ranks == 4 else ranks), served
+    assert all("reads" in p for p in res["plans"]), res["plans"]
+    record("plan-" + name, {"tokens": ref["tokens"], "decode_tokens": got["tokens"],
+                            "plans": res["plans"],
+                            "bitwise": torch.equal(got["logits"], ref["decode_logits"])})
+
+
+def test_e2e_plan_refuses_a_set_with_a_rank_missing(url, tmp_path):
+    """Only rank 0 of a TP=2 prefill is up: the decode side is refused with
+    the head nobody holds, before any byte is read."""
+    engine = "e2e/plan-missing"
+    prefill = Prefill(url, tmp_path, name="%s/tp0" % engine,
+                      extra=("--plan", "--tp-rank", "0", "--tp-size", "2"))
+    try:
+        out = str(tmp_path / "decode.pt")
+        proc = role("decode", "--url", url, "--peer", "%s/tp0" % engine, "--plan",
+                    "--out", out, "--remote-blocks",
+                    ",".join(map(str, prefill.info["block_ids"])),
+                    "--prompt-len", str(prefill.info["prompt_len"]),
+                    "--first-token", str(prefill.info["first_token"]))
+        rc, lines, err = finish(proc)
+    finally:
+        served = prefill.done()
+    assert rc == 3, err
+    res = lines[-1]
+    assert res["error"] == "IncompatibleLayout"
+    assert (res["kind"], res["local"]) == ("heads_missing", "1")
+    assert served["served_reads"] == 0
+    assert not os.path.exists(out)
+
+
 if __name__ == "__main__":
     # Without pytest (the GPU machine may lack it): a redis-server of our own,
     # then every scenario once.
@@ -239,6 +319,11 @@ if __name__ == "__main__":
                 cases.append(("mismatch%d" % n,
                               test_e2e_layout_mismatch_is_refused_before_reading, case))
             cases.append(("dead", test_e2e_dead_prefill_gives_an_error_not_tokens, ()))
+            for case in PLANS:
+                cases.append(("plan-" + case[0],
+                              test_e2e_plan_tokens_and_logits_equal_a_single_process_run,
+                              case))
+            cases.append(("plan-missing", test_e2e_plan_refuses_a_set_with_a_rank_missing, ()))
             for name, fn, args in cases:
                 tmp = pathlib.Path(tempfile.mkdtemp(dir=d))
                 fn(base + name, tmp, *args)

@@ -1,0 +1,473 @@
+/*
+ * Segment sets (segxfer/group.h): open the members of a set, plan them
+ * against this agent's layout once, and read a request's blocks from all of
+ * them as one read.
+ *
+ * A read expands the plan (meta/plan.c) into raw range entries, one batch
+ * per member read from, so each member's ranges go through the ordinary
+ * batch path: checked against both sides again, merged where contiguous,
+ * sliced, posted on that member's transport.  Every batch gets the same
+ * deadline and the read waits for all of them; a member that fails (its
+ * process restarted: SX_ESTALE, a reset connection) fails its own entries,
+ * which map back to the local blocks they were filling.
+ */
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_int.h"
+#include "plan_int.h"
+#include "push_int.h"
+#include "segxfer/group.h"
+#include "segxfer/store.h"
+
+struct sx_group {
+  sx_agent *a;
+  uint32_t n;
+  sx_segment **segs;
+  sx_plan *plan;
+  uint64_t *failed;
+  /* Staging buffers per member, kept from read to read: a fresh one would
+   * be page-faulted in on every read. */
+  uint8_t **stage;
+  uint64_t *stage_cap;
+  /* The staging buffers as local regions of no transport (TCP reads need
+   * none), so ranges into them say where they land: host memory. */
+  sx_lregion *stage_l;
+};
+
+void sx_group_params_init(sx_group_params *p) {
+  memset(p, 0, sizeof(*p));
+  p->timeout_ms = 5000;
+}
+
+uint32_t sx_group_size(const sx_group *g) { return g ? g->n : 0; }
+
+sx_segment *sx_group_segment(const sx_group *g, uint32_t i) {
+  return g && i < g->n ? g->segs[i] : NULL;
+}
+
+const sx_plan *sx_group_plan(const sx_group *g) { return g ? g->plan : NULL; }
+
+void sx_group_close(sx_group *g) {
+  if (g == NULL)
+    return;
+  for (uint32_t i = 0; i < g->n; i++)
+    sx_segment_close(g->segs[i]);
+  sx_plan_free(g->plan);
+  for (uint32_t i = 0; g->stage && i < g->n; i++)
+    free(g->stage[i]);
+  free(g->stage);
+  free(g->stage_cap);
+  free(g->stage_l);
+  free(g->segs);
+  free(g->failed);
+  free(g);
+}
+
+/* Plan segs[0..n) against the agent's layout and regions now. */
+static int plan_members(sx_agent *a, sx_segment *const *segs, uint32_t n, unsigned flags,
+                        sx_plan **out, sx_mismatch *m) {
+  const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
+  sx_desc local;
+  int rc = sx__layout_desc(a, &local);
+  if (rc)
+    return rc;
+  for (uint32_t i = 0; i < n; i++)
+    rd[i] = sx_segment_desc(segs[i]);
+  rc = sx_layout_plan(&local, rd, n, flags, out, m);
+  sx_desc_free(&local);
+  return rc;
+}
+
+int sx_segment_plan(sx_segment *s, unsigned flags, sx_plan **out, sx_mismatch *mismatch) {
+  if (s == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_segment_plan: NULL argument");
+  return plan_members(s->a, &s, 1, flags, out, mismatch);
+}
+
+/* The live segment names matching pattern, sorted (the store lists them
+ * so), into names[] (owned by the caller: free each). */
+static int match_names(sx_agent *a, const char *pattern, char **names, uint32_t *n) {
+  sx_store *s;
+  sx_store_entry *e = NULL;
+  size_t ne = 0;
+  int rc = sx_store_open(a->url, &s);
+  if (rc)
+    return sx__errwrap(rc, "sx_group_open: listing segments for '%s'", pattern);
+  rc = sx_store_list(s, &e, &ne);
+  sx_store_close(s);
+  if (rc)
+    return sx__errwrap(rc, "sx_group_open: listing segments for '%s'", pattern);
+  uint32_t k = 0;
+  for (size_t i = 0; i < ne && rc == 0; i++) {
+    if (e[i].status != 0 || fnmatch(pattern, e[i].name, 0) != 0)
+      continue;
+    if (k == SX_PLAN_MAX_MEMBERS)
+      rc = sx__err(SX_ELIMIT, "sx_group_open: more than %d segments match '%s'",
+                   SX_PLAN_MAX_MEMBERS, pattern);
+    else if ((names[k++] = strdup(e[i].name)) == NULL)
+      rc = sx__err(SX_ENOMEM, "sx_group_open");
+  }
+  sx_store_entries_free(e, ne);
+  if (rc == 0 && k == 0)
+    rc = sx__err(SX_ENOENT, "sx_group_open: no live segment matches '%s'", pattern);
+  *n = k;
+  return rc;
+}
+
+int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
+                  sx_mismatch *mismatch) {
+  if (a == NULL || p == NULL || out == NULL)
+    return sx__err(SX_EINVAL, "sx_group_open: NULL argument");
+  if (sx__on_loop(a))
+    return sx__err(SX_EBUSY, "sx_group_open waits: not from the agent thread (a callback)");
+  if (p->names == NULL && p->engine == NULL && p->pattern != NULL) {
+    char *found[SX_PLAN_MAX_MEMBERS] = {0};
+    uint32_t nf = 0;
+    int rc = match_names(a, p->pattern, found, &nf);
+    if (rc == 0) {
+      sx_group_params q = *p;
+      q.names = (const char *const *)found;
+      q.n_names = nf;
+      q.pattern = NULL;
+      rc = sx_group_open(a, &q, out, mismatch);
+    }
+    for (uint32_t i = 0; i < SX_PLAN_MAX_MEMBERS; i++)
+      free(found[i]);
+    return rc;
+  }
+  uint32_t n = p->names ? p->n_names : p->tp_size;
+  if (n == 0 || n > SX_PLAN_MAX_MEMBERS || (p->names == NULL && p->engine == NULL))
+    return sx__err(SX_EINVAL, "sx_group_open: give 1..%d names, an engine and its "
+                   "tp_size, or a pattern", SX_PLAN_MAX_MEMBERS);
+  if (mismatch != NULL)
+    memset(mismatch, 0, sizeof(*mismatch));
+  sx_group *g = calloc(1, sizeof(*g));
+  if (g == NULL || (g->segs = calloc(n, sizeof(*g->segs))) == NULL ||
+      (g->stage = calloc(n, sizeof(*g->stage))) == NULL ||
+      (g->stage_cap = calloc(n, sizeof(*g->stage_cap))) == NULL ||
+      (g->stage_l = calloc(n, sizeof(*g->stage_l))) == NULL) {
+    if (g)
+      free(g->segs), free(g->stage), free(g->stage_cap);
+    free(g);
+    return sx__err(SX_ENOMEM, "sx_group_open");
+  }
+  g->a = a;
+  uint32_t timeout = p->timeout_ms ? p->timeout_ms : 5000;
+  uint64_t deadline = sx__mono_ms() + timeout;
+  int rc = 0;
+  for (uint32_t i = 0; i < n && rc == 0; i++) {
+    char name[SX_NAME_MAX + 2];
+    const char *nm = name;
+    if (p->names != NULL) {
+      if (p->names[i] == NULL)
+        rc = sx__err(SX_EINVAL, "sx_group_open: name %u is NULL", i);
+      nm = p->names[i];
+    } else if (snprintf(name, sizeof(name), "%s/tp%u", p->engine, i) > SX_NAME_MAX) {
+      rc = sx__err(SX_ENAME, "sx_group_open: '%s/tp%u' is longer than %d bytes", p->engine,
+                   i, SX_NAME_MAX);
+    }
+    if (rc)
+      break;
+    uint64_t now = sx__mono_ms();
+    uint32_t left = now < deadline ? (uint32_t)(deadline - now) : 1;
+    rc = sx_segment_open(a, nm, left, &g->segs[i]);
+    if (rc == SX_ENOENT)
+      rc = sx__errwrap(rc, "the set lacks %s (member %u of %u)", nm, i, n);
+    else if (rc == 0)
+      g->n++;
+  }
+  if (rc == 0)
+    rc = plan_members(a, g->segs, n, p->flags, &g->plan, mismatch);
+  if (rc) {
+    sx_group_close(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+}
+
+/* ------------------------------------------------------------ reading */
+
+/*
+ * What one member gives, collected from the expansion: pieces (remote
+ * region and offset, local address, length, the local block they fill),
+ * and the same pieces grouped into runs that are contiguous on the remote
+ * side.  A token-major cache split by heads cuts a piece per token, while
+ * the remote rank's blocks are whole: over TCP into host memory those runs
+ * are read into a staging buffer with one request each and scattered
+ * here, which costs a memcpy instead of a request per piece.  RDMA and
+ * device memory read the pieces directly.
+ */
+typedef struct piece {
+  uint32_t region, block;
+  uint64_t roff, laddr, len;
+} piece;
+
+typedef struct span {
+  uint32_t region;
+  uint64_t roff, soff, len;
+  uint32_t first, n; /* its pieces */
+} span;
+
+typedef struct mlist {
+  piece *p;
+  size_t np, capp;
+  span *s;
+  size_t ns, caps;
+  uint64_t bytes;
+  int staged;
+  uint8_t *stage; /* the group's */
+  const sx_lregion *stage_l;
+} mlist;
+
+/* The most a member's read stages (beyond it, pieces are read directly). */
+#define STAGE_MAX ((uint64_t)256 << 20)
+
+static int grow(void **v, size_t *cap, size_t n, size_t size) {
+  if (n < *cap)
+    return 0;
+  size_t c = *cap ? *cap * 2 : 256;
+  void *nv = realloc(*v, c * size);
+  if (nv == NULL)
+    return sx__err(SX_ENOMEM, "expanding a plan");
+  *v = nv;
+  *cap = c;
+  return 0;
+}
+
+static int collect_range(void *arg, const sx__prange *pr) {
+  mlist *l = &((mlist *)arg)[pr->member];
+  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
+    return SX_ENOMEM;
+  l->p[l->np] = (piece){pr->R->id, pr->block, pr->roff, pr->laddr, pr->len};
+  span *last = l->ns ? &l->s[l->ns - 1] : NULL;
+  if (last && last->region == pr->R->id && last->roff + last->len == pr->roff) {
+    last->len += pr->len;
+    last->n++;
+  } else {
+    if (grow((void **)&l->s, &l->caps, l->ns, sizeof(span)))
+      return SX_ENOMEM;
+    l->s[l->ns++] = (span){pr->R->id, pr->roff, l->bytes, pr->len, (uint32_t)l->np, 1};
+  }
+  l->bytes += pr->len;
+  l->np++;
+  return 0;
+}
+
+static void mlist_free(mlist *l) {
+  free(l->p);
+  free(l->s);
+}
+
+/* Member i's staging buffer of at least bytes, or NULL. */
+static uint8_t *stage_get(sx_group *g, uint32_t i, uint64_t bytes) {
+  if (g->stage_cap[i] < bytes) {
+    free(g->stage[i]);
+    g->stage_cap[i] = 0;
+    if ((g->stage[i] = malloc(bytes)) == NULL)
+      return NULL;
+    g->stage_cap[i] = bytes;
+    sx_region *r = &g->stage_l[i].r;
+    r->addr = (uint64_t)(uintptr_t)g->stage[i];
+    r->length = r->block_bytes = r->block_stride = bytes;
+    r->num_blocks = r->layer_count = 1;
+    g->stage_l[i].mem = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
+  }
+  return g->stage[i];
+}
+
+/* Are all of the agent's local regions host memory? */
+static int local_on_host(const sx_desc *local) {
+  for (uint32_t i = 0; i < local->n_regions; i++)
+    if (strcmp(local->regions[i].location, "cpu") != 0)
+      return 0;
+  return 1;
+}
+
+/* The batch entries of member l: spans into its staging buffer, or pieces. */
+static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
+  if (l->staged) {
+    struct sx__plan *plan;
+    sx__pbatch *pb;
+    int rc = sx__batch_entries(b, 0, "sx_group_read", &plan, &pb);
+    for (size_t i = 0; i < l->ns && rc == 0; i++) {
+      const sx_region *R = sx__rindex_id(&seg->ix, l->s[i].region);
+      rc = R ? sx__plan_add_xfer(plan, R, l->stage_l, l->s[i].roff, l->stage + l->s[i].soff,
+                                 l->s[i].len)
+             : sx__err(SX_ENOREGION, "no remote region %u", l->s[i].region);
+    }
+    return rc;
+  }
+  size_t n = l->np;
+  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "sx_group_read");
+  for (size_t i = 0; i < n; i++)
+    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].region, l->p[i].roff,
+                           l->p[i].len};
+  int rc = sx_batch_add_ranges(b, r, n);
+  free(r);
+  return rc;
+}
+
+static void mark(uint8_t *bad, uint32_t block) {
+  bad[block / 8] |= (uint8_t)(1u << (block % 8));
+}
+
+/* Mark the blocks of entry e of member l. */
+static void mark_entry(uint8_t *bad, const mlist *l, uint32_t e) {
+  if (!l->staged) {
+    if (e < l->np)
+      mark(bad, l->p[e].block);
+    return;
+  }
+  if (e < l->ns)
+    for (uint32_t k = 0; k < l->s[e].n; k++)
+      mark(bad, l->p[l->s[e].first + k].block);
+}
+
+static int state_rank(sx_batch_state s) {
+  /* The read's state is its worst member's: a timeout says more than a
+   * cancel, a failure more than a timeout. */
+  return s == SX_BATCH_FAILED ? 3 : s == SX_BATCH_TIMEOUT ? 2 : s == SX_BATCH_CANCELLED ? 1 : 0;
+}
+
+int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb, size_t nl,
+                  uint32_t timeout_ms, sx_group_result *out) {
+  if (g == NULL || out == NULL || (nr && rb == NULL) || (nl && lb == NULL))
+    return sx__err(SX_EINVAL, "sx_group_read: NULL argument");
+  if (nl > UINT32_MAX)
+    return sx__err(SX_ELIMIT, "sx_group_read: %zu local blocks", nl);
+  /* It waits for its batches, which the agent thread ends. */
+  if (sx__on_loop(g->a))
+    return sx__err(SX_EBUSY, "sx_group_read waits: not from the agent thread (a callback)");
+  const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
+  mlist m[SX_PLAN_MAX_MEMBERS];
+  sx_batch *b[SX_PLAN_MAX_MEMBERS] = {0};
+  uint8_t *bad = calloc(nl / 8 + 1, 1);
+  sx_desc local;
+  int rc = bad ? sx__layout_desc(g->a, &local) : sx__err(SX_ENOMEM, "sx_group_read");
+  if (rc) {
+    free(bad);
+    return rc;
+  }
+  memset(m, 0, sizeof(m));
+  for (uint32_t i = 0; i < g->n; i++)
+    rd[i] = sx_segment_desc(g->segs[i]);
+  /* The local snapshot has every region the plan's keys name, or the
+   * expansion refuses: a region unregistered since the open is never
+   * written through an old address. */
+  rc = sx__plan_expand(g->plan, &local, rd, g->n, rb, nr, lb, nl, collect_range, m);
+  int host = local_on_host(&local);
+  sx_desc_free(&local);
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  if (timeout_ms)
+    bp.timeout_ms = timeout_ms;
+  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
+    mlist *l = &m[i];
+    if (l->np == 0)
+      continue;
+    /* Stage where it saves at least half of the requests. */
+    l->staged = host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
+                l->ns * 2 <= l->np && l->bytes <= STAGE_MAX &&
+                (l->stage = stage_get(g, i, l->bytes)) != NULL;
+    l->stage_l = &g->stage_l[i];
+    if ((rc = sx_batch_create(g->segs[i], &bp, &b[i])) == 0 &&
+        (rc = add_entries(b[i], g->segs[i], l)) != 0)
+      rc = sx__errwrap(rc, "%s", rd[i]->name);
+  }
+  sx_group_result res;
+  memset(&res, 0, sizeof(res));
+  res.state = SX_BATCH_COMPLETED;
+  uint64_t t0 = sx__mono_ns();
+  /* Nothing is sent before every member's entries passed their checks. */
+  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
+    if (b[i] == NULL)
+      continue;
+    int src = sx_batch_submit(b[i]);
+    if (src != 0) {
+      /* Not started: its blocks fail; the members already started run on. */
+      sx_batch_destroy(b[i]);
+      b[i] = NULL;
+      for (size_t k = 0; k < m[i].np; k++)
+        mark(bad, m[i].p[k].block);
+      if (res.error == 0) {
+        res.error = src;
+        snprintf(res.message, sizeof(res.message), "%.60s: %.190s", rd[i]->name, sx_errmsg());
+      }
+      res.state = SX_BATCH_FAILED;
+    }
+  }
+  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
+    if (b[i] == NULL)
+      continue;
+    sx_batch_result r;
+    /* Each batch ends by its own deadline (the same for all), so this
+     * wait is bounded. */
+    sx_batch_wait(b[i], -1);
+    sx_batch_result_get(b[i], &r);
+    res.members++;
+    res.bytes += r.bytes;
+    res.n_ranges += r.n_ranges;
+    uint8_t *failed_span = NULL;
+    if (r.state != SX_BATCH_COMPLETED) {
+      if (state_rank(r.state) > state_rank(res.state))
+        res.state = r.state;
+      if (res.error == 0) {
+        res.error = r.error;
+        snprintf(res.message, sizeof(res.message), "%.60s: %.190s", rd[i]->name, r.message);
+      }
+      /* Entries are numbered from 0 in the order added (one add call). */
+      for (uint32_t k = 0; k < r.n_failed; k++)
+        mark_entry(bad, &m[i], r.failed[k]);
+      if (r.n_failed == 0) /* no list (no memory for it): all of its blocks */
+        for (size_t k = 0; k < m[i].np; k++)
+          mark(bad, m[i].p[k].block);
+      if (m[i].staged && (failed_span = calloc(m[i].ns / 8 + 1, 1)) != NULL)
+        for (uint32_t k = 0; k < r.n_failed; k++)
+          if (r.failed[k] < m[i].ns)
+            failed_span[r.failed[k] / 8] |= (uint8_t)(1u << (r.failed[k] % 8));
+    }
+    /* Scatter what arrived in the staging buffer (the batch has ended:
+     * nothing writes it any more). */
+    if (m[i].staged && (r.state == SX_BATCH_COMPLETED || failed_span != NULL))
+      for (size_t k = 0; k < m[i].ns; k++) {
+        if (failed_span && (failed_span[k / 8] >> (k % 8) & 1))
+          continue;
+        const span *sp = &m[i].s[k];
+        for (uint32_t q = 0; q < sp->n; q++) {
+          const piece *pc = &m[i].p[sp->first + q];
+          memcpy((void *)(uintptr_t)pc->laddr, m[i].stage + sp->soff + (pc->roff - sp->roff),
+                 pc->len);
+        }
+      }
+    free(failed_span);
+  }
+  res.transfer_ns = sx__mono_ns() - t0;
+  for (uint32_t i = 0; i < g->n; i++) {
+    sx_batch_destroy(b[i]);
+    mlist_free(&m[i]);
+  }
+  if (rc == 0) {
+    uint32_t nf = 0;
+    for (size_t j = 0; j < nl; j++)
+      nf += (bad[j / 8] >> (j % 8)) & 1;
+    free(g->failed);
+    g->failed = NULL;
+    if (nf && (g->failed = malloc(nf * sizeof(uint64_t))) == NULL)
+      rc = sx__err(SX_ENOMEM, "sx_group_read: listing %u failed blocks", nf);
+    for (size_t j = 0, k = 0; j < nl && rc == 0; j++)
+      if ((bad[j / 8] >> (j % 8)) & 1)
+        g->failed[k++] = lb[j];
+    res.n_failed = rc == 0 ? nf : 0;
+    res.failed = g->failed;
+  }
+  free(bad);
+  if (rc == 0)
+    *out = res;
+  return rc;
+}

@@ -1,0 +1,83 @@
+/*
+ * Read plans inside the library (segxfer/plan.h is the public face): the
+ * plan's parts, and its expansion into byte ranges for one request's
+ * blocks, which agent/group.c turns into batch entries.  Not installed.
+ */
+#ifndef SX_META_PLAN_INT_H
+#define SX_META_PLAN_INT_H
+
+#include <stdint.h>
+
+#include "segxfer/plan.h"
+
+/* One contiguous piece of a unit: len bytes at roff of a remote block of
+ * `member` go to loff of a local block.  Unit q of a block (q counted in
+ * that side's block) adds q * rshift remotely and q * lshift locally. */
+typedef struct sx__piece {
+  uint32_t member;
+  uint64_t roff, loff, len, rshift;
+} sx__piece;
+
+/* How one local group (and the slots of it that one description covers)
+ * is read.  Whole groups (no description) copy block for block from
+ * member 0: one piece of block_bytes, kl = kr = 1. */
+typedef struct sx__pgroup {
+  uint32_t group;
+  uint64_t slots;        /* the slots it covers */
+  uint64_t mask;         /* described: the members it may read from (those
+                          * holding its layers: a pipeline stage's) */
+  int whole;
+  uint32_t unit;         /* tokens per unit (described groups) */
+  uint32_t kl, kr;       /* units per local, per remote block */
+  uint64_t lshift;
+  uint32_t first, n;     /* pieces */
+  sx_block_desc ldesc;   /* for the words */
+} sx__pgroup;
+
+/* A local key run the plan covers. */
+typedef struct sx__pkey {
+  uint32_t group, slot, layer_first, layer_count, pg;
+} sx__pkey;
+
+struct sx_plan {
+  uint32_t n_members;
+  char (*names)[SX_NAME_MAX + 1];
+  sx_block_desc *rdesc;  /* [group * n_members + member]: each member's
+                          * description of each planned group (zero when
+                          * whole) */
+  sx__pgroup *groups;
+  uint32_t n_groups, cap_groups;
+  sx__piece *pieces;
+  uint32_t n_pieces, cap_pieces;
+  sx__pkey *keys;
+  uint32_t n_keys, cap_keys;
+};
+
+/* One range of an expanded plan. */
+typedef struct sx__prange {
+  uint32_t member;
+  const sx_region *R;    /* in remotes[member] */
+  uint64_t roff;         /* in R */
+  uint64_t laddr;        /* in the local region L */
+  const sx_region *L;
+  uint64_t len;
+  uint32_t block;        /* index into the local block list */
+} sx__prange;
+
+typedef int (*sx__prange_fn)(void *arg, const sx__prange *r);
+
+/*
+ * Expand plan p for one request: local blocks lb[0..nl) hold the request's
+ * tokens in order, as remote blocks rb[0..nr) of every member do.  Units
+ * past the shorter list are not read.  Every block id is checked against
+ * its region's num_blocks, every key looked up in `local` and the members
+ * (the descriptors the plan was made from, or later ones with the same
+ * keys): SX_EBOUNDS, SX_ENOREGION, SX_EINVAL, with nothing emitted.  Then
+ * fn runs for every range in order (member runs interleave); its non-zero
+ * return stops the expansion and is returned.
+ */
+int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                    uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                    size_t nl, sx__prange_fn fn, void *arg);
+
+#endif

@@ -1,0 +1,333 @@
+/*
+ * Segment sets (agent/group.c): real agents in this process, a mem://
+ * store, TCP on loopback.  Two prefill ranks (HND, blocks of 8 tokens, two
+ * KV heads each of four) and one decode reader (NHD, blocks of 4 tokens,
+ * all four heads): the set is opened by engine name and tp size, one read
+ * fills the reader's blocks, and they must equal byte for byte a reference
+ * written directly in the reader's layout.  Refusals before any byte moves
+ * (a rank missing, heads missing, a block outside a region), and a member
+ * gone since the open failing exactly the blocks it was filling.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent_fixture.h"
+#include "procs.h"
+#include "segxfer/group.h"
+
+#define LAYERS 2
+#define HEADS 4
+#define HEAD_DIM 16
+#define BLOCKS 16
+
+typedef struct rank {
+  sx_agent *a;
+  sx_kv_order order;
+  uint32_t tokens, first, count;
+  float *mem[2];
+} rank;
+
+static uint64_t block_elems(const rank *r) { return (uint64_t)r->tokens * r->count * HEAD_DIM; }
+
+static float code(uint32_t layer, uint32_t slot, uint32_t pos, uint32_t head, uint32_t e) {
+  return (float)(((((layer * 2 + slot) * 256 + pos) * HEADS + head) * HEAD_DIM + e) + 1);
+}
+
+static float *elem(const rank *r, uint32_t slot, uint32_t layer, uint64_t block, uint32_t t,
+                   uint32_t h, uint32_t e) {
+  uint64_t hh = h - r->first, in = r->order == SX_KV_HND
+                                       ? (hh * r->tokens + t) * HEAD_DIM + e
+                                       : ((uint64_t)t * r->count + hh) * HEAD_DIM + e;
+  return r->mem[slot] + ((uint64_t)layer * BLOCKS + block) * block_elems(r) + in;
+}
+
+static void fill(rank *r, const uint64_t *table, uint32_t tokens) {
+  for (uint32_t s = 0; s < 2; s++)
+    for (uint32_t l = 0; l < LAYERS; l++)
+      for (uint32_t p = 0; p < tokens; p++)
+        for (uint32_t h = r->first; h < r->first + r->count; h++)
+          for (uint32_t e = 0; e < HEAD_DIM; e++)
+            *elem(r, s, l, table[p / r->tokens], p % r->tokens, h, e) = code(l, s, p, h, e);
+}
+
+static void rank_start(rank *r, const char *url, const char *name, sx_kv_order order,
+                       uint32_t tokens, uint32_t first, uint32_t count, uint32_t tp_rank,
+                       uint32_t tp_size) {
+  memset(r, 0, sizeof(*r));
+  r->order = order;
+  r->tokens = tokens;
+  r->first = first;
+  r->count = count;
+  sx_agent_params p;
+  sxt_params(&p, url, name);
+  strcpy(p.layout.dtype, "fp32");
+  p.transports = SX_TRANSPORTS_TCP;
+  if (name)
+    p.listen = "127.0.0.1:0";
+  p.layout.tp_rank = tp_rank;
+  p.layout.tp_size = tp_size;
+  p.layout.n_blocks = 1;
+  p.layout.blocks[0] = (sx_block_desc){.order = order, .tokens = tokens, .head_first = first,
+                                       .head_count = count, .heads_total = HEADS,
+                                       .head_dim = HEAD_DIM};
+  strcpy(p.layout.blocks[0].dtype, "fp32");
+  sxt_ok(sx_agent_create(&p, &r->a));
+  uint64_t bb = block_elems(r) * sizeof(float);
+  for (uint32_t s = 0; s < 2; s++) {
+    r->mem[s] = calloc((size_t)LAYERS * BLOCKS, bb);
+    assert_non_null(r->mem[s]);
+    sx_region_params rp = {.addr = r->mem[s], .length = (uint64_t)LAYERS * BLOCKS * bb,
+                           .layer_count = LAYERS, .layer_stride = BLOCKS * bb, .slot = s,
+                           .block_bytes = bb, .num_blocks = BLOCKS,
+                           .access = SX_ACCESS_REMOTE_READ};
+    uint32_t id;
+    sxt_ok(sx_agent_register(r->a, &rp, &id));
+  }
+  if (name)
+    sxt_ok(sx_agent_publish(r->a, 0));
+}
+
+static void rank_stop(rank *r) {
+  sx_agent_destroy(r->a);
+  r->a = NULL;
+  free(r->mem[0]);
+  free(r->mem[1]);
+}
+
+static const uint64_t RB[] = {9, 3, 14, 0};       /* the request on the prefill ranks */
+static const uint64_t LB[] = {5, 11, 2, 7, 13, 1, 8, 4}; /* and here */
+#define TOKENS 29
+
+typedef struct world {
+  int staged;
+  char url[128];
+  rank p[2], d;
+} world;
+
+static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
+  world *w = calloc(1, sizeof(*w));
+  sxt_mem_url(w->url, sizeof(w->url), "group");
+  w->staged = pre == SX_KV_NHD;
+  rank_start(&w->p[0], w->url, "pf/tp0", pre, pre_tokens, 0, 2, 0, 2);
+  rank_start(&w->p[1], w->url, "pf/tp1", pre, pre_tokens, 2, 2, 1, 2);
+  fill(&w->p[0], RB, TOKENS);
+  fill(&w->p[1], RB, TOKENS);
+  rank_start(&w->d, w->url, NULL, SX_KV_NHD, 4, 0, HEADS, 0, 1);
+  *state = w;
+  return 0;
+}
+
+/* HND blocks of 8 tokens into NHD blocks of 4: pieces read directly. */
+static int setup(void **state) { return setup_orders(state, SX_KV_HND, 8); }
+
+/* NHD blocks of 8 into NHD blocks of 4: each rank's half of a token is a
+ * piece, but its whole block is contiguous remotely: read staged over TCP. */
+static int setup_staged(void **state) { return setup_orders(state, SX_KV_NHD, 8); }
+
+static int teardown(void **state) {
+  world *w = *state;
+  rank_stop(&w->d);
+  for (int i = 0; i < 2; i++)
+    if (w->p[i].a)
+      rank_stop(&w->p[i]);
+  free(w);
+  return 0;
+}
+
+static void expect_reference(const world *w) {
+  rank ref = w->d;
+  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
+  for (int s = 0; s < 2; s++)
+    assert_non_null(ref.mem[s] = calloc(1, size));
+  fill(&ref, LB, TOKENS);
+  /* The request's 29 tokens fill 8 local blocks of 4 (the last has 1);
+   * the rest of the remote blocks' last unit is zeros on both sides. */
+  for (int s = 0; s < 2; s++) {
+    assert_memory_equal(ref.mem[s], w->d.mem[s], size);
+    free(ref.mem[s]);
+  }
+}
+
+/* The set of both prefill ranks, by engine name and tp size. */
+static sx_group *open_pf(const world *w) {
+  sx_group_params gp;
+  sx_group_params_init(&gp);
+  gp.engine = "pf";
+  gp.tp_size = 2;
+  sx_group *g;
+  sx_mismatch m;
+  sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
+  assert_int_equal(m.kind, SX_MISMATCH_NONE);
+  return g;
+}
+
+static void test_group_tp2_into_tp1_by_engine_name(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
+  /* The same set by pattern: the same members, in name order. */
+  sx_group_params gp;
+  sx_group_params_init(&gp);
+  gp.pattern = "pf/tp*";
+  sx_group *byp;
+  sxt_ok(sx_group_open(w->d.a, &gp, &byp, NULL));
+  assert_int_equal(sx_group_size(byp), 2);
+  assert_string_equal(sx_segment_desc(sx_group_segment(byp, 0))->name, "pf/tp0");
+  sx_group_close(byp);
+  assert_int_equal(sx_group_size(g), 2);
+  assert_string_equal(sx_segment_desc(sx_group_segment(g, 1))->name, "pf/tp1");
+  assert_null(sx_group_segment(g, 2));
+  sx_plan_info info;
+  sxt_ok(sx_plan_info_get(sx_group_plan(g), &info));
+  assert_int_equal(info.used, 2);
+  sx_group_result r;
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
+  assert_int_equal(r.n_failed, 0);
+  assert_int_equal(r.members, 2);
+  assert_int_equal(r.bytes, 2ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
+  /* Staged: a request per remote block, layer and slot (16 per rank), not
+   * one per token piece (128 per rank). */
+  if (w->staged)
+    assert_true(r.n_ranges <= 32);
+  else
+    assert_true(r.n_ranges >= 256);
+  expect_reference(w);
+  /* Again into the same blocks: the same bytes (reads are idempotent). */
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  expect_reference(w);
+  sx_group_close(g);
+}
+
+/* From the agent thread (an open callback), the waiting calls refuse. */
+typedef struct on_loop {
+  sx_group *g;
+  sx_agent *a;
+  int read_rc, open_rc, done;
+} on_loop;
+
+static void on_open(void *arg, int status, sx_segment *seg) {
+  on_loop *o = arg;
+  sx_group_result r;
+  sx_group_params gp;
+  sx_group *g = NULL;
+  sx_group_params_init(&gp);
+  gp.engine = "pf";
+  gp.tp_size = 2;
+  o->read_rc = sx_group_read(o->g, RB, 1, LB, 1, 1000, &r);
+  o->open_rc = sx_group_open(o->a, &gp, &g, NULL);
+  (void)status;
+  sx_segment_close(seg);
+  __atomic_store_n(&o->done, 1, __ATOMIC_RELEASE);
+}
+
+static void test_group_refuses_on_the_agent_thread(void **state) {
+  world *w = *state;
+  on_loop o = {open_pf(w), w->d.a, 0, 0, 0};
+  sxt_ok(sx_segment_open_async(w->d.a, "pf/tp0", 1000, on_open, &o));
+  for (int i = 0; i < 500 && !__atomic_load_n(&o.done, __ATOMIC_ACQUIRE); i++)
+    sxt_sleep_ms(10);
+  assert_true(o.done);
+  assert_int_equal(o.read_rc, SX_EBUSY);
+  assert_int_equal(o.open_rc, SX_EBUSY);
+  sx_group_close(o.g);
+}
+
+static void test_group_refuses_before_any_byte_moves(void **state) {
+  world *w = *state;
+  sx_group_params gp;
+  sx_group_params_init(&gp);
+  sx_group *g = NULL;
+  sx_mismatch m;
+  /* A rank that is not published: named, after the open deadline. */
+  gp.engine = "pf";
+  gp.tp_size = 3;
+  gp.timeout_ms = 200;
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_ENOENT);
+  assert_non_null(strstr(sx_errmsg(), "the set lacks pf/tp2"));
+  assert_null(g);
+  /* One rank alone: heads 2-3 have no holder. */
+  const char *one[] = {"pf/tp0"};
+  gp.names = one;
+  gp.n_names = 1;
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_HEADS_MISSING);
+  assert_string_equal(m.local, "2");
+  /* The same rank twice. */
+  const char *twice[] = {"pf/tp0", "pf/tp0"};
+  gp.names = twice;
+  gp.n_names = 2;
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_TP);
+  gp.names = NULL;
+  gp.tp_size = 0;
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINVAL);
+  /* By pattern: no live name matches; only rank 0 matches. */
+  gp.engine = NULL;
+  gp.pattern = "pf/nothing*";
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_ENOENT);
+  assert_non_null(strstr(sx_errmsg(), "pf/nothing*"));
+  gp.pattern = "pf/tp0*";
+  sxt_rc(sx_group_open(w->d.a, &gp, &g, &m), SX_EINCOMPAT);
+  assert_int_equal(m.kind, SX_MISMATCH_HEADS_MISSING);
+  gp.pattern = NULL;
+  /* A block outside a region: nothing is sent. */
+  gp.engine = "pf";
+  gp.tp_size = 2;
+  sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
+  uint64_t far[] = {9, BLOCKS};
+  sx_group_result r;
+  sx_agent_status before, after;
+  sxt_ok(sx_agent_status_get(w->p[0].a, &before));
+  sxt_rc(sx_group_read(g, far, 2, LB, 8, 5000, &r), SX_EBOUNDS);
+  uint64_t lfar[] = {0, 1, BLOCKS};
+  sxt_rc(sx_group_read(g, RB, 4, lfar, 3, 5000, &r), SX_EBOUNDS);
+  sxt_rc(sx_group_read(g, NULL, 4, LB, 8, 5000, &r), SX_EINVAL);
+  sxt_ok(sx_agent_status_get(w->p[0].a, &after));
+  assert_int_equal(before.served_reads, after.served_reads);
+  sx_group_close(g);
+}
+
+static void test_group_member_gone_fails_the_blocks_it_fed(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
+  /* Rank 1 restarts between the open and the read (its process, and so
+   * its listener and incarnation, are gone). */
+  rank_stop(&w->p[1]);
+  sx_group_result r;
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 3000, &r));
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  assert_true(r.error != 0);
+  assert_non_null(strstr(r.message, "pf/tp1"));
+  /* Every local block had heads 2-3 from rank 1: all of them failed, each
+   * named by its local id, in the order given. */
+  assert_int_equal(r.n_failed, 8);
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(r.failed[i], LB[i]);
+  /* A read of the first local block only: rank 0's half arrived. */
+  sxt_ok(sx_group_read(g, RB, 1, LB, 1, 3000, &r));
+  assert_int_equal(r.n_failed, 1);
+  assert_int_equal(r.failed[0], LB[0]);
+  assert_true(r.bytes > 0);
+  sx_group_close(g);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name,
+                                      setup_staged, teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed,
+                                      setup_staged, teardown),
+      cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_group_refuses_before_any_byte_moves, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_group_refuses_on_the_agent_thread, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
