@@ -423,8 +423,10 @@ typedef struct sx_batch_params {
   uint32_t timeout_ms;   /* deadline from submit; 0 = 30000 */
   sx_batch_cb cb;        /* optional; runs once on the agent thread */
   void *cb_arg;
-  unsigned flags;        /* SX_BATCH_WRITE (segxfer/push.h); 0: a read batch */
-  uint64_t tag;          /* write batches: carried to the consumer's notice */
+  unsigned flags;        /* SX_BATCH_WRITE or SX_BATCH_NOTIFY (segxfer/push.h);
+                          * 0: a read batch without notice */
+  uint64_t tag;          /* write batches and SX_BATCH_NOTIFY read batches:
+                          * carried to the other side's notice */
 } sx_batch_params;
 
 SX_EXTERN void sx_batch_params_init(sx_batch_params *p);

@@ -43,7 +43,27 @@ extern "C" {
 /* sx_batch_params.flags */
 enum {
   SX_BATCH_WRITE = 1u << 0, /* a write batch (push); entries are writes */
+  SX_BATCH_NOTIFY = 1u << 1, /* a read batch that ends with a read notice */
 };
+
+/*
+ * Read notices (pull mode, docs/push.md "Read notices").  A read batch
+ * created with SX_BATCH_NOTIFY in sx_batch_params.flags (not with
+ * SX_BATCH_WRITE) carries sx_batch_params.tag to the target: once every
+ * range of the batch arrived, the reader sends the target one notice
+ * (kind SX_NOTICE_READ) naming itself, the tag and the target's blocks and
+ * ranges the batch read, and the batch ends COMPLETED only after the
+ * target accepted it.  The target receives it on the same queue, fd and
+ * callback as write notices; it means "this reader has every byte it
+ * asked for: you may reuse those blocks".  A batch that fails, times out,
+ * is cancelled or whose reader dies sends no notice.  The notice lists at
+ * most SX_NOTICE_MAX_ENTRIES entries after merging (SX_ELIMIT at add time
+ * beyond).  The target checks the notice (size, encoding, every entry
+ * inside one of its readable regions, the byte count) and that it came on
+ * a connection that presented its incarnation and access token; the
+ * reader's name and incarnation are the reader's own statement (a reader
+ * need not be published; over TCP the name must match its HELLO).
+ */
 
 /* A notice lists at most this many entries (block runs and ranges after
  * merging), which keeps its encoding under SX_NOTICE_MAX_BYTES.  A write
@@ -165,11 +185,23 @@ typedef struct sx_notice_range {
   uint64_t length;
 } sx_notice_range;
 
+/* sx_notice.kind */
+typedef enum sx_notice_kind {
+  SX_NOTICE_WRITE = 0, /* a producer's write batch landed here (push) */
+  SX_NOTICE_READ = 1,  /* a reader's SX_BATCH_NOTIFY read batch completed */
+} sx_notice_kind;
+
 /*
- * One completed write batch: every byte it lists is in this agent's memory
- * (written before the notice was accepted; for host memory, visible to
- * every thread that reads the notice).  producer and incarnation are those
- * the data plane authenticated, never the producer's own claim.
+ * One completed batch.  kind SX_NOTICE_WRITE: a write batch; every byte it
+ * lists is in this agent's memory (written before the notice was accepted;
+ * for host memory, visible to every thread that reads the notice), and
+ * producer and incarnation are those the data plane authenticated, never
+ * the producer's own claim.  kind SX_NOTICE_READ: a read batch of a reader
+ * (SX_BATCH_NOTIFY) completed; producer and incarnation are the reader's
+ * name ("" for an unnamed reader) and incarnation as it stated them on a
+ * connection that presented this agent's access token; blocks and ranges
+ * are this agent's memory that the batch read, every byte of which the
+ * reader had received before it sent the notice; bytes is their size.
  */
 typedef struct sx_notice {
   char producer[SX_NAME_MAX + 1];
@@ -179,6 +211,7 @@ typedef struct sx_notice {
   sx_transport_kind transport;
   uint32_t n_blocks;
   uint32_t n_ranges;
+  uint32_t kind;    /* sx_notice_kind (fills what was padding: the ABI holds) */
   const sx_notice_blocks *blocks; /* n_blocks, owned by the notice */
   const sx_notice_range *ranges;  /* n_ranges, owned by the notice */
 } sx_notice;

@@ -39,6 +39,8 @@ SLOT_K, SLOT_V, SLOT_INDEX, SLOT_STATE = 0, 1, 2, 3
 ACCESS_REMOTE_READ = 1
 ACCESS_REMOTE_WRITE = 2
 BATCH_WRITE = 1          # sx_batch_params.flags (segxfer/push.h)
+BATCH_NOTIFY = 2         # a read batch that ends with a read notice
+NOTICE_KINDS = {0: "write", 1: "read"}   # sx_notice_kind
 NOTICE_MAX_ENTRIES = 1024
 PUBLISH_TAKEOVER = 1
 CHECK_IGNORE_FINGERPRINT = 1
@@ -171,7 +173,8 @@ class Notice(Structure):
     _fields_ = [("producer", c_char * (NAME_MAX + 1)),
                 ("incarnation", c_uint8 * INCARNATION_LEN), ("tag", c_uint64),
                 ("bytes", c_uint64), ("transport", c_int), ("n_blocks", c_uint32),
-                ("n_ranges", c_uint32), ("blocks", POINTER(NoticeBlocks)),
+                ("n_ranges", c_uint32), ("kind", c_uint32),
+                ("blocks", POINTER(NoticeBlocks)),
                 ("ranges", POINTER(NoticeRange))]
 
 

@@ -532,22 +532,29 @@ class Segment(Owned):
                                         ctypes.byref(rtt), ctypes.byref(via)), "ping")
         return rtt.value, _lib.TRANSPORT_NAMES.get(via.value, str(via.value))
 
-    def batch(self, timeout=30.0, write=False, tag=0):
+    def batch(self, timeout=30.0, write=False, tag=0, notify_tag=None):
         """An empty batch with a deadline of timeout seconds from submit:
-        reads, or with write=True writes whose notice carries tag."""
-        return Batch(self, timeout, write, tag)
+        reads, or with write=True writes whose notice carries tag; reads
+        with notify_tag end with a read notice at the target carrying it."""
+        return Batch(self, timeout, write, tag, notify_tag)
 
     def read_blocks(self, remote_ids, local_ids, group=0, layers=None, slots=None,
-                    timeout=30.0):
+                    timeout=30.0, notify_tag=None):
         """Submit one batch reading block remote_ids[i] into local block
-        local_ids[i] for every i (see Batch.add_block_ids); returns it."""
-        return self._submit(Batch(self, timeout),
+        local_ids[i] for every i (see Batch.add_block_ids); returns it.
+        With notify_tag (a 64-bit integer, e.g. a request id) the target
+        gets a read notice (Notice.kind == "read") carrying it, its blocks
+        and this agent's name once every byte arrived; the batch ends
+        COMPLETED only after the target accepted it."""
+        return self._submit(Batch(self, timeout, notify_tag=notify_tag),
                             lambda b: b.add_block_ids(remote_ids, local_ids, group, layers,
                                                       slots))
 
-    def read_ranges(self, ranges, timeout=30.0):
-        """Submit one batch of raw byte ranges (see Batch.add_ranges)."""
-        return self._submit(Batch(self, timeout), lambda b: b.add_ranges(ranges))
+    def read_ranges(self, ranges, timeout=30.0, notify_tag=None):
+        """Submit one batch of raw byte ranges (see Batch.add_ranges);
+        notify_tag as in read_blocks."""
+        return self._submit(Batch(self, timeout, notify_tag=notify_tag),
+                            lambda b: b.add_ranges(ranges))
 
     def write_blocks(self, local_ids, remote_ids, tag=0, group=0, layers=None, slots=None,
                      timeout=30.0):

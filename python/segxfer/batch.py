@@ -184,18 +184,29 @@ def _destroy(s, ptr):
 class Batch(Owned):
     """Reads from one segment into this agent's memory, or (write=True)
     writes from this agent's memory into it with a 64-bit tag the
-    consumer's notice carries.  Made by Segment.batch() (empty) or
+    consumer's notice carries.  A read batch with notify_tag (a 64-bit
+    integer) sends the target a read notice carrying it once every byte
+    arrived, and ends COMPLETED only after the target accepted it (a failed,
+    timed-out or cancelled batch sends none).  Made by Segment.batch() (empty) or
     Segment.read_blocks()/read_ranges()/write_blocks()/write_ranges()
     (submitted).  close() destroys it (a running batch is cancelled and
     waited for first); so do leaving a `with` block and collection."""
 
-    def __init__(self, segment, timeout=30.0, write=False, tag=0):
+    def __init__(self, segment, timeout=30.0, write=False, tag=0, notify_tag=None):
         self.segment = segment
         self.write = bool(write)
         self.tag = _u64(tag, "tag")
         if tag and not write:
-            raise invalid("a tag belongs to a write batch (write=True): reads send no notice")
-        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"), write, tag)
+            raise invalid("a tag belongs to a write batch (write=True); a read batch's "
+                          "notice takes notify_tag")
+        if notify_tag is not None:
+            if write:
+                raise invalid("notify_tag is for read batches; a write batch's notice "
+                              "carries tag")
+            self.tag = _u64(notify_tag, "notify_tag")
+        self.notify = notify_tag is not None
+        p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"), write,
+                    self.tag, self.notify)
         out = ctypes.c_void_p()
         check(_lib_.sx_batch_create(segment._h.get(), p, ctypes.byref(out)))
         # The handle's destroy must not reference the Batch (it would keep
@@ -409,10 +420,11 @@ def _as_list(keep, n):
 _PARAMS = {}
 
 
-def _params(timeout_ms, write=False, tag=0):
+def _params(timeout_ms, write=False, tag=0, notify=False):
     """Batch parameters (the library copies them at create): made once per
-    read deadline, not once per batch; a write batch's carry its own tag."""
-    p = None if write else _PARAMS.get(timeout_ms)
+    read deadline, not once per batch; a write batch's and a notifying read
+    batch's carry their own tag."""
+    p = None if write or notify else _PARAMS.get(timeout_ms)
     if p is None:
         p = _lib.new_struct(_lib.BatchParams)
         _lib_.sx_batch_params_init(p)
@@ -420,6 +432,8 @@ def _params(timeout_ms, write=False, tag=0):
             p.timeout_ms = timeout_ms
         if write:
             p.flags, p.tag = _lib.BATCH_WRITE, tag
+        elif notify:
+            p.flags, p.tag = _lib.BATCH_NOTIFY, tag
         elif len(_PARAMS) < 64:
             _PARAMS[timeout_ms] = p
     return p

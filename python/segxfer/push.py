@@ -35,22 +35,29 @@ NoticeRange.__doc__ = "Bytes offset..+length of the consumer's region (by id)"
 
 
 class Notice:
-    """One completed write batch, in the consumer's own terms.
+    """One completed batch, in this agent's own terms.
 
-    producer     the producer's segment name, as the data plane
-                 authenticated it (never the producer's own claim)
-    incarnation  that producer's incarnation (hex, as Agent.incarnation)
-    tag          the producer's 64-bit tag (a request id)
-    bytes        bytes the batch wrote
+    kind         "write": a producer's write batch landed here (push);
+                 "read": a reader's read batch with notify_tag completed
+                 (pull): its blocks may be reused
+    producer     write: the producer's segment name, as the data plane
+                 authenticated it (never the producer's own claim);
+                 read: the reader's name as it stated it ("" if unnamed)
+    reader       the same name for a read notice, None for a write notice
+    incarnation  that agent's incarnation (hex, as Agent.incarnation)
+    tag          the producer's tag, or the reader's notify_tag
+    bytes        bytes the batch wrote (or read)
     transport    "tcp", "rdma", "cuda_ipc"
     blocks       tuple of NoticeBlocks runs (group, layer_first,
                  layer_count, slots, block, count)
     ranges       tuple of NoticeRange (region, offset, length)
     """
 
-    __slots__ = ("producer", "incarnation", "tag", "bytes", "transport", "blocks", "ranges")
+    __slots__ = ("kind", "producer", "incarnation", "tag", "bytes", "transport", "blocks",
+                 "ranges")
 
     def __init__(self, n):
+        self.kind = _lib.NOTICE_KINDS.get(n.kind, str(n.kind))
         self.producer = _lib.text(n.producer)
         self.incarnation = bytes(n.incarnation).hex()
         self.tag, self.bytes = n.tag, n.bytes
@@ -60,6 +67,10 @@ class Notice:
                             for b in (n.blocks[i] for i in range(n.n_blocks)))
         self.ranges = tuple(NoticeRange(r.region, r.offset, r.length)
                             for r in (n.ranges[i] for i in range(n.n_ranges)))
+
+    @property
+    def reader(self):
+        return self.producer if self.kind == "read" else None
 
     def block_ids(self, group=None):
         """The consumer's block ids the notice covers (in group, or in every
@@ -75,8 +86,8 @@ class Notice:
         return ids
 
     def __repr__(self):
-        return ("Notice(producer=%r, tag=%d, bytes=%d, transport=%s, blocks=%d runs, "
-                "ranges=%d)" % (self.producer, self.tag, self.bytes, self.transport,
+        return ("Notice(kind=%s, producer=%r, tag=%d, bytes=%d, transport=%s, blocks=%d runs, "
+                "ranges=%d)" % (self.kind, self.producer, self.tag, self.bytes, self.transport,
                                 len(self.blocks), len(self.ranges)))
 
 

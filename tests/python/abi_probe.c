@@ -108,7 +108,8 @@ int main(void) {
   S(sx_notice);
   F(sx_notice, producer); F(sx_notice, incarnation); F(sx_notice, tag);
   F(sx_notice, bytes); F(sx_notice, transport); F(sx_notice, n_blocks);
-  F(sx_notice, n_ranges); F(sx_notice, blocks); F(sx_notice, ranges);
+  F(sx_notice, n_ranges); F(sx_notice, kind); F(sx_notice, blocks);
+  F(sx_notice, ranges);
   C(SX_BATCH_NEW); C(SX_BATCH_RUNNING); C(SX_BATCH_COMPLETED); C(SX_BATCH_FAILED);
   C(SX_BATCH_TIMEOUT); C(SX_BATCH_CANCELLED);
   C(SX_AGENT_UNPUBLISHED); C(SX_AGENT_PUBLISHED); C(SX_AGENT_RECLAIMING); C(SX_AGENT_FENCED);
@@ -121,6 +122,7 @@ int main(void) {
   C(SX_SLOT_K); C(SX_SLOT_V); C(SX_SLOT_INDEX); C(SX_SLOT_STATE);
   C(SX_ACCESS_REMOTE_READ); C(SX_PUBLISH_TAKEOVER); C(SX_CHECK_IGNORE_FINGERPRINT);
   C(SX_ACCESS_REMOTE_WRITE); C(SX_BATCH_WRITE); C(SX_NOTICE_MAX_ENTRIES);
+  C(SX_BATCH_NOTIFY); C(SX_NOTICE_WRITE); C(SX_NOTICE_READ);
   C(SX_EINCOMPAT); C(SX_EBUSY); C(SX_ETIMEDOUT); C(SX_ECANCELED); C(SX_EINVAL);
   return 0;
 }

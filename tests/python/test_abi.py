@@ -70,6 +70,9 @@ def test_abi_enum_values_match(probe):
     assert c["SX_CHECK_IGNORE_FINGERPRINT"] == _lib.CHECK_IGNORE_FINGERPRINT
     assert c["SX_ACCESS_REMOTE_WRITE"] == _lib.ACCESS_REMOTE_WRITE
     assert c["SX_BATCH_WRITE"] == _lib.BATCH_WRITE
+    assert c["SX_BATCH_NOTIFY"] == _lib.BATCH_NOTIFY
+    for value, name in _lib.NOTICE_KINDS.items():
+        assert c["SX_NOTICE_" + name.upper()] == value
     assert c["SX_NOTICE_MAX_ENTRIES"] == _lib.NOTICE_MAX_ENTRIES
     # Codes the package tests for by value.
     assert (c["SX_EINVAL"], c["SX_ETIMEDOUT"], c["SX_ECANCELED"], c["SX_EINCOMPAT"],
