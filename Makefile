@@ -99,7 +99,8 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 #   INTEG_TESTS start real servers (redis-server, etcd) themselves.
 UNIT_TESTS  := test_errors test_codec test_layout test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
-               test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc
+               test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc \
+               test_read_notice
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))

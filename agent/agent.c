@@ -402,6 +402,7 @@ static int open_transports(sx_agent *a) {
       .write_granted = sx__push_write_granted,
       .grant_epoch = &a->push->epoch,
       .notice = sx__push_notice_in,
+      .read_notice = sx__read_notice_in,
       .written = sx__push_written,
       .region_at = sx__region_at,
       .grants_settled = sx__push_grants_settled,
@@ -473,9 +474,12 @@ static void close_transports(sx_agent *a) {
     /* close() closed and freed the transport's peers: peers still held
      * (by a cache refresh that completes during shutdown) must not close
      * them again. */
-    for (sx__rpeer *p = a->peers; p != NULL; p = p->next)
+    for (sx__rpeer *p = a->peers; p != NULL; p = p->next) {
       if (p->kind == (sx_transport_kind)k)
         p->tp = p->wtp = NULL;
+      if (k == SX_TRANSPORT_TCP)
+        p->ntp = NULL;
+    }
   }
 }
 

@@ -139,6 +139,7 @@ typedef struct sx__rpeer {
   sx_tpeer *tp;
   int refs;
   sx_tpeer *wtp;     /* push: the producer's write connections, or NULL */
+  sx_tpeer *ntp;     /* read notices over TCP where kind cannot carry them */
   int fatal;         /* SX_ESTALE, SX_EACCESS: later batches fail at once */
   char fatal_msg[256];
   int refreshing;    /* a cache refresh after a transport failure is out */

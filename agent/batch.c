@@ -31,7 +31,9 @@ struct sx_batch {
   sx__ltable *lt;  /* destinations stay registered-or-at-least-allocated */
   sx__plan plan;
   sx__pbatch *push; /* write batches: the notice's entries (push_batch.c) */
+  sx__pbatch *rnote; /* SX_BATCH_NOTIFY read batches: the read notice's entries */
   sx_tpeer *tp;     /* loop thread: where the batch was posted */
+  sx_tpeer *ntp;    /* loop thread: where its read notice went, if not tp */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -96,10 +98,19 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
     sx_batch_params_init(&b->p);
   if (b->p.timeout_ms == 0)
     b->p.timeout_ms = DEFAULT_TIMEOUT_MS;
-  if (b->p.flags & ~(unsigned)SX_BATCH_WRITE) {
+  if (b->p.flags & ~(unsigned)(SX_BATCH_WRITE | SX_BATCH_NOTIFY)) {
     unsigned flags = b->p.flags;
     free(b);
     return sx__err(SX_EINVAL, "sx_batch_create: unknown flags 0x%x", flags);
+  }
+  if ((b->p.flags & SX_BATCH_WRITE) && (b->p.flags & SX_BATCH_NOTIFY)) {
+    free(b);
+    return sx__err(SX_EINVAL, "sx_batch_create: SX_BATCH_NOTIFY is for read batches (a write "
+                   "batch always ends with its notice)");
+  }
+  if ((b->p.flags & SX_BATCH_NOTIFY) && (b->rnote = sx__pbatch_new()) == NULL) {
+    free(b);
+    return sx__err(SX_ENOMEM, "sx_batch_create");
   }
   if ((b->p.flags & SX_BATCH_WRITE) && b->a->name[0] == '\0') {
     free(b);
@@ -160,6 +171,8 @@ int sx_batch_add_blocks(sx_batch *b, const sx_block_read *r, size_t n) {
   if (b == NULL || (r == NULL && n > 0))
     return sx__err(SX_EINVAL, "sx_batch_add_blocks: NULL argument");
   int rc = check_add(b, 0, "sx_batch_add_blocks");
+  if (rc == 0 && b->rnote != NULL)
+    return sx__pbatch_add_reads(b->rnote, &b->plan, 1, r, n, "sx_batch_add_blocks");
   return rc ? rc : sx__plan_add_blocks(&b->plan, r, n);
 }
 
@@ -167,6 +180,8 @@ int sx_batch_add_ranges(sx_batch *b, const sx_range_read *r, size_t n) {
   if (b == NULL || (r == NULL && n > 0))
     return sx__err(SX_EINVAL, "sx_batch_add_ranges: NULL argument");
   int rc = check_add(b, 0, "sx_batch_add_ranges");
+  if (rc == 0 && b->rnote != NULL)
+    return sx__pbatch_add_reads(b->rnote, &b->plan, 0, r, n, "sx_batch_add_ranges");
   return rc ? rc : sx__plan_add_ranges(&b->plan, r, n);
 }
 
@@ -175,7 +190,7 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
   if (len > sizeof(a->scratch_buf))
     return sx__err(SX_ELIMIT, "at most %zu bytes into the scratch buffer",
                    sizeof(a->scratch_buf));
-  int rc = check_add(b, 0, "sx__batch_add_scratch");
+  int rc = b->rnote != NULL ? SX_EINVAL : check_add(b, 0, "sx__batch_add_scratch");
   return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
 }
 
@@ -184,6 +199,7 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
 static void batch_free(sx_batch *b) {
   sx__plan_free(&b->plan);
   sx__pbatch_free(b->push);
+  sx__pbatch_free(b->rnote);
   sx__ltable_put(b->lt);
   free(b->failed);
   if (b->efd >= 0)
@@ -303,7 +319,8 @@ static void finish(sx_batch *b) {
   uv_close((uv_handle_t *)&b->timer, publish_end);
 }
 
-/* A write batch's notice settled: that is its end. */
+/* A write batch's (or a notifying read batch's) notice settled: that is
+ * its end. */
 static void op_noticed(sx_op *op, int status, const char *msg) {
   sx_batch *b = op->owner;
   if (status != 0 && op->first_error == 0) {
@@ -313,17 +330,46 @@ static void op_noticed(sx_op *op, int status, const char *msg) {
   finish(b);
 }
 
-/* Every range settled.  A write batch whose writes all landed then sends
- * its notice and ends when the consumer answered it. */
+/* Loop thread, at submit: where a notifying read batch over RDMA will send
+ * its notice.  RDMA READs are one-sided and a reader's QPs carry no
+ * messages (the target's side posts no receives), so the notice goes on a
+ * TCP connection to the same target, opened once per peer; a batch that
+ * could not send one fails here, before it reads anything. */
+static int rdma_notice_peer(sx_batch *b) {
+  sx__rpeer *peer = b->s->peer;
+  sx_transport *t = b->a->tr[SX_TRANSPORT_TCP];
+  if (t == NULL || !t->ops->usable(t, &peer->cd->desc))
+    return sx__err(SX_ENOTSUP, "%.64s: read notices over RDMA travel on TCP, and %s",
+                   b->s->cd->desc.name, t == NULL ? "this agent runs no TCP transport"
+                                                  : "the target publishes no TCP endpoint");
+  int rc = peer->ntp == NULL ? t->ops->peer_open(t, &peer->cd->desc, &peer->ntp) : 0;
+  if (rc == 0)
+    b->ntp = peer->ntp;
+  return rc;
+}
+
+/* A notifying read batch's bytes all arrived: its notice, on its own peer
+ * or on the one rdma_notice_peer() chose. */
+static int read_notify(sx_batch *b, sx_op *op) {
+  return sx__pbatch_notify(b->rnote, b->a, SX_NOTICE_READ, b->p.tag, b->plan.bytes,
+                           b->ntp != NULL ? b->ntp : b->tp, op);
+}
+
+/* Every range settled.  A write batch whose writes all landed, or a
+ * notifying read batch whose bytes all arrived, then sends its notice and
+ * ends when the other side answered it. */
 static void op_done(sx_op *op) {
   sx_batch *b = op->owner;
-  if (b->push != NULL && op->first_error == 0 && b->reason != SX_BATCH_NEW) {
-    /* Stopped just as the last write landed: no notice, so not complete. */
+  int notice = b->push != NULL || b->rnote != NULL;
+  if (notice && op->first_error == 0 && b->reason != SX_BATCH_NEW) {
+    /* Stopped just as the last byte came: no notice, so not complete. */
     op->first_error = b->reason == SX_BATCH_TIMEOUT ? SX_ETIMEDOUT : SX_ECANCELED;
     snprintf(op->message, sizeof(op->message), "stopped before the notice was sent");
   }
-  if (b->push != NULL && op->first_error == 0) {
-    int rc = sx__pbatch_notify(b->push, b->a, b->p.tag, b->plan.bytes, b->tp, op);
+  if (notice && op->first_error == 0) {
+    int rc = b->push != NULL ? sx__pbatch_notify(b->push, b->a, SX_NOTICE_WRITE, b->p.tag,
+                                                 b->plan.bytes, b->tp, op)
+                             : read_notify(b, op);
     if (rc == 0)
       return;
     op->first_error = rc;
@@ -343,12 +389,23 @@ static void end_now(sx_batch *b, int rc, const char *msg) {
   finish(b);
 }
 
+/* Stop the batch where it is: its ranges on its peer, and its read notice
+ * on the peer that carries it, if that is another (each settles only what
+ * it holds; the batch has ended before the second call if the first ended
+ * it, and then that call finds nothing). */
+static void abort_op(sx_batch *b, int status) {
+  sx_tpeer *ntp = b->ntp;
+  b->tp->t->ops->abort(b->tp, &b->op, status);
+  if (ntp != NULL && ntp != b->tp)
+    ntp->t->ops->abort(ntp, &b->op, status);
+}
+
 static void expired(uv_timer_t *t) {
   sx_batch *b = t->data;
   if (!b->running)
     return;
   b->reason = SX_BATCH_TIMEOUT;
-  b->tp->t->ops->abort(b->tp, &b->op, SX_ETIMEDOUT);
+  abort_op(b, SX_ETIMEDOUT);
 }
 
 /* ------------------------------------------------------------ submit */
@@ -396,8 +453,13 @@ static void submit_run(sx__call *c) {
     end_now(b, peer->fatal, peer->fatal_msg);
     return;
   }
-  if (b->op.n == 0 && b->push == NULL) {
+  if (b->op.n == 0 && b->push == NULL && b->rnote == NULL) {
     end_now(b, 0, NULL);
+    return;
+  }
+  int rc = 0;
+  if (b->rnote != NULL && b->s->kind == SX_TRANSPORT_RDMA && (rc = rdma_notice_peer(b)) != 0) {
+    end_now(b, rc, sx_errmsg());
     return;
   }
   uint64_t elapsed_ms = (sx__mono_ns() - b->submit_ns) / 1000000u;
@@ -407,7 +469,6 @@ static void submit_run(sx__call *c) {
   uv_update_time(&a->loop);
   uv_timer_start(&b->timer, expired, left, 0);
   sx_transport *t = a->tr[b->s->kind];
-  int rc = 0;
   sx_tpeer **tpp = b->push != NULL ? &peer->wtp : &peer->tp;
   if (*tpp == NULL &&
       (rc = b->push != NULL
@@ -424,7 +485,7 @@ static void submit_run(sx__call *c) {
     a->running->rprev = b;
   a->running = b;
   if (b->op.n == 0) {
-    op_done(&b->op); /* a write batch of no bytes: only its notice */
+    op_done(&b->op); /* a batch of no bytes: only its notice */
     return;
   }
   if ((rc = b->tp->t->ops->post(b->tp, &b->op)) != 0) {
@@ -464,7 +525,7 @@ static void cancel_now(sx_batch *b) {
   if (!b->running)
     return; /* ended, or submit_run will see cancel_req */
   b->reason = SX_BATCH_CANCELLED;
-  b->tp->t->ops->abort(b->tp, &b->op, SX_ECANCELED);
+  abort_op(b, SX_ECANCELED);
 }
 
 static void cancel_run(sx__call *c) {
@@ -621,6 +682,6 @@ void sx__batches_abort(sx_agent *a, int status) {
     /* Abort settles its ranges (now or after a flush); take it off the
      * list first so a slow abort cannot make this loop spin. */
     unlink_running(b);
-    b->tp->t->ops->abort(b->tp, &b->op, status);
+    abort_op(b, status);
   }
 }

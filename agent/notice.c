@@ -1,16 +1,17 @@
 /*
- * The consumer's notice queue (push mode, docs/push.md).
+ * The notice queue (push mode and read notices, docs/push.md).
  *
- * A transport hands over a notice only after the producer saw every write
- * of its batch acknowledged; here it is decoded strictly, its identity is
- * checked against the one the data plane authenticated, and each entry
- * against this agent's regions (registered, writable, in bounds), with the
- * byte count recomputed: a notice that does not describe writable memory
- * of this agent exactly is refused and the producer's batch fails with the
- * reason.  An accepted notice goes to the callback first, then (unless the
- * callback took it) into a bounded queue that API callers drain, woken by a
- * condition variable or an eventfd that is readable while the queue is not
- * empty.
+ * A transport hands over a write notice only after the producer saw every
+ * write of its batch acknowledged, and a read notice only after the reader
+ * received every byte of its batch.  Here it is decoded strictly, its
+ * identity checked against what the data plane knows, and each entry
+ * against this agent's regions (registered, writable for a write notice,
+ * readable for a read notice, in bounds), with the byte count recomputed:
+ * a notice that does not describe such memory of this agent exactly is
+ * refused and the sender's batch fails with the reason.  An accepted
+ * notice goes to the callback first, then (unless the callback took it)
+ * into a bounded queue that API callers drain, woken by a condition
+ * variable or an eventfd that is readable while the queue is not empty.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,15 +88,17 @@ void sx__push_written(void *agent, sx_transport_kind kind, uint64_t bytes, int e
 
 /* ------------------------------------------------------------ checks */
 
-/* A writable region of this agent that is still published. */
-static int writable(const sx_region *R) {
-  return R != NULL && (R->access & SX_ACCESS_REMOTE_WRITE) &&
-         !((const sx_lregion *)R)->withdrawn;
+/* A region of this agent that is still published and allows access (a
+ * write notice lists writable memory, a read notice readable memory). */
+static int allowed(const sx_region *R, uint32_t access) {
+  return R != NULL && (R->access & access) && !((const sx_lregion *)R)->withdrawn;
 }
 
-/* Every entry lies in writable memory of this agent; the bytes add up. */
-static int check_entries(sx_agent *a, const sx_notice *n, char *msg, size_t cap) {
+/* Every entry lies in memory of this agent with access; the bytes add up. */
+static int check_entries(sx_agent *a, const sx_notice *n, uint32_t access, char *msg,
+                         size_t cap) {
   const sx__rindex *ix = &a->lt->ix;
+  const char *what = access == SX_ACCESS_REMOTE_WRITE ? "writable" : "readable";
   uint64_t total = 0, bytes;
   for (uint32_t i = 0; i < n->n_blocks; i++) {
     const sx_notice_blocks *e = &n->blocks[i];
@@ -104,9 +107,9 @@ static int check_entries(sx_agent *a, const sx_notice *n, char *msg, size_t cap)
       uint32_t slot = (uint32_t)__builtin_ctzll(m);
       for (uint64_t l = e->layer_first; l < end; l++) {
         const sx_region *R = sx__rindex_key(ix, e->group, (uint32_t)l, slot);
-        if (!writable(R)) {
-          snprintf(msg, cap, "block run %u: no writable region for group %u layer %lu slot %u",
-                   i, e->group, (unsigned long)l, slot);
+        if (!allowed(R, access)) {
+          snprintf(msg, cap, "block run %u: no %s region for group %u layer %lu slot %u",
+                   i, what, e->group, (unsigned long)l, slot);
           return SX_EDENIED;
         }
         if (e->count > R->num_blocks || e->block > R->num_blocks - e->count) {
@@ -125,8 +128,8 @@ static int check_entries(sx_agent *a, const sx_notice *n, char *msg, size_t cap)
   for (uint32_t i = 0; i < n->n_ranges; i++) {
     const sx_notice_range *e = &n->ranges[i];
     const sx_region *R = sx__rindex_id(ix, e->region);
-    if (!writable(R)) {
-      snprintf(msg, cap, "range %u: region %u is not a writable region", i, e->region);
+    if (!allowed(R, access)) {
+      snprintf(msg, cap, "range %u: region %u is not a %s region", i, e->region, what);
       return SX_EDENIED;
     }
     if (e->offset > R->length || e->length > R->length - e->offset) {
@@ -150,31 +153,10 @@ static int check_entries(sx_agent *a, const sx_notice *n, char *msg, size_t cap)
 
 /* ------------------------------------------------------------ intake */
 
-int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
-                       sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
-                       size_t cap) {
-  sx_agent *a = agent;
+/* Hand an accepted notice n (taken) to the callback, else to the queue.
+ * 0, or SX_ELIMIT / SX_ENOMEM with msg (n freed either way). */
+static int deliver(sx_agent *a, sx_notice *n, char *msg, size_t cap) {
   sx__push *ps = a->push;
-  sx_notice *n = NULL;
-  int rc = sx__notice_decode(buf, len, &n);
-  if (rc) {
-    snprintf(msg, cap, "malformed notice: %s", sx_errmsg());
-    goto out_refuse;
-  }
-  if (strcmp(n->producer, producer) != 0 ||
-      memcmp(n->incarnation, inc, SX_INCARNATION_LEN) != 0) {
-    rc = SX_EPROTO;
-    snprintf(msg, cap, "the notice names producer %.64s, the connection is %.64s", n->producer,
-             producer);
-    goto out_refuse;
-  }
-  if ((rc = sx__push_write_granted(a, producer, inc)) != 0) {
-    snprintf(msg, cap, "no write grant covers %.64s (revoked)", producer);
-    goto out_refuse;
-  }
-  if ((rc = check_entries(a, n, msg, cap)) != 0)
-    goto out_refuse;
-  n->transport = kind;
   pthread_mutex_lock(&ps->mu);
   sx_notice_cb cb = ps->cb;
   void *cb_arg = ps->cb_arg;
@@ -195,10 +177,10 @@ int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
   }
   sx__nq *q = full ? NULL : malloc(sizeof(*q));
   if (q == NULL) {
-    rc = full ? SX_ELIMIT : SX_ENOMEM;
-    snprintf(msg, cap, full ? "the consumer's notice queue is full (%u notices unread)"
-                            : "the consumer is out of memory", SX_NOTICE_QUEUE_MAX);
-    goto out_refuse;
+    snprintf(msg, cap, full ? "the notice queue is full (%u notices unread)"
+                            : "out of memory", SX_NOTICE_QUEUE_MAX);
+    sx_notice_free(n);
+    return full ? SX_ELIMIT : SX_ENOMEM;
   }
   q->n = n;
   q->next = NULL;
@@ -215,9 +197,88 @@ int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
   pthread_mutex_unlock(&ps->mu);
   sx__stats_notice(a);
   return 0;
+}
+
+/* Decode len bytes into *out and check that it is of kind; 0 or the
+ * refusal with msg. */
+static int decode_kind(const uint8_t *buf, size_t len, uint32_t kind, sx_notice **out,
+                       char *msg, size_t cap) {
+  int rc = sx__notice_decode(buf, len, out);
+  if (rc) {
+    snprintf(msg, cap, "malformed notice: %s", sx_errmsg());
+    return rc;
+  }
+  if ((*out)->kind != kind) {
+    snprintf(msg, cap, "a %s notice where a %s notice belongs",
+             (*out)->kind == SX_NOTICE_READ ? "read" : "write",
+             kind == SX_NOTICE_READ ? "read" : "write");
+    return SX_EPROTO;
+  }
+  return 0;
+}
+
+int sx__push_notice_in(void *agent, const char *producer, const uint8_t *inc,
+                       sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
+                       size_t cap) {
+  sx_agent *a = agent;
+  sx_notice *n = NULL;
+  int rc = decode_kind(buf, len, SX_NOTICE_WRITE, &n, msg, cap);
+  if (rc)
+    goto out_refuse;
+  if (strcmp(n->producer, producer) != 0 ||
+      memcmp(n->incarnation, inc, SX_INCARNATION_LEN) != 0) {
+    rc = SX_EPROTO;
+    snprintf(msg, cap, "the notice names producer %.64s, the connection is %.64s", n->producer,
+             producer);
+    goto out_refuse;
+  }
+  if ((rc = sx__push_write_granted(a, producer, inc)) != 0) {
+    snprintf(msg, cap, "no write grant covers %.64s (revoked)", producer);
+    goto out_refuse;
+  }
+  if ((rc = check_entries(a, n, SX_ACCESS_REMOTE_WRITE, msg, cap)) != 0)
+    goto out_refuse;
+  n->transport = kind;
+  rc = deliver(a, n, msg, cap);
+  n = NULL; /* taken */
+  if (rc)
+    goto out_refuse;
+  return 0;
 
 out_refuse:
   sx__log(a, SX_LOG_WARN, "refused a notice from %.64s: %s", producer, msg);
+  sx_notice_free(n);
+  return rc;
+}
+
+int sx__read_notice_in(void *agent, const char *reader, sx_transport_kind kind,
+                       const uint8_t *buf, size_t len, char *msg, size_t cap) {
+  sx_agent *a = agent;
+  sx_notice *n = NULL;
+  int rc = decode_kind(buf, len, SX_NOTICE_READ, &n, msg, cap);
+  if (rc)
+    goto out_refuse;
+  /* The connection presented this agent's incarnation and token (checked
+   * before any read); the reader's name is its own statement, which must
+   * at least agree with what it said when it connected. */
+  if (reader != NULL && strcmp(n->producer, reader) != 0) {
+    rc = SX_EPROTO;
+    snprintf(msg, cap, "the notice names reader '%.64s', the connection said '%.64s'",
+             n->producer, reader);
+    goto out_refuse;
+  }
+  if ((rc = check_entries(a, n, SX_ACCESS_REMOTE_READ, msg, cap)) != 0)
+    goto out_refuse;
+  n->transport = kind;
+  rc = deliver(a, n, msg, cap);
+  n = NULL;
+  if (rc)
+    goto out_refuse;
+  return 0;
+
+out_refuse:
+  sx__log(a, SX_LOG_WARN, "refused a read notice from %.64s: %s",
+          reader != NULL && reader[0] ? reader : "(unnamed reader)", msg);
   sx_notice_free(n);
   return rc;
 }

@@ -165,6 +165,49 @@ static int add_writes(sx_batch *b, int blocks, const void *w, size_t n, const ch
   return rc;
 }
 
+/* ------------------------------------------------------------ read notices */
+
+/* Read entries as the notice lists them (the target's blocks and ranges:
+ * the sources of a read are where a write would go).  NULL if memory runs
+ * out. */
+static sx_block_write *as_block_writes(const sx_block_read *r, size_t n) {
+  sx_block_write *w = malloc((n ? n : 1) * sizeof(*w));
+  for (size_t i = 0; w != NULL && i < n; i++)
+    w[i] = (sx_block_write){.group = r[i].group, .layer_first = r[i].layer_first,
+                            .layer_count = r[i].layer_count, .slots = r[i].slots,
+                            .local_block = r[i].local_block,
+                            .remote_block = r[i].remote_block, .count = r[i].count};
+  return w;
+}
+
+static sx_range_write *as_range_writes(const sx_range_read *r, size_t n) {
+  sx_range_write *w = malloc((n ? n : 1) * sizeof(*w));
+  for (size_t i = 0; w != NULL && i < n; i++)
+    w[i] = (sx_range_write){.local = r[i].local, .remote_region = r[i].remote_region,
+                            .offset = r[i].offset, .length = r[i].length};
+  return w;
+}
+
+int sx__pbatch_add_reads(sx__pbatch *pb, sx__plan *plan, int blocks, const void *r, size_t n,
+                         const char *what) {
+  void *w = blocks ? (void *)as_block_writes(r, n) : (void *)as_range_writes(r, n);
+  if (w == NULL)
+    return sx__err(SX_ENOMEM, "%s", what);
+  pmark m = mark(pb);
+  int rc = blocks ? note_blocks(pb, w, n) : note_ranges(pb, w, n);
+  if (rc == SX_ELIMIT)
+    rc = sx__err(SX_ELIMIT, "%s: the batch's read notice would list more than %u entries "
+                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
+  else if (rc)
+    rc = sx__err(rc, "%s", what);
+  else
+    rc = blocks ? sx__plan_add_blocks(plan, r, n) : sx__plan_add_ranges(plan, r, n);
+  if (rc)
+    undo(pb, &m);
+  free(w);
+  return rc;
+}
+
 int sx_batch_add_block_writes(sx_batch *b, const sx_block_write *w, size_t n) {
   return add_writes(b, 1, w, n, "sx_batch_add_block_writes");
 }
@@ -226,13 +269,14 @@ int sx_batch_add_block_ids(sx_batch *b, const sx_block_ids *ids) {
 
 /* ------------------------------------------------------------ notice */
 
-int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
-                      sx_tpeer *tp, sx_op *op) {
+int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, sx_notice_kind kind, uint64_t tag,
+                      uint64_t bytes, sx_tpeer *tp, sx_op *op) {
   sx_notice *n = sx__notice_alloc(pb->nb, pb->nr);
   if (n == NULL)
     return sx__err(SX_ENOMEM, "building the notice");
   snprintf(n->producer, sizeof(n->producer), "%s", a->name);
   memcpy(n->incarnation, a->incarnation, SX_INCARNATION_LEN);
+  n->kind = kind;
   n->tag = tag;
   n->bytes = bytes;
   if (pb->nb)
@@ -248,6 +292,6 @@ int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
   rc = sx__tr_call(tp->t->ops, notify, tp, op, buf, len);
   free(buf);
   if (rc == SX_ENOTSUP)
-    sx__err(rc, "the transport cannot send notices");
+    sx__err(rc, "the transport cannot send %s notices", kind == SX_NOTICE_READ ? "read" : "write");
   return rc;
 }

@@ -67,6 +67,8 @@ int sx__push_notice_in(void *agent, const char *producer, const uint8_t *incarna
                        sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
                        size_t cap);
 void sx__push_written(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
+int sx__read_notice_in(void *agent, const char *reader, sx_transport_kind kind,
+                       const uint8_t *buf, size_t len, char *msg, size_t cap);
 
 /* grant.c: drop every grant (shutdown). */
 void sx__push_grants_free(sx_agent *a);
@@ -76,11 +78,16 @@ void sx__push_grants_free(sx_agent *a);
 typedef struct sx__pbatch sx__pbatch;
 sx__pbatch *sx__pbatch_new(void);
 void sx__pbatch_free(sx__pbatch *pb);
-/* Loop thread: every write of bytes landed; send the notice (this agent as
- * producer, tag) on tp.  0: op->noticed will run; < 0: the batch fails with
- * it (sx_errmsg()). */
-int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, uint64_t tag, uint64_t bytes,
-                      sx_tpeer *tp, sx_op *op);
+/* Loop thread: every write of bytes landed (kind SX_NOTICE_WRITE), or
+ * every byte a notifying read batch asked for arrived (SX_NOTICE_READ);
+ * send the notice (this agent as producer or reader, tag) on tp.  0:
+ * op->noticed will run; < 0: the batch fails with it (sx_errmsg()). */
+int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, sx_notice_kind kind, uint64_t tag,
+                      uint64_t bytes, sx_tpeer *tp, sx_op *op);
+/* Read entries of a notifying read batch (SX_BATCH_NOTIFY): noted in pb in
+ * the target's terms, then planned; all or nothing (push_batch.c). */
+int sx__pbatch_add_reads(sx__pbatch *pb, struct sx__plan *plan, int blocks, const void *r,
+                         size_t n, const char *what);
 /* batch.c: the plan and notice list of batch b if it takes entries of this
  * direction now (state NEW), else the error. */
 struct sx__plan;

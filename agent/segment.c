@@ -27,6 +27,8 @@ static void rpeer_put(sx__rpeer *p, sx_agent *a) {
     p->tp->t->ops->peer_close(p->tp);
   if (p->wtp != NULL)
     p->wtp->t->ops->peer_close(p->wtp);
+  if (p->ntp != NULL)
+    p->ntp->t->ops->peer_close(p->ntp);
   sx__cdesc_unref(p->cd);
   free(p);
 }

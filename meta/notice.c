@@ -46,9 +46,13 @@ static int all_zero(const uint8_t *p, size_t n) {
 
 int sx__notice_check(const sx_notice *n) {
   uint64_t end;
-  int rc = sx_name_validate(n->producer);
+  if (n->kind != SX_NOTICE_WRITE && n->kind != SX_NOTICE_READ)
+    return sx__err(SX_EINVAL, "notice: unknown kind %u", n->kind);
+  /* A reader need not be named (reader-only agents); a producer must. */
+  int rc = n->kind == SX_NOTICE_READ && n->producer[0] == '\0' ? 0
+                                                                : sx_name_validate(n->producer);
   if (rc)
-    return sx__errwrap(rc, "notice: producer");
+    return sx__errwrap(rc, "notice: %s", n->kind == SX_NOTICE_READ ? "reader" : "producer");
   if (all_zero(n->incarnation, SX_INCARNATION_LEN))
     return sx__err(SX_EMISSING, "notice from %s: incarnation is missing", n->producer);
   if (n->n_blocks > SX_NOTICE_MAX_ENTRIES || n->n_ranges > SX_NOTICE_MAX_ENTRIES - n->n_blocks)
@@ -95,6 +99,7 @@ int sx__notice_encode(const sx_notice *n, uint8_t **out, size_t *len) {
   m.incarnation.len = SX_INCARNATION_LEN;
   m.tag = n->tag;
   m.bytes = n->bytes;
+  m.kind = n->kind;
   m.n_b_group = m.n_b_layer_first = m.n_b_layer_count = nb;
   m.n_b_slots = m.n_b_block = m.n_b_count = nb;
   m.b_group = c32;
@@ -165,6 +170,7 @@ static int decode_fields(const Sxpb__WriteNotice *m, sx_notice **out) {
   memcpy(n->incarnation, m->incarnation.data, SX_INCARNATION_LEN);
   n->tag = m->tag;
   n->bytes = m->bytes;
+  n->kind = m->kind;
   sx_notice_blocks *b = sx__notice_blocks(n);
   for (size_t i = 0; i < nb; i++)
     b[i] = (sx_notice_blocks){.group = m->b_group[i], .layer_first = m->b_layer_first[i],

@@ -3,7 +3,9 @@
  * `sxctl write` producers into `sx-agent --writable` consumers and into a
  * consumer in this process (the library), a producer without a grant, and a
  * producer killed in the middle of a batch (no notice; the consumer's other
- * producers unaffected).
+ * producers unaffected).  Read notices the same way: an `sxctl read
+ * --notify-tag` reader killed in the middle of a batch leaves no notice, a
+ * whole one leaves one per batch.
  *
  * SXT_KEEP_LOGS=1 keeps the children's logs.
  */
@@ -159,6 +161,63 @@ static void test_e2e_push_producer_killed_mid_batch(void **state) {
   sxt_agent_stop(&c);
 }
 
+static uint64_t served_bytes(sx_agent *a) {
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(a, &st, sizeof(st)));
+  return st.served_bytes[SX_TRANSPORT_TCP];
+}
+
+static void test_e2e_push_read_notice_reader_killed_mid_batch(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  /* 4 layers x 2 slots x 4096 blocks x 4 KiB: one read batch of 128 MiB. */
+  const uint64_t blocks = 4096;
+  const uint64_t total = SXT_LAYERS * 2 * blocks * SXT_BLOCK;
+  sxt_agent t;
+  consumer_start(&t, "prefill-e2e-4", blocks);
+  char exe[PATH_MAX + 16], log[300];
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/reader-victim.log", env.tmpdir);
+  const char *argv[] = {exe, "--metadata", env.url, "read", "prefill-e2e-4", "--blocks", "all",
+                        "--batch", "4096", "--depth", "1", "--notify-tag", "666",
+                        "--transport", "tcp", "--timeout-ms", "60000", NULL};
+  pid_t victim = sxt_spawn_ok(log, argv);
+  /* Stop it as soon as the target serves its reads, then kill it. */
+  uint64_t got = 0;
+  for (int i = 0; i < 20000 && (got = served_bytes(t.a)) == 0; i++)
+    usleep(500);
+  assert_true(got > 0);
+  assert_int_equal(sxt_freeze(victim), 0);
+  got = served_bytes(t.a);
+  kill(victim, SIGKILL);
+  assert_int_equal(sxt_reap(victim, 10000), 128 + SIGKILL);
+  if (got >= total)
+    fail_msg("the whole batch was served before the reader was stopped: the test proves "
+             "nothing (raise its size)");
+  sx_notice *n = NULL;
+  sxt_rc(sx_agent_notice_next(t.a, 1000, &n), SX_ETIMEDOUT);
+  /* A reader that gets everything leaves one notice per batch: tags
+   * 7, 8; the reader is unnamed (sxctl reads as a reader-only agent). */
+  snprintf(log, sizeof(log), "%s/reader-whole.log", env.tmpdir);
+  const char *whole[] = {"read", "prefill-e2e-4", "--blocks", "0-15", "--batch", "8",
+                         "--depth", "1", "--notify-tag", "7", "--transport", "tcp", NULL};
+  assert_int_equal(sxctl(log, whole), 0);
+  for (uint64_t tag = 7; tag <= 8; tag++) {
+    sxt_ok(sx_agent_notice_next(t.a, 1000, &n));
+    assert_int_equal(n->kind, SX_NOTICE_READ);
+    assert_string_equal(n->producer, "");
+    assert_int_equal(n->tag, tag);
+    assert_int_equal(n->transport, SX_TRANSPORT_TCP);
+    assert_int_equal(n->n_blocks, 1);
+    assert_int_equal(n->blocks[0].block, (tag - 7) * 8);
+    assert_int_equal(n->blocks[0].count, 8);
+    assert_int_equal(n->bytes, 8 * SXT_LAYERS * 2 * SXT_BLOCK);
+    sx_notice_free(n);
+  }
+  sxt_rc(sx_agent_notice_next(t.a, 200, &n), SX_ETIMEDOUT);
+  sxt_agent_stop(&t);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_e2e_push",
@@ -177,6 +236,7 @@ int main(void) {
       cmocka_unit_test(test_e2e_push_sxctl_write_into_sx_agent),
       cmocka_unit_test(test_e2e_push_without_a_grant_is_refused),
       cmocka_unit_test(test_e2e_push_producer_killed_mid_batch),
+      cmocka_unit_test(test_e2e_push_read_notice_reader_killed_mid_batch),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -149,10 +149,19 @@ static void test_notice_decode_is_strict(void **state) {
   size_t len = sxpb__write_notice__get_packed_size(&base);
   uint8_t buf[256];
   sxpb__write_notice__pack(&base, buf);
-  buf[len] = (15 << 3) | 0; /* field 15 (unknown), varint 5 */
+  buf[len] = (16 << 3) | 0; /* field 16 (unknown), varint 5 */
   buf[len + 1] = 5;
   assert_int_equal(sx__notice_decode(buf, len + 2, &n), SX_EDECODE);
   assert_null(n);
+  /* Field 15 is the kind: write (0) or read (1), nothing else. */
+  buf[len] = (15 << 3) | 0;
+  assert_int_equal(sx__notice_decode(buf, len + 2, &n), SX_EINVAL);
+  assert_null(n);
+  buf[len + 1] = 1;
+  assert_int_equal(sx__notice_decode(buf, len + 2, &n), 0);
+  assert_int_equal(n->kind, SX_NOTICE_READ);
+  sx_notice_free(n);
+  n = NULL;
 }
 
 /* ------------------------------------------------------------ planning */

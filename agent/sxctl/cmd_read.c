@@ -31,6 +31,8 @@ typedef struct read_opts {
   sxctl_data_opts c; /* NAME and the options write takes too */
   uint64_t seed;
   int verify, no_check;
+  int notify;          /* --notify-tag: batch i sends a read notice, tag notify_tag+i */
+  uint64_t notify_tag;
   const char *location;
   sx_layout layout; /* what to expect; empty fields: the segment's */
 } read_opts;
@@ -145,10 +147,13 @@ static int64_t verify(const sxctl_cmd *cmd, const reader *r, const uint64_t *blo
 static int submit(void *arg, const uint64_t *blocks, size_t n, uint64_t first_local,
                   uint64_t index, sx_batch **out) {
   reader *r = arg;
-  (void)index;
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = r->o->c.timeout_ms;
+  if (r->o->notify) {
+    bp.flags = SX_BATCH_NOTIFY;
+    bp.tag = r->o->notify_tag + index;
+  }
   sx_batch *b;
   int rc = sx_batch_create(r->seg, &bp, &b);
   for (size_t i = 0; i < n && rc == 0; i++) {
@@ -225,6 +230,12 @@ static int read_parse(const sxctl_cmd *cmd, int argc, char **argv, read_opts *o)
       memcpy(dst, v, strlen(v) + 1);
     } else if (strcmp(a, "--no-check") == 0) {
       o->no_check = 1;
+    } else if (strcmp(a, "--notify-tag") == 0) {
+      if ((v = sxctl_opt_value(cmd, argc, argv, &i)) == NULL)
+        return SXCTL_ERROR;
+      if (sxctl_parse_u64(v, &o->notify_tag))
+        return sxctl_usage(cmd, "--notify-tag '%s' is not a number 0..2^64-1", v);
+      o->notify = 1;
     } else if ((rc = sxctl_data_opt(cmd, &o->c, argc, argv, &i)) != 0) {
       return rc;
     }
@@ -359,6 +370,8 @@ const sxctl_cmd sxctl_cmd_read = {
         "  --transport KIND     tcp, rdma, cuda_ipc or auto (default)\n"
         "  --location LOC       where the local buffers live: cpu (default) or cuda:N\n"
         "                       (GPU memory: reads land there, --verify copies back)\n"
+        "  --notify-tag N       each batch ends with a read notice at the owner, batch i\n"
+        "                       tagged N+i (SX_BATCH_NOTIFY)\n"
         "  --fingerprint F, --dtype D, --tag T\n"
         "                       the layout this reader expects; the check fails (exit 1)\n"
         "                       when the segment differs, unless --no-check\n"

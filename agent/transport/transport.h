@@ -80,6 +80,12 @@ typedef struct sx_tctx {
   int (*notice)(void *agent, const char *producer, const uint8_t *incarnation,
                 sx_transport_kind kind, const uint8_t *buf, size_t len, char *msg,
                 size_t cap);
+  /* A read notice (len encoded bytes) arrived on a reader's connection,
+   * which presented this agent's incarnation and token; reader is the name
+   * the connection stated (NULL: the transport knows none).  0 when
+   * accepted, else the refusal with msg filled. */
+  int (*read_notice)(void *agent, const char *reader, sx_transport_kind kind,
+                     const uint8_t *buf, size_t len, char *msg, size_t cap);
   /* Count a served write for metrics: bytes, or an error code. */
   void (*written)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
   /* The i-th registered region (withdrawn ones included), NULL past the
@@ -160,7 +166,10 @@ typedef struct sx_transport_ops {
    * acknowledged that they landed; abort() settles only once nothing reads
    * the sources any more.  notify: send the op's notice (len bytes, copied)
    * after every xfer settled with 0; op->noticed runs once (abort() settles
-   * it too); < 0: not sent, noticed will not run.  grants_changed: grants
+   * it too); < 0: not sent, noticed will not run.  On a read peer
+   * (peer_open) notify sends a read notice (SX_BATCH_NOTIFY), which the
+   * target hands to ctx->read_notice; SX_ENOTSUP where the transport
+   * cannot (RDMA: the agent sends it over TCP instead).  grants_changed: grants
    * were revoked: stop the writes of producers no grant covers.  0: nothing
    * of them lands from now on; 1: something still may (a device copy
    * running, a CUDA IPC mapping not given back yet), and ctx->grants_settled

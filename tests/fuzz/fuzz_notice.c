@@ -11,7 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int same(const sx_notice *a, const sx_notice *b) {
   return strcmp(a->producer, b->producer) == 0 &&
          memcmp(a->incarnation, b->incarnation, SX_INCARNATION_LEN) == 0 &&
-         a->tag == b->tag && a->bytes == b->bytes && a->n_blocks == b->n_blocks &&
+         a->kind == b->kind && a->tag == b->tag && a->bytes == b->bytes &&
+         a->n_blocks == b->n_blocks &&
          a->n_ranges == b->n_ranges &&
          memcmp(a->blocks, b->blocks, a->n_blocks * sizeof(*a->blocks)) == 0 &&
          memcmp(a->ranges, b->ranges, a->n_ranges * sizeof(*a->ranges)) == 0;

@@ -4,8 +4,9 @@
  * real redis-server as the store.  Byte-exact batches on one GPU (and
  * between two GPUs when there are two), the choice of transport, a target
  * killed during batches (every batch ends by its deadline, mappings are
- * gone), a restarted target (SX_ESTALE, no mapping left), and unregister
- * while the reader holds a mapping (the handle is given back at once).
+ * gone), a restarted target (SX_ESTALE, no mapping left), unregister
+ * while the reader holds a mapping (the handle is given back at once), and
+ * read notices (SX_BATCH_NOTIFY) after the device copies.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,7 +40,8 @@ static char self[4096]; /* this binary (not /proc/self/exe: under valgrind that 
 
 /* argv: target URL NAME LOCATION LISTEN [ADVERTISE].  Says "ready PORT" when published,
  * then obeys lines on stdin: "unregister SLOT" (answers "done RC MS"),
- * "exit". */
+ * "notice MS" (the next notice within MS ms: "notice KIND TAG TRANSPORT
+ * BYTES BLOCK COUNT RUNS READER", or "none RC"), "exit". */
 static int target_main(char **argv) {
   sx_agent_params p;
   sxt_params(&p, argv[2], argv[3]);
@@ -69,6 +71,19 @@ static int target_main(char **argv) {
       int rc = sx_agent_unregister(a, pool.id[slot]);
       printf("done %d %lu\n", rc, (unsigned long)(sx__mono_ms() - t0));
       fflush(stdout);
+    } else if (sscanf(line, "notice %d", &slot) == 1) {
+      sx_notice *n = NULL;
+      int rc = sx_agent_notice_next(a, slot, &n);
+      if (rc == 0)
+        printf("notice %u %lu %d %lu %lu %lu %u %s\n", n->kind, (unsigned long)n->tag,
+               (int)n->transport, (unsigned long)n->bytes,
+               (unsigned long)(n->n_blocks ? n->blocks[0].block : 0),
+               (unsigned long)(n->n_blocks ? n->blocks[0].count : 0), n->n_blocks,
+               n->producer[0] ? n->producer : "-");
+      else
+        printf("none %d\n", rc);
+      fflush(stdout);
+      sx_notice_free(n);
     } else if (strncmp(line, "exit", 4) == 0) {
       break;
     }
@@ -662,6 +677,56 @@ static void test_gpu_ipc_revoke_of_unknown_and_repeated_ids(void **state) {
   relayed_end(&x);
 }
 
+/* Read notices over cuda_ipc: the reader's copies end on the device, then
+ * the notice goes on the control connection; the target (another process)
+ * gets it with the reader's name, the tag and its own blocks, and none for
+ * a batch without SX_BATCH_NOTIFY. */
+static void test_gpu_ipc_read_notice(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-n", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg = reader_of("ipc-n", "ipc-nr", &r, &ra);
+  char line[256];
+  target_say(&t, "notice 0"); /* the first read above asked for none */
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  assert_int_equal(strncmp(line, "none", 4), 0);
+  sx_block_read e = {.layer_count = LAYERS, .slots = (1u << SX_SLOT_K) | (1u << SX_SLOT_V),
+                     .remote_block = 100, .local_block = 3, .count = 8};
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.flags = SX_BATCH_NOTIFY;
+  bp.tag = 0x77;
+  bp.timeout_ms = 10000;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, &e, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("batch: %s (%s)", sx_batch_state_name(res.state), res.message);
+  assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+  sx_batch_destroy(b);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, &e, 1), 0);
+  /* COMPLETED: the target holds the notice already. */
+  target_say(&t, "notice 0");
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  char want[256];
+  snprintf(want, sizeof(want), "notice %u %u %d %lu 100 8 1 ipc-nr\n", SX_NOTICE_READ, 0x77,
+           (int)SX_TRANSPORT_CUDA_IPC, (unsigned long)(8ull * BB * 2 * LAYERS));
+  assert_string_equal(line, want);
+  target_say(&t, "notice 200");
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  assert_int_equal(strncmp(line, "none", 4), 0);
+  sx_segment_close(seg);
+  sx_agent_destroy(ra);
+  gpu_pool_free(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 static int setup(void **state) {
   (void)state;
   if (gpu_devices() == 0) {
@@ -697,6 +762,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_ipc_unregister_while_mapped),
       cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
       cmocka_unit_test(test_gpu_ipc_revoke_of_unknown_and_repeated_ids),
+      cmocka_unit_test(test_gpu_ipc_read_notice),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

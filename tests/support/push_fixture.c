@@ -125,6 +125,29 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
                        const sx_block_write *w, size_t n, int timeout_ms) {
   sx_notice *no = NULL;
   sxt_ok(sx_agent_notice_next(consumer, timeout_ms, &no));
+  assert_int_equal(no->kind, SX_NOTICE_WRITE);
+  sxt_check_notice(no, p, pname, tag, w, n);
+  sx_notice_free(no);
+}
+
+void sxt_expect_read_notice(sx_agent *target, const sxt_agent *r, const char *rname,
+                            uint64_t tag, const sx_block_read *e, size_t n, int timeout_ms) {
+  sx_block_write w[16];
+  assert_true(n <= 16);
+  for (size_t i = 0; i < n; i++)
+    w[i] = (sx_block_write){.group = e[i].group, .layer_first = e[i].layer_first,
+                            .layer_count = e[i].layer_count, .slots = e[i].slots,
+                            .local_block = e[i].local_block, .remote_block = e[i].remote_block,
+                            .count = e[i].count};
+  sx_notice *no = NULL;
+  sxt_ok(sx_agent_notice_next(target, timeout_ms, &no));
+  assert_int_equal(no->kind, SX_NOTICE_READ);
+  sxt_check_notice(no, r, rname, tag, w, n);
+  sx_notice_free(no);
+}
+
+void sxt_check_notice(const sx_notice *no, const sxt_agent *p, const char *pname, uint64_t tag,
+                      const sx_block_write *w, size_t n) {
   assert_string_equal(no->producer, pname);
   uint8_t inc[SX_INCARNATION_LEN];
   sx_agent_incarnation(p->a, inc);
@@ -154,7 +177,6 @@ void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname
   }
   assert_int_equal(k, n);
   assert_int_equal(no->bytes, bytes);
-  sx_notice_free(no);
 }
 
 /* ------------------------------------------------------------ many producers */
@@ -274,4 +296,8 @@ int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const 
 
 int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len) {
   return wire_frame(fd, SX__FRAME_NOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
+}
+
+int sxt_wire_rnotice(int fd, uint64_t id, const uint8_t *body, size_t len) {
+  return wire_frame(fd, SX__FRAME_RNOTICE, id, 0, 0, body, len, SX__FRAME_NOTICE_REPLY);
 }

@@ -58,6 +58,14 @@ int sxt_blocks_zero(const sxt_agent *consumer, const sx_block_write *w);
 void sxt_expect_notice(sx_agent *consumer, const sxt_agent *p, const char *pname, uint64_t tag,
                        const sx_block_write *w, size_t n, int timeout_ms);
 
+/* The same for a read notice (SX_BATCH_NOTIFY) of reader r (named rname)
+ * that read e[0..n) (at most 16 entries) with tag. */
+void sxt_expect_read_notice(sx_agent *target, const sxt_agent *r, const char *rname,
+                            uint64_t tag, const sx_block_read *e, size_t n, int timeout_ms);
+/* The checks of both on a notice at hand: sender, tag, runs, bytes. */
+void sxt_check_notice(const sx_notice *no, const sxt_agent *p, const char *pname, uint64_t tag,
+                      const sx_block_write *w, size_t n);
+
 /* PRODUCERS agents in threads write 8 batches each into one consumer at
  * once over transport want; every notice must match its producer, tag and
  * bytes.  Fails the test otherwise. */
@@ -69,5 +77,7 @@ int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token);
 int sxt_wire_write(int fd, uint64_t id, uint32_t region, uint64_t offset, const void *data,
                    uint64_t length);
 int sxt_wire_notice(int fd, uint64_t id, const uint8_t *body, size_t len);
+/* A read notice (RNOTICE) on a reader's connection: needs no WAUTH. */
+int sxt_wire_rnotice(int fd, uint64_t id, const uint8_t *body, size_t len);
 
 #endif

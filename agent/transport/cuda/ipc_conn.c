@@ -138,7 +138,9 @@ int sx__ipc_conn_wauth(ipc_peer *p) {
 }
 
 int sx__ipc_conn_notice(ipc_peer *p, uint64_t id, const uint8_t *buf, size_t len) {
-  sx__frame f = {.type = SX__FRAME_NOTICE, .id = id, .length = len};
+  /* A read peer's notice is a read notice (SX_BATCH_NOTIFY): no WAUTH. */
+  sx__frame f = {.type = p->write ? SX__FRAME_NOTICE : SX__FRAME_RNOTICE, .id = id,
+                 .length = len};
   return c_write(p, &f, buf, len);
 }
 

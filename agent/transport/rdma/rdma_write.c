@@ -113,6 +113,10 @@ int sx__rdma_notify(sx_tpeer *tp, sx_op *op, const uint8_t *buf, size_t len) {
   sx_rdma *t = p->t;
   if (p->closing || t->closed)
     return sx__err(SX_ECANCELED, "rdma: the peer '%s' is closed", p->name);
+  /* A reader's QPs carry only its READs (the target's side posts no
+   * receives): a read notice goes another way (agent/batch.c). */
+  if (!p->write)
+    return SX_ENOTSUP;
   if (len > SX_NOTICE_MAX_BYTES)
     return sx__err(SX_ELIMIT, "a notice of %zu bytes; at most %u", len, SX_NOTICE_MAX_BYTES);
   rdma_wnotice *n = calloc(1, sizeof(*n) + len);

@@ -86,6 +86,7 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
       return SX_EPROTO;
     break;
   case SX__FRAME_NOTICE:
+  case SX__FRAME_RNOTICE:
     if (f.status != 0 || f.length > SX_NOTICE_MAX_BYTES)
       return SX_EPROTO;
     break;

@@ -68,6 +68,14 @@
  *  11 NOTICE        body (length <= SX_NOTICE_MAX_BYTES): a WriteNotice
  *  12 NOTICE_REPLY  status: 0 once the target queued the notice
  *
+ * Read notices (SX_BATCH_NOTIFY, docs/push.md) need no WAUTH: on any
+ * connection past HELLO (which presented the target's incarnation and
+ * token), once every READ_REPLY of the batch came in,
+ *
+ *  13 RNOTICE       body (length <= SX_NOTICE_MAX_BYTES): a WriteNotice of
+ *                   kind 1 (read) naming the reader as it said in HELLO,
+ *                   answered by NOTICE_REPLY
+ *
  * Replies never carry a body.
  *
  * These are pure functions over byte buffers (no I/O, no allocation), so a
@@ -100,6 +108,7 @@ typedef enum sx__frame_type {
   SX__FRAME_WRITE_REPLY = 10,
   SX__FRAME_NOTICE = 11,
   SX__FRAME_NOTICE_REPLY = 12,
+  SX__FRAME_RNOTICE = 13,
 } sx__frame_type;
 
 #define SX__IPC_MAX_IDS 1024 /* region ids in one IPC frame */

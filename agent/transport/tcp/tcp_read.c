@@ -282,10 +282,11 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     return;
   }
   treq *r = &c->ring[c->head];
-  uint8_t want = !p->write ? SX__FRAME_READ_REPLY : r->idx == NOTICE_IDX ? SX__FRAME_NOTICE_REPLY
-                                                                        : SX__FRAME_WRITE_REPLY;
+  int bare = p->write || r->idx == NOTICE_IDX; /* replies without payload */
+  uint8_t want = r->idx == NOTICE_IDX ? SX__FRAME_NOTICE_REPLY
+               : p->write ? SX__FRAME_WRITE_REPLY : SX__FRAME_READ_REPLY;
   if (f.type != want || c->count == 0 || f.id != r->id ||
-      (f.status == 0 && f.length != (p->write ? 0 : r->len))) {
+      (f.status == 0 && f.length != (bare ? 0 : r->len))) {
     snprintf(msg, sizeof(msg), "%s sent a reply that matches no request", p->label);
     c_fail(c, SX_EPROTO, msg);
     return;
@@ -303,7 +304,7 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c_complete_head(c, err, r->aborted ? NULL : msg);
     return;
   }
-  if (p->write) {
+  if (bare) {
     c_complete_head(c, 0, NULL); /* landed (or the notice was taken) */
     return;
   }
@@ -496,6 +497,12 @@ static cwrite *c_gather(cconn *c) {
   return c->w;
 }
 
+/* A write peer sends its batches' write notices, a read peer the read
+ * notices of SX_BATCH_NOTIFY batches. */
+static uint8_t p_notice_type(const tpeer *p) {
+  return p->write ? SX__FRAME_NOTICE : SX__FRAME_RNOTICE;
+}
+
 /* Push: send q's notice on c, after what c gathered so far (replies come
  * in the order of the frames).  0, or -1 when out of memory (q stays). */
 static int c_send_notice(cconn *c, pend *q) {
@@ -505,7 +512,7 @@ static int c_send_notice(cconn *c, pend *q) {
   treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
   *r = (treq){.op = q->op, .idx = NOTICE_IDX, .id = c->next_id++, .wseq = c->wseq + 1};
   c->count++;
-  sx__frame f = {.type = SX__FRAME_NOTICE, .id = r->id, .length = q->nlen - SX__FRAME_HDR};
+  sx__frame f = {.type = p_notice_type(c->p), .id = r->id, .length = q->nlen - SX__FRAME_HDR};
   sx__frame_encode(&f, q->notice);
   c->w->owned = q->notice;
   c->w->bufs[c->w->nb++] = uv_buf_init((char *)q->notice, (unsigned)q->nlen);

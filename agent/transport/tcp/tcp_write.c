@@ -173,6 +173,27 @@ static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
   return 0;
 }
 
+/* A read notice's body is complete: the agent checks it (a reader needs no
+ * WAUTH: HELLO checked the incarnation and token) against what the reader
+ * said in HELLO, and it is answered. */
+static void r_notice_done(sx__tcp_wconn *w) {
+  sconn *c = w->c;
+  const sx_tctx *x = wctx(w);
+  char msg[256] = "";
+  /* HELLO's empty name shows as "(unnamed)" in the connection's logs. */
+  const char *reader = sx__tcp_sconn_reader(c);
+  if (strcmp(reader, "(unnamed)") == 0)
+    reader = "";
+  int st = x->read_notice == NULL
+               ? SX_ENOTSUP
+               : x->read_notice(x->agent, reader,
+                                sx__tcp_sconn_ipc(c) ? SX_TRANSPORT_CUDA_IPC : SX_TRANSPORT_TCP,
+                                w->notice, (size_t)w->len, msg, sizeof(msg));
+  free(w->notice);
+  w->notice = NULL;
+  sx__tcp_sconn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st);
+}
+
 /* A body is complete: land it and answer. */
 static void w_body_done(sx__tcp_wconn *w) {
   sconn *c = w->c;
@@ -184,6 +205,8 @@ static void w_body_done(sx__tcp_wconn *w) {
     }
     x->written(x->agent, SX_TRANSPORT_TCP, w->status ? 0 : w->len, w->status);
     sx__tcp_sconn_reply(c, w->id, SX__FRAME_WRITE_REPLY, w->status);
+  } else if (w->type == SX__FRAME_RNOTICE) {
+    r_notice_done(w);
   } else {
     char msg[256] = "";
     int st = w_allowed(w);
@@ -263,6 +286,7 @@ int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *b
     return (int)(SX__FRAME_HDR + w_body(w, f, body, avail));
   }
   case SX__FRAME_NOTICE:
+  case SX__FRAME_RNOTICE:
     if (f->length > 0 && (w->notice = malloc((size_t)f->length)) == NULL) {
       sx__tcp_sconn_violation(c, "out of memory");
       return -1;

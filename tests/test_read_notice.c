@@ -1,0 +1,449 @@
+/*
+ * Read notices (SX_BATCH_NOTIFY, include/segxfer/push.h) over TCP inside one
+ * process (mem:// store, loopback): a notifying read batch ends COMPLETED
+ * only once the target holds its notice, naming the reader, its
+ * incarnation, the tag and the target's blocks; a read batch without the
+ * flag, a failed, a timed-out and a cancelled batch give none; forged and
+ * oversized read notices on the wire are refused.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "notice.h"
+#include "push_fixture.h"
+#include "transport/tcp/tcp_frame.h"
+
+typedef struct pair {
+  char url[64];
+  sxt_agent t, r;
+  sx_segment *seg;
+} pair;
+
+static void pair_start(pair *p, const char *reader) {
+  sxt_mem_url(p->url, sizeof(p->url), "rnotice");
+  sxt_target_start(&p->t, p->url, "prefill-0", NULL, 42);
+  sxt_reader_start(&p->r, p->url, reader);
+  sxt_ok(sx_segment_open(p->r.a, "prefill-0", 2000, &p->seg));
+}
+
+static void pair_stop(pair *p) {
+  sx_segment_close(p->seg);
+  sxt_agent_stop(&p->r);
+  sxt_agent_stop(&p->t);
+}
+
+static sx_block_read kv_read(uint64_t remote, uint64_t local, uint64_t count) {
+  return (sx_block_read){.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = remote,
+                         .local_block = local, .count = count};
+}
+
+/* A read batch of e[0..n): notifying with tag when notify, submitted. */
+static sx_batch *submit(sx_segment *s, const sx_block_read *e, size_t n, int notify,
+                        uint64_t tag, uint32_t timeout_ms) {
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.timeout_ms = timeout_ms;
+  bp.flags = notify ? SX_BATCH_NOTIFY : 0;
+  bp.tag = tag;
+  sx_batch *b;
+  sxt_ok(sx_batch_create(s, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, n));
+  sxt_ok(sx_batch_submit(b));
+  return b;
+}
+
+static sx_batch_result finish(sx_batch *b) {
+  sxt_ok(sx_batch_wait(b, 20000));
+  sx_batch_result r;
+  sxt_ok(sx_batch_result_get(b, &r));
+  r.failed = NULL;
+  r.n_failed = 0;
+  sx_batch_destroy(b);
+  return r;
+}
+
+static uint64_t notices_of(sx_agent *a) {
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(a, &st, sizeof(st)));
+  return st.notices;
+}
+
+static void test_read_notice_tcp_arrives_after_every_byte(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "decode-0");
+  int fd = sx_agent_notice_fd(p.t.a);
+  assert_true(fd >= 0);
+  /* Without the flag: no notice at all. */
+  sx_block_read plain = kv_read(3, 0, 2);
+  sx_batch_result r = finish(submit(p.seg, &plain, 1, 0, 0, 5000));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_no_notice(p.t.a);
+  assert_false(sxt_fd_readable(fd));
+  /* With it: COMPLETED means the target holds the notice already. */
+  sx_block_read e[2] = {kv_read(10, 0, 4), kv_read(40, 4, 3)};
+  r = finish(submit(p.seg, e, 2, 1, 0xfeedface12345678ull, 5000));
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("read batch %s: %s", sx_batch_state_name(r.state), r.message);
+  assert_int_equal(r.bytes, 7 * SXT_LAYERS * 2 * SXT_BLOCK);
+  assert_int_equal(r.transport, SX_TRANSPORT_TCP);
+  assert_true(sxt_fd_readable(fd));
+  assert_int_equal(notices_of(p.t.a), 1);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(sxt_verify_blocks(&p.r, p.seg, 42, &e[i]), 0);
+  sx_notice *peek = NULL;
+  sxt_ok(sx_agent_notice_next(p.t.a, 0, &peek));
+  assert_int_equal(peek->kind, SX_NOTICE_READ);
+  assert_int_equal(peek->transport, SX_TRANSPORT_TCP);
+  sxt_check_notice(peek, &p.r, "decode-0", 0xfeedface12345678ull,
+                   (sx_block_write[]){{.layer_count = SXT_LAYERS, .slots = SXT_KV,
+                                       .remote_block = 10, .count = 4},
+                                      {.layer_count = SXT_LAYERS, .slots = SXT_KV,
+                                       .remote_block = 40, .count = 3}},
+                   2);
+  sx_notice_free(peek);
+  assert_false(sxt_fd_readable(fd));
+  /* Consecutive entries merge into one run; the helper checks it. */
+  sx_block_read run[2] = {kv_read(20, 0, 2), kv_read(22, 2, 2)};
+  r = finish(submit(p.seg, run, 2, 1, 5, 5000));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 5, run, 2, 0);
+  /* An empty notifying batch still tells the target (request done, nothing
+   * to read), as an empty write batch does. */
+  sx_batch *b;
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.flags = SX_BATCH_NOTIFY;
+  bp.tag = 6;
+  sxt_ok(sx_batch_create(p.seg, &bp, &b));
+  sxt_ok(sx_batch_submit(b));
+  r = finish(b);
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 6, NULL, 0, 0);
+  sxt_expect_no_notice(p.t.a);
+  pair_stop(&p);
+}
+
+static void test_read_notice_unnamed_reader(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, NULL); /* a reader-only agent: no name */
+  sx_block_read e = kv_read(0, 0, 8);
+  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 11, 5000));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "", 11, &e, 1, 0);
+  pair_stop(&p);
+}
+
+static void test_read_notice_flags_and_limits(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "decode-0");
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.flags = SX_BATCH_NOTIFY | SX_BATCH_WRITE;
+  sx_batch *b = NULL;
+  sxt_rc(sx_batch_create(p.seg, &bp, &b), SX_EINVAL);
+  /* More entries than a notice lists: refused at add time, nothing added. */
+  bp.flags = SX_BATCH_NOTIFY;
+  sxt_ok(sx_batch_create(p.seg, &bp, &b));
+  sx_block_read *many = calloc(SX_NOTICE_MAX_ENTRIES + 1, sizeof(*many));
+  for (uint32_t i = 0; i <= SX_NOTICE_MAX_ENTRIES; i++)
+    many[i] = (sx_block_read){.layer_count = 1, .layer_first = i % SXT_LAYERS,
+                              .slots = 1u << (i / SXT_LAYERS % 2), .remote_block = i % 64,
+                              .local_block = 0, .count = 1};
+  sxt_rc(sx_batch_add_blocks(b, many, SX_NOTICE_MAX_ENTRIES + 1), SX_ELIMIT);
+  /* The planner's refusal undoes the notice's entries too: a good entry
+   * afterwards is the notice's only one. */
+  sx_block_read bad = kv_read(60, 0, 10); /* past the target's 64 blocks */
+  sxt_rc(sx_batch_add_blocks(b, &bad, 1), SX_EBOUNDS);
+  sx_block_read good = kv_read(1, 1, 1);
+  sxt_ok(sx_batch_add_blocks(b, &good, 1));
+  sxt_ok(sx_batch_submit(b));
+  sx_batch_result r = finish(b);
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 0, &good, 1, 0);
+  free(many);
+  pair_stop(&p);
+}
+
+static void test_read_notice_none_for_a_failed_batch(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "decode-0");
+  /* The reader still holds the descriptor with region V; the target
+   * refuses its reads from now on. */
+  sxt_ok(sx_agent_unregister(p.t.a, p.t.id[1]));
+  sx_block_read e = kv_read(0, 0, 4);
+  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 13, 5000));
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  sxt_expect_no_notice(p.t.a);
+  assert_int_equal(notices_of(p.t.a), 0);
+  pair_stop(&p);
+}
+
+/* A notice callback that holds the target's loop until released: reads
+ * queued meanwhile are not served. */
+typedef struct held_cb {
+  atomic_int in_cb, release, calls;
+  atomic_ullong last_tag;
+} held_cb;
+
+static int hold_notice(void *arg, const sx_notice *n) {
+  held_cb *h = arg;
+  atomic_fetch_add(&h->calls, 1);
+  atomic_store(&h->last_tag, n->tag);
+  atomic_store(&h->in_cb, 1);
+  while (!atomic_load(&h->release))
+    usleep(1000);
+  return 1;
+}
+
+static void test_read_notice_none_when_timed_out_or_cancelled(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "decode-0");
+  held_cb h;
+  memset(&h, 0, sizeof(h));
+  sxt_ok(sx_agent_notice_cb(p.t.a, hold_notice, &h));
+  sx_block_read e = kv_read(0, 0, 4);
+  sx_batch *first = submit(p.seg, &e, 1, 1, 1, 20000);
+  for (int i = 0; i < 5000 && !atomic_load(&h.in_cb); i++)
+    usleep(1000);
+  assert_true(atomic_load(&h.in_cb));
+  /* The target's loop is held: these get nothing served. */
+  sx_block_read e2 = kv_read(8, 8, 4);
+  sx_batch_result r = finish(submit(p.seg, &e2, 1, 1, 2, 200));
+  assert_int_equal(r.state, SX_BATCH_TIMEOUT);
+  sx_batch *third = submit(p.seg, &e2, 1, 1, 3, 20000);
+  usleep(20000);
+  sxt_ok(sx_batch_cancel(third));
+  r = finish(third);
+  assert_int_equal(r.state, SX_BATCH_CANCELLED);
+  atomic_store(&h.release, 1);
+  r = finish(first);
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  /* The held loop now serves what was queued; still no second notice. */
+  usleep(300000);
+  assert_int_equal(atomic_load(&h.calls), 1);
+  assert_int_equal(atomic_load(&h.last_tag), 1);
+  sxt_ok(sx_agent_notice_cb(p.t.a, NULL, NULL));
+  sxt_expect_no_notice(p.t.a);
+  /* The connection still works for the next notifying batch. */
+  r = finish(submit(p.seg, &e2, 1, 1, 4, 5000));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 4, &e2, 1, 0);
+  pair_stop(&p);
+}
+
+/* ------------------------------------------------------------ the reader's side */
+
+/* A target of our own on the wire: it says yes to HELLO, answers READs
+ * with payload (or, while fail_reads is set, with SX_EIO) and counts the
+ * read notices it gets, answering them 0. */
+typedef struct fake {
+  int lfd, fd;
+  uint16_t port;
+  atomic_int fail_reads, rnotices, reads;
+} fake;
+
+static void *fake_main(void *arg) {
+  fake *fk = arg;
+  fk->fd = accept(fk->lfd, NULL, NULL);
+  static uint8_t buf[SX__FRAME_HDR + SX_NOTICE_MAX_BYTES];
+  static uint8_t payload[256 * 1024];
+  for (;;) {
+    sx__frame f, r;
+    if (sxt_wire_recv(fk->fd, buf, SX__FRAME_HDR) ||
+        sx__frame_decode(buf, SX__FRAME_HDR, &f) != SX__FRAME_HDR)
+      return NULL;
+    if (f.type != SX__FRAME_READ && sxt_wire_recv(fk->fd, buf, (size_t)f.length))
+      return NULL;
+    r = (sx__frame){.id = f.id};
+    if (f.type == SX__FRAME_HELLO) {
+      r.type = SX__FRAME_HELLO_REPLY;
+    } else if (f.type == SX__FRAME_RNOTICE) {
+      atomic_fetch_add(&fk->rnotices, 1);
+      r.type = SX__FRAME_NOTICE_REPLY;
+    } else if (f.type == SX__FRAME_READ && f.length <= sizeof(payload)) {
+      atomic_fetch_add(&fk->reads, 1);
+      r.type = SX__FRAME_READ_REPLY;
+      if (atomic_load(&fk->fail_reads))
+        r.status = SX_EIO;
+      else
+        r.length = f.length;
+    } else {
+      return NULL;
+    }
+    sx__frame_encode(&r, buf);
+    if (sxt_wire_send(fk->fd, buf, SX__FRAME_HDR) ||
+        (r.length && sxt_wire_send(fk->fd, payload, (size_t)r.length)))
+      return NULL;
+  }
+}
+
+static void test_read_notice_reader_sends_none_after_a_failure(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rnotice");
+  fake fk = {.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), .fd = -1};
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(fk.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(fk.lfd, 4), 0);
+  socklen_t sl = sizeof(sa);
+  getsockname(fk.lfd, (struct sockaddr *)&sa, &sl);
+  fk.port = ntohs(sa.sin_port);
+  sx_desc d;
+  sxt_desc_kv(&d, "fake-0", SXT_LAYERS, 0, SXT_BLOCK, SXT_TARGET_BLOCKS, 0);
+  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
+  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
+  d.endpoints[0].port = fk.port;
+  d.lease_ms = 60000;
+  sxt_store_publish(url, &d);
+  sx_desc_free(&d);
+  /* One connection, so that the fake serves it alone. */
+  sxt_agent r;
+  memset(&r, 0, sizeof(r));
+  sx_agent_params ap;
+  sxt_params(&ap, url, "decode-0");
+  ap.conns_per_peer = 1;
+  sxt_ok(sx_agent_create(&ap, &r.a));
+  sxt_register_kv(&r, SXT_READER_BLOCKS, SX_ACCESS_REMOTE_READ);
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "fake-0", 2000, &seg));
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, fake_main, &fk), 0);
+  /* Every READ refused: FAILED, and no RNOTICE on the wire. */
+  atomic_store(&fk.fail_reads, 1);
+  sx_block_read e = kv_read(0, 0, 4);
+  sx_batch_result res = finish(submit(seg, &e, 1, 1, 21, 5000));
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_true(atomic_load(&fk.reads) > 0);
+  usleep(200000);
+  assert_int_equal(atomic_load(&fk.rnotices), 0);
+  /* The same fake, reads served: the notice comes (so the count above
+   * would have seen one). */
+  atomic_store(&fk.fail_reads, 0);
+  res = finish(submit(seg, &e, 1, 1, 22, 5000));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(atomic_load(&fk.rnotices), 1);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  pthread_join(th, NULL);
+  if (fk.fd >= 0)
+    close(fk.fd);
+  close(fk.lfd);
+}
+
+/* ------------------------------------------------------------ the wire */
+
+/* An encoded notice of kind from name (incarnation inc) over blocks
+ * [block, +count) of every layer, K and V, claiming bytes. */
+static uint8_t *encode(uint32_t kind, const char *name, const uint8_t *inc, uint64_t block,
+                       uint64_t count, uint64_t bytes, size_t *len) {
+  sx_notice *n = sx__notice_alloc(1, 0);
+  snprintf(n->producer, sizeof(n->producer), "%s", name);
+  memcpy(n->incarnation, inc, SX_INCARNATION_LEN);
+  n->kind = kind;
+  n->tag = 77;
+  n->bytes = bytes;
+  sx__notice_blocks(n)[0] = (sx_notice_blocks){.layer_count = SXT_LAYERS, .slots = SXT_KV,
+                                               .block = block, .count = count};
+  uint8_t *buf = NULL;
+  sxt_ok(sx__notice_encode(n, &buf, len));
+  sx_notice_free(n);
+  return buf;
+}
+
+static void test_read_notice_forged_ones_are_refused(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "decode-0");
+  const sx_desc *d = sx_segment_desc(p.seg);
+  uint16_t port = sxt_tcp_port(d);
+  uint8_t inc[SX_INCARNATION_LEN];
+  memset(inc, 0x5c, sizeof(inc));
+  const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+  /* Before HELLO: the connection closes. */
+  int fd = sxt_wire_connect(port);
+  size_t len;
+  uint8_t *ok = encode(SX_NOTICE_READ, "decode-x", inc, 2, 3, 3 * per_block, &len);
+  assert_int_equal(sxt_wire_rnotice(fd, 1, ok, len), 1);
+  close(fd);
+  fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, d->incarnation, d->token, "decode-x"), 0);
+  /* A well-formed one is taken (this is the path the others try). */
+  assert_int_equal(sxt_wire_rnotice(fd, 2, ok, len), 0);
+  sx_notice *n = NULL;
+  sxt_ok(sx_agent_notice_next(p.t.a, 0, &n));
+  assert_int_equal(n->kind, SX_NOTICE_READ);
+  assert_string_equal(n->producer, "decode-x");
+  assert_int_equal(n->tag, 77);
+  sx_notice_free(n);
+  free(ok);
+  struct {
+    uint32_t kind;
+    const char *name;
+    uint64_t block, count, bytes;
+    int want;
+  } bad[] = {
+      {SX_NOTICE_READ, "someone-else", 2, 3, 3 * per_block, SX_EPROTO}, /* not its HELLO */
+      {SX_NOTICE_READ, "decode-x", 62, 3, 3 * per_block, SX_EBOUNDS},   /* past the end */
+      {SX_NOTICE_READ, "decode-x", 2, 3, 4 * per_block, SX_EPROTO},     /* bytes lie */
+      {SX_NOTICE_WRITE, "decode-x", 2, 3, 3 * per_block, SX_EPROTO},    /* not a read one */
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    uint8_t *buf = encode(bad[i].kind, bad[i].name, inc, bad[i].block, bad[i].count,
+                          bad[i].bytes, &len);
+    int st = sxt_wire_rnotice(fd, 10 + i, buf, len);
+    free(buf);
+    if (st != bad[i].want)
+      fail_msg("forged notice %zu: status %s, expected %s", i, sx_err_name(st),
+               sx_err_name(bad[i].want));
+  }
+  /* Not a notice at all. */
+  uint8_t junk[64];
+  memset(junk, 0xff, sizeof(junk));
+  assert_int_equal(sxt_wire_rnotice(fd, 20, junk, sizeof(junk)), SX_EDECODE);
+  sxt_expect_no_notice(p.t.a);
+  /* A write notice frame on a reader's connection (no WAUTH): refused. */
+  uint8_t *w = encode(SX_NOTICE_WRITE, "decode-x", inc, 2, 3, 3 * per_block, &len);
+  assert_int_equal(sxt_wire_notice(fd, 21, w, len), SX_EACCESS);
+  free(w);
+  /* Longer than any notice may be: the header alone closes the connection. */
+  uint8_t hdr[SX__FRAME_HDR];
+  sx__frame f = {.type = SX__FRAME_RNOTICE, .id = 30, .length = SX_NOTICE_MAX_BYTES + 1};
+  sx__frame_encode(&f, hdr);
+  assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
+  assert_int_equal(sxt_wire_closed(fd), 1);
+  close(fd);
+  sxt_expect_no_notice(p.t.a);
+  /* The target goes on serving and taking real notices. */
+  sx_block_read e = kv_read(5, 0, 1);
+  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 8, 5000));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 8, &e, 1, 0);
+  pair_stop(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_read_notice_tcp_arrives_after_every_byte),
+      cmocka_unit_test(test_read_notice_unnamed_reader),
+      cmocka_unit_test(test_read_notice_flags_and_limits),
+      cmocka_unit_test(test_read_notice_none_for_a_failed_batch),
+      cmocka_unit_test(test_read_notice_reader_sends_none_after_a_failure),
+      cmocka_unit_test(test_read_notice_none_when_timed_out_or_cancelled),
+      cmocka_unit_test(test_read_notice_forged_ones_are_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
