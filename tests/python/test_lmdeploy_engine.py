@@ -205,8 +205,9 @@ def start_python(site, code, extra_path=(), **env):
     full = dict(os.environ)
     full.pop("SEGXFER_LMDEPLOY", None)
     full.update(site)
-    full["PYTHONPATH"] = os.pathsep.join(
-        [*extra_path, os.path.join(ROOT, "python")] + [site[k] for k in ("PYTHONPATH",) if k in site])
+    path = [*extra_path, os.path.join(ROOT, "python")]
+    full["PYTHONPATH"] = os.pathsep.join(path + ([site["PYTHONPATH"]] if "PYTHONPATH" in site
+                                                 else []))
     full.update(env)
     r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
                        timeout=60)
