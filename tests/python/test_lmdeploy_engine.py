@@ -36,6 +36,9 @@ import pytest
 import torch
 
 from conftest import ROOT
+
+pytest.importorskip("pydantic", reason="LMDeploy's messages are pydantic models "
+                    "(make deps installs python3-pydantic)")
 import lmdeploy_engine_proc as proc
 
 STANDIN = os.path.join(ROOT, "tests", "python", "standin")
