@@ -61,7 +61,8 @@ def main(conn, num_layers, num_blocks, block_bytes, device, seed):
                 link = engine.migration_backend_impl.links[args[0]]
                 out = {"type": "%s.%s" % (type(link).__module__, type(link).__qualname__),
                        "remote_num_gpu_blocks": link.remote_engine_config.num_gpu_blocks,
-                       "rank": link.rank}
+                       "rank": link.rank,
+                       "transport": link.segment.transport if link.segment else None}
             elif op == "connect":
                 # lmdeploy/pytorch/disagg/conn/engine_conn.py, p2p_connect.
                 req = load(DistServeConnectionRequest, args[0])

@@ -171,6 +171,8 @@ def test_lmdeploy_engine_sequence_migrates_bitwise(engine_env, device, protocol)
         # What CacheEngine.migrate reads from the link: the peer's blocks.
         link = decode.call("link", P_URL)
         assert link["remote_num_gpu_blocks"] == PREFILL_BLOCKS and link["rank"] == 0
+        # LMDeploy's protocol picks the transport: TCP tcp, NVLINK cuda_ipc.
+        assert link["transport"] == {"TCP": "tcp", "NVLINK": "cuda_ipc"}[protocol]
         # Two requests (sessions) from the prefill engine, block pairs
         # (remote, local), migrated as one assignment.
         reqs = [(P_URL, [(7, 0), (3, 5), (20, 6), (21, 7)]), (P_URL, [(47, 23), (0, 1)])]
