@@ -36,6 +36,8 @@ metadata_url [SX_METADATA_URL] (required), prefix ("vllm"), transports
 between scheduler steps, as NIXL's; False: in the step, each layer awaited
 by wait_for_layer_load), transfer_timeout (30 s), open_timeout (5 s),
 abort_request_timeout (480 s, as VLLM_NIXL_ABORT_REQUEST_TIMEOUT),
+takeover (False: a name another live worker holds is SX_EHELD; True: a
+restarted engine replaces its dead predecessor at once), lease_ms (5000),
 fingerprint (default: the compatibility hash), kv_layout (layout tag, e.g.
 "HND"; default: vLLM's), log_level ("warn").
 
@@ -315,6 +317,8 @@ class _Worker:
         self.fingerprint = _extra(vllm_config, "fingerprint") or compat_hash(vllm_config)
         self.kv_layout = _kv_layout(vllm_config)
         self.log_level = _extra(vllm_config, "log_level", "warn")
+        self.takeover = bool(_extra(vllm_config, "takeover", False))
+        self.lease_ms = _extra(vllm_config, "lease_ms")
         self.tp_rank, self.tp_size = _tp(vllm_config)
         self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self.segment_name = "%s/%s/tp%d" % (self.prefix, engine_id, self.tp_rank)
@@ -322,6 +326,7 @@ class _Worker:
         self.layers = {}          # layer name -> layer index
         self.cover = frozenset()  # (layer, slot) of every registered region
         self._segments = {}       # peer segment name -> checked Segment
+        self._retired = []        # segments of failed peers, closed when idle
         self._loads = {}          # request id -> _Load (asynchronous)
         self._layer_batches = {}  # layer index -> [(request id, batch)] (in-step loads)
         self._step_loads = {}     # request id -> _Load (in-step)
@@ -355,7 +360,7 @@ class _Worker:
             self.segment_name, self.url, transports=self.transports,
             fingerprint=self.fingerprint, tag=self.kv_layout,
             dtype=dtype_name(first.dtype), tp_rank=self.tp_rank,
-            tp_size=self.tp_size, log_level=self.log_level)
+            tp_size=self.tp_size, lease_ms=self.lease_ms, log_level=self.log_level)
         seen, cover = set(), set()
         for name, cache in kv_caches.items():
             index = len(self.layers)
@@ -370,7 +375,13 @@ class _Worker:
                                     block_bytes=size // blocks, num_blocks=blocks)
                 cover.add((index, slot_number(slot)))
         self.cover = frozenset(cover)
-        self.agent.publish()
+        try:
+            self.agent.publish(takeover=self.takeover)
+        except SegxferError as e:
+            if e.code != code("SX_EHELD"):
+                raise
+            raise error(e.code, "%s (a restarted engine with the same engine_id: wait for the "
+                        "old lease to lapse, or set takeover)" % e) from None
 
     # ------------------------------------------------------------ loading
 
@@ -446,10 +457,19 @@ class _Worker:
                 self._to_send[req_id] = expiry
 
     def _drop_segments(self, meta):
+        """Forget a failed peer's segments, so the next load opens it anew
+        (a restarted prefill).  Closing one would end other requests'
+        batches on it: they are closed once no load runs."""
         for name in self._source_ranks(meta) if meta.tp_size == self.tp_size else ():
             seg = self._segments.pop(name, None)
             if seg is not None:
+                self._retired.append(seg)
+
+    def _close_retired(self):
+        if self._retired and not self._loads and not self._step_loads:
+            for seg in self._retired:
                 seg.close()
+            self._retired = []
 
     def _settle(self, req_id, load):
         """A load whose batches all ended: blocks of failed entries (or all
@@ -539,6 +559,7 @@ class _Worker:
             done_recving.add(req_id)
         done_recving |= self._failed_recv
         self._failed_recv = set()
+        self._close_retired()
         now = time.perf_counter()
         for req_id, expiry in list(self._to_send.items()):
             if now >= expiry:
@@ -557,9 +578,9 @@ class _Worker:
             for b in load.batches:
                 b.close()
         self._loads, self._step_loads, self._layer_batches = {}, {}, {}
-        for seg in self._segments.values():
+        for seg in list(self._segments.values()) + self._retired:
             seg.close()
-        self._segments = {}
+        self._segments, self._retired = {}, []
         if self.agent is not None:
             self.agent.close()
             self.agent = None

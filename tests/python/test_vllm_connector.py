@@ -186,6 +186,18 @@ def test_vllm_killed_prefill_gives_load_errors_not_a_hang(store):
         assert time.monotonic() - start < 10
         # Reported once: later steps have nothing for it.
         assert decode.step() == (set(), set(), set())
+        # The prefill restarts under the same engine id (a new incarnation)
+        # before its old lease lapsed: refused, unless it takes the name
+        # over; the decode then opens it anew and reads from it.
+        prefill = Prefill()
+        with pytest.raises(AssertionError, match="SX_EHELD.*wait for the old lease"):
+            prefill.call("step")
+        prefill.stop()
+        prefill = Prefill(takeover=True)
+        delay, params = prefill.call("prefill", "req-b", NUM_TOKENS, [11, 12, 13, 14, 15], 6)
+        assert load(decode, "dec-b", params, [2, 3, 5, 8, 13])[1] == set()
+        assert torch.equal(decode.blocks([2, 3, 5, 8, 13]),
+                           prefill.call("blocks", [11, 12, 13, 14, 15]))
     finally:
         decode.close()
         prefill.stop()

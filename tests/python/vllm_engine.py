@@ -184,7 +184,13 @@ class Engine:
 
 def prefill_main(conn, num_blocks, device, extra):
     """A prefill engine process serving the test's requests on conn."""
-    engine = Engine("prefill-engine", "kv_producer", num_blocks, device, **extra)
+    try:
+        engine = Engine("prefill-engine", "kv_producer", num_blocks, device, **extra)
+    except Exception:  # noqa: BLE001  (the first request reports it)
+        failed = traceback.format_exc()
+        conn.recv()
+        conn.send(("error", failed))
+        return
     while True:
         op, *args = conn.recv()
         try:
