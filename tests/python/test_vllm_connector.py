@@ -169,7 +169,8 @@ def test_vllm_incompatible_decode_reads_nothing_and_expired_blocks_go(store):
 
 
 def test_vllm_killed_prefill_gives_load_errors_not_a_hang(store):
-    prefill = Prefill()
+    # A lease that outlives the test: the dead prefill's name stays held.
+    prefill = Prefill(lease_ms=120000)
     decode = ve.Engine("decode-engine", "kv_consumer", DECODE_BLOCKS, transfer_timeout=5,
                        open_timeout=2)
     try:
