@@ -10,7 +10,8 @@ The test process plays LMDeploy's proxy: it sends pydantic messages as JSON
 gets the engine's answers back over a pipe.
 """
 import asyncio
-import traceback
+
+from engine_proc import serve
 
 
 def dump(model):
@@ -50,37 +51,29 @@ def main(conn, num_layers, num_blocks, block_bytes, device, seed):
         g = torch.Generator().manual_seed(seed)
         engine.full_gpu_cache.copy_(torch.randint(0, 256, engine.full_gpu_cache.shape,
                                                   generator=g, dtype=torch.uint8))
-    while True:
-        op, *args = conn.recv()
-        try:
-            if op == "registered":
-                out = registered()
-            elif op == "init":
-                out = dump(engine.p2p_initialize(load(DistServeInitRequest, args[0])))
-            elif op == "link":
-                link = engine.migration_backend_impl.links[args[0]]
-                out = {"type": "%s.%s" % (type(link).__module__, type(link).__qualname__),
-                       "remote_num_gpu_blocks": link.remote_engine_config.num_gpu_blocks,
-                       "rank": link.rank,
-                       "transport": link.segment.transport if link.segment else None}
-            elif op == "connect":
-                # lmdeploy/pytorch/disagg/conn/engine_conn.py, p2p_connect.
-                req = load(DistServeConnectionRequest, args[0])
-                engine.p2p_connect(req.remote_engine_id, req.remote_kvtransfer_endpoint_info)
-                out = None
-            elif op == "migrate":
-                asyncio.run(engine.migrate(load(MigrationExecutionBatch, args[0])))
-                out = None
-            elif op == "cache":
-                out = engine.full_gpu_cache.cpu().numpy().tobytes()
-            elif op == "exit":
-                if engine.migration_backend_impl is not None:
-                    engine.migration_backend_impl.close()
-                conn.send(("ok", None))
-                return
-            else:
-                raise ValueError("unknown request %r" % (op,))
-        except Exception:  # noqa: BLE001  (the test reports it)
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", out))
+
+    def link(remote):
+        link = engine.migration_backend_impl.links[remote]
+        return {"type": "%s.%s" % (type(link).__module__, type(link).__qualname__),
+                "remote_num_gpu_blocks": link.remote_engine_config.num_gpu_blocks,
+                "rank": link.rank,
+                "transport": link.segment.transport if link.segment else None}
+
+    def connect(text):
+        # lmdeploy/pytorch/disagg/conn/engine_conn.py, p2p_connect.
+        req = load(DistServeConnectionRequest, text)
+        engine.p2p_connect(req.remote_engine_id, req.remote_kvtransfer_endpoint_info)
+
+    def close():
+        if engine.migration_backend_impl is not None:
+            engine.migration_backend_impl.close()
+
+    serve(conn, {
+        "registered": registered,
+        "init": lambda text: dump(engine.p2p_initialize(load(DistServeInitRequest, text))),
+        "link": link,
+        "connect": connect,
+        "migrate": lambda text: asyncio.run(engine.migrate(load(MigrationExecutionBatch,
+                                                                text))),
+        "cache": lambda: engine.full_gpu_cache.cpu().numpy().tobytes(),
+    }, close)

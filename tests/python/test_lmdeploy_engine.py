@@ -26,7 +26,6 @@ in dist-packages).  The test process does nothing to register it.
 On a CUDA machine the same sequence runs on cuda:0 caches over cuda_ipc
 (LMDeploy's NVLINK protocol) and staged TCP; here those cases skip.
 """
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from engine_proc import EngineProcess
 
 pytest.importorskip("pydantic", reason="LMDeploy's messages are pydantic models "
                     "(make deps installs python3-pydantic)")
@@ -90,39 +90,15 @@ def engine_env(tmp_path, url, monkeypatch):
     return url
 
 
-class Engine:
+class Engine(EngineProcess):
     """A spawned engine process and the proxy's end of its pipe."""
 
     def __init__(self, blocks, device, seed=None):
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=proc.main, args=(child, LAYERS, blocks, UNIT, device, seed))
-        self.proc.start()
-        child.close()
-
-    def call(self, *req, timeout=60):
-        self.conn.send(req)
-        if not self.conn.poll(timeout):
-            raise AssertionError("the engine did not answer %r in %ds" % (req[0], timeout))
-        status, out = self.conn.recv()
-        if status != "ok":
-            raise AssertionError("engine failed on %r:\n%s" % (req[0], out))
-        return out
+        super().__init__(proc.main, LAYERS, blocks, UNIT, device, seed)
 
     def cache(self):
         return torch.frombuffer(bytearray(self.call("cache")), dtype=torch.uint8) \
             .view(LAYERS, -1, UNIT)
-
-    def stop(self):
-        if self.proc.is_alive():
-            try:
-                self.call("exit", timeout=20)
-            except (AssertionError, OSError):
-                pass
-            self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
 
 
 def engine_config(blocks):

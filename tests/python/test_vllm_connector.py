@@ -12,7 +12,6 @@ the base class is segxfer's stand-in with the same methods.
 On a CUDA machine the main test also runs on cuda:0 caches over cuda_ipc and
 staged TCP; here those cases skip.
 """
-import multiprocessing
 import os
 import signal
 import time
@@ -22,42 +21,18 @@ import torch
 
 from segxfer import _vllm_base, vllm as sxvllm
 import vllm_engine as ve
+from engine_proc import EngineProcess
 
 CUDA = torch.cuda.is_available()
 PREFILL_BLOCKS, DECODE_BLOCKS = 32, 24
 NUM_TOKENS = 5 * ve.BLOCK_SIZE - 3          # five blocks, the last one partly filled
 
 
-class Prefill:
+class Prefill(EngineProcess):
     """The prefill engine in a spawned process (the proxy's end of its pipe)."""
 
     def __init__(self, device="cpu", **extra):
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=ve.prefill_main,
-                                args=(child, PREFILL_BLOCKS, device, extra))
-        self.proc.start()
-        child.close()
-
-    def call(self, *req, timeout=60):
-        self.conn.send(req)
-        if not self.conn.poll(timeout):
-            raise AssertionError("the prefill did not answer %r in %ds" % (req[0], timeout))
-        status, out = self.conn.recv()
-        if status != "ok":
-            raise AssertionError("prefill failed on %r:\n%s" % (req[0], out))
-        return out
-
-    def stop(self):
-        if self.proc.is_alive():
-            try:
-                self.call("exit", timeout=20)
-            except (AssertionError, OSError, EOFError):
-                pass
-            self.proc.join(10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+        super().__init__(ve.prefill_main, PREFILL_BLOCKS, device, extra)
 
 
 @pytest.fixture

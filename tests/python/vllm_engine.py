@@ -35,6 +35,8 @@ import traceback
 
 import torch
 
+from engine_proc import serve
+
 LAYERS, BLOCK_SIZE, HEADS, HEAD_DIM = 4, 16, 2, 8
 DTYPE = torch.float16
 
@@ -191,34 +193,19 @@ def prefill_main(conn, num_blocks, device, extra):
         conn.recv()
         conn.send(("error", failed))
         return
-    while True:
-        op, *args = conn.recv()
-        try:
-            if op == "prefill":
-                out = engine.prefill(*args)
-            elif op == "step":
-                out = engine.step()
-            elif op == "steps_until_sent":
-                # Steps until args[0] is reported sent or args[1] seconds pass.
-                end = time.monotonic() + args[1]
-                out = None
-                while time.monotonic() < end:
-                    sending, _, _ = engine.step()
-                    if args[0] in sending:
-                        out = sending
-                        break
-                    time.sleep(0.01)
-            elif op == "blocks":
-                out = engine.blocks(args[0])
-            elif op == "served_reads":
-                out = engine.worker.connector_worker.agent.status()["served_reads"]
-            elif op == "exit":
-                engine.close()
-                conn.send(("ok", None))
-                return
-            else:
-                raise ValueError("unknown request %r" % (op,))
-        except Exception:  # noqa: BLE001  (the test reports it)
-            conn.send(("error", traceback.format_exc()))
-            continue
-        conn.send(("ok", out))
+
+    def steps_until_sent(req_id, seconds):
+        """Steps until req_id is reported sent (the set) or seconds pass (None)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            sending, _, _ = engine.step()
+            if req_id in sending:
+                return sending
+            time.sleep(0.01)
+        return None
+
+    serve(conn, {
+        "prefill": engine.prefill, "step": engine.step, "steps_until_sent": steps_until_sent,
+        "blocks": engine.blocks,
+        "served_reads": lambda: engine.worker.connector_worker.agent.status()["served_reads"],
+    }, engine.close)
