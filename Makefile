@@ -130,7 +130,8 @@ TEST_SUPPORT_OBJS := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
-                $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so
+                $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so \
+                $(RDMA_PAYLOAD)/test_rdma_notice
 
 # The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
 # (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
@@ -194,6 +195,7 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/deploy/check_manifests.sh "$(BUILD)"
 	@tests/install/test_install.sh "$(BUILD)" "$(MAKE)" "$(if $(SANITIZE),-fsanitize=$(SANITIZE))"
 	@tests/docs/check-links.sh "$(BUILD)"
+	@tests/docs/check-layers.sh "$(BUILD)"
 	@tests/docs/check-example.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-rdma
 
@@ -377,6 +379,10 @@ $(RDMA_PAYLOAD)/test_rdma_e2e: $(BUILD)/obj/tests/rdma/test_rdma_e2e.o $(TEST_SU
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
 $(RDMA_PAYLOAD)/test_rdma_push: $(BUILD)/obj/tests/rdma/test_rdma_push.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/test_rdma_notice: $(BUILD)/obj/tests/rdma/test_rdma_notice.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 

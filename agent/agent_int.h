@@ -1,7 +1,8 @@
 /*
- * The agent's insides, shared by agent.c (lifecycle, thread, logging),
- * call.c (cross-thread calls), region.c (registration), lease.c
- * (publish/renew), segment.c (open by name) and batch.c.  Not installed.
+ * The agent's insides, shared by agent.c (lifecycle, thread), log.c
+ * (logging, published state; the bottom file), call.c (cross-thread
+ * calls), region.c (registration), lease.c (publish/renew), segment.c
+ * (open by name) and batch.c.  Not installed.
  *
  * Threading: the loop thread owns everything below except the fields
  * marked "lock": those are also read or written by API callers under
@@ -20,6 +21,7 @@
 #include "backend.h"
 #include "cache.h"
 #include "internal.h"
+#include "log.h"
 #include "planner.h"
 #include "segxfer/agent.h"
 #include "transport/transport.h"
@@ -272,15 +274,6 @@ struct sx_agent {
   struct sx__push *push;  /* grants and notices (push_int.h) */
 };
 
-/* The default log sink: one line on stderr with a UTC timestamp and the
- * level (the programs use it for their own lines too). */
-void sx__log_stderr(void *arg, sx_log_level level, const char *msg);
-/* Log one line (the params' sink). */
-void sx__log(sx_agent *a, sx_log_level level, const char *fmt, ...) SX__PRINTF(3, 4);
-/* Loop thread: update the published state (and the status under lock). */
-void sx__set_state(sx_agent *a, sx_agent_state s, int err);
-/* The state's name as logs and metrics labels show it ("published", ...). */
-const char *sx__agent_state_name(sx_agent_state s);
 int sx__on_loop(const sx_agent *a);
 
 /* Defaults for waits that the loop bounds by itself; the cross-thread

@@ -190,7 +190,8 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
   if (len > sizeof(a->scratch_buf))
     return sx__err(SX_ELIMIT, "at most %zu bytes into the scratch buffer",
                    sizeof(a->scratch_buf));
-  int rc = b->rnote != NULL ? SX_EINVAL : check_add(b, 0, "sx__batch_add_scratch");
+  int rc = b->rnote != NULL ? sx__err(SX_EINVAL, "a notifying batch reads no scratch")
+                            : check_add(b, 0, "sx__batch_add_scratch");
   return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
 }
 

@@ -135,10 +135,28 @@ static sx_range_read *range_reads(const sx_range_write *w, size_t n) {
   return r;
 }
 
-/* Add n write entries w, sx_block_write (blocks) or sx_range_write: note
- * them in the notice list first (that can be undone), then plan them as
- * reads in write mode (all or nothing by itself); a failed plan undoes the
- * list. */
+/* Note n entries w (sx_block_write when blocks, else sx_range_write: in
+ * the notice's terms) in pb first (that can be undone), then plan r, the
+ * same entries as the planner takes them (all or nothing by itself); a
+ * failed plan undoes the note. */
+static int note_and_plan(sx__pbatch *pb, sx__plan *plan, int blocks, const void *w,
+                         const void *r, size_t n, const char *what) {
+  pmark m = mark(pb);
+  int rc = blocks ? note_blocks(pb, w, n) : note_ranges(pb, w, n);
+  if (rc == SX_ELIMIT)
+    rc = sx__err(SX_ELIMIT, "%s: the batch's notice would list more than %u entries "
+                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
+  else if (rc)
+    rc = sx__err(rc, "%s", what);
+  else
+    rc = blocks ? sx__plan_add_blocks(plan, r, n) : sx__plan_add_ranges(plan, r, n);
+  if (rc)
+    undo(pb, &m);
+  return rc;
+}
+
+/* Add n write entries w, sx_block_write (blocks) or sx_range_write,
+ * planned as reads in write mode. */
 static int add_writes(sx_batch *b, int blocks, const void *w, size_t n, const char *what) {
   sx__plan *plan;
   sx__pbatch *pb;
@@ -150,17 +168,7 @@ static int add_writes(sx_batch *b, int blocks, const void *w, size_t n, const ch
   void *r = blocks ? (void *)block_reads(w, n) : (void *)range_reads(w, n);
   if (r == NULL)
     return sx__err(SX_ENOMEM, "%s", what);
-  pmark m = mark(pb);
-  rc = blocks ? note_blocks(pb, w, n) : note_ranges(pb, w, n);
-  if (rc == SX_ELIMIT)
-    rc = sx__err(SX_ELIMIT, "%s: the batch's notice would list more than %u entries "
-                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
-  else if (rc)
-    rc = sx__err(rc, "%s", what);
-  else
-    rc = blocks ? sx__plan_add_blocks(plan, r, n) : sx__plan_add_ranges(plan, r, n);
-  if (rc)
-    undo(pb, &m);
+  rc = note_and_plan(pb, plan, blocks, w, r, n, what);
   free(r);
   return rc;
 }
@@ -193,17 +201,7 @@ int sx__pbatch_add_reads(sx__pbatch *pb, sx__plan *plan, int blocks, const void 
   void *w = blocks ? (void *)as_block_writes(r, n) : (void *)as_range_writes(r, n);
   if (w == NULL)
     return sx__err(SX_ENOMEM, "%s", what);
-  pmark m = mark(pb);
-  int rc = blocks ? note_blocks(pb, w, n) : note_ranges(pb, w, n);
-  if (rc == SX_ELIMIT)
-    rc = sx__err(SX_ELIMIT, "%s: the batch's read notice would list more than %u entries "
-                 "(after merging); split the batch", what, SX_NOTICE_MAX_ENTRIES);
-  else if (rc)
-    rc = sx__err(rc, "%s", what);
-  else
-    rc = blocks ? sx__plan_add_blocks(plan, r, n) : sx__plan_add_ranges(plan, r, n);
-  if (rc)
-    undo(pb, &m);
+  int rc = note_and_plan(pb, plan, blocks, w, r, n, what);
   free(w);
   return rc;
 }

@@ -77,6 +77,28 @@ static void test_e2e_push_without_a_grant_is_refused(void **state) {
   assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
+/* Read notices into an sx-agent that is not writable: it takes and logs
+ * them (a daemon nobody reads must not fill its queue and refuse them). */
+static void test_e2e_push_read_notices_into_sx_agent(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  sxt_pool p;
+  sxt_pool_opts o = {.layers = 4, .block_bytes = 65536, .num_blocks = 256, .slots = "K,V",
+                     .fingerprint = "push/v1", .lease_ms = 3000, .log_level = "info",
+                     .publish_ms = 20000};
+  sxt_pool_start(&env, &p, "prefill-e2e-5", 1, &o);
+  char log[300];
+  snprintf(log, sizeof(log), "%s/read-5.log", env.tmpdir);
+  const char *r[] = {"read", "prefill-e2e-5", "--blocks", "0-99", "--batch", "16", "--depth",
+                     "3", "--verify", "1", "--notify-tag", "40", NULL};
+  assert_int_equal(sxctl(log, r), 0);
+  /* 100 blocks in batches of 16: seven notices, tags 40..46. */
+  assert_int_equal(sxt_count_in_file(p.log, "read notice: (unnamed reader)"), 7);
+  assert_int_equal(sxt_count_in_file(p.log, "read 8388608 bytes in 1 block runs"), 6);
+  assert_int_equal(sxt_count_in_file(p.log, "tag 46"), 1);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
 /* A consumer in this process on env's store. */
 static void consumer_start(sxt_agent *c, const char *name, uint64_t blocks) {
   memset(c, 0, sizeof(*c));
@@ -94,6 +116,33 @@ static uint64_t written_bytes(sx_agent *a) {
   return st.served_write_bytes[SX_TRANSPORT_TCP];
 }
 
+/* Spawn `sxctl ARGS` (log in the temporary directory), stop it as soon as
+ * count(a) moves (its data flows), then kill it; fails the test unless it
+ * was stopped before count(a) reached total. */
+static void kill_mid_batch(const char *log_name, const char *const *args,
+                           uint64_t (*count)(sx_agent *), sx_agent *a, uint64_t total) {
+  char exe[PATH_MAX + 16], log[300];
+  const char *argv[24] = {exe, "--metadata", env.url};
+  size_t n = 3;
+  for (; args[n - 3] != NULL && n < 23; n++)
+    argv[n] = args[n - 3];
+  argv[n] = NULL;
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/%s", env.tmpdir, log_name);
+  pid_t victim = sxt_spawn_ok(log, argv);
+  uint64_t got = 0;
+  for (int i = 0; i < 20000 && (got = count(a)) == 0; i++)
+    usleep(500);
+  assert_true(got > 0);
+  assert_int_equal(sxt_freeze(victim), 0);
+  got = count(a);
+  kill(victim, SIGKILL);
+  assert_int_equal(sxt_reap(victim, 10000), 128 + SIGKILL);
+  if (got >= total)
+    fail_msg("the whole batch went through before %s was stopped: the test proves nothing "
+             "(raise its size)", log_name);
+}
+
 static void test_e2e_push_producer_killed_mid_batch(void **state) {
   (void)state;
   SXT_NEED_REDIS(&env);
@@ -103,25 +152,11 @@ static void test_e2e_push_producer_killed_mid_batch(void **state) {
   sxt_agent c;
   consumer_start(&c, "decode-e2e-3", blocks);
   sxt_ok(sx_agent_grant_write(c.a, NULL, NULL));
-  char exe[PATH_MAX + 16], log[300];
-  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
-  snprintf(log, sizeof(log), "%s/victim.log", env.tmpdir);
-  const char *argv[] = {exe, "--metadata", env.url, "write", "decode-e2e-3", "--as",
-                        "prefill-victim", "--fill", "5", "--blocks", "all", "--batch", "4096",
-                        "--depth", "1", "--tag", "666", "--timeout-ms", "60000", NULL};
-  pid_t victim = sxt_spawn_ok(log, argv);
-  /* Stop it as soon as its payload starts landing, then kill it. */
-  uint64_t got = 0;
-  for (int i = 0; i < 20000 && (got = written_bytes(c.a)) == 0; i++)
-    usleep(500);
-  assert_true(got > 0);
-  assert_int_equal(sxt_freeze(victim), 0);
-  got = written_bytes(c.a);
-  kill(victim, SIGKILL);
-  assert_int_equal(sxt_reap(victim, 10000), 128 + SIGKILL);
-  if (got >= total)
-    fail_msg("the whole batch landed before the producer was stopped: the test proves "
-             "nothing (raise its size)");
+  /* Stopped as soon as its payload starts landing, then killed. */
+  const char *wr[] = {"write", "decode-e2e-3", "--as", "prefill-victim", "--fill", "5",
+                      "--blocks", "all", "--batch", "4096", "--depth", "1", "--tag", "666",
+                      "--timeout-ms", "60000", NULL};
+  kill_mid_batch("victim.log", wr, written_bytes, c.a, total);
   /* No notice: not now, and not later. */
   sx_notice *n = NULL;
   sxt_rc(sx_agent_notice_next(c.a, 1000, &n), SX_ETIMEDOUT);
@@ -175,26 +210,13 @@ static void test_e2e_push_read_notice_reader_killed_mid_batch(void **state) {
   const uint64_t total = SXT_LAYERS * 2 * blocks * SXT_BLOCK;
   sxt_agent t;
   consumer_start(&t, "prefill-e2e-4", blocks);
-  char exe[PATH_MAX + 16], log[300];
-  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
-  snprintf(log, sizeof(log), "%s/reader-victim.log", env.tmpdir);
-  const char *argv[] = {exe, "--metadata", env.url, "read", "prefill-e2e-4", "--blocks", "all",
-                        "--batch", "4096", "--depth", "1", "--notify-tag", "666",
-                        "--transport", "tcp", "--timeout-ms", "60000", NULL};
-  pid_t victim = sxt_spawn_ok(log, argv);
-  /* Stop it as soon as the target serves its reads, then kill it. */
-  uint64_t got = 0;
-  for (int i = 0; i < 20000 && (got = served_bytes(t.a)) == 0; i++)
-    usleep(500);
-  assert_true(got > 0);
-  assert_int_equal(sxt_freeze(victim), 0);
-  got = served_bytes(t.a);
-  kill(victim, SIGKILL);
-  assert_int_equal(sxt_reap(victim, 10000), 128 + SIGKILL);
-  if (got >= total)
-    fail_msg("the whole batch was served before the reader was stopped: the test proves "
-             "nothing (raise its size)");
+  /* Stopped as soon as the target serves its reads, then killed. */
+  const char *rd[] = {"read", "prefill-e2e-4", "--blocks", "all", "--batch", "4096", "--depth",
+                      "1", "--notify-tag", "666", "--transport", "tcp", "--timeout-ms",
+                      "60000", NULL};
+  kill_mid_batch("reader-victim.log", rd, served_bytes, t.a, total);
   sx_notice *n = NULL;
+  char log[300];
   sxt_rc(sx_agent_notice_next(t.a, 1000, &n), SX_ETIMEDOUT);
   /* A reader that gets everything leaves one notice per batch: tags
    * 7, 8; the reader is unnamed (sxctl reads as a reader-only agent). */
@@ -235,6 +257,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e2e_push_sxctl_write_into_sx_agent),
       cmocka_unit_test(test_e2e_push_without_a_grant_is_refused),
+      cmocka_unit_test(test_e2e_push_read_notices_into_sx_agent),
       cmocka_unit_test(test_e2e_push_producer_killed_mid_batch),
       cmocka_unit_test(test_e2e_push_read_notice_reader_killed_mid_batch),
   };

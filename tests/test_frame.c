@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "sxtest.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 static void test_frame_round_trip_and_byte_order(void **state) {
   (void)state;

@@ -1,5 +1,5 @@
 /*
- * The CUDA IPC frames (types 5 and 6, tcp_frame.h) without a GPU: header
+ * The CUDA IPC frames (types 5 and 6, transport/conn/frame.h) without a GPU: header
  * rules, the record codec, and what a target does with IPC requests from
  * the network: refused before HELLO, host and unknown regions answered
  * with a per-region error, malformed bodies closing the connection, an

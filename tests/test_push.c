@@ -18,7 +18,7 @@
 #include "push_fixture.h"
 #include "push_int.h"
 #include "segxfer.pb-c.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 /* ------------------------------------------------------------ codec */
 

@@ -18,7 +18,7 @@
 #include "internal.h"
 #include "notice.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 static sx_agent *self_remover_agent; /* for remove_self() */
 
@@ -260,7 +260,6 @@ static void test_push_many_producers_into_one_consumer(void **state) {
 /* A consumer that accepts the producer, then never reads again. */
 typedef struct stall {
   int lfd, fd;
-  uint16_t port;
 } stall;
 
 static void *stall_main(void *arg) {
@@ -285,24 +284,7 @@ static void test_push_tcp_deadline_with_payload_stuck_in_the_socket(void **state
   char url[64];
   sxt_mem_url(url, sizeof(url), "push");
   stall st = {.fd = -1};
-  st.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(bind(st.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(listen(st.lfd, 16), 0);
-  socklen_t sl = sizeof(sa);
-  getsockname(st.lfd, (struct sockaddr *)&sa, &sl);
-  st.port = ntohs(sa.sin_port);
-  sx_desc d;
-  sxt_desc_kv(&d, "stuck-0", SXT_LAYERS, 0, SXT_BLOCK, SXT_CONSUMER_BLOCKS, 0);
-  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
-  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
-  d.endpoints[0].port = st.port;
-  d.lease_ms = 60000;
-  for (uint32_t i = 0; i < d.n_regions; i++)
-    d.regions[i].access = SXT_RW;
-  sxt_store_publish(url, &d);
-  sx_desc_free(&d);
+  st.lfd = sxt_fake_target(url, "stuck-0", SXT_CONSUMER_BLOCKS, SXT_RW);
   sxt_agent p;
   sxt_target_start(&p, url, "prefill-0", NULL, 3);
   sx_segment *seg;

@@ -6,8 +6,6 @@
  * flag, a failed, a timed-out and a cancelled batch give none; forged and
  * oversized read notices on the wire are refused.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,7 +17,7 @@
 #include "internal.h"
 #include "notice.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 typedef struct pair {
   char url[64];
@@ -48,27 +46,11 @@ static sx_block_read kv_read(uint64_t remote, uint64_t local, uint64_t count) {
 /* A read batch of e[0..n): notifying with tag when notify, submitted. */
 static sx_batch *submit(sx_segment *s, const sx_block_read *e, size_t n, int notify,
                         uint64_t tag, uint32_t timeout_ms) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
-  bp.flags = notify ? SX_BATCH_NOTIFY : 0;
-  bp.tag = tag;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(s, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, n));
-  sxt_ok(sx_batch_submit(b));
-  return b;
+  return notify ? sxt_notify_submit(s, e, n, tag, timeout_ms)
+                : sxt_batch_submit(s, e, n, timeout_ms);
 }
 
-static sx_batch_result finish(sx_batch *b) {
-  sxt_ok(sx_batch_wait(b, 20000));
-  sx_batch_result r;
-  sxt_ok(sx_batch_result_get(b, &r));
-  r.failed = NULL;
-  r.n_failed = 0;
-  sx_batch_destroy(b);
-  return r;
-}
+static sx_batch_result finish(sx_batch *b) { return sxt_batch_finish(b); }
 
 static uint64_t notices_of(sx_agent *a) {
   sx_agent_stats st;
@@ -251,7 +233,6 @@ static void test_read_notice_none_when_timed_out_or_cancelled(void **state) {
  * read notices it gets, answering them 0. */
 typedef struct fake {
   int lfd, fd;
-  uint16_t port;
   atomic_int fail_reads, rnotices, reads;
 } fake;
 
@@ -294,22 +275,8 @@ static void test_read_notice_reader_sends_none_after_a_failure(void **state) {
   (void)state;
   char url[64];
   sxt_mem_url(url, sizeof(url), "rnotice");
-  fake fk = {.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), .fd = -1};
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(bind(fk.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(listen(fk.lfd, 4), 0);
-  socklen_t sl = sizeof(sa);
-  getsockname(fk.lfd, (struct sockaddr *)&sa, &sl);
-  fk.port = ntohs(sa.sin_port);
-  sx_desc d;
-  sxt_desc_kv(&d, "fake-0", SXT_LAYERS, 0, SXT_BLOCK, SXT_TARGET_BLOCKS, 0);
-  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
-  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
-  d.endpoints[0].port = fk.port;
-  d.lease_ms = 60000;
-  sxt_store_publish(url, &d);
-  sx_desc_free(&d);
+  fake fk = {.fd = -1};
+  fk.lfd = sxt_fake_target(url, "fake-0", SXT_TARGET_BLOCKS, SX_ACCESS_REMOTE_READ);
   /* One connection, so that the fake serves it alone. */
   sxt_agent r;
   memset(&r, 0, sizeof(r));

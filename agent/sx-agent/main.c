@@ -63,7 +63,7 @@ static const char usage_text[] =
     "                         `sxctl read NAME --verify SEED`\n"
     "  --writable             let granted producers write the pool (push mode;\n"
     "                         docs/push.md); each completed write batch's notice is\n"
-    "                         logged\n"
+    "                         logged (as every reader's read notice is)\n"
     "  --grant NAME           grant writes to producer segment NAME, any incarnation\n"
     "                         (repeatable); '*' grants every segment of the namespace\n"
     "  --log-level LEVEL      error, warn, info (default) or debug\n"
@@ -124,15 +124,18 @@ static int usage_error(const char *fmt, ...) {
 }
 
 /* "64K", "1G", "4096" -> bytes; 0 on success. */
-/* Push mode: one line per completed write batch (taken, so that the queue
- * of a daemon nobody reads never fills). */
+/* One line per completed write batch (push mode) or notifying read batch
+ * (a reader's SX_BATCH_NOTIFY), taken, so that the queue of a daemon nobody
+ * reads never fills and readers' notices are never refused for it. */
 static int log_notice(void *arg, const sx_notice *n) {
   (void)arg;
   char inc[2 * SX_INCARNATION_LEN + 1];
   sx_hex(n->incarnation, SX_INCARNATION_LEN, inc);
-  say(SX_LOG_INFO, "notice: %s (incarnation %.8s) wrote %lu bytes in %u block runs and %u "
-      "ranges, tag %lu", n->producer, inc, (unsigned long)n->bytes, n->n_blocks, n->n_ranges,
-      (unsigned long)n->tag);
+  say(SX_LOG_INFO, "%s: %s (incarnation %.8s) %s %lu bytes in %u block runs and %u ranges, "
+      "tag %lu", n->kind == SX_NOTICE_READ ? "read notice" : "notice",
+      n->producer[0] ? n->producer : "(unnamed reader)", inc,
+      n->kind == SX_NOTICE_READ ? "read" : "wrote", (unsigned long)n->bytes, n->n_blocks,
+      n->n_ranges, (unsigned long)n->tag);
   return 1;
 }
 
@@ -669,8 +672,7 @@ int main(int argc, char **argv) {
       goto out_destroy;
     }
   }
-  if (o.writable)
-    sx_agent_notice_cb(a, log_notice, NULL);
+  sx_agent_notice_cb(a, log_notice, NULL);
   if ((rc = sx_agent_publish(a, o.takeover ? SX_PUBLISH_TAKEOVER : 0)) != 0) {
     sx_agent_status st;
     if (sx_agent_status_get(a, &st) == 0 && st.state == SX_AGENT_RECLAIMING) {

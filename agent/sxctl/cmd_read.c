@@ -259,11 +259,20 @@ static int read_run(sxctl_ctx *ctx, int argc, char **argv) {
   size_t n_blocks = 0;
   sx_desc mine;
   int code = SXCTL_ERROR;
-  if ((rc = sxctl_agent_start(cmd, ctx, NULL, NULL, o.c.transports, o.c.log_level, &r.a)))
+  /* Read notices of batches read over RDMA travel on TCP (docs/push.md):
+   * --transport rdma then keeps the reads on RDMA and lets TCP carry them. */
+  unsigned transports = o.c.transports;
+  if (o.notify && transports == SX_TRANSPORTS_RDMA)
+    transports |= SX_TRANSPORTS_TCP;
+  if ((rc = sxctl_agent_start(cmd, ctx, NULL, NULL, transports, o.c.log_level, &r.a)))
     return rc;
   if ((code = sxctl_segment_open(cmd, r.a, o.c.name, o.c.wait_ms, &r.seg)) != SXCTL_OK)
     goto out;
   code = SXCTL_ERROR;
+  if (transports != o.c.transports && sx_segment_transport(r.seg) != SX_TRANSPORT_RDMA) {
+    sxctl_err(cmd, "--transport rdma: %s cannot be read over RDMA from here", o.c.name);
+    goto out;
+  }
   r.d = sx_segment_desc(r.seg);
   r.location = o.location;
   if ((rc = mirror(cmd, &r, o.c.batch * o.c.depth)) != SXCTL_OK)

@@ -95,6 +95,11 @@ typedef struct sx_tctx {
    * of the producers it took the grant from can land any more: status 0,
    * or an error (msg says which producer may still write). */
   void (*grants_settled)(void *agent, sx_transport_kind kind, int status, const char *msg);
+  /* The frame handlers the transports register on the control connection
+   * the TCP listener serves (transport/conn/conn.h; the list is in
+   * transports.c). */
+  const struct sx__conn_handler *const *conn_handlers;
+  unsigned n_conn_handlers;
 } sx_tctx;
 
 /* One range to read: length bytes at roff of remote region rreg into local. */
@@ -203,5 +208,8 @@ void sx__host_identity(sx_desc *d);
 extern const sx_transport_ops sx__tcp_ops;
 extern const sx_transport_ops sx__rdma_ops;
 extern const sx_transport_ops sx__cuda_ipc_ops;
+/* Their handlers on the control connection (transport/conn/conn.h). */
+extern const struct sx__conn_handler sx__tcp_read_frames, sx__tcp_push_frames,
+    sx__ipc_frames;
 
 #endif

@@ -16,3 +16,15 @@ const sx_transport_ops *const sx__transports[] = {
 };
 
 const unsigned sx__n_transports = sizeof(sx__transports) / sizeof(sx__transports[0]);
+
+/* The control connection's frame handlers (transport/conn/conn.h), one
+ * floor below TCP and cuda_ipc: listed here, above both, and handed to the
+ * connection through the transport context, so neither transport names
+ * the other. */
+const struct sx__conn_handler *const sx__conn_handlers[] = {
+    &sx__tcp_read_frames, /* READ */
+    &sx__tcp_push_frames, /* WAUTH .. NOTICE_REPLY */
+    &sx__ipc_frames,      /* IPC */
+};
+
+const unsigned sx__n_conn_handlers = sizeof(sx__conn_handlers) / sizeof(sx__conn_handlers[0]);

@@ -62,7 +62,10 @@ enum {
  * inside one of its readable regions, the byte count) and that it came on
  * a connection that presented its incarnation and access token; the
  * reader's name and incarnation are the reader's own statement (a reader
- * need not be published; over TCP the name must match its HELLO).
+ * need not be published; over TCP and cuda_ipc the name must match its
+ * HELLO).  A batch read over RDMA sends its notice on a TCP connection to
+ * the same target (RDMA READs are one-sided); when either side has no TCP
+ * the batch fails at submit with SX_ENOTSUP, before it reads anything.
  */
 
 /* A notice lists at most this many entries (block runs and ranges after

@@ -1,10 +1,10 @@
-/* Fuzz target: the TCP data-plane frame and HELLO parsers (agent/transport/tcp/tcp_frame.h).
+/* Fuzz target: the TCP data-plane frame and HELLO parsers (agent/transport/conn/frame.h).
  * A header that parses re-encodes to the same bytes; a HELLO body that
  * parses re-encodes to the same body. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -694,22 +694,10 @@ static void test_gpu_ipc_read_notice(void **state) {
   assert_int_equal(strncmp(line, "none", 4), 0);
   sx_block_read e = {.layer_count = LAYERS, .slots = (1u << SX_SLOT_K) | (1u << SX_SLOT_V),
                      .remote_block = 100, .local_block = 3, .count = 8};
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.flags = SX_BATCH_NOTIFY;
-  bp.tag = 0x77;
-  bp.timeout_ms = 10000;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(seg, &bp, &b));
-  sxt_ok(sx_batch_add_blocks(b, &e, 1));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
+  sx_batch_result res = sxt_batch_finish(sxt_notify_submit(seg, &e, 1, 0x77, 10000));
   if (res.state != SX_BATCH_COMPLETED)
     fail_msg("batch: %s (%s)", sx_batch_state_name(res.state), res.message);
   assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
-  sx_batch_destroy(b);
   assert_int_equal(gpu_pool_verify(&r, seg, SEED, &e, 1), 0);
   /* COMPLETED: the target holds the notice already. */
   target_say(&t, "notice 0");

@@ -29,7 +29,7 @@
 #include "procs.h"
 #include "push_fixture.h"
 #include "redis_harness.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 #define SEED 0x9e57c0deu
 #define LAYERS 2

@@ -20,7 +20,7 @@
 #include "internal.h"
 #include "pattern.h"
 #include "procs.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 #define SEED 0x5eed6a11u
 

@@ -50,6 +50,8 @@ one)
     echo "FAIL  test_rdma_push: redis-server is not installed here"
     fail=1
   fi
+  step "read notices of batches read over RDMA, a reader killed mid-stream"
+  ./test_rdma_notice || fail=1
   ;;
 two-peer)
   step "target for the two-host test on $dev ($(hostname 2>/dev/null))"

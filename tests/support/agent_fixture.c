@@ -13,7 +13,7 @@
 #include "backend.h"
 #include "internal.h"
 #include "pattern.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 static void quiet_log(void *arg, sx_log_level level, const char *msg) {
   (void)arg;
@@ -117,11 +117,13 @@ int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t s
 
 /* ------------------------------------------------------------ batches */
 
-sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
-                           uint32_t timeout_ms) {
+static sx_batch *submit(sx_segment *s, const sx_block_read *e, size_t n, unsigned flags,
+                        uint64_t tag, uint32_t timeout_ms) {
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.timeout_ms = timeout_ms;
+  bp.flags = flags;
+  bp.tag = tag;
   sx_batch *b;
   sxt_ok(sx_batch_create(s, &bp, &b));
   sxt_ok(sx_batch_add_blocks(b, e, n));
@@ -129,15 +131,28 @@ sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
   return b;
 }
 
-sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
-                              uint32_t timeout_ms) {
-  sx_batch *b = sxt_batch_submit(s, e, n, timeout_ms);
+sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
+                           uint32_t timeout_ms) {
+  return submit(s, e, n, 0, 0, timeout_ms);
+}
+
+sx_batch *sxt_notify_submit(sx_segment *s, const sx_block_read *e, size_t n, uint64_t tag,
+                            uint32_t timeout_ms) {
+  return submit(s, e, n, SX_BATCH_NOTIFY, tag, timeout_ms);
+}
+
+sx_batch_result sxt_batch_finish(sx_batch *b) {
   sxt_ok(sx_batch_wait(b, -1));
   sx_batch_result res;
   sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL; /* not valid after destroy */
+  res.failed = NULL; /* not valid after destroy; n_failed still counts them */
   sx_batch_destroy(b);
   return res;
+}
+
+sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,
+                              uint32_t timeout_ms) {
+  return sxt_batch_finish(sxt_batch_submit(s, e, n, timeout_ms));
 }
 
 /* ------------------------------------------------------------ store */

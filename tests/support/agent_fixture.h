@@ -56,6 +56,13 @@ int sxt_verify_blocks(const sxt_agent *reader, const sx_segment *seg, uint64_t s
 /* A batch of n block reads with a deadline of timeout_ms, submitted. */
 sx_batch *sxt_batch_submit(sx_segment *s, const sx_block_read *e, size_t n,
                            uint32_t timeout_ms);
+/* The same batch with SX_BATCH_NOTIFY: it ends with a read notice of tag
+ * at the target (segxfer/push.h). */
+sx_batch *sxt_notify_submit(sx_segment *s, const sx_block_read *e, size_t n, uint64_t tag,
+                            uint32_t timeout_ms);
+/* Wait for b's end, destroy it: its result (the failed list cleared, since
+ * it does not outlive the batch; n_failed kept). */
+sx_batch_result sxt_batch_finish(sx_batch *b);
 /* Submit, wait for the end, destroy: the result (its failed list cleared,
  * since it does not outlive the batch). */
 sx_batch_result sxt_run_batch(sx_segment *s, const sx_block_read *e, size_t n,

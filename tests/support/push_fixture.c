@@ -1,13 +1,16 @@
 /* Push-mode fixtures (see push_fixture.h). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "pattern.h"
 #include "push_fixture.h"
-#include "transport/tcp/tcp_frame.h"
+#include "transport/conn/frame.h"
 
 void sxt_pair_start(sxt_pair *x, uint32_t access) {
   sxt_mem_url(x->url, sizeof(x->url), "push");
@@ -279,6 +282,27 @@ static int wire_frame(int fd, uint8_t type, uint64_t id, uint32_t region, uint64
   assert_int_equal(g.type, want);
   assert_int_equal(g.id, id);
   return g.status;
+}
+
+int sxt_fake_target(const char *url, const char *name, uint64_t blocks, uint32_t access) {
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(listen(lfd, 16), 0);
+  socklen_t sl = sizeof(sa);
+  getsockname(lfd, (struct sockaddr *)&sa, &sl);
+  sx_desc d;
+  sxt_desc_kv(&d, name, SXT_LAYERS, 0, SXT_BLOCK, blocks, 0);
+  snprintf(d.layout.fingerprint, sizeof(d.layout.fingerprint), "llama-test/v1");
+  snprintf(d.endpoints[0].addr, sizeof(d.endpoints[0].addr), "127.0.0.1");
+  d.endpoints[0].port = ntohs(sa.sin_port);
+  d.lease_ms = 60000;
+  for (uint32_t i = 0; i < d.n_regions; i++)
+    d.regions[i].access = access;
+  sxt_store_publish(url, &d);
+  sx_desc_free(&d);
+  return lfd;
 }
 
 int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token) {

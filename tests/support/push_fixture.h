@@ -71,6 +71,11 @@ void sxt_check_notice(const sx_notice *no, const sxt_agent *p, const char *pname
  * bytes.  Fails the test otherwise. */
 void sxt_push_many_producers(sx_transport_kind want);
 
+/* A target of the test's own on the wire: a loopback listener (the fd is
+ * returned; accept and answer on it) published in url's store as segment
+ * name, a KV pool of blocks blocks per layer with this access. */
+int sxt_fake_target(const char *url, const char *name, uint64_t blocks, uint32_t access);
+
 /* Raw push frames on a connection that said HELLO (sxt_wire_hello): each
  * returns the status of its reply, or 1 when the connection closed. */
 int sxt_wire_wauth(int fd, const uint8_t *incarnation, const uint8_t *token);

@@ -5,7 +5,7 @@
  * like a TCP producer when this agent is named and the target has
  * writable regions (handles of writable allocations go only to producers
  * the target granted writes), then asks for the handles of the regions
- * batches need (IPC frames, tcp_frame.h), hears when the target wants them
+ * batches need (IPC frames, transport/conn/frame.h), hears when the target wants them
  * back, and carries write batches' notices.  When it breaks, every mapping
  * of that target goes (cuda_ipc.c, sx__ipc_lost).
  */

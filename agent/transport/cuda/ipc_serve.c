@@ -1,7 +1,8 @@
 /*
- * cuda_ipc, target side: IPC frames on the TCP reader connections (after
- * HELLO), the regions lent to each connection, and asking them back when
- * one is unregistered (see cuda_ipc.h and tcp_frame.h for the wire).
+ * cuda_ipc, target side: the IPC frame handler on the control connection
+ * (transport/conn/conn.h; after HELLO), the regions lent to each
+ * connection, and asking them back when one is unregistered (see
+ * cuda_ipc.h and transport/conn/frame.h for the wire).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,6 @@
 #include "cuda_ipc.h"
 #include "internal.h"
 #include "mem/mem.h"
-#include "transport/tcp/tcp_int.h"
 
 /* One region lent on a connection (counted once in its inflight). */
 typedef struct lent {
@@ -20,17 +20,18 @@ typedef struct lent {
   uint8_t revoked;     /* asked back because the grant went: a revoke waits */
 } lent;
 
-struct sx__ipc_holds {
+/* A connection's SX__CONN_IPC slot. */
+typedef struct sx__ipc_holds {
   const sx_tctx *x;
-  tcp_t *t;
-  sconn *c;            /* NULL once the connection closed */
+  sx__conn_server *s;
+  sx__conn *c;         /* NULL once the connection closed */
   lent *lent;
   uint32_t n, cap;
   uint32_t asked;      /* of them, asked back and not returned yet */
   uv_timer_t timer;    /* the deadline for returning them */
   int timer_init;
   int timed_out;       /* closed for not returning them in time */
-};
+} sx__ipc_holds;
 
 static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++)
@@ -81,9 +82,9 @@ static void give_back(sx__ipc_holds *h, uint32_t i, int err) {
     char msg[256];
     snprintf(msg, sizeof(msg), "producer %s did not give back its CUDA IPC mapping of "
              "region %u within %d ms: its connection was closed, but that process may "
-             "still write there until the memory is freed", h->c ? sx__tcp_sconn_reader(h->c)
+             "still write there until the memory is freed", h->c ? sx__conn_reader(h->c)
              : "(gone)", e->l->r.id, SX__IPC_REVOKE_MS);
-    sx__tcp_revoke_release(h->t, err, err ? msg : NULL);
+    sx__conn_revoke_release(h->s, err, err ? msg : NULL);
   }
   h->lent[i] = h->lent[--h->n];
 }
@@ -116,7 +117,7 @@ static void lend(sx__ipc_holds *h, uint32_t id, sx__ipc_record *rec) {
   else if (l->mem.kind != SX__MEM_CUDA)
     st = SX_EINVAL; /* host memory: read it over TCP */
   else if ((gated = alloc_writable(x, l->mem.base)) &&
-           sx__tcp_w_allowed(sx__tcp_sconn_wconn(h->c)) != 0)
+           sx__conn_write_allowed(h->c) != 0)
     st = SX_EACCESS; /* no write grant covers this connection */
   else if (sx__mem_ipc_export((void *)(uintptr_t)l->mem.base, rec->handle) != 0) {
     x->log(x->agent, SX_LOG_WARN, "cuda_ipc: region %u: %s", id, sx_errmsg());
@@ -156,7 +157,7 @@ static void reply(sx__ipc_holds *h, uint64_t id, int status, uint32_t n,
   size_t len = status ? 0 : (size_t)n * SX__IPC_RECORD;
   uint8_t *buf = malloc(SX__FRAME_HDR + len);
   if (buf == NULL) {
-    sx__tcp_sconn_close(h->c, "out of memory");
+    sx__conn_violation(h->c, "out of memory");
     return;
   }
   sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = id, .status = status,
@@ -167,19 +168,28 @@ static void reply(sx__ipc_holds *h, uint64_t id, int status, uint32_t n,
     lend(h, ids[i], &rec);
     sx__ipc_record_encode(&rec, buf + SX__FRAME_HDR + (size_t)i * SX__IPC_RECORD);
   }
-  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + len);
+  sx__conn_send(h->c, buf, SX__FRAME_HDR + len);
 }
 
-void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__frame *f,
-                   const uint8_t *body) {
+/* An IPC frame f at buf (avail bytes read so far) on connection c, whose
+ * lent regions are *holds (made on first use); as sx__conn_handler.frame. */
+static int serve(sx__conn *c, void **holds, const sx__frame *f, uint8_t *buf, size_t avail) {
+  if (avail < SX__FRAME_HDR + f->length)
+    return 0;
+  /* Its reply goes out after those gathered so far. */
+  if (sx__conn_flush(c) != 0)
+    return -1;
+  const sx_tctx *x = sx__conn_ctx(c);
+  const uint8_t *body = buf + SX__FRAME_HDR;
+  int used = (int)(SX__FRAME_HDR + f->length);
   sx__ipc_holds *h = *holds;
   if (h == NULL) {
     if ((h = calloc(1, sizeof(*h))) == NULL) {
-      sx__tcp_sconn_close(c, "out of memory");
-      return;
+      sx__conn_violation(c, "out of memory");
+      return used;
     }
     h->x = x;
-    h->t = sx__tcp_sconn_transport(c);
+    h->s = sx__conn_server_of(c);
     h->c = c;
     *holds = h;
   }
@@ -195,12 +205,13 @@ void sx__ipc_serve(const sx_tctx *x, sconn *c, sx__ipc_holds **holds, const sx__
     }
     if (h->asked == 0 && h->timer_init)
       uv_timer_stop(&h->timer);
-    return;
+    return used;
   }
   int st = 0;
   if (!(x->params->transports & SX_TRANSPORTS_CUDA_IPC))
     st = SX_ENOTSUP; /* this agent does not serve cuda_ipc */
   reply(h, f->id, st, n, ids);
+  return used;
 }
 
 static void revoke_timeout(uv_timer_t *t) {
@@ -209,10 +220,10 @@ static void revoke_timeout(uv_timer_t *t) {
     return;
   const sx_tctx *x = h->x;
   x->log(x->agent, SX_LOG_WARN, "cuda_ipc: reader %s did not give back %u region(s) "
-         "within %d ms: closing its connection", sx__tcp_sconn_reader(h->c), h->asked,
+         "within %d ms: closing its connection", sx__conn_reader(h->c), h->asked,
          SX__IPC_REVOKE_MS);
   h->timed_out = 1;
-  sx__tcp_sconn_close(h->c, "CUDA IPC handles not given back in time");
+  sx__conn_violation(h->c, "CUDA IPC handles not given back in time");
 }
 
 /* Ask back the lent regions for which pick() says so, in one frame;
@@ -228,7 +239,7 @@ static void ask_back(sx__ipc_holds *h, int (*pick)(const lent *e, const void *ar
     return;
   uint8_t *buf = malloc(SX__FRAME_HDR + 4 * (size_t)n);
   if (buf == NULL) {
-    sx__tcp_sconn_close(h->c, "out of memory");
+    sx__conn_violation(h->c, "out of memory");
     return;
   }
   sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4 * (uint64_t)n};
@@ -243,7 +254,7 @@ static void ask_back(sx__ipc_holds *h, int (*pick)(const lent *e, const void *ar
     h->asked++;
     if (revoked) {
       e->revoked = 1;
-      sx__tcp_revoke_hold(h->t);
+      sx__conn_revoke_hold(h->s);
     }
   }
   if (!h->timer_init) {
@@ -253,7 +264,7 @@ static void ask_back(sx__ipc_holds *h, int (*pick)(const lent *e, const void *ar
   }
   if (!uv_is_active((uv_handle_t *)&h->timer))
     uv_timer_start(&h->timer, revoke_timeout, SX__IPC_REVOKE_MS, 0);
-  sx__tcp_sconn_send(h->c, buf, SX__FRAME_HDR + 4 * (size_t)n);
+  sx__conn_send(h->c, buf, SX__FRAME_HDR + 4 * (size_t)n);
 }
 
 static int pick_region(const lent *e, const void *arg) { return e->l == arg; }
@@ -263,14 +274,28 @@ static int pick_alloc_ungated(const lent *e, const void *arg) {
   return !e->gated && e->l->mem.base == l->mem.base;
 }
 
-void sx__ipc_revoke(sx__ipc_holds *h, sx_lregion *l) { ask_back(h, pick_region, l, 0); }
+/* l is being unregistered: ask it back if it was lent on this connection. */
+static void withdraw(sx__conn *c, void *h, sx_lregion *l) {
+  (void)c;
+  ask_back(h, pick_region, l, 0);
+}
 
-void sx__ipc_revoke_granted(sx__ipc_holds *h) { ask_back(h, pick_gated, NULL, 1); }
+/* The write grants changed: where the connection's producer lost its
+ * grant, ask back every region lent under it (a revoke waits for them
+ * until returned or cut off). */
+static void revoked(sx__conn *c, void *h) {
+  if (sx__conn_write_allowed(c) != 0)
+    ask_back(h, pick_gated, NULL, 1);
+}
 
-void sx__ipc_gated(sx__ipc_holds *h, const sx_lregion *l, int allowed) {
-  if (h == NULL || l->mem.kind != SX__MEM_CUDA || !(l->r.access & SX_ACCESS_REMOTE_WRITE))
+/* Writable GPU region l is being registered: regions of its allocation
+ * lent without a grant are asked back, or, where the connection's
+ * producer has one, now count as lent under it. */
+static void gated(sx__conn *c, void *slot, const sx_lregion *l) {
+  sx__ipc_holds *h = slot;
+  if (l->mem.kind != SX__MEM_CUDA || !(l->r.access & SX_ACCESS_REMOTE_WRITE))
     return;
-  if (!allowed) {
+  if (sx__conn_write_allowed(c) != 0) {
     ask_back(h, pick_alloc_ungated, l, 0);
     return;
   }
@@ -282,9 +307,9 @@ void sx__ipc_gated(sx__ipc_holds *h, const sx_lregion *l, int allowed) {
 
 static void holds_closed(uv_handle_t *t) { free(t->data); }
 
-void sx__ipc_drop(sx__ipc_holds *h) {
-  if (h == NULL)
-    return;
+/* The connection closes: everything lent is released. */
+static void drop(void *slot) {
+  sx__ipc_holds *h = slot;
   while (h->n > 0)
     give_back(h, h->n - 1, h->timed_out ? SX_ETIMEDOUT : 0);
   free(h->lent);
@@ -294,3 +319,14 @@ void sx__ipc_drop(sx__ipc_holds *h) {
   else
     free(h);
 }
+
+const sx__conn_handler sx__ipc_frames = {
+    .slot = SX__CONN_IPC,
+    .first = SX__FRAME_IPC,
+    .last = SX__FRAME_IPC,
+    .frame = serve,
+    .close = drop,
+    .withdraw = withdraw,
+    .revoked = revoked,
+    .gated = gated,
+};

@@ -1,5 +1,5 @@
 /*
- * The TCP transport (libuv).  Wire format in tcp_frame.h.
+ * The TCP transport (libuv).  Wire format in transport/conn/frame.h.
  *
  * Target side: one listener; each reader connection first sends HELLO
  * (its name, the incarnation it expects, the access token), which is
@@ -27,7 +27,10 @@
  * ended.
  *
  * The code: tcp.c (this file: open, close, endpoint, ops table), tcp_serve.c
- * (target side), tcp_read.c (reader side), tcp_frame.c (wire format).
+ * (target side: the READ handler), tcp_write.c (target side: the push
+ * handler), tcp_read.c (reader side).  The connections the listener
+ * accepts (HELLO, framing, the reply queue, dispatch by frame type) are
+ * transport/conn/, one floor down, which cuda_ipc's handler shares.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,13 +42,22 @@
 #include "tcp_stage.h"
 
 void sx__tcp_maybe_free(tcp_t *t) {
-  if (t->closing && t->live == 0) {
+  if (t->closing && t->live == 0 && t->srv.n_conns == 0) {
     free(t->scratch);
     free(t);
   }
 }
 
 static void tcp_close(sx_transport *base);
+
+/* The control connection (transport/conn/) accepts and serves; the
+ * transport counts the connections to know when it may be freed. */
+static void t_accept(uv_stream_t *server, int status) {
+  tcp_t *t = server->data;
+  sx__conn_accept(&t->srv, server, status);
+}
+
+static void t_conn_freed(sx__conn_server *s) { sx__tcp_maybe_free(sx__tcp_of(s)); }
 
 static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   tcp_t *t = calloc(1, sizeof(*t));
@@ -55,6 +67,7 @@ static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   }
   t->base.ops = &sx__tcp_ops;
   t->base.ctx = ctx;
+  sx__conn_server_init(&t->srv, ctx, t_conn_freed);
   t->loop = ctx->loop;
   uv_idle_init(t->loop, &t->pump);
   t->pump.data = t;
@@ -79,7 +92,7 @@ static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   t->live++;
   int uvrc = uv_tcp_bind(&t->listener, (struct sockaddr *)&ss, 0);
   if (uvrc == 0)
-    uvrc = uv_listen((uv_stream_t *)&t->listener, 128, sx__tcp_on_connection);
+    uvrc = uv_listen((uv_stream_t *)&t->listener, 128, t_accept);
   if (uvrc != 0) {
     rc = sx__err(SX_EIO, "tcp: cannot listen on %s: %s", listen, uv_strerror(uvrc));
     tcp_close(&t->base);
@@ -106,7 +119,7 @@ static void tcp_close(sx_transport *base) {
   t->closing = 1;
   while (t->peers != NULL)
     sx__tcp_stage_peer_close((sx_tpeer *)t->peers);
-  sx__tcp_serve_close_all(t);
+  sx__conn_close_all(&t->srv);
   sx__tcp_stage_close(t);
   if (t->listener_init)
     uv_close((uv_handle_t *)&t->listener, t_handle_closed);
@@ -142,7 +155,7 @@ static int tcp_usable(sx_transport *base, const sx_desc *remote) {
 
 static void tcp_withdraw(sx_transport *base, sx_lregion *l) {
   if (l->mem.kind == SX__MEM_CUDA)
-    sx__tcp_serve_withdraw((tcp_t *)base, l);
+    sx__conn_withdraw(&((tcp_t *)base)->srv, l);
 }
 
 /* A writable GPU region makes its whole allocation writable through a
@@ -150,7 +163,7 @@ static void tcp_withdraw(sx_transport *base, sx_lregion *l) {
  * are asked to give it back (transport/cuda/ipc_serve.c). */
 static int tcp_reg_mem(sx_transport *base, sx_lregion *l) {
   if (l->mem.kind == SX__MEM_CUDA && (l->r.access & SX_ACCESS_REMOTE_WRITE))
-    sx__tcp_serve_gated((tcp_t *)base, l);
+    sx__conn_gated(&((tcp_t *)base)->srv, l);
   return 0;
 }
 

@@ -29,11 +29,10 @@
 #include <uv.h>
 
 #include "mem/mem.h"
-#include "tcp_frame.h"
+#include "transport/conn/conn.h"
 #include "transport/transport.h"
 
 typedef struct tcp_t tcp_t;
-typedef struct sconn sconn;
 typedef struct sx__tcp_stage sx__tcp_stage;
 typedef struct sx__tcp_sreply sx__tcp_sreply;
 
@@ -44,17 +43,14 @@ void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
 void sx__tcp_stage_peer_close(sx_tpeer *p);
 
 /* Target side: answer READ id of [off, off+len) of GPU region l on
- * connection c (stream h).  *slot is set to the reply in progress; c must
- * parse no further request until sx__tcp_sconn_resume(c, ...), which runs
- * when the reply is queued, or at once (with an error) when staging is
- * impossible. */
-void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
+ * connection c (stream h).  *slot (c's SX__CONN_READ slot) is set to the
+ * reply in progress; c parses no further request until
+ * sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply is
+ * queued, or at once (with an error) when staging is impossible. */
+void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
                          uint64_t id, sx_lregion *l, uint64_t off, uint64_t len);
 /* c is closing: write nothing more for r, resume nothing. */
 void sx__tcp_stage_detach(sx__tcp_sreply *r);
-/* tcp_serve.c: the staged reply on c is queued (err 0: parse on; else
- * close the connection with that error). */
-void sx__tcp_sconn_resume(sconn *c, int err);
 
 /* Consumer side of push mode (tcp_stage_write.c): WRITE f into GPU region
  * l on w's connection.  0: it took over w's body (w->ws, w->left, the

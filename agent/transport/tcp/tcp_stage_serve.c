@@ -15,7 +15,7 @@
 
 struct sx__tcp_sreply {
   sx__tcp_stage *st;
-  sconn *c;            /* NULL once detached or resumed */
+  sx__conn *c;         /* NULL once detached or resumed */
   uv_stream_t *h;      /* NULL once detached */
   sx_lregion *l;
   const uint8_t *src;  /* the region's bytes being read (device memory) */
@@ -54,7 +54,7 @@ static void r_maybe_free(sx__tcp_sreply *r) {
 /* Something broke: nothing more is written, and the connection closes. */
 static void r_fail(sx__tcp_sreply *r, int err) {
   r->failed = 1;
-  sconn *c = r->c;
+  sx__conn *c = r->c;
   r->c = NULL;
   r->h = NULL;
   if (r->waiting) {
@@ -62,13 +62,13 @@ static void r_fail(sx__tcp_sreply *r, int err) {
     r->waiting = 0;
   }
   if (c != NULL)
-    sx__tcp_sconn_resume(c, err);
+    sx__conn_resume(c, SX__CONN_READ, err);
 }
 
 static void written(uv_write_t *req, int status) {
   schunk *sc = req->data;
   sx__tcp_sreply *r = sc->r;
-  (void)status; /* a failed write is the connection's end: tcp_serve.c sees it */
+  (void)status; /* a failed write is the connection's end: conn.c sees it */
   sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
   free(sc);
   r->refs--;
@@ -103,9 +103,9 @@ static void copied(sx__mem_notice *n) {
   r->written += sc->len;
   if (r->written == r->len && r->c != NULL) {
     /* The whole reply is queued: the connection may go on parsing. */
-    sconn *c = r->c;
+    sx__conn *c = r->c;
     r->c = NULL;
-    sx__tcp_sconn_resume(c, 0);
+    sx__conn_resume(c, SX__CONN_READ, 0);
   }
 }
 
@@ -159,7 +159,7 @@ static void issue(sx__tcp_sreply *r) {
   }
 }
 
-void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **slot,
+void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
                          uint64_t id, sx_lregion *l, uint64_t off, uint64_t len) {
   sx__tcp_stage *st;
   int rc = sx__tcp_stage_get(t, &st);
@@ -173,7 +173,7 @@ void sx__tcp_stage_reply(tcp_t *t, sconn *c, uv_stream_t *h, sx__tcp_sreply **sl
     const sx_tctx *x = sx__tcp_ctx(t);
     x->log(x->agent, SX_LOG_ERROR, "tcp: cannot stage region %u: %s", l->r.id,
            sx_errmsg());
-    sx__tcp_sconn_resume(c, rc);
+    sx__conn_resume(c, SX__CONN_READ, rc);
     return;
   }
   r->st = st;

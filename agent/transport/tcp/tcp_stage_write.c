@@ -74,13 +74,13 @@ static void ws_finish(sx__tcp_wstage *ws, int resume) {
   sx__tcp_wconn *w = ws->w;
   const sx_tctx *x = sx__tcp_ctx(ws->t);
   x->written(x->agent, SX_TRANSPORT_TCP, ws->status ? 0 : ws->len, ws->status);
-  sx__tcp_sconn_reply(w->c, ws->id, SX__FRAME_WRITE_REPLY, ws->status);
+  sx__conn_reply(w->c, ws->id, SX__FRAME_WRITE_REPLY, ws->status, NULL, NULL, 0);
   w->ws = NULL;
   ws->w = NULL;
-  sconn *c = w->c;
+  sx__conn *c = w->c;
   ws_maybe_free(ws);
-  if (sx__tcp_sconn_flush(c) == 0 && resume)
-    sx__tcp_sconn_wresume(c);
+  if (sx__conn_flush(c) == 0 && resume)
+    sx__conn_wresume(c);
 }
 
 static void copied(sx__mem_notice *n) {
@@ -92,7 +92,7 @@ static void copied(sx__mem_notice *n) {
   ws->copies--;
   if (ws->copies == 0 && ws->revoking) {
     ws->revoking = 0;
-    sx__tcp_revoke_release(ws->t, 0, NULL);
+    sx__conn_revoke_release(&ws->t->srv, 0, NULL);
   }
   /* The chunk may go straight to another waiter: ws is settled first. */
   int finish = ws->w != NULL && ws->done && ws->copies == 0;
@@ -138,7 +138,7 @@ static void ws_body_done(sx__tcp_wstage *ws, int resume) {
     return;
   }
   if (!resume)
-    sx__tcp_sconn_hold(ws->w->c); /* parse nothing until the reply went */
+    sx__conn_hold(ws->w->c); /* parse nothing until the reply went */
 }
 
 static void chunk_ready(sx__stage_wait *wt, void *chunk);
@@ -190,7 +190,7 @@ static void chunk_ready(sx__stage_wait *wt, void *chunk) {
   if (ws->got == ws->len)
     ws_body_done(ws, 1);
   else
-    sx__tcp_sconn_wresume(ws->w->c);
+    sx__conn_wresume(ws->w->c);
 }
 
 int sx__tcp_wstage_begin(sx__tcp_wconn *w, const sx__frame *f, sx_lregion *l,
@@ -229,7 +229,7 @@ int sx__tcp_wstage_begin(sx__tcp_wconn *w, const sx__frame *f, sx_lregion *l,
       }
     }
     if (ws->waiting) {
-      sx__tcp_sconn_hold(w->c);
+      sx__conn_hold(w->c);
       return 0;
     }
   }
@@ -261,7 +261,7 @@ void sx__tcp_wstage_read(sx__tcp_wstage *ws, size_t n) {
     return;
   }
   if (ws->chunk == NULL && ws->status == 0 && ws_next(ws) == 1)
-    sx__tcp_sconn_hold(ws->w->c);
+    sx__conn_hold(ws->w->c);
 }
 
 int sx__tcp_wstage_holds(const sx__tcp_wstage *ws) {
@@ -278,7 +278,7 @@ void sx__tcp_wstage_revoke(sx__tcp_wstage *ws) {
   }
   if (ws->copies > 0 && !ws->revoking) {
     ws->revoking = 1;
-    sx__tcp_revoke_hold(ws->t);
+    sx__conn_revoke_hold(&ws->t->srv);
   }
   if (ws->waiting) {
     /* Drain from now on instead of waiting for staging. */
@@ -291,7 +291,7 @@ void sx__tcp_wstage_revoke(sx__tcp_wstage *ws) {
     if (ws->got == ws->len)
       ws_body_done(ws, 1);
     else
-      sx__tcp_sconn_wresume(ws->w->c);
+      sx__conn_wresume(ws->w->c);
   }
 }
 

@@ -3,7 +3,7 @@
  * connection authorizes itself (WAUTH, checked by the agent against the
  * store and its grants while the connection holds), then sends WRITEs whose
  * payload is read straight into the registered region, and finally the
- * batch's NOTICE (docs/push.md; wire format in tcp_frame.h).
+ * batch's NOTICE (docs/push.md; wire format in transport/conn/frame.h).
  *
  * Every WRITE is checked before any byte of its payload lands: the
  * connection is authorized and no revoke took the grant back (the grant
@@ -25,7 +25,8 @@
 
 static const sx_tctx *wctx(const sx__tcp_wconn *w) { return sx__tcp_ctx(w->t); }
 
-void sx__tcp_w_free(sx__tcp_wconn *w) {
+static void w_free(void *slot) {
+  sx__tcp_wconn *w = slot;
   if (w == NULL)
     return;
   if (w->l != NULL)
@@ -58,15 +59,22 @@ static int w_allowed(sx__tcp_wconn *w) {
   return w->granted ? 0 : SX_EACCESS;
 }
 
-int sx__tcp_w_allowed(sx__tcp_wconn *w) { return w_allowed(w); }
+static int w_write_allowed(const void *slot) { return w_allowed((sx__tcp_wconn *)slot); }
 
-int sx__tcp_w_holds(const sx__tcp_wconn *w) {
+/* 1 while w's connection must parse nothing more (an authorization or a
+ * staged WRITE's device copies are pending). */
+static int w_holds(const void *slot) {
+  const sx__tcp_wconn *w = slot;
   return w->auth != NULL || (w->ws != NULL && sx__tcp_wstage_holds(w->ws));
 }
 
 /* ------------------------------------------------------------ revocation */
 
-void sx__tcp_w_revoked(sx__tcp_wconn *w) {
+/* The grants changed: if w's producer lost its grant, a WRITE landing now
+ * lands nothing more (its payload is drained, its reply says SX_EACCESS). */
+static void w_revoked(sx__conn *c, void *slot) {
+  sx__tcp_wconn *w = slot;
+  (void)c;
   if (!w->verified || w_allowed(w) == 0)
     return;
   if (w->ws != NULL) {
@@ -80,38 +88,24 @@ void sx__tcp_w_revoked(sx__tcp_wconn *w) {
   }
 }
 
-void sx__tcp_revoke_hold(tcp_t *t) { t->revoking++; }
-
-void sx__tcp_revoke_release(tcp_t *t, int err, const char *msg) {
-  if (err != 0 && t->revoke_err == 0) {
-    t->revoke_err = err;
-    snprintf(t->revoke_msg, sizeof(t->revoke_msg), "%s", msg ? msg : sx_strerror(err));
-  }
-  if (--t->revoking > 0 || !t->revoke_notify)
-    return;
-  const sx_tctx *x = sx__tcp_ctx(t);
-  err = t->revoke_err;
-  t->revoke_notify = t->revoke_err = 0;
-  x->grants_settled(x->agent, SX_TRANSPORT_TCP, err, t->revoke_msg);
-}
-
 int sx__tcp_grants_changed(sx_transport *base) {
   tcp_t *t = (tcp_t *)base;
   /* Each WRITE and NOTICE compares the epoch anyway; what is landing now
    * is stopped here, and CUDA IPC handles are asked back. */
-  t->revoke_notify = 0; /* nothing is said from inside this call */
-  sx__tcp_serve_revoked(t);
-  if (t->revoking == 0) {
-    t->revoke_err = 0;
+  sx__conn_server *s = &t->srv;
+  s->revoke_notify = 0; /* nothing is said from inside this call */
+  sx__conn_revoked(s);
+  if (s->revoking == 0) {
+    s->revoke_err = 0;
     return 0;
   }
-  t->revoke_notify = 1;
+  s->revoke_notify = 1;
   return 1;
 }
 
 static void auth_done(void *arg, int status, const char *producer, const char *msg) {
   sx__tcp_wconn *w = arg;
-  sconn *c = w->c;
+  sx__conn *c = w->c;
   const sx_tctx *x = wctx(w);
   w->auth = NULL;
   if (status == 0) {
@@ -121,23 +115,23 @@ static void auth_done(void *arg, int status, const char *producer, const char *m
     x->log(x->agent, SX_LOG_INFO, "tcp: producer %s may write", w->producer);
   } else {
     x->log(x->agent, SX_LOG_WARN, "tcp: refused writes of %s: %s",
-           sx__tcp_sconn_reader(c), msg && msg[0] ? msg : sx_strerror(status));
+           sx__conn_reader(c), msg && msg[0] ? msg : sx_strerror(status));
     x->written(x->agent, SX_TRANSPORT_TCP, 0, status);
   }
   int st = status == 0 ? 0 : status < 0 && status >= SX_ERRNO_MIN ? status : SX_EACCESS;
-  sx__tcp_sconn_reply(c, w->auth_id, SX__FRAME_WAUTH_REPLY, st);
-  if (sx__tcp_sconn_flush(c) == 0)
-    sx__tcp_sconn_wresume(c); /* parse what came behind the WAUTH */
+  sx__conn_reply(c, w->auth_id, SX__FRAME_WAUTH_REPLY, st, NULL, NULL, 0);
+  if (sx__conn_flush(c) == 0)
+    sx__conn_wresume(c); /* parse what came behind the WAUTH */
 }
 
-static int w_auth(sconn *c, sx__tcp_wconn *w, const sx__frame *f, const uint8_t *body) {
+static int w_auth(sx__conn *c, sx__tcp_wconn *w, const sx__frame *f, const uint8_t *body) {
   const sx_tctx *x = wctx(w);
   if (w->verified || w->auth != NULL) {
-    sx__tcp_sconn_violation(c, "a second WAUTH");
+    sx__conn_violation(c, "a second WAUTH");
     return -1;
   }
   memcpy(w->inc, body, SX_INCARNATION_LEN);
-  const char *name = sx__tcp_sconn_reader(c);
+  const char *name = sx__conn_reader(c);
   snprintf(w->producer, sizeof(w->producer), "%s", name);
   w->auth_id = f->id;
   int rc = x->write_auth == NULL ? SX_ENOTSUP
@@ -146,10 +140,10 @@ static int w_auth(sconn *c, sx__tcp_wconn *w, const sx__frame *f, const uint8_t 
   if (rc != 0) {
     x->log(x->agent, SX_LOG_WARN, "tcp: refused writes of %s: %s", name, sx_errmsg());
     x->written(x->agent, SX_TRANSPORT_TCP, 0, rc);
-    sx__tcp_sconn_reply(c, f->id, SX__FRAME_WAUTH_REPLY, rc);
+    sx__conn_reply(c, f->id, SX__FRAME_WAUTH_REPLY, rc, NULL, NULL, 0);
     return 0;
   }
-  sx__tcp_sconn_hold(c);
+  sx__conn_hold(c);
   return 0;
 }
 
@@ -177,26 +171,27 @@ static int w_check(sx__tcp_wconn *w, const sx__frame *f, sx_lregion **out) {
  * WAUTH: HELLO checked the incarnation and token) against what the reader
  * said in HELLO, and it is answered. */
 static void r_notice_done(sx__tcp_wconn *w) {
-  sconn *c = w->c;
+  sx__conn *c = w->c;
   const sx_tctx *x = wctx(w);
   char msg[256] = "";
   /* HELLO's empty name shows as "(unnamed)" in the connection's logs. */
-  const char *reader = sx__tcp_sconn_reader(c);
+  const char *reader = sx__conn_reader(c);
   if (strcmp(reader, "(unnamed)") == 0)
     reader = "";
   int st = x->read_notice == NULL
                ? SX_ENOTSUP
                : x->read_notice(x->agent, reader,
-                                sx__tcp_sconn_ipc(c) ? SX_TRANSPORT_CUDA_IPC : SX_TRANSPORT_TCP,
+                                sx__conn_used(c, SX__CONN_IPC) ? SX_TRANSPORT_CUDA_IPC
+                                                               : SX_TRANSPORT_TCP,
                                 w->notice, (size_t)w->len, msg, sizeof(msg));
   free(w->notice);
   w->notice = NULL;
-  sx__tcp_sconn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st);
+  sx__conn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st, NULL, NULL, 0);
 }
 
 /* A body is complete: land it and answer. */
 static void w_body_done(sx__tcp_wconn *w) {
-  sconn *c = w->c;
+  sx__conn *c = w->c;
   const sx_tctx *x = wctx(w);
   if (w->type == SX__FRAME_WRITE) {
     if (w->l != NULL) {
@@ -204,7 +199,7 @@ static void w_body_done(sx__tcp_wconn *w) {
       w->l = NULL;
     }
     x->written(x->agent, SX_TRANSPORT_TCP, w->status ? 0 : w->len, w->status);
-    sx__tcp_sconn_reply(c, w->id, SX__FRAME_WRITE_REPLY, w->status);
+    sx__conn_reply(c, w->id, SX__FRAME_WRITE_REPLY, w->status, NULL, NULL, 0);
   } else if (w->type == SX__FRAME_RNOTICE) {
     r_notice_done(w);
   } else {
@@ -212,11 +207,11 @@ static void w_body_done(sx__tcp_wconn *w) {
     int st = w_allowed(w);
     if (st == 0)
       st = x->notice(x->agent, w->producer, w->inc,
-                     sx__tcp_sconn_ipc(c) ? SX_TRANSPORT_CUDA_IPC : SX_TRANSPORT_TCP, w->notice,
+                     sx__conn_used(c, SX__CONN_IPC) ? SX_TRANSPORT_CUDA_IPC : SX_TRANSPORT_TCP, w->notice,
                      (size_t)w->len, msg, sizeof(msg));
     free(w->notice);
     w->notice = NULL;
-    sx__tcp_sconn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st);
+    sx__conn_reply(c, w->id, SX__FRAME_NOTICE_REPLY, st, NULL, NULL, 0);
   }
   w->dst = NULL;
 }
@@ -238,16 +233,18 @@ static size_t w_body(sx__tcp_wconn *w, const sx__frame *f, const uint8_t *buf, s
   return (size_t)take;
 }
 
-int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *buf,
-                    size_t avail) {
+/* A push frame (type >= SX__FRAME_WAUTH) at buf, avail bytes read so far:
+ * as sx__conn_handler.frame.  The connection parses no more while a body
+ * arrives (w->left) or w_holds(). */
+static int w_frame(sx__conn *c, void **wp, const sx__frame *f, uint8_t *buf, size_t avail) {
   sx__tcp_wconn *w = *wp;
   if (w == NULL) {
     if ((w = calloc(1, sizeof(*w))) == NULL) {
-      sx__tcp_sconn_violation(c, "out of memory");
+      sx__conn_violation(c, "out of memory");
       return -1;
     }
     w->c = c;
-    w->t = sx__tcp_sconn_transport(c);
+    w->t = sx__tcp_of(sx__conn_server_of(c));
     *wp = w;
   }
   const sx_tctx *x = wctx(w);
@@ -260,14 +257,14 @@ int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *b
     return w_auth(c, w, f, body) < 0 ? -1 : (int)(SX__FRAME_HDR + SX__WAUTH_BODY);
   case SX__FRAME_WRITE: {
     if (f->length > MAX_WRITE) {
-      sx__tcp_sconn_violation(c, "a WRITE longer than 64 MiB");
+      sx__conn_violation(c, "a WRITE longer than 64 MiB");
       return -1;
     }
     sx_lregion *l = NULL;
     w->status = w_check(w, f, &l);
     if (w->status != 0)
       x->log(x->agent, SX_LOG_DEBUG, "tcp: refused a write from %s: region %u offset %lu "
-             "length %lu: %s", sx__tcp_sconn_reader(c), f->region, (unsigned long)f->offset,
+             "length %lu: %s", sx__conn_reader(c), f->region, (unsigned long)f->offset,
              (unsigned long)f->length, sx_err_name(w->status));
     if (l != NULL && l->mem.kind == SX__MEM_CUDA) {
       /* GPU memory: through pinned staging (tcp_stage_write.c). */
@@ -288,19 +285,21 @@ int sx__tcp_w_frame(sconn *c, sx__tcp_wconn **wp, const sx__frame *f, uint8_t *b
   case SX__FRAME_NOTICE:
   case SX__FRAME_RNOTICE:
     if (f->length > 0 && (w->notice = malloc((size_t)f->length)) == NULL) {
-      sx__tcp_sconn_violation(c, "out of memory");
+      sx__conn_violation(c, "out of memory");
       return -1;
     }
     w->dst = w->notice;
     w->status = 0;
     return (int)(SX__FRAME_HDR + w_body(w, f, body, avail));
   default:
-    sx__tcp_sconn_violation(c, "unexpected frame type");
+    sx__conn_violation(c, "unexpected frame type");
     return -1;
   }
 }
 
-void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf) {
+/* While a body arrives: where to read it, and what came. */
+static void w_alloc(void *slot, uv_buf_t *buf) {
+  sx__tcp_wconn *w = slot;
   if (w->ws != NULL) {
     sx__tcp_wstage_alloc(w->ws, buf);
     return;
@@ -315,7 +314,8 @@ void sx__tcp_w_alloc(sx__tcp_wconn *w, uv_buf_t *buf) {
   }
 }
 
-void sx__tcp_w_read(sx__tcp_wconn *w, size_t n) {
+static void w_read(void *slot, size_t n) {
+  sx__tcp_wconn *w = slot;
   if (w->ws != NULL) {
     sx__tcp_wstage_read(w->ws, n);
     return;
@@ -326,5 +326,33 @@ void sx__tcp_w_read(sx__tcp_wconn *w, size_t n) {
   if (w->left > 0)
     return;
   w_body_done(w);
-  sx__tcp_sconn_flush(w->c);
+  sx__conn_flush(w->c);
 }
+
+static int w_receiving(const void *slot) { return ((const sx__tcp_wconn *)slot)->left > 0; }
+
+static int w_header_alone(const void *slot) { return ((const sx__tcp_wconn *)slot)->verified; }
+
+/* A writable GPU region is being registered: the producer's grant is
+ * looked at again first (logged if it changed), before cuda_ipc's handler
+ * asks whether the connection may hold handles of that allocation. */
+static void w_gated(sx__conn *c, void *slot, const sx_lregion *l) {
+  (void)c, (void)l;
+  (void)w_allowed(slot);
+}
+
+const sx__conn_handler sx__tcp_push_frames = {
+    .slot = SX__CONN_PUSH,
+    .first = SX__FRAME_WAUTH,
+    .last = SX__FRAME_RNOTICE,
+    .frame = w_frame,
+    .holds = w_holds,
+    .receiving = w_receiving,
+    .alloc = w_alloc,
+    .read = w_read,
+    .header_alone = w_header_alone,
+    .free = w_free,
+    .write_allowed = w_write_allowed,
+    .revoked = w_revoked,
+    .gated = w_gated,
+};

@@ -111,6 +111,8 @@ typedef enum sx__frame_type {
   SX__FRAME_RNOTICE = 13,
 } sx__frame_type;
 
+#define SX__FRAME_TYPE_MAX SX__FRAME_RNOTICE /* the highest type in use */
+
 #define SX__IPC_MAX_IDS 1024 /* region ids in one IPC frame */
 #define SX__IPC_RECORD 96    /* bytes per region in an IPC_REPLY */
 

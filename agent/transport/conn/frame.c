@@ -1,9 +1,9 @@
-/* The TCP data-plane wire format (see tcp_frame.h for the layout). */
+/* The TCP data-plane wire format (see frame.h for the layout). */
 #include <stdio.h>
 #include <string.h>
 
 #include "segxfer/push.h"
-#include "tcp_frame.h"
+#include "frame.h"
 
 static void put16(uint8_t *p, uint16_t v) {
   p[0] = (uint8_t)(v >> 8);

@@ -1,0 +1,564 @@
+/*
+ * The control connection, target side (see conn.h): accepting, HELLO,
+ * framing, the reply queue, flow control and dispatch to the transports'
+ * handlers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conn.h"
+#include "internal.h"
+
+typedef struct reply {
+  sx_lregion *l; /* NULL for a reply without payload */
+  uint8_t *payload;
+  uint64_t len;
+} reply;
+
+struct sx__conn {
+  uv_tcp_t h;
+  uv_timer_t hello_timer;
+  sx__conn_server *s;
+  sx__conn *next, *prev;
+  char peer[64];                 /* "ip:port" */
+  char host[48];                 /* "ip" */
+  char reader[SX_NAME_MAX + 1];
+  int hello_ok, closing, reading, handles;
+  uint32_t queued;
+  size_t sbytes;                 /* of sx__conn_send() frames not sent yet */
+  size_t rlen;
+  uint8_t rbuf[SX__CONN_RBUF];
+  uint32_t nrep;
+  reply rep[SX__CONN_REPLIES];
+  uint8_t hdr[SX__CONN_REPLIES][SX__FRAME_HDR];
+  void *slot[SX__CONN_SLOTS];    /* each handler's state, NULL until used */
+};
+
+typedef struct swrite {
+  uv_write_t req;
+  sx__conn *c;
+  uint32_t n;
+  int close_after;
+  sx_lregion **lregs; /* n, inside this allocation */
+  uint8_t *hdrs;      /* n * SX__FRAME_HDR, inside this allocation */
+} swrite;
+
+static const sx__conn_handler *slot_handler(const sx__conn_server *s, unsigned k) {
+  return s->by_slot[k];
+}
+
+void sx__conn_server_init(sx__conn_server *s, const sx_tctx *x,
+                          void (*freed)(sx__conn_server *s)) {
+  memset(s, 0, sizeof(*s));
+  s->x = x;
+  s->freed = freed;
+  for (unsigned i = 0; i < x->n_conn_handlers; i++) {
+    const sx__conn_handler *h = x->conn_handlers[i];
+    for (unsigned t = h->first; t <= h->last && t <= SX__FRAME_TYPE_MAX; t++)
+      s->by_type[t] = h;
+    if (h->slot < SX__CONN_SLOTS && s->by_slot[h->slot] == NULL)
+      s->by_slot[h->slot] = h;
+  }
+}
+
+static void s_closed(uv_handle_t *h) {
+  sx__conn *c = h->data;
+  if (--c->handles > 0)
+    return;
+  sx__conn_server *s = c->s;
+  if (c->prev)
+    c->prev->next = c->next;
+  else
+    s->conns = c->next;
+  if (c->next)
+    c->next->prev = c->prev;
+  s->n_conns--;
+  for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+    const sx__conn_handler *hd = slot_handler(s, k);
+    if (hd != NULL && hd->free != NULL)
+      hd->free(c->slot[k]);
+  }
+  free(c);
+  s->freed(s);
+}
+
+/* Close a connection; its queued replies are cancelled first (their write
+ * callbacks release the regions), then it is freed. */
+static void s_close(sx__conn *c) {
+  if (c->handles == 0 || uv_is_closing((uv_handle_t *)&c->h))
+    return;
+  c->closing = 1;
+  for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+    const sx__conn_handler *hd = slot_handler(c->s, k);
+    if (hd != NULL && hd->close != NULL) {
+      if (c->slot[k] != NULL)
+        hd->close(c->slot[k]);
+      c->slot[k] = NULL;
+    }
+  }
+  uv_close((uv_handle_t *)&c->h, s_closed);
+  uv_close((uv_handle_t *)&c->hello_timer, s_closed);
+}
+
+static void s_violation(sx__conn *c, const char *what) {
+  const sx_tctx *x = c->s->x;
+  x->log(x->agent, SX_LOG_WARN, "tcp: closing connection from %s (%s): %s", c->peer,
+         c->reader[0] ? c->reader : "no hello yet", what);
+  x->served(x->agent, SX_TRANSPORT_TCP, 0, SX_EPROTO);
+  s_close(c);
+}
+
+/* The reader went away (end of stream, or an error reading or writing):
+ * one line for it, then close.  err is 0 or a libuv error. */
+static void s_lost(sx__conn *c, int err) {
+  if (!c->closing) {
+    const sx_tctx *x = c->s->x;
+    x->log(x->agent, SX_LOG_INFO, "tcp: reader %s from %s disconnected%s%s",
+           c->reader[0] ? c->reader : "(no hello)", c->peer, err ? ": " : "",
+           err ? uv_strerror(err) : "");
+  }
+  s_close(c);
+}
+
+static void s_read_start(sx__conn *c);
+
+/* 1 while a handler says the connection must read and parse nothing
+ * more (holds), or also while a body arrives for it (busy: parse no
+ * more, but read on). */
+static int s_holds(const sx__conn *c, int busy) {
+  for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+    const sx__conn_handler *hd;
+    if (c->slot[k] == NULL || (hd = slot_handler(c->s, k)) == NULL)
+      continue;
+    if ((hd->holds != NULL && hd->holds(c->slot[k])) ||
+        (busy && hd->receiving != NULL && hd->receiving(c->slot[k])))
+      return 1;
+  }
+  return 0;
+}
+
+/* The handler whose body is arriving, or NULL. */
+static const sx__conn_handler *s_receiver(const sx__conn *c, void **slot) {
+  for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+    const sx__conn_handler *hd;
+    if (c->slot[k] != NULL && (hd = slot_handler(c->s, k)) != NULL &&
+        hd->receiving != NULL && hd->receiving(c->slot[k])) {
+      *slot = c->slot[k];
+      return hd;
+    }
+  }
+  return NULL;
+}
+
+/* Not reading now, and nothing holds parsing back.  The callers add their
+ * queue limits. */
+static int s_may_read(const sx__conn *c) {
+  return !c->closing && !c->reading && c->sbytes < SX__CONN_SEND_MAX / 2 && !s_holds(c, 0);
+}
+
+static void s_written(uv_write_t *req, int status) {
+  swrite *w = (swrite *)req;
+  sx__conn *c = w->c;
+  for (uint32_t i = 0; i < w->n; i++)
+    if (w->lregs[i] != NULL)
+      w->lregs[i]->inflight--;
+  c->queued -= w->n;
+  int close_after = w->close_after;
+  free(w);
+  if (c->closing && !close_after)
+    return;
+  if (status < 0) {
+    s_lost(c, status);
+    return;
+  }
+  if (close_after) {
+    s_close(c);
+    return;
+  }
+  if (s_may_read(c) && c->queued < SX__CONN_QUEUE_MAX / 2)
+    s_read_start(c);
+}
+
+/* Send the replies gathered so far in one write. */
+static int s_flush(sx__conn *c, int close_after) {
+  uint32_t n = c->nrep;
+  if (n == 0)
+    return 0;
+  c->nrep = 0;
+  swrite *w = malloc(sizeof(*w) + n * (sizeof(sx_lregion *) + SX__FRAME_HDR));
+  uv_buf_t bufs[2 * SX__CONN_REPLIES];
+  if (w == NULL) {
+    s_violation(c, "out of memory");
+    return -1;
+  }
+  w->c = c;
+  w->n = n;
+  w->close_after = close_after;
+  w->lregs = (sx_lregion **)(w + 1);
+  w->hdrs = (uint8_t *)(w->lregs + n);
+  unsigned nb = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    memcpy(w->hdrs + i * SX__FRAME_HDR, c->hdr[i], SX__FRAME_HDR);
+    bufs[nb++] = uv_buf_init((char *)w->hdrs + i * SX__FRAME_HDR, SX__FRAME_HDR);
+    w->lregs[i] = c->rep[i].l;
+    if (c->rep[i].l != NULL) {
+      bufs[nb].base = (char *)c->rep[i].payload;
+      bufs[nb].len = (size_t)c->rep[i].len;
+      nb++;
+      c->rep[i].l->inflight++;
+    }
+  }
+  c->queued += n;
+  int rc = uv_write(&w->req, (uv_stream_t *)&c->h, bufs, nb, s_written);
+  if (rc != 0) {
+    for (uint32_t i = 0; i < n; i++)
+      if (w->lregs[i] != NULL)
+        w->lregs[i]->inflight--;
+    c->queued -= n;
+    free(w);
+    s_lost(c, rc);
+    return -1;
+  }
+  return 0;
+}
+
+static void s_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregion *l,
+                    uint8_t *payload, uint64_t len) {
+  sx__frame f = {.type = type, .id = id, .status = status, .length = status ? 0 : len};
+  sx__frame_encode(&f, c->hdr[c->nrep]);
+  c->rep[c->nrep] = (reply){status ? NULL : l, payload, len};
+  c->nrep++;
+}
+
+/* The handshake: the incarnation the reader expects and the access token
+ * it presents, both compared before anything else is parsed. */
+static void s_hello(sx__conn *c, const sx__frame *f, const uint8_t *body) {
+  sx__conn_server *s = c->s;
+  const sx_tctx *x = s->x;
+  sx__hello h;
+  if (sx__hello_decode(body, (size_t)f->length, &h) != 0) {
+    s_violation(c, "malformed HELLO");
+    return;
+  }
+  snprintf(c->reader, sizeof(c->reader), "%s", h.name[0] ? h.name : "(unnamed)");
+  /* Both comparisons always run; the token one in constant time. */
+  int inc_bad = sx__ct_memcmp(h.incarnation, x->incarnation, SX_INCARNATION_LEN) != 0;
+  int tok_bad = sx__ct_memcmp(h.token, x->token, SX_TOKEN_LEN) != 0;
+  int status = inc_bad ? SX_ESTALE : tok_bad ? SX_EACCESS : 0;
+  if (status == 0) {
+    /* Fairness between readers: named ones by name, unnamed (reader-only
+     * agents) by address. */
+    uint32_t same = 0;
+    for (sx__conn *o = s->conns; o; o = o->next)
+      same += o != c && o->hello_ok && strcmp(o->reader, c->reader) == 0 &&
+              (h.name[0] != '\0' || strcmp(o->host, c->host) == 0);
+    if (same >= SX__CONN_PER_READER)
+      status = SX_ELIMIT;
+  }
+  s_reply(c, f->id, SX__FRAME_HELLO_REPLY, status, NULL, NULL, 0);
+  if (status != 0) {
+    x->log(x->agent, SX_LOG_WARN, "tcp: refused reader %s from %s: %s", c->reader,
+           c->peer, status == SX_ESTALE ? "it expects another incarnation (ours "
+           "restarted)" : status == SX_EACCESS ? "bad access token" :
+           "too many connections from this reader");
+    x->served(x->agent, SX_TRANSPORT_TCP, 0, status);
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
+    c->closing = 1; /* stop parsing; the reply goes out, then we close */
+    s_flush(c, 1);
+    return;
+  }
+  c->hello_ok = 1;
+  uv_timer_stop(&c->hello_timer);
+  x->log(x->agent, SX_LOG_INFO, "tcp: reader %s connected from %s", c->reader, c->peer);
+}
+
+static void s_process(sx__conn *c) {
+  size_t off = 0;
+  while (!c->closing && !s_holds(c, 1)) {
+    sx__frame f;
+    int rc = sx__frame_decode(c->rbuf + off, c->rlen - off, &f);
+    if (rc == 0)
+      break;
+    if (rc < 0) {
+      s_violation(c, rc == SX_EVERSION ? "unsupported protocol version"
+                                        : "malformed frame header");
+      return;
+    }
+    if (!c->hello_ok) {
+      if (f.type != SX__FRAME_HELLO) {
+        s_violation(c, "the first frame is not HELLO");
+        return;
+      }
+      if (c->rlen - off < SX__FRAME_HDR + f.length)
+        break;
+      s_hello(c, &f, c->rbuf + off + SX__FRAME_HDR);
+      off += SX__FRAME_HDR + (size_t)f.length;
+      continue;
+    }
+    const sx__conn_handler *hd = f.type <= SX__FRAME_TYPE_MAX ? c->s->by_type[f.type] : NULL;
+    if (hd == NULL) {
+      s_violation(c, "unexpected frame type");
+      return;
+    }
+    int used = hd->frame(c, &c->slot[hd->slot], &f, c->rbuf + off, c->rlen - off);
+    if (used < 0)
+      return;
+    if (used == 0)
+      break;
+    off += (size_t)used;
+  }
+  if (c->closing)
+    return;
+  if (s_flush(c, 0) != 0)
+    return;
+  memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+  c->rlen -= off;
+  if ((c->queued >= SX__CONN_QUEUE_MAX || c->sbytes >= SX__CONN_SEND_MAX) && c->reading) {
+    /* The reader sends faster than it reads: push back.  IPC requests
+     * count by the bytes they are answered with (up to 24 times theirs). */
+    uv_read_stop((uv_stream_t *)&c->h);
+    c->reading = 0;
+  }
+}
+
+static void s_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  sx__conn *c = h->data;
+  (void)suggested;
+  void *slot;
+  const sx__conn_handler *hd = s_receiver(c, &slot);
+  if (hd != NULL) {
+    hd->alloc(slot, buf);
+    return;
+  }
+  buf->base = (char *)c->rbuf + c->rlen;
+  buf->len = SX__CONN_RBUF - c->rlen;
+  /* A producer's connection: read the next header alone, so that the
+   * payload behind it goes straight into the region (the push handler's
+   * alloc) rather than into rbuf and then copied (a quarter more copying
+   * at 64 KiB writes, for one more small read per WRITE). */
+  if (c->rlen < SX__FRAME_HDR)
+    for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+      const sx__conn_handler *o = slot_handler(c->s, k);
+      if (c->slot[k] != NULL && o != NULL && o->header_alone != NULL &&
+          o->header_alone(c->slot[k]))
+        buf->len = SX__FRAME_HDR - c->rlen;
+    }
+}
+
+static void s_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
+  sx__conn *c = st->data;
+  (void)buf;
+  if (nread < 0) {
+    s_lost(c, nread == UV_EOF ? 0 : (int)nread);
+    return;
+  }
+  void *slot;
+  const sx__conn_handler *hd = s_receiver(c, &slot);
+  if (hd != NULL) {
+    hd->read(slot, (size_t)nread);
+    return;
+  }
+  c->rlen += (size_t)nread;
+  s_process(c);
+}
+
+static void s_read_start(sx__conn *c) {
+  if (uv_read_start((uv_stream_t *)&c->h, s_alloc, s_read) == 0)
+    c->reading = 1;
+}
+
+static void s_hello_timeout(uv_timer_t *tm) {
+  sx__conn *c = tm->data;
+  s_violation(c, "no HELLO in time");
+}
+
+void sx__conn_accept(sx__conn_server *s, uv_stream_t *server, int status) {
+  const sx_tctx *x = s->x;
+  if (status < 0) {
+    x->log(x->agent, SX_LOG_WARN, "tcp: accept failed: %s", uv_strerror(status));
+    return;
+  }
+  sx__conn *c = calloc(1, sizeof(*c));
+  if (c == NULL) {
+    x->log(x->agent, SX_LOG_ERROR, "tcp: out of memory accepting a connection");
+    return;
+  }
+  c->s = s;
+  uv_tcp_init(x->loop, &c->h);
+  uv_timer_init(x->loop, &c->hello_timer);
+  c->h.data = c->hello_timer.data = c;
+  c->handles = 2;
+  c->next = s->conns;
+  if (c->next)
+    c->next->prev = c;
+  s->conns = c;
+  s->n_conns++;
+  if (uv_accept(server, (uv_stream_t *)&c->h) != 0) {
+    s_close(c);
+    return;
+  }
+  struct sockaddr_storage ss;
+  int len = sizeof(ss);
+  if (uv_tcp_getpeername(&c->h, (struct sockaddr *)&ss, &len) == 0) {
+    uv_ip_name((struct sockaddr *)&ss, c->host, sizeof(c->host));
+    snprintf(c->peer, sizeof(c->peer), "%s:%u", c->host,
+             ntohs(((struct sockaddr_in *)&ss)->sin_port));
+  }
+  if (s->n_conns > SX__CONN_MAX) {
+    x->log(x->agent, SX_LOG_WARN, "tcp: refusing %s: %u connections already", c->peer,
+           SX__CONN_MAX);
+    s_close(c);
+    return;
+  }
+  uv_tcp_nodelay(&c->h, 1);
+  uv_timer_start(&c->hello_timer, s_hello_timeout, SX__CONN_HELLO_MS, 0);
+  s_read_start(c);
+}
+
+void sx__conn_resume(sx__conn *c, unsigned slot, int err) {
+  c->slot[slot] = NULL;
+  if (c->closing)
+    return;
+  if (err) {
+    s_violation(c, sx_strerror(err));
+    return;
+  }
+  s_process(c);
+  if (s_may_read(c) && c->queued < SX__CONN_QUEUE_MAX / 2)
+    s_read_start(c);
+}
+
+typedef struct sbuf_write {
+  uv_write_t req;
+  sx__conn *c;
+  uint8_t *buf;
+  size_t len;
+} sbuf_write;
+
+/* Runs before the connection is freed (libuv cancels writes before the
+ * close callback). */
+static void sbuf_written(uv_write_t *req, int status) {
+  sbuf_write *w = (sbuf_write *)req;
+  sx__conn *c = w->c;
+  (void)status; /* a broken connection shows on its read side */
+  c->sbytes -= w->len;
+  free(w->buf);
+  free(w);
+  if (s_may_read(c) && c->queued < SX__CONN_QUEUE_MAX / 2)
+    s_read_start(c);
+}
+
+int sx__conn_send(sx__conn *c, uint8_t *buf, size_t len) {
+  sbuf_write *w = malloc(sizeof(*w));
+  if (w == NULL || c->closing || s_flush(c, 0) != 0) {
+    free(w);
+    free(buf);
+    return SX_EDISCONN;
+  }
+  w->c = c;
+  w->buf = buf;
+  w->len = len;
+  uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
+  if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, sbuf_written) != 0) {
+    free(w);
+    free(buf);
+    s_lost(c, 0);
+    return SX_EDISCONN;
+  }
+  c->sbytes += len;
+  return 0;
+}
+
+const char *sx__conn_reader(const sx__conn *c) { return c->reader[0] ? c->reader : c->peer; }
+
+void sx__conn_close_all(sx__conn_server *s) {
+  for (sx__conn *c = s->conns; c; c = c->next)
+    s_close(c);
+}
+
+void sx__conn_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregion *l,
+                    uint8_t *payload, uint64_t len) {
+  if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
+    return;
+  s_reply(c, id, type, status, l, payload, len);
+}
+
+int sx__conn_flush(sx__conn *c) { return s_flush(c, 0); }
+
+void sx__conn_violation(sx__conn *c, const char *what) { s_violation(c, what); }
+
+void sx__conn_hold(sx__conn *c) {
+  uv_read_stop((uv_stream_t *)&c->h);
+  c->reading = 0;
+}
+
+void sx__conn_wresume(sx__conn *c) {
+  if (c->closing)
+    return;
+  s_process(c);
+  if (s_may_read(c) && c->queued < SX__CONN_QUEUE_MAX)
+    s_read_start(c);
+}
+
+uv_stream_t *sx__conn_stream(sx__conn *c) { return (uv_stream_t *)&c->h; }
+
+sx__conn_server *sx__conn_server_of(const sx__conn *c) { return c->s; }
+
+const sx_tctx *sx__conn_ctx(const sx__conn *c) { return c->s->x; }
+
+int sx__conn_used(const sx__conn *c, unsigned slot) { return c->slot[slot] != NULL; }
+
+int sx__conn_write_allowed(const sx__conn *c) {
+  for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
+    const sx__conn_handler *hd = slot_handler(c->s, k);
+    if (hd != NULL && hd->write_allowed != NULL)
+      return hd->write_allowed(c->slot[k]);
+  }
+  return SX_EACCESS;
+}
+
+/* ------------------------------------------------ server-wide events */
+
+void sx__conn_withdraw(sx__conn_server *s, sx_lregion *l) {
+  for (sx__conn *c = s->conns; c; c = c->next)
+    for (unsigned k = 0; k < SX__CONN_SLOTS && !c->closing; k++) {
+      const sx__conn_handler *hd = slot_handler(s, k);
+      if (c->slot[k] != NULL && hd != NULL && hd->withdraw != NULL)
+        hd->withdraw(c, c->slot[k], l);
+    }
+}
+
+void sx__conn_revoked(sx__conn_server *s) {
+  for (sx__conn *c = s->conns; c; c = c->next)
+    for (unsigned k = 0; k < SX__CONN_SLOTS && !c->closing; k++) {
+      const sx__conn_handler *hd = slot_handler(s, k);
+      if (c->slot[k] != NULL && hd != NULL && hd->revoked != NULL)
+        hd->revoked(c, c->slot[k]);
+    }
+}
+
+void sx__conn_gated(sx__conn_server *s, const sx_lregion *l) {
+  for (sx__conn *c = s->conns; c; c = c->next)
+    for (unsigned k = 0; k < SX__CONN_SLOTS && !c->closing; k++) {
+      const sx__conn_handler *hd = slot_handler(s, k);
+      if (c->slot[k] != NULL && hd != NULL && hd->gated != NULL)
+        hd->gated(c, c->slot[k], l);
+    }
+}
+
+void sx__conn_revoke_hold(sx__conn_server *s) { s->revoking++; }
+
+void sx__conn_revoke_release(sx__conn_server *s, int err, const char *msg) {
+  if (err != 0 && s->revoke_err == 0) {
+    s->revoke_err = err;
+    snprintf(s->revoke_msg, sizeof(s->revoke_msg), "%s", msg ? msg : sx_strerror(err));
+  }
+  if (--s->revoking > 0 || !s->revoke_notify)
+    return;
+  const sx_tctx *x = s->x;
+  err = s->revoke_err;
+  s->revoke_notify = s->revoke_err = 0;
+  x->grants_settled(x->agent, SX_TRANSPORT_TCP, err, s->revoke_msg);
+}
