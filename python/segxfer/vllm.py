@@ -95,6 +95,27 @@ def compat_hash(vllm_config):
     return "vllm:" + digest
 
 
+def _bad_params(params):
+    """What is wrong with a remote prefill's kv_transfer_params (they come
+    with the client's request), or None."""
+    missing = [k for k in _NEEDED if k not in params]
+    if missing:
+        return "no " + ", ".join(missing)
+    ids = params["remote_block_ids"]
+    if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 2**63 for b in ids):
+        return "remote_block_ids is not a list of block ids"
+    seg = params["remote_segment"]
+    if not isinstance(seg, str) or not seg or len(seg) > 180:
+        return "remote_segment is not a segment name"
+    if not isinstance(params["remote_request_id"], (str, int)):
+        return "remote_request_id is not a request id"
+    tp = params.get("tp_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        return "tp_size is not a positive integer"
+    return None
+
+
 def _status_name(status):
     return getattr(status, "name", str(status)).rpartition(".")[2]
 
@@ -204,6 +225,14 @@ class _Scheduler:
         """A remote prefill's prompt tokens, all of them from the peer."""
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
+            bad = _bad_params(params)
+            if bad is None and not params["remote_block_ids"]:
+                bad = "no remote_block_ids"   # nothing would ever arrive
+            if bad is not None:
+                log.warning("request %s: kv_transfer_params refused (%s); its KV is computed "
+                            "here", request.request_id, bad)
+                params["do_remote_prefill"] = False
+                return 0, False
             count = len(request.prompt_token_ids or ()) - num_computed_tokens
             if count > 0:
                 return count, self.load_async
@@ -217,10 +246,10 @@ class _Scheduler:
             self._in_batch.add(request.request_id)
         elif params.get("do_remote_prefill"):
             if params.get("remote_block_ids"):
-                missing = [k for k in _NEEDED if k not in params]
-                if missing:
-                    log.warning("request %s: kv_transfer_params lack %s; its KV is computed "
-                                "here", request.request_id, ", ".join(missing))
+                bad = _bad_params(params)
+                if bad is not None:
+                    log.warning("request %s: kv_transfer_params refused (%s); its KV is "
+                                "computed here", request.request_id, bad)
                 else:
                     # Only blocks without a local prefix-cache hit are read.
                     local = blocks.get_unhashed_block_ids() if num_external_tokens > 0 \

@@ -216,6 +216,32 @@ def test_vllm_connector_shape():
     req = ve.Request("plain", 10, None)
     assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
     assert sched.request_finished(req, [1, 2]) == (False, None)
+    # kv_transfer_params come with the client's request: bad ones are
+    # refused (the KV is computed locally), never an exception in the
+    # scheduler or a request waiting forever.
+    good = dict(do_remote_prefill=True, remote_block_ids=[1, 2], remote_engine_id="p",
+                remote_request_id="r", remote_segment="vllm/p", tp_size=1)
+    for key, value in (("remote_block_ids", 7), ("remote_block_ids", [1, -2]),
+                       ("remote_block_ids", ["1"]), ("remote_block_ids", [True]),
+                       ("remote_segment", ""), ("remote_segment", None),
+                       ("remote_segment", "x" * 300), ("tp_size", 0), ("tp_size", "1"),
+                       ("remote_request_id", [1]), ("remote_segment", KeyError),
+                       ("remote_block_ids", [])):
+        params = dict(good)
+        if value is KeyError:
+            del params[key]
+        else:
+            params[key] = value
+        req = ve.Request("bad", 20, params)
+        assert sched.get_num_new_matched_tokens(req, 0) == (0, False), (key, value)
+        sched.update_state_after_alloc(req, ve.KVCacheBlocks([1, 2]), 0)
+        assert sched.build_connector_meta(None).reqs_to_recv == {}
+    req = ve.Request("good", 20, dict(good))
+    assert sched.get_num_new_matched_tokens(req, 0) == (20, True)
+    sched.update_state_after_alloc(req, ve.KVCacheBlocks([3, 4]), 20)
+    meta = sched.build_connector_meta(None).reqs_to_recv["good"]
+    assert (meta.local_block_ids, meta.remote_block_ids, meta.remote_segment) == \
+        ([3, 4], [1, 2], "vllm/p")
     # A prefill request aborted (not length-capped) frees at once.
     req = ve.Request("ab", 10, {"do_remote_decode": True})
     req.status = ve.RequestStatus.FINISHED_ABORTED
