@@ -415,13 +415,12 @@ class _Worker:
     # ------------------------------------------------------------ loading
 
     def _source_ranks(self, meta):
-        """The prefill ranks this worker reads a request from, as (segment
-        name, layers or None for all).  Equal TP: rank r reads rank r.  The
-        hook for heterogeneous TP (fan-in/fan-out) is here."""
+        """The segment names of the prefill ranks this worker reads a
+        request from.  Equal TP: rank r reads rank r.  Heterogeneous TP
+        (fan-in/fan-out reads of head ranges) hooks in here."""
         if meta.tp_size != self.tp_size:
-            raise error(code("SX_EINCOMPAT"),
-                "prefill tp_size %s, decode tp_size %d: only equal tensor parallelism is "
-                "supported" % (meta.tp_size, self.tp_size))
+            raise error(code("SX_EINCOMPAT"), "prefill tp_size %s, decode tp_size %d: only "
+                        "equal tensor parallelism is supported" % (meta.tp_size, self.tp_size))
         return ["%s/tp%d" % (meta.remote_segment, self.tp_rank)]
 
     def _segment(self, name):

@@ -104,6 +104,10 @@ def test_vllm_decode_reads_prefill_and_prefill_frees_after_the_read_notice(store
         assert prefill.call("steps_until_sent", "req-1", 10) == {"req-1"}
         seg = decode.worker.connector_worker._segments["vllm/prefill-engine/tp0"]
         assert seg.transport == transports
+        # Another tensor-parallel size: refused (equal TP only), load errors.
+        assert load(decode, "dec-tp", dict(params, tp_size=2), [1, 2, 6, 8, 9])[1] == \
+            {1, 2, 6, 8, 9}
+        assert not decode.blocks([1, 2, 6, 8, 9]).any()
 
         # In-step loads (load_async False): each layer awaited by
         # wait_for_layer_load; the prefill frees after notices of every layer.
