@@ -43,7 +43,7 @@ DEB_PKGS  := build-essential pkg-config protobuf-c-compiler \
              ibverbs-providers ibverbs-utils rdmacm-utils perftest \
              iproute2 nftables procps psmisc gnuplot-nox clang libclang-rt-14-dev valgrind \
              curl groff-base man-db python3-yaml shellcheck stunnel4 \
-             python3-torch python3-numpy python3-pytest python3-zmq
+             python3-torch python3-numpy python3-pytest python3-zmq python3-pydantic
 
 # ---------------------------------------------------------------- flags
 PKG_CFLAGS  = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -142,6 +142,9 @@ PYTHON       ?= /usr/bin/python3
 PY_TEST_BINS := $(BUILD)/tests/python/abi_probe $(BUILD)/tests/python/bench_read
 PYTHONDIR    ?= $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)/dist-packages
 PY_SRCS      := $(wildcard python/segxfer/*.py)
+# Beside the package: segxfer.pth runs at every interpreter start and imports
+# _segxfer_hook only when SEGXFER_LMDEPLOY is set (docs/engines.md).
+PY_HOOK      := python/_segxfer_hook.py python/segxfer.pth
 # Beside the package: segxfer-sglang.pth runs at every interpreter start and
 # imports _segxfer_sglang_hook only when SEGXFER_SGLANG is set (docs/engines-sglang.md).
 PY_SGLANG_HOOK := python/_segxfer_sglang_hook.py python/segxfer-sglang.pth
@@ -449,6 +452,7 @@ install: all
 	$(if $(MAN_PAGES),install -m 644 $(MAN_PAGES) $(DESTDIR)$(MANDIR)/man1/)
 	install -d $(DESTDIR)$(PYTHONDIR)/segxfer
 	install -m 644 $(PY_SRCS) $(DESTDIR)$(PYTHONDIR)/segxfer/
+	install -m 644 $(PY_HOOK) $(DESTDIR)$(PYTHONDIR)/
 	install -m 644 $(PY_SGLANG_HOOK) $(DESTDIR)$(PYTHONDIR)/
 
 uninstall:
@@ -463,6 +467,8 @@ uninstall:
 	rm -f $(PY_SRCS:python/segxfer/%=$(DESTDIR)$(PYTHONDIR)/segxfer/%)
 	rm -rf $(DESTDIR)$(PYTHONDIR)/segxfer/__pycache__
 	rmdir $(DESTDIR)$(PYTHONDIR)/segxfer 2>/dev/null || true
+	rm -f $(PY_HOOK:python/%=$(DESTDIR)$(PYTHONDIR)/%) \
+	      $(DESTDIR)$(PYTHONDIR)/__pycache__/_segxfer_hook.*.pyc
 	rm -f $(PY_SGLANG_HOOK:python/%=$(DESTDIR)$(PYTHONDIR)/%) \
 	      $(DESTDIR)$(PYTHONDIR)/__pycache__/_segxfer_sglang_hook.*.pyc
 	rmdir $(DESTDIR)$(PYTHONDIR)/__pycache__ 2>/dev/null || true

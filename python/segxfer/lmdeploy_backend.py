@@ -18,13 +18,13 @@ DistServeKVTransferEndpointInfo: protocol, endpoint_info (JSON text);
 MigrationAssignment: remote_engine_id, batch of AssignmentInstruct: mr_key,
 target_offset (in the peer's region), source_offset (in ours), length).
 
-Plugging it into LMDeploy (it builds backends with no arguments, so the
-settings come from the environment, see SegxferMigrationBackend):
-
-    from lmdeploy.pytorch.disagg.backend.backend import MIGRATION_BACKENDS
-    from segxfer.lmdeploy_backend import SegxferMigrationBackend
-    MIGRATION_BACKENDS.register_module("Mooncake", force=True,
-                                       module=SegxferMigrationBackend)
+Plugging it into LMDeploy: LMDeploy builds the backend by name inside its
+engine process (spawned, and in Ray workers for TP > 1) with no arguments,
+so the settings come from the environment (see SegxferMigrationBackend) and
+so does the registration: with the package installed (`make install` puts
+segxfer.pth beside it), SEGXFER_LMDEPLOY=Mooncake registers this class as
+LMDeploy's "Mooncake" backend in every interpreter that imports LMDeploy
+(_segxfer_hook.py; docs/engines.md).
 """
 import json
 import os
@@ -57,11 +57,20 @@ def _field(obj, name, default=None):
 
 
 class _Link:
-    __slots__ = ("remote_engine_id", "remote_config", "segment", "remote_regions")
+    """One peer engine, as LMDeploy's own backends keep it in `links`
+    (MooncakeMigrationManagement, DLSlimeMigrationManagement): LMDeploy's
+    CacheEngine.migrate reads links[remote_engine_id].remote_engine_config
+    .num_gpu_blocks to compute the peer's layer stride, so the fields it and
+    those links carry keep their names here."""
+    __slots__ = ("remote_engine_id", "local_engine_id", "rank", "local_engine_config",
+                 "remote_engine_config", "segment", "remote_regions")
 
-    def __init__(self, remote_engine_id, remote_config):
-        self.remote_engine_id = remote_engine_id
-        self.remote_config = remote_config
+    def __init__(self, init_request):
+        self.remote_engine_id = _field(init_request, "remote_engine_id")
+        self.local_engine_id = _field(init_request, "local_engine_id")
+        self.rank = _field(init_request, "rank")
+        self.local_engine_config = _field(init_request, "local_engine_config")
+        self.remote_engine_config = _field(init_request, "remote_engine_config")
         self.segment = None
         self.remote_regions = {}  # mr_key -> region id in the peer's segment
 
@@ -134,6 +143,10 @@ class SegxferMigrationBackend:
         remote = _field(init_request, "remote_engine_id")
         cfg = _field(init_request, "local_engine_config")
         blocks = _field(cfg, "num_gpu_blocks")
+        if _field(_field(init_request, "remote_engine_config"), "num_gpu_blocks") is None:
+            # CacheEngine.migrate needs it for the peer's layer stride.
+            raise invalid("p2p_initialize: the request's remote_engine_config has no "
+                          "num_gpu_blocks")
         if self.agent is None:
             if not self.metadata_url:
                 raise invalid("SegxferMigrationBackend: no metadata URL (pass "
@@ -144,17 +157,18 @@ class SegxferMigrationBackend:
                 rank)
             transports = self.transports
             if transports is None:
-                proto = _field(init_request, "protocol")
-                transports = "tcp" if getattr(proto, "name", str(proto)).upper() \
-                    .endswith("TCP") else "auto"
+                transports = self._transports_for(_field(init_request, "protocol"))
             self.agent = Agent(self.segment_name, self.metadata_url, transports=transports,
                                **self.layout, **self.agent_kw)
             self.num_blocks = blocks
         elif blocks is not None and self.num_blocks is not None and blocks != self.num_blocks:
             raise invalid("p2p_initialize: num_gpu_blocks %d differs from the %d of the "
                           "first link" % (blocks, self.num_blocks))
-        self.links.setdefault(remote, _Link(remote, _field(init_request,
-                                                           "remote_engine_config")))
+        # A second initialize for the same peer (the proxy reconnects after
+        # the peer restarted) replaces the link, as LMDeploy's backends do:
+        # its config (num_gpu_blocks) may have changed.
+        self.p2p_drop_connect(remote)
+        self.links[remote] = _Link(init_request)
 
     def register_memory_region(self, register_mr_request):
         """Register (once per mr_key; LMDeploy calls it for every link) and
@@ -310,6 +324,14 @@ class SegxferMigrationBackend:
         if not 0 <= k < 2**32:
             raise invalid("mr_key %r is out of range" % (mr_key,))
         return k
+
+    @staticmethod
+    def _transports_for(protocol):
+        """LMDeploy's MigrationProtocol as segxfer transports: TCP is tcp,
+        NVLINK (peers on one host's GPUs) is cuda_ipc, RDMA is the library's
+        choice (RDMA where both sides have it)."""
+        name = getattr(protocol, "name", str(protocol)).upper().rpartition(".")[2]
+        return {"TCP": "tcp", "NVLINK": "cuda_ipc"}.get(name, "auto")
 
     @staticmethod
     def _location(msg):

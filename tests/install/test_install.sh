@@ -46,9 +46,25 @@ for p in "$prefix"/bin/*; do
   fi
 done
 pages=$(ls "$prefix/share/man/man1" | tr '\n' ' ')
+# The Python package and its start-up hook: segxfer.pth lies in the site
+# directory and does nothing unless SEGXFER_LMDEPLOY is set; set, it waits for
+# LMDeploy's backend package; a bad value is a warning, never a failed start.
+py=${PYTHON:-/usr/bin/python3}
+pydir=$(ls -d "$prefix"/lib/python3*/dist-packages)
+for f in segxfer.pth _segxfer_hook.py segxfer/lmdeploy_backend.py; do
+  [ -f "$pydir/$f" ] || { echo "install: $f is missing from $pydir"; exit 1; }
+done
+probe="import site, sys; site.addsitedir('$pydir'); print(*sorted(type(f).__name__ for f in sys.meta_path if type(f).__module__ == '_segxfer_hook'), '_segxfer_hook' in sys.modules)"
+out=$(env -u SEGXFER_LMDEPLOY "$py" -c "$probe" 2>&1)
+[ "$out" = "False" ] || { echo "install: segxfer.pth acts without SEGXFER_LMDEPLOY: $out"; exit 1; }
+out=$(SEGXFER_LMDEPLOY=Mooncake "$py" -c "$probe" 2>&1)
+[ "$out" = "_Finder True" ] || { echo "install: segxfer.pth with SEGXFER_LMDEPLOY=Mooncake: $out"; exit 1; }
+out=$(SEGXFER_LMDEPLOY='no such' "$py" -c "$probe" 2>&1)
+case $out in *"is not a backend name"*True) ;; *)
+  echo "install: SEGXFER_LMDEPLOY='no such' gives no clear warning: $out"; exit 1;; esac
 # Uninstall leaves no file or link behind (empty standard directories may stay).
 $make --no-print-directory uninstall DESTDIR="$dest" PREFIX=/opt/segxfer BUILD="$build" >/dev/null
 left=$(find "$prefix" \( -type f -o -type l \) -print)
 [ -z "$left" ] || { echo "install: uninstall left behind:"; echo "$left"; exit 1; }
 [ ! -d "$prefix/include/segxfer" ] || { echo "install: uninstall left include/segxfer"; exit 1; }
-echo "install: headers, libraries and segxfer.pc work from $dest (shared and static); man pages $pages; uninstall removed every file"
+echo "install: headers, libraries and segxfer.pc work from $dest (shared and static); man pages $pages; the Python package and segxfer.pth hook; uninstall removed every file"

@@ -7,7 +7,7 @@
 # python/ (the package), tests/python/, docs/python.md, errors.h, lib/ (the shared libraries they load,
 # as ldd lists them, less the C library itself), bin/ (redis-server) and
 # site/ (Debian's pytest and what it imports, pure Python, for an interpreter
-# without pytest).  There:
+# without pytest) and site-pydantic/ (the same for pydantic).  There:
 #   cd DEST && export LD_LIBRARY_PATH=$PWD/lib PATH=$PWD/bin:$PATH \
 #     SEGXFER_BUILD=$PWD/build SEGXFER_LIB=$PWD/build/lib/libsegxfer.so
 #   python3 -c 'import pytest' || export PYTHONPATH=$PWD/site
@@ -24,8 +24,10 @@ cp -P "$build"/lib/libsegxfer.so* "$dest/build/lib/"
 cp "$build/bin/sx-agent" "$build/bin/sxctl" "$dest/build/bin/"
 cp "$build/tests/python/abi_probe" "$build/tests/python/bench_read" "$dest/build/tests/python/"
 cp -r python/segxfer "$dest/python/"
+cp python/_segxfer_hook.py python/segxfer.pth "$dest/python/"   # the LMDeploy hook's tests
 cp python/_segxfer_sglang_hook.py python/segxfer-sglang.pth "$dest/python/"
 cp tests/python/*.py tests/python/*.sh "$dest/tests/python/"
+cp -r tests/python/standin "$dest/tests/python/"   # LMDeploy and mmengine stand-ins
 cp -r tests/python/sglang_standin "$dest/tests/python/"   # test_sglang_hook's SGLang
 cp docs/python.md "$dest/docs/"   # test_docs runs the lines it shows
 cp include/segxfer/errors.h "$dest/include/segxfer/"   # test_errors reads the table
@@ -42,6 +44,12 @@ done
 dist=/usr/lib/python3/dist-packages
 for m in pytest _pytest pluggy iniconfig packaging attr attrs py py.py; do
   [ -e "$dist/$m" ] && cp -r "$dist/$m" "$dest/site/"
+done
+# Debian's pydantic (pure Python) for the LMDeploy messages, on the path only
+# where the machine's interpreter has none (gpu.sh).
+mkdir -p "$dest/site-pydantic"
+for m in pydantic typing_extensions.py; do
+  [ -e "$dist/$m" ] && cp -r "$dist/$m" "$dest/site-pydantic/"
 done
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$dest"

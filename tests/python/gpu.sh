@@ -14,6 +14,8 @@ export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/lib/x86_64-linux-gnu:$PWD/li
 export PATH=$PWD/bin:$PATH SEGXFER_BUILD=$PWD/build PYTHONUNBUFFERED=1
 export SEGXFER_LIB=$PWD/build/lib/libsegxfer.so
 python3 -c 'import pytest' 2>/dev/null || export PYTHONPATH=$PWD/site
+python3 -c 'import pydantic' 2>/dev/null ||
+  export PYTHONPATH="$PWD/site-pydantic${PYTHONPATH:+:$PYTHONPATH}"
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -21,7 +23,7 @@ python3 -c 'import pytest' 2>/dev/null || export PYTHONPATH=$PWD/site
 torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
   python3 -c 'import pytest; print("pytest", pytest.__version__, pytest.__file__)'
 } >"$out/env.txt" 2>&1
-timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::DeprecationWarning \
+timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::DeprecationWarning \
   tests/python >"$out/pytest.txt" 2>&1
 echo "rc=$?" >>"$out/pytest.txt"
 for t in cuda_ipc tcp; do

@@ -88,6 +88,10 @@ def test_lmdeploy_store_without_secrets():
 def test_lmdeploy_connect_and_migrate_into_other_block_ids(engines):
     prefill, decode = engines
     decode.backend.p2p_connect("http://10.0.0.1:23333", prefill.endpoint)
+    # CacheEngine.migrate takes the peer's layer stride from the link.
+    link = decode.backend.links["http://10.0.0.1:23333"]
+    assert link.remote_engine_config.num_gpu_blocks == 32
+    assert link.local_engine_config.num_gpu_blocks == 16 and link.rank == 0
     pairs = [(7, 0), (3, 5), (20, 6), (21, 7), (31, 15)]
     batch = decode.backend.p2p_migrate(assignment("http://10.0.0.1:23333", pairs, 16, 32))
     res = batch.result()

@@ -1,0 +1,1 @@
+"""Stand-in (tests/python/standin/README.md)."""

@@ -1,0 +1,1 @@
+"""Stand-in for mmengine (README.md): only the registry LMDeploy uses."""
