@@ -34,7 +34,7 @@ the decode's page indices per request) and replaces the rest:
   report through failure_exception() (KVTransferError with the reason).
 
 Equal TP only: see _tp_plan, the one place where the read/write plans of
-heterogeneous TP (segxfer issue 23) plug in.  docs/engines-sglang.md has the
+heterogeneous TP (segxfer issue 23) plug in.  docs/engines.md#sglang has the
 settings and how SGLang loads this backend (segxfer's .pth hook).
 
 Files: this one (publishing, the manager's setup and teardown, sender,
