@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 
-from . import _sglang_compat
+from . import _sglang_compat, _sglang_slices
 from ._sglang_compat import KVPoll
 from ._sglang_proto import (_ABORT, _GRANTED, _PEER, _REFUSED, _REGISTER, _ROOM, _FAILED,
                             GROUP_AUX, GROUP_KV, GROUP_STATE, _RUNS_PER_BATCH, _ids, cancel,
@@ -124,13 +124,21 @@ class PrefillSide:
 
     def _on_register(self, msg):
         """A decode rank's registration: open its segments, check the
-        layout against ours, refuse other TP, then tell it our segments
-        to grant."""
+        layout against ours (with other attention TP: plan the head slices
+        we write into its pages instead), then tell it our segments to
+        grant."""
         d = json.loads(msg[1].decode())
         name, endpoint = d["segment"], (d["ip"], int(d["port"]))
         peer = {"state": "refused", "endpoint": endpoint, "segments": {}, "reason": None}
         try:
-            self._tp_plan(d["attn_tp_size"], name)
+            het = self._tp_plan(d["attn_tp_size"], name) is not None
+            if het:
+                peer["slice"] = _sglang_slices.plan_slice(self._slice_side(), {
+                    "tp_size": d.get("attn_tp_size"), "tp_rank": d.get("attn_tp_rank"),
+                    "heads": d.get("kv_head_num"), "item": d.get("kv_item_len"),
+                    "page_size": d.get("page_size")})
+                peer["whole_rows"] = _sglang_slices.sends_whole_rows(
+                    self.attn_tp_size, int(d["attn_tp_size"]), self.attn_tp_rank)
             if sorted(d["parts"]) != sorted(self.parts):
                 raise ValueError(
                     "the decode's buffers form the segments %s, this prefill's %s (aux "
@@ -139,7 +147,13 @@ class PrefillSide:
             for key, seg_name in d["parts"].items():
                 seg = self.parts[key].agent.open(seg_name, timeout=self.open_timeout)
                 peer["segments"][key] = seg
-                seg.check()          # IncompatibleLayout: before any write
+                if het and key == "kv":
+                    # Pages differ in size (the heads held differ): the
+                    # decode's KV regions must be pages of the heads it
+                    # stated; the rest must match ours as usual.
+                    peer["kv_regions"] = self._slice_regions(seg, d["kv_item_len"])
+                else:
+                    seg.check()      # IncompatibleLayout: before any write
             peer["state"] = "granting"
         except (ValueError, SegxferError) as e:
             peer["reason"] = "segxfer: %s cannot take this prefill's KV: %s" % (name, e)
@@ -214,6 +228,9 @@ class PrefillSide:
                     raise ValueError("decode %s has not granted this prefill" % name)
                 entries = self._entries(info, src, index_slice, is_last, aux_index,
                                         state_indices)
+                if peer.get("slice") is not None:
+                    entries = self._slice_writes(peer, info, src, index_slice, entries,
+                                                 room, batches)
                 for key in self.parts:
                     mine = [e for e in entries if e.part == key]
                     if not mine:
@@ -234,6 +251,59 @@ class PrefillSide:
             self.room_batches.setdefault(room, []).extend(batches)
             if is_last:
                 self.room_last_sent.add(room)
+
+    def _slice_side(self):
+        """This rank's statement for plan_slice (what the decode states in
+        its registration)."""
+        a = self.kv_args
+        return {"tp_size": self.attn_tp_size, "tp_rank": self.attn_tp_rank,
+                "heads": int(a.kv_head_num), "item": int(a.kv_item_lens[0]),
+                "page_size": int(a.page_size)}
+
+    def _slice_regions(self, seg, dst_item):
+        """The decode's region id for each of our KV buffers (K of every
+        layer, then V), checked to be pages of dst_item bytes; the other
+        groups' regions are checked against ours by block size."""
+        if self.is_mla_backend or len(set(self.kv_args.kv_item_lens)) != 1:
+            raise ValueError("head slices need MHA buffers of one page size")
+        theirs = {(r["group"], r["layer_first"], r["slot"]): r for r in seg.regions()}
+        from .agent import slot_number
+        ids = []
+        half = len(self.kv_args.kv_data_ptrs) // 2
+        for i in range(2 * half):
+            key = (GROUP_KV, i % half, slot_number("K" if i < half else "V"))
+            r = theirs.get(key)
+            if r is None or r["block_bytes"] != dst_item or not r["writable"]:
+                raise ValueError("the decode has no writable KV region of %d-byte pages for "
+                                 "layer %d %s" % (dst_item, i % half, "K" if i < half else "V"))
+            ids.append(r["id"])
+        for group, items in ((GROUP_AUX, self.kv_args.aux_item_lens),):
+            for j, item in enumerate(items):
+                r = theirs.get((group, j, slot_number("K")))
+                if "aux" not in self.parts and (r is None or r["block_bytes"] != item):
+                    raise ValueError("the decode's aux buffer %d differs from ours" % j)
+        return ids
+
+    def _slice_writes(self, peer, info, src, index_slice, entries, room, batches):
+        """Submit this chunk's KV as head-slice range writes into the decode
+        rank of peer; returns the entries still to write (aux row, state
+        slots: only from the first prefill rank of the decode's group)."""
+        rest = [e for e in entries if e.group != GROUP_KV]
+        if any(e.group >= GROUP_STATE for e in rest):
+            raise ValueError("state slots (mamba) across different attention TP are not "
+                             "supported")
+        sl, a = peer["slice"], self.kv_args
+        dst = info["dst_kv_indices"][index_slice].astype(np.int64)
+        rng = _sglang_slices.ranges(sl, a.kv_data_ptrs, int(a.kv_item_lens[0]),
+                                    peer["kv_regions"], sl.dst_token * sl.page_size,
+                                    src, dst)
+        seg = peer["segments"]["kv"]
+        for chunk in _sglang_slices.chunks(rng):
+            b = seg.batch(timeout=self.transfer_timeout, write=True, tag=room)
+            batches.append(b)
+            b.add_range_writes(chunk)
+            b.submit()
+        return rest if peer["whole_rows"] else []
 
     def _entries(self, info, src, index_slice, is_last, aux_index, state_indices):
         layers = {}

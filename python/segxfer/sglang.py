@@ -33,8 +33,9 @@ the decode's page indices per request) and replaces the rest:
   or from the prefill's segment no longer answering (a killed prefill).  Both
   report through failure_exception() (KVTransferError with the reason).
 
-Equal TP only: see _tp_plan, the one place where the read/write plans of
-heterogeneous TP (segxfer issue 23) plug in.  docs/engines.md#sglang has the
+Different attention TP on the two sides: each prefill rank writes the head
+slices it shares with each decode rank (_sglang_slices; see _tp_plan).
+docs/engines.md#sglang has the
 settings and how SGLang loads this backend (segxfer's .pth hook).
 
 Files: this one (publishing, the manager's setup and teardown, sender,
@@ -56,7 +57,7 @@ import time
 
 import numpy as np
 
-from . import _sglang_compat
+from . import _sglang_compat, _sglang_slices
 from ._sglang_decode import DecodeSide
 from ._sglang_prefill import PrefillSide
 from ._sglang_proto import (_REGISTER, _ROOM, GROUP_AUX, GROUP_KV, GROUP_STATE, _env,
@@ -225,21 +226,32 @@ def _build(api):
             return {k: p.name for k, p in self.parts.items()}
 
         def _tp_plan(self, remote_tp_size, remote_segment):
-            """PLAN HOOK (segxfer issue 23, read/write plans for different TP).
-            Returns None where prefill and decode shard heads alike (equal
-            attention TP): pages then map one to one, block for block.  Where
-            they differ, SGLang's Mooncake backend writes head slices of each
-            page (mooncake/conn.py, send_kvcache_slice); here the layouts
-            helper's plans (which byte pieces of each block go to which peer)
-            will plug in, and until then the pair is refused."""
-            if int(remote_tp_size) == self.attn_tp_size:
+            """None where prefill and decode shard heads alike (equal
+            attention TP): pages then map one to one, block for block.
+            Where they differ, "slices": each prefill rank writes the head
+            slices it shares with each decode rank it serves
+            (_sglang_slices, as SGLang's Mooncake backend does in
+            send_kvcache_slice); the prefill plans them from both ranks'
+            statements when the decode registers.  Refused here, before any
+            write, where no such plan exists (MLA, uneven ratios, heads
+            that do not split evenly)."""
+            remote = int(remote_tp_size)
+            if remote == self.attn_tp_size:
                 return None
-            raise ValueError(
-                "segxfer's SGLang backend transfers between equal attention TP only: this "
-                "%s has attn_tp_size %d, %s has %s (heterogeneous TP needs segxfer's read/"
-                "write plans, issue 23; run prefill and decode with the same --tp-size)"
-                % ("prefill" if self.is_prefill else "decode", self.attn_tp_size,
-                   remote_segment, remote_tp_size))
+            side = "prefill" if self.is_prefill else "decode"
+            reason = None
+            if self.is_mla_backend:
+                reason = "MLA caches across different attention TP are not supported"
+            else:
+                reason = _sglang_slices.ratio_reason(self.attn_tp_size, remote,
+                                                     self.kv_args.kv_head_num)
+            if reason:
+                raise ValueError(
+                    "segxfer's SGLang backend cannot pair this %s (attn_tp_size %d, %d KV "
+                    "heads a rank) with %s (attn_tp_size %d): %s"
+                    % (side, self.attn_tp_size, int(self.kv_args.kv_head_num),
+                       remote_segment, remote, reason))
+            return "slices"
 
         # ------------------------------------------------------------ bytes
 
@@ -407,7 +419,12 @@ def _build(api):
             body = json.dumps({"segment": m.parts["kv"].name, "parts": m.segment_names(),
                                "ip": m.local_ip, "port": m.rank_port,
                                "attn_tp_size": m.attn_tp_size,
-                               "tp_rank": m.kv_args.engine_rank}).encode()
+                               "tp_rank": m.kv_args.engine_rank,
+                               # What the prefill plans head slices from.
+                               "attn_tp_rank": m.attn_tp_rank,
+                               "kv_head_num": int(m.kv_args.kv_head_num),
+                               "kv_item_len": int(m.kv_args.kv_item_lens[0]),
+                               "page_size": int(m.kv_args.page_size)}).encode()
             for info in self.bootstrap_infos:
                 try:
                     send(self._connect_to_bootstrap_server(info), [_REGISTER, body])

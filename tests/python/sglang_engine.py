@@ -53,6 +53,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 from segxfer import sglang as sx_sglang  # noqa: E402
 
 LAYERS, PAGES, ITEM = 4, 24, 512          # KV: 4 layers of K and V, 24 pages of 512 B
+HEADS = 4                                 # KV heads of the model: a page of every head
+                                          # is ITEM bytes, page_size tokens of HEADS heads
 AUX_ROWS, AUX_ITEMS = 8, (64, 64, 128)   # MetadataBuffers-like rows (output_ids, ...)
 STATE_SLOTS, STATE_ITEMS = 6, (256, 96)  # one state component (mamba: conv, temporal)
 
@@ -65,13 +67,27 @@ def pattern(seed, buf, rows, item):
     return ((seed * 131 + buf * 31 + r * 7 + c) % 251).astype(np.uint8)
 
 
+def heads_of(a, page_size, tp_size, tp_rank):
+    """The rows of a (pages of every KV head, [rows, ITEM]) that attention
+    TP rank tp_rank of tp_size holds: its heads of each token, as SGLang's
+    token-major pool [pages * page_size, heads, head_dim] shards them."""
+    h = HEADS // tp_size
+    per = a.reshape(a.shape[0], page_size, HEADS, -1)
+    return np.ascontiguousarray(per[:, :, tp_rank * h:(tp_rank + 1) * h, :]).reshape(
+        a.shape[0], -1)
+
+
 class Buffers:
     """An engine rank's KV (2 * LAYERS buffers), aux and state buffers, as
     SGLang lays them out, on `device` (aux always in host memory, as
-    MetadataBuffers is); filled with pattern(seed) or zeros."""
+    MetadataBuffers is); filled with pattern(seed) or zeros.  The KV of
+    attention TP rank tp_rank of tp_size is its heads of the model's pages
+    (heads_of)."""
 
-    def __init__(self, device, seed=None):
+    def __init__(self, device, seed=None, page_size=1, tp_size=1, tp_rank=0):
         self.device = device
+        self.page_size, self.tp_size, self.tp_rank = page_size, tp_size, tp_rank
+        self.item = ITEM // tp_size
         if device != "cpu":
             import torch
             self.torch = torch
@@ -79,6 +95,9 @@ class Buffers:
         def make(buf, rows, item, on_device):
             a = pattern(seed, buf, rows, item) if seed is not None else \
                 np.zeros((rows, item), np.uint8)
+            if on_device and item == ITEM and tp_size > 1:
+                a = heads_of(a, page_size, tp_size, tp_rank) if seed is not None else \
+                    np.zeros((rows, self.item), np.uint8)
             if on_device and device != "cpu":
                 return self.torch.from_numpy(a).to(device)
             return a
@@ -103,7 +122,8 @@ class Buffers:
         a.engine_rank = engine_rank
         a.kv_data_ptrs = [self.ptr(t) for t in self.kv]
         a.kv_data_lens = [self.nbytes(t) for t in self.kv]
-        a.kv_item_lens = [ITEM] * len(self.kv)
+        a.kv_item_lens = [self.item] * len(self.kv)
+        a.kv_head_num = HEADS // self.tp_size
         a.aux_data_ptrs = [self.ptr(t) for t in self.aux]
         a.aux_data_lens = [self.nbytes(t) for t in self.aux]
         a.aux_item_lens = list(AUX_ITEMS)
@@ -111,7 +131,7 @@ class Buffers:
         a.state_data_ptrs = [[self.ptr(t) for t in self.state]]
         a.state_data_lens = [[self.nbytes(t) for t in self.state]]
         a.state_item_lens = [list(STATE_ITEMS)]
-        a.page_size = 1
+        a.page_size = self.page_size
         a.gpu_id = 0
         a.system_dp_rank = 0
         a.pp_rank = 0
@@ -140,7 +160,8 @@ def main():
     c = sx_sglang.classes()
     KVPoll = c["KVPoll"]
     names = {v: k for k, v in vars(KVPoll).items() if isinstance(v, int)}
-    bufs = Buffers(cfg.get("device", "cpu"), cfg["seed"] if role == "prefill" else None)
+    bufs = Buffers(cfg.get("device", "cpu"), cfg["seed"] if role == "prefill" else None,
+                   cfg.get("page_size", 1), cfg.get("tp_size", 1), cfg.get("tp_rank", 0))
     addr = "127.0.0.1:%d" % cfg["bport"]
     server = mgr = None
     ends = {}
@@ -205,9 +226,10 @@ def main():
             if cmd[0] == "start":
                 mode = c["DisaggregationMode"].PREFILL if role == "prefill" else \
                     c["DisaggregationMode"].DECODE
-                if role == "prefill":
+                if role == "prefill" and cfg.get("tp_rank", 0) == 0:
                     server = c["SegxferKVBootstrapServer"]("127.0.0.1", cfg["bport"])
-                mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], 0), mode,
+                mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], cfg.get("tp_rank", 0)),
+                                            mode,
                                             ServerArgs(cfg), False)
                 out(ok=True, segments=mgr.segment_names(), sglang=c["using_sglang"],
                     port=mgr.rank_port)
@@ -215,7 +237,8 @@ def main():
                 room = int(cmd[1])
                 r = rooms[room]
                 if role == "prefill":
-                    ends[room] = c["SegxferKVSender"](mgr, addr, room, [0], 0)
+                    ends[room] = c["SegxferKVSender"](mgr, addr, room,
+                                                      [cfg.get("tp_rank", 0)], 0)
                     out(ok=True, state=names[ends[room].poll()])
                     continue
                 while not mgr.try_ensure_parallel_info(addr):
@@ -282,7 +305,13 @@ def verify(bufs, r, every, seed):
     def check(kind, idx, dst_buf, want_buf, src_rows, dst_rows, key):
         got = bufs.host(dst_buf)
         rows = got.shape[0]
-        want = pattern(seed, want_buf, rows, got.shape[1])
+        if kind == "kv":
+            # The reference: this rank's heads of the model's pages (what a
+            # prefill of the same TP holds and an equal-TP run writes).
+            want = heads_of(pattern(seed, want_buf, rows, ITEM), bufs.page_size,
+                            bufs.tp_size, bufs.tp_rank)
+        else:
+            want = pattern(seed, want_buf, rows, got.shape[1])
         for s, d in zip(src_rows, dst_rows):
             if not np.array_equal(got[d], want[s]):
                 problems.append("%s %d: row %d does not hold source row %d" % (kind, idx, d, s))

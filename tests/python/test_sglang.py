@@ -66,7 +66,8 @@ class Engine:
     """A sglang_engine.py process: commands in, JSON answers out."""
 
     def __init__(self, role, url, bport, env=None, **cfg):
-        cfg.update(role=role, bport=bport, rooms=ROOMS, seed=cfg.get("seed", 11))
+        cfg.update(role=role, bport=bport, seed=cfg.get("seed", 11))
+        cfg.setdefault("rooms", ROOMS)
         e = dict(os.environ, SX_METADATA_URL=url, SEGXFER_SGLANG_STANDIN="1",
                  SEGXFER_SGLANG_LIVENESS_S="0.3", PYTHONUNBUFFERED="1")
         e.update(env or {})
@@ -301,12 +302,162 @@ def test_sglang_prefill_abort_fails_decode_with_reason(engines):
     decode.quit()
 
 
-def test_sglang_different_tp_is_refused_clearly(engines):
-    prefill, decode, room, res = opened_with(engines, tp_size=2)
+# Heterogeneous TP: rooms without state slots (mamba state across different
+# TP is refused), pages of 2 tokens so that head slices are pieces of tokens.
+HET_ROOMS = [dict(r, state_src=[], state_dst=[]) for r in ROOMS]
+
+
+def het_ranks(engines, prefill_tp, decode_tp):
+    """prefill_tp prefill processes and decode_tp decode processes (one per
+    attention TP rank, each holding its share of the 4 KV heads), through
+    SGLang's bootstrap for every room: (prefills, decodes)."""
+    bport = free_port()
+    kw = dict(rooms=HET_ROOMS, page_size=2)
+    prefills = [engines("prefill", bport, tp_size=prefill_tp, tp_rank=r, **kw)
+                for r in range(prefill_tp)]
+    decodes = [engines("decode", bport, tp_size=decode_tp, tp_rank=r, **kw)
+               for r in range(decode_tp)]
+    for e in prefills + decodes:        # prefill rank 0 first: the bootstrap server
+        e.cmd("start")
+    for r in HET_ROOMS:
+        for e in prefills:
+            assert e.cmd("open", r["room"])["state"] == "Bootstrapping"
+        for e in decodes:
+            assert e.cmd("open", r["room"])["state"] == "WaitingForInput"
+    for r in HET_ROOMS:
+        for e in prefills:
+            assert e.cmd("ready", r["room"])["state"] == "WaitingForInput"
+    return prefills, decodes
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
+def test_sglang_different_tp_writes_head_slices(engines, prefill_tp, decode_tp):
+    """Each decode rank's pages end up holding exactly its heads of the
+    model's pages (the reference verify computes: what an equal-TP run
+    writes), its aux row once, nothing else; Success on every rank."""
+    prefills, decodes = het_ranks(engines, prefill_tp, decode_tp)
+    for r in HET_ROOMS:
+        for e in prefills:
+            assert e.cmd("send", r["room"])["state"] in ("Transferring", "Success")
+    for r in HET_ROOMS:
+        for e in prefills:
+            assert e.cmd("poll", r["room"], 20)["state"] == "Success"
+        for e in decodes:
+            res = e.cmd("poll", r["room"], 20)
+            assert res["state"] == "Success", res
+            assert e.cmd("verify", r["room"])["problems"] == []
+    for e in prefills + decodes:
+        e.quit()
+
+
+def test_sglang_different_tp_killed_prefill_rank_fails_decode(engines):
+    prefills, decodes = het_ranks(engines, 2, 1)
+    prefills[1].proc.send_signal(signal.SIGKILL)
+    prefills[1].proc.wait()
+    prefills[0].cmd("send", HET_ROOMS[0]["room"])     # half the heads arrive
+    res = decodes[0].cmd("poll", HET_ROOMS[0]["room"], 15)
     assert res["state"] == "Failed", res
-    assert "equal attention TP only" in res["reason"] and "issue 23" in res["reason"], res
+    assert "stopped answering" in res["reason"] and "KVTransferError" in res["reason"], res
+    decodes[0].quit()
+
+
+def test_sglang_impossible_tp_ratio_is_refused_clearly(engines):
+    """4 KV heads cannot split over decode TP 3: the prefill refuses the
+    decode's registration, and the room fails on both sides before any
+    write."""
+    prefill, decode, room, res = opened_with(engines, tp_size=3)
+    res = decode.cmd("poll", room, 10)
+    assert res["state"] == "Failed", res
+    assert "cannot take this prefill's KV" in res["reason"] and \
+        "do not split evenly over attention TP 3" in res["reason"], res
+    assert decode.cmd("verify", room)["problems"]   # nothing was written
     prefill.quit()
     decode.quit()
+
+
+def _plan_agent(url, name, tp, rank, page_size=2, head_bytes=64, heads=4):
+    """An agent whose KV (2 layers, K and V, 6 pages) is described as an
+    SGLang rank's pool is: NHD pages of page_size tokens of its heads, a
+    head of a token head_bytes bytes (uint8 elements)."""
+    import numpy as np
+    import segxfer
+    h = heads // tp
+    buf = np.zeros((6, page_size * h * head_bytes), np.uint8)
+    a = segxfer.Agent(name, url, transports="tcp", listen="127.0.0.1:0", dtype="uint8",
+                      tp_rank=rank, tp_size=tp, kv_layout="NHD", block_tokens=page_size,
+                      kv_heads=(rank * h, h, heads), head_dim=head_bytes, log_level="error")
+    for layer in range(2):
+        for slot in "KV":
+            a.register(addr=buf.ctypes.data, length=buf.nbytes, group=0,
+                       layer_first=layer, layers=1, slot=slot, block_bytes=buf.shape[1],
+                       num_blocks=6)
+    return a, buf
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2), (4, 2), (2, 4)])
+def test_sglang_head_slices_agree_with_the_read_plan(url, prefill_tp, decode_tp):
+    """The head slices each prefill rank writes (plan_slice, ranges) are the
+    pieces segxfer's planner (sx_layout_plan through Agent.open_group and
+    Group.plan) reads for the decode rank from the set of prefill ranks:
+    the same ranks, heads, piece count and piece size per page."""
+    import re
+    from segxfer import _sglang_slices as sl
+    hb, ps, heads = 64, 2, 4
+    names = ["pf/tp%d" % r for r in range(prefill_tp)]
+    pf = [_plan_agent(url, n, prefill_tp, r) for r, n in enumerate(names)]
+    try:
+        for a, _ in pf:
+            a.publish()
+        for dr in range(decode_tp):
+            d, _ = _plan_agent(url, None, decode_tp, dr)
+            with d, d.open_group(names) as g:
+                text = g.plan()
+            planned = {}
+            for m in re.finditer(r"reads heads? (\d+)(?:-(\d+))?.*? of (\S+): (\d+) "
+                                 r"pieces? of (\d+) B per", text):
+                planned[m.group(3)] = (int(m.group(1)), int(m.group(2) or m.group(1)),
+                                       int(m.group(4)), int(m.group(5)))
+            assert planned, text
+            mine = {}
+            dec = dict(tp_size=decode_tp, tp_rank=dr, heads=heads // decode_tp,
+                       item=ps * heads // decode_tp * hb, page_size=ps)
+            for r, n in enumerate(names):
+                pre = dict(tp_size=prefill_tp, tp_rank=r, heads=heads // prefill_tp,
+                           item=ps * heads // prefill_tp * hb, page_size=ps)
+                try:
+                    s = sl.plan_slice(pre, dec)
+                except ValueError as e:
+                    assert "shares no KV head" in str(e)
+                    continue
+                first = dr * dec["heads"] + s.dst_off // hb
+                one_page = sl.ranges(s, [0], pre["item"], [0], dec["item"], [0], [1])
+                mine[n] = (first, first + s.length // hb - 1, len(one_page),
+                           one_page[0][3])
+            assert mine == planned, (text, mine)
+    finally:
+        for a, _ in pf:
+            a.close()
+
+
+def test_sglang_head_slices_merge_and_refuse():
+    from segxfer import _sglang_slices as sl
+    p = dict(tp_size=2, tp_rank=1, heads=2, item=2 * 2 * 64, page_size=2)
+    d = dict(tp_size=1, tp_rank=0, heads=4, item=2 * 4 * 64, page_size=2)
+    s = sl.plan_slice(p, d)
+    assert (s.src_off, s.dst_off, s.length) == (0, 128, 128)
+    # Two tokens a page, src rows contiguous, dst strided: a range a token.
+    rng = sl.ranges(s, [1000], p["item"], [7], d["item"], [0, 1], [5, 6])
+    assert rng == [(1000, 7, 5 * 512 + 128, 128), (1128, 7, 5 * 512 + 256 + 128, 128),
+                   (1256, 7, 6 * 512 + 128, 128), (1384, 7, 6 * 512 + 256 + 128, 128)]
+    # Equal heads: consecutive pages merge into one range.
+    e = sl.plan_slice(dict(d), dict(d))
+    assert sl.ranges(e, [0], 512, [3], 512, [4, 5, 6], [1, 2, 3]) == [(2048, 3, 512, 1536)]
+    for bad, why in ((dict(d, tp_size=3), "not a multiple"),
+                     (dict(d, page_size=1, item=256), "page sizes differ"),
+                     (dict(d, item=2 * 4 * 32), "head of a token"),
+                     (dict(d, heads=2, item=256), "KV heads in all")):
+        with pytest.raises(ValueError, match=why):
+            sl.plan_slice(p, bad)
 
 
 def test_sglang_layout_mismatch_is_refused_before_any_write(engines):
