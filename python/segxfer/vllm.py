@@ -402,8 +402,9 @@ class _SetRead:
     def result(self):
         try:
             r = self.future.result()
-        except SegxferError as e:   # refused before anything was sent
-            return _SetResult(False, str(e), "FAILED", self.local)
+        except Exception as e:  # noqa: BLE001  (refused before anything was sent:
+            # a load error, never an exception in vLLM's worker loop)
+            return _SetResult(False, "%s: %s" % (type(e).__name__, e), "FAILED", self.local)
         return _SetResult(r.ok, r.message, r.state, r.failed if not r.ok else [])
 
     def close(self):

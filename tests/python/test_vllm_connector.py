@@ -205,6 +205,18 @@ def test_vllm_connector_shape():
     assert sxvllm.compat_hash(cfg) != sxvllm.compat_hash(ve.vllm_config("e", "kv_both",
                                                                         model="other"))
     assert sxvllm.notify_tag("req-1") == sxvllm.notify_tag("req-1") != sxvllm.notify_tag("r")
+    # The decode's tp size rides in the tag's low byte; the rest is the request's.
+    assert sxvllm.notify_tag("req-1", 4) == sxvllm.notify_tag("req-1") + 3
+    with pytest.raises(ValueError):
+        sxvllm.notify_tag("req-1", 256)
+    # Which prefill ranks a decode rank reads, and how many decode ranks
+    # read one prefill rank (NIXL's consumers_per_producer).
+    assert sxvllm.source_ranks(1, 2, 2) == [1]
+    assert sxvllm.source_ranks(1, 2, 4) == [2, 3]           # fan-in: heads side by side
+    assert sxvllm.source_ranks(3, 4, 2) == [1]              # fan-out: a head slice
+    assert sxvllm.source_ranks(0, 2, 3) == [0, 1, 2]        # no ratio: the plan decides
+    assert [sxvllm.readers_per_rank(d, p) for d, p in ((1, 2), (2, 2), (4, 2), (8, 1))] == \
+        [1, 1, 2, 8]
     bad = ve.vllm_config("e", "kv_both")
     bad.kv_transfer_config = None
     with pytest.raises(ValueError, match="kv_transfer_config"):
