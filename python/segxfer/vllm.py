@@ -391,7 +391,23 @@ class _SetRead:
 
     def __init__(self, pool, group, remote, local, timeout, tag):
         self.local = list(local)
-        self.future = pool.submit(group.read_blocks, remote, local, timeout, tag)
+        self.future = pool.submit(self._read, group, remote, local, timeout, tag)
+
+    @staticmethod
+    def _read(group, remote, local, timeout, tag):
+        try:
+            return group.read_blocks(remote, local, timeout, tag)
+        except SegxferError as e:
+            if e.code != code("SX_ELIMIT"):
+                raise
+            why = str(e)
+        # A notice would list too many ranges (a head slice of NHD blocks is
+        # a range per token): nothing was sent.  Read without one: the KV
+        # arrives, and the prefill frees at its abort_request_timeout.
+        log.warning("a read notice would list too many ranges for %d blocks (%s); read "
+                    "without one: the prefill frees them at its abort_request_timeout",
+                    len(local), why)
+        return group.read_blocks(remote, local, timeout)
 
     def done(self):
         return self.future.done()

@@ -327,7 +327,7 @@ def test_vllm_prefill_tp2_into_decode_tp1(store):
             p.stop()
 
 
-def test_vllm_prefill_tp1_into_decode_tp2(store):
+def test_vllm_prefill_tp1_into_decode_tp2(store, caplog):
     """Prefill TP=1 -> decode TP=2 (two ranks, one KV head each): each
     decode rank reads its head slice of the prefill's blocks; the prefill
     frees only after both ranks' read notices (decode tp // prefill tp)."""
@@ -350,6 +350,18 @@ def test_vllm_prefill_tp1_into_decode_tp2(store):
         assert prefill.call("steps_until_sent", "req-f", 10) == {"req-f"}
         # What a TP-equal run gives: both halves together are the blocks.
         assert torch.equal(torch.cat([d.blocks(local) for d in dec], dim=4), want)
+        # A request whose head slices would need a notice of more than 1024
+        # ranges (NHD: one per token, layer and K/V; 9 blocks here): read
+        # without a notice, the KV still arrives; the prefill keeps its
+        # blocks (until its abort_request_timeout).
+        pblocks, local = list(range(10, 20)), list(range(10, 20))
+        delay, params = prefill.call("prefill", "req-l", NUM_TOKENS, pblocks, 10)
+        for d in dec:
+            assert load(d, "dec-l", params, local)[1] == set()
+        assert torch.equal(torch.cat([d.blocks(local) for d in dec], dim=4),
+                           ve.full_blocks(len(pblocks), 10))
+        not_sent([prefill], "req-l", 5)
+        assert "a read notice would list too many ranges for 10 blocks" in caplog.text
     finally:
         for d in dec:
             d.close()
