@@ -107,8 +107,9 @@ def source_ranks(tp_rank, tp_size, remote_tp):
     """The prefill ranks decode rank tp_rank of tp_size reads: itself with
     equal TP; a block of remote_tp // tp_size ranks (its heads spread over
     them) or rank tp_rank // (tp_size // remote_tp) (its heads a part of
-    one) when one size divides the other; else every rank (the set's plan
-    decides which it reads)."""
+    one).  Sizes neither of which divides the other are refused, as NIXL
+    refuses them: a prefill rank would then be read by a number of decode
+    ranks that readers_per_rank cannot tell, and free its blocks early."""
     if remote_tp == tp_size:
         return [tp_rank]
     if remote_tp % tp_size == 0:
@@ -116,7 +117,8 @@ def source_ranks(tp_rank, tp_size, remote_tp):
         return list(range(tp_rank * k, (tp_rank + 1) * k))
     if tp_size % remote_tp == 0:
         return [tp_rank // (tp_size // remote_tp)]
-    return list(range(remote_tp))
+    raise error(code("SX_EINCOMPAT"), "prefill tp_size %d, decode tp_size %d: one must "
+                "divide the other" % (remote_tp, tp_size))
 
 
 def _extra(vllm_config, key, default=None):

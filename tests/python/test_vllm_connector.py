@@ -214,7 +214,8 @@ def test_vllm_connector_shape():
     assert sxvllm.source_ranks(1, 2, 2) == [1]
     assert sxvllm.source_ranks(1, 2, 4) == [2, 3]           # fan-in: heads side by side
     assert sxvllm.source_ranks(3, 4, 2) == [1]              # fan-out: a head slice
-    assert sxvllm.source_ranks(0, 2, 3) == [0, 1, 2]        # no ratio: the plan decides
+    with pytest.raises(sxvllm.SegxferError, match="one must divide the other"):
+        sxvllm.source_ranks(0, 2, 3)                        # no ratio: refused, as NIXL
     assert [sxvllm.readers_per_rank(d, p) for d, p in ((1, 2), (2, 2), (4, 2), (8, 1))] == \
         [1, 1, 2, 8]
     bad = ve.vllm_config("e", "kv_both")
