@@ -146,7 +146,8 @@ PY_SRCS      := $(wildcard python/segxfer/*.py)
 # _segxfer_hook only when SEGXFER_LMDEPLOY is set (docs/engines.md).
 PY_HOOK      := python/_segxfer_hook.py python/segxfer.pth
 # Beside the package: segxfer-sglang.pth runs at every interpreter start and
-# imports _segxfer_sglang_hook only when SEGXFER_SGLANG is set (docs/engines.md#sglang).
+# imports _segxfer_sglang_hook only when SEGXFER_SGLANG is set (docs/engines.md#sglang);
+# that hook uses _segxfer_hook's import-hook machinery, so both go together.
 PY_SGLANG_HOOK := python/_segxfer_sglang_hook.py python/segxfer-sglang.pth
 
 # ---------------------------------------------------------------- targets

@@ -335,8 +335,9 @@ static int state_rank(sx_batch_state s) {
   return s == SX_BATCH_FAILED ? 3 : s == SX_BATCH_TIMEOUT ? 2 : s == SX_BATCH_CANCELLED ? 1 : 0;
 }
 
-int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb, size_t nl,
-                  uint32_t timeout_ms, sx_group_result *out) {
+static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                      size_t nl, uint32_t timeout_ms, int notify, uint64_t tag,
+                      sx_group_result *out) {
   if (g == NULL || out == NULL || (nr && rb == NULL) || (nl && lb == NULL))
     return sx__err(SX_EINVAL, "sx_group_read: NULL argument");
   if (nl > UINT32_MAX)
@@ -367,12 +368,18 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
   sx_batch_params_init(&bp);
   if (timeout_ms)
     bp.timeout_ms = timeout_ms;
+  if (notify) {
+    bp.flags |= SX_BATCH_NOTIFY;
+    bp.tag = tag;
+  }
   for (uint32_t i = 0; i < g->n && rc == 0; i++) {
     mlist *l = &m[i];
     if (l->np == 0)
       continue;
     /* Stage where it saves at least half of the requests. */
-    l->staged = host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
+    /* A notifying batch lists the member's ranges it read for the notice,
+     * which staged transfers bypass: those read their pieces directly. */
+    l->staged = !notify && host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
                 l->ns * 2 <= l->np && l->bytes <= STAGE_MAX &&
                 (l->stage = stage_get(g, i, l->bytes)) != NULL;
     l->stage_l = &g->stage_l[i];
@@ -470,4 +477,15 @@ int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb
   if (rc == 0)
     *out = res;
   return rc;
+}
+
+int sx_group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb, size_t nl,
+                  uint32_t timeout_ms, sx_group_result *out) {
+  return group_read(g, rb, nr, lb, nl, timeout_ms, 0, 0, out);
+}
+
+int sx_group_read_notify(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                         size_t nl, uint32_t timeout_ms, uint64_t notify_tag,
+                         sx_group_result *out) {
+  return group_read(g, rb, nr, lb, nl, timeout_ms, 1, notify_tag, out);
 }

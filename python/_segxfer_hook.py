@@ -21,6 +21,13 @@ nothing happens at all (the finder is never asked).
 
 This module imports nothing of segxfer (whose import loads the library)
 until LMDeploy's package is imported.
+
+It is also the machinery of every such hook (_segxfer_sglang_hook.py uses
+it for SEGXFER_SGLANG): setting_name() reads a setting's backend name,
+when_imported() runs a function right after a module's own code once it is
+imported, without importing it.  It must stay importable alone (a site
+directory may hold only it and segxfer.pth) and import nothing else of
+segxfer's.
 """
 import os
 import re
@@ -37,19 +44,28 @@ def _warn(message):
         pass
 
 
-def lmdeploy_name(value):
-    """The backend name SEGXFER_LMDEPLOY gives, or None (with a warning)
-    when it is not one LMDeploy could ask for."""
+def setting_name(setting, value, pattern, example, undone, fold=False):
+    """The backend name a setting gives (stripped; lower-cased with fold),
+    or None with a warning "<setting>=<value> is not a <example>: <undone>"
+    when pattern does not match all of it."""
     name = (value or "").strip()
-    if not _NAME.match(name):
-        _warn("SEGXFER_LMDEPLOY=%r is not a backend name (e.g. Mooncake, the value of "
-              "LMDeploy's --migration-backend): segxfer's backend is not registered" % value)
+    name = name.lower() if fold else name
+    if not pattern.match(name):
+        _warn("%s=%r is not a %s: %s" % (setting, value, example, undone))
         return None
     return name
 
 
+def lmdeploy_name(value):
+    """The backend name SEGXFER_LMDEPLOY gives, or None (with a warning)
+    when it is not one LMDeploy could ask for."""
+    return setting_name("SEGXFER_LMDEPLOY", value, _NAME, "backend name (e.g. Mooncake, the "
+                        "value of LMDeploy's --migration-backend)",
+                        "segxfer's backend is not registered")
+
+
 class _Loader:
-    """The package's own loader, with the registration run after it."""
+    """The module's own loader, with after(module) run after it."""
 
     def __init__(self, loader, after):
         self._loader, self._after = loader, after
@@ -59,21 +75,22 @@ class _Loader:
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        self._after()
+        self._after(module)
 
     def __getattr__(self, attr):
         return getattr(self._loader, attr)
 
 
 class _Finder:
-    """On sys.meta_path: finds nothing itself; when LMDeploy's backend
-    package is about to load, it wraps the loader the other finders give."""
+    """On sys.meta_path: finds nothing itself; when module `fullname` is
+    about to load, it wraps the loader the other finders give.  setting
+    names the hook in warnings."""
 
-    def __init__(self, package, after):
-        self.package, self.after = package, after
+    def __init__(self, fullname, after, setting):
+        self.fullname, self.after, self.setting = fullname, after, setting
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != self.package:
+        if fullname != self.fullname:
             return None
         # Once is enough (and the finders asked below must not find us).
         if self in sys.meta_path:
@@ -88,9 +105,33 @@ class _Finder:
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
             spec.loader = _Loader(spec.loader, self.after)
         else:
-            _warn("%s has a loader segxfer cannot follow (%r): SEGXFER_LMDEPLOY is not "
-                  "applied" % (fullname, spec.loader))
+            _warn("%s has a loader segxfer cannot follow (%r): %s is not applied"
+                  % (fullname, spec.loader, self.setting))
         return spec
+
+
+def when_imported(fullname, after, setting):
+    """Run after(module) right after module fullname's own code: now if it
+    is imported already, else from a finder that waits for its import (one
+    per module; the first hook for it wins)."""
+    if fullname in sys.modules:
+        after(sys.modules[fullname])
+    elif not any(isinstance(f, _Finder) and f.fullname == fullname for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder(fullname, after, setting))
+
+
+def install_setting(setting, parse, apply, environ):
+    """Read setting from environ; if it names a backend (parse), arrange
+    apply(name) (see install()).  Nothing raises: interpreter start goes on."""
+    try:
+        value = environ.get(setting)
+        if value is None:
+            return
+        name = parse(value)
+        if name is not None:
+            apply(name)
+    except Exception as e:  # noqa: BLE001  (interpreter start must go on)
+        _warn("%s: %s: %s" % (setting, type(e).__name__, e))
 
 
 def register_lmdeploy(name):
@@ -123,16 +164,5 @@ def register_lmdeploy(name):
 def install(environ=os.environ):
     """Read SEGXFER_LMDEPLOY and arrange the registration (segxfer.pth
     calls this at interpreter start)."""
-    try:
-        value = environ.get("SEGXFER_LMDEPLOY")
-        if value is None:
-            return
-        name = lmdeploy_name(value)
-        if name is None:
-            return
-        if LMDEPLOY_PACKAGE in sys.modules:
-            register_lmdeploy(name)
-        elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Finder(LMDEPLOY_PACKAGE, lambda: register_lmdeploy(name)))
-    except Exception as e:  # noqa: BLE001  (interpreter start must go on)
-        _warn("SEGXFER_LMDEPLOY: %s: %s" % (type(e).__name__, e))
+    install_setting("SEGXFER_LMDEPLOY", lmdeploy_name, lambda name: when_imported(
+        LMDEPLOY_PACKAGE, lambda _: register_lmdeploy(name), "SEGXFER_LMDEPLOY"), environ)

@@ -19,32 +19,23 @@ stop an interpreter from starting or SGLang from importing: a bad value or a
 failed patch is a warning on stderr; where SGLang is not installed nothing
 happens at all (the finder is never asked).  This module imports nothing of
 segxfer (whose import loads the library) until SGLang asks for the backend.
+The import-hook machinery is _segxfer_hook's (installed beside it).
 """
 import os
 import re
-import sys
+
+from _segxfer_hook import _warn, install_setting, setting_name, when_imported
 
 SGLANG_UTILS = "sglang.srt.disaggregation.utils"
 _NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
-def _warn(message):
-    try:
-        sys.stderr.write("segxfer: %s\n" % message)
-    except Exception:  # noqa: BLE001  (no stderr: nothing to say it on)
-        pass
-
-
 def backend_name(value):
     """The TransferBackend value SEGXFER_SGLANG names, or None (with a
     warning) when it is not one SGLang could be asked for."""
-    name = (value or "").strip().lower()
-    if not _NAME.match(name):
-        _warn("SEGXFER_SGLANG=%r is not a transfer backend name (e.g. mooncake, the value "
-              "of SGLang's --disaggregation-transfer-backend): segxfer's backend is not "
-              "installed" % value)
-        return None
-    return name
+    return setting_name("SEGXFER_SGLANG", value, _NAME, "transfer backend name (e.g. "
+                        "mooncake, the value of SGLang's --disaggregation-transfer-backend)",
+                        "segxfer's backend is not installed", fold=True)
 
 
 def patch(module, name):
@@ -78,64 +69,8 @@ def patch(module, name):
               % (name, type(e).__name__, e))
 
 
-class _Loader:
-    """The module's own loader, with the patch run after it."""
-
-    def __init__(self, loader, after):
-        self._loader, self._after = loader, after
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._after(module)
-
-    def __getattr__(self, attr):
-        return getattr(self._loader, attr)
-
-
-class _Finder:
-    """On sys.meta_path: finds nothing itself; when SGLang's
-    disaggregation/utils.py is about to load, wraps the loader the other
-    finders give."""
-
-    def __init__(self, fullname, after):
-        self.fullname, self.after = fullname, after
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.fullname:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find else None
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _Loader(spec.loader, self.after)
-        else:
-            _warn("%s has a loader segxfer cannot follow (%r): SEGXFER_SGLANG is not "
-                  "applied" % (fullname, spec.loader))
-        return spec
-
-
 def install(environ=os.environ):
     """Read SEGXFER_SGLANG and arrange the patch (segxfer-sglang.pth calls
     this at interpreter start)."""
-    try:
-        value = environ.get("SEGXFER_SGLANG")
-        if value is None:
-            return
-        name = backend_name(value)
-        if name is None:
-            return
-        if SGLANG_UTILS in sys.modules:
-            patch(sys.modules[SGLANG_UTILS], name)
-        elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Finder(SGLANG_UTILS, lambda m: patch(m, name)))
-    except Exception as e:  # noqa: BLE001  (interpreter start must go on)
-        _warn("SEGXFER_SGLANG: %s: %s" % (type(e).__name__, e))
+    install_setting("SEGXFER_SGLANG", backend_name, lambda name: when_imported(
+        SGLANG_UTILS, lambda m: patch(m, name), "SEGXFER_SGLANG"), environ)

@@ -6,7 +6,8 @@
  * fills the reader's blocks, and they must equal byte for byte a reference
  * written directly in the reader's layout.  Refusals before any byte moves
  * (a rank missing, heads missing, a block outside a region), and a member
- * gone since the open failing exactly the blocks it was filling.
+ * gone since the open failing exactly the blocks it was filling.  With
+ * read notices, each member gets its own.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,6 +202,44 @@ static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   sx_group_close(g);
 }
 
+/* sx_group_read_notify: each member read from gets one read notice of its
+ * own, with the tag and the bytes of its memory the read took; a plain
+ * sx_group_read sends none.  Staged reads are off for it (NHD here would
+ * stage): the bytes must still equal the reference. */
+static void test_group_read_notify_tells_each_member(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
+  sx_group_result r;
+  sx_notice *n;
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  for (int i = 0; i < 2; i++)
+    sxt_rc(sx_agent_notice_next(w->p[i].a, 0, &n), SX_ETIMEDOUT);
+  memset(w->d.mem[0], 0, (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float));
+  sxt_ok(sx_group_read_notify(g, RB, 4, LB, 8, 5000, 0xfeedf00dull, &r));
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
+  assert_int_equal(r.members, 2);
+  expect_reference(w);
+  uint64_t bytes = 0;
+  for (int i = 0; i < 2; i++) {
+    /* The notice was accepted before the read completed. */
+    sxt_ok(sx_agent_notice_next(w->p[i].a, 0, &n));
+    assert_int_equal(n->kind, SX_NOTICE_READ);
+    assert_int_equal(n->tag, 0xfeedf00dull);
+    assert_true(n->n_ranges > 0);
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < n->n_ranges; k++)
+      sum += n->ranges[k].length;
+    assert_int_equal(sum, n->bytes);
+    bytes += n->bytes;
+    sx_notice_free(n);
+    sxt_rc(sx_agent_notice_next(w->p[i].a, 0, &n), SX_ETIMEDOUT);
+  }
+  assert_int_equal(bytes, r.bytes);
+  sx_group_close(g);
+}
+
 /* From the agent thread (an open callback), the waiting calls refuse. */
 typedef struct on_loop {
   sx_group *g;
@@ -321,6 +360,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed,
                                       setup_staged, teardown),
       cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_group_read_notify_tells_each_member,
+                                      setup_staged, teardown),
+      cmocka_unit_test_setup_teardown(test_group_read_notify_tells_each_member, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_refuses_before_any_byte_moves, setup,
                                       teardown),

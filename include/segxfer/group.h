@@ -100,6 +100,21 @@ SX_EXTERN int sx_group_read(sx_group *g, const uint64_t *remote_blocks, size_t n
                             const uint64_t *local_blocks, size_t n_local,
                             uint32_t timeout_ms, sx_group_result *out);
 
+/*
+ * sx_group_read with read notices (segxfer/push.h, SX_BATCH_NOTIFY): every
+ * member read from gets its own notice carrying notify_tag and the ranges
+ * of its memory this read took, once every byte from it arrived, so each
+ * prefill rank of a set frees its blocks on its own notice.  A member whose
+ * batch fails, times out or is cancelled gets none.  The notice lists the
+ * member's ranges merged where contiguous: a head slice of token-major (NHD)
+ * blocks is one range per token, and more than SX_NOTICE_MAX_ENTRIES of them
+ * for one member is refused before anything is sent (SX_ELIMIT).
+ */
+SX_EXTERN int sx_group_read_notify(sx_group *g, const uint64_t *remote_blocks,
+                                   size_t n_remote, const uint64_t *local_blocks,
+                                   size_t n_local, uint32_t timeout_ms, uint64_t notify_tag,
+                                   sx_group_result *out);
+
 /* One segment's plan against this agent's layout: sx_layout_plan(local,
  * {remote}, 1, ...).  The caller frees it with sx_plan_free(). */
 SX_EXTERN int sx_segment_plan(sx_segment *s, unsigned flags, sx_plan **out,

@@ -334,6 +334,8 @@ _PROTOS = {
     "sx_group_plan": (_P, [_P]),
     "sx_group_read": (c_int, [_P, POINTER(c_uint64), c_size_t, POINTER(c_uint64), c_size_t,
                               c_uint32, POINTER(GroupResult)]),
+    "sx_group_read_notify": (c_int, [_P, POINTER(c_uint64), c_size_t, POINTER(c_uint64),
+                                     c_size_t, c_uint32, c_uint64, POINTER(GroupResult)]),
     "sx_segment_plan": (c_int, [_P, c_uint, POINTER(_P), POINTER(Mismatch)]),
     "sx_plan_free": (None, [_P]),
     "sx_plan_text": (c_int, [_P, POINTER(c_void_p)]),

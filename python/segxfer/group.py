@@ -198,22 +198,30 @@ class Group(Owned):
         check(_lib_.sx_plan_info_get(_lib_.sx_group_plan(self._h.get()), info), "plan info")
         return {f: getattr(info, f) for f, _ in _lib.PlanInfo._fields_}
 
-    def read_blocks(self, remote_ids, local_ids, timeout=30.0):
+    def read_blocks(self, remote_ids, local_ids, timeout=30.0, notify_tag=None):
         """Read one request: remote_ids (its blocks on every member, in
         token order) into local_ids.  Waits (the GIL is released); returns a
         GroupResult.  Errors before anything is sent raise (SX_EBOUNDS,
-        SX_ENOREGION)."""
-        from .batch import _timeout_ms
+        SX_ENOREGION; SX_ELIMIT for a notice of too many ranges).  With
+        notify_tag (a 64-bit integer) every member read from gets a read
+        notice of its own carrying it (Notice.ranges: what was read from
+        it) once every byte from it arrived."""
+        from .batch import _timeout_ms, _u64
         rb, nr = _ids(remote_ids, "remote block id")
         lb, nl = _ids(local_ids, "local block id")
+        ms = _timeout_ms(timeout, "timeout")
         r = _lib.new_struct(_lib.GroupResult)
         with self._h as ptr:
-            check(_lib_.sx_group_read(ptr, rb, nr, lb, nl, _timeout_ms(timeout, "timeout"),
-                                      r), "read_blocks")
+            if notify_tag is None:
+                rc = _lib_.sx_group_read(ptr, rb, nr, lb, nl, ms, r)
+            else:
+                rc = _lib_.sx_group_read_notify(ptr, rb, nr, lb, nl, ms,
+                                                _u64(notify_tag, "notify_tag"), r)
+            check(rc, "read_blocks")
             return GroupResult(r)
 
-    async def read_blocks_async(self, remote_ids, local_ids, timeout=30.0):
+    async def read_blocks_async(self, remote_ids, local_ids, timeout=30.0, notify_tag=None):
         """read_blocks in a worker thread: the event loop runs meanwhile."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self.read_blocks, remote_ids, local_ids,
-                                          timeout)
+        return await loop.run_in_executor(None, lambda: self.read_blocks(
+            remote_ids, local_ids, timeout, notify_tag))

@@ -26,9 +26,20 @@ meaning.  What differs:
   fingerprint; Segment.check() compares it, the dtype, the layout tag and
   every region's block size before the first read from a peer.
 - Completion: the decode reads each request with notify_tag (a 64-bit tag
-  derived from the prefill's request id); the prefill frees the blocks once
-  read notices covered every layer and slot it registered, or after
-  abort_request_timeout seconds.
+  derived from the prefill's request id, its low byte the decode's tp
+  size); the prefill frees the blocks once read notices covered every layer
+  and slot it registered, from as many decode ranks as read from it (as
+  NIXL counts notifications: decode tp // prefill tp when the decode has
+  more ranks, else one), or after abort_request_timeout seconds.
+- Different tensor parallelism: each worker publishes its block
+  description (KV heads it holds, tokens per block, head_dim, NHD or HND
+  from the cache's strides, MLA); request_finished carries the prefill's
+  tp_size.  A decode whose tp_size differs opens the prefill ranks it needs
+  as a segment set (Agent.open_group) and reads each request through the
+  set's plan: head slices of one rank's blocks (decode tp a multiple of the
+  prefill's) or several ranks' blocks into one (prefill tp a multiple of
+  the decode's), each prefill rank notified on its own; blocks a failed
+  rank was filling are load errors.
 
 Settings (kv_connector_extra_config; environment fallbacks in brackets):
 metadata_url [SX_METADATA_URL] (required), prefix ("vllm"), transports
@@ -41,9 +52,13 @@ restarted engine replaces its dead predecessor at once), lease_ms (5000),
 fingerprint (default: the compatibility hash), kv_layout (layout tag, e.g.
 "HND"; default: vLLM's), log_level ("warn").
 
-Equal tensor parallelism only: decode rank r reads prefill rank r.
-Heterogeneous TP (fan-in/fan-out reads) plugs into _source_ranks().
+Equal tensor parallelism: decode rank r reads prefill rank r, a batch per
+request (per layer in the step).  Different: decode rank r reads the set
+_source_ranks() names through a segment set, one read per request (in the
+step too: the first layer waits for it).  FlashInfer's joint K/V blocks
+carry no block description: those engines need equal TP.
 """
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -62,11 +77,48 @@ CONNECTOR_VERSION = 1
 _NEEDED = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_segment")
 
 
-def notify_tag(request_id):
-    """The 64-bit tag of a prefill request's read notices: both sides
-    compute it from the prefill's request id."""
-    return int.from_bytes(hashlib.blake2b(str(request_id).encode(), digest_size=8).digest(),
+MAX_TP = 255   # a tp size travels in the notice tag's low byte
+
+
+def _tag_key(request_id):
+    """The prefill request's part of its notice tag (56 bits)."""
+    return int.from_bytes(hashlib.blake2b(str(request_id).encode(), digest_size=7).digest(),
                           "little")
+
+
+def notify_tag(request_id, reader_tp=1):
+    """The 64-bit tag of a prefill request's read notices: both sides
+    compute the upper 56 bits from the prefill's request id; the low byte is
+    the reading decode's tp size, from which the prefill knows how many
+    decode ranks read each of its ranks."""
+    if not 1 <= reader_tp <= MAX_TP:
+        raise ValueError("a tp size of 1..%d (got %r)" % (MAX_TP, reader_tp))
+    return _tag_key(request_id) << 8 | reader_tp
+
+
+def readers_per_rank(reader_tp, tp_size):
+    """How many decode ranks read one prefill rank: decode tp // prefill tp
+    when the decode has more ranks (each reads its heads' share), else one
+    (NIXL's consumers_per_producer)."""
+    return reader_tp // tp_size if reader_tp > tp_size else 1
+
+
+def source_ranks(tp_rank, tp_size, remote_tp):
+    """The prefill ranks decode rank tp_rank of tp_size reads: itself with
+    equal TP; a block of remote_tp // tp_size ranks (its heads spread over
+    them) or rank tp_rank // (tp_size // remote_tp) (its heads a part of
+    one).  Sizes neither of which divides the other are refused, as NIXL
+    refuses them: a prefill rank would then be read by a number of decode
+    ranks that readers_per_rank cannot tell, and free its blocks early."""
+    if remote_tp == tp_size:
+        return [tp_rank]
+    if remote_tp % tp_size == 0:
+        k = remote_tp // tp_size
+        return list(range(tp_rank * k, (tp_rank + 1) * k))
+    if tp_size % remote_tp == 0:
+        return [tp_rank // (tp_size // remote_tp)]
+    raise error(code("SX_EINCOMPAT"), "prefill tp_size %d, decode tp_size %d: one must "
+                "divide the other" % (remote_tp, tp_size))
 
 
 def _extra(vllm_config, key, default=None):
@@ -111,8 +163,8 @@ def _bad_params(params):
     if not isinstance(params["remote_request_id"], (str, int)):
         return "remote_request_id is not a request id"
     tp = params.get("tp_size", 1)
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        return "tp_size is not a positive integer"
+    if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= MAX_TP:
+        return "tp_size is not an integer of 1..%d" % MAX_TP
     return None
 
 
@@ -327,6 +379,83 @@ class _Load:
         self.meta, self.batches = meta, []
 
 
+class _SetResult:
+    """A segment-set read's end in the terms _settle reads of a batch's."""
+
+    def __init__(self, ok, message, state, failed):
+        self.ok, self.message, self.state = ok, message, state
+        self.failed_blocks = [(None, b) for b in failed]
+
+
+class _SetRead:
+    """A segment-set read (Group.read_blocks waits) on the set's own thread,
+    so loads run between steps as batches do; one read at a time per set."""
+
+    def __init__(self, pool, group, remote, local, timeout, tag):
+        self.local = list(local)
+        self.future = pool.submit(self._read, group, remote, local, timeout, tag)
+
+    @staticmethod
+    def _read(group, remote, local, timeout, tag):
+        try:
+            return group.read_blocks(remote, local, timeout, tag)
+        except SegxferError as e:
+            if e.code != code("SX_ELIMIT"):
+                raise
+            why = str(e)
+        # A notice would list too many ranges (a head slice of NHD blocks is
+        # a range per token): nothing was sent.  Read without one: the KV
+        # arrives, and the prefill frees at its abort_request_timeout.
+        log.warning("a read notice would list too many ranges for %d blocks (%s); read "
+                    "without one: the prefill frees them at its abort_request_timeout",
+                    len(local), why)
+        return group.read_blocks(remote, local, timeout)
+
+    def done(self):
+        return self.future.done()
+
+    def wait(self):
+        concurrent.futures.wait([self.future])
+
+    def result(self):
+        try:
+            r = self.future.result()
+        except Exception as e:  # noqa: BLE001  (refused before anything was sent:
+            # a load error, never an exception in vLLM's worker loop)
+            return _SetResult(False, "%s: %s" % (type(e).__name__, e), "FAILED", self.local)
+        return _SetResult(r.ok, r.message, r.state, r.failed if not r.ok else [])
+
+    def close(self):
+        """Nothing to free: the set outlives its reads."""
+
+
+class _Set:
+    """An open segment set and the thread its reads run on."""
+
+    def __init__(self, group):
+        self.group = group
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, "segxfer-set")
+
+    def close(self):
+        self.pool.shutdown(wait=True)
+        self.group.close()
+
+
+def _block_desc(part, total_heads):
+    """Agent keywords describing the blocks of one layer's K (or MLA) part:
+    [num_blocks, tokens, heads, head_dim] with the physical order from its
+    strides (vLLM's HND keeps the logical shape and permutes the strides),
+    or [num_blocks, tokens, dim] for MLA; None for what it cannot describe."""
+    shape, stride = tuple(part.shape), tuple(part.stride())
+    if len(shape) == 3:
+        return dict(kv_layout="MLA", block_tokens=shape[1], head_dim=shape[2])
+    if len(shape) != 4:
+        return None
+    order = "NHD" if stride[1] >= stride[2] else "HND"
+    return dict(kv_layout=order, block_tokens=shape[1], head_dim=shape[3],
+                kv_heads=(None, shape[2], max(total_heads, shape[2])))
+
+
 class _Worker:
     """The worker side: one agent per worker, publishing its KV cache as
     <prefix>/<engine_id>/tp<rank>, reading peers' by name."""
@@ -349,12 +478,18 @@ class _Worker:
         self.takeover = bool(_extra(vllm_config, "takeover", False))
         self.lease_ms = _extra(vllm_config, "lease_ms")
         self.tp_rank, self.tp_size = _tp(vllm_config)
+        if not 1 <= self.tp_size <= MAX_TP:
+            raise ValueError("SegxferConnector: tensor_parallel_size %d (1..%d)"
+                             % (self.tp_size, MAX_TP))
+        self.total_heads = vllm_config.model_config.get_total_num_kv_heads()
         self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self.segment_name = "%s/%s/tp%d" % (self.prefix, engine_id, self.tp_rank)
         self.agent = None
         self.layers = {}          # layer name -> layer index
         self.cover = frozenset()  # (layer, slot) of every registered region
         self._segments = {}       # peer segment name -> checked Segment
+        self._sets = {}           # (peer engine name, its tp size) -> _Set
+        self._region_keys = {}    # region id -> (layer, slot number)
         self._retired = []        # segments of failed peers, closed when idle
         self._loads = {}          # request id -> _Load (asynchronous)
         self._layer_batches = {}  # layer index -> [(request id, batch)] (in-step loads)
@@ -363,8 +498,8 @@ class _Worker:
         self._failed_recv = set()
         self._to_send = {}        # request id -> expiry
         self._to_process = set()
-        self._tags = {}           # notify tag -> request id
-        self._read = {}           # request id -> (layer, slot) its read notices covered
+        self._tags = {}           # notify tag key (_tag_key) -> request id
+        self._read = {}           # request id -> {reader: (layer, slot) its notices covered}
 
     # ------------------------------------------------------------ registering
 
@@ -385,11 +520,17 @@ class _Worker:
             raise ValueError("SegxferConnector: no KV caches to register")
         first = next(iter(kv_caches.values()))
         from . import dtype_name
+        parts = self._parts(first)
+        # K and V apart (or MLA's one latent) is what a block description
+        # says; joint K/V blocks are read whole, with equal TP only.
+        desc = _block_desc(parts[0][1], self.total_heads) if len(parts) == 2 or \
+            first.dim() == 3 else None
         self.agent = Agent(
             self.segment_name, self.url, transports=self.transports,
             fingerprint=self.fingerprint, tag=self.kv_layout,
             dtype=dtype_name(first.dtype), tp_rank=self.tp_rank,
-            tp_size=self.tp_size, lease_ms=self.lease_ms, log_level=self.log_level)
+            tp_size=self.tp_size, lease_ms=self.lease_ms, log_level=self.log_level,
+            **(desc or {}))
         seen, cover = set(), set()
         for name, cache in kv_caches.items():
             index = len(self.layers)
@@ -400,9 +541,10 @@ class _Worker:
                 seen.add(part.data_ptr())
                 blocks = part.shape[0]
                 size = part.numel() * part.element_size()
-                self.agent.register(part, layer_first=index, layers=1, slot=slot,
-                                    block_bytes=size // blocks, num_blocks=blocks)
+                region = self.agent.register(part, layer_first=index, layers=1, slot=slot,
+                                             block_bytes=size // blocks, num_blocks=blocks)
                 cover.add((index, slot_number(slot)))
+                self._region_keys[region.id] = (index, slot_number(slot))
         self.cover = frozenset(cover)
         try:
             self.agent.publish(takeover=self.takeover)
@@ -416,12 +558,21 @@ class _Worker:
 
     def _source_ranks(self, meta):
         """The segment names of the prefill ranks this worker reads a
-        request from.  Equal TP: rank r reads rank r.  Heterogeneous TP
-        (fan-in/fan-out reads of head ranges) hooks in here."""
-        if meta.tp_size != self.tp_size:
-            raise error(code("SX_EINCOMPAT"), "prefill tp_size %s, decode tp_size %d: only "
-                        "equal tensor parallelism is supported" % (meta.tp_size, self.tp_size))
-        return ["%s/tp%d" % (meta.remote_segment, self.tp_rank)]
+        request from (source_ranks)."""
+        return ["%s/tp%d" % (meta.remote_segment, r)
+                for r in source_ranks(self.tp_rank, self.tp_size, meta.tp_size)]
+
+    def _set(self, meta):
+        """The prefill ranks of another tp size, opened as a set and
+        planned once (IncompatibleLayout or SX_ENOENT before any read)."""
+        key = (meta.remote_segment, meta.tp_size)
+        s = self._sets.get(key)
+        if s is None:
+            g = self.agent.open_group(self._source_ranks(meta), timeout=self.open_timeout)
+            log.info("reading %s (tp %d) at tp rank %d of %d:\n%s", meta.remote_segment,
+                     meta.tp_size, self.tp_rank, self.tp_size, g.plan())
+            s = self._sets[key] = _Set(g)
+        return s
 
     def _segment(self, name):
         """The peer's segment, opened and checked once (check() before any
@@ -449,10 +600,18 @@ class _Worker:
                 continue  # a full prefix-cache hit: nothing to read
             remote = m.remote_block_ids[-len(local):]  # a partial hit reads the tail
             load = _Load(m)
+            tag = notify_tag(m.remote_request_id, self.tp_size)
             try:
-                for name in self._source_ranks(m):
+                if m.tp_size != self.tp_size:
+                    s = self._set(m)
+                    b = _SetRead(s.pool, s.group, remote, local, self.transfer_timeout, tag)
+                    load.batches.append(b)
+                    if not self.load_async:
+                        # One read for every layer: the first layer waits.
+                        first = min(self.layers.values())
+                        self._layer_batches.setdefault(first, []).append((req_id, b))
+                for name in self._source_ranks(m) if m.tp_size == self.tp_size else ():
                     seg = self._segment(name)
-                    tag = notify_tag(m.remote_request_id)
                     if self.load_async:
                         load.batches.append(seg.read_blocks(
                             remote, local, timeout=self.transfer_timeout, notify_tag=tag))
@@ -477,7 +636,7 @@ class _Worker:
         # The prefill side: requests computed here, then finished.
         for req_id in meta.reqs_in_batch:
             self._to_process.add(req_id)
-            self._tags[notify_tag(req_id)] = req_id
+            self._tags[_tag_key(req_id)] = req_id
         for req_id in meta.reqs_not_processed:
             self._forget(req_id)
         for req_id, expiry in meta.reqs_to_send.items():
@@ -488,7 +647,12 @@ class _Worker:
         """Forget a failed peer's segments, so the next load opens it anew
         (a restarted prefill).  Closing one would end other requests'
         batches on it: they are closed once no load runs."""
-        for name in self._source_ranks(meta) if meta.tp_size == self.tp_size else ():
+        if meta.tp_size != self.tp_size:
+            s = self._sets.pop((meta.remote_segment, meta.tp_size), None)
+            if s is not None:
+                self._retired.append(s)
+            return
+        for name in self._source_ranks(meta):
             seg = self._segments.pop(name, None)
             if seg is not None:
                 self._retired.append(seg)
@@ -533,38 +697,48 @@ class _Worker:
 
     def _ended(self):
         """Request ids whose read batches all ended, from their fds."""
-        fds = {}
+        fds, pending = {}, set()
         for req_id, load in self._loads.items():
             for b in load.batches:
-                fds[b.fileno()] = req_id
+                if isinstance(b, _SetRead):
+                    if not b.done():
+                        pending.add(req_id)
+                else:
+                    fds[b.fileno()] = req_id
         if not fds:
-            return set()
+            return set(self._loads) - pending
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN)
         ready = {fd for fd, _ in poller.poll(0)}
-        pending = {fds[fd] for fd in fds if fd not in ready}
-        return set(fds.values()) - pending
+        pending |= {fds[fd] for fd in fds if fd not in ready}
+        return set(self._loads) - pending
 
     def _notices(self):
         """Prefill requests every layer and slot of which the read notices
-        say the decode has."""
+        say each decode rank reading this rank has (one reader with equal
+        TP or fewer decode ranks; decode tp // prefill tp with more)."""
         done = set()
         if self.agent is None:
             return done
         for n in self.agent.notices():
             if n.kind != "read":
                 continue
-            req_id = self._tags.get(n.tag)
-            if req_id is None or req_id not in self._to_process:
+            req_id = self._tags.get(n.tag >> 8)
+            reader_tp = n.tag & 0xff
+            if req_id is None or req_id not in self._to_process or reader_tp == 0:
                 log.warning("a read notice from %s names no request waiting here (tag %d); "
                             "it may have expired", n.producer or "a reader", n.tag)
                 continue
-            got = self._read.setdefault(req_id, set())
+            got = self._read.setdefault(req_id, {}).setdefault(n.producer, set())
             for run in n.blocks:
                 for layer in range(run.layer_first, run.layer_first + run.layer_count):
                     got.update((layer, s) for s in range(_lib.MAX_SLOTS) if run.slots >> s & 1)
-            if self.cover <= got:
+            # A set read's notice lists ranges: each in one registered region.
+            got.update(self._region_keys[r.region] for r in n.ranges
+                       if r.region in self._region_keys)
+            readers = sum(self.cover <= c for c in self._read[req_id].values())
+            if readers >= readers_per_rank(reader_tp, self.tp_size):
                 done.add(req_id)
                 self._forget(req_id)
         return done
@@ -573,7 +747,7 @@ class _Worker:
         self._to_process.discard(req_id)
         self._to_send.pop(req_id, None)
         self._read.pop(req_id, None)
-        self._tags.pop(notify_tag(req_id), None)
+        self._tags.pop(_tag_key(req_id), None)
 
     def get_finished(self):
         """(done sending, done receiving): prefill requests whose blocks the
@@ -606,9 +780,9 @@ class _Worker:
             for b in load.batches:
                 b.close()
         self._loads, self._step_loads, self._layer_batches = {}, {}, {}
-        for seg in list(self._segments.values()) + self._retired:
+        for seg in list(self._segments.values()) + list(self._sets.values()) + self._retired:
             seg.close()
-        self._segments, self._retired = {}, []
+        self._segments, self._sets, self._retired = {}, {}, []
         if self.agent is not None:
             self.agent.close()
             self.agent = None

@@ -51,17 +51,24 @@ pages=$(ls "$prefix/share/man/man1" | tr '\n' ' ')
 # LMDeploy's backend package; a bad value is a warning, never a failed start.
 py=${PYTHON:-/usr/bin/python3}
 pydir=$(ls -d "$prefix"/lib/python3*/dist-packages)
-for f in segxfer.pth _segxfer_hook.py segxfer/lmdeploy_backend.py; do
+for f in segxfer.pth _segxfer_hook.py segxfer/lmdeploy_backend.py segxfer-sglang.pth \
+    _segxfer_sglang_hook.py; do
   [ -f "$pydir/$f" ] || { echo "install: $f is missing from $pydir"; exit 1; }
 done
 probe="import site, sys; site.addsitedir('$pydir'); print(*sorted(type(f).__name__ for f in sys.meta_path if type(f).__module__ == '_segxfer_hook'), '_segxfer_hook' in sys.modules)"
-out=$(env -u SEGXFER_LMDEPLOY "$py" -c "$probe" 2>&1)
+out=$(env -u SEGXFER_LMDEPLOY -u SEGXFER_SGLANG "$py" -c "$probe" 2>&1)
 [ "$out" = "False" ] || { echo "install: segxfer.pth acts without SEGXFER_LMDEPLOY: $out"; exit 1; }
 out=$(SEGXFER_LMDEPLOY=Mooncake "$py" -c "$probe" 2>&1)
 [ "$out" = "_Finder True" ] || { echo "install: segxfer.pth with SEGXFER_LMDEPLOY=Mooncake: $out"; exit 1; }
 out=$(SEGXFER_LMDEPLOY='no such' "$py" -c "$probe" 2>&1)
 case $out in *"is not a backend name"*True) ;; *)
   echo "install: SEGXFER_LMDEPLOY='no such' gives no clear warning: $out"; exit 1;; esac
+# The SGLang hook (segxfer-sglang.pth) uses _segxfer_hook's machinery from
+# the same directory: one finder, waiting for SGLang's disaggregation utils.
+sgl="import site, sys; site.addsitedir('$pydir'); print(*[f.fullname for f in sys.meta_path if type(f).__module__ == '_segxfer_hook'])"
+out=$(env -u SEGXFER_LMDEPLOY SEGXFER_SGLANG=mooncake "$py" -c "$sgl" 2>&1)
+[ "$out" = "sglang.srt.disaggregation.utils" ] ||
+  { echo "install: segxfer-sglang.pth with SEGXFER_SGLANG=mooncake: $out"; exit 1; }
 # Uninstall leaves no file or link behind (empty standard directories may stay).
 $make --no-print-directory uninstall DESTDIR="$dest" PREFIX=/opt/segxfer BUILD="$build" >/dev/null
 left=$(find "$prefix" \( -type f -o -type l \) -print)

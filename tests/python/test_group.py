@@ -96,6 +96,21 @@ def test_group_reads_a_tp2_prefill_into_one_rank(url):
                 assert all(torch.equal(a, b) for a, b in zip(ref, cache))
             with agent.open_group(pattern="pf/tp*") as g:
                 assert len(g) == 2 and g.read_blocks(remote, local).ok
+                assert [a.notices() for a in ranks.agents] == [[], []]
+                # With notify_tag: one read notice at each prefill rank,
+                # the tag and the bytes of its memory the read took.
+                for c in cache:
+                    c.zero_()
+                res = g.read_blocks(remote, local, timeout=10, notify_tag=2**64 - 5)
+                assert res.ok and all(torch.equal(a, b) for a, b in zip(ref, cache))
+                got = [a.notices() for a in ranks.agents]
+                assert [len(n) for n in got] == [1, 1]
+                for (n,) in got:
+                    assert (n.kind, n.tag) == ("read", 2**64 - 5)
+                    assert sum(r.length for r in n.ranges) == n.bytes > 0
+                assert sum(n.bytes for (n,) in got) == res.bytes
+                with pytest.raises(segxfer.SX_EINVAL):
+                    g.read_blocks(remote, local, notify_tag=-1)
             # One rank alone: a structured refusal.
             with pytest.raises(segxfer.IncompatibleLayout) as e:
                 agent.open_group(["pf/tp0"])

@@ -75,7 +75,7 @@ def test_vllm_decode_reads_prefill_and_prefill_frees_after_the_read_notice(store
                                                                            transports):
     prefill = Prefill(device, transports=transports)
     decode = ve.Engine("decode-engine", "kv_consumer", DECODE_BLOCKS, device,
-                       transports=transports)
+                       transports=transports, open_timeout=1)
     try:
         # The prefill finishes a request; request_finished keeps its blocks
         # and says where they are: a segment name and block ids, no address.
@@ -104,7 +104,8 @@ def test_vllm_decode_reads_prefill_and_prefill_frees_after_the_read_notice(store
         assert prefill.call("steps_until_sent", "req-1", 10) == {"req-1"}
         seg = decode.worker.connector_worker._segments["vllm/prefill-engine/tp0"]
         assert seg.transport == transports
-        # Another tensor-parallel size: refused (equal TP only), load errors.
+        # Parameters claiming a tp size the prefill does not run (its rank 1
+        # is never published): the set does not open, load errors.
         assert load(decode, "dec-tp", dict(params, tp_size=2), [1, 2, 6, 8, 9])[1] == \
             {1, 2, 6, 8, 9}
         assert not decode.blocks([1, 2, 6, 8, 9]).any()
@@ -204,6 +205,19 @@ def test_vllm_connector_shape():
     assert sxvllm.compat_hash(cfg) != sxvllm.compat_hash(ve.vllm_config("e", "kv_both",
                                                                         model="other"))
     assert sxvllm.notify_tag("req-1") == sxvllm.notify_tag("req-1") != sxvllm.notify_tag("r")
+    # The decode's tp size rides in the tag's low byte; the rest is the request's.
+    assert sxvllm.notify_tag("req-1", 4) == sxvllm.notify_tag("req-1") + 3
+    with pytest.raises(ValueError):
+        sxvllm.notify_tag("req-1", 256)
+    # Which prefill ranks a decode rank reads, and how many decode ranks
+    # read one prefill rank (NIXL's consumers_per_producer).
+    assert sxvllm.source_ranks(1, 2, 2) == [1]
+    assert sxvllm.source_ranks(1, 2, 4) == [2, 3]           # fan-in: heads side by side
+    assert sxvllm.source_ranks(3, 4, 2) == [1]              # fan-out: a head slice
+    with pytest.raises(sxvllm.SegxferError, match="one must divide the other"):
+        sxvllm.source_ranks(0, 2, 3)                        # no ratio: refused, as NIXL
+    assert [sxvllm.readers_per_rank(d, p) for d, p in ((1, 2), (2, 2), (4, 2), (8, 1))] == \
+        [1, 1, 2, 8]
     bad = ve.vllm_config("e", "kv_both")
     bad.kv_transfer_config = None
     with pytest.raises(ValueError, match="kv_transfer_config"):
@@ -251,3 +265,131 @@ def test_vllm_connector_shape():
     req.status = ve.RequestStatus.FINISHED_ABORTED
     assert sched.request_finished(req, [1]) == (False, None)
     assert "ab" in sched.build_connector_meta(None).reqs_not_processed
+
+
+def prefill_ranks(tp_size, **extra):
+    return [Prefill(tp_rank=r, tp_size=tp_size, **extra) for r in range(tp_size)]
+
+
+def prefill_on_all(ranks, req_id, blocks, seed):
+    """Every rank runs the request (vLLM's scheduler drives all workers);
+    their kv_transfer_params are the same."""
+    outs = [p.call("prefill", req_id, NUM_TOKENS, blocks, seed) for p in ranks]
+    assert all(o == outs[0] for o in outs)
+    delay, params = outs[0]
+    assert delay is True and params["tp_size"] == len(ranks)
+    return params
+
+
+def not_sent(ranks, req_id, steps=3):
+    for _ in range(steps):
+        for p in ranks:
+            assert req_id not in p.call("step")[0]
+        time.sleep(0.02)
+
+
+def test_vllm_prefill_tp2_into_decode_tp1(store):
+    """Prefill TP=2 (two processes, one KV head each) -> decode TP=1: the
+    decode opens both ranks as a set and reads each request through its
+    plan; its blocks equal bitwise what a TP=1 prefill writes (all heads);
+    each prefill rank frees only on its own read notice."""
+    ranks = prefill_ranks(2)
+    decode = ve.Engine("decode-engine", "kv_consumer", DECODE_BLOCKS)
+    sync = ve.Engine("decode-sync", "kv_consumer", DECODE_BLOCKS, load_async=False)
+    try:
+        pblocks = [5, 9, 10, 11, 20]
+        params = prefill_on_all(ranks, "req-h", pblocks, 7)
+        # Each rank holds its head of the request: together, all of it.
+        parts = [p.call("blocks", pblocks) for p in ranks]
+        want = ve.full_blocks(len(pblocks), 7)
+        assert torch.equal(torch.cat(parts, dim=4), want)
+        not_sent(ranks, "req-h")
+        local = [0, 3, 4, 7, 15]
+        _, invalid = load(decode, "dec-h", params, local)
+        assert invalid == set()
+        assert torch.equal(decode.blocks(local), want)                 # bitwise
+        assert not decode.blocks([b for b in range(DECODE_BLOCKS) if b not in local]).any()
+        for p in ranks:
+            assert p.call("steps_until_sent", "req-h", 10) == {"req-h"}
+        s = decode.worker.connector_worker._sets[("vllm/prefill-engine", 2)]
+        assert "reads head 1 (all it holds) of each block of vllm/prefill-engine/tp1" \
+            in s.group.plan() and s.group.plan_info()["used"] == 2
+        # In the step (load_async False): one set read, the first layer waits.
+        params = prefill_on_all(ranks, "req-s", [1, 2, 3, 4, 30], 8)
+        steps, invalid = load(sync, "dec-s", params, [10, 11, 12, 13, 14])
+        assert steps == 1 and invalid == set()
+        assert torch.equal(sync.blocks([10, 11, 12, 13, 14]), ve.full_blocks(5, 8))
+        for p in ranks:
+            assert p.call("steps_until_sent", "req-s", 10) == {"req-s"}
+    finally:
+        sync.close()
+        decode.close()
+        for p in ranks:
+            p.stop()
+
+
+def test_vllm_prefill_tp1_into_decode_tp2(store, caplog):
+    """Prefill TP=1 -> decode TP=2 (two ranks, one KV head each): each
+    decode rank reads its head slice of the prefill's blocks; the prefill
+    frees only after both ranks' read notices (decode tp // prefill tp)."""
+    prefill = Prefill()
+    dec = [ve.Engine("decode-engine", "kv_consumer", DECODE_BLOCKS, tp_rank=r, tp_size=2)
+           for r in range(2)]
+    try:
+        pblocks = [2, 4, 6, 8, 31]
+        delay, params = prefill.call("prefill", "req-f", NUM_TOKENS, pblocks, 9)
+        assert params["tp_size"] == 1
+        want = ve.full_blocks(len(pblocks), 9)
+        assert torch.equal(prefill.call("blocks", pblocks), want)
+        local = [1, 5, 9, 13, 17]
+        assert load(dec[0], "dec-f", params, local)[1] == set()
+        assert torch.equal(dec[0].blocks(local), want[..., 0:1, :])
+        # One of two readers: the prefill keeps the blocks.
+        not_sent([prefill], "req-f", 5)
+        assert load(dec[1], "dec-f", params, local)[1] == set()
+        assert torch.equal(dec[1].blocks(local), want[..., 1:2, :])
+        assert prefill.call("steps_until_sent", "req-f", 10) == {"req-f"}
+        # What a TP-equal run gives: both halves together are the blocks.
+        assert torch.equal(torch.cat([d.blocks(local) for d in dec], dim=4), want)
+        # A request whose head slices would need a notice of more than 1024
+        # ranges (NHD: one per token, layer and K/V; 9 blocks here): read
+        # without a notice, the KV still arrives; the prefill keeps its
+        # blocks (until its abort_request_timeout).
+        pblocks, local = list(range(10, 20)), list(range(10, 20))
+        delay, params = prefill.call("prefill", "req-l", NUM_TOKENS, pblocks, 10)
+        for d in dec:
+            assert load(d, "dec-l", params, local)[1] == set()
+        assert torch.equal(torch.cat([d.blocks(local) for d in dec], dim=4),
+                           ve.full_blocks(len(pblocks), 10))
+        not_sent([prefill], "req-l", 5)
+        assert "a read notice would list too many ranges for 10 blocks" in caplog.text
+    finally:
+        for d in dec:
+            d.close()
+        prefill.stop()
+
+
+def test_vllm_killed_prefill_rank_gives_load_errors_for_its_blocks(store):
+    """Prefill TP=2 -> decode TP=1 with prefill rank 1 killed: every local
+    block was waiting for its head from rank 1, so all are load errors,
+    reported within the transfer timeout; rank 0's read completed, and its
+    notice frees its blocks."""
+    ranks = prefill_ranks(2, lease_ms=120000)
+    decode = ve.Engine("decode-engine", "kv_consumer", DECODE_BLOCKS, transfer_timeout=5,
+                       open_timeout=2)
+    try:
+        params = prefill_on_all(ranks, "req-a", [1, 2, 3, 4, 5], 5)
+        assert load(decode, "dec-a", params, [20, 21, 22, 23, 16])[1] == set()
+        params = prefill_on_all(ranks, "req-k", [6, 7, 8, 9, 10], 4)
+        os.kill(ranks[1].proc.pid, signal.SIGKILL)
+        ranks[1].proc.join(10)
+        start = time.monotonic()
+        _, invalid = load(decode, "dec-k", params, [2, 3, 5, 8, 13], seconds=15)
+        assert invalid == {2, 3, 5, 8, 13}
+        assert time.monotonic() - start < 10
+        assert decode.step() == (set(), set(), set())
+        assert ranks[0].call("steps_until_sent", "req-k", 10) == {"req-k"}
+    finally:
+        decode.close()
+        for p in ranks:
+            p.stop()

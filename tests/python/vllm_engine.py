@@ -71,11 +71,13 @@ class _Config:
         self.__dict__.update(kw)
 
 
-def vllm_config(engine_id, kv_role, model="test-model/v1", **extra):
+def vllm_config(engine_id, kv_role, model="test-model/v1", tp_size=1, **extra):
+    """The worker's tp rank comes as extra config tp_rank: without vLLM
+    there is no tensor-parallel group to ask (segxfer.vllm._tp)."""
     return _Config(kv_transfer_config=KVTransferConfig(engine_id, kv_role, extra),
                    model_config=ModelConfig(model),
                    cache_config=_Config(block_size=BLOCK_SIZE, cache_dtype="auto"),
-                   parallel_config=_Config(tensor_parallel_size=1, data_parallel_rank=0))
+                   parallel_config=_Config(tensor_parallel_size=tp_size, data_parallel_rank=0))
 
 
 class RequestStatus(enum.Enum):
@@ -116,19 +118,40 @@ def connector_class(kv_transfer_config):
     return getattr(module, kv_transfer_config.kv_connector)
 
 
-class Engine:
-    """One engine: its scheduler-side and worker-side connector (TP 1)."""
+def prefill_data(num_blocks, seed, shape):
+    """What a prefill's forward pass writes into num_blocks blocks of one
+    layer: K and V of every KV head (shape: a block's [tokens, heads,
+    head_dim]), the same at any tp size; each rank keeps its heads."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn((2, num_blocks) + tuple(shape), generator=g).to(DTYPE)
 
-    def __init__(self, engine_id, kv_role, num_blocks, device="cpu", **extra):
+
+def full_blocks(num_blocks, seed):
+    """Engine.blocks of a TP=1 engine after prefill(..., seed): every KV
+    head of num_blocks blocks, in every layer."""
+    return torch.stack([prefill_data(num_blocks, seed * 1000 + i, (BLOCK_SIZE, HEADS, HEAD_DIM))
+                        for i in range(LAYERS)])
+
+
+class Engine:
+    """One engine's rank tp_rank of tp_size: its scheduler-side and
+    worker-side connector and its share of the KV heads, as vLLM's
+    tensor-parallel workers hold them (HEADS // tp_size each)."""
+
+    def __init__(self, engine_id, kv_role, num_blocks, device="cpu", tp_rank=0, tp_size=1,
+                 **extra):
         from segxfer._vllm_base import KVConnectorRole
-        cfg = vllm_config(engine_id, kv_role, **extra)
+        cfg = vllm_config(engine_id, kv_role, tp_size=tp_size, tp_rank=tp_rank, **extra)
+        self.heads = HEADS // tp_size
+        self.head_first = tp_rank * self.heads
         cls = connector_class(cfg.kv_transfer_config)
         kv_cache_config = _Config(num_blocks=num_blocks)
         self.scheduler = cls(cfg, KVConnectorRole.SCHEDULER, kv_cache_config)
         self.worker = cls(cfg, KVConnectorRole.WORKER, kv_cache_config)
         self.kv_caches = {
             "model.layers.%d.self_attn.attn" % i:
-            torch.zeros(2, num_blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=DTYPE, device=device)
+            torch.zeros(2, num_blocks, BLOCK_SIZE, self.heads, HEAD_DIM, dtype=DTYPE,
+                        device=device)
             for i in range(LAYERS)}
         self.worker.register_kv_caches(self.kv_caches)
 
@@ -169,10 +192,11 @@ class Engine:
         meta = self.scheduler.build_connector_meta(_Config(finished_req_ids=set()))
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(_Config())
-        g = torch.Generator().manual_seed(seed)
-        for cache in self.kv_caches.values():
-            data = torch.randn((2, len(block_ids)) + tuple(cache.shape[2:]), generator=g)
-            cache[:, block_ids] = data.to(DTYPE).to(cache.device)
+        # A generator per layer: every rank draws every head of it.
+        for i, cache in enumerate(self.kv_caches.values()):
+            data = prefill_data(len(block_ids), seed * 1000 + i, (BLOCK_SIZE, HEADS, HEAD_DIM))
+            cache[:, block_ids] = data[..., self.head_first:self.head_first + self.heads,
+                                       :].to(cache.device)
         self.worker.wait_for_save()
         self.worker.get_finished(set())
         self.worker.clear_connector_metadata()
