@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backend_publisher.h"
+#include "fake_rnode.h"
 #include "internal.h"
 #include "redis/redis.h"
 #include "redis_cluster_harness.h"
@@ -722,6 +723,47 @@ static void test_cluster_bad_input_at_connect(void **state) {
   open_fails(url, SX_EUNREACH, "no cluster node gave the slot map");
 }
 
+/* What a hostile or broken node answers a command (fake nodes, no
+ * redis-server): MOVED back and forth between two nodes, MOVED to an
+ * address that does not parse, a plain error.  Each get ends within its
+ * timeout with the status and a message that says what happened. */
+static void test_cluster_hostile_redirects(void **state) {
+  (void)state;
+  static const struct {
+    const char *answer;
+    int status;
+    const char *want;
+  } cases[] = {
+      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384"},
+      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport"},
+      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0"},
+      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    sxt_fake_rnodes f;
+    sxt_fake_rnodes_start(&f, cases[i].answer);
+    char url[256];
+    snprintf(url, sizeof(url), "redis+cluster://127.0.0.1:%d?connect_timeout_ms=2000&"
+             "timeout_ms=3000", f.node[0].port);
+    sx_store *s = NULL;
+    sxt_ok(sx_store_open(url, &s));
+    sx_desc d;
+    uint64_t t0 = sx__mono_ms();
+    int rc = sx_store_get(s, "seg/0", &d, NULL);
+    uint64_t took = sx__mono_ms() - t0;
+    if (rc != cases[i].status || strstr(sx_errmsg(), cases[i].want) == NULL)
+      fail_msg("answer %s: %s (%s), wanted %s with '%s'", cases[i].answer, sx_err_name(rc),
+               sx_errmsg(), sx_err_name(cases[i].status), cases[i].want);
+    if (took > 2500)
+      fail_msg("answer %s: the get took %lu ms", cases[i].answer, (unsigned long)took);
+    sx_store_close(s);
+    sxt_fake_rnodes_stop(&f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest suite[] = {SXT_STORE_SUITE};
   const struct CMUnitTest tests[] = {
@@ -729,6 +771,7 @@ int main(void) {
       cmocka_unit_test(test_cluster_listing_across_shards),
       cmocka_unit_test(test_cluster_events_from_every_shard),
       cmocka_unit_test(test_cluster_bad_input_at_connect),
+      cmocka_unit_test(test_cluster_hostile_redirects),
       cmocka_unit_test(test_cluster_ask_during_slot_migration),
       cmocka_unit_test(test_cluster_close_from_a_timed_out_op),
       cmocka_unit_test(test_cluster_master_failover),
