@@ -361,3 +361,58 @@ def test_sglang_a_failed_room_is_never_lifted_again(url, monkeypatch):
     finally:
         mgr.teardown()
         server.close()
+
+
+def _bad(a, **kw):
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+BAD_KV_ARGS = [
+    (lambda a: _bad(a, kv_data_lens=a.kv_data_lens[:-1]),
+     r"kv_data_ptrs, kv_data_lens and kv_item_lens differ in length \(8, 7, 8\)"),
+    (lambda a: _bad(a, kv_item_lens=a.kv_item_lens[1:]), r"differ in length \(8, 8, 7\)"),
+    (lambda a: _bad(a, aux_item_lens=[]),
+     r"aux_data_ptrs, aux_data_lens and aux_item_lens differ"),
+    (lambda a: _bad(a, state_item_lens=[[]]),
+     r"state_data_ptrs\[0\], state_data_lens\[0\] and state_item_lens\[0\] differ"),
+    (lambda a: _bad(a, state_data_lens=[]),
+     r"state_data_ptrs, state_data_lens and state_item_lens differ in length \(1, 0, 1\)"),
+    (lambda a: _bad(a, kv_item_lens=[0] + a.kv_item_lens[1:]),
+     r"kv_item_lens\[0\] is 0 for a buffer of"),
+    (lambda a: _bad(a, kv_data_lens=[-1] + a.kv_data_lens[1:]),
+     r"kv_data_lens\[0\] must be a non-negative integer"),
+    (lambda a: _bad(a, kv_item_lens=[4096.0] + a.kv_item_lens[1:]),
+     r"kv_item_lens\[0\] must be a non-negative integer"),
+    (lambda a: _bad(a, kv_data_ptrs=None), r"kv_data_ptrs must be a list"),
+    (lambda a: _bad(a, page_size=0), r"page_size must be a positive integer"),
+    (lambda a: _bad(a, page_size=True), r"page_size must be a positive"),
+]
+
+
+def test_sglang_bad_kv_args_are_refused(url, monkeypatch):
+    """KVArgs whose lists do not pair up (zip used to drop the buffers past
+    the shortest list and publish the rest), a zero item size, a page size
+    of 0: ValueError naming the field, on either side, before anything is
+    bound or published; a good manager starts after them."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    try:
+        for role in ("PREFILL", "DECODE"):
+            mode = c["DisaggregationMode"][role]
+            for change, message in BAD_KV_ARGS:
+                args = change(eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0))
+                with pytest.raises(ValueError, match=message):
+                    c["SegxferKVManager"](args, mode, eng.ServerArgs({"bport": bport}), False)
+            mgr = c["SegxferKVManager"](eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0), mode,
+                                        eng.ServerArgs({"bport": bport}), False)
+            assert set(mgr.segment_names()) == {"kv"}
+            mgr.teardown()
+    finally:
+        server.close()
