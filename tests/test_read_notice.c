@@ -549,6 +549,45 @@ static void test_read_notice_many_concurrent_batches(void **state) {
   pair_stop(&p);
 }
 
+/* Cancel racing the notice: submit, cancel at once or a little later, over
+ * and over.  A batch that ends COMPLETED left its notice at the target; a
+ * cancelled one may have (its notice was in flight, docs/push.md), never
+ * twice; nothing leaks or is touched after it is freed. */
+static void test_read_notice_cancel_races_the_notice(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "race-0");
+  enum { N = 120 };
+  int completed[N] = {0};
+  for (int i = 0; i < N; i++) {
+    sx_block_read e = kv_read((uint64_t)i % SXT_TARGET_BLOCKS, (uint64_t)i % SXT_READER_BLOCKS,
+                              1);
+    sx_batch *b = submit(p.seg, &e, 1, 1, 5000 + (uint64_t)i, 10000);
+    if (i % 4)
+      usleep((useconds_t)(i % 4) * 150);
+    sxt_ok(sx_batch_cancel(b));
+    sx_batch_result r = finish(b);
+    assert_true(r.state == SX_BATCH_COMPLETED || r.state == SX_BATCH_CANCELLED);
+    completed[i] = r.state == SX_BATCH_COMPLETED;
+  }
+  /* Every notice the target got, once each. */
+  int seen[N] = {0};
+  sx_notice *n = NULL;
+  while (sx_agent_notice_next(p.t.a, 300, &n) == 0) {
+    assert_true(n->tag >= 5000 && n->tag < 5000 + N);
+    assert_int_equal(seen[n->tag - 5000]++, 0);
+    sx_notice_free(n);
+  }
+  for (int i = 0; i < N; i++)
+    if (completed[i] && !seen[i])
+      fail_msg("batch %d ended COMPLETED, the target has no notice of it", i);
+  /* The connection still carries reads and notices. */
+  sx_block_read e = kv_read(1, 1, 1);
+  assert_int_equal(finish(submit(p.seg, &e, 1, 1, 9999, 5000)).state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "race-0", 9999, &e, 1, 0);
+  pair_stop(&p);
+}
+
 /* Three notifying batches that destroy themselves, submitted on p's
  * segment once the target's loop is held in its notice callback by the
  * first one's notice (so the first waits for the answer to its notice,
@@ -621,6 +660,7 @@ int main(void) {
       cmocka_unit_test(test_read_notice_forged_ones_are_refused),
       cmocka_unit_test(test_read_notice_hostile_framing),
       cmocka_unit_test(test_read_notice_many_concurrent_batches),
+      cmocka_unit_test(test_read_notice_cancel_races_the_notice),
       cmocka_unit_test(test_read_notice_reader_gone_while_notice_waits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
