@@ -403,9 +403,9 @@ static void test_read_notice_forged_ones_are_refused(void **state) {
 }
 
 /* Read notices a hostile reader sends past HELLO that the forged ones above
- * do not: an empty body, many pipelined in one send (more than the reply
- * queue holds, past the notice queue's bound), a body split across sends,
- * and one cut off by the connection's end.  Each is answered or dropped
+ * do not: an empty body, a body split across sends, more pipelined than
+ * the reply queue holds (past the notice queue's bound in all), and one
+ * cut off by the connection's end.  Each is answered or dropped
  * without touching anything else; the target goes on serving. */
 static void test_read_notice_hostile_framing(void **state) {
   (void)state;
