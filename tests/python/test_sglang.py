@@ -416,3 +416,49 @@ def test_sglang_bad_kv_args_are_refused(url, monkeypatch):
             mgr.teardown()
     finally:
         server.close()
+
+
+def test_sglang_decode_counts_write_notices_only(url, monkeypatch):
+    """A room turns Success on write notices, which the data plane
+    authenticated (WAUTH, the decode's grant).  A read notice names its
+    reader as the reader says, and any reader of the store can read the
+    decode's (readable) pages: one that calls itself the prefill's segment
+    and reads exactly the room's bytes with notify_tag=room must not end
+    the room before the prefill wrote anything."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    monkeypatch.setenv("SEGXFER_SGLANG_LIVENESS_S", "600")   # no pings of the fake prefill
+    import segxfer
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    KVPoll = c["KVPoll"]
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    mgr = c["SegxferKVManager"](eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0),
+                                c["DisaggregationMode"].DECODE, eng.ServerArgs({"bport": bport}),
+                                False)
+    forger = None
+    try:
+        prefill = "sglang/prefill/elsewhere/1/r0/pp0"
+        ep = ("127.0.0.1", 1)
+        mgr.prefill_peers[ep] = {"parts": {"kv": prefill}, "failed": None, "misses": 0,
+                                 "segment": None}
+        room, size = 4242, 4096
+        mgr.update_status(room, KVPoll.WaitingForInput)
+        assert mgr.register_decode_room(room, [ep], size)
+        forger = segxfer.Agent(prefill, url, log_level="error")
+        buf = bytearray(size)
+        forger.register(buf, block_bytes=size)
+        seg = forger.open(mgr.segment_names()["kv"])
+        region = seg.regions()[0]["id"]
+        with seg.read_ranges([(buf, region, 0, size)], notify_tag=room) as b:
+            assert b.wait(10) and b.result().ok
+        seg.close()
+        time.sleep(0.5)    # the decode's thread takes notices every 20 ms
+        assert mgr.check_status(room) == KVPoll.WaitingForInput
+    finally:
+        if forger is not None:
+            forger.close()
+        mgr.teardown()
+        server.close()
