@@ -101,9 +101,10 @@ def _int_list(v, what, positive=False):
 
 def _check_kv_args(a):
     """Refuse KVArgs whose buffer lists do not pair up (zip would silently
-    drop the buffers past the shortest list), a buffer with bytes but no
-    item size, or a page size that is not a positive integer, before
-    anything is bound or registered."""
+    drop the buffers past the shortest list), sizes that are not integers,
+    or a page size that is not a positive integer, before anything is bound
+    or registered.  (A buffer of 0 bytes or items of 0 bytes is left out of
+    the segment, as SGLang's own backends leave it out.)"""
     page = getattr(a, "page_size", None)
     if isinstance(page, bool) or not isinstance(page, int) or page < 1:
         raise ValueError("segxfer: KVArgs.page_size must be a positive integer (got %r)"
@@ -115,10 +116,6 @@ def _check_kv_args(a):
         if not len(ptrs) == len(lens) == len(items):
             raise ValueError("segxfer: KVArgs.%s, %s and %s differ in length (%d, %d, %d)"
                              % tuple(names + [len(ptrs), len(lens), len(items)]))
-        for i, (n, item) in enumerate(zip(lens, items)):
-            if n and not item:
-                raise ValueError("segxfer: KVArgs.%s[%d] is 0 for a buffer of %d bytes"
-                                 % (names[2], i, n))
 
     triple(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens, "kv")
     triple(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens, "aux")
