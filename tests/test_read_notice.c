@@ -331,15 +331,33 @@ static uint8_t *encode(uint32_t kind, const char *name, const uint8_t *inc, uint
   return buf;
 }
 
+/* The bytes of one block in every layer, K and V. */
+static const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+
+/* A pair for raw frames: the target's descriptor as the reader opened it,
+ * and an incarnation of fill bytes for forged notices. */
+static const sx_desc *wire_start(pair *p, const char *reader, uint8_t *inc, uint8_t fill) {
+  pair_start(p, reader);
+  memset(inc, fill, SX_INCARNATION_LEN);
+  return sx_segment_desc(p->seg);
+}
+
+/* After the raw frames: no notice came of them, the target goes on serving
+ * and taking real notices (a read of remote block `block` with tag). */
+static void wire_stop(pair *p, const char *reader, uint64_t block, uint64_t tag) {
+  sxt_expect_no_notice(p->t.a);
+  sx_block_read e = kv_read(block, 0, 1);
+  assert_int_equal(finish(submit(p->seg, &e, 1, 1, tag, 5000)).state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p->t.a, &p->r, reader, tag, &e, 1, 0);
+  pair_stop(p);
+}
+
 static void test_read_notice_forged_ones_are_refused(void **state) {
   (void)state;
   pair p;
-  pair_start(&p, "decode-0");
-  const sx_desc *d = sx_segment_desc(p.seg);
-  uint16_t port = sxt_tcp_port(d);
   uint8_t inc[SX_INCARNATION_LEN];
-  memset(inc, 0x5c, sizeof(inc));
-  const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+  const sx_desc *d = wire_start(&p, "decode-0", inc, 0x5c);
+  uint16_t port = sxt_tcp_port(d);
   /* Before HELLO: the connection closes. */
   int fd = sxt_wire_connect(port);
   size_t len;
@@ -393,13 +411,7 @@ static void test_read_notice_forged_ones_are_refused(void **state) {
   assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
   assert_int_equal(sxt_wire_closed(fd), 1);
   close(fd);
-  sxt_expect_no_notice(p.t.a);
-  /* The target goes on serving and taking real notices. */
-  sx_block_read e = kv_read(5, 0, 1);
-  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 8, 5000));
-  assert_int_equal(r.state, SX_BATCH_COMPLETED);
-  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 8, &e, 1, 0);
-  pair_stop(&p);
+  wire_stop(&p, "decode-0", 5, 8);
 }
 
 /* Read notices a hostile reader sends past HELLO that the forged ones above
@@ -410,12 +422,9 @@ static void test_read_notice_forged_ones_are_refused(void **state) {
 static void test_read_notice_hostile_framing(void **state) {
   (void)state;
   pair p;
-  pair_start(&p, "hostile-0");
-  const sx_desc *d = sx_segment_desc(p.seg);
-  uint16_t port = sxt_tcp_port(d);
   uint8_t inc[SX_INCARNATION_LEN];
-  memset(inc, 0x3a, sizeof(inc));
-  const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+  const sx_desc *d = wire_start(&p, "hostile-0", inc, 0x3a);
+  uint16_t port = sxt_tcp_port(d);
   size_t len;
   uint8_t *ok = encode(SX_NOTICE_READ, "hostile-x", inc, 1, 2, 2 * per_block, &len);
   int fd = sxt_wire_connect(port);
@@ -484,13 +493,7 @@ static void test_read_notice_hostile_framing(void **state) {
   assert_int_equal(sxt_wire_send(fd, ok, len / 2), 0);
   close(fd);
   free(ok);
-  sxt_expect_no_notice(p.t.a);
-  /* The target goes on serving and taking real notices. */
-  sx_block_read e = kv_read(4, 0, 1);
-  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 9, 5000));
-  assert_int_equal(r.state, SX_BATCH_COMPLETED);
-  sxt_expect_read_notice(p.t.a, &p.r, "hostile-0", 9, &e, 1, 0);
-  pair_stop(&p);
+  wire_stop(&p, "hostile-0", 4, 9);
 }
 
 /* ------------------------------------------------------------ races */
