@@ -472,16 +472,26 @@ sentinel_failover_demo() {
   after_failover
 }
 
+# The address (ip:port) of a replica of meta1's master, as that master
+# sees it; fails while it knows none.
+meta1_replica() {
+  local rep
+  rep=$(ccli meta1 -h "$NET.10" -p 7001 cluster replicas \
+          "$(ccli meta1 -h "$NET.10" -p 7001 cluster myid)" | awk '{print $2; exit}')
+  [ -n "$rep" ] && echo "${rep%@*}"
+}
+
 # The replica of the master on meta1 takes over (CLUSTER FAILOVER, as an
 # operator does for maintenance); the agents follow the slot map.
 cluster_failover_demo() {
   local h rep
   step "6. Redis Cluster failover: the replica of meta1's master takes over; the agents follow"
+  # A cluster just created is "ok" before every node learned, by gossip,
+  # which nodes replicate it: the master may list its replica as a master
+  # for a moment.
+  wait_for 30 "a replica of $NET.10:7001 known to it" meta1_replica
   ccli meta1 -h "$NET.10" -p 7001 cluster nodes | awk '{print "  " $2, $3}'
-  rep=$(ccli meta1 -h "$NET.10" -p 7001 cluster replicas \
-          "$(ccli meta1 -h "$NET.10" -p 7001 cluster myid)" | awk '{print $2; exit}')
-  rep=${rep%@*}
-  [ -n "$rep" ] || die "no replica of $NET.10:7001"
+  rep=$(meta1_replica) || die "no replica of $NET.10:7001"
   say "replica $rep takes over from $NET.10:7001"
   h=meta2
   case $rep in "$NET.23":*) h=meta3 ;; "$NET.10":*) h=meta1 ;; esac

@@ -234,6 +234,12 @@ static void test_rcl_parse_shards(void **state) {
       rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(1)),
                          rep_str("nodes"),
                          rep_arr(1, node_entry("a", "a", 0, "master", "online")))),
+      /* Bad ranges are bad whether or not the shard has a healthy master. */
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(0), rep_int(99999)),
+                         rep_str("nodes"),
+                         rep_arr(1, node_entry("a", "a", 1, "master", "fail")))),
+      rep_arr(1, rep_arr(4, rep_str("slots"), rep_arr(2, rep_int(-1), rep_str("5")),
+                         rep_str("nodes"), rep_arr(0))),
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     msg[0] = '\0';

@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "sxtest.h"
+#include "segxfer/push.h"
 #include "transport/conn/frame.h"
 
 static void test_frame_round_trip_and_byte_order(void **state) {
@@ -76,6 +77,32 @@ static void test_frame_rejects_bad_headers(void **state) {
   sx__frame_encode(&f, b);
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
   f.length = UINT64_MAX;
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  /* Notices (write and read): a body up to SX_NOTICE_MAX_BYTES, no status;
+   * their reply carries no body. */
+  static const uint8_t notices[] = {SX__FRAME_NOTICE, SX__FRAME_RNOTICE};
+  for (size_t i = 0; i < sizeof(notices); i++) {
+    f = (sx__frame){.type = notices[i], .id = 7, .length = SX_NOTICE_MAX_BYTES};
+    sx__frame_encode(&f, b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+    assert_int_equal(g.type, notices[i]);
+    assert_int_equal(g.length, SX_NOTICE_MAX_BYTES);
+    f.length = SX_NOTICE_MAX_BYTES + 1;
+    sx__frame_encode(&f, b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+    f.length = UINT64_MAX;
+    sx__frame_encode(&f, b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+    f = (sx__frame){.type = notices[i], .status = SX_EPROTO, .length = 8};
+    sx__frame_encode(&f, b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  }
+  f = (sx__frame){.type = SX__FRAME_NOTICE_REPLY, .status = SX_ELIMIT, .length = 1};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  /* One past the highest type in use. */
+  f = (sx__frame){.type = SX__FRAME_TYPE_MAX + 1};
   sx__frame_encode(&f, b);
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
 }

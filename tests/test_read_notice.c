@@ -331,15 +331,33 @@ static uint8_t *encode(uint32_t kind, const char *name, const uint8_t *inc, uint
   return buf;
 }
 
+/* The bytes of one block in every layer, K and V. */
+static const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+
+/* A pair for raw frames: the target's descriptor as the reader opened it,
+ * and an incarnation of fill bytes for forged notices. */
+static const sx_desc *wire_start(pair *p, const char *reader, uint8_t *inc, uint8_t fill) {
+  pair_start(p, reader);
+  memset(inc, fill, SX_INCARNATION_LEN);
+  return sx_segment_desc(p->seg);
+}
+
+/* After the raw frames: no notice came of them, the target goes on serving
+ * and taking real notices (a read of remote block `block` with tag). */
+static void wire_stop(pair *p, const char *reader, uint64_t block, uint64_t tag) {
+  sxt_expect_no_notice(p->t.a);
+  sx_block_read e = kv_read(block, 0, 1);
+  assert_int_equal(finish(submit(p->seg, &e, 1, 1, tag, 5000)).state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p->t.a, &p->r, reader, tag, &e, 1, 0);
+  pair_stop(p);
+}
+
 static void test_read_notice_forged_ones_are_refused(void **state) {
   (void)state;
   pair p;
-  pair_start(&p, "decode-0");
-  const sx_desc *d = sx_segment_desc(p.seg);
-  uint16_t port = sxt_tcp_port(d);
   uint8_t inc[SX_INCARNATION_LEN];
-  memset(inc, 0x5c, sizeof(inc));
-  const uint64_t per_block = SXT_LAYERS * 2 * SXT_BLOCK;
+  const sx_desc *d = wire_start(&p, "decode-0", inc, 0x5c);
+  uint16_t port = sxt_tcp_port(d);
   /* Before HELLO: the connection closes. */
   int fd = sxt_wire_connect(port);
   size_t len;
@@ -393,13 +411,245 @@ static void test_read_notice_forged_ones_are_refused(void **state) {
   assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
   assert_int_equal(sxt_wire_closed(fd), 1);
   close(fd);
+  wire_stop(&p, "decode-0", 5, 8);
+}
+
+/* Read notices a hostile reader sends past HELLO that the forged ones above
+ * do not: an empty body, a body split across sends, more pipelined than
+ * the reply queue holds (past the notice queue's bound in all), and one
+ * cut off by the connection's end.  Each is answered or dropped
+ * without touching anything else; the target goes on serving. */
+static void test_read_notice_hostile_framing(void **state) {
+  (void)state;
+  pair p;
+  uint8_t inc[SX_INCARNATION_LEN];
+  const sx_desc *d = wire_start(&p, "hostile-0", inc, 0x3a);
+  uint16_t port = sxt_tcp_port(d);
+  size_t len;
+  uint8_t *ok = encode(SX_NOTICE_READ, "hostile-x", inc, 1, 2, 2 * per_block, &len);
+  int fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, d->incarnation, d->token, "hostile-x"), 0);
+  /* An empty body is no notice. */
+  assert_true(sxt_wire_rnotice(fd, 1, NULL, 0) < 0);
   sxt_expect_no_notice(p.t.a);
-  /* The target goes on serving and taking real notices. */
-  sx_block_read e = kv_read(5, 0, 1);
-  sx_batch_result r = finish(submit(p.seg, &e, 1, 1, 8, 5000));
-  assert_int_equal(r.state, SX_BATCH_COMPLETED);
-  sxt_expect_read_notice(p.t.a, &p.r, "decode-0", 8, &e, 1, 0);
+  /* A body split across sends (the header and its first byte, then the rest). */
+  uint8_t hdr[SX__FRAME_HDR];
+  sx__frame f = {.type = SX__FRAME_RNOTICE, .id = 2, .length = len};
+  sx__frame_encode(&f, hdr);
+  assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
+  assert_int_equal(sxt_wire_send(fd, ok, 1), 0);
+  usleep(20000);
+  assert_int_equal(sxt_wire_send(fd, ok + 1, len - 1), 0);
+  uint8_t rep[SX__FRAME_HDR];
+  sx__frame g;
+  assert_int_equal(sxt_wire_recv(fd, rep, sizeof(rep)), 0);
+  assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, SX__FRAME_NOTICE_REPLY);
+  assert_int_equal(g.id, 2);
+  assert_int_equal(g.status, 0);
+  sx_notice *n = NULL;
+  sxt_ok(sx_agent_notice_next(p.t.a, 0, &n));
+  assert_string_equal(n->producer, "hostile-x");
+  sx_notice_free(n);
+  /* Pipelined: more notices than the notice queue holds, 128 a send
+   * (more than the reply queue holds; the replies are read after each
+   * send, as a reader must); each is answered in order, those past the
+   * bound with SX_ELIMIT. */
+  const size_t many = SX_NOTICE_QUEUE_MAX + 40, per = 128;
+  size_t one = SX__FRAME_HDR + len, taken = 0, limited = 0;
+  uint8_t *burst = malloc(per * one);
+  assert_non_null(burst);
+  for (size_t at = 0; at < many; at += per) {
+    size_t k = many - at < per ? many - at : per;
+    for (size_t i = 0; i < k; i++) {
+      f.id = 100 + at + i;
+      sx__frame_encode(&f, burst + i * one);
+      memcpy(burst + i * one + SX__FRAME_HDR, ok, len);
+    }
+    assert_int_equal(sxt_wire_send(fd, burst, k * one), 0);
+    for (size_t i = 0; i < k; i++) {
+      assert_int_equal(sxt_wire_recv(fd, rep, sizeof(rep)), 0);
+      assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
+      assert_int_equal(g.type, SX__FRAME_NOTICE_REPLY);
+      assert_int_equal(g.id, 100 + at + i);
+      if (g.status == 0)
+        taken++;
+      else if (g.status == SX_ELIMIT)
+        limited++;
+      else
+        fail_msg("notice %zu: %s", at + i, sx_err_name(g.status));
+    }
+  }
+  free(burst);
+  assert_int_equal(taken, SX_NOTICE_QUEUE_MAX);
+  assert_int_equal(limited, many - SX_NOTICE_QUEUE_MAX);
+  while (sx_agent_notice_next(p.t.a, 0, &n) == 0)
+    sx_notice_free(n), taken--;
+  assert_int_equal(taken, 0);
+  /* Cut off: the header and half the body, then the connection ends. */
+  f.id = 3;
+  sx__frame_encode(&f, hdr);
+  assert_int_equal(sxt_wire_send(fd, hdr, sizeof(hdr)), 0);
+  assert_int_equal(sxt_wire_send(fd, ok, len / 2), 0);
+  close(fd);
+  free(ok);
+  wire_stop(&p, "hostile-0", 4, 9);
+}
+
+/* ------------------------------------------------------------ races */
+
+typedef struct ends {
+  atomic_int calls, shutdown;
+} ends;
+
+/* A batch's callback that destroys it, counting how it ended. */
+static void count_end(sx_batch *b, void *arg) {
+  ends *en = arg;
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  atomic_fetch_add(&en->calls, 1);
+  if (res.state == SX_BATCH_FAILED && res.error == SX_ESHUTDOWN)
+    atomic_fetch_add(&en->shutdown, 1);
+  sx_batch_destroy(b);
+}
+
+static void *destroy_agent(void *arg) {
+  sxt_agent_stop(arg);
+  return NULL;
+}
+
+static void wait_in_cb(held_cb *h) {
+  for (int i = 0; i < 5000 && !atomic_load(&h->in_cb); i++)
+    usleep(1000);
+  assert_true(atomic_load(&h->in_cb));
+}
+
+/* Many notifying batches at once on one segment, each with its own tag:
+ * each completes, and the target holds exactly one notice per tag. */
+static void test_read_notice_many_concurrent_batches(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "many-0");
+  enum { N = 48 };
+  sx_batch *b[N];
+  sx_block_read e[N];
+  for (int i = 0; i < N; i++) {
+    e[i] = kv_read((uint64_t)i, (uint64_t)i % SXT_READER_BLOCKS, 1);
+    b[i] = submit(p.seg, &e[i], 1, 1, 1000 + (uint64_t)i, 10000);
+  }
+  for (int i = 0; i < N; i++)
+    assert_int_equal(finish(b[i]).state, SX_BATCH_COMPLETED);
+  uint64_t seen = 0;
+  sx_notice *n = NULL;
+  for (int i = 0; i < N; i++) {
+    sxt_ok(sx_agent_notice_next(p.t.a, 2000, &n));
+    assert_true(n->tag >= 1000 && n->tag < 1000 + N);
+    assert_false(seen & (1ull << (n->tag - 1000)));
+    seen |= 1ull << (n->tag - 1000);
+    sx_notice_free(n);
+  }
+  sxt_expect_no_notice(p.t.a);
   pair_stop(&p);
+}
+
+/* Cancel racing the notice: submit, cancel at once or a little later, over
+ * and over.  A batch that ends COMPLETED left its notice at the target; a
+ * cancelled one may have (its notice was in flight, docs/push.md), never
+ * twice; nothing leaks or is touched after it is freed. */
+static void test_read_notice_cancel_races_the_notice(void **state) {
+  (void)state;
+  pair p;
+  pair_start(&p, "race-0");
+  enum { N = 120 };
+  int completed[N] = {0};
+  for (int i = 0; i < N; i++) {
+    sx_block_read e = kv_read((uint64_t)i % SXT_TARGET_BLOCKS, (uint64_t)i % SXT_READER_BLOCKS,
+                              1);
+    sx_batch *b = submit(p.seg, &e, 1, 1, 5000 + (uint64_t)i, 10000);
+    if (i % 4)
+      usleep((useconds_t)(i % 4) * 150);
+    sxt_ok(sx_batch_cancel(b));
+    sx_batch_result r = finish(b);
+    assert_true(r.state == SX_BATCH_COMPLETED || r.state == SX_BATCH_CANCELLED);
+    completed[i] = r.state == SX_BATCH_COMPLETED;
+  }
+  /* Every notice the target got, once each. */
+  int seen[N] = {0};
+  sx_notice *n = NULL;
+  while (sx_agent_notice_next(p.t.a, 300, &n) == 0) {
+    assert_true(n->tag >= 5000 && n->tag < 5000 + N);
+    assert_int_equal(seen[n->tag - 5000]++, 0);
+    sx_notice_free(n);
+  }
+  for (int i = 0; i < N; i++)
+    if (completed[i] && !seen[i])
+      fail_msg("batch %d ended COMPLETED, the target has no notice of it", i);
+  /* The connection still carries reads and notices. */
+  sx_block_read e = kv_read(1, 1, 1);
+  assert_int_equal(finish(submit(p.seg, &e, 1, 1, 9999, 5000)).state, SX_BATCH_COMPLETED);
+  sxt_expect_read_notice(p.t.a, &p.r, "race-0", 9999, &e, 1, 0);
+  pair_stop(&p);
+}
+
+/* Three notifying batches that destroy themselves, submitted on p's
+ * segment once the target's loop is held in its notice callback by the
+ * first one's notice (so the first waits for the answer to its notice,
+ * the others for their reads). */
+static void submit_held(pair *p, held_cb *h, ends *en) {
+  memset(h, 0, sizeof(*h));
+  sxt_ok(sx_agent_notice_cb(p->t.a, hold_notice, h));
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = count_end;
+  bp.cb_arg = en;
+  bp.flags = SX_BATCH_NOTIFY;
+  bp.timeout_ms = 20000;
+  sx_block_read e = kv_read(0, 0, 2);
+  for (int i = 0; i < 3; i++) {
+    sx_batch *b;
+    bp.tag = 50 + (uint64_t)i;
+    sxt_ok(sx_batch_create(p->seg, &bp, &b));
+    sxt_ok(sx_batch_add_blocks(b, &e, 1));
+    sxt_ok(sx_batch_submit(b));
+    if (i == 0)
+      wait_in_cb(h);
+  }
+}
+
+/* While notifying batches wait for the target's answer to their notice:
+ * the segment closed under them (a misuse the API logs), and the reader
+ * agent destroyed with them in flight.  Each batch ends exactly once
+ * (SX_ESHUTDOWN at destroy, as sx_agent_destroy() promises), nothing is
+ * touched after it is freed, and the target lives on. */
+static void test_read_notice_reader_gone_while_notice_waits(void **state) {
+  (void)state;
+  pair p;
+  held_cb h;
+  ends en = {0};
+  pair_start(&p, "gone-0");
+  submit_held(&p, &h, &en);
+  sx_segment_close(p.seg);
+  p.seg = NULL;
+  usleep(50000);
+  atomic_store(&h.release, 1);
+  for (int i = 0; i < 5000 && atomic_load(&en.calls) < 3; i++)
+    usleep(1000);
+  assert_int_equal(atomic_load(&en.calls), 3);
+  sxt_ok(sx_agent_notice_cb(p.t.a, NULL, NULL));
+  pair_stop(&p);
+
+  ends en2 = {0};
+  pair_start(&p, "gone-1");
+  submit_held(&p, &h, &en2);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, destroy_agent, &p.r), 0);
+  usleep(100000);
+  atomic_store(&h.release, 1);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(atomic_load(&en2.calls), 3);
+  assert_int_equal(atomic_load(&en2.shutdown), 3);
+  sxt_ok(sx_agent_notice_cb(p.t.a, NULL, NULL));
+  sxt_agent_stop(&p.t);
 }
 
 int main(void) {
@@ -411,6 +661,10 @@ int main(void) {
       cmocka_unit_test(test_read_notice_reader_sends_none_after_a_failure),
       cmocka_unit_test(test_read_notice_none_when_timed_out_or_cancelled),
       cmocka_unit_test(test_read_notice_forged_ones_are_refused),
+      cmocka_unit_test(test_read_notice_hostile_framing),
+      cmocka_unit_test(test_read_notice_many_concurrent_batches),
+      cmocka_unit_test(test_read_notice_cancel_races_the_notice),
+      cmocka_unit_test(test_read_notice_reader_gone_while_notice_waits),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "backend_publisher.h"
+#include "fake_rnode.h"
 #include "internal.h"
 #include "redis/redis.h"
 #include "redis_cluster_harness.h"
@@ -722,6 +723,90 @@ static void test_cluster_bad_input_at_connect(void **state) {
   open_fails(url, SX_EUNREACH, "no cluster node gave the slot map");
 }
 
+/* What a hostile or broken node answers for the slot map at connect (fake
+ * nodes): not a map, a slot out of range, no slots, a master nothing
+ * listens at, an error for CLUSTER SHARDS and garbage for CLUSTER SLOTS.
+ * Each open fails within its connect timeout with the status and a
+ * message that says what was wrong. */
+static void test_cluster_hostile_maps(void **state) {
+  (void)state;
+  static const struct {
+    const char *shards, *answer;
+    int status;
+    const char *want;
+  } cases[] = {
+      {":5\r\n", "+OK\r\n", SX_EUNREACH, "CLUSTER SHARDS answered"},
+      {"*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:99999\r\n$5\r\nnodes\r\n*1\r\n*8\r\n"
+       "$4\r\nport\r\n:1\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n$6\r\nmaster\r\n"
+       "$6\r\nhealth\r\n$6\r\nonline\r\n",
+       "+OK\r\n", SX_EUNREACH, "bad slot range"},
+      {"*1\r\n*2\r\n$5\r\nslots\r\n*3\r\n:0\r\n:1\r\n:2\r\n", "+OK\r\n", SX_EUNREACH,
+       "shard 0 is malformed"},
+      {"*0\r\n", "+OK\r\n", SX_ESTORE, "16384 of 16384 hash slots have no master"},
+      {"*1\r\n*4\r\n$5\r\nslots\r\n*2\r\n:0\r\n:16383\r\n$5\r\nnodes\r\n*1\r\n*8\r\n"
+       "$4\r\nport\r\n:1\r\n$2\r\nip\r\n$9\r\n127.0.0.1\r\n$4\r\nrole\r\n$6\r\nmaster\r\n"
+       "$6\r\nhealth\r\n$6\r\nonline\r\n",
+       "+OK\r\n", SX_EUNREACH, "cluster node 127.0.0.1:1"},
+      {"-ERR unknown subcommand 'SHARDS'\r\n", "*1\r\n:7\r\n", SX_EUNREACH,
+       "CLUSTER SLOTS: range 0 is malformed"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    sxt_fake_rnodes f;
+    sxt_fake_rnodes_start(&f, cases[i].answer);
+    f.node[0].shards = f.node[1].shards = cases[i].shards;
+    char url[256];
+    snprintf(url, sizeof(url), "redis+cluster://127.0.0.1:%d?connect_timeout_ms=1000",
+             f.node[0].port);
+    uint64_t t0 = sx__mono_ms();
+    open_fails(url, cases[i].status, cases[i].want);
+    uint64_t took = sx__mono_ms() - t0;
+    if (took > 4000)
+      fail_msg("map %zu: the open took %lu ms", i, (unsigned long)took);
+    sxt_fake_rnodes_stop(&f);
+  }
+}
+
+/* What a hostile or broken node answers a command (fake nodes, no
+ * redis-server): MOVED back and forth between two nodes, MOVED to an
+ * address that does not parse, a plain error.  Each get ends within its
+ * timeout with the status and a message that says what happened. */
+static void test_cluster_hostile_redirects(void **state) {
+  (void)state;
+  static const struct {
+    const char *answer;
+    int status;
+    const char *want;
+  } cases[] = {
+      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384"},
+      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport"},
+      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0"},
+      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
+      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    sxt_fake_rnodes f;
+    sxt_fake_rnodes_start(&f, cases[i].answer);
+    char url[256];
+    snprintf(url, sizeof(url), "redis+cluster://127.0.0.1:%d?connect_timeout_ms=2000&"
+             "timeout_ms=3000", f.node[0].port);
+    sx_store *s = NULL;
+    sxt_ok(sx_store_open(url, &s));
+    sx_desc d;
+    uint64_t t0 = sx__mono_ms();
+    int rc = sx_store_get(s, "seg/0", &d, NULL);
+    uint64_t took = sx__mono_ms() - t0;
+    if (rc != cases[i].status || strstr(sx_errmsg(), cases[i].want) == NULL)
+      fail_msg("answer %s: %s (%s), wanted %s with '%s'", cases[i].answer, sx_err_name(rc),
+               sx_errmsg(), sx_err_name(cases[i].status), cases[i].want);
+    if (took > 2500)
+      fail_msg("answer %s: the get took %lu ms", cases[i].answer, (unsigned long)took);
+    sx_store_close(s);
+    sxt_fake_rnodes_stop(&f);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest suite[] = {SXT_STORE_SUITE};
   const struct CMUnitTest tests[] = {
@@ -729,6 +814,8 @@ int main(void) {
       cmocka_unit_test(test_cluster_listing_across_shards),
       cmocka_unit_test(test_cluster_events_from_every_shard),
       cmocka_unit_test(test_cluster_bad_input_at_connect),
+      cmocka_unit_test(test_cluster_hostile_redirects),
+      cmocka_unit_test(test_cluster_hostile_maps),
       cmocka_unit_test(test_cluster_ask_during_slot_migration),
       cmocka_unit_test(test_cluster_close_from_a_timed_out_op),
       cmocka_unit_test(test_cluster_master_failover),

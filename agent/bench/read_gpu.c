@@ -536,8 +536,11 @@ static int parse(gopts *o, int argc, char **argv) {
       o->target_location = v;
     else if (strcmp(a, "--metadata") == 0 && ok)
       o->url = v;
-    else if (strcmp(a, "--sizes") == 0 && ok)
+    else if (strcmp(a, "--sizes") == 0 && ok) {
       ok = (o->n_sizes = bx_parse_list(v, o->sizes, MAX_SIZES, 1)) > 0;
+      for (int k = 0; ok && k < o->n_sizes; k++)
+        ok = o->sizes[k] > 0; /* a block of 0 bytes divides the pool by zero */
+    }
     else if (strcmp(a, "--block-bytes") == 0 && ok)
       ok = bx_parse_size(v, &block_bytes) == 0 && block_bytes > 0;
     else if (strcmp(a, "--batches") == 0 && ok) {
@@ -557,7 +560,7 @@ static int parse(gopts *o, int argc, char **argv) {
       else
         ok = ok && (o->kv = x) <= 2;
     } else if (strcmp(a, "--group-bytes") == 0 && ok)
-      ok = bx_parse_size(v, &o->group_bytes) == 0;
+      ok = bx_parse_size(v, &o->group_bytes) == 0 && o->group_bytes > 0;
     else if (strcmp(a, "--transport") == 0 && ok) {
       o->ipc = strcmp(v, "cuda_ipc") == 0 || strcmp(v, "auto") == 0;
       o->tcp = strcmp(v, "tcp") == 0 || strcmp(v, "auto") == 0;
@@ -585,11 +588,19 @@ static int parse(gopts *o, int argc, char **argv) {
       o->n_sizes = 1;
     }
     o->n_batches = n_req;
-    for (int k = 0; k < n_req; k++)
+    for (int k = 0; k < n_req; k++) {
+      /* Bounded before multiplying: a product past 2^64 wrapped to a
+       * small count that passed the check below. */
+      if (o->req_blocks[k] > 1u << 20) {
+        fprintf(stderr, "sx-bench read (GPU): --request-blocks %llu: at most 2^20\n",
+                (unsigned long long)o->req_blocks[k]);
+        return BX_USAGE;
+      }
       o->batches[k] = o->req_blocks[k] * o->layers * o->kv;
+    }
   }
   for (int k = 0; k < o->n_batches; k++)
-    if (o->batches[k] == 0 || o->batches[k] * o->depth > 1u << 20) {
+    if (o->batches[k] == 0 || o->batches[k] > 1u << 20 || o->batches[k] * o->depth > 1u << 20) {
       fprintf(stderr, "sx-bench read (GPU): %llu ranges per request: 1 to 2^20 with depth\n",
               (unsigned long long)o->batches[k]);
       return BX_USAGE;

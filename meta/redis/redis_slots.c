@@ -235,6 +235,16 @@ int sx__rcl_parse_shards(const redisReply *r, sx_rcl_range *out, size_t max, siz
     }
     if (slots->elements == 0)
       continue; /* a shard without slots (a new master) */
+    /* Every range is checked, also those of a shard without a healthy
+     * master (a malformed answer is refused, not half taken). */
+    for (size_t k = 0; k < slots->elements; k += 2) {
+      const redisReply *a = slots->element[k], *b = slots->element[k + 1];
+      if (a->type != REDIS_REPLY_INTEGER || b->type != REDIS_REPLY_INTEGER || a->integer < 0 ||
+          b->integer < a->integer || b->integer >= SX_RCL_SLOTS) {
+        snprintf(msg, msize, "CLUSTER SHARDS: shard %zu has a bad slot range", i);
+        return -1;
+      }
+    }
     sx_rcl_range master;
     int mrc = shard_master(field(sh, "nodes"), &master);
     if (mrc == -2) {
@@ -245,11 +255,6 @@ int sx__rcl_parse_shards(const redisReply *r, sx_rcl_range *out, size_t max, siz
       continue; /* no healthy master: its slots stay uncovered (and are said so) */
     for (size_t k = 0; k < slots->elements; k += 2) {
       const redisReply *a = slots->element[k], *b = slots->element[k + 1];
-      if (a->type != REDIS_REPLY_INTEGER || b->type != REDIS_REPLY_INTEGER || a->integer < 0 ||
-          b->integer < a->integer || b->integer >= SX_RCL_SLOTS) {
-        snprintf(msg, msize, "CLUSTER SHARDS: shard %zu has a bad slot range", i);
-        return -1;
-      }
       if (*n >= max) {
         snprintf(msg, msize, "CLUSTER SHARDS answered more than %zu ranges", max);
         return -1;

@@ -75,6 +75,14 @@ class DecodeSide:
                     self.update_status(room, KVPoll.Failed)
 
     def _on_notice(self, n):
+        if n.kind != "write":
+            # A read notice (SX_BATCH_NOTIFY) names its reader as the reader
+            # says, and any reader of the store may read these pages: only
+            # write notices, whose producer the data plane authenticated
+            # against our grant, say the prefill's bytes landed.
+            logger.warning("segxfer sglang: ignored a %s notice from %s (tag %d): rooms end on "
+                           "the prefill's write notices only", n.kind, n.producer, n.tag)
+            return
         with self._lock:
             r = self.rooms.get(n.tag)
             if r is None or self.request_status.get(n.tag) in (None, KVPoll.Failed,

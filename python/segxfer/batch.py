@@ -102,11 +102,18 @@ def _slots_mask(slots, where):
     return mask
 
 
+def _is_bool_array(v):
+    """A numpy or torch scalar or array whose element type is bool."""
+    dt = getattr(v, "dtype", None)
+    return dt is not None and (getattr(dt, "kind", None) == "b" or str(dt) == "torch.bool")
+
+
 def _index(v):
     """v as a Python int if it is an integer (int, numpy integer, integer
     torch scalar: anything with __index__), else None.  bool is not a
-    number here."""
-    if isinstance(v, bool):
+    number here, nor is numpy's bool or a torch bool tensor (both have
+    __index__, so an id list's True would silently read block 1)."""
+    if isinstance(v, bool) or _is_bool_array(v):
         return None
     if isinstance(v, int):
         return int(v)

@@ -50,6 +50,7 @@ neither.
 """
 import json
 import logging
+import operator
 import os
 import socket
 import threading
@@ -79,6 +80,54 @@ class _Part:
 
     def __init__(self, key, agent, name):
         self.key, self.agent, self.name, self.groups = key, agent, name, set()
+
+
+def _int_list(v, what, positive=False):
+    """v (a list or tuple of integers) as a list of ints, or ValueError."""
+    if not isinstance(v, (list, tuple)):
+        raise ValueError("segxfer: KVArgs.%s must be a list of integers (got %s)"
+                         % (what, type(v).__name__))
+    out = []
+    for i, x in enumerate(v):
+        try:
+            n = operator.index(x)
+        except TypeError:
+            n = None
+        if n is None or isinstance(x, bool) or n < (1 if positive else 0):
+            raise ValueError("segxfer: KVArgs.%s[%d] must be a %s integer (got %r)"
+                             % (what, i, "positive" if positive else "non-negative", x))
+        out.append(n)
+    return out
+
+
+def _check_kv_args(a):
+    """Refuse KVArgs whose buffer lists do not pair up (zip would silently
+    drop the buffers past the shortest list), sizes that are not integers,
+    or a page size that is not a positive integer, before anything is bound
+    or registered.  (A buffer of 0 bytes or items of 0 bytes is left out of
+    the segment, as SGLang's own backends leave it out.)"""
+    page = getattr(a, "page_size", None)
+    if isinstance(page, bool) or not isinstance(page, int) or page < 1:
+        raise ValueError("segxfer: KVArgs.page_size must be a positive integer (got %r)"
+                         % (page,))
+
+    def triple(ptrs, lens, items, what, at=""):
+        names = ["%s_%s%s" % (what, k, at) for k in ("data_ptrs", "data_lens", "item_lens")]
+        ptrs, lens, items = (_int_list(x, k) for x, k in zip((ptrs, lens, items), names))
+        if not len(ptrs) == len(lens) == len(items):
+            raise ValueError("segxfer: KVArgs.%s, %s and %s differ in length (%d, %d, %d)"
+                             % tuple(names + [len(ptrs), len(lens), len(items)]))
+
+    triple(a.kv_data_ptrs, a.kv_data_lens, a.kv_item_lens, "kv")
+    triple(a.aux_data_ptrs, a.aux_data_lens, a.aux_item_lens, "aux")
+    states = [getattr(a, "state_data_%s" % k, None) or [] for k in ("ptrs", "lens")]
+    states.append(getattr(a, "state_item_lens", None) or [])
+    if not len(states[0]) == len(states[1]) == len(states[2]):
+        raise ValueError("segxfer: KVArgs.state_data_ptrs, state_data_lens and "
+                         "state_item_lens differ in length (%d, %d, %d)"
+                         % tuple(len(x) for x in states))
+    for c, (ptrs, lens, items) in enumerate(zip(*states)):
+        triple(ptrs, lens, items, "state", "[%d]" % c)
 
 
 def _layout_parts(kv_args, is_mla):
@@ -117,6 +166,7 @@ def _build(api):
         thread, and on decode takes the notices."""
 
         def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False):
+            _check_kv_args(args)
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
             self._stopped = False
             self._lock = threading.RLock()
@@ -125,7 +175,15 @@ def _build(api):
             self.transfer_timeout = _env_seconds("SEGXFER_SGLANG_TRANSFER_TIMEOUT", 60.0)
             self.open_timeout = _env_seconds("SEGXFER_SGLANG_OPEN_TIMEOUT", 10.0)
             self.liveness_interval = _env_seconds("SEGXFER_SGLANG_LIVENESS_S", 1.0)
-            self.parts = self._publish(args, is_mla_backend)
+            try:
+                self.parts = self._publish(args, is_mla_backend)
+            except BaseException:
+                # Nothing was published: the side channel's socket goes too.
+                try:
+                    self.server_socket.close(linger=0)
+                except Exception:  # noqa: BLE001
+                    pass
+                raise
             self._threads = []
             if self.is_prefill:
                 self.decode_peers = {}   # decode segment name -> dict

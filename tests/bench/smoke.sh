@@ -84,6 +84,19 @@ for a in '--sizes 64K,' '--sizes ,64K' '--batches 1,,8' '--conns 1,'; do
     fail=1
   fi
 done
+# GPU reads (--location) refuse what would divide by zero or wrap before
+# they look for a GPU: --sizes 0 crashed (SIGFPE), a --request-blocks count
+# times layers past 2^64 wrapped to a small one and ran.
+for a in '--sizes 0' '--sizes 64K,0' '--group-bytes 0' \
+    '--request-blocks 9007199254740993 --layers 1024' '--batches 4611686018427387904 --depth 4'; do
+  # shellcheck disable=SC2086  # the options and their values
+  timeout 10 "$bin" read --location cuda:0 $a >/dev/null 2>"$out/gpu-usage.err"
+  grc=$?
+  if [ $grc -ne 2 ]; then
+    echo "  FAIL  read --location cuda:0 $a: exit $grc (wanted 2, a usage error)"
+    fail=1
+  fi
+done
 # The target says an unknown option is unknown (it said it "needs a value").
 timeout 10 "$bin" target --bogus >/dev/null 2>"$out/target-usage.err"
 trc=$?

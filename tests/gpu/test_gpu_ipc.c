@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -715,6 +716,53 @@ static void test_gpu_ipc_read_notice(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* The reader destroyed while a notifying batch waits for the answer to
+ * its notice on the cuda_ipc control connection (the target is stopped
+ * once the handles are mapped: the copies end, the notice gets no answer):
+ * the batch ends once, SX_ESHUTDOWN, destroy returns, and the target,
+ * continued, goes on. */
+static void notify_end(sx_batch *b, void *arg) {
+  sx_batch_result res;
+  if (sx_batch_result_get(b, &res) == 0 && res.state == SX_BATCH_FAILED &&
+      res.error == SX_ESHUTDOWN)
+    atomic_fetch_add((atomic_int *)arg, 1);
+  else
+    atomic_fetch_add((atomic_int *)arg, 100);
+  sx_batch_destroy(b);
+}
+
+static void test_gpu_ipc_reader_destroyed_while_notice_waits(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-w", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *seg = reader_of("ipc-w", "ipc-wr", &r, &ra);
+  assert_int_equal(kill(t.pid, SIGSTOP), 0);
+  atomic_int ends = 0;
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.flags = SX_BATCH_NOTIFY;
+  bp.tag = 5;
+  bp.timeout_ms = 20000;
+  bp.cb = notify_end;
+  bp.cb_arg = &ends;
+  sx_block_read e = {.layer_count = LAYERS, .slots = (1u << SX_SLOT_K) | (1u << SX_SLOT_V),
+                     .remote_block = 10, .local_block = 2, .count = 4};
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, &e, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_sleep_ms(300); /* the copies ended; the notice waits for its answer */
+  assert_int_equal(atomic_load(&ends), 0);
+  sx_agent_destroy(ra); /* the segment left open: closed by destroy */
+  assert_int_equal(atomic_load(&ends), 1);
+  (void)seg;
+  assert_int_equal(kill(t.pid, SIGCONT), 0);
+  gpu_pool_free(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 /* ------------------------------------------------------------ copy methods */
 
 static uint64_t count_of(sx__mem_copy_method m) {
@@ -887,6 +935,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
       cmocka_unit_test(test_gpu_ipc_revoke_of_unknown_and_repeated_ids),
       cmocka_unit_test(test_gpu_ipc_read_notice),
+      cmocka_unit_test(test_gpu_ipc_reader_destroyed_while_notice_waits),
       cmocka_unit_test(test_gpu_ipc_copy_methods),
       cmocka_unit_test(test_gpu_ipc_batch_refused), /* last: the refusal stays */
   };

@@ -642,6 +642,69 @@ static int need_gpu(void **state) {
   return 0;
 }
 
+/* One burst of small READs that alternate between GPU regions of two
+ * devices and host memory, with hostile ones among them: a range past a
+ * region's end, an offset that overflows, zero bytes, more than a READ may
+ * ask, a region that does not exist.  A group never spans two devices
+ * (each device's regions are copied on a stream of that device); every
+ * reply is whole, in order, byte for byte, every refusal the right one,
+ * and the connection goes on. */
+static void test_gpu_tcp_group_across_devices_and_refusals(void **state) {
+  (void)state;
+  if (gpu_devices() < 2)
+    skip();
+  wire_target w;
+  wire_target_start(&w, 1u << 20, 256, 4096);
+  uint64_t len = w.host_len;
+  uint8_t *dev1 = NULL, *host = malloc(len);
+  assert_non_null(host);
+  sxt_ok(sx__mem_alloc(1, len, (void **)&dev1));
+  sx_region_params rp = {.addr = dev1, .length = len, .group = 2, .block_bytes = 4096,
+                         .num_blocks = 256, .location = "cuda:1",
+                         .access = SX_ACCESS_REMOTE_READ};
+  uint32_t id1;
+  sxt_ok(sx_agent_register(w.a, &rp, &id1));
+  sx__pattern_fill(host, len, SEED, id1, 0);
+  sxt_ok(sx__mem_copy(dev1, host, len));
+  free(host);
+  int fd = wire_open(&w);
+  enum { N = 240 };
+  wreq q[N];
+  const uint32_t where[4] = {w.t.id[0], id1, w.host_id, w.t.id[1]};
+  for (size_t i = 0; i < N; i++) {
+    q[i] = (wreq){.region = where[i % 4], .off = (i * 7919) % (len - 4096),
+                  .len = 1 + (i * 131) % 4096};
+    switch (i % 23) {
+    case 5:
+      q[i] = (wreq){.region = id1, .off = len - 100, .len = 101, .want = SX_EBOUNDS};
+      break;
+    case 9:
+      q[i] = (wreq){.region = w.t.id[0], .off = UINT64_MAX - 8, .len = 16,
+                    .want = SX_EBOUNDS};
+      break;
+    case 13:
+      q[i] = (wreq){.region = id1, .off = 0, .len = 0, .want = SX_EINVAL};
+      break;
+    case 17:
+      q[i] = (wreq){.region = w.t.id[1], .off = 0, .len = (64u << 20) + 1,
+                    .want = SX_ELIMIT};
+      break;
+    case 21:
+      q[i] = (wreq){.region = 4242, .off = 0, .len = 8, .want = SX_ENOREGION};
+      break;
+    }
+  }
+  wire_burst(fd, q, N, SEED, N);
+  /* Only the two devices, alternating, each read one block. */
+  for (size_t i = 0; i < N; i++)
+    q[i] = (wreq){.region = i % 2 ? id1 : w.t.id[0], .off = (i % 256) * 4096, .len = 4096};
+  wire_burst(fd, q, N, SEED, N);
+  close(fd);
+  sxt_ok(sx_agent_unregister(w.a, id1));
+  sx__mem_free(dev1);
+  wire_target_stop(&w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_pointer_checks),
@@ -654,6 +717,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_two_gpus),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
       cmocka_unit_test(test_gpu_tcp_many_requests_one_connection),
+      cmocka_unit_test(test_gpu_tcp_group_across_devices_and_refusals),
       cmocka_unit_test(test_gpu_tcp_reader_closes_with_replies_staged),
       cmocka_unit_test(test_gpu_tcp_several_readers_small_staging),
       cmocka_unit_test(test_gpu_tcp_unregister_with_replies_staged),

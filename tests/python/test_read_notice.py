@@ -99,6 +99,27 @@ def test_read_notice_arguments(pair):
     seg.close()
 
 
+def test_read_notice_tag_types(pair):
+    """notify_tag is a 64-bit integer of any integer type; a bool (Python's,
+    numpy's or a torch bool tensor), a float or a string is refused with a
+    message naming notify_tag, before anything is sent."""
+    import numpy as np
+    import torch
+    seg = pair.reader.open("prefill-0")
+    for good in (0, 2**64 - 1, np.uint64(2**64 - 1), np.int32(7), torch.tensor(9)):
+        with seg.batch(notify_tag=good) as b:
+            assert b.notify and b.tag == int(good)
+    for bad in (-1, 2**64, 1.0, float("nan"), "1", None.__class__, True, False,
+                np.bool_(True), torch.tensor(True), torch.tensor(1.5), np.int8(-1),
+                np.array([1, 2])):
+        with pytest.raises(segxfer.SegxferError, match="notify_tag"):
+            seg.batch(notify_tag=bad)
+        with pytest.raises(segxfer.SegxferError, match="notify_tag"):
+            seg.read_blocks([0], [0], notify_tag=bad)
+    assert pair.target.next_notice(0.1) is None
+    seg.close()
+
+
 def test_read_notice_asyncio(url):
     p = NamedPair(url, "decode-1")
     try:

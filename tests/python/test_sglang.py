@@ -512,3 +512,102 @@ def test_sglang_a_failed_room_is_never_lifted_again(url, monkeypatch):
     finally:
         mgr.teardown()
         server.close()
+
+
+def _bad(a, **kw):
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return a
+
+
+BAD_KV_ARGS = [
+    (lambda a: _bad(a, kv_data_lens=a.kv_data_lens[:-1]),
+     r"kv_data_ptrs, kv_data_lens and kv_item_lens differ in length \(8, 7, 8\)"),
+    (lambda a: _bad(a, kv_item_lens=a.kv_item_lens[1:]), r"differ in length \(8, 8, 7\)"),
+    (lambda a: _bad(a, aux_item_lens=[]),
+     r"aux_data_ptrs, aux_data_lens and aux_item_lens differ"),
+    (lambda a: _bad(a, state_item_lens=[[]]),
+     r"state_data_ptrs\[0\], state_data_lens\[0\] and state_item_lens\[0\] differ"),
+    (lambda a: _bad(a, state_data_lens=[]),
+     r"state_data_ptrs, state_data_lens and state_item_lens differ in length \(1, 0, 1\)"),
+    (lambda a: _bad(a, kv_data_lens=[-1] + a.kv_data_lens[1:]),
+     r"kv_data_lens\[0\] must be a non-negative integer"),
+    (lambda a: _bad(a, kv_item_lens=[4096.0] + a.kv_item_lens[1:]),
+     r"kv_item_lens\[0\] must be a non-negative integer"),
+    (lambda a: _bad(a, kv_data_ptrs=None), r"kv_data_ptrs must be a list"),
+    (lambda a: _bad(a, page_size=0), r"page_size must be a positive integer"),
+    (lambda a: _bad(a, page_size=True), r"page_size must be a positive"),
+]
+
+
+def test_sglang_bad_kv_args_are_refused(url, monkeypatch):
+    """KVArgs whose lists do not pair up (zip used to drop the buffers past
+    the shortest list and publish the rest), sizes that are not integers, a
+    page size of 0: ValueError naming the field, on either side, before
+    anything is bound or published; a good manager starts after them."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    try:
+        for role in ("PREFILL", "DECODE"):
+            mode = c["DisaggregationMode"][role]
+            for change, message in BAD_KV_ARGS:
+                args = change(eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0))
+                with pytest.raises(ValueError, match=message):
+                    c["SegxferKVManager"](args, mode, eng.ServerArgs({"bport": bport}), False)
+            mgr = c["SegxferKVManager"](eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0), mode,
+                                        eng.ServerArgs({"bport": bport}), False)
+            assert set(mgr.segment_names()) == {"kv"}
+            mgr.teardown()
+    finally:
+        server.close()
+
+
+def test_sglang_decode_counts_write_notices_only(url, monkeypatch):
+    """A room turns Success on write notices, which the data plane
+    authenticated (WAUTH, the decode's grant).  A read notice names its
+    reader as the reader says, and any reader of the store can read the
+    decode's (readable) pages: one that calls itself the prefill's segment
+    and reads exactly the room's bytes with notify_tag=room must not end
+    the room before the prefill wrote anything."""
+    monkeypatch.setenv("SX_METADATA_URL", url)
+    monkeypatch.setenv("SEGXFER_SGLANG_STANDIN", "1")
+    monkeypatch.setenv("SEGXFER_SGLANG_LIVENESS_S", "600")   # no pings of the fake prefill
+    import segxfer
+    import sglang_engine as eng
+    from segxfer import sglang
+    c = sglang.classes()
+    KVPoll = c["KVPoll"]
+    bport = free_port()
+    server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
+    mgr = c["SegxferKVManager"](eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0),
+                                c["DisaggregationMode"].DECODE, eng.ServerArgs({"bport": bport}),
+                                False)
+    forger = None
+    try:
+        prefill = "sglang/prefill/elsewhere/1/r0/pp0"
+        ep = ("127.0.0.1", 1)
+        mgr.prefill_peers[ep] = {"parts": {"kv": prefill}, "failed": None, "misses": 0,
+                                 "segment": None}
+        room, size = 4242, 4096
+        mgr.update_status(room, KVPoll.WaitingForInput)
+        assert mgr.register_decode_room(room, [ep], size)
+        forger = segxfer.Agent(prefill, url, log_level="error")
+        buf = bytearray(size)
+        forger.register(buf, block_bytes=size)
+        seg = forger.open(mgr.segment_names()["kv"])
+        region = seg.regions()[0]["id"]
+        with seg.read_ranges([(buf, region, 0, size)], notify_tag=room) as b:
+            assert b.wait(10) and b.result().ok
+        seg.close()
+        time.sleep(0.5)    # the decode's thread takes notices every 20 ms
+        assert mgr.check_status(room) == KVPoll.WaitingForInput
+    finally:
+        if forger is not None:
+            forger.close()
+        mgr.teardown()
+        server.close()
