@@ -45,7 +45,7 @@ typedef struct gopts {
   uint64_t sizes[MAX_SIZES];
   int n_sizes;
   uint64_t batch, depth, group_bytes;
-  int ipc, tcp;
+  int ipc, tcp, rdma;
 } gopts;
 
 static void quiet(void *arg, sx_log_level level, const char *msg) {
@@ -123,8 +123,9 @@ int bx_gpu_target_main(const bx_common *co, int argc, char **argv) {
   uint8_t *gmem[MAX_SIZES] = {0}, *hmem[MAX_SIZES] = {0};
   for (int g = 0; g < o.n_sizes; g++)
     blocks[g] = o.group_bytes / o.sizes[g] ? o.group_bytes / o.sizes[g] : 1;
-  sx_agent *ga = agent(o.url, o.name, SX_TRANSPORTS_TCP | SX_TRANSPORTS_CUDA_IPC);
-  sx_agent *ha = agent(o.url, host_name, SX_TRANSPORTS_TCP);
+  /* RDMA where a device exists (staged RDMA of GPU memory, docs/gpu.md). */
+  sx_agent *ga = agent(o.url, o.name, SX_TRANSPORTS_ALL);
+  sx_agent *ha = agent(o.url, host_name, SX_TRANSPORTS_TCP | SX_TRANSPORTS_RDMA);
   if (ga == NULL || ha == NULL ||
       pool(ga, o.location, o.sizes, o.n_sizes, blocks, gmem, 1) != 0 ||
       pool(ha, "cpu", o.sizes, o.n_sizes, blocks, hmem, 1) != 0 ||
@@ -407,12 +408,13 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
     else if (strcmp(a, "--transport") == 0 && ok) {
       o.ipc = strcmp(v, "cuda_ipc") == 0 || strcmp(v, "auto") == 0;
       o.tcp = strcmp(v, "tcp") == 0 || strcmp(v, "auto") == 0;
-      ok = o.ipc || o.tcp;
+      o.rdma = strcmp(v, "rdma") == 0; /* staged RDMA, against host-memory RDMA */
+      ok = o.ipc || o.tcp || o.rdma;
     } else
       ok = 0;
     if (!ok) {
       fprintf(stderr, "sx-bench read (GPU): bad option '%s'; GPU reads take --location, "
-              "--target-location, --transport cuda_ipc|tcp|auto, --sizes, --batches N, "
+              "--target-location, --transport cuda_ipc|tcp|rdma|auto, --sizes, --batches N, "
               "--depth, --group-bytes, --metadata\n", a);
       return BX_USAGE;
     }
@@ -458,7 +460,7 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
                 "slices each", COPY_STREAMS, IPC_ROUNDS);
   bx_table_note(t, "tcp baseline: host-memory TCP reads between the same two processes, "
                 "in two halves around each case");
-  double judged[2][MAX_SIZES];
+  double judged[3][MAX_SIZES];
   side gs = {0}, hs = {0};
   sx_block_read *last = malloc(o.batch * sizeof(*last));
   if (last == NULL || spawn(&o, url, name, &pid, &lifeline) != 0) {
@@ -466,7 +468,7 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
     goto out;
   }
   for (int g = 0; g < o.n_sizes; g++)
-    judged[0][g] = judged[1][g] = -1;
+    judged[0][g] = judged[1][g] = judged[2][g] = -1;
   if (o.ipc) {
     if (side_open(&gs, &o, url, SX_TRANSPORTS_CUDA_IPC, o.location, name) != 0)
       goto out;
@@ -506,6 +508,24 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
       judged[1][g] = v / ((b1 + b2) / 2);
     }
   }
+  if (o.rdma) { /* alone: --transport rdma runs nothing else */
+    if (side_open(&gs, &o, url, SX_TRANSPORTS_RDMA, o.location, name) != 0 ||
+        side_open(&hs, &o, url, SX_TRANSPORTS_RDMA, "cpu", host_name) != 0)
+      goto out;
+    bx_table_note(t, "rdma baseline: host-memory RDMA reads between the same two processes, "
+                  "in two halves around each case");
+    for (int g = 0; g < o.n_sizes; g++) {
+      bx_progress("rdma staged, %llu-byte blocks", (unsigned long long)o.sizes[g]);
+      double b1 = measure(&R, hs.seg, g, co->duration / 2);
+      double v = measure(&R, gs.seg, g, co->duration);
+      int ok = v >= 0 && check(&R, gs.seg, g, gs.mem[g], last) == 0;
+      double b2 = measure(&R, hs.seg, g, co->duration / 2);
+      if (!ok || b1 < 0 || b2 < 0 || check(&R, hs.seg, g, hs.mem[g], last) != 0)
+        goto out;
+      row(t, "rdma", "gpu->gpu staged", o.sizes[g], o.batch, v, "host rdma", (b1 + b2) / 2);
+      judged[2][g] = v / ((b1 + b2) / 2);
+    }
+  }
   for (int g = 0; g < o.n_sizes; g++) {
     char what[160], b[16];
     const char *sz = bx_size_name(o.sizes[g], b, sizeof(b));
@@ -516,6 +536,11 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
     if (o.sizes[g] == (1u << 20) && judged[1][g] >= 0) {
       snprintf(what, sizeof(what), "tcp staged GPU->GPU, %s blocks, vs host tcp", sz);
       bx_target(rep, what, judged[1][g], "x", ">=", 0.7, "GB/s ratio, same run");
+    }
+    if ((o.sizes[g] == 32768 || o.sizes[g] == (1u << 20)) && judged[2][g] >= 0) {
+      snprintf(what, sizeof(what), "rdma staged GPU->GPU, %s blocks, vs host rdma", sz);
+      bx_target(rep, what, judged[2][g], "x", ">=", o.sizes[g] == 32768 ? 0.6 : 0.8,
+                "GB/s ratio, same run, scattered ids");
     }
   }
   rc = BX_OK;

@@ -58,7 +58,8 @@ int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out) {
   if (w.version != SX__RDMA_WIRE_VERSION)
     return sx__err(SX_EVERSION, "hello version %u, this target speaks %u", w.version,
                    SX__RDMA_WIRE_VERSION);
-  if (w.flags & ~SX__RDMA_HELLO_WRITE)
+  if ((w.flags & ~(SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE)) ||
+      w.flags == (SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE))
     return sx__err(SX_EPROTO, "hello flags 0x%x", w.flags);
   out->flags = w.flags;
   out->conn_index = be32toh(w.conn_index);
@@ -245,8 +246,9 @@ void sx__rdma_leave(sx_rdma *t, int flush_now) {
       do { /* a settled notice may end a batch whose callback posts more */
         sx__rdma_deliver(t);
         sx__rdma_w_deliver(t);
-      } while (t->dhead != NULL || t->shead != NULL);
-    } else if (t->dhead != NULL || t->shead != NULL) {
+        sx__rdma_s_deliver(t);
+      } while (t->dhead != NULL || t->shead != NULL || t->sdhead != NULL);
+    } else if (t->dhead != NULL || t->shead != NULL || t->sdhead != NULL) {
       uv_timer_start(t->flusher, on_flusher, 0, 0);
     }
   }
@@ -311,6 +313,18 @@ static int rdma_open(const sx_tctx *ctx, sx_transport **out) {
     rc = listen_port(params->listen, &t->port);
     if (rc)
       goto out_free;
+  }
+  /* The environment overrides the agent's parameter, so an operator can
+   * force a tier without touching the engine's code. */
+  const char *tier = getenv("SX_RDMA_GPU");
+  if (tier != NULL && (rc = sx__rdma_gpu_tier_parse(tier, &t->gpu_tier)) != 0)
+    goto out_free;
+  if (tier == NULL && params != NULL) {
+    if (params->rdma_gpu > SX_RDMA_GPU_OFF) {
+      rc = sx__err(SX_EINVAL, "rdma_gpu %u is not an sx_rdma_gpu value", params->rdma_gpu);
+      goto out_free;
+    }
+    t->gpu_tier = (sx__rdma_gpu_tier)params->rdma_gpu;
   }
 
   rc = sx__rdma_devs_open(t);
@@ -504,8 +518,13 @@ static void conn_close_sync(rdma_conn *c, int code, const char *msg) {
 static void peer_shutdown(rdma_peer *p, int code, const char *msg) {
   sx_rdma *t = p->t;
   p->closing = 1;
+  if (p->stage != NULL) /* its stage peer goes with it */
+    peer_shutdown(p->stage, code, msg);
+  if (p->stage_of != NULL)
+    p->stage_of->stage = NULL;
   for (uint32_t i = 0; i < p->n_conns; i++)
     conn_close_sync(&p->conns[i], code, msg);
+  sx__rdma_s_peer_shutdown(p, code, msg);
   sx__rdma_peer_cancel_all(p, code, msg);
   sx__rdma_w_fail_queue(p, code, msg);
   if (p->prev != NULL)

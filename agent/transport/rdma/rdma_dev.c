@@ -627,5 +627,5 @@ int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_
 
 int sx__rdma_usable(sx_transport *tt, const sx_desc *remote) {
   sx_rdma *t = (sx_rdma *)tt;
-  return t->n_eps > 0 && sx_desc_rdma_devices(remote) > 0;
+  return t->n_eps > 0 && sx_desc_rdma_devices(remote) > 0 && sx__rdma_gpu_usable(t, remote);
 }

@@ -7,6 +7,7 @@
  *   rdma_post.c  batched RDMA READs (and WRITEs): slicing, WR chains, completions, abort
  *   rdma_wserve.c  push mode, consumer side: writable memory, producers' QPs, notices
  *   rdma_write.c   push mode, producer side: write peers, notices and their replies
+ *   rdma_stage.c, rdma_sserve.c, rdma_swire.c  staged RDMA of GPU memory (rdma_stage.h)
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
  * asynchronous mode on one event channel and every device has one completion
@@ -34,6 +35,7 @@
 
 #include "internal.h"
 #include "transport/transport.h"
+#include "rdma_stage.h"
 
 #define SX__RDMA_MAX_EPS SX_MAX_DEVICES /* published endpoints (device ports) */
 #define SX__RDMA_MAX_DEVS SX_MAX_DEVICES
@@ -168,6 +170,9 @@ typedef struct rdma_peer rdma_peer;
 typedef struct rdma_conn rdma_conn;
 typedef struct rdma_rop rdma_rop;
 typedef struct rdma_wnotice rdma_wnotice;
+typedef struct rdma_sreader rdma_sreader;
+typedef struct rdma_srop rdma_srop;
+typedef struct rdma_sserve rdma_sserve;
 
 /* What an rdma_cm_id's context points to (first member of each). */
 enum { RDMA_CM_LISTENER = 1, RDMA_CM_READER = 2, RDMA_CM_TARGET = 3 };
@@ -248,6 +253,7 @@ typedef struct rdma_tconn {
   uint32_t qpn;              /* 0 once its QP is gone */
   uint32_t replies;          /* reply SENDs not completed */
   int unwanted;              /* disconnected before it was established */
+  rdma_sserve *ss;           /* a reader's stage QP (rdma_sserve.c) */
 } rdma_tconn;
 
 /* A READ in flight: which slice of which xfer a send-queue slot carries. */
@@ -365,6 +371,11 @@ struct rdma_peer {
   /* Push mode: a producer's peer (RDMA WRITEs), its notices not sent yet. */
   int write;
   rdma_wnotice *nq_head, *nq_tail;
+  /* Staged RDMA (rdma_stage.c): a reader's peer gets a second peer for
+   * its stage QP on the first batch that needs one (stage); that peer
+   * points back (stage_of) and holds the reader's rings (sr). */
+  rdma_peer *stage, *stage_of;
+  rdma_sreader *sr;
 };
 
 /* Push mode: a write op's notice, from notify() until op->noticed ran and
@@ -417,6 +428,8 @@ struct sx_rdma {
   rdma_tconn *tconns;
   rdma_rop *dhead, *dtail;
   rdma_wnotice *shead, *stail; /* notices settled, to deliver */
+  rdma_srop *sdhead, *sdtail;  /* staged ops with settled xfers */
+  sx__rdma_gpu_tier gpu_tier;  /* SX_RDMA_GPU or rdma_gpu: what carries GPU memory */
   int busy;
   int closed;
 };
@@ -551,5 +564,42 @@ void sx__rdma_w_abort(rdma_peer *p, sx_op *op, int status);
 void sx__rdma_w_fail_queue(rdma_peer *p, int code, const char *msg);
 /* Run op->noticed of settled notices (from sx__rdma_leave). */
 void sx__rdma_w_deliver(sx_rdma *t);
+
+/* ------------------------------------------------------------------ rdma_stage.c */
+
+/* Can RDMA carry the GPU memory of this segment and of ours?  1 without
+ * GPU memory; 0 with the tier off, or where writes could involve GPU
+ * memory (push mode moves GPU memory over TCP or cuda_ipc). */
+int sx__rdma_gpu_usable(sx_rdma *t, const sx_desc *remote);
+/* Does op touch GPU memory that no MR covers (so it must be staged)? */
+int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op);
+/* Post a staged op on p (a reader's peer): checked like sx__rdma_post. */
+int sx__rdma_s_post(rdma_peer *p, sx_op *op);
+/* abort() of an op the stage peer sp carries: 1 if it did, else 0. */
+int sx__rdma_s_abort(rdma_peer *sp, sx_op *op, int status);
+/* The stage peer's pump: connect, fill free slots. */
+void sx__rdma_s_pump(rdma_peer *sp);
+/* A stage QP was created: register the ring on its device, post receives. */
+int sx__rdma_s_qp_ready(rdma_conn *c);
+/* A completion on a stage QP (wr_id tagged SX__RDMA_WR_STAGE). */
+void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc);
+/* The stage QP is destroyed: slots waiting for it fail. */
+void sx__rdma_s_conn_down(rdma_conn *c);
+/* No QP can carry the stage peer's queue: fail it. */
+void sx__rdma_s_fail_queue(rdma_peer *sp, int code, const char *msg);
+/* The stage peer closes: wait for its copies, settle everything, free. */
+void sx__rdma_s_peer_shutdown(rdma_peer *sp, int code, const char *msg);
+/* Deliver settled xfers of staged ops (may run op->done). */
+void sx__rdma_s_deliver(sx_rdma *t);
+
+/* ------------------------------------------------------------------ rdma_sserve.c */
+
+/* A reader's stage hello (incarnation and token checked): accept it with
+ * a ring of its own, or reject. */
+void sx__rdma_sserve_request(sx_rdma *t, struct rdma_cm_id *id, rdma_dev *dev,
+                             const sx__rdma_hello *h, unsigned reads);
+/* Its QP goes (before tconn_destroy destroys the id): wait for copies,
+ * free the ring. */
+void sx__rdma_sserve_gone(rdma_tconn *tc);
 
 #endif

@@ -369,6 +369,10 @@ static int start_conns(rdma_peer *p) {
 }
 
 void sx__rdma_pump(rdma_peer *p) {
+  if (p->stage_of != NULL) {
+    sx__rdma_s_pump(p);
+    return;
+  }
   if (p->write)
     sx__rdma_w_pump(p); /* notices of ops whose WRITEs all completed */
   if (p->closing || p->qhead == NULL)
@@ -419,6 +423,10 @@ static void handle_wc(rdma_conn *c, const struct ibv_wc *wc) {
   if (wc->wr_id == SX__RDMA_DRAIN_WR_ID) {
     c->drained = 1;
     c->reap = 1;
+    return;
+  }
+  if (wc->wr_id & SX__RDMA_WR_STAGE) {
+    sx__rdma_s_wc(c, wc); /* staged RDMA: a request, a reply or a READ of a slot */
     return;
   }
   if (wc->wr_id & (SX__RDMA_WR_NSEND | SX__RDMA_WR_RECV)) {
@@ -595,6 +603,8 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     return sx__err(SX_EINVAL, "rdma: an op with no ranges");
   if (op->n > UINT32_MAX)
     return sx__err(SX_ELIMIT, "rdma: %zu ranges in one op", op->n);
+  if (sx__rdma_s_wanted(p, op))
+    return sx__rdma_s_post(p, op); /* GPU memory without an MR: through rings */
   /* Check everything before posting anything. */
   for (size_t i = 0; i < op->n; i++) {
     const sx_xfer *x = &op->xfers[i];
@@ -666,6 +676,10 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   rdma_peer *p = (rdma_peer *)tp;
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
+  if (p->stage != NULL && sx__rdma_s_abort(p->stage, op, status)) {
+    sx__rdma_leave(t, 0);
+    return;
+  }
   rdma_rop *rop = rop_find(p, op);
   if (p->write)
     sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
@@ -689,6 +703,8 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
 
 void sx__rdma_peer_fail_queue(rdma_peer *p, int code, const char *msg) {
   sx__rdma_w_fail_queue(p, code, msg);
+  if (p->stage_of != NULL)
+    sx__rdma_s_fail_queue(p, code, msg);
   while (p->qhead != NULL) {
     rdma_rop *rop = p->qhead;
     rop_fail_all(rop, code, msg);

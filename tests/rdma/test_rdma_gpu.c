@@ -1,0 +1,350 @@
+/*
+ * GPU memory over RDMA, staged through pinned rings (docs/gpu.md), where an
+ * RDMA device exists (the Soft-RoCE VM), on the host-memory stand-in for the
+ * CUDA driver that run.sh names in SX_CUDA_LIBRARY (tests/gpu/fake_cuda.c).
+ * It proves the staging protocol, its checks and its failure handling over
+ * real verbs; it says nothing about real GPU copies.
+ *
+ * Pools are sx-agent processes with their pool in "device memory"
+ * (--location cuda:0); readers are agents in this process whose
+ * destinations are device memory too, or host memory.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent_fixture.h"
+#include "internal.h"
+#include "mem/mem.h"
+#include "pattern.h"
+#include "proc_env.h"
+#include "segxfer/store.h"
+
+#define LAYERS 4
+#define N_SLOTS 2
+
+static sxt_proc_env env;
+static int seq;
+
+static int reap(pid_t pid, int ms) { return sxt_reap_log(pid, ms, NULL); }
+
+#define pool_fail(p, ...)                                                      \
+  do {                                                                         \
+    sxt_show_log((p)->log);                                                    \
+    fail_msg(__VA_ARGS__);                                                     \
+  } while (0)
+
+typedef struct shape {
+  uint32_t block, blocks;
+  const char *location; /* the pool's */
+} shape;
+
+static void pool_start(sxt_pool *p, const char *name, uint64_t seed, const shape *s) {
+  const char *more[] = {"--location", s->location, "--rdma-devices", getenv("RXE_DEV"), NULL};
+  if (more[3] == NULL)
+    more[2] = NULL;
+  sxt_pool_opts o = {.layers = LAYERS, .block_bytes = s->block, .num_blocks = s->blocks,
+                     .slots = "K,V", .fingerprint = "rdma-gpu/v1", .lease_ms = 3000,
+                     .log_level = "info", .more = more, .publish_ms = 30000};
+  sxt_pool_start(&env, p, name, seed, &o);
+}
+
+/* A reader: its destinations on the GPU (device memory of the stand-in)
+ * or in host memory. */
+typedef struct rd {
+  sx_agent *a;
+  int gpu;
+  uint64_t bytes; /* per slot */
+  uint32_t blocks;
+  uint8_t *mem[N_SLOTS]; /* device or host memory */
+  uint8_t *host[N_SLOTS]; /* host copies for checks */
+} rd;
+
+static void reader_start(rd *r, const char *name, const shape *s, int gpu) {
+  memset(r, 0, sizeof(*r));
+  sx_agent_params p;
+  sxt_params(&p, env.url, name);
+  snprintf(p.layout.fingerprint, sizeof(p.layout.fingerprint), "rdma-gpu/v1");
+  /* Pool and reader share a host here: keep cuda_ipc out of the choice, as
+   * if they were two hosts. */
+  p.transports = SX_TRANSPORTS_RDMA | SX_TRANSPORTS_TCP;
+  sxt_ok(sx_agent_create(&p, &r->a));
+  r->gpu = gpu;
+  r->blocks = s->blocks;
+  uint64_t layer = (uint64_t)s->blocks * s->block;
+  r->bytes = LAYERS * layer;
+  for (uint32_t k = 0; k < N_SLOTS; k++) {
+    void *m = NULL;
+    if (gpu)
+      sxt_ok(sx__mem_alloc(0, r->bytes, &m));
+    else
+      m = calloc(1, r->bytes);
+    assert_non_null(m);
+    r->mem[k] = m;
+    r->host[k] = calloc(1, r->bytes);
+    assert_non_null(r->host[k]);
+    sx_region_params rp = {.addr = m, .length = r->bytes, .layer_count = LAYERS,
+                           .layer_stride = layer, .slot = k, .block_bytes = s->block,
+                           .num_blocks = s->blocks, .location = gpu ? "cuda:0" : "cpu"};
+    uint32_t id;
+    sxt_ok(sx_agent_register(r->a, &rp, &id));
+  }
+}
+
+static void reader_stop(rd *r) {
+  sx_agent_destroy(r->a);
+  for (int k = 0; k < N_SLOTS; k++) {
+    if (r->gpu)
+      sx__mem_free(r->mem[k]);
+    else
+      free(r->mem[k]);
+    free(r->host[k]);
+  }
+}
+
+static void fill(rd *r, int byte) {
+  for (int k = 0; k < N_SLOTS; k++) {
+    memset(r->host[k], byte, r->bytes);
+    sxt_ok(sx__mem_copy(r->mem[k], r->host[k], r->bytes));
+  }
+}
+
+/* Every block e brought equals the pool's pattern (checked on host copies
+ * of the destinations). */
+static int verify(rd *r, const sx_segment *seg, uint64_t seed, const sx_block_read *e) {
+  for (int k = 0; k < N_SLOTS; k++)
+    sxt_ok(sx__mem_copy(r->host[k], r->mem[k], r->bytes));
+  return sxt_verify(r->host, r->blocks, seg, seed, e);
+}
+
+static sx_segment *open_rdma(rd *r, const char *name) {
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r->a, name, 5000, &seg));
+  if (sx_segment_transport(seg) != SX_TRANSPORT_RDMA)
+    fail_msg("%s would be read over transport %d, not RDMA", name,
+             (int)sx_segment_transport(seg));
+  return seg;
+}
+
+static void entries(sx_block_read *e, size_t n, uint32_t blocks, uint32_t *rng) {
+  uint64_t local = 0;
+  for (size_t i = 0; i < n; i++) {
+    *rng = *rng * 1103515245u + 12345u;
+    uint32_t v = *rng >> 4;
+    uint64_t count = 1 + v % 2;
+    uint32_t lf = (v >> 3) % LAYERS;
+    e[i] = (sx_block_read){.layer_first = lf, .layer_count = 1 + (v >> 6) % (LAYERS - lf),
+                           .slots = 1 + (v >> 9) % 3,
+                           .remote_block = (v >> 12) % (blocks - count),
+                           .local_block = local, .count = count};
+    local += count;
+    assert_true(local <= blocks);
+  }
+}
+
+static void next_name(char *buf, size_t size, const char *prefix) {
+  snprintf(buf, size, "%s-%d", prefix, seq++);
+}
+
+/* Random scattered blocks and then the whole pool, byte for byte. */
+static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
+  char name[64];
+  next_name(name, sizeof(name), "gpool");
+  sxt_pool p;
+  pool_start(&p, name, seed, s);
+  rd r;
+  reader_start(&r, "rdma-gpu-reader", s, reader_gpu);
+  sx_segment *seg = open_rdma(&r, name);
+  sx_mismatch m;
+  sxt_ok(sx_segment_check(seg, 0, &m));
+  uint32_t rng = (uint32_t)seed;
+  sx_block_read e[40];
+  size_t n = s->blocks >= 80 ? 40 : s->blocks / 2;
+  for (int round = 0; round < 3; round++) {
+    fill(&r, 0xee);
+    entries(e, n, s->blocks, &rng);
+    sx_batch_result res = sxt_run_batch(seg, e, n, 60000);
+    if (res.state != SX_BATCH_COMPLETED)
+      pool_fail(&p, "round %d: %s: %s", round, sx_batch_state_name(res.state), res.message);
+    assert_int_equal(res.transport, SX_TRANSPORT_RDMA);
+    for (size_t i = 0; i < n; i++)
+      if (verify(&r, seg, seed, &e[i]) != 0)
+        pool_fail(&p, "round %d entry %zu: bytes differ", round, i);
+  }
+  fill(&r, 0x11);
+  sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s->blocks};
+  sx_batch_result res = sxt_run_batch(seg, &all, 1, 120000);
+  if (res.state != SX_BATCH_COMPLETED)
+    pool_fail(&p, "whole pool: %s: %s", sx_batch_state_name(res.state), res.message);
+  if (verify(&r, seg, seed, &all) != 0)
+    pool_fail(&p, "whole pool: bytes differ");
+  print_message("%s pool (%u blocks of %u bytes) into %s memory over staged RDMA: %.1f MiB/s\n",
+                s->location, s->blocks, s->block, reader_gpu ? "GPU" : "host",
+                (double)res.bytes / ((double)res.transfer_ns / 1e9) / 1048576.0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
+static const shape small_gpu = {.block = 4096, .blocks = 256, .location = "cuda:0"};
+static const shape large_gpu = {.block = 3u << 20, .blocks = 4, .location = "cuda:0"};
+static const shape host_pool = {.block = 65536, .blocks = 64, .location = "cpu"};
+
+static void test_rdma_gpu_small_blocks_gpu_to_gpu(void **state) {
+  (void)state;
+  read_and_verify(&small_gpu, 1, 4242);
+}
+
+/* Blocks of 3 MiB: each spans several 1 MiB slots. */
+static void test_rdma_gpu_large_blocks_gpu_to_gpu(void **state) {
+  (void)state;
+  read_and_verify(&large_gpu, 1, 77);
+}
+
+static void test_rdma_gpu_gpu_pool_into_host_memory(void **state) {
+  (void)state;
+  read_and_verify(&small_gpu, 0, 9);
+}
+
+/* Host pool, GPU reader: READs of the region itself into the reader's
+ * ring (no request), then copies into device memory. */
+static void test_rdma_gpu_host_pool_into_gpu_memory(void **state) {
+  (void)state;
+  read_and_verify(&host_pool, 1, 31);
+}
+
+/* SX_RDMA_GPU=off keeps GPU memory off RDMA: the segment goes over TCP. */
+static void test_rdma_gpu_tier_off_chooses_tcp(void **state) {
+  (void)state;
+  char name[64];
+  next_name(name, sizeof(name), "gpool");
+  sxt_pool p;
+  pool_start(&p, name, 5, &small_gpu);
+  setenv("SX_RDMA_GPU", "off", 1);
+  rd r;
+  reader_start(&r, "rdma-gpu-off", &small_gpu, 1);
+  unsetenv("SX_RDMA_GPU");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
+  sx_block_read e = {.layer_count = LAYERS, .slots = 3, .remote_block = 3, .count = 5};
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 30000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 5, &e), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
+/* A deadline ends a staged batch: TIMEOUT, and nothing lands afterwards. */
+static void test_rdma_gpu_deadline_and_nothing_lands_after(void **state) {
+  (void)state;
+  const shape s = {.block = 1u << 20, .blocks = 16, .location = "cuda:0"};
+  char name[64];
+  next_name(name, sizeof(name), "gpool");
+  sxt_pool p;
+  pool_start(&p, name, 6, &s);
+  rd r;
+  reader_start(&r, "rdma-gpu-deadline", &s, 1);
+  sx_segment *seg = open_rdma(&r, name);
+  fill(&r, 0xab);
+  sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s.blocks};
+  sx_batch_result res = sxt_run_batch(seg, &all, 1, 200);
+  print_message("staged whole-pool batch with a 200 ms deadline: %s, %lu bytes: %s\n",
+                sx_batch_state_name(res.state), (unsigned long)res.bytes, res.message);
+  assert_int_equal(res.state, SX_BATCH_TIMEOUT);
+  for (int k = 0; k < N_SLOTS; k++)
+    sxt_ok(sx__mem_copy(r.host[k], r.mem[k], r.bytes));
+  uint8_t *snap = malloc(r.bytes);
+  assert_non_null(snap);
+  sxt_sleep_ms(1000);
+  for (int k = 0; k < N_SLOTS; k++) {
+    sxt_ok(sx__mem_copy(snap, r.mem[k], r.bytes));
+    if (memcmp(snap, r.host[k], r.bytes) != 0)
+      fail_msg("slot %d of a timed-out staged batch changed after it ended", k);
+  }
+  free(snap);
+  sx_block_read e = {.layer_count = LAYERS, .slots = 3, .remote_block = 2, .count = 3};
+  res = sxt_run_batch(seg, &e, 1, 30000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(verify(&r, seg, 6, &e), 0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
+/* The target dies in the middle of a staged batch: the batch fails within
+ * its deadline, later batches do not succeed, this process is fine. */
+static void test_rdma_gpu_target_killed_during_a_batch(void **state) {
+  (void)state;
+  const shape s = {.block = 1u << 20, .blocks = 32, .location = "cuda:0"};
+  char name[64];
+  next_name(name, sizeof(name), "gpool");
+  sxt_pool p;
+  pool_start(&p, name, 8, &s);
+  rd r;
+  reader_start(&r, "rdma-gpu-kill", &s, 1);
+  sx_segment *seg = open_rdma(&r, name);
+  sx_block_read one = {.layer_count = 1, .slots = 1, .count = 1};
+  assert_int_equal(sxt_run_batch(seg, &one, 1, 20000).state, SX_BATCH_COMPLETED);
+  const uint32_t deadline = 30000;
+  sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s.blocks};
+  sx_batch *b = sxt_batch_submit(seg, &all, 1, deadline);
+  uint64_t t0 = sx__mono_ms();
+  sxt_sleep_ms(300);
+  assert_int_equal(sx_batch_poll(b), SX_EBUSY);
+  kill(p.pid, SIGKILL);
+  assert_int_equal(reap(p.pid, 10000), 128 + SIGKILL);
+  p.pid = 0;
+  sxt_ok(sx_batch_wait(b, (int)deadline + 5000));
+  uint64_t took = sx__mono_ms() - t0;
+  sx_batch_result res;
+  sxt_ok(sx_batch_result_get(b, &res));
+  print_message("staged batch ended %lu ms after submit: %s %s: %s\n", (unsigned long)took,
+                sx_batch_state_name(res.state), sx_err_name(res.error), res.message);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  if (res.error != SX_EDISCONN && res.error != SX_EUNREACH && res.error != SX_ETIMEDOUT)
+    fail_msg("the batch failed with %s", sx_err_name(res.error));
+  assert_true(took < deadline);
+  sx_batch_destroy(b);
+  res = sxt_run_batch(seg, &one, 1, 5000);
+  assert_int_not_equal(res.state, SX_BATCH_COMPLETED);
+  sx_segment_close(seg);
+  reader_stop(&r);
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  int n = 0;
+  if (sx__mem_cuda_devices(&n) != 0 || n == 0) {
+    fprintf(stderr, "test_rdma_gpu: no CUDA device, not even the stand-in (SX_CUDA_LIBRARY=%s):"
+            " %s\n", getenv("SX_CUDA_LIBRARY") ? getenv("SX_CUDA_LIBRARY") : "unset",
+            sx_errmsg());
+    return -1;
+  }
+  return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_rdma_gpu",
+                                                       .tmp = "rdma-gpu", .bin_here = 1,
+                                                       .need = "sx-agent", .ns = "rdma-gpu",
+                                                       .notify = "Kx", .redis_required = 1});
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  return sxt_proc_env_teardown(&env);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rdma_gpu_small_blocks_gpu_to_gpu),
+      cmocka_unit_test(test_rdma_gpu_large_blocks_gpu_to_gpu),
+      cmocka_unit_test(test_rdma_gpu_gpu_pool_into_host_memory),
+      cmocka_unit_test(test_rdma_gpu_host_pool_into_gpu_memory),
+      cmocka_unit_test(test_rdma_gpu_tier_off_chooses_tcp),
+      cmocka_unit_test(test_rdma_gpu_deadline_and_nothing_lands_after),
+      cmocka_unit_test(test_rdma_gpu_target_killed_during_a_batch),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
