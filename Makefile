@@ -108,7 +108,7 @@ TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 # The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
 # make test runs it too, or prints why it skipped.
-GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push test_gpu_dmabuf
 GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
@@ -131,7 +131,7 @@ RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
                 $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so \
-                $(RDMA_PAYLOAD)/test_rdma_gpu
+                $(RDMA_PAYLOAD)/test_rdma_gpu $(RDMA_PAYLOAD)/libsxibvshim.so
 
 # The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
 # (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
@@ -386,6 +386,12 @@ $(RDMA_PAYLOAD)/test_rdma_gpu: $(BUILD)/obj/tests/rdma/test_rdma_gpu.o $(TEST_SU
 $(RDMA_PAYLOAD)/libfakecuda.so: $(BUILD)/tests/gpu/libfakecuda.so
 	@mkdir -p $(dir $@)
 	@cp $< $@
+
+# test_rdma_gpu dmabuf|peermem: an LD_PRELOAD provider shim over the stand-in.
+$(RDMA_PAYLOAD)/libsxibvshim.so: tests/rdma/sx_ibv_shim.c
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
+	  -fvisibility=hidden -o $@ $< -libverbs -ldl
 
 # Copies, not links: the directory is all the VM sees.
 $(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh

@@ -102,6 +102,7 @@ static int load(void) {
   /* The CUDA 13 batch copy: one call for a batch's ranges when it is there. */
   void *batch = dlsym(lib, "cuMemcpyBatchAsync_v2");
   memcpy(&real.MemcpyBatchAsync, &batch, sizeof(batch));
+  sx__mem_dmabuf_syms(lib, &real);
   return 0;
 }
 

@@ -42,6 +42,14 @@ typedef struct sx__cuda_drv {
   CUresult (*MemcpyBatchAsync)(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
                                size_t count, CUmemcpyAttributes *attrs, size_t *attrs_idx,
                                size_t n_attrs, CUstream s);
+  /* Optional (NULL where missing): GPUDirect RDMA through dma-buf
+   * (dmabuf.c). */
+  CUresult (*DeviceGetAttribute)(int *v, CUdevice_attribute a, CUdevice d);
+  CUresult (*MemGetHandleForAddressRange)(void *handle, CUdeviceptr p, size_t len,
+                                          CUmemRangeHandleType type, unsigned long long flags);
+  CUresult (*PointerSetAttribute)(const void *v, CUpointer_attribute a, CUdeviceptr p);
+  CUresult (*FlushGPUDirectRDMAWrites)(CUflushGPUDirectRDMAWritesTarget target,
+                                       CUflushGPUDirectRDMAWritesScope scope);
 } sx__cuda_drv;
 
 /* The loaded driver (with its primary context of device made current on
@@ -53,6 +61,8 @@ int sx__cuda_err(const sx__cuda_drv *d, CUresult r, const char *what);
 /* Tests: use this table instead of the driver (NULL: the driver again);
  * load this library name instead of libcuda.so.1 on the next use. */
 void sx__mem_cuda_use(const sx__cuda_drv *fake);
+/* dmabuf.c: fill the table's optional GPUDirect calls from lib. */
+void sx__mem_dmabuf_syms(void *lib, sx__cuda_drv *d);
 void sx__mem_cuda_library(const char *name);
 #endif
 

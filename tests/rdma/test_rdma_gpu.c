@@ -9,6 +9,7 @@
  * (--location cuda:0); readers are agents in this process whose
  * destinations are device memory too, or host memory.
  */
+#include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 
 #define LAYERS 4
 #define N_SLOTS 2
+#define REGION_SKEW (4096 + 512)
 
 static sxt_proc_env env;
 static int seq;
@@ -58,7 +60,8 @@ typedef struct rd {
   int gpu;
   uint64_t bytes; /* per slot */
   uint32_t blocks;
-  uint8_t *mem[N_SLOTS]; /* device or host memory */
+  uint8_t *mem[N_SLOTS]; /* device or host memory: the regions */
+  uint8_t *alloc[N_SLOTS]; /* the allocations holding them */
   uint8_t *host[N_SLOTS]; /* host copies for checks */
 } rd;
 
@@ -77,12 +80,16 @@ static void reader_start(rd *r, const char *name, const shape *s, int gpu) {
   r->bytes = LAYERS * layer;
   for (uint32_t k = 0; k < N_SLOTS; k++) {
     void *m = NULL;
+    /* The regions start 4 KiB + 512 bytes into their allocations, so a
+     * dma-buf export must round to pages and pass the offset. */
     if (gpu)
-      sxt_ok(sx__mem_alloc(0, r->bytes, &m));
+      sxt_ok(sx__mem_alloc(0, r->bytes + REGION_SKEW + 4096, &m));
     else
-      m = calloc(1, r->bytes);
+      m = calloc(1, r->bytes + REGION_SKEW + 4096);
     assert_non_null(m);
-    r->mem[k] = m;
+    r->alloc[k] = m;
+    r->mem[k] = (uint8_t *)m + REGION_SKEW;
+    m = r->mem[k];
     r->host[k] = calloc(1, r->bytes);
     assert_non_null(r->host[k]);
     sx_region_params rp = {.addr = m, .length = r->bytes, .layer_count = LAYERS,
@@ -97,9 +104,9 @@ static void reader_stop(rd *r) {
   sx_agent_destroy(r->a);
   for (int k = 0; k < N_SLOTS; k++) {
     if (r->gpu)
-      sx__mem_free(r->mem[k]);
+      sx__mem_free(r->alloc[k]);
     else
-      free(r->mem[k]);
+      free(r->alloc[k]);
     free(r->host[k]);
   }
 }
@@ -315,8 +322,153 @@ static void test_rdma_gpu_target_killed_during_a_batch(void **state) {
   reader_stop(&r);
 }
 
+/* ------------------------------------------------------------ GPUDirect tiers
+ * `test_rdma_gpu gpudirect` runs under LD_PRELOAD=libsxibvshim.so
+ * (tests/rdma/sx_ibv_shim.c), which plays a provider that takes dma-buf MRs
+ * of the stand-in's memory.  This proves detection, export offsets, fd
+ * lifetime, rkeys and the fallbacks between tiers; not GPU peer to peer. */
+
+static char shim_log[300], sysfs[300];
+static int group_setup(void **state);
+static int group_teardown(void **state);
+
+static int file_has(const char *path, const char *what) {
+  char buf[65536];
+  FILE *f = fopen(path, "r");
+  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+  buf[n] = '\0';
+  if (f != NULL)
+    fclose(f);
+  return strstr(buf, what) != NULL;
+}
+
+/* Start a GPU pool with the shim (and the sysfs stand-in) in mode dmabuf and
+ * peermem, read it into GPU memory byte for byte, and check what the pool
+ * registered: rkeys on its GPU regions (GPUDirect) or none (staged), and
+ * that its log names the tier (and why it fell back). */
+static void tier_case(const char *dmabuf, const char *peermem, int modules, int expect_rkeys,
+                      const char *expect_log) {
+  const shape s = {.block = 65536, .blocks = 32, .location = "cuda:0"};
+  char name[64];
+  next_name(name, sizeof(name), "tpool");
+  setenv("SXSHIM_DMABUF", dmabuf, 1);
+  setenv("SXSHIM_PEERMEM", peermem, 1);
+  if (modules)
+    setenv("SX_RDMA_SYSFS", sysfs, 1);
+  sxt_pool p;
+  pool_start(&p, name, 12, &s);
+  unsetenv("SX_RDMA_SYSFS");
+  setenv("SXSHIM_DMABUF", "ok", 1);
+  unsetenv("SXSHIM_PEERMEM");
+  rd r;
+  reader_start(&r, "rdma-gpu-tiers", &s, 1);
+  sx_segment *seg = open_rdma(&r, name);
+  const sx_desc *d = sx_segment_desc(seg);
+  for (uint32_t i = 0; i < d->n_regions; i++) {
+    assert_true(d->regions[i].n_rkeys >= 1);
+    if ((d->regions[i].rkeys[0] != 0) != expect_rkeys)
+      pool_fail(&p, "region %u published rkey 0x%x; expected %s", d->regions[i].id,
+                d->regions[i].rkeys[0], expect_rkeys ? "an MR" : "none (staged)");
+  }
+  if (!file_has(p.log, expect_log))
+    pool_fail(&p, "the pool's log does not say '%s'", expect_log);
+  sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s.blocks};
+  fill(&r, 0x5a);
+  sx_batch_result res = sxt_run_batch(seg, &all, 1, 60000);
+  if (res.state != SX_BATCH_COMPLETED)
+    pool_fail(&p, "%s: %s", sx_batch_state_name(res.state), res.message);
+  if (verify(&r, seg, 12, &all) != 0)
+    pool_fail(&p, "bytes differ");
+  print_message("dma-buf %s, peermem %s%s: %s, %.1f MiB/s\n", dmabuf, peermem,
+                modules ? " (module loaded)" : "", expect_rkeys ? "GPUDirect" : "staged",
+                (double)res.bytes / ((double)res.transfer_ns / 1e9) / 1048576.0);
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
+/* The probe answers EBADF, exports succeed: both sides register through
+ * dma-buf (the reader's regions at an offset inside their allocations), the
+ * pool publishes rkeys, the read is direct, and the fds are closed. */
+static void test_rdma_gpu_dmabuf_tier(void **state) {
+  (void)state;
+  tier_case("ok", "ok", 0, 1, "dma-buf GPUDirect");
+  assert_true(file_has(shim_log, "probe -> EBADF"));
+  /* The reader's own exports: offset 512 into the fd (4 KiB + 512 into
+   * the allocation, rounded down to its page), iova = the region. */
+  char want[64];
+  snprintf(want, sizeof(want), " off 512 len ");
+  assert_true(file_has(shim_log, want));
+  long (*memops)(void) = NULL;
+  void *h = dlopen(getenv("SX_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  if (h != NULL)
+    *(void **)&memops = dlsym(h, "fake_cuda_sync_memops");
+  assert_non_null(memops);
+  assert_true(memops() >= N_SLOTS); /* SYNC_MEMOPS on every exported region */
+}
+
+/* dma-buf registration fails, no peer-memory module: staged, and the log
+ * says why at each step. */
+static void test_rdma_gpu_dmabuf_fails_to_staged(void **state) {
+  (void)state;
+  tier_case("fail", "ok", 0, 0, "staged (dma-buf: ibv_reg_dmabuf_mr");
+}
+
+/* The provider refuses dma-buf (as rxe does), nvidia_peermem is loaded:
+ * ibv_reg_mr on the device pointer. */
+static void test_rdma_gpu_peermem_tier(void **state) {
+  (void)state;
+  tier_case("off", "ok", 1, 1, "peermem GPUDirect");
+}
+
+/* peermem loaded but the provider cannot pin the pages (EFAULT): staged. */
+static void test_rdma_gpu_peermem_efault_to_staged(void **state) {
+  (void)state;
+  tier_case("off", "efault", 1, 0, "peermem: ibv_reg_mr(");
+}
+
+/* The stand-in enforces the real export rules; the memory layer rounds the
+ * region's own range to pages and reports where it lies in the fd. */
+static void test_rdma_gpu_dmabuf_export_rules(void **state) {
+  (void)state;
+  void *m = NULL;
+  sxt_ok(sx__mem_alloc(0, 1 << 20, &m));
+  int fd = -1;
+  uint64_t off = 0;
+  sxt_ok(sx__mem_dmabuf_export((uint8_t *)m + 8192 + 100, 5000, 0, &fd, &off));
+  assert_true(fd >= 0);
+  assert_int_equal(off, 100);
+  close(fd);
+  /* A range that leaves its allocation is refused by the driver. */
+  sxt_rc(sx__mem_dmabuf_export((uint8_t *)m + (1 << 20) - 4096, 8192, 0, &fd, &off), SX_EIO);
+  sxt_rc(sx__mem_dmabuf_export(m, 0, 0, &fd, &off), SX_EINVAL);
+  assert_int_equal(sx__mem_dmabuf_supported(0), 1);
+  sx__mem_free(m);
+}
+
+static int gd_setup(void **state) {
+  if (getenv("LD_PRELOAD") == NULL || strstr(getenv("LD_PRELOAD"), "libsxibvshim") == NULL) {
+    fprintf(stderr, "test_rdma_gpu gpudirect: run it with LD_PRELOAD=libsxibvshim.so\n");
+    return -1;
+  }
+  int rc = group_setup(state);
+  if (rc)
+    return rc;
+  snprintf(shim_log, sizeof(shim_log), "%s/shim.log", env.tmpdir);
+  setenv("SXSHIM_LOG", shim_log, 1);
+  snprintf(sysfs, sizeof(sysfs), "%s/sys", env.tmpdir);
+  char mod[400];
+  snprintf(mod, sizeof(mod), "%s/module/nvidia_peermem", sysfs);
+  char cmd[500];
+  snprintf(cmd, sizeof(cmd), "mkdir -p '%s'", mod);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
 static int group_setup(void **state) {
   (void)state;
+  static int done;
+  if (done++)
+    return 0;
   int n = 0;
   if (sx__mem_cuda_devices(&n) != 0 || n == 0) {
     fprintf(stderr, "test_rdma_gpu: no CUDA device, not even the stand-in (SX_CUDA_LIBRARY=%s):"
@@ -335,8 +487,23 @@ static int group_teardown(void **state) {
   return sxt_proc_env_teardown(&env);
 }
 
-int main(void) {
+static int gd_teardown(void **state) {
+  unsetenv("SXSHIM_LOG");
+  return group_teardown(state);
+}
+
+int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
+  if (argc > 1 && strcmp(argv[1], "gpudirect") == 0) {
+    const struct CMUnitTest gd[] = {
+        cmocka_unit_test(test_rdma_gpu_dmabuf_export_rules),
+        cmocka_unit_test(test_rdma_gpu_dmabuf_tier),
+        cmocka_unit_test(test_rdma_gpu_dmabuf_fails_to_staged),
+        cmocka_unit_test(test_rdma_gpu_peermem_tier),
+        cmocka_unit_test(test_rdma_gpu_peermem_efault_to_staged),
+    };
+    return cmocka_run_group_tests(gd, gd_setup, gd_teardown);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rdma_gpu_small_blocks_gpu_to_gpu),
       cmocka_unit_test(test_rdma_gpu_large_blocks_gpu_to_gpu),

@@ -430,6 +430,7 @@ struct sx_rdma {
   rdma_wnotice *shead, *stail; /* notices settled, to deliver */
   rdma_srop *sdhead, *sdtail;  /* staged ops with settled xfers */
   sx__rdma_gpu_tier gpu_tier;  /* SX_RDMA_GPU or rdma_gpu: what carries GPU memory */
+  int8_t dmabuf[SX__RDMA_MAX_DEVS]; /* provider takes dma-buf MRs: 1, -1, 0 not probed */
   int busy;
   int closed;
 };
@@ -591,6 +592,13 @@ void sx__rdma_s_fail_queue(rdma_peer *sp, int code, const char *msg);
 void sx__rdma_s_peer_shutdown(rdma_peer *sp, int code, const char *msg);
 /* Deliver settled xfers of staged ops (may run op->done). */
 void sx__rdma_s_deliver(sx_rdma *t);
+
+/* ------------------------------------------------------------------ rdma_gpu.c */
+
+/* Register GPU region lr on every device where the (device, GPU) pair has
+ * a GPUDirect tier (dma-buf, then peermem, or the forced one); *out NULL
+ * when none has (the region is staged).  Each pair's outcome is logged. */
+int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
 
 /* ------------------------------------------------------------------ rdma_sserve.c */
 

@@ -577,10 +577,10 @@ static rdma_rop *rop_find(rdma_peer *p, const sx_op *op) {
 /* The destination lies in its local region, registered with RDMA. */
 static int check_local(const rdma_peer *p, const sx_xfer *x, size_t i) {
   const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
-  if (x->lreg->mem.kind == SX__MEM_CUDA)
-    return sx__err(SX_ENOTSUP, "local region %u is GPU memory (%s), which RDMA does not "
-                   "carry yet (no GPUDirect; use tcp or cuda_ipc)", x->lreg->r.id,
-                   x->lreg->r.location);
+  if (x->lreg->mem.kind == SX__MEM_CUDA && (rm == NULL || rm->mr[p->lep->dev->index] == NULL))
+    return sx__err(SX_ENOTSUP, "local region %u is GPU memory (%s) that RDMA did not "
+                   "register, and staging is off here (SX_RDMA_GPU=off, or a write)",
+                   x->lreg->r.id, x->lreg->r.location);
   if (rm == NULL || rm->mr[p->lep->dev->index] == NULL)
     return sx__err(SX_EINVAL, "local region %u is not registered with RDMA on %s",
                    x->lreg->r.id, p->lep->dev->name);
@@ -617,9 +617,10 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
       return rc;
     if (x->rreg == NULL)
       return sx__err(SX_EINVAL, "range %zu has no remote region", i);
-    if (strncmp(x->rreg->location, "cuda:", 5) == 0)
-      return sx__err(SX_ENOTSUP, "remote region %u is GPU memory (%s), which RDMA does "
-                     "not carry yet (no GPUDirect; use tcp or cuda_ipc)", x->rreg->id,
+    if (strncmp(x->rreg->location, "cuda:", 5) == 0 &&
+        (x->rreg->n_rkeys <= p->rkey_index || x->rreg->rkeys[p->rkey_index] == 0))
+      return sx__err(SX_ENOTSUP, "remote region %u is GPU memory (%s) without an rkey, and "
+                     "staging is off here (SX_RDMA_GPU=off, or a write)", x->rreg->id,
                      x->rreg->location);
     if (x->rreg->n_rkeys <= p->rkey_index)
       return sx__err(SX_ERKEYS, "remote region %u has %u rkeys, the endpoint used is #%u",
