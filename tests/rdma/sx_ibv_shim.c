@@ -16,7 +16,8 @@
  *       SXSHIM_PEERMEM=efault, else the real call (the pages are host pages).
  *
  * SXSHIM_DMABUF: "ok" (default), "off" (the probe says EOPNOTSUPP, as rxe
- * does), "fail" (the probe passes, registrations fail with EINVAL).
+ * does), "fail" (the probe passes, registrations fail with EINVAL),
+ * "unreachable" (registrations succeed, the NIC cannot read the pages).
  * SXSHIM_LOG=path appends one line per call, for the tests to read.
  */
 #define _GNU_SOURCE
@@ -90,7 +91,12 @@ EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size
                     (off_t)(at - delta));
   if (m == MAP_FAILED)
     return NULL;
-  /* The mapping stays for the MR's life (a test's worth of leak). */
+  /* The mapping stays for the MR's life (a test's worth of leak).
+   * SXSHIM_DMABUF=unreachable: registration succeeds, but the NIC cannot
+   * read the memory (no remote access), as where no peer-to-peer path
+   * exists: the first READ fails with a remote access error. */
+  if (mode("SXSHIM_DMABUF", "unreachable"))
+    access &= ~IBV_ACCESS_REMOTE_READ;
   struct ibv_mr *mr = ibv_reg_mr_iova(pd, m + delta, length, iova, access);
   say("dmabuf fd %d off %llu len %zu iova 0x%llx -> %s rkey 0x%x", fd, (unsigned long long)offset,
       length, (unsigned long long)iova, mr ? "ok" : strerror(errno), mr ? mr->rkey : 0);

@@ -10,6 +10,7 @@
  * destinations are device memory too, or host memory.
  */
 #include <dlfcn.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,6 +223,32 @@ static void test_rdma_gpu_host_pool_into_gpu_memory(void **state) {
   read_and_verify(&host_pool, 1, 31);
 }
 
+/* sxctl read --location cuda:0 --transport rdma: a program's reads into GPU
+ * memory over staged RDMA, verified against the pool's pattern. */
+static void test_rdma_gpu_sxctl_read_into_gpu(void **state) {
+  (void)state;
+  char name[64], exe[PATH_MAX + 16], log[300], out[8192];
+  next_name(name, sizeof(name), "gpool");
+  sxt_pool p;
+  pool_start(&p, name, 271828, &small_gpu);
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/sxctl-read.log", env.tmpdir);
+  unlink(log);
+  const char *argv[] = {exe, "--metadata", env.url, "read", name, "--blocks", "random:100",
+                        "--verify", "271828", "--fingerprint", "rdma-gpu/v1", "--transport",
+                        "rdma", "--location", "cuda:0", NULL};
+  int rc = reap(sxt_spawn_ok(log, argv), 60000);
+  FILE *f = fopen(log, "r");
+  size_t n = f != NULL ? fread(out, 1, sizeof(out) - 1, f) : 0;
+  out[n] = '\0';
+  if (f != NULL)
+    fclose(f);
+  if (rc != 0 || strstr(out, "via rdma") == NULL)
+    pool_fail(&p, "sxctl read --location cuda:0 over rdma exited %d:\n%s", rc, out);
+  print_message("%s", out);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
 /* SX_RDMA_GPU=off keeps GPU memory off RDMA: the segment goes over TCP. */
 static void test_rdma_gpu_tier_off_chooses_tcp(void **state) {
   (void)state;
@@ -421,6 +448,13 @@ static void test_rdma_gpu_peermem_tier(void **state) {
   tier_case("off", "ok", 1, 1, "peermem GPUDirect");
 }
 
+/* dma-buf registers, but the NIC cannot read the memory: the loopback READ
+ * at registration fails (remote access error), the pair is staged. */
+static void test_rdma_gpu_unreachable_pair_is_staged(void **state) {
+  (void)state;
+  tier_case("unreachable", "ok", 0, 0, "loopback READ of GPU memory on");
+}
+
 /* peermem loaded but the provider cannot pin the pages (EFAULT): staged. */
 static void test_rdma_gpu_peermem_efault_to_staged(void **state) {
   (void)state;
@@ -501,6 +535,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rdma_gpu_dmabuf_fails_to_staged),
         cmocka_unit_test(test_rdma_gpu_peermem_tier),
         cmocka_unit_test(test_rdma_gpu_peermem_efault_to_staged),
+        cmocka_unit_test(test_rdma_gpu_unreachable_pair_is_staged),
     };
     return cmocka_run_group_tests(gd, gd_setup, gd_teardown);
   }
@@ -510,6 +545,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_rdma_gpu_gpu_pool_into_host_memory),
       cmocka_unit_test(test_rdma_gpu_host_pool_into_gpu_memory),
       cmocka_unit_test(test_rdma_gpu_tier_off_chooses_tcp),
+      cmocka_unit_test(test_rdma_gpu_sxctl_read_into_gpu),
       cmocka_unit_test(test_rdma_gpu_deadline_and_nothing_lands_after),
       cmocka_unit_test(test_rdma_gpu_target_killed_during_a_batch),
   };

@@ -117,6 +117,27 @@ int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out) {
         how = "peermem GPUDirect";
       }
     }
+    /* The first remote-readable MR of each pair proves the NIC reaches the
+     * GPU (registration alone does not); a pair that cannot is staged. */
+    int g = lr->mem.device;
+    if (mr != NULL && remote && g >= 0 && g < SX__RDMA_REACH_GPUS) {
+      char rwhy[200] = "";
+      if (t->reach[i][g] == 0) {
+        t->reach[i][g] = sx__rdma_reach(t, d, mr, lr->r.addr, rwhy, sizeof(rwhy)) ? 1 : -1;
+        if (t->reach[i][g] < 0) {
+          t->stats.gpu_unreachable++;
+          sx__rdma_log(t, SX_LOG_WARN, "%s cannot reach cuda:%d (%s): the pair is staged", d->name,
+                       g, rwhy);
+        }
+      }
+      if (t->reach[i][g] < 0) {
+        ibv_dereg_mr(mr);
+        mr = NULL;
+        how = "staged";
+        snprintf(why, sizeof(why), "%s registered it, but a loopback READ of cuda:%d failed "
+                 "earlier%s%s", d->name, g, rwhy[0] ? ": " : "", rwhy);
+      }
+    }
     rm->mr[i] = mr;
     any |= mr != NULL;
     sx__rdma_log(t, SX_LOG_INFO, "region %u (%s, %zu bytes) on %s: "

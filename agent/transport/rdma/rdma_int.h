@@ -75,6 +75,8 @@
  * in a shared receive queue, and producers' QPs at once. */
 #define SX__RDMA_WSRQ_DEPTH 64u
 #define SX__RDMA_WMAX_CONNS 256u
+/* GPUs whose reachability from each device is remembered (rdma_reach.c). */
+#define SX__RDMA_REACH_GPUS 16
 
 /* ------------------------------------------------------------------ wire */
 
@@ -403,6 +405,7 @@ typedef struct sx__rdma_stats {
   uint64_t teardowns;  /* QPs torn down */
   uint64_t requeued;   /* slices flushed by an abort and issued again */
   uint64_t rejects;    /* connect requests this target rejected */
+  uint64_t gpu_unreachable; /* (device, GPU) pairs whose loopback READ failed */
 } sx__rdma_stats;
 
 struct sx_rdma {
@@ -431,6 +434,8 @@ struct sx_rdma {
   rdma_srop *sdhead, *sdtail;  /* staged ops with settled xfers */
   sx__rdma_gpu_tier gpu_tier;  /* SX_RDMA_GPU or rdma_gpu: what carries GPU memory */
   int8_t dmabuf[SX__RDMA_MAX_DEVS]; /* provider takes dma-buf MRs: 1, -1, 0 not probed */
+  /* (device, GPU) pairs: the loopback READ passed 1, failed -1, not run 0. */
+  int8_t reach[SX__RDMA_MAX_DEVS][SX__RDMA_REACH_GPUS];
   int busy;
   int closed;
 };
@@ -599,6 +604,13 @@ void sx__rdma_s_deliver(sx_rdma *t);
  * a GPUDirect tier (dma-buf, then peermem, or the forced one); *out NULL
  * when none has (the region is staged).  Each pair's outcome is logged. */
 int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
+
+/* ------------------------------------------------------------------ rdma_reach.c */
+
+/* Read a few bytes of GPU memory at addr through mr (remote-readable) over a
+ * loopback QP pair on d.  1 when they arrived; 0 with why filled. */
+int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t addr, char *why,
+                   size_t cap);
 
 /* ------------------------------------------------------------------ rdma_sserve.c */
 
