@@ -29,7 +29,7 @@ static void test_rdma_stage_hello_flag(void **state) {
 static void test_rdma_stage_request_roundtrip(void **state) {
   (void)state;
   uint8_t buf[SX__RDMA_SMSG_BYTES];
-  sx__rdma_sreq q = {.slot = 5, .seq = 0x01020304u, .n = 3};
+  sx__rdma_sreq q = {.slot = SX__RDMA_STAGE_SLOTS - 1, .seq = 0x01020304u, .n = 3};
   q.r[0] = (sx__rdma_srange){.region = 7, .len = 4096, .off = 1ull << 40};
   q.r[1] = (sx__rdma_srange){.region = 8, .len = 1, .off = 0};
   q.r[2] = (sx__rdma_srange){.region = 0xfffffffeu, .len = SX__RDMA_STAGE_SLOT_BYTES - 4097,
@@ -42,7 +42,7 @@ static void test_rdma_stage_request_roundtrip(void **state) {
   sx__rdma_sreq out;
   char msg[160];
   sxt_ok(sx__rdma_sreq_parse(buf, len, &out, msg, sizeof(msg)));
-  assert_int_equal(out.slot, 5);
+  assert_int_equal(out.slot, SX__RDMA_STAGE_SLOTS - 1);
   assert_int_equal(out.seq, 0x01020304u);
   assert_int_equal(out.n, 3);
   for (int i = 0; i < 3; i++) {

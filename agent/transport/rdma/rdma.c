@@ -246,9 +246,8 @@ void sx__rdma_leave(sx_rdma *t, int flush_now) {
       do { /* a settled notice may end a batch whose callback posts more */
         sx__rdma_deliver(t);
         sx__rdma_w_deliver(t);
-        sx__rdma_s_deliver(t);
-      } while (t->dhead != NULL || t->shead != NULL || t->sdhead != NULL);
-    } else if (t->dhead != NULL || t->shead != NULL || t->sdhead != NULL) {
+      } while (t->dhead != NULL || t->shead != NULL);
+    } else if (t->dhead != NULL || t->shead != NULL) {
       uv_timer_start(t->flusher, on_flusher, 0, 0);
     }
   }
@@ -524,7 +523,7 @@ static void peer_shutdown(rdma_peer *p, int code, const char *msg) {
     p->stage_of->stage = NULL;
   for (uint32_t i = 0; i < p->n_conns; i++)
     conn_close_sync(&p->conns[i], code, msg);
-  sx__rdma_s_peer_shutdown(p, code, msg);
+  sx__rdma_s_peer_shutdown(p);
   sx__rdma_peer_cancel_all(p, code, msg);
   sx__rdma_w_fail_queue(p, code, msg);
   if (p->prev != NULL)

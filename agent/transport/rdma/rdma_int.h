@@ -173,7 +173,6 @@ typedef struct rdma_conn rdma_conn;
 typedef struct rdma_rop rdma_rop;
 typedef struct rdma_wnotice rdma_wnotice;
 typedef struct rdma_sreader rdma_sreader;
-typedef struct rdma_srop rdma_srop;
 typedef struct rdma_sserve rdma_sserve;
 
 /* What an rdma_cm_id's context points to (first member of each). */
@@ -431,7 +430,6 @@ struct sx_rdma {
   rdma_tconn *tconns;
   rdma_rop *dhead, *dtail;
   rdma_wnotice *shead, *stail; /* notices settled, to deliver */
-  rdma_srop *sdhead, *sdtail;  /* staged ops with settled xfers */
   sx__rdma_gpu_tier gpu_tier;  /* SX_RDMA_GPU or rdma_gpu: what carries GPU memory */
   int8_t dmabuf[SX__RDMA_MAX_DEVS]; /* provider takes dma-buf MRs: 1, -1, 0 not probed */
   /* (device, GPU) pairs: the loopback READ passed 1, failed -1, not run 0. */
@@ -521,6 +519,16 @@ void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg);
 /* Deliver settled xfers to their ops (may run op->done). */
 void sx__rdma_deliver(sx_rdma *t);
 void sx__rdma_rop_free(rdma_rop *rop);
+/* An op of p with slices (or, staged, none) to issue, linked and queued;
+ * NULL when out of memory. */
+rdma_rop *sx__rdma_rop_new(rdma_peer *p, sx_op *op, uint64_t slices);
+/* The peer's queue of ops with work to issue. */
+void sx__rdma_rop_enqueue(rdma_rop *rop);
+void sx__rdma_rop_dequeue(rdma_rop *rop);
+/* Settle xfer xi once nothing of it is in flight and it is issued or its op
+ * stops; fail xfer xi and stop the op (the first error sticks). */
+void sx__rdma_xfer_check(rdma_rop *rop, size_t xi);
+void sx__rdma_rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg);
 
 /* ------------------------------------------------------------------ rdma_cm.c, push */
 
@@ -581,8 +589,9 @@ int sx__rdma_gpu_usable(sx_rdma *t, const sx_desc *remote);
 int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op);
 /* Post a staged op on p (a reader's peer): checked like sx__rdma_post. */
 int sx__rdma_s_post(rdma_peer *p, sx_op *op);
-/* abort() of an op the stage peer sp carries: 1 if it did, else 0. */
-int sx__rdma_s_abort(rdma_peer *sp, sx_op *op, int status);
+/* abort() of rop, an op of the stage peer sp: its pieces in slots whose
+ * bytes are not being copied out settle now. */
+void sx__rdma_s_abort_slots(rdma_peer *sp, rdma_rop *rop);
 /* The stage peer's pump: connect, fill free slots. */
 void sx__rdma_s_pump(rdma_peer *sp);
 /* A stage QP was created: register the ring on its device, post receives. */
@@ -591,12 +600,9 @@ int sx__rdma_s_qp_ready(rdma_conn *c);
 void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc);
 /* The stage QP is destroyed: slots waiting for it fail. */
 void sx__rdma_s_conn_down(rdma_conn *c);
-/* No QP can carry the stage peer's queue: fail it. */
-void sx__rdma_s_fail_queue(rdma_peer *sp, int code, const char *msg);
-/* The stage peer closes: wait for its copies, settle everything, free. */
-void sx__rdma_s_peer_shutdown(rdma_peer *sp, int code, const char *msg);
-/* Deliver settled xfers of staged ops (may run op->done). */
-void sx__rdma_s_deliver(sx_rdma *t);
+/* The stage peer closes (its QP already gone): wait for the copies out of
+ * its ring (their pieces settle), free the ring. */
+void sx__rdma_s_peer_shutdown(rdma_peer *sp);
 
 /* ------------------------------------------------------------------ rdma_gpu.c */
 

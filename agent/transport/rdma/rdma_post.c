@@ -43,7 +43,7 @@ static uint64_t slices_of(uint64_t len, uint32_t slice) {
 
 /* ------------------------------------------------------------------ queue */
 
-static void enqueue(rdma_rop *rop) {
+void sx__rdma_rop_enqueue(rdma_rop *rop) {
   rdma_peer *p = rop->p;
   if (rop->queued)
     return;
@@ -57,7 +57,7 @@ static void enqueue(rdma_rop *rop) {
   p->qtail = rop;
 }
 
-static void dequeue(rdma_rop *rop) {
+void sx__rdma_rop_dequeue(rdma_rop *rop) {
   rdma_peer *p = rop->p;
   if (!rop->queued)
     return;
@@ -75,7 +75,7 @@ static void dequeue(rdma_rop *rop) {
 
 void sx__rdma_rop_free(rdma_rop *rop) {
   rdma_peer *p = rop->p;
-  dequeue(rop);
+  sx__rdma_rop_dequeue(rop);
   if (rop->prev != NULL)
     rop->prev->next = rop->next;
   else
@@ -107,7 +107,7 @@ static void settle(rdma_rop *rop, size_t xi, int status) {
 
 /* Settle xfer xi if nothing of it is in flight or queued and either all of
  * it arrived or its op stopped issuing. */
-static void xfer_check(rdma_rop *rop, size_t xi) {
+void sx__rdma_xfer_check(rdma_rop *rop, size_t xi) {
   rdma_xs *xs = &rop->xs[xi];
   if (xs->settled || xs->inflight != 0 || xs->requeued != 0)
     return;
@@ -130,14 +130,14 @@ static void xfer_check(rdma_rop *rop, size_t xi) {
  * in flight settles as it retires. */
 static void give_up(rdma_rop *rop) {
   rdma_peer *p = rop->p;
-  dequeue(rop);
+  sx__rdma_rop_dequeue(rop);
   p->queued_slices -= rop->qslices;
   rop->qslices = 0;
   for (size_t i = 0; i < rop->n_retry; i++)
     rop->xs[rop->retry[i].xi].requeued--;
   rop->n_retry = 0;
   for (size_t i = 0; i < rop->op->n; i++)
-    xfer_check(rop, i);
+    sx__rdma_xfer_check(rop, i);
 }
 
 static void rop_fail_all(rdma_rop *rop, int status, const char *msg) {
@@ -150,7 +150,7 @@ static void rop_fail_all(rdma_rop *rop, int status, const char *msg) {
   give_up(rop);
 }
 
-static void rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg) {
+void sx__rdma_rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg) {
   if (rop->xs[xi].status == 0)
     rop->xs[xi].status = status;
   rop_fail_all(rop, status, msg);
@@ -162,7 +162,7 @@ static void requeue(rdma_rop *rop, uint32_t xi, uint64_t off, uint32_t len) {
     size_t cap = rop->cap_retry ? rop->cap_retry * 2 : 16;
     rdma_retry *r = realloc(rop->retry, cap * sizeof(*r));
     if (r == NULL) {
-      rop_fail(rop, xi, SX_ENOMEM, "rdma: out of memory requeueing a flushed READ");
+      sx__rdma_rop_fail(rop, xi, SX_ENOMEM, "rdma: out of memory requeueing a flushed READ");
       return;
     }
     rop->retry = r;
@@ -176,7 +176,7 @@ static void requeue(rdma_rop *rop, uint32_t xi, uint64_t off, uint32_t len) {
   p->t->stats.requeued++;
   rop->qslices++;
   p->queued_slices++;
-  enqueue(rop);
+  sx__rdma_rop_enqueue(rop);
 }
 
 /* One slot of a send queue is done: status 0, a completion error, or a
@@ -191,9 +191,9 @@ static void retire(rdma_conn *c, rdma_slot *s, int status, int is_flush, const c
     if (is_flush && c->requeue && rop->error == 0 && !rop->p->closing)
       requeue(rop, s->xi, s->off, s->len);
     else
-      rop_fail(rop, s->xi, status, msg);
+      sx__rdma_rop_fail(rop, s->xi, status, msg);
   }
-  xfer_check(rop, s->xi);
+  sx__rdma_xfer_check(rop, s->xi);
 }
 
 void sx__rdma_deliver(sx_rdma *t) {
@@ -269,7 +269,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     rop->qslices--;
     p->queued_slices--;
     if (rop->n_retry == 0 && rop->next_xi == op->n)
-      dequeue(rop);
+      sx__rdma_rop_dequeue(rop);
 
     const sx_xfer *x = &op->xfers[xi];
     uint32_t pos = (c->head + n) % c->cap;
@@ -279,8 +279,8 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
       char msg[160];
       snprintf(msg, sizeof(msg), "local region %u is not registered on %s", x->lreg->r.id,
                c->dev->name);
-      rop_fail(rop, xi, SX_EINVAL, msg);
-      xfer_check(rop, xi);
+      sx__rdma_rop_fail(rop, xi, SX_EINVAL, msg);
+      sx__rdma_xfer_check(rop, xi);
       continue;
     }
     struct ibv_sge *sge = &c->sges[n];
@@ -643,12 +643,20 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     sx__rdma_leave(t, 0);
     return rc;
   }
-  size_t bytes = sizeof(rdma_rop) + op->n * (sizeof(rdma_xs) + sizeof(uint32_t));
-  rdma_rop *rop = calloc(1, bytes);
-  if (rop == NULL) {
+  if (sx__rdma_rop_new(p, op, slices) == NULL) {
     sx__rdma_leave(t, 0);
     return sx__err(SX_ENOMEM, "rdma: out of memory for an op of %zu ranges", op->n);
   }
+  sx__rdma_pump(p);
+  sx__rdma_leave(t, 0);
+  return 0;
+}
+
+rdma_rop *sx__rdma_rop_new(rdma_peer *p, sx_op *op, uint64_t slices) {
+  size_t bytes = sizeof(rdma_rop) + op->n * (sizeof(rdma_xs) + sizeof(uint32_t));
+  rdma_rop *rop = calloc(1, bytes);
+  if (rop == NULL)
+    return NULL;
   rop->op = op;
   rop->p = p;
   rop->xs = (rdma_xs *)(rop + 1);
@@ -659,10 +667,8 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   if (p->rops != NULL)
     p->rops->prev = rop;
   p->rops = rop;
-  enqueue(rop);
-  sx__rdma_pump(p);
-  sx__rdma_leave(t, 0);
-  return 0;
+  sx__rdma_rop_enqueue(rop);
+  return rop;
 }
 
 /* Does the conn carry a READ of this op right now? */
@@ -677,17 +683,19 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   rdma_peer *p = (rdma_peer *)tp;
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
-  if (p->stage != NULL && sx__rdma_s_abort(p->stage, op, status)) {
-    sx__rdma_leave(t, 0);
-    return;
-  }
   rdma_rop *rop = rop_find(p, op);
+  if (rop == NULL && p->stage != NULL) { /* a staged op: its stage peer has it */
+    p = p->stage;
+    rop = rop_find(p, op);
+  }
   if (p->write)
     sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
   if (rop != NULL && !rop->aborting) {
     rop->aborting = 1;
     rop->abort_status = status != 0 ? status : SX_ECANCELED;
     give_up(rop);
+    if (p->stage_of != NULL)
+      sx__rdma_s_abort_slots(p, rop); /* its pieces not being copied out settle now */
     if (rop->inflight > 0) {
       for (uint32_t i = 0; i < p->n_conns; i++) {
         rdma_conn *c = &p->conns[i];
@@ -704,8 +712,6 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
 
 void sx__rdma_peer_fail_queue(rdma_peer *p, int code, const char *msg) {
   sx__rdma_w_fail_queue(p, code, msg);
-  if (p->stage_of != NULL)
-    sx__rdma_s_fail_queue(p, code, msg);
   while (p->qhead != NULL) {
     rdma_rop *rop = p->qhead;
     rop_fail_all(rop, code, msg);
@@ -726,7 +732,7 @@ void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg) {
       if (!rop->xs[i].settled && rop->xs[i].inflight != 0) {
         rop->inflight -= rop->xs[i].inflight;
         rop->xs[i].inflight = 0;
-        xfer_check(rop, i);
+        sx__rdma_xfer_check(rop, i);
       }
     }
   }

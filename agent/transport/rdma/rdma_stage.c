@@ -2,10 +2,12 @@
  * Staged RDMA, reader side (rdma_stage.h says how a slot lives).
  *
  * A reader's peer gets a stage peer on the first batch that needs it: one
- * more rdma_peer with a single QP (conns[0]), connected, torn down and
+ * more rdma_peer with SX__RDMA_STAGE_QPS QPs, connected, torn down and
  * reconnected by rdma_cm.c like any other, but whose hello says "stage"
- * and whose send queue carries this file's SENDs and READs (wr_ids tagged
- * SX__RDMA_WR_STAGE) instead of rdma_post.c's slices.  The peer also holds
+ * and whose send queues carry this file's SENDs and READs (wr_ids tagged
+ * SX__RDMA_WR_STAGE) instead of rdma_post.c's slices.  Its ops are ordinary
+ * rdma_rops (rdma_post.c settles and delivers them); this file issues their
+ * queue in slots.  The peer also holds
  * the reader's ring of slots (pinned host memory, registered on the QP's
  * device), the receive buffers for replies, and streams for the copies
  * into GPU destinations.
@@ -23,10 +25,12 @@
 #include "rdma_int.h"
 
 #define MAX_STREAMS 16 /* devices with a stream of their own; others copy synchronously */
+/* The reader's slots: slot i rides stage QP i % QPS as its slot i / QPS. */
+#define NSLOTS (SX__RDMA_STAGE_QPS * SX__RDMA_STAGE_SLOTS)
 
 /* One piece of an xfer in a slot. */
 typedef struct sent {
-  rdma_srop *srop; /* NULL once settled without it (abort) */
+  rdma_rop *rop; /* NULL once settled without it (abort) */
   uint32_t xi;
   uint32_t len;
   uint64_t off;      /* in the xfer */
@@ -38,6 +42,7 @@ enum { SL_FREE = 0, SL_REQ, SL_READ, SL_COPY };
 typedef struct sslot {
   rdma_sreader *r;
   uint32_t index;
+  uint32_t conn, tslot; /* its stage QP, and its slot there */
   int state;
   int direct;      /* READs of the remote region itself, no request */
   uint32_t seq;
@@ -52,40 +57,16 @@ typedef struct sslot {
 
 struct rdma_sreader {
   rdma_peer *sp;
-  uint8_t *ring; /* SX__RDMA_STAGE_SLOTS x SX__RDMA_STAGE_SLOT_BYTES */
+  uint8_t *ring; /* NSLOTS x SX__RDMA_STAGE_SLOT_BYTES */
   int ring_pinned;
   struct ibv_mr *ring_mr;
   uint8_t *msgs; /* SLOTS request buffers, then SLOTS reply buffers */
   struct ibv_mr *msg_mr;
   rdma_dev *mr_dev; /* the device both MRs belong to */
-  sslot slots[SX__RDMA_STAGE_SLOTS];
+  sslot slots[NSLOTS];
   uint32_t seq;
   sx__mem_stream *streams[MAX_STREAMS];
   sx__mem_notifier *notifier;
-  rdma_srop *qhead, *qtail; /* ops with pieces to issue */
-  rdma_srop *live;          /* every op not fully settled */
-};
-
-typedef struct sxs {
-  uint32_t inflight; /* pieces in slots */
-  int status;
-  int final;
-  uint8_t issued, settled;
-} sxs;
-
-struct rdma_srop {
-  sx_op *op;
-  rdma_sreader *r; /* NULL once the stage peer is gone */
-  sx_rdma *t;
-  sxs *xs;
-  uint32_t *dq;
-  size_t dq_r, dq_w, delivered;
-  size_t next_xi;
-  uint64_t next_off;
-  uint32_t refs; /* pieces in slots that name it */
-  int error, aborting, abort_status, queued, in_dlist, done;
-  char msg[256];
-  rdma_srop *qnext, *lprev, *lnext, *dnext;
 };
 
 static uint8_t *slot_mem(rdma_sreader *r, uint32_t i) {
@@ -96,8 +77,9 @@ static uint8_t *req_buf(rdma_sreader *r, uint32_t i) {
   return r->msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
 }
 
+/* Receive buffer i: QP i / SLOTS, its i % SLOTS-th. */
 static uint8_t *reply_buf(rdma_sreader *r, uint32_t i) {
-  return r->msgs + (size_t)(SX__RDMA_STAGE_SLOTS + i) * SX__RDMA_SMSG_BYTES;
+  return r->msgs + (size_t)(NSLOTS + i) * SX__RDMA_SMSG_BYTES;
 }
 
 /* Remote range that only the target's ring can serve: GPU memory without
@@ -150,148 +132,20 @@ int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op) {
   return 0;
 }
 
-/* ------------------------------------------------------------------ settling */
-
-static void srop_unlink(rdma_srop *s) {
-  rdma_sreader *r = s->r;
-  if (r == NULL)
-    return;
-  if (s->lprev != NULL)
-    s->lprev->lnext = s->lnext;
-  else
-    r->live = s->lnext;
-  if (s->lnext != NULL)
-    s->lnext->lprev = s->lprev;
-  s->lprev = s->lnext = NULL;
-}
-
-static void srop_put(rdma_srop *s) {
-  if (s->done && s->refs == 0 && !s->in_dlist)
-    free(s);
-}
-
-static void settle(rdma_srop *s, size_t xi, int status) {
-  sx_rdma *t = s->t;
-  s->xs[xi].settled = 1;
-  s->xs[xi].final = status;
-  s->dq[s->dq_w++] = (uint32_t)xi;
-  if (!s->in_dlist) {
-    s->in_dlist = 1;
-    s->dnext = NULL;
-    if (t->sdtail != NULL)
-      t->sdtail->dnext = s;
-    else
-      t->sdhead = s;
-    t->sdtail = s;
-  }
-}
-
-static void xfer_check(rdma_srop *s, size_t xi) {
-  sxs *xs = &s->xs[xi];
-  if (xs->settled || xs->inflight != 0)
-    return;
-  int stopping = s->error != 0 || s->aborting || s->r == NULL;
-  if (!xs->issued && !stopping)
-    return;
-  int st;
-  if (xs->status != 0)
-    st = xs->status;
-  else if (xs->issued)
-    st = 0;
-  else if (s->aborting)
-    st = s->abort_status;
-  else
-    st = s->error != 0 ? s->error : SX_ECANCELED;
-  settle(s, xi, st);
-}
-
-static void dequeue(rdma_srop *s) {
-  rdma_sreader *r = s->r;
-  if (!s->queued || r == NULL)
-    return;
-  s->queued = 0;
-  rdma_srop **pp = &r->qhead;
-  rdma_srop *prev = NULL;
-  while (*pp != NULL && *pp != s) {
-    prev = *pp;
-    pp = &(*pp)->qnext;
-  }
-  if (*pp == s) {
-    *pp = s->qnext;
-    if (r->qtail == s)
-      r->qtail = prev;
-  }
-  s->qnext = NULL;
-}
-
-/* Stop issuing: what is in no slot settles now. */
-static void give_up(rdma_srop *s) {
-  dequeue(s);
-  for (size_t i = 0; i < s->op->n; i++)
-    xfer_check(s, i);
-}
-
-static void srop_fail(rdma_srop *s, size_t xi, int status, const char *msg) {
-  if (s->xs[xi].status == 0)
-    s->xs[xi].status = status;
-  if (s->error != 0 || s->aborting)
-    return;
-  s->error = status;
-  snprintf(s->msg, sizeof(s->msg), "%s", msg != NULL && msg[0] ? msg : sx_strerror(status));
-  give_up(s);
-}
-
-void sx__rdma_s_deliver(sx_rdma *t) {
-  rdma_srop *s;
-  while ((s = t->sdhead) != NULL) {
-    if (s->dq_r == s->dq_w) {
-      t->sdhead = s->dnext;
-      if (t->sdhead == NULL)
-        t->sdtail = NULL;
-      s->in_dlist = 0;
-      s->dnext = NULL;
-      srop_put(s);
-      continue;
-    }
-    size_t xi = s->dq[s->dq_r++];
-    int st = s->xs[xi].final;
-    sx_op *op = s->op;
-    const char *msg = (st != 0 && st == s->error) ? s->msg : NULL;
-    if (s->delivered + 1 == op->n) {
-      /* The last one: op->done may free op, so s lets go of it first. */
-      char buf[sizeof(s->msg)];
-      snprintf(buf, sizeof(buf), "%s", msg != NULL ? msg : "");
-      t->sdhead = s->dnext;
-      if (t->sdhead == NULL)
-        t->sdtail = NULL;
-      s->in_dlist = 0;
-      s->done = 1;
-      srop_unlink(s);
-      s->op = NULL;
-      srop_put(s);
-      sx__op_xfer_done(op, xi, st, msg != NULL ? buf : NULL);
-    } else {
-      s->delivered++;
-      sx__op_xfer_done(op, xi, st, msg);
-    }
-  }
-}
-
 /* ------------------------------------------------------------------ slots */
 
-/* A piece is done (status 0: its bytes are in the destination). */
+/* A piece is done (status 0: its bytes are in the destination).  A piece
+ * holds one count of its xfer's inflight, so its op outlives it. */
 static void piece_done(sent *e, int status, const char *msg) {
-  rdma_srop *s = e->srop;
-  if (s == NULL)
+  rdma_rop *rop = e->rop;
+  if (rop == NULL)
     return;
-  e->srop = NULL;
-  s->xs[e->xi].inflight--;
-  s->refs--;
-  if (status != 0 && !s->aborting)
-    srop_fail(s, e->xi, status, msg);
-  if (s->op != NULL)
-    xfer_check(s, e->xi);
-  srop_put(s);
+  e->rop = NULL;
+  rop->xs[e->xi].inflight--;
+  rop->inflight--;
+  if (status != 0 && !rop->aborting)
+    sx__rdma_rop_fail(rop, e->xi, status, msg);
+  sx__rdma_xfer_check(rop, e->xi);
 }
 
 static void slot_release(sslot *sl, int status, const char *msg) {
@@ -332,10 +186,10 @@ static void slot_scatter(sslot *sl) {
   int device = -1;
   for (uint32_t i = 0; i < sl->n; i++) {
     sent *e = &sl->ent[i];
-    rdma_srop *s = e->srop;
-    if (s == NULL || s->aborting || s->error != 0 || s->op == NULL)
-      continue; /* settled already: its destination is not ours any more */
-    const sx_xfer *x = &s->op->xfers[e->xi];
+    rdma_rop *rop = e->rop;
+    if (rop == NULL || rop->aborting || rop->error != 0)
+      continue; /* it stops: its destination is not to be touched any more */
+    const sx_xfer *x = &rop->op->xfers[e->xi];
     dst[n] = (uint64_t)(uintptr_t)(x->local + e->off);
     src[n] = (uint64_t)(uintptr_t)(slot_mem(r, sl->index) + e->ring_off);
     len[n] = e->len;
@@ -397,7 +251,7 @@ static void post_direct(rdma_conn *c, sslot *sl) {
   struct ibv_sge sges[SX__RDMA_STAGE_MAX_RANGES];
   for (uint32_t i = 0; i < sl->n; i++) {
     const sent *e = &sl->ent[i];
-    const sx_xfer *x = &e->srop->op->xfers[e->xi];
+    const sx_xfer *x = &e->rop->op->xfers[e->xi];
     sges[i].addr = (uintptr_t)(slot_mem(r, sl->index) + e->ring_off);
     sges[i].length = e->len;
     sges[i].lkey = r->ring_mr->lkey;
@@ -422,12 +276,12 @@ static void post_direct(rdma_conn *c, sslot *sl) {
 static void post_request(rdma_conn *c, sslot *sl) {
   rdma_sreader *r = sl->r;
   sx__rdma_sreq q;
-  q.slot = (uint8_t)sl->index;
+  q.slot = (uint8_t)sl->tslot;
   q.seq = sl->seq = ++r->seq;
   q.n = (uint16_t)sl->n;
   for (uint32_t i = 0; i < sl->n; i++) {
     const sent *e = &sl->ent[i];
-    const sx_xfer *x = &e->srop->op->xfers[e->xi];
+    const sx_xfer *x = &e->rop->op->xfers[e->xi];
     q.r[i].region = x->rreg->id;
     q.r[i].off = x->roff + e->off;
     q.r[i].len = e->len;
@@ -448,50 +302,54 @@ static void post_request(rdma_conn *c, sslot *sl) {
 
 /* Fill a free slot from the queue: pieces of one kind (direct or staged,
  * and staged ones from one remote location), at most a slot's bytes. */
+/* Empty ranges have nothing to stage: they are done once reached. */
+static void skip_empty(rdma_rop *rop) {
+  const sx_op *op = rop->op;
+  while (rop->next_xi < op->n && op->xfers[rop->next_xi].length == 0) {
+    rop->xs[rop->next_xi].issued = 1;
+    sx__rdma_xfer_check(rop, rop->next_xi);
+    rop->next_xi++;
+  }
+  if (rop->next_xi == op->n)
+    sx__rdma_rop_dequeue(rop);
+}
+
 static void slot_fill(rdma_conn *c, sslot *sl) {
-  rdma_sreader *r = sl->r;
-  const rdma_peer *p = c->p;
+  rdma_peer *p = c->p;
   const char *loc = NULL;
   sl->n = 0;
   sl->bytes = 0;
   sl->status = 0;
   sl->msg[0] = '\0';
   sl->direct = -1;
-  while (r->qhead != NULL && sl->n < SX__RDMA_STAGE_MAX_RANGES &&
+  while (p->qhead != NULL && sl->n < SX__RDMA_STAGE_MAX_RANGES &&
          sl->bytes < SX__RDMA_STAGE_SLOT_BYTES) {
-    rdma_srop *s = r->qhead;
-    const sx_xfer *x = &s->op->xfers[s->next_xi];
+    rdma_rop *rop = p->qhead;
+    const sx_xfer *x = &rop->op->xfers[rop->next_xi];
+    rdma_xs *xs = &rop->xs[rop->next_xi];
     int direct = !remote_staged(p, x->rreg);
     if (sl->direct < 0)
       sl->direct = direct;
     else if (sl->direct != direct || (!direct && strcmp(loc, x->rreg->location) != 0))
       break;
     loc = x->rreg->location;
-    uint64_t rem = x->length - s->next_off;
+    uint64_t rem = x->length - xs->next_off;
     uint32_t room = SX__RDMA_STAGE_SLOT_BYTES - sl->bytes;
     uint32_t len = rem < room ? (uint32_t)rem : room;
     sent *e = &sl->ent[sl->n++];
-    e->srop = s;
-    e->xi = (uint32_t)s->next_xi;
-    e->off = s->next_off;
+    e->rop = rop;
+    e->xi = (uint32_t)rop->next_xi;
+    e->off = xs->next_off;
     e->len = len;
     e->ring_off = sl->bytes;
-    s->xs[s->next_xi].inflight++;
-    s->refs++;
+    xs->inflight++;
+    rop->inflight++;
     sl->bytes += len;
-    s->next_off += len;
-    if (s->next_off == x->length) {
-      s->xs[s->next_xi].issued = 1;
-      s->next_xi++;
-      s->next_off = 0;
-      /* Empty ranges have nothing to stage: they are done when issued. */
-      while (s->next_xi < s->op->n && s->op->xfers[s->next_xi].length == 0) {
-        s->xs[s->next_xi].issued = 1;
-        xfer_check(s, s->next_xi);
-        s->next_xi++;
-      }
-      if (s->next_xi == s->op->n)
-        dequeue(s);
+    xs->next_off += len;
+    if (xs->next_off == x->length) {
+      xs->issued = 1;
+      rop->next_xi++;
+      skip_empty(rop);
     }
   }
   if (sl->n == 0)
@@ -504,25 +362,30 @@ static void slot_fill(rdma_conn *c, sslot *sl) {
 
 void sx__rdma_s_pump(rdma_peer *sp) {
   rdma_sreader *r = sp->sr;
-  if (sp->closing || r == NULL || r->qhead == NULL)
+  if (sp->closing || r == NULL || sp->qhead == NULL)
     return;
-  rdma_conn *c = &sp->conns[0];
-  if (c->state != RC_UP) {
-    if (c->state == RC_IDLE) {
-      int rc = sx__rdma_conn_start(c);
-      if (rc)
-        sx__rdma_s_fail_queue(sp, rc, sx_errmsg());
-    }
+  int live = 0, rc = 0;
+  for (uint32_t k = 0; k < sp->n_conns; k++) {
+    rdma_conn *c = &sp->conns[k];
+    if (c->state == RC_IDLE && (rc = sx__rdma_conn_start(c)) != 0)
+      continue;
+    live |= sx__rdma_conn_live(c);
+  }
+  if (!live) {
+    if (rc)
+      sx__rdma_peer_fail_queue(sp, rc, sx_errmsg());
     return;
   }
-  for (uint32_t i = 0; i < SX__RDMA_STAGE_SLOTS && r->qhead != NULL && c->state == RC_UP; i++)
-    if (r->slots[i].state == SL_FREE)
-      slot_fill(c, &r->slots[i]);
+  for (uint32_t i = 0; i < NSLOTS && sp->qhead != NULL; i++) {
+    sslot *sl = &r->slots[i];
+    if (sl->state == SL_FREE && sp->conns[sl->conn].state == RC_UP)
+      slot_fill(&sp->conns[sl->conn], sl);
+  }
 }
 
 /* ------------------------------------------------------------------ the QP */
 
-static int post_recv(rdma_conn *c, uint32_t i) {
+static int post_recv(rdma_conn *c, uint32_t i) { /* i: a receive buffer */
   rdma_sreader *r = c->p->sr;
   struct ibv_sge sge = {.addr = (uintptr_t)reply_buf(r, i), .length = SX__RDMA_SMSG_BYTES,
                         .lkey = r->msg_mr->lkey};
@@ -546,10 +409,9 @@ int sx__rdma_s_qp_ready(rdma_conn *c) {
       ibv_dereg_mr(r->msg_mr);
     r->ring_mr = r->msg_mr = NULL;
     r->mr_dev = NULL;
-    r->ring_mr = ibv_reg_mr(d->pd, r->ring,
-                            (size_t)SX__RDMA_STAGE_SLOTS * SX__RDMA_STAGE_SLOT_BYTES,
+    r->ring_mr = ibv_reg_mr(d->pd, r->ring, (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES,
                             IBV_ACCESS_LOCAL_WRITE);
-    r->msg_mr = ibv_reg_mr(d->pd, r->msgs, 2 * SX__RDMA_STAGE_SLOTS * SX__RDMA_SMSG_BYTES,
+    r->msg_mr = ibv_reg_mr(d->pd, r->msgs, 2 * NSLOTS * SX__RDMA_SMSG_BYTES,
                            IBV_ACCESS_LOCAL_WRITE);
     if (r->ring_mr == NULL || r->msg_mr == NULL)
       return sx__err(SX_ENOMEM, "ibv_reg_mr(%s) of the staging ring: %s", d->name,
@@ -557,7 +419,7 @@ int sx__rdma_s_qp_ready(rdma_conn *c) {
     r->mr_dev = d;
   }
   for (uint32_t i = 0; i < SX__RDMA_STAGE_SLOTS; i++)
-    if (post_recv(c, i) != 0)
+    if (post_recv(c, c->index * SX__RDMA_STAGE_SLOTS + i) != 0)
       return sx__err(SX_ERDMA, "ibv_post_recv on a stage QP: %s", strerror(errno));
   return 0;
 }
@@ -585,7 +447,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   uint64_t addr;
   int st;
   int rc = sx__rdma_sreply_parse(reply_buf(r, buf), len, &slot, &seq, &st, &addr, &rkey, &bytes);
-  sslot *sl = rc == 0 ? &r->slots[slot] : NULL;
+  sslot *sl = rc == 0 ? &r->slots[slot * SX__RDMA_STAGE_QPS + c->index] : NULL;
   if (rc == 0 && (sl->state != SL_REQ || sl->seq != seq || (st == 0 && bytes != sl->bytes)))
     rc = SX_EPROTO;
   if (rc != 0) {
@@ -628,7 +490,7 @@ void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc) {
   rdma_sreader *r = p->sr;
   uint32_t kind = (uint32_t)(wc->wr_id >> 16) & 0xffu;
   uint32_t idx = (uint32_t)wc->wr_id & 0xffffu;
-  if (r == NULL || idx >= SX__RDMA_STAGE_SLOTS)
+  if (r == NULL || idx >= NSLOTS)
     return;
   char msg[256] = "";
   int st = 0;
@@ -663,23 +525,11 @@ void sx__rdma_s_conn_down(rdma_conn *c) {
     return;
   int st = c->reason != 0 ? c->reason : SX_EDISCONN;
   const char *msg = c->msg[0] ? c->msg : "the stage QP is gone";
-  for (uint32_t i = 0; i < SX__RDMA_STAGE_SLOTS; i++) {
+  for (uint32_t i = 0; i < NSLOTS; i++) {
     sslot *sl = &r->slots[i];
     /* Copies out of the ring go on without the QP. */
-    if (sl->state == SL_REQ || sl->state == SL_READ)
+    if (sl->conn == c->index && (sl->state == SL_REQ || sl->state == SL_READ))
       slot_release(sl, sl->status != 0 ? sl->status : st, sl->msg[0] ? sl->msg : msg);
-  }
-}
-
-void sx__rdma_s_fail_queue(rdma_peer *sp, int code, const char *msg) {
-  rdma_sreader *r = sp->sr;
-  while (r != NULL && r->qhead != NULL) {
-    rdma_srop *s = r->qhead;
-    if (s->error == 0 && !s->aborting) {
-      s->error = code;
-      snprintf(s->msg, sizeof(s->msg), "%s", msg != NULL && msg[0] ? msg : sx_strerror(code));
-    }
-    give_up(s);
   }
 }
 
@@ -704,7 +554,7 @@ static void sreader_free(rdma_sreader *r) {
 
 static int sreader_new(rdma_peer *p, rdma_sreader **out) {
   rdma_sreader *r = calloc(1, sizeof(*r));
-  size_t ring = (size_t)SX__RDMA_STAGE_SLOTS * SX__RDMA_STAGE_SLOT_BYTES;
+  size_t ring = (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES;
   void *mem = NULL;
   if (r == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
@@ -715,7 +565,7 @@ static int sreader_new(rdma_peer *p, rdma_sreader **out) {
     mem = NULL;
   }
   r->ring = mem;
-  r->msgs = calloc(2 * SX__RDMA_STAGE_SLOTS, SX__RDMA_SMSG_BYTES);
+  r->msgs = calloc(2 * NSLOTS, SX__RDMA_SMSG_BYTES);
   if (r->ring == NULL || r->msgs == NULL) {
     sreader_free(r);
     return sx__err(SX_ENOMEM, "rdma: out of memory for a staging ring of %zu bytes", ring);
@@ -723,16 +573,18 @@ static int sreader_new(rdma_peer *p, rdma_sreader **out) {
   /* Without a notifier, copies into GPU memory are synchronous. */
   if (sx__mem_notifier_create(p->t->base.ctx->loop, &r->notifier) != 0)
     r->notifier = NULL;
-  for (uint32_t i = 0; i < SX__RDMA_STAGE_SLOTS; i++) {
+  for (uint32_t i = 0; i < NSLOTS; i++) {
     r->slots[i].r = r;
     r->slots[i].index = i;
+    r->slots[i].conn = i % SX__RDMA_STAGE_QPS;
+    r->slots[i].tslot = i / SX__RDMA_STAGE_QPS;
   }
   *out = r;
   return 0;
 }
 
 /* The stage peer of p, made on first use: a copy of p's address and
- * credentials with one QP of its own. */
+ * credentials with stage QPs of its own. */
 static int stage_peer(rdma_peer *p, rdma_peer **out) {
   sx_rdma *t = p->t;
   if (p->stage != NULL) {
@@ -740,7 +592,7 @@ static int stage_peer(rdma_peer *p, rdma_peer **out) {
     return 0;
   }
   rdma_peer *sp = calloc(1, sizeof(*sp));
-  if (sp == NULL || (sp->conns = calloc(1, sizeof(*sp->conns))) == NULL) {
+  if (sp == NULL || (sp->conns = calloc(SX__RDMA_STAGE_QPS, sizeof(*sp->conns))) == NULL) {
     free(sp);
     return sx__err(SX_ENOMEM, "rdma: out of memory");
   }
@@ -753,9 +605,12 @@ static int stage_peer(rdma_peer *p, rdma_peer **out) {
   memcpy(sp->where, p->where, sizeof(sp->where));
   sp->rkey_index = p->rkey_index;
   sp->lep = p->lep;
-  sp->n_conns = 1;
-  sp->conns[0].cm.kind = RDMA_CM_READER;
-  sp->conns[0].p = sp;
+  sp->n_conns = SX__RDMA_STAGE_QPS;
+  for (uint32_t i = 0; i < sp->n_conns; i++) {
+    sp->conns[i].cm.kind = RDMA_CM_READER;
+    sp->conns[i].p = sp;
+    sp->conns[i].index = i;
+  }
   int rc = sreader_new(sp, &sp->sr);
   if (rc) {
     free(sp->conns);
@@ -770,7 +625,8 @@ static int stage_peer(rdma_peer *p, rdma_peer **out) {
     t->peers->prev = sp;
   t->peers = sp;
   sx__rdma_log(t, SX_LOG_INFO, "staging GPU memory for '%.64s' at %s through %u slots of %u "
-               "bytes", p->name, p->where, SX__RDMA_STAGE_SLOTS, SX__RDMA_STAGE_SLOT_BYTES);
+               "bytes on %u QPs", p->name, p->where, NSLOTS, SX__RDMA_STAGE_SLOT_BYTES,
+               SX__RDMA_STAGE_QPS);
   *out = sp;
   return 0;
 }
@@ -807,39 +663,22 @@ int sx__rdma_s_post(rdma_peer *p, sx_op *op) {
   sx__rdma_enter(t);
   if ((rc = stage_peer(p, &sp)) != 0)
     goto out_leave;
-  rdma_conn *c = &sp->conns[0];
-  if (c->state == RC_IDLE && (rc = sx__rdma_conn_start(c)) != 0)
-    goto out_leave;
-  size_t bytes = sizeof(rdma_srop) + op->n * (sizeof(sxs) + sizeof(uint32_t));
-  rdma_srop *s = calloc(1, bytes);
-  if (s == NULL) {
+  for (uint32_t k = 0; k < sp->n_conns; k++) {
+    rdma_conn *c = &sp->conns[k];
+    int r = c->state == RC_IDLE ? sx__rdma_conn_start(c) : 0;
+    if (r != 0 && k == 0) { /* the first cannot even start: say so now */
+      rc = r;
+      goto out_leave;
+    }
+  }
+  /* An ordinary op of the stage peer (settled and delivered as any), whose
+   * queue this file issues in slots instead of slices. */
+  rdma_rop *rop = sx__rdma_rop_new(sp, op, 0);
+  if (rop == NULL) {
     rc = sx__err(SX_ENOMEM, "rdma: out of memory for an op of %zu ranges", op->n);
     goto out_leave;
   }
-  rdma_sreader *r = sp->sr;
-  s->op = op;
-  s->r = r;
-  s->t = t;
-  s->xs = (sxs *)(s + 1);
-  s->dq = (uint32_t *)(s->xs + op->n);
-  s->lnext = r->live;
-  if (r->live != NULL)
-    r->live->lprev = s;
-  r->live = s;
-  /* Leading empty ranges settle at once; the rest queue. */
-  while (s->next_xi < op->n && op->xfers[s->next_xi].length == 0) {
-    s->xs[s->next_xi].issued = 1;
-    xfer_check(s, s->next_xi);
-    s->next_xi++;
-  }
-  if (s->next_xi < op->n) {
-    s->queued = 1;
-    if (r->qtail != NULL)
-      r->qtail->qnext = s;
-    else
-      r->qhead = s;
-    r->qtail = s;
-  }
+  skip_empty(rop);
   sx__rdma_s_pump(sp);
   sx__rdma_leave(t, 0);
   return 0;
@@ -849,60 +688,30 @@ out_leave:
   return rc;
 }
 
-int sx__rdma_s_abort(rdma_peer *sp, sx_op *op, int status) {
+void sx__rdma_s_abort_slots(rdma_peer *sp, rdma_rop *rop) {
   rdma_sreader *r = sp->sr;
-  rdma_srop *s = NULL;
-  for (rdma_srop *k = r != NULL ? r->live : NULL; k != NULL; k = k->lnext)
-    if (k->op == op)
-      s = k;
-  if (s == NULL)
-    return 0;
-  if (s->aborting)
-    return 1;
-  s->aborting = 1;
-  s->abort_status = status != 0 ? status : SX_ECANCELED;
-  give_up(s);
-  /* Pieces whose bytes are not on their way into the destination settle
-   * now; a copy out of the ring that runs is waited for. */
-  for (uint32_t i = 0; i < SX__RDMA_STAGE_SLOTS; i++) {
+  for (uint32_t i = 0; r != NULL && i < NSLOTS; i++) {
     sslot *sl = &r->slots[i];
     if (sl->state != SL_REQ && sl->state != SL_READ)
-      continue;
+      continue; /* a copy out of the ring that runs is waited for */
     for (uint32_t k = 0; k < sl->n; k++) {
       sent *e = &sl->ent[k];
-      if (e->srop != s)
+      if (e->rop != rop)
         continue;
-      e->srop = NULL;
-      s->xs[e->xi].inflight--;
-      s->refs--;
-      xfer_check(s, e->xi);
+      e->rop = NULL;
+      rop->xs[e->xi].inflight--;
+      rop->inflight--;
+      sx__rdma_xfer_check(rop, e->xi);
     }
   }
-  return 1;
 }
 
-void sx__rdma_s_peer_shutdown(rdma_peer *sp, int code, const char *msg) {
+void sx__rdma_s_peer_shutdown(rdma_peer *sp) {
   rdma_sreader *r = sp->sr;
   if (r == NULL)
     return;
-  sx__rdma_s_fail_queue(sp, code, msg);
-  for (rdma_srop *s = r->live; s != NULL; s = s->lnext) {
-    if (s->error == 0 && !s->aborting) {
-      s->error = code;
-      snprintf(s->msg, sizeof(s->msg), "%s", msg);
-    }
-  }
-  /* Slots still waiting for the QP went with conn_down; copies out of the
-   * ring finish inside sreader_free (their notices settle the pieces). */
-  rdma_srop *live = r->live;
-  sp->sr = NULL;
+  /* Slots waiting for the QP went with conn_down; copies out of the ring
+   * finish inside sreader_free, and their notices settle their pieces. */
   sreader_free(r);
-  for (rdma_srop *s = live; s != NULL;) {
-    rdma_srop *next = s->lnext;
-    s->r = NULL;
-    s->lprev = s->lnext = NULL;
-    for (size_t i = 0; s->op != NULL && i < s->op->n; i++)
-      xfer_check(s, i);
-    s = next;
-  }
+  sp->sr = NULL;
 }

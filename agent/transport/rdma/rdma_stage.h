@@ -11,10 +11,11 @@
  * region published with rkey 0, or a local GPU destination) opens one more
  * QP to the target: a stage QP, whose hello carries SX__RDMA_HELLO_STAGE
  * besides the usual incarnation and access token, checked by the target as
- * for any reader.  Both ends keep SX__RDMA_STAGE_SLOTS slots of
- * SX__RDMA_STAGE_SLOT_BYTES; reader slot k uses target slot k, so the
- * reader alone decides when a slot is reused (only after its READ of the
- * slot completed) and no "free" message is needed.
+ * for any reader.  Each stage QP has SX__RDMA_STAGE_SLOTS slots of
+ * SX__RDMA_STAGE_SLOT_BYTES at both ends; the reader's slot k of a QP uses
+ * the target's slot k of that QP, so the reader alone decides when a slot
+ * is reused (only after its READ of the slot completed) and no "free"
+ * message is needed.
  *
  * A slot's life, remote GPU source: the reader SENDs a request (slot, seq,
  * up to SX__RDMA_STAGE_MAX_RANGES ranges of the target's regions, packed
@@ -37,7 +38,11 @@
 #include "segxfer/agent.h"
 
 #define SX__RDMA_HELLO_STAGE 0x02u
-#define SX__RDMA_STAGE_SLOTS 8u
+/* Slots per stage QP (at both ends), and stage QPs per reader and target:
+ * several QPs, because a device may serve one QP's READs one at a time
+ * (Soft-RoCE does), as host-memory reads use several QPs per peer. */
+#define SX__RDMA_STAGE_SLOTS 4u
+#define SX__RDMA_STAGE_QPS 4u
 #define SX__RDMA_STAGE_SLOT_BYTES (1u << 20)
 #define SX__RDMA_STAGE_MAX_RANGES 64u
 /* A stage QP's send queue: every slot's READs (direct ones: a READ per
