@@ -385,6 +385,28 @@ static int spawn(const gopts *o, const char *url, const char *name, pid_t *pid, 
   return n > 0 && strncmp(line, "ready", 5) == 0 ? 0 : -1;
 }
 
+/* Staged GPU->GPU reads over transport tr (gs) against host-memory reads
+ * over the same transport between the same processes (hs), measured in two
+ * halves around each case; judged[g] gets the ratio.  0, or -1. */
+static int staged_vs_host(run *R, bx_table *t, double secs, side *gs, side *hs, const char *tr,
+                          sx_block_read *last, double *judged) {
+  const gopts *o = R->o;
+  char host[16];
+  snprintf(host, sizeof(host), "host %s", tr);
+  for (int g = 0; g < o->n_sizes; g++) {
+    bx_progress("%s staged, %llu-byte blocks", tr, (unsigned long long)o->sizes[g]);
+    double b1 = measure(R, hs->seg, g, secs / 2);
+    double v = measure(R, gs->seg, g, secs);
+    int ok = v >= 0 && check(R, gs->seg, g, gs->mem[g], last) == 0;
+    double b2 = measure(R, hs->seg, g, secs / 2);
+    if (!ok || b1 < 0 || b2 < 0 || check(R, hs->seg, g, hs->mem[g], last) != 0)
+      return -1;
+    row(t, tr, "gpu->gpu staged", o->sizes[g], o->batch, v, host, (b1 + b2) / 2);
+    judged[g] = v / ((b1 + b2) / 2);
+  }
+  return 0;
+}
+
 int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
   gopts o = {.location = "cuda:0", .batch = 64, .depth = 2, .group_bytes = 64ull << 20,
              .n_sizes = 2, .sizes = {65536, 1 << 20}, .ipc = 1, .tcp = 1};
@@ -496,17 +518,8 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
     if (side_open(&gs, &o, url, SX_TRANSPORTS_TCP, o.location, name) != 0 ||
         side_open(&hs, &o, url, SX_TRANSPORTS_TCP, "cpu", host_name) != 0)
       goto out;
-    for (int g = 0; g < o.n_sizes; g++) {
-      bx_progress("tcp staged, %llu-byte blocks", (unsigned long long)o.sizes[g]);
-      double b1 = measure(&R, hs.seg, g, co->duration / 2);
-      double v = measure(&R, gs.seg, g, co->duration);
-      int ok = v >= 0 && check(&R, gs.seg, g, gs.mem[g], last) == 0;
-      double b2 = measure(&R, hs.seg, g, co->duration / 2);
-      if (!ok || b1 < 0 || b2 < 0 || check(&R, hs.seg, g, hs.mem[g], last) != 0)
-        goto out;
-      row(t, "tcp", "gpu->gpu staged", o.sizes[g], o.batch, v, "host tcp", (b1 + b2) / 2);
-      judged[1][g] = v / ((b1 + b2) / 2);
-    }
+    if (staged_vs_host(&R, t, co->duration, &gs, &hs, "tcp", last, judged[1]) != 0)
+      goto out;
   }
   if (o.rdma) { /* alone: --transport rdma runs nothing else */
     if (side_open(&gs, &o, url, SX_TRANSPORTS_RDMA, o.location, name) != 0 ||
@@ -514,17 +527,8 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
       goto out;
     bx_table_note(t, "rdma baseline: host-memory RDMA reads between the same two processes, "
                   "in two halves around each case");
-    for (int g = 0; g < o.n_sizes; g++) {
-      bx_progress("rdma staged, %llu-byte blocks", (unsigned long long)o.sizes[g]);
-      double b1 = measure(&R, hs.seg, g, co->duration / 2);
-      double v = measure(&R, gs.seg, g, co->duration);
-      int ok = v >= 0 && check(&R, gs.seg, g, gs.mem[g], last) == 0;
-      double b2 = measure(&R, hs.seg, g, co->duration / 2);
-      if (!ok || b1 < 0 || b2 < 0 || check(&R, hs.seg, g, hs.mem[g], last) != 0)
-        goto out;
-      row(t, "rdma", "gpu->gpu staged", o.sizes[g], o.batch, v, "host rdma", (b1 + b2) / 2);
-      judged[2][g] = v / ((b1 + b2) / 2);
-    }
+    if (staged_vs_host(&R, t, co->duration, &gs, &hs, "rdma", last, judged[2]) != 0)
+      goto out;
   }
   for (int g = 0; g < o.n_sizes; g++) {
     char what[160], b[16];

@@ -64,6 +64,20 @@ static int is_device(const void *p) {
   return f != NULL && f(p);
 }
 
+/* ibv_reg_mr of stand-in device memory: what a provider without a peer
+ * memory client does (EFAULT) when asked to, else it goes through. */
+static int peermem_refuses(const void *addr) {
+  if (!is_device(addr))
+    return 0;
+  if (mode("SXSHIM_PEERMEM", "efault")) {
+    say("reg_mr device memory %p -> EFAULT", addr);
+    errno = EFAULT;
+    return 1;
+  }
+  say("reg_mr device memory %p -> peermem", addr);
+  return 0;
+}
+
 EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                         uint64_t iova, int fd, int access) {
   if (fd < 0) {
@@ -108,14 +122,8 @@ EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, i
   static struct ibv_mr *(*real)(struct ibv_pd *, void *, size_t, int);
   if (real == NULL)
     real = (struct ibv_mr * (*)(struct ibv_pd *, void *, size_t, int)) dlsym(RTLD_NEXT, "ibv_reg_mr");
-  if (is_device(addr)) {
-    if (mode("SXSHIM_PEERMEM", "efault")) {
-      say("reg_mr device memory %p -> EFAULT", addr);
-      errno = EFAULT;
-      return NULL;
-    }
-    say("reg_mr device memory %p -> peermem", addr);
-  }
+  if (peermem_refuses(addr))
+    return NULL;
   return real(pd, addr, length, access);
 }
 
@@ -125,13 +133,7 @@ EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len
   if (real == NULL)
     real = (struct ibv_mr * (*)(struct ibv_pd *, void *, size_t, uint64_t, unsigned int))
         dlsym(RTLD_NEXT, "ibv_reg_mr_iova2");
-  if (is_device(addr)) {
-    if (mode("SXSHIM_PEERMEM", "efault")) {
-      say("reg_mr device memory %p -> EFAULT", addr);
-      errno = EFAULT;
-      return NULL;
-    }
-    say("reg_mr device memory %p -> peermem", addr);
-  }
+  if (peermem_refuses(addr))
+    return NULL;
   return real(pd, addr, length, iova, access);
 }

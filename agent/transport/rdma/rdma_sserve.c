@@ -39,11 +39,7 @@ struct rdma_sserve {
   struct ibv_comp_channel *chan;
   uv_poll_t *poll;
   struct ibv_cq *cq;
-  uint8_t *ring;
-  int ring_pinned;
-  struct ibv_mr *ring_mr;
-  uint8_t *msgs; /* SLOTS receive buffers, then SLOTS reply buffers */
-  struct ibv_mr *msg_mr;
+  sx__rdma_ring ring; /* SLOTS slots; SLOTS receive buffers, then SLOTS replies */
   tslot slots[SX__RDMA_STAGE_SLOTS];
   sx__mem_stream *streams[MAX_STREAMS];
   sx__mem_notifier *notifier;
@@ -52,26 +48,19 @@ struct rdma_sserve {
 static void free_handle(uv_handle_t *h) { free(h); }
 
 static uint8_t *recv_buf(rdma_sserve *ss, uint32_t i) {
-  return ss->msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
+  return ss->ring.msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
 }
 
 static uint8_t *send_buf(rdma_sserve *ss, uint32_t i) {
-  return ss->msgs + (size_t)(SX__RDMA_STAGE_SLOTS + i) * SX__RDMA_SMSG_BYTES;
+  return ss->ring.msgs + (size_t)(SX__RDMA_STAGE_SLOTS + i) * SX__RDMA_SMSG_BYTES;
 }
 
 static uint8_t *slot_mem(rdma_sserve *ss, uint32_t i) {
-  return ss->ring + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
+  return ss->ring.mem + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
 }
 
 static int post_recv(rdma_sserve *ss, struct ibv_qp *qp, uint32_t i) {
-  struct ibv_sge sge = {.addr = (uintptr_t)recv_buf(ss, i), .length = SX__RDMA_SMSG_BYTES,
-                        .lkey = ss->msg_mr->lkey};
-  struct ibv_recv_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_RECV, i);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  return ibv_post_recv(qp, &wr, &bad);
+  return sx__rdma_ring_post_recv(&ss->ring, qp, i);
 }
 
 static void drop(rdma_sserve *ss, const char *why) {
@@ -89,9 +78,9 @@ static void reply(rdma_sserve *ss, tslot *sl, int status) {
     return;
   sx__rdma_sreply *w = (sx__rdma_sreply *)send_buf(ss, sl->index);
   sx__rdma_sreply_pack(w, (uint8_t)sl->index, sl->seq, status,
-                       (uint64_t)(uintptr_t)slot_mem(ss, sl->index), ss->ring_mr->rkey,
+                       (uint64_t)(uintptr_t)slot_mem(ss, sl->index), ss->ring.mr->rkey,
                        status == 0 ? sl->bytes : 0);
-  struct ibv_sge sge = {.addr = (uintptr_t)w, .length = sizeof(*w), .lkey = ss->msg_mr->lkey};
+  struct ibv_sge sge = {.addr = (uintptr_t)w, .length = sizeof(*w), .lkey = ss->ring.msg_mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
   memset(&wr, 0, sizeof(wr));
   wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index);
@@ -262,22 +251,13 @@ static void sserve_free(rdma_sserve *ss) {
     uv_close((uv_handle_t *)ss->poll, free_handle);
   if (ss->chan != NULL)
     ibv_destroy_comp_channel(ss->chan);
-  if (ss->ring_mr != NULL)
-    ibv_dereg_mr(ss->ring_mr);
-  if (ss->msg_mr != NULL)
-    ibv_dereg_mr(ss->msg_mr);
-  if (ss->ring_pinned)
-    sx__mem_host_free(ss->ring);
-  else
-    free(ss->ring);
-  free(ss->msgs);
+  sx__rdma_ring_free(&ss->ring);
   free(ss);
 }
 
 static int sserve_new(sx_rdma *t, rdma_dev *d, rdma_sserve **out) {
   rdma_sserve *ss = calloc(1, sizeof(*ss));
   size_t ring = (size_t)SX__RDMA_STAGE_SLOTS * SX__RDMA_STAGE_SLOT_BYTES;
-  void *mem = NULL;
   int rc;
   if (ss == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
@@ -287,21 +267,14 @@ static int sserve_new(sx_rdma *t, rdma_dev *d, rdma_sserve **out) {
     ss->slots[i].ss = ss;
     ss->slots[i].index = i;
   }
-  if (sx__mem_host_alloc(ring, &mem) == 0)
-    ss->ring_pinned = 1;
-  else if (posix_memalign(&mem, 4096, ring) != 0)
-    mem = NULL;
-  ss->ring = mem;
-  ss->msgs = calloc(2 * SX__RDMA_STAGE_SLOTS, SX__RDMA_SMSG_BYTES);
-  if (ss->ring == NULL || ss->msgs == NULL) {
-    rc = sx__err(SX_ENOMEM, "rdma: out of memory for a staging ring");
-    goto out_free;
+  if ((rc = sx__rdma_ring_alloc(&ss->ring, ring, 2 * SX__RDMA_STAGE_SLOTS)) != 0) {
+    free(ss);
+    return rc;
   }
-  ss->ring_mr = ibv_reg_mr(d->pd, ss->ring, ring,
+  ss->ring.mr = ibv_reg_mr(d->pd, ss->ring.mem, ring,
                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-  ss->msg_mr = ibv_reg_mr(d->pd, ss->msgs, 2 * SX__RDMA_STAGE_SLOTS * SX__RDMA_SMSG_BYTES,
-                          IBV_ACCESS_LOCAL_WRITE);
-  if (ss->ring_mr == NULL || ss->msg_mr == NULL) {
+  ss->ring.msg_mr = ibv_reg_mr(d->pd, ss->ring.msgs, ss->ring.msg_bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (ss->ring.mr == NULL || ss->ring.msg_mr == NULL) {
     rc = sx__err(SX_ENOMEM, "ibv_reg_mr(%s) of a staging ring: %s", d->name, strerror(errno));
     goto out_free;
   }

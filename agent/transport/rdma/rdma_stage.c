@@ -57,11 +57,8 @@ typedef struct sslot {
 
 struct rdma_sreader {
   rdma_peer *sp;
-  uint8_t *ring; /* NSLOTS x SX__RDMA_STAGE_SLOT_BYTES */
-  int ring_pinned;
-  struct ibv_mr *ring_mr;
-  uint8_t *msgs; /* SLOTS request buffers, then SLOTS reply buffers */
-  struct ibv_mr *msg_mr;
+  /* NSLOTS slots; NSLOTS receive buffers, then NSLOTS request buffers. */
+  sx__rdma_ring ring;
   rdma_dev *mr_dev; /* the device both MRs belong to */
   sslot slots[NSLOTS];
   uint32_t seq;
@@ -70,16 +67,17 @@ struct rdma_sreader {
 };
 
 static uint8_t *slot_mem(rdma_sreader *r, uint32_t i) {
-  return r->ring + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
+  return r->ring.mem + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
 }
 
 static uint8_t *req_buf(rdma_sreader *r, uint32_t i) {
-  return r->msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
+  return r->ring.msgs + (size_t)(NSLOTS + i) * SX__RDMA_SMSG_BYTES;
 }
 
-/* Receive buffer i: QP i / SLOTS, its i % SLOTS-th. */
+/* Receive buffer i: QP i / SLOTS, its i % SLOTS-th (the ring's first
+ * NSLOTS message buffers, as sx__rdma_ring_post_recv numbers them). */
 static uint8_t *reply_buf(rdma_sreader *r, uint32_t i) {
-  return r->msgs + (size_t)(NSLOTS + i) * SX__RDMA_SMSG_BYTES;
+  return r->ring.msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
 }
 
 /* Remote range that only the target's ring can serve: GPU memory without
@@ -254,7 +252,7 @@ static void post_direct(rdma_conn *c, sslot *sl) {
     const sx_xfer *x = &e->rop->op->xfers[e->xi];
     sges[i].addr = (uintptr_t)(slot_mem(r, sl->index) + e->ring_off);
     sges[i].length = e->len;
-    sges[i].lkey = r->ring_mr->lkey;
+    sges[i].lkey = r->ring.mr->lkey;
     memset(&wrs[i], 0, sizeof(wrs[i]));
     wrs[i].wr_id = SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index);
     wrs[i].next = i + 1 < sl->n ? &wrs[i + 1] : NULL;
@@ -288,7 +286,7 @@ static void post_request(rdma_conn *c, sslot *sl) {
   }
   size_t len = sx__rdma_sreq_pack(req_buf(r, sl->index), &q);
   struct ibv_sge sge = {.addr = (uintptr_t)req_buf(r, sl->index), .length = (uint32_t)len,
-                        .lkey = r->msg_mr->lkey};
+                        .lkey = r->ring.msg_mr->lkey};
   struct ibv_send_wr wr;
   memset(&wr, 0, sizeof(wr));
   wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index);
@@ -386,15 +384,7 @@ void sx__rdma_s_pump(rdma_peer *sp) {
 /* ------------------------------------------------------------------ the QP */
 
 static int post_recv(rdma_conn *c, uint32_t i) { /* i: a receive buffer */
-  rdma_sreader *r = c->p->sr;
-  struct ibv_sge sge = {.addr = (uintptr_t)reply_buf(r, i), .length = SX__RDMA_SMSG_BYTES,
-                        .lkey = r->msg_mr->lkey};
-  struct ibv_recv_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_RECV, i);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  return ibv_post_recv(c->qp, &wr, &bad);
+  return sx__rdma_ring_post_recv(&c->p->sr->ring, c->qp, i);
 }
 
 int sx__rdma_s_qp_ready(rdma_conn *c) {
@@ -403,17 +393,15 @@ int sx__rdma_s_qp_ready(rdma_conn *c) {
   if (r == NULL)
     return sx__err(SX_EINVAL, "rdma: a stage QP without its rings");
   if (r->mr_dev != d) {
-    if (r->ring_mr != NULL)
-      ibv_dereg_mr(r->ring_mr);
-    if (r->msg_mr != NULL)
-      ibv_dereg_mr(r->msg_mr);
-    r->ring_mr = r->msg_mr = NULL;
+    if (r->ring.mr != NULL)
+      ibv_dereg_mr(r->ring.mr);
+    if (r->ring.msg_mr != NULL)
+      ibv_dereg_mr(r->ring.msg_mr);
+    r->ring.mr = r->ring.msg_mr = NULL;
     r->mr_dev = NULL;
-    r->ring_mr = ibv_reg_mr(d->pd, r->ring, (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES,
-                            IBV_ACCESS_LOCAL_WRITE);
-    r->msg_mr = ibv_reg_mr(d->pd, r->msgs, 2 * NSLOTS * SX__RDMA_SMSG_BYTES,
-                           IBV_ACCESS_LOCAL_WRITE);
-    if (r->ring_mr == NULL || r->msg_mr == NULL)
+    r->ring.mr = ibv_reg_mr(d->pd, r->ring.mem, r->ring.bytes, IBV_ACCESS_LOCAL_WRITE);
+    r->ring.msg_mr = ibv_reg_mr(d->pd, r->ring.msgs, r->ring.msg_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (r->ring.mr == NULL || r->ring.msg_mr == NULL)
       return sx__err(SX_ENOMEM, "ibv_reg_mr(%s) of the staging ring: %s", d->name,
                      strerror(errno));
     r->mr_dev = d;
@@ -467,7 +455,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
     return;
   }
   struct ibv_sge sge = {.addr = (uintptr_t)slot_mem(r, sl->index), .length = bytes,
-                        .lkey = r->ring_mr->lkey};
+                        .lkey = r->ring.mr->lkey};
   struct ibv_send_wr wr;
   memset(&wr, 0, sizeof(wr));
   wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index);
@@ -540,35 +528,18 @@ static void sreader_free(rdma_sreader *r) {
     sx__mem_stream_destroy(r->streams[i]); /* waits for copies still running */
   if (r->notifier != NULL)
     sx__mem_notifier_close(r->notifier); /* their notices run now */
-  if (r->ring_mr != NULL)
-    ibv_dereg_mr(r->ring_mr);
-  if (r->msg_mr != NULL)
-    ibv_dereg_mr(r->msg_mr);
-  if (r->ring_pinned)
-    sx__mem_host_free(r->ring);
-  else
-    free(r->ring);
-  free(r->msgs);
+  sx__rdma_ring_free(&r->ring);
   free(r);
 }
 
 static int sreader_new(rdma_peer *p, rdma_sreader **out) {
   rdma_sreader *r = calloc(1, sizeof(*r));
-  size_t ring = (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES;
-  void *mem = NULL;
   if (r == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
-  /* Pinned where a driver is loaded, so copies to the GPU overlap. */
-  if (sx__mem_host_alloc(ring, &mem) == 0) {
-    r->ring_pinned = 1;
-  } else if (posix_memalign(&mem, 4096, ring) != 0) {
-    mem = NULL;
-  }
-  r->ring = mem;
-  r->msgs = calloc(2 * NSLOTS, SX__RDMA_SMSG_BYTES);
-  if (r->ring == NULL || r->msgs == NULL) {
-    sreader_free(r);
-    return sx__err(SX_ENOMEM, "rdma: out of memory for a staging ring of %zu bytes", ring);
+  int rc = sx__rdma_ring_alloc(&r->ring, (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES, 2 * NSLOTS);
+  if (rc) {
+    free(r);
+    return rc;
   }
   /* Without a notifier, copies into GPU memory are synchronous. */
   if (sx__mem_notifier_create(p->t->base.ctx->loop, &r->notifier) != 0)

@@ -33,6 +33,8 @@
 #ifndef SX_AGENT_RDMA_STAGE_H
 #define SX_AGENT_RDMA_STAGE_H
 
+#include <infiniband/verbs.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "segxfer/agent.h"
@@ -104,6 +106,26 @@ void sx__rdma_sreply_pack(sx__rdma_sreply *w, uint8_t slot, uint32_t seq, int st
 /* 0 and the fields, or SX_EPROTO. */
 int sx__rdma_sreply_parse(const uint8_t *buf, size_t len, uint8_t *slot, uint32_t *seq,
                           int *status, uint64_t *addr, uint32_t *rkey, uint32_t *bytes);
+
+/* A ring of slots and its message buffers, at either end (rdma_swire.c):
+ * pinned host memory where a CUDA driver is loaded (so GPU copies overlap),
+ * page-aligned memory otherwise; the MRs are each end's own. */
+typedef struct sx__rdma_ring {
+  uint8_t *mem;
+  size_t bytes;
+  int pinned;
+  struct ibv_mr *mr;
+  uint8_t *msgs; /* n_msgs x SX__RDMA_SMSG_BYTES */
+  size_t msg_bytes;
+  struct ibv_mr *msg_mr;
+} sx__rdma_ring;
+
+/* 0, or SX_ENOMEM with a message (nothing to free then). */
+int sx__rdma_ring_alloc(sx__rdma_ring *r, size_t bytes, size_t n_msgs);
+/* Deregister and free what is there; r may be half set up. */
+void sx__rdma_ring_free(sx__rdma_ring *r);
+/* Post message buffer i of r as a receive on qp (wr_id: RECV | i). */
+int sx__rdma_ring_post_recv(const sx__rdma_ring *r, struct ibv_qp *qp, uint32_t i);
 
 /* SX_RDMA_GPU / sx_agent_params.rdma_gpu: which tier carries GPU memory. */
 typedef enum sx__rdma_gpu_tier {

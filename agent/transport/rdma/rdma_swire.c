@@ -5,6 +5,7 @@
  */
 #include <endian.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rdma_int.h"
@@ -108,6 +109,48 @@ int sx__rdma_sreply_parse(const uint8_t *buf, size_t len, uint8_t *slot, uint32_
   if (*bytes > SX__RDMA_STAGE_SLOT_BYTES)
     return SX_EPROTO;
   return 0;
+}
+
+int sx__rdma_ring_alloc(sx__rdma_ring *r, size_t bytes, size_t n_msgs) {
+  void *mem = NULL;
+  memset(r, 0, sizeof(*r));
+  if (sx__mem_host_alloc(bytes, &mem) == 0)
+    r->pinned = 1;
+  else if (posix_memalign(&mem, 4096, bytes) != 0)
+    mem = NULL;
+  r->mem = mem;
+  r->bytes = bytes;
+  r->msg_bytes = n_msgs * SX__RDMA_SMSG_BYTES;
+  r->msgs = calloc(n_msgs, SX__RDMA_SMSG_BYTES);
+  if (r->mem == NULL || r->msgs == NULL) {
+    sx__rdma_ring_free(r);
+    return sx__err(SX_ENOMEM, "rdma: out of memory for a staging ring of %zu bytes", bytes);
+  }
+  return 0;
+}
+
+void sx__rdma_ring_free(sx__rdma_ring *r) {
+  if (r->mr != NULL)
+    ibv_dereg_mr(r->mr);
+  if (r->msg_mr != NULL)
+    ibv_dereg_mr(r->msg_mr);
+  if (r->pinned)
+    sx__mem_host_free(r->mem);
+  else
+    free(r->mem);
+  free(r->msgs);
+  memset(r, 0, sizeof(*r));
+}
+
+int sx__rdma_ring_post_recv(const sx__rdma_ring *r, struct ibv_qp *qp, uint32_t i) {
+  struct ibv_sge sge = {.addr = (uintptr_t)(r->msgs + (size_t)i * SX__RDMA_SMSG_BYTES),
+                        .length = SX__RDMA_SMSG_BYTES, .lkey = r->msg_mr->lkey};
+  struct ibv_recv_wr wr, *bad = NULL;
+  memset(&wr, 0, sizeof(wr));
+  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_RECV, i);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  return ibv_post_recv(qp, &wr, &bad);
 }
 
 static const char *const tier_names[] = {
