@@ -429,12 +429,18 @@ EXPORT CUresult cuPointerSetAttribute(const void *v, CUpointer_attribute at, CUd
   return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+static long flushes; /* cuFlushGPUDirectRDMAWrites calls, for tests */
+
 EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target,
                                            CUflushGPUDirectRDMAWritesScope scope) {
-  (void)target;
+  if (target != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX)
+    return CUDA_ERROR_INVALID_VALUE;
   (void)scope;
+  __atomic_add_fetch(&flushes, 1, __ATOMIC_RELAXED);
   return CUDA_SUCCESS;
 }
+
+EXPORT long fake_cuda_flushes(void) { return __atomic_load_n(&flushes, __ATOMIC_RELAXED); }
 
 /* Not CUDA: where the exported range of fd starts in its memfd and how
  * long it is; 0, or -1 for an fd this library did not hand out (closed fds

@@ -49,7 +49,9 @@ one)
     step "GPU memory over staged RDMA (host-memory stand-in for the CUDA driver)"
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu || fail=1
     step "GPUDirect tiers (dma-buf, peermem, fallbacks) through a provider shim over the stand-in"
-    LD_PRELOAD=$PWD/libsxibvshim.so SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
+    # The sanitizer build's runtime must not insist on loading first.
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+      LD_PRELOAD=$PWD/libsxibvshim.so SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
       ./test_rdma_gpu gpudirect || fail=1
   else
     echo "FAIL  test_rdma_push: redis-server is not installed here"

@@ -432,6 +432,11 @@ static void test_rdma_gpu_dmabuf_tier(void **state) {
     *(void **)&memops = dlsym(h, "fake_cuda_sync_memops");
   assert_non_null(memops);
   assert_true(memops() >= N_SLOTS); /* SYNC_MEMOPS on every exported region */
+  /* The reader's READs landed in its GPU memory directly: flushed. */
+  long (*flushes)(void) = NULL;
+  *(void **)&flushes = dlsym(h, "fake_cuda_flushes");
+  assert_non_null(flushes);
+  assert_true(flushes() >= 1);
 }
 
 /* dma-buf registration fails, no peer-memory module: staged, and the log

@@ -196,6 +196,26 @@ static void retire(rdma_conn *c, rdma_slot *s, int status, int is_flush, const c
   sx__rdma_xfer_check(rop, s->xi);
 }
 
+/* READs that landed in GPU memory through GPUDirect (an MR on device
+ * memory) are flushed before the op ends, so that a kernel on another GPU,
+ * or one not ordered with the NIC, sees them (cuFlushGPUDirectRDMAWrites).
+ * Staged reads end with CUDA copies, which need none. */
+static void flush_gpu(const rdma_rop *rop) {
+  const sx_op *op = rop->op;
+  if (rop->p->write || rop->p->stage_of != NULL)
+    return;
+  int done = -1;
+  for (size_t i = 0; i < op->n; i++) {
+    const sx_lregion *l = op->xfers[i].lreg;
+    if (l != NULL && l->mem.kind == SX__MEM_CUDA && l->mem.device != done &&
+        rop->xs[i].final == 0) {
+      if (sx__mem_flush_rdma_writes(l->mem.device) != 0)
+        sx__rdma_log(rop->p->t, SX_LOG_WARN, "%s", sx_errmsg());
+      done = l->mem.device;
+    }
+  }
+}
+
 void sx__rdma_deliver(sx_rdma *t) {
   rdma_rop *rop;
   while ((rop = t->dhead) != NULL) {
@@ -216,6 +236,7 @@ void sx__rdma_deliver(sx_rdma *t) {
        * first. */
       char buf[sizeof(rop->msg)];
       snprintf(buf, sizeof(buf), "%s", msg != NULL ? msg : "");
+      flush_gpu(rop);
       t->dhead = rop->dnext;
       if (t->dhead == NULL)
         t->dtail = NULL;
