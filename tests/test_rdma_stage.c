@@ -24,6 +24,9 @@ static void test_rdma_stage_hello_flag(void **state) {
   sxt_rc(sx__rdma_hello_parse(&w, sizeof(w), &h), SX_EPROTO);
   w.flags = 0x04;
   sxt_rc(sx__rdma_hello_parse(&w, sizeof(w), &h), SX_EPROTO);
+  /* A target with staging off says so. */
+  assert_int_equal(sx__rdma_reject_code(SX__RDMA_REJ_NOSTAGE), SX_ENOTSUP);
+  assert_non_null(strstr(sx__rdma_reject_text(SX__RDMA_REJ_NOSTAGE), "SX_RDMA_GPU=off"));
 }
 
 static void test_rdma_stage_request_roundtrip(void **state) {

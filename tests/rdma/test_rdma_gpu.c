@@ -272,6 +272,31 @@ static void test_rdma_gpu_tier_off_chooses_tcp(void **state) {
   assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
+/* A target that keeps GPU memory off RDMA refuses stage QPs: a reader that
+ * tries fails with SX_ENOTSUP and the reason, and nothing is read. */
+static void test_rdma_gpu_target_with_staging_off_refuses(void **state) {
+  (void)state;
+  char name[64];
+  next_name(name, sizeof(name), "gpool");
+  setenv("SX_RDMA_GPU", "off", 1);
+  sxt_pool p;
+  pool_start(&p, name, 14, &small_gpu);
+  unsetenv("SX_RDMA_GPU");
+  rd r;
+  reader_start(&r, "rdma-gpu-refused", &small_gpu, 1);
+  sx_segment *seg = open_rdma(&r, name);
+  sx_block_read e = {.layer_count = 1, .slots = 1, .count = 4};
+  sx_batch_result res = sxt_run_batch(seg, &e, 1, 20000);
+  print_message("staging refused: %s %s: %s\n", sx_batch_state_name(res.state),
+                sx_err_name(res.error), res.message);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_ENOTSUP);
+  assert_non_null(strstr(res.message, "SX_RDMA_GPU=off"));
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+}
+
 /* A deadline ends a staged batch: TIMEOUT, and nothing lands afterwards. */
 static void test_rdma_gpu_deadline_and_nothing_lands_after(void **state) {
   (void)state;
@@ -551,6 +576,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_rdma_gpu_host_pool_into_gpu_memory),
       cmocka_unit_test(test_rdma_gpu_tier_off_chooses_tcp),
       cmocka_unit_test(test_rdma_gpu_sxctl_read_into_gpu),
+      cmocka_unit_test(test_rdma_gpu_target_with_staging_off_refuses),
       cmocka_unit_test(test_rdma_gpu_deadline_and_nothing_lands_after),
       cmocka_unit_test(test_rdma_gpu_target_killed_during_a_batch),
   };

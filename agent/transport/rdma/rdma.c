@@ -129,6 +129,7 @@ int sx__rdma_reject_code(uint8_t reason) {
   case SX__RDMA_REJ_NODEV: return SX_ENODEV;
   case SX__RDMA_REJ_WACCESS: return SX_EACCESS;
   case SX__RDMA_REJ_WSTORE: return SX_ESTORE;
+  case SX__RDMA_REJ_NOSTAGE: return SX_ENOTSUP;
   default: return SX_EPROTO;
   }
 }
@@ -146,6 +147,8 @@ const char *sx__rdma_reject_text(uint8_t reason) {
     return "the target refused our writes: no write grant covers this producer, or it is not "
            "published as this incarnation";
   case SX__RDMA_REJ_WSTORE: return "the target could not look this producer up in the store";
+  case SX__RDMA_REJ_NOSTAGE:
+    return "the target does not stage GPU memory over RDMA (SX_RDMA_GPU=off there)";
   default: return "unknown reason";
   }
 }

@@ -131,7 +131,8 @@ enum {
   SX__RDMA_REJ_SHUTDOWN = 6, /* target closing -> SX_ESHUTDOWN */
   SX__RDMA_REJ_NODEV = 7,    /* arrived on a device the target does not use */
   SX__RDMA_REJ_WACCESS = 8,  /* producer not granted or not proven -> SX_EACCESS */
-  SX__RDMA_REJ_WSTORE = 9    /* producer could not be looked up -> SX_ESTORE */
+  SX__RDMA_REJ_WSTORE = 9,   /* producer could not be looked up -> SX_ESTORE */
+  SX__RDMA_REJ_NOSTAGE = 10  /* stage QP, staging off there -> SX_ENOTSUP */
 };
 
 typedef struct sx__rdma_hello {

@@ -301,7 +301,7 @@ out_free:
 void sx__rdma_sserve_request(sx_rdma *t, struct rdma_cm_id *id, rdma_dev *dev,
                              const sx__rdma_hello *h, unsigned reads) {
   if (t->gpu_tier == SX__RDMA_GPU_OFF) {
-    sx__rdma_reject(t, id, SX__RDMA_REJ_NODEV, h->name);
+    sx__rdma_reject(t, id, SX__RDMA_REJ_NOSTAGE, h->name);
     return;
   }
   rdma_tconn *tc = calloc(1, sizeof(*tc));
