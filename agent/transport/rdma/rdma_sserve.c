@@ -47,16 +47,9 @@ struct rdma_sserve {
 
 static void free_handle(uv_handle_t *h) { free(h); }
 
-static uint8_t *recv_buf(rdma_sserve *ss, uint32_t i) {
-  return ss->ring.msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
-}
-
+/* Message buffers: SLOTS receive buffers, then SLOTS replies. */
 static uint8_t *send_buf(rdma_sserve *ss, uint32_t i) {
-  return ss->ring.msgs + (size_t)(SX__RDMA_STAGE_SLOTS + i) * SX__RDMA_SMSG_BYTES;
-}
-
-static uint8_t *slot_mem(rdma_sserve *ss, uint32_t i) {
-  return ss->ring.mem + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
+  return sx__rdma_ring_msg(&ss->ring, SX__RDMA_STAGE_SLOTS + i);
 }
 
 static int post_recv(rdma_sserve *ss, struct ibv_qp *qp, uint32_t i) {
@@ -78,7 +71,7 @@ static void reply(rdma_sserve *ss, tslot *sl, int status) {
     return;
   sx__rdma_sreply *w = (sx__rdma_sreply *)send_buf(ss, sl->index);
   sx__rdma_sreply_pack(w, (uint8_t)sl->index, sl->seq, status,
-                       (uint64_t)(uintptr_t)slot_mem(ss, sl->index), ss->ring.mr->rkey,
+                       (uint64_t)(uintptr_t)sx__rdma_ring_slot(&ss->ring, sl->index), ss->ring.mr->rkey,
                        status == 0 ? sl->bytes : 0);
   struct ibv_sge sge = {.addr = (uintptr_t)w, .length = sizeof(*w), .lkey = ss->ring.msg_mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
@@ -146,7 +139,7 @@ static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
                    ss->tc->reader, sx_err_name(st));
       break;
     }
-    dst[i] = (uint64_t)(uintptr_t)(slot_mem(ss, sl->index) + sl->bytes);
+    dst[i] = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&ss->ring, sl->index) + sl->bytes);
     src[i] = l->r.addr + r->off;
     len[i] = r->len;
     sl->bytes += r->len;
@@ -199,7 +192,7 @@ static void on_wc(rdma_sserve *ss, const struct ibv_wc *wc) {
     return; /* a reply went out */
   sx__rdma_sreq q;
   char msg[160];
-  int rc = sx__rdma_sreq_parse(recv_buf(ss, idx), wc->byte_len, &q, msg, sizeof(msg));
+  int rc = sx__rdma_sreq_parse(sx__rdma_ring_msg(&ss->ring, idx), wc->byte_len, &q, msg, sizeof(msg));
   if (rc == 0 && post_recv(ss, ss->tc->id->qp, idx) != 0) {
     snprintf(msg, sizeof(msg), "ibv_post_recv: %s", strerror(errno));
     rc = SX_ERDMA;

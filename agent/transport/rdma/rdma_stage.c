@@ -66,18 +66,10 @@ struct rdma_sreader {
   sx__mem_notifier *notifier;
 };
 
-static uint8_t *slot_mem(rdma_sreader *r, uint32_t i) {
-  return r->ring.mem + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
-}
-
+/* Message buffers: NSLOTS receive buffers (buffer i: QP i / SLOTS, its
+ * i % SLOTS-th), then a request buffer per slot. */
 static uint8_t *req_buf(rdma_sreader *r, uint32_t i) {
-  return r->ring.msgs + (size_t)(NSLOTS + i) * SX__RDMA_SMSG_BYTES;
-}
-
-/* Receive buffer i: QP i / SLOTS, its i % SLOTS-th (the ring's first
- * NSLOTS message buffers, as sx__rdma_ring_post_recv numbers them). */
-static uint8_t *reply_buf(rdma_sreader *r, uint32_t i) {
-  return r->ring.msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
+  return sx__rdma_ring_msg(&r->ring, NSLOTS + i);
 }
 
 /* Remote range that only the target's ring can serve: GPU memory without
@@ -189,7 +181,7 @@ static void slot_scatter(sslot *sl) {
       continue; /* it stops: its destination is not to be touched any more */
     const sx_xfer *x = &rop->op->xfers[e->xi];
     dst[n] = (uint64_t)(uintptr_t)(x->local + e->off);
-    src[n] = (uint64_t)(uintptr_t)(slot_mem(r, sl->index) + e->ring_off);
+    src[n] = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     len[n] = e->len;
     if (device < 0 && x->lreg != NULL && x->lreg->mem.kind == SX__MEM_CUDA)
       device = x->lreg->mem.device;
@@ -250,7 +242,7 @@ static void post_direct(rdma_conn *c, sslot *sl) {
   for (uint32_t i = 0; i < sl->n; i++) {
     const sent *e = &sl->ent[i];
     const sx_xfer *x = &e->rop->op->xfers[e->xi];
-    sges[i].addr = (uintptr_t)(slot_mem(r, sl->index) + e->ring_off);
+    sges[i].addr = (uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     sges[i].length = e->len;
     sges[i].lkey = r->ring.mr->lkey;
     memset(&wrs[i], 0, sizeof(wrs[i]));
@@ -434,7 +426,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   uint32_t seq, rkey, bytes;
   uint64_t addr;
   int st;
-  int rc = sx__rdma_sreply_parse(reply_buf(r, buf), len, &slot, &seq, &st, &addr, &rkey, &bytes);
+  int rc = sx__rdma_sreply_parse(sx__rdma_ring_msg(&r->ring, buf), len, &slot, &seq, &st, &addr, &rkey, &bytes);
   sslot *sl = rc == 0 ? &r->slots[slot * SX__RDMA_STAGE_QPS + c->index] : NULL;
   if (rc == 0 && (sl->state != SL_REQ || sl->seq != seq || (st == 0 && bytes != sl->bytes)))
     rc = SX_EPROTO;
@@ -454,7 +446,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
     slot_release(sl, st, msg);
     return;
   }
-  struct ibv_sge sge = {.addr = (uintptr_t)slot_mem(r, sl->index), .length = bytes,
+  struct ibv_sge sge = {.addr = (uintptr_t)sx__rdma_ring_slot(&r->ring, sl->index), .length = bytes,
                         .lkey = r->ring.mr->lkey};
   struct ibv_send_wr wr;
   memset(&wr, 0, sizeof(wr));

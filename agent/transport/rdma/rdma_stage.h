@@ -120,6 +120,14 @@ typedef struct sx__rdma_ring {
   struct ibv_mr *msg_mr;
 } sx__rdma_ring;
 
+/* Slot i of the ring, and message buffer i (receive buffers come first). */
+static inline uint8_t *sx__rdma_ring_slot(const sx__rdma_ring *r, uint32_t i) {
+  return r->mem + (size_t)i * SX__RDMA_STAGE_SLOT_BYTES;
+}
+static inline uint8_t *sx__rdma_ring_msg(const sx__rdma_ring *r, uint32_t i) {
+  return r->msgs + (size_t)i * SX__RDMA_SMSG_BYTES;
+}
+
 /* 0, or SX_ENOMEM with a message (nothing to free then). */
 int sx__rdma_ring_alloc(sx__rdma_ring *r, size_t bytes, size_t n_msgs);
 /* Deregister and free what is there; r may be half set up. */
