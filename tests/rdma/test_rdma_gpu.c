@@ -20,6 +20,7 @@
 #include "agent_fixture.h"
 #include "internal.h"
 #include "mem/mem.h"
+#include "transport/rdma/rdma_stage.h"
 #include "pattern.h"
 #include "proc_env.h"
 #include "segxfer/store.h"
@@ -156,7 +157,28 @@ static void next_name(char *buf, size_t size, const char *prefix) {
   snprintf(buf, size, "%s-%d", prefix, seq++);
 }
 
-/* Random scattered blocks and then the whole pool, byte for byte. */
+static int file_has(const char *path, const char *what) {
+  char buf[65536];
+  FILE *f = fopen(path, "r");
+  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+  buf[n] = '\0';
+  if (f != NULL)
+    fclose(f);
+  return strstr(buf, what) != NULL;
+}
+
+static uint64_t kernels(void) {
+  uint64_t c[4];
+  sx__mem_copy_counts(c);
+  return c[SX__COPY_KERNEL];
+}
+
+/* Random scattered blocks and then the whole pool, byte for byte.  The
+ * ring copies go by the gather kernel wherever a slot carries several
+ * pieces and every pointer is device memory of one GPU or the pinned ring:
+ * on the reader (this process: counted) for GPU destinations, on the
+ * target (its log says so) for a GPU pool; host destinations never get
+ * the kernel (pageable memory: copy engines or memcpy). */
 static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
   char name[64];
   next_name(name, sizeof(name), "gpool");
@@ -167,6 +189,7 @@ static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
   sx_segment *seg = open_rdma(&r, name);
   sx_mismatch m;
   sxt_ok(sx_segment_check(seg, 0, &m));
+  uint64_t k0 = kernels();
   uint32_t rng = (uint32_t)seed;
   sx_block_read e[40];
   size_t n = s->blocks >= 80 ? 40 : s->blocks / 2;
@@ -188,9 +211,20 @@ static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
     pool_fail(&p, "whole pool: %s: %s", sx_batch_state_name(res.state), res.message);
   if (verify(&r, seg, seed, &all) != 0)
     pool_fail(&p, "whole pool: bytes differ");
-  print_message("%s pool (%u blocks of %u bytes) into %s memory over staged RDMA: %.1f MiB/s\n",
-                s->location, s->blocks, s->block, reader_gpu ? "GPU" : "host",
-                (double)res.bytes / ((double)res.transfer_ns / 1e9) / 1048576.0);
+  print_message("%s pool (%u blocks of %u bytes) into %s memory over staged RDMA: %.1f MiB/s, "
+                "%lu gather kernel launches here\n", s->location, s->blocks, s->block,
+                reader_gpu ? "GPU" : "host",
+                (double)res.bytes / ((double)res.transfer_ns / 1e9) / 1048576.0,
+                (unsigned long)(kernels() - k0));
+  int several = s->block <= SX__RDMA_STAGE_SLOT_BYTES / 2;
+  if (reader_gpu && several && kernels() == k0)
+    pool_fail(&p, "GPU destinations, several pieces per slot: no gather kernel ran");
+  if (!reader_gpu && kernels() != k0)
+    pool_fail(&p, "host destinations: the gather kernel ran");
+  if (strcmp(s->location, "cpu") != 0 && several &&
+      !file_has(p.log, "rdma staged (target): ring copies by kernel"))
+    pool_fail(&p, "GPU pool, several pieces per slot: the target's ring copies were not "
+              "by the gather kernel");
   sx_segment_close(seg);
   reader_stop(&r);
   assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
@@ -383,16 +417,6 @@ static void test_rdma_gpu_target_killed_during_a_batch(void **state) {
 static char shim_log[300], sysfs[300];
 static int group_setup(void **state);
 static int group_teardown(void **state);
-
-static int file_has(const char *path, const char *what) {
-  char buf[65536];
-  FILE *f = fopen(path, "r");
-  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-  buf[n] = '\0';
-  if (f != NULL)
-    fclose(f);
-  return strstr(buf, what) != NULL;
-}
 
 /* Start a GPU pool with the shim (and the sysfs stand-in) in mode dmabuf and
  * peermem, read it into GPU memory byte for byte, and check what the pool

@@ -435,9 +435,23 @@ struct sx_rdma {
   int8_t dmabuf[SX__RDMA_MAX_DEVS]; /* provider takes dma-buf MRs: 1, -1, 0 not probed */
   /* (device, GPU) pairs: the loopback READ passed 1, failed -1, not run 0. */
   int8_t reach[SX__RDMA_MAX_DEVS][SX__RDMA_REACH_GPUS];
+  unsigned ring_copies_said; /* rdma_swire.c: copy methods logged, per side */
   int busy;
   int closed;
 };
+
+/* ------------------------------------------------------------------ rdma_swire.c */
+
+/* Queue the GPU copies of a staging ring's slot, rg[0..n), on s with
+ * sx__mem_gather (the method by shape, SX_GPU_COPY forces one).  sm_ok:
+ * the caller found every pointer on the GPU side of rg to be device
+ * memory of s's device; the gather kernel is allowed only then and where
+ * the ring is pinned, since the GPU's SMs reach neither pageable host
+ * memory nor another GPU's memory without peer access (the copy engines
+ * take those).  The first use of each method on each side (target: the
+ * serving end) is logged at info.  0, or sx__mem_gather's error. */
+int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
+                         const sx__mem_range *rg, size_t n, int sm_ok, int target);
 
 /* ------------------------------------------------------------------ rdma.c */
 

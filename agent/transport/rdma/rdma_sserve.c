@@ -113,7 +113,7 @@ static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
   const sx_tctx *ctx = ss->t->base.ctx;
   tslot *sl = &ss->slots[q->slot];
   sx__mem_range rg[SX__RDMA_STAGE_MAX_RANGES];
-  int device = -1, st = 0;
+  int device = -1, st = 0, sm_ok = 1; /* every source on device's GPU */
   if (sl->busy) {
     drop(ss, "a request for a slot that is still being filled");
     return;
@@ -142,8 +142,12 @@ static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
     rg[i].src = l->r.addr + r->off;
     rg[i].len = r->len;
     sl->bytes += r->len;
-    if (device < 0 && l->mem.kind == SX__MEM_CUDA)
+    if (l->mem.kind != SX__MEM_CUDA)
+      sm_ok = 0;
+    else if (device < 0)
       device = l->mem.device;
+    else if (l->mem.device != device)
+      sm_ok = 0;
     sl->regs[sl->n++] = l;
     l->inflight++;
   }
@@ -156,7 +160,7 @@ static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
         sx__mem_stream_create(device, &ss->streams[device]) != 0)
       ss->streams[device] = NULL;
     sx__mem_stream *s = ss->streams[device];
-    if (s != NULL && sx__mem_gather(s, rg, q->n, 0, SX__COPY_AUTO, NULL) == 0) {
+    if (s != NULL && sx__rdma_ring_gather(ss->t, &ss->ring, s, rg, q->n, sm_ok, 1) == 0) {
       sl->note.fn = on_copied;
       if (sx__mem_notify(s, ss->notifier, &sl->note) == 0)
         return;

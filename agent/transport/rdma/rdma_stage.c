@@ -172,7 +172,7 @@ static void slot_scatter(sslot *sl) {
   rdma_sreader *r = sl->r;
   sx__mem_range rg[SX__RDMA_STAGE_MAX_RANGES];
   size_t n = 0;
-  int device = -1;
+  int device = -1, sm_ok = 1; /* every destination on device's GPU */
   for (uint32_t i = 0; i < sl->n; i++) {
     sent *e = &sl->ent[i];
     rdma_rop *rop = e->rop;
@@ -182,14 +182,18 @@ static void slot_scatter(sslot *sl) {
     rg[n].dst = (uint64_t)(uintptr_t)(x->local + e->off);
     rg[n].src = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     rg[n].len = e->len;
-    if (device < 0 && x->lreg != NULL && x->lreg->mem.kind == SX__MEM_CUDA)
+    if (x->lreg == NULL || x->lreg->mem.kind != SX__MEM_CUDA)
+      sm_ok = 0;
+    else if (device < 0)
       device = x->lreg->mem.device;
+    else if (x->lreg->mem.device != device)
+      sm_ok = 0;
     n++;
   }
   if (device >= 0) {
     sx__mem_stream *st = stream_of(r, device);
     if (st != NULL && r->notifier != NULL &&
-        sx__mem_gather(st, rg, n, 0, SX__COPY_AUTO, NULL) == 0) {
+        sx__rdma_ring_gather(r->sp->t, &r->ring, st, rg, n, sm_ok, 0) == 0) {
       sl->note.fn = on_copied;
       if (sx__mem_notify(st, r->notifier, &sl->note) == 0) {
         sl->state = SL_COPY;

@@ -177,3 +177,24 @@ int sx__rdma_gpu_tier_parse(const char *s, sx__rdma_gpu_tier *out) {
 const char *sx__rdma_gpu_tier_name(sx__rdma_gpu_tier t) {
   return (unsigned)t < sizeof(tier_names) / sizeof(tier_names[0]) ? tier_names[t] : "?";
 }
+
+int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
+                         const sx__mem_range *rg, size_t n, int sm_ok, int target) {
+  int kernel_ok = sm_ok && r->pinned;
+  sx__mem_copy_method used = SX__COPY_AUTO;
+  int rc = sx__mem_gather(s, rg, n, kernel_ok ? SX__GATHER_SM_OK : 0, SX__COPY_AUTO, &used);
+  unsigned bit = 1u << (used + (target ? 4 : 0));
+  if (rc == 0 && !(t->ring_copies_said & bit)) {
+    t->ring_copies_said |= bit;
+    const char *why = used == SX__COPY_KERNEL || !kernel_ok
+                          ? NULL
+                          : sx__mem_kernel_error(sx__mem_stream_device(s));
+    sx__rdma_log(t, SX_LOG_INFO, "rdma staged (%s): ring copies by %s (first used for %zu "
+                 "ranges, %s%s%s)", target ? "target" : "reader", sx__mem_copy_name(used), n,
+                 !r->pinned ? "ring not pinned"
+                 : kernel_ok ? "device memory of the stream's GPU"
+                             : "host memory or another GPU on the far side",
+                 why ? "; " : "", why ? why : "");
+  }
+  return rc;
+}
