@@ -701,13 +701,18 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
     bx_table_note(t, "engine shape: %llu layers x %llu (K,V) tensors, blocks of %llu bytes",
                   (unsigned long long)o.layers, (unsigned long long)o.kv,
                   (unsigned long long)o.sizes[0]);
-  bx_table_note(t, "cuda_ipc baseline: the same requests gathered by the gather kernel in "
-                "one process (one launch each, %d streams, peer access across GPUs); "
-                "reference row: one cuMemcpyAsync per range over %d streams; the three "
-                "alternate in %llu rounds of equal time", COPY_STREAMS, COPY_STREAMS,
-                (unsigned long long)o.rounds);
-  bx_table_note(t, "tcp baseline: host-memory TCP reads between the same two processes, "
-                "in two halves around each case");
+  if (o.ipc)
+    bx_table_note(t, "cuda_ipc baseline: the same requests gathered by the gather kernel in "
+                  "one process (one launch each, %d streams, peer access across GPUs); "
+                  "reference row: one cuMemcpyAsync per range over %d streams; the three "
+                  "alternate in %llu rounds of equal time", COPY_STREAMS, COPY_STREAMS,
+                  (unsigned long long)o.rounds);
+  if (o.tcp)
+    bx_table_note(t, "tcp baseline: host-memory TCP reads between the same two processes, "
+                  "in two halves around each case");
+  if (o.rdma)
+    bx_table_note(t, "rdma baseline: host-memory RDMA reads between the same two processes, "
+                  "in two halves around each case");
   bx_table_note(t, "POSTED US, ENDED US: medians from submit to the transport's post and "
                 "to the batch's end on the agent's loop (the rest of P50 is the wake of the "
                 "waiting thread)");
@@ -765,11 +770,8 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
   }
   if (o.rdma) { /* alone: --transport rdma runs nothing else */
     if (side_open(&gs, &o, url, SX_TRANSPORTS_RDMA, o.location, name) != 0 ||
-        side_open(&hs, &o, url, SX_TRANSPORTS_RDMA, "cpu", host_name) != 0)
-      goto out;
-    bx_table_note(t, "rdma baseline: host-memory RDMA reads between the same two processes, "
-                  "in two halves around each case");
-    if (staged_vs_host(&R, &o, t, rep, co->duration, &gs, &hs, "rdma", last) != 0)
+        side_open(&hs, &o, url, SX_TRANSPORTS_RDMA, "cpu", host_name) != 0 ||
+        staged_vs_host(&R, &o, t, rep, co->duration, &gs, &hs, "rdma", last) != 0)
       goto out;
   }
   rc = BX_OK;

@@ -24,6 +24,10 @@
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
  * launches only keep their order): for profiling segxfer's own CPU cost
  * per batch, never for tests.
+ *
+ * GPUDirect through dma-buf is played as far as host memory can (see the
+ * dma-buf section below): exports are dups of an allocation's memfd, for
+ * the RDMA suite's provider shim (tests/rdma/sx_ibv_shim.c).
  */
 #define _GNU_SOURCE
 #include <cuda.h>

@@ -10,9 +10,9 @@
  *
  * Each request is checked range by range as a TCP read is (region known and
  * not withdrawn, remote reads allowed, bounds), copied into the slot with one
- * batched copy on a stream of the region's GPU (host regions: memcpy), and
- * answered once the copy finished.  The regions' inflight counts hold until
- * then, so unregister waits for the copies.
+ * gather on a stream of the region's GPU (sx__rdma_ring_gather; host
+ * regions: memcpy), and answered once the copy finished.  The regions'
+ * inflight counts hold until then, so unregister waits for the copies.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -21,11 +21,11 @@
  * up to SX__RDMA_STAGE_MAX_RANGES ranges of the target's regions, packed
  * one after another); the target checks each range (region exists, is not
  * withdrawn, allows remote reads, bounds), copies them into its slot with
- * one batched copy on a stream of the region's device, and SENDs a reply
- * (status, the slot's address and rkey, bytes) once the copy finished; the
- * reader RDMA-READs the slot into its own slot, then copies the pieces to
- * their destinations (one batched copy when a destination is GPU memory,
- * memcpy otherwise) and settles them when that copy finished.  Remote host
+ * one gather (sx__rdma_ring_gather) on a stream of the region's device,
+ * and SENDs a reply (status, the slot's address and rkey, bytes) once the
+ * copy finished; the reader RDMA-READs the slot into its own slot, then
+ * copies the pieces to their destinations (one gather when a destination
+ * is GPU memory, memcpy otherwise) and settles them when that copy finished.  Remote host
  * memory into local GPU memory skips the request: the reader READs the
  * region itself into its slot.  With several slots in flight the target's
  * copy, the wire and the reader's copy overlap.
