@@ -100,7 +100,7 @@ MAN_PAGES := $(foreach p,$(PROGRAMS),$(wildcard $(PROG_DIR_$(p))/$(p).1))
 UNIT_TESTS  := test_errors test_codec test_layout test_plan test_group test_url test_store test_planner \
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
                test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc \
-               test_read_notice test_cluster_slots
+               test_read_notice test_cluster_slots test_rdma_stage
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_cluster test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
@@ -108,7 +108,7 @@ TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 # The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
 # make test runs it too, or prints why it skipped.
-GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push test_gpu_dmabuf
 GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
@@ -131,7 +131,8 @@ RDMA_PAYLOAD := $(BUILD)/rdma-tests
 RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
                 $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so \
-                $(RDMA_PAYLOAD)/test_rdma_notice
+                $(RDMA_PAYLOAD)/test_rdma_notice $(RDMA_PAYLOAD)/test_rdma_gpu \
+                $(RDMA_PAYLOAD)/libsxibvshim.so
 
 # The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
 # (tests/python/), run with Debian's interpreter: python3-torch, -numpy and
@@ -392,10 +393,20 @@ $(RDMA_PAYLOAD)/test_rdma_notice: $(BUILD)/obj/tests/rdma/test_rdma_notice.o $(T
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
+$(RDMA_PAYLOAD)/test_rdma_gpu: $(BUILD)/obj/tests/rdma/test_rdma_gpu.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
 # test_rdma_push registers GPU regions on the host-memory stand-in driver.
 $(RDMA_PAYLOAD)/libfakecuda.so: $(BUILD)/tests/gpu/libfakecuda.so
 	@mkdir -p $(dir $@)
 	@cp $< $@
+
+# test_rdma_gpu dmabuf|peermem: an LD_PRELOAD provider shim over the stand-in.
+$(RDMA_PAYLOAD)/libsxibvshim.so: tests/rdma/sx_ibv_shim.c
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
+	  -fvisibility=hidden -o $@ $< -libverbs -ldl
 
 # Copies, not links: the directory is all the VM sees.
 $(RDMA_PAYLOAD)/run.sh: tests/rdma/run.sh

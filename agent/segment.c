@@ -64,18 +64,6 @@ static const char *kind_name(sx_transport_kind k) {
        : k == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : "none";
 }
 
-/* Does either side hold GPU memory?  RDMA does not carry it (no GPUDirect
- * yet: docs/gpu.md), so the choice then passes over RDMA. */
-static int gpu_involved(sx_agent *a, const sx_desc *d) {
-  for (uint32_t i = 0; i < d->n_regions; i++)
-    if (strncmp(d->regions[i].location, "cuda:", 5) == 0)
-      return 1;
-  for (uint32_t i = 0; i < a->lt->n; i++)
-    if (a->lt->v[i]->mem.kind == SX__MEM_CUDA)
-      return 1;
-  return 0;
-}
-
 typedef struct refresh {
   sx_agent *a;
   sx__rpeer *p;
@@ -174,11 +162,10 @@ static int make_segment(sx_agent *a, sx_cdesc *cd, sx_segment **out) {
   sx_transport_kind kind = SX_TRANSPORT_NONE;
   static const sx_transport_kind prefer[] = {SX_TRANSPORT_CUDA_IPC, SX_TRANSPORT_RDMA,
                                               SX_TRANSPORT_TCP};
-  int gpu = gpu_involved(a, d);
+  /* Whether RDMA carries this segment's GPU memory is its usable()'s call
+   * (docs/gpu.md, "Which transport carries GPU memory"). */
   for (unsigned i = 0; i < sizeof(prefer) / sizeof(prefer[0]); i++) {
     sx_transport *t = a->tr[prefer[i]];
-    if (prefer[i] == SX_TRANSPORT_RDMA && gpu)
-      continue;
     if (t != NULL && (a->p.transports & (1u << prefer[i])) && t->ops->usable(t, d)) {
       kind = prefer[i];
       break;
@@ -190,12 +177,10 @@ static int make_segment(sx_agent *a, sx_cdesc *cd, sx_segment **out) {
       snprintf(theirs + strlen(theirs), sizeof(theirs) - strlen(theirs), "%s%s",
                i ? "," : "", kind_name(d->endpoints[i].kind));
     return sx__err(SX_EUNREACH, "%s: no common transport (it publishes endpoints "
-                   "'%s'; this agent may use%s%s%s%s)", d->name, theirs,
+                   "'%s'; this agent may use%s%s%s)", d->name, theirs,
                    a->tr[SX_TRANSPORT_TCP] ? " tcp" : "",
                    a->tr[SX_TRANSPORT_RDMA] ? " rdma" : "",
-                   a->tr[SX_TRANSPORT_CUDA_IPC] ? " cuda_ipc" : "",
-                   gpu && a->tr[SX_TRANSPORT_RDMA] ? "; rdma does not carry GPU memory"
-                                                   : "");
+                   a->tr[SX_TRANSPORT_CUDA_IPC] ? " cuda_ipc" : "");
   }
   sx_segment *s = calloc(1, sizeof(*s));
   if (s == NULL)

@@ -64,7 +64,8 @@ static int load(void) {
   }
   /* optional: NULL where the driver lacks it (the CUDA 13 batch copy: one
    * call for a batch's ranges; the gather kernel's module, launch, events
-   * and peer access: without any of them, no kernel). */
+   * and peer access: without any of them, no kernel; GPUDirect RDMA through
+   * dma-buf, dmabuf.c: without them, no dma-buf tier). */
   static const struct {
     const char *sym;
     size_t off;
@@ -102,6 +103,10 @@ static int load(void) {
       OPT(EventSynchronize, "cuEventSynchronize"),
       OPT(EventDestroy, "cuEventDestroy_v2"),
       OPT(CtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
+      OPT(DeviceGetAttribute, "cuDeviceGetAttribute"),
+      OPT(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange"),
+      OPT(PointerSetAttribute, "cuPointerSetAttribute"),
+      OPT(FlushGPUDirectRDMAWrites, "cuFlushGPUDirectRDMAWrites"),
 #undef SYM
 #undef OPT
   };

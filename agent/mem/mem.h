@@ -19,11 +19,9 @@
  * Threading: any thread.  Completion notices (sx__mem_notify) run on the
  * libuv loop they were created for.
  *
- * RDMA: a GPU region is not registered with the RDMA transport (it refuses
- * it, see docs/gpu.md).  GPUDirect would add here a call that returns a
- * dmabuf fd for a range (cuMemGetHandleForAddressRange) for the RDMA
- * transport to pass to ibv_reg_dmabuf_mr(); sx__mem_info already carries
- * what that needs (device, allocation base and size).
+ * RDMA: GPU memory is registered with RDMA through a dma-buf fd this
+ * layer exports (sx__mem_dmabuf_export); the RDMA transport registers
+ * what it is given, or stages (docs/gpu.md).
  */
 #ifndef SX_AGENT_MEM_H
 #define SX_AGENT_MEM_H
@@ -175,6 +173,29 @@ void sx__mem_copy_counts(uint64_t out[4]);
 /* Let device's context load and store peer's memory (cuCtxEnablePeerAccess;
  * already enabled is fine).  IPC mappings need none of it. */
 int sx__mem_peer_enable(int device, int peer);
+
+/* ------------------------------------------------------------ GPUDirect RDMA */
+
+/* Can device's memory be exported as dma-buf (the driver has
+ * cuMemGetHandleForAddressRange and the device reports
+ * CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)?  1, or 0 with a message. */
+int sx__mem_dmabuf_supported(int device);
+
+/* A dma-buf fd for [addr, addr+len) of device memory, for
+ * ibv_reg_dmabuf_mr: the range itself rounded out to host pages (never the
+ * allocation cuMemGetAddressRange names: that breaks VMM and
+ * expandable-segment memory, whose allocations are pieces), and *offset,
+ * where addr lies in the fd.  Also sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on
+ * the range, so copies and kernels order against RDMA.  The caller closes
+ * *fd once its registrations are done.  SX_ENOTSUP where dma-buf is not
+ * there, SX_EIO with the driver's word otherwise. */
+int sx__mem_dmabuf_export(const void *addr, uint64_t len, int device, int *fd,
+                          uint64_t *offset);
+
+/* After RDMA READs landed in GPU memory that another GPU (or a kernel not
+ * ordered with the NIC) consumes: cuFlushGPUDirectRDMAWrites on the
+ * current context.  0 where the driver lacks it (nothing to flush). */
+int sx__mem_flush_rdma_writes(int device);
 
 /* ------------------------------------------------------------ IPC */
 

@@ -54,6 +54,14 @@ typedef struct sx__cuda_drv {
   CUresult (*EventSynchronize)(CUevent e);
   CUresult (*EventDestroy)(CUevent e);
   CUresult (*CtxEnablePeerAccess)(CUcontext peer, unsigned flags);
+  /* Optional (NULL where missing): GPUDirect RDMA through dma-buf
+   * (dmabuf.c). */
+  CUresult (*DeviceGetAttribute)(int *v, CUdevice_attribute a, CUdevice d);
+  CUresult (*MemGetHandleForAddressRange)(void *handle, CUdeviceptr p, size_t len,
+                                          CUmemRangeHandleType type, unsigned long long flags);
+  CUresult (*PointerSetAttribute)(const void *v, CUpointer_attribute a, CUdeviceptr p);
+  CUresult (*FlushGPUDirectRDMAWrites)(CUflushGPUDirectRDMAWritesTarget target,
+                                       CUflushGPUDirectRDMAWritesScope scope);
 } sx__cuda_drv;
 
 /* A stream (stream.c); ring: the gather kernel's piece tables on it

@@ -109,6 +109,20 @@ int sx__mem_ipc_open(int device, const uint8_t handle[SX__MEM_IPC_HANDLE], void 
   return no_cuda("IPC");
 }
 void sx__mem_ipc_close(int device, void *p) { (void)device, (void)p; }
+int sx__mem_dmabuf_supported(int device) {
+  (void)device;
+  no_cuda("dma-buf export");
+  return 0;
+}
+int sx__mem_dmabuf_export(const void *addr, uint64_t len, int device, int *fd,
+                          uint64_t *offset) {
+  (void)addr, (void)len, (void)device, (void)fd, (void)offset;
+  return no_cuda("dma-buf export");
+}
+int sx__mem_flush_rdma_writes(int device) {
+  (void)device;
+  return 0;
+}
 long sx__mem_ipc_open_count(void) { return 0; }
 #else
 typedef int sx__mem_nocuda_unused; /* ISO C wants something in a file */

@@ -43,6 +43,9 @@ static const char usage_text[] =
     "                         exists, TCP always)\n"
     "  --rdma-devices LIST    RDMA devices to serve on, e.g. mlx5_0,mlx5_1 (default:\n"
     "                         every device with an active port)\n"
+    "  --rdma-gpu TIER        how RDMA carries GPU memory: auto (default: dma-buf,\n"
+    "                         then peermem, then staged), dmabuf, peermem, staged,\n"
+    "                         off (SX_RDMA_GPU overrides it; docs/gpu.md)\n"
     "  --rdma-gid-index N     GID index on every RDMA port (default: a RoCE v2 GID\n"
     "                         with an IPv4 address; index 0 on InfiniBand)\n"
     "  --lease-ms N           lease (default 5000; renewed every lease/3)\n"
@@ -169,6 +172,7 @@ typedef struct options {
   const char *dtype, *fingerprint, *tag;
   const char *metrics_listen, *rdma_devices;
   int gid_index;
+  uint32_t rdma_gpu; /* SX_RDMA_GPU_* */
   uint64_t hugepage; /* 0: ordinary pages */
   unsigned transports;
   uint32_t lease_ms, layers, group;
@@ -227,7 +231,7 @@ static int parse_args(int argc, char **argv, options *o) {
     O_NAME = 256, O_METADATA, O_LISTEN, O_ADVERTISE, O_POOL, O_LAYERS, O_BLOCK,
     O_NBLOCKS, O_SLOTS, O_GROUP, O_DTYPE, O_FP, O_TAG, O_LAYOUT, O_FILL, O_LOCATION, O_LEASE,
     O_TRANSPORT, O_TAKEOVER, O_LOG, O_LABEL, O_METRICS, O_RDMA_DEVICES, O_GID, O_HUGE, O_HELP,
-    O_VERSION, O_WRITABLE, O_GRANT
+    O_VERSION, O_WRITABLE, O_GRANT, O_RDMA_GPU
   };
   static const struct option opts[] = {
       {"name", required_argument, NULL, O_NAME},
@@ -253,6 +257,7 @@ static int parse_args(int argc, char **argv, options *o) {
       {"label", required_argument, NULL, O_LABEL},
       {"metrics-listen", required_argument, NULL, O_METRICS},
       {"rdma-devices", required_argument, NULL, O_RDMA_DEVICES},
+      {"rdma-gpu", required_argument, NULL, O_RDMA_GPU},
       {"rdma-gid-index", required_argument, NULL, O_GID},
       {"hugepages", required_argument, NULL, O_HUGE},
       {"writable", no_argument, NULL, O_WRITABLE},
@@ -305,6 +310,17 @@ static int parse_args(int argc, char **argv, options *o) {
       break;
     case O_METRICS: o->metrics_listen = optarg; break;
     case O_RDMA_DEVICES: o->rdma_devices = optarg; break;
+    case O_RDMA_GPU: {
+      static const char *const tiers[] = {"auto", "dmabuf", "peermem", "staged", "off"};
+      uint32_t k = 0;
+      while (k < 5 && strcmp(optarg, tiers[k]) != 0)
+        k++;
+      if (k == 5)
+        return usage_error("--rdma-gpu '%s': use auto, dmabuf, peermem, staged or off", optarg);
+      _Static_assert(SX_RDMA_GPU_STAGED == 3 && SX_RDMA_GPU_OFF == 4, "tiers[] order");
+      o->rdma_gpu = k;
+      break;
+    }
     case O_HUGE:
       if (parse_size(optarg, &o->hugepage) ||
           (o->hugepage != (2ull << 20) && o->hugepage != (1ull << 30)))
@@ -600,6 +616,7 @@ int main(int argc, char **argv) {
   p.transports = o.transports;
   p.lease_ms = o.lease_ms;
   p.rdma_devices = o.rdma_devices;
+  p.rdma_gpu = o.rdma_gpu;
   p.rdma_gid_index = o.gid_index;
   p.layout = layout.layout;
   p.labels = o.n_labels ? o.labels : layout.labels;

@@ -103,7 +103,20 @@ typedef struct sx_agent_params {
    * (serving, reading), allocated on first use (default 64 MiB, at least
    * 1 MiB).  Bounds the GPU bytes in flight on TCP; see docs/gpu.md. */
   uint64_t staging_bytes;
+  /* How RDMA carries GPU regions (docs/gpu.md): SX_RDMA_GPU_AUTO picks
+   * per device; the others force a tier.  The environment variable
+   * SX_RDMA_GPU (dmabuf, peermem, staged, off, auto) overrides it. */
+  uint32_t rdma_gpu;
 } sx_agent_params;
+
+/* Values of sx_agent_params.rdma_gpu. */
+typedef enum sx_rdma_gpu {
+  SX_RDMA_GPU_AUTO = 0,
+  SX_RDMA_GPU_DMABUF = 1,
+  SX_RDMA_GPU_PEERMEM = 2,
+  SX_RDMA_GPU_STAGED = 3, /* through pinned rings: any RDMA device */
+  SX_RDMA_GPU_OFF = 4,    /* GPU memory never goes over RDMA */
+} sx_rdma_gpu;
 
 /* Fill *p with the defaults above.  Always call it first: fields added in
  * later versions then keep their defaults. */

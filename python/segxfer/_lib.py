@@ -99,7 +99,7 @@ class AgentParams(Structure):
                 ("slice_bytes", c_uint32), ("cache_ttl_ms", c_uint32),
                 ("layout", Layout), ("labels", POINTER(Label)), ("n_labels", c_uint32),
                 ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int),
-                ("staging_bytes", c_uint64)]
+                ("staging_bytes", c_uint64), ("rdma_gpu", c_uint32)]
 
 
 class RegionParams(Structure):

@@ -24,6 +24,10 @@
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
  * launches only keep their order): for profiling segxfer's own CPU cost
  * per batch, never for tests.
+ *
+ * GPUDirect through dma-buf is played as far as host memory can (see the
+ * dma-buf section below): exports are dups of an allocation's memfd, for
+ * the RDMA suite's provider shim (tests/rdma/sx_ibv_shim.c).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -498,3 +502,106 @@ EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
     return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
+
+/* ------------------------------------------------------------ dma-buf
+ * GPUDirect through dma-buf, as far as host memory can play it: the
+ * handle is a memfd (a dup of the allocation's), and the real driver's
+ * rules are enforced: page-aligned address and size, the range inside one
+ * device allocation.  fake_cuda_dmabuf_info() tells the RDMA test shim
+ * (tests/rdma/sx_ibv_shim.c) where in the memfd the exported range starts,
+ * so that it can register the same pages.  FAKE_CUDA_DMABUF=0 makes the
+ * devices report no dma-buf support. */
+
+typedef struct dmabuf {
+  int fd;
+  uint64_t off, size;
+  struct dmabuf *next;
+} dmabuf;
+static dmabuf *dmabufs;
+static long sync_memops; /* SYNC_MEMOPS set on device memory, for tests */
+
+EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute at, CUdevice d) {
+  if (d < 0 || d >= devices())
+    return CUDA_ERROR_INVALID_DEVICE;
+  if (at != CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
+    return CUDA_ERROR_INVALID_VALUE;
+  const char *e = getenv("FAKE_CUDA_DMABUF");
+  *v = e == NULL || strcmp(e, "0") != 0;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t len,
+                                              CUmemRangeHandleType type,
+                                              unsigned long long flags) {
+  long ps = sysconf(_SC_PAGESIZE);
+  if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || flags != 0 || len == 0 ||
+      (p % (uintptr_t)ps) != 0 || (len % (size_t)ps) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)p);
+  int ok = a != NULL && a->device >= 0 && !a->imported && len <= a->size - (p - a->base);
+  int fd = ok ? dup(a->fd) : -1;
+  uint64_t off = ok ? p - a->base : 0;
+  if (fd >= 0) {
+    dmabuf *b = calloc(1, sizeof(*b));
+    *b = (dmabuf){fd, off, len, dmabufs};
+    dmabufs = b;
+  }
+  pthread_mutex_unlock(&mu);
+  if (fd < 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  *(int *)handle = fd;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuPointerSetAttribute(const void *v, CUpointer_attribute at, CUdeviceptr p) {
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)p);
+  int ok = a != NULL && a->device >= 0 && at == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS &&
+           *(const unsigned *)v == 1;
+  sync_memops += ok;
+  pthread_mutex_unlock(&mu);
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static long flushes; /* cuFlushGPUDirectRDMAWrites calls, for tests */
+
+EXPORT CUresult cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target,
+                                           CUflushGPUDirectRDMAWritesScope scope) {
+  if (target != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX)
+    return CUDA_ERROR_INVALID_VALUE;
+  (void)scope;
+  __atomic_add_fetch(&flushes, 1, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+
+EXPORT long fake_cuda_flushes(void) { return __atomic_load_n(&flushes, __ATOMIC_RELAXED); }
+
+/* Not CUDA: where the exported range of fd starts in its memfd and how
+ * long it is; 0, or -1 for an fd this library did not hand out (closed fds
+ * stay listed: the shim looks them up before the caller closes them). */
+EXPORT int fake_cuda_dmabuf_info(int fd, uint64_t *off, uint64_t *size) {
+  int rc = -1;
+  pthread_mutex_lock(&mu);
+  for (dmabuf *b = dmabufs; b != NULL; b = b->next) {
+    if (b->fd == fd) {
+      *off = b->off;
+      *size = b->size;
+      rc = 0;
+      break; /* the newest: fd numbers are reused */
+    }
+  }
+  pthread_mutex_unlock(&mu);
+  return rc;
+}
+
+/* Not CUDA: is p device memory of this stand-in? */
+EXPORT int fake_cuda_is_device(const void *p) {
+  pthread_mutex_lock(&mu);
+  alloc *a = find((uintptr_t)p);
+  int r = a != NULL && a->device >= 0;
+  pthread_mutex_unlock(&mu);
+  return r;
+}
+
+EXPORT long fake_cuda_sync_memops(void) { return sync_memops; }

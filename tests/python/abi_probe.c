@@ -51,7 +51,7 @@ int main(void) {
   F(sx_agent_params, cache_ttl_ms); F(sx_agent_params, layout);
   F(sx_agent_params, labels); F(sx_agent_params, n_labels); F(sx_agent_params, log);
   F(sx_agent_params, log_arg); F(sx_agent_params, log_level);
-  F(sx_agent_params, staging_bytes);
+  F(sx_agent_params, staging_bytes); F(sx_agent_params, rdma_gpu);
   S(sx_region_params);
   F(sx_region_params, addr); F(sx_region_params, length); F(sx_region_params, group);
   F(sx_region_params, layer_first); F(sx_region_params, layer_count);

@@ -46,6 +46,13 @@ one)
   if command -v redis-server >/dev/null 2>&1; then
     ./test_rdma_push || fail=1
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_push gpu || fail=1
+    step "GPU memory over staged RDMA (host-memory stand-in for the CUDA driver)"
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu || fail=1
+    step "GPUDirect tiers (dma-buf, peermem, fallbacks) through a provider shim over the stand-in"
+    # The sanitizer build's runtime must not insist on loading first.
+    ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
+      LD_PRELOAD=$PWD/libsxibvshim.so SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
+      ./test_rdma_gpu gpudirect || fail=1
   else
     echo "FAIL  test_rdma_push: redis-server is not installed here"
     fail=1

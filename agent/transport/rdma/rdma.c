@@ -58,7 +58,8 @@ int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out) {
   if (w.version != SX__RDMA_WIRE_VERSION)
     return sx__err(SX_EVERSION, "hello version %u, this target speaks %u", w.version,
                    SX__RDMA_WIRE_VERSION);
-  if (w.flags & ~SX__RDMA_HELLO_WRITE)
+  if ((w.flags & ~(SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE)) ||
+      w.flags == (SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE))
     return sx__err(SX_EPROTO, "hello flags 0x%x", w.flags);
   out->flags = w.flags;
   out->conn_index = be32toh(w.conn_index);
@@ -128,6 +129,7 @@ int sx__rdma_reject_code(uint8_t reason) {
   case SX__RDMA_REJ_NODEV: return SX_ENODEV;
   case SX__RDMA_REJ_WACCESS: return SX_EACCESS;
   case SX__RDMA_REJ_WSTORE: return SX_ESTORE;
+  case SX__RDMA_REJ_NOSTAGE: return SX_ENOTSUP;
   default: return SX_EPROTO;
   }
 }
@@ -145,6 +147,8 @@ const char *sx__rdma_reject_text(uint8_t reason) {
     return "the target refused our writes: no write grant covers this producer, or it is not "
            "published as this incarnation";
   case SX__RDMA_REJ_WSTORE: return "the target could not look this producer up in the store";
+  case SX__RDMA_REJ_NOSTAGE:
+    return "the target does not stage GPU memory over RDMA (SX_RDMA_GPU=off there)";
   default: return "unknown reason";
   }
 }
@@ -311,6 +315,18 @@ static int rdma_open(const sx_tctx *ctx, sx_transport **out) {
     rc = listen_port(params->listen, &t->port);
     if (rc)
       goto out_free;
+  }
+  /* The environment overrides the agent's parameter, so an operator can
+   * force a tier without touching the engine's code. */
+  const char *tier = getenv("SX_RDMA_GPU");
+  if (tier != NULL && (rc = sx__rdma_gpu_tier_parse(tier, &t->gpu_tier)) != 0)
+    goto out_free;
+  if (tier == NULL && params != NULL) {
+    if (params->rdma_gpu > SX_RDMA_GPU_OFF) {
+      rc = sx__err(SX_EINVAL, "rdma_gpu %u is not an sx_rdma_gpu value", params->rdma_gpu);
+      goto out_free;
+    }
+    t->gpu_tier = (sx__rdma_gpu_tier)params->rdma_gpu;
   }
 
   rc = sx__rdma_devs_open(t);
@@ -504,8 +520,13 @@ static void conn_close_sync(rdma_conn *c, int code, const char *msg) {
 static void peer_shutdown(rdma_peer *p, int code, const char *msg) {
   sx_rdma *t = p->t;
   p->closing = 1;
+  if (p->stage != NULL) /* its stage peer goes with it */
+    peer_shutdown(p->stage, code, msg);
+  if (p->stage_of != NULL)
+    p->stage_of->stage = NULL;
   for (uint32_t i = 0; i < p->n_conns; i++)
     conn_close_sync(&p->conns[i], code, msg);
+  sx__rdma_s_peer_shutdown(p);
   sx__rdma_peer_cancel_all(p, code, msg);
   sx__rdma_w_fail_queue(p, code, msg);
   if (p->prev != NULL)

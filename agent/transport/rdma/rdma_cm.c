@@ -62,6 +62,8 @@ void sx__rdma_tconn_unlink(rdma_tconn *tc) {
 }
 
 static void tconn_destroy(rdma_tconn *tc) {
+  if (tc->ss != NULL)
+    sx__rdma_sserve_gone(tc); /* copies into its ring end first */
   if (tc->write)
     sx__rdma_wserve_gone(tc); /* its QP goes first, after what completed on it */
   if (tc->established)
@@ -131,6 +133,19 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
     sx__rdma_reject(t, id, SX__RDMA_REJ_NODEV, h.name);
     return;
   }
+  /* Serve as many READs at once as the reader may issue and this device
+   * allows; the CM hands the smaller figure back to the reader.  The IB CM
+   * reports a request from the listener's side: the reader's initiator
+   * depth arrives as responder_resources. */
+  unsigned rd = e->responder_resources;
+  if (rd > (unsigned)dev->attr.max_qp_rd_atom)
+    rd = (unsigned)dev->attr.max_qp_rd_atom;
+  if (rd == 0)
+    rd = 1;
+  if (h.flags & SX__RDMA_HELLO_STAGE) {
+    sx__rdma_sserve_request(t, id, dev, &h, rd); /* a ring of its own */
+    return;
+  }
   rdma_tconn *tc = calloc(1, sizeof(*tc));
   if (tc == NULL) {
     sx__rdma_reject(t, id, SX__RDMA_REJ_NOMEM, h.name);
@@ -166,15 +181,6 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
     goto out_reject;
   }
 
-  /* Serve as many READs at once as the reader may issue and this device
-   * allows; the CM hands the smaller figure back to the reader.  The IB CM
-   * reports a request from the listener's side: the reader's initiator
-   * depth arrives as responder_resources. */
-  unsigned rd = e->responder_resources;
-  if (rd > (unsigned)dev->attr.max_qp_rd_atom)
-    rd = (unsigned)dev->attr.max_qp_rd_atom;
-  if (rd == 0)
-    rd = 1;
   if (sx__rdma_accept(t, id, rd) != 0) {
     sx__rdma_log(t, SX_LOG_ERROR, "rdma_accept for reader '%s': %s", h.name, strerror(errno));
     rdma_destroy_qp(id);
@@ -225,6 +231,8 @@ static int conn_any_live(const rdma_peer *p) {
 
 void sx__rdma_conn_destroy(rdma_conn *c) {
   sx__rdma_w_conn_down(c);
+  if (c->p->stage_of != NULL)
+    sx__rdma_s_conn_down(c);
   if (c->id != NULL && c->id->qp != NULL)
     rdma_destroy_qp(c->id);
   c->qp = NULL;
@@ -325,6 +333,8 @@ static int conn_create_qp(rdma_conn *c) {
   /* Every posted WR may complete with an error (a CQE even if unsignalled),
    * plus the drain WR: cap + 2 entries never overflow. */
   uint32_t cqe = cap + 2 + (c->p->write ? 2 * SX__RDMA_WCREDITS : 0);
+  if (c->p->stage_of != NULL)
+    cqe = SX__RDMA_STAGE_SQ + SX__RDMA_STAGE_SLOTS + 2;
   c->cq = ibv_create_cq(d->verbs, (int)cqe, c, d->chan, 0);
   if (c->cq == NULL)
     return sx__err(SX_ERDMA, "ibv_create_cq(%s, %u): %s", d->name, cqe, strerror(errno));
@@ -347,12 +357,17 @@ static int conn_create_qp(rdma_conn *c) {
     qa.cap.max_send_wr += SX__RDMA_WCREDITS;
     qa.cap.max_recv_wr = SX__RDMA_WCREDITS;
   }
+  if (c->p->stage_of != NULL) { /* staging: requests, READs of slots, replies */
+    qa.cap.max_send_wr = SX__RDMA_STAGE_SQ;
+    qa.cap.max_recv_wr = SX__RDMA_STAGE_SLOTS;
+  }
   if (rdma_create_qp(c->id, d->pd, &qa) != 0) {
     rc = sx__err(SX_ERDMA, "rdma_create_qp(%s, %u WRs): %s", d->name, cap + 1, strerror(errno));
     goto out_destroy_cq;
   }
   c->qp = c->id->qp;
-  if (c->p->write && (rc = sx__rdma_w_qp_ready(c)) != 0) {
+  if ((c->p->write && (rc = sx__rdma_w_qp_ready(c)) != 0) ||
+      (c->p->stage_of != NULL && (rc = sx__rdma_s_qp_ready(c)) != 0)) {
     rdma_destroy_qp(c->id);
     c->qp = NULL;
     goto out_destroy_cq;
@@ -389,6 +404,8 @@ static void on_route_resolved(rdma_conn *c) {
     sx__rdma_whello_pack(&hw, c->index, p->incarnation, ctx->incarnation, ctx->token);
   else
     sx__rdma_hello_pack(&hw, ctx->name, c->index, p->incarnation, p->token);
+  if (p->stage_of != NULL)
+    hw.flags = SX__RDMA_HELLO_STAGE; /* a stage QP: the target gives it a ring */
   struct rdma_conn_param cp;
   memset(&cp, 0, sizeof(cp));
   unsigned depth = (unsigned)c->dev->attr.max_qp_init_rd_atom;

@@ -467,16 +467,31 @@ static int mr_error(rdma_dev *d, const sx_lregion *lr, int e) {
                  strerror(e));
 }
 
+static void mr_link(sx_rdma *t, sx_lregion *lr, rdma_mr *rm) {
+  rm->next = t->mrs;
+  if (t->mrs != NULL)
+    t->mrs->prev = rm;
+  t->mrs = rm;
+  /* The rkeys go into the descriptor in pack(), next to their endpoints;
+   * lr->r is also copied into descriptors that carry no endpoints. */
+  lr->tpriv[SX_TRANSPORT_RDMA] = rm;
+}
+
 int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   sx_rdma *t = (sx_rdma *)tt;
   int rc, i;
   if (lr->tpriv[SX_TRANSPORT_RDMA] != NULL)
     return sx__err(SX_EBUSY, "region %u is already registered with RDMA", lr->r.id);
-  /* GPU memory is not registered (GPUDirect is not supported yet, see
-   * docs/gpu.md): it is published with rkey 0, which readers never use
-   * (sx__rdma_post refuses GPU regions), and moves over TCP or cuda_ipc. */
-  if (lr->mem.kind == SX__MEM_CUDA)
+  /* GPU memory: registered through dma-buf or peermem where the pair
+   * (device, GPU) allows, else published with rkey 0 and staged
+   * (rdma_gpu.c, docs/gpu.md). */
+  if (lr->mem.kind == SX__MEM_CUDA) {
+    rdma_mr *g = NULL;
+    if ((rc = sx__rdma_gpu_reg(t, lr, &g)) != 0 || g == NULL)
+      return rc;
+    mr_link(t, lr, g);
     return 0;
+  }
   rdma_mr *rm = calloc(1, sizeof(*rm));
   if (rm == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
@@ -501,13 +516,7 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
       goto out_dereg;
     }
   }
-  rm->next = t->mrs;
-  if (t->mrs != NULL)
-    t->mrs->prev = rm;
-  t->mrs = rm;
-  /* The rkeys go into the descriptor in pack(), next to their endpoints;
-   * lr->r is also copied into descriptors that carry no endpoints. */
-  lr->tpriv[SX_TRANSPORT_RDMA] = rm;
+  mr_link(t, lr, rm);
   return 0;
 
 out_dereg:
@@ -575,7 +584,8 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
     if (rm == NULL && (lr == NULL || lr->mem.kind != SX__MEM_CUDA))
       return sx__err(SX_EINVAL, "region %u is not registered with RDMA", r->id);
     for (int k = 0; k < t->n_eps; k++)
-      r->rkeys[base + (uint32_t)k] = rm ? rm->mr[t->eps[k].dev->index]->rkey : 0;
+      r->rkeys[base + (uint32_t)k] =
+          rm && rm->mr[t->eps[k].dev->index] ? rm->mr[t->eps[k].dev->index]->rkey : 0;
     r->n_rkeys = base + (uint32_t)t->n_eps;
     /* Push: the write keys, usable only from producers' QPs (none for GPU
      * memory, which RDMA does not register). */
@@ -627,5 +637,5 @@ int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_
 
 int sx__rdma_usable(sx_transport *tt, const sx_desc *remote) {
   sx_rdma *t = (sx_rdma *)tt;
-  return t->n_eps > 0 && sx_desc_rdma_devices(remote) > 0;
+  return t->n_eps > 0 && sx_desc_rdma_devices(remote) > 0 && sx__rdma_gpu_usable(t, remote);
 }

@@ -7,6 +7,7 @@
  *   rdma_post.c  batched RDMA READs (and WRITEs): slicing, WR chains, completions, abort
  *   rdma_wserve.c  push mode, consumer side: writable memory, producers' QPs, notices
  *   rdma_write.c   push mode, producer side: write peers, notices and their replies
+ *   rdma_stage.c, rdma_sserve.c, rdma_swire.c  staged RDMA of GPU memory (rdma_stage.h)
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
  * asynchronous mode on one event channel and every device has one completion
@@ -34,6 +35,7 @@
 
 #include "internal.h"
 #include "transport/transport.h"
+#include "rdma_stage.h"
 
 #define SX__RDMA_MAX_EPS SX_MAX_DEVICES /* published endpoints (device ports) */
 #define SX__RDMA_MAX_DEVS SX_MAX_DEVICES
@@ -73,6 +75,8 @@
  * in a shared receive queue, and producers' QPs at once. */
 #define SX__RDMA_WSRQ_DEPTH 64u
 #define SX__RDMA_WMAX_CONNS 256u
+/* GPUs whose reachability from each device is remembered (rdma_reach.c). */
+#define SX__RDMA_REACH_GPUS 16
 
 /* ------------------------------------------------------------------ wire */
 
@@ -127,7 +131,8 @@ enum {
   SX__RDMA_REJ_SHUTDOWN = 6, /* target closing -> SX_ESHUTDOWN */
   SX__RDMA_REJ_NODEV = 7,    /* arrived on a device the target does not use */
   SX__RDMA_REJ_WACCESS = 8,  /* producer not granted or not proven -> SX_EACCESS */
-  SX__RDMA_REJ_WSTORE = 9    /* producer could not be looked up -> SX_ESTORE */
+  SX__RDMA_REJ_WSTORE = 9,   /* producer could not be looked up -> SX_ESTORE */
+  SX__RDMA_REJ_NOSTAGE = 10  /* stage QP, staging off there -> SX_ENOTSUP */
 };
 
 typedef struct sx__rdma_hello {
@@ -168,6 +173,8 @@ typedef struct rdma_peer rdma_peer;
 typedef struct rdma_conn rdma_conn;
 typedef struct rdma_rop rdma_rop;
 typedef struct rdma_wnotice rdma_wnotice;
+typedef struct rdma_sreader rdma_sreader;
+typedef struct rdma_sserve rdma_sserve;
 
 /* What an rdma_cm_id's context points to (first member of each). */
 enum { RDMA_CM_LISTENER = 1, RDMA_CM_READER = 2, RDMA_CM_TARGET = 3 };
@@ -248,6 +255,7 @@ typedef struct rdma_tconn {
   uint32_t qpn;              /* 0 once its QP is gone */
   uint32_t replies;          /* reply SENDs not completed */
   int unwanted;              /* disconnected before it was established */
+  rdma_sserve *ss;           /* a reader's stage QP (rdma_sserve.c) */
 } rdma_tconn;
 
 /* A READ in flight: which slice of which xfer a send-queue slot carries. */
@@ -365,6 +373,11 @@ struct rdma_peer {
   /* Push mode: a producer's peer (RDMA WRITEs), its notices not sent yet. */
   int write;
   rdma_wnotice *nq_head, *nq_tail;
+  /* Staged RDMA (rdma_stage.c): a reader's peer gets a second peer for
+   * its stage QP on the first batch that needs one (stage); that peer
+   * points back (stage_of) and holds the reader's rings (sr). */
+  rdma_peer *stage, *stage_of;
+  rdma_sreader *sr;
 };
 
 /* Push mode: a write op's notice, from notify() until op->noticed ran and
@@ -392,6 +405,7 @@ typedef struct sx__rdma_stats {
   uint64_t teardowns;  /* QPs torn down */
   uint64_t requeued;   /* slices flushed by an abort and issued again */
   uint64_t rejects;    /* connect requests this target rejected */
+  uint64_t gpu_unreachable; /* (device, GPU) pairs whose loopback READ failed */
 } sx__rdma_stats;
 
 struct sx_rdma {
@@ -417,9 +431,27 @@ struct sx_rdma {
   rdma_tconn *tconns;
   rdma_rop *dhead, *dtail;
   rdma_wnotice *shead, *stail; /* notices settled, to deliver */
+  sx__rdma_gpu_tier gpu_tier;  /* SX_RDMA_GPU or rdma_gpu: what carries GPU memory */
+  int8_t dmabuf[SX__RDMA_MAX_DEVS]; /* provider takes dma-buf MRs: 1, -1, 0 not probed */
+  /* (device, GPU) pairs: the loopback READ passed 1, failed -1, not run 0. */
+  int8_t reach[SX__RDMA_MAX_DEVS][SX__RDMA_REACH_GPUS];
+  unsigned ring_copies_said; /* rdma_swire.c: copy methods logged, per side */
   int busy;
   int closed;
 };
+
+/* ------------------------------------------------------------------ rdma_swire.c */
+
+/* Queue the GPU copies of a staging ring's slot, rg[0..n), on s with
+ * sx__mem_gather (the method by shape, SX_GPU_COPY forces one).  sm_ok:
+ * the caller found every pointer on the GPU side of rg to be device
+ * memory of s's device; the gather kernel is allowed only then and where
+ * the ring is pinned, since the GPU's SMs reach neither pageable host
+ * memory nor another GPU's memory without peer access (the copy engines
+ * take those).  The first use of each method on each side (target: the
+ * serving end) is logged at info.  0, or sx__mem_gather's error. */
+int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
+                         const sx__mem_range *rg, size_t n, int sm_ok, int target);
 
 /* ------------------------------------------------------------------ rdma.c */
 
@@ -502,6 +534,16 @@ void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg);
 /* Deliver settled xfers to their ops (may run op->done). */
 void sx__rdma_deliver(sx_rdma *t);
 void sx__rdma_rop_free(rdma_rop *rop);
+/* An op of p with slices (or, staged, none) to issue, linked and queued;
+ * NULL when out of memory. */
+rdma_rop *sx__rdma_rop_new(rdma_peer *p, sx_op *op, uint64_t slices);
+/* The peer's queue of ops with work to issue. */
+void sx__rdma_rop_enqueue(rdma_rop *rop);
+void sx__rdma_rop_dequeue(rdma_rop *rop);
+/* Settle xfer xi once nothing of it is in flight and it is issued or its op
+ * stops; fail xfer xi and stop the op (the first error sticks). */
+void sx__rdma_xfer_check(rdma_rop *rop, size_t xi);
+void sx__rdma_rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg);
 
 /* ------------------------------------------------------------------ rdma_cm.c, push */
 
@@ -551,5 +593,54 @@ void sx__rdma_w_abort(rdma_peer *p, sx_op *op, int status);
 void sx__rdma_w_fail_queue(rdma_peer *p, int code, const char *msg);
 /* Run op->noticed of settled notices (from sx__rdma_leave). */
 void sx__rdma_w_deliver(sx_rdma *t);
+
+/* ------------------------------------------------------------------ rdma_stage.c */
+
+/* Can RDMA carry the GPU memory of this segment and of ours?  1 without
+ * GPU memory; 0 with the tier off, or where writes could involve GPU
+ * memory (push mode moves GPU memory over TCP or cuda_ipc). */
+int sx__rdma_gpu_usable(sx_rdma *t, const sx_desc *remote);
+/* Does op touch GPU memory that no MR covers (so it must be staged)? */
+int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op);
+/* Post a staged op on p (a reader's peer): checked like sx__rdma_post. */
+int sx__rdma_s_post(rdma_peer *p, sx_op *op);
+/* abort() of rop, an op of the stage peer sp: its pieces in slots whose
+ * bytes are not being copied out settle now. */
+void sx__rdma_s_abort_slots(rdma_peer *sp, rdma_rop *rop);
+/* The stage peer's pump: connect, fill free slots. */
+void sx__rdma_s_pump(rdma_peer *sp);
+/* A stage QP was created: register the ring on its device, post receives. */
+int sx__rdma_s_qp_ready(rdma_conn *c);
+/* A completion on a stage QP (wr_id tagged SX__RDMA_WR_STAGE). */
+void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc);
+/* The stage QP is destroyed: slots waiting for it fail. */
+void sx__rdma_s_conn_down(rdma_conn *c);
+/* The stage peer closes (its QP already gone): wait for the copies out of
+ * its ring (their pieces settle), free the ring. */
+void sx__rdma_s_peer_shutdown(rdma_peer *sp);
+
+/* ------------------------------------------------------------------ rdma_gpu.c */
+
+/* Register GPU region lr on every device where the (device, GPU) pair has
+ * a GPUDirect tier (dma-buf, then peermem, or the forced one); *out NULL
+ * when none has (the region is staged).  Each pair's outcome is logged. */
+int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
+
+/* ------------------------------------------------------------------ rdma_reach.c */
+
+/* Read a few bytes of GPU memory at addr through mr (remote-readable) over a
+ * loopback QP pair on d.  1 when they arrived; 0 with why filled. */
+int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t addr, char *why,
+                   size_t cap);
+
+/* ------------------------------------------------------------------ rdma_sserve.c */
+
+/* A reader's stage hello (incarnation and token checked): accept it with
+ * a ring of its own, or reject. */
+void sx__rdma_sserve_request(sx_rdma *t, struct rdma_cm_id *id, rdma_dev *dev,
+                             const sx__rdma_hello *h, unsigned reads);
+/* Its QP goes (before tconn_destroy destroys the id): wait for copies,
+ * free the ring. */
+void sx__rdma_sserve_gone(rdma_tconn *tc);
 
 #endif

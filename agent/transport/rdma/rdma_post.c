@@ -43,7 +43,7 @@ static uint64_t slices_of(uint64_t len, uint32_t slice) {
 
 /* ------------------------------------------------------------------ queue */
 
-static void enqueue(rdma_rop *rop) {
+void sx__rdma_rop_enqueue(rdma_rop *rop) {
   rdma_peer *p = rop->p;
   if (rop->queued)
     return;
@@ -57,7 +57,7 @@ static void enqueue(rdma_rop *rop) {
   p->qtail = rop;
 }
 
-static void dequeue(rdma_rop *rop) {
+void sx__rdma_rop_dequeue(rdma_rop *rop) {
   rdma_peer *p = rop->p;
   if (!rop->queued)
     return;
@@ -75,7 +75,7 @@ static void dequeue(rdma_rop *rop) {
 
 void sx__rdma_rop_free(rdma_rop *rop) {
   rdma_peer *p = rop->p;
-  dequeue(rop);
+  sx__rdma_rop_dequeue(rop);
   if (rop->prev != NULL)
     rop->prev->next = rop->next;
   else
@@ -107,7 +107,7 @@ static void settle(rdma_rop *rop, size_t xi, int status) {
 
 /* Settle xfer xi if nothing of it is in flight or queued and either all of
  * it arrived or its op stopped issuing. */
-static void xfer_check(rdma_rop *rop, size_t xi) {
+void sx__rdma_xfer_check(rdma_rop *rop, size_t xi) {
   rdma_xs *xs = &rop->xs[xi];
   if (xs->settled || xs->inflight != 0 || xs->requeued != 0)
     return;
@@ -130,14 +130,14 @@ static void xfer_check(rdma_rop *rop, size_t xi) {
  * in flight settles as it retires. */
 static void give_up(rdma_rop *rop) {
   rdma_peer *p = rop->p;
-  dequeue(rop);
+  sx__rdma_rop_dequeue(rop);
   p->queued_slices -= rop->qslices;
   rop->qslices = 0;
   for (size_t i = 0; i < rop->n_retry; i++)
     rop->xs[rop->retry[i].xi].requeued--;
   rop->n_retry = 0;
   for (size_t i = 0; i < rop->op->n; i++)
-    xfer_check(rop, i);
+    sx__rdma_xfer_check(rop, i);
 }
 
 static void rop_fail_all(rdma_rop *rop, int status, const char *msg) {
@@ -150,7 +150,7 @@ static void rop_fail_all(rdma_rop *rop, int status, const char *msg) {
   give_up(rop);
 }
 
-static void rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg) {
+void sx__rdma_rop_fail(rdma_rop *rop, size_t xi, int status, const char *msg) {
   if (rop->xs[xi].status == 0)
     rop->xs[xi].status = status;
   rop_fail_all(rop, status, msg);
@@ -162,7 +162,7 @@ static void requeue(rdma_rop *rop, uint32_t xi, uint64_t off, uint32_t len) {
     size_t cap = rop->cap_retry ? rop->cap_retry * 2 : 16;
     rdma_retry *r = realloc(rop->retry, cap * sizeof(*r));
     if (r == NULL) {
-      rop_fail(rop, xi, SX_ENOMEM, "rdma: out of memory requeueing a flushed READ");
+      sx__rdma_rop_fail(rop, xi, SX_ENOMEM, "rdma: out of memory requeueing a flushed READ");
       return;
     }
     rop->retry = r;
@@ -176,7 +176,7 @@ static void requeue(rdma_rop *rop, uint32_t xi, uint64_t off, uint32_t len) {
   p->t->stats.requeued++;
   rop->qslices++;
   p->queued_slices++;
-  enqueue(rop);
+  sx__rdma_rop_enqueue(rop);
 }
 
 /* One slot of a send queue is done: status 0, a completion error, or a
@@ -191,9 +191,29 @@ static void retire(rdma_conn *c, rdma_slot *s, int status, int is_flush, const c
     if (is_flush && c->requeue && rop->error == 0 && !rop->p->closing)
       requeue(rop, s->xi, s->off, s->len);
     else
-      rop_fail(rop, s->xi, status, msg);
+      sx__rdma_rop_fail(rop, s->xi, status, msg);
   }
-  xfer_check(rop, s->xi);
+  sx__rdma_xfer_check(rop, s->xi);
+}
+
+/* READs that landed in GPU memory through GPUDirect (an MR on device
+ * memory) are flushed before the op ends, so that a kernel on another GPU,
+ * or one not ordered with the NIC, sees them (cuFlushGPUDirectRDMAWrites).
+ * Staged reads end with CUDA copies, which need none. */
+static void flush_gpu(const rdma_rop *rop) {
+  const sx_op *op = rop->op;
+  if (rop->p->write || rop->p->stage_of != NULL)
+    return;
+  int done = -1;
+  for (size_t i = 0; i < op->n; i++) {
+    const sx_lregion *l = op->xfers[i].lreg;
+    if (l != NULL && l->mem.kind == SX__MEM_CUDA && l->mem.device != done &&
+        rop->xs[i].final == 0) {
+      if (sx__mem_flush_rdma_writes(l->mem.device) != 0)
+        sx__rdma_log(rop->p->t, SX_LOG_WARN, "%s", sx_errmsg());
+      done = l->mem.device;
+    }
+  }
 }
 
 void sx__rdma_deliver(sx_rdma *t) {
@@ -216,6 +236,7 @@ void sx__rdma_deliver(sx_rdma *t) {
        * first. */
       char buf[sizeof(rop->msg)];
       snprintf(buf, sizeof(buf), "%s", msg != NULL ? msg : "");
+      flush_gpu(rop);
       t->dhead = rop->dnext;
       if (t->dhead == NULL)
         t->dtail = NULL;
@@ -269,7 +290,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     rop->qslices--;
     p->queued_slices--;
     if (rop->n_retry == 0 && rop->next_xi == op->n)
-      dequeue(rop);
+      sx__rdma_rop_dequeue(rop);
 
     const sx_xfer *x = &op->xfers[xi];
     uint32_t pos = (c->head + n) % c->cap;
@@ -279,8 +300,8 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
       char msg[160];
       snprintf(msg, sizeof(msg), "local region %u is not registered on %s", x->lreg->r.id,
                c->dev->name);
-      rop_fail(rop, xi, SX_EINVAL, msg);
-      xfer_check(rop, xi);
+      sx__rdma_rop_fail(rop, xi, SX_EINVAL, msg);
+      sx__rdma_xfer_check(rop, xi);
       continue;
     }
     struct ibv_sge *sge = &c->sges[n];
@@ -369,6 +390,10 @@ static int start_conns(rdma_peer *p) {
 }
 
 void sx__rdma_pump(rdma_peer *p) {
+  if (p->stage_of != NULL) {
+    sx__rdma_s_pump(p);
+    return;
+  }
   if (p->write)
     sx__rdma_w_pump(p); /* notices of ops whose WRITEs all completed */
   if (p->closing || p->qhead == NULL)
@@ -419,6 +444,10 @@ static void handle_wc(rdma_conn *c, const struct ibv_wc *wc) {
   if (wc->wr_id == SX__RDMA_DRAIN_WR_ID) {
     c->drained = 1;
     c->reap = 1;
+    return;
+  }
+  if (wc->wr_id & SX__RDMA_WR_STAGE) {
+    sx__rdma_s_wc(c, wc); /* staged RDMA: a request, a reply or a READ of a slot */
     return;
   }
   if (wc->wr_id & (SX__RDMA_WR_NSEND | SX__RDMA_WR_RECV)) {
@@ -569,10 +598,10 @@ static rdma_rop *rop_find(rdma_peer *p, const sx_op *op) {
 /* The destination lies in its local region, registered with RDMA. */
 static int check_local(const rdma_peer *p, const sx_xfer *x, size_t i) {
   const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
-  if (x->lreg->mem.kind == SX__MEM_CUDA)
-    return sx__err(SX_ENOTSUP, "local region %u is GPU memory (%s), which RDMA does not "
-                   "carry yet (no GPUDirect; use tcp or cuda_ipc)", x->lreg->r.id,
-                   x->lreg->r.location);
+  if (x->lreg->mem.kind == SX__MEM_CUDA && (rm == NULL || rm->mr[p->lep->dev->index] == NULL))
+    return sx__err(SX_ENOTSUP, "local region %u is GPU memory (%s) that RDMA did not "
+                   "register, and staging is off here (SX_RDMA_GPU=off, or a write)",
+                   x->lreg->r.id, x->lreg->r.location);
   if (rm == NULL || rm->mr[p->lep->dev->index] == NULL)
     return sx__err(SX_EINVAL, "local region %u is not registered with RDMA on %s",
                    x->lreg->r.id, p->lep->dev->name);
@@ -595,6 +624,8 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     return sx__err(SX_EINVAL, "rdma: an op with no ranges");
   if (op->n > UINT32_MAX)
     return sx__err(SX_ELIMIT, "rdma: %zu ranges in one op", op->n);
+  if (sx__rdma_s_wanted(p, op))
+    return sx__rdma_s_post(p, op); /* GPU memory without an MR: through rings */
   /* Check everything before posting anything. */
   for (size_t i = 0; i < op->n; i++) {
     const sx_xfer *x = &op->xfers[i];
@@ -607,9 +638,10 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
       return rc;
     if (x->rreg == NULL)
       return sx__err(SX_EINVAL, "range %zu has no remote region", i);
-    if (strncmp(x->rreg->location, "cuda:", 5) == 0)
-      return sx__err(SX_ENOTSUP, "remote region %u is GPU memory (%s), which RDMA does "
-                     "not carry yet (no GPUDirect; use tcp or cuda_ipc)", x->rreg->id,
+    if (strncmp(x->rreg->location, "cuda:", 5) == 0 &&
+        (x->rreg->n_rkeys <= p->rkey_index || x->rreg->rkeys[p->rkey_index] == 0))
+      return sx__err(SX_ENOTSUP, "remote region %u is GPU memory (%s) without an rkey, and "
+                     "staging is off here (SX_RDMA_GPU=off, or a write)", x->rreg->id,
                      x->rreg->location);
     if (x->rreg->n_rkeys <= p->rkey_index)
       return sx__err(SX_ERKEYS, "remote region %u has %u rkeys, the endpoint used is #%u",
@@ -632,12 +664,20 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     sx__rdma_leave(t, 0);
     return rc;
   }
-  size_t bytes = sizeof(rdma_rop) + op->n * (sizeof(rdma_xs) + sizeof(uint32_t));
-  rdma_rop *rop = calloc(1, bytes);
-  if (rop == NULL) {
+  if (sx__rdma_rop_new(p, op, slices) == NULL) {
     sx__rdma_leave(t, 0);
     return sx__err(SX_ENOMEM, "rdma: out of memory for an op of %zu ranges", op->n);
   }
+  sx__rdma_pump(p);
+  sx__rdma_leave(t, 0);
+  return 0;
+}
+
+rdma_rop *sx__rdma_rop_new(rdma_peer *p, sx_op *op, uint64_t slices) {
+  size_t bytes = sizeof(rdma_rop) + op->n * (sizeof(rdma_xs) + sizeof(uint32_t));
+  rdma_rop *rop = calloc(1, bytes);
+  if (rop == NULL)
+    return NULL;
   rop->op = op;
   rop->p = p;
   rop->xs = (rdma_xs *)(rop + 1);
@@ -648,10 +688,8 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   if (p->rops != NULL)
     p->rops->prev = rop;
   p->rops = rop;
-  enqueue(rop);
-  sx__rdma_pump(p);
-  sx__rdma_leave(t, 0);
-  return 0;
+  sx__rdma_rop_enqueue(rop);
+  return rop;
 }
 
 /* Does the conn carry a READ of this op right now? */
@@ -667,12 +705,18 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
   rdma_rop *rop = rop_find(p, op);
+  if (rop == NULL && p->stage != NULL) { /* a staged op: its stage peer has it */
+    p = p->stage;
+    rop = rop_find(p, op);
+  }
   if (p->write)
     sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
   if (rop != NULL && !rop->aborting) {
     rop->aborting = 1;
     rop->abort_status = status != 0 ? status : SX_ECANCELED;
     give_up(rop);
+    if (p->stage_of != NULL)
+      sx__rdma_s_abort_slots(p, rop); /* its pieces not being copied out settle now */
     if (rop->inflight > 0) {
       for (uint32_t i = 0; i < p->n_conns; i++) {
         rdma_conn *c = &p->conns[i];
@@ -709,7 +753,7 @@ void sx__rdma_peer_cancel_all(rdma_peer *p, int code, const char *msg) {
       if (!rop->xs[i].settled && rop->xs[i].inflight != 0) {
         rop->inflight -= rop->xs[i].inflight;
         rop->xs[i].inflight = 0;
-        xfer_check(rop, i);
+        sx__rdma_xfer_check(rop, i);
       }
     }
   }
