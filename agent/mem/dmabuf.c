@@ -9,7 +9,8 @@
  * one "allocation" from several physical chunks, and exporting across them
  * fails or pins the wrong pages); register with the offset of the range
  * inside the fd and iova = the range's own address; set SYNC_MEMOPS so that
- * CUDA copies and kernels are ordered with the NIC's accesses.
+ * CUDA copies and kernels are ordered with the NIC's accesses (where the
+ * driver takes it: cuMemAlloc memory, not VMM memory).
  */
 #ifdef SX_HAVE_CUDA
 #include <string.h>
@@ -51,11 +52,17 @@ int sx__mem_dmabuf_export(const void *addr, uint64_t len, int device, int *fd,
     return sx__err(SX_EINVAL, "dma-buf export of %llu bytes at 0x%llx",
                    (unsigned long long)len, (unsigned long long)a);
   end = (end + page - 1) & ~(page - 1);
-  /* Copies and kernels on this memory synchronise with the NIC's DMA. */
+  /* Copies and kernels on this memory synchronise with the NIC's DMA.
+   * The driver takes the attribute for cuMemAlloc memory only: for VMM
+   * memory (cuMemCreate + cuMemMap, PyTorch's expandable segments) an
+   * H100 with driver 580 answers CUDA_ERROR_NOT_SUPPORTED
+   * (tests/gpu/results/2026-11-26-h100-final-merged.txt), as NCCL, which
+   * registers cuMem buffers without it, expects.  That answer is not a
+   * reason to stage: the export goes on without the attribute. */
   if (d->PointerSetAttribute != NULL) {
     unsigned one = 1;
     CUresult r = d->PointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)a);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_SUPPORTED)
       return sx__cuda_err(d, r, "cuPointerSetAttribute(SYNC_MEMOPS)");
   }
   int h = -1;

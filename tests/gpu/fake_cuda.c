@@ -554,7 +554,14 @@ EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_
   return CUDA_SUCCESS;
 }
 
+/* FAKE_CUDA_SYNC_MEMOPS=unsupported answers as a real driver does for VMM
+ * memory (CUDA_ERROR_NOT_SUPPORTED), =fail as for a bad pointer. */
 EXPORT CUresult cuPointerSetAttribute(const void *v, CUpointer_attribute at, CUdeviceptr p) {
+  const char *how = getenv("FAKE_CUDA_SYNC_MEMOPS");
+  if (how != NULL && strcmp(how, "unsupported") == 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (how != NULL && strcmp(how, "fail") == 0)
+    return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&mu);
   alloc *a = find((uintptr_t)p);
   int ok = a != NULL && a->device >= 0 && at == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS &&

@@ -11,7 +11,8 @@
  *                      and a region spanning all three;
  *
  * the export must round the region's own range to pages, give the region's
- * offset in the fd, hand out a dma-buf fd, and set SYNC_MEMOPS.  The range
+ * offset in the fd, hand out a dma-buf fd, and set SYNC_MEMOPS on cuMemAlloc
+ * memory (the driver refuses it on VMM memory: the export goes on).  The range
  * that spans VMM chunks is what exporting the allocation's range (as
  * cuMemGetAddressRange names it) gets wrong; what the driver says to the
  * region's own range is printed either way.
@@ -68,7 +69,10 @@ static unsigned sync_memops(const void *p) {
 }
 
 /* Export [p, p+len) and check what came back. */
-static int export_check(const char *what, const void *p, uint64_t len, int must) {
+/* must: the export has to succeed; legacy: cuMemAlloc memory, which has
+ * to come back with SYNC_MEMOPS set (the driver refuses the attribute on
+ * VMM memory, and the export goes on without it). */
+static int export_check(const char *what, const void *p, uint64_t len, int must, int legacy) {
   int fd = -1;
   uint64_t off = 0;
   long ps = sysconf(_SC_PAGESIZE);
@@ -86,7 +90,8 @@ static int export_check(const char *what, const void *p, uint64_t len, int must)
                 (unsigned long long)len, p, fd, kind, (unsigned long long)off, sync_memops(p));
   assert_int_equal(off, (uintptr_t)p % (uint64_t)ps);
   assert_non_null(strstr(kind, "dmabuf"));
-  assert_int_equal(sync_memops(p), 1);
+  if (legacy)
+    assert_int_equal(sync_memops(p), 1);
   close(fd);
   return 0;
 }
@@ -108,8 +113,8 @@ static void test_gpu_dmabuf_cumemalloc_region_at_an_offset(void **state) {
     skip();
   void *m = NULL;
   sxt_ok(sx__mem_alloc(0, 8u << 20, &m));
-  export_check("cuMemAlloc, region 4 KiB + 512 in", (uint8_t *)m + 4096 + 512, 3u << 20, 1);
-  export_check("cuMemAlloc, whole allocation", m, 8u << 20, 1);
+  export_check("cuMemAlloc, region 4 KiB + 512 in", (uint8_t *)m + 4096 + 512, 3u << 20, 1, 1);
+  export_check("cuMemAlloc, whole allocation", m, 8u << 20, 1, 1);
   sx__mem_free(m);
 }
 
@@ -169,11 +174,11 @@ static void vmm_case(int n, int rdma_capable) {
   snprintf(what, sizeof(what), "VMM (%s), %d chunk%s of %zu, range inside chunk 0",
            rdma_capable ? "gpuDirectRDMACapable" : "as PyTorch allocates", n, n > 1 ? "s" : "",
            g);
-  export_check(what, (void *)(uintptr_t)(base + 4096 + 512), g / 2, rdma_capable);
+  export_check(what, (void *)(uintptr_t)(base + 4096 + 512), g / 2, rdma_capable, 0);
   if (n > 1) {
     snprintf(what, sizeof(what), "VMM (%s), region spanning %d chunks",
              rdma_capable ? "gpuDirectRDMACapable" : "as PyTorch allocates", n);
-    export_check(what, (void *)(uintptr_t)(base + 4096 + 512), g * (size_t)n - 8192, 0);
+    export_check(what, (void *)(uintptr_t)(base + 4096 + 512), g * (size_t)n - 8192, 0, 0);
   }
   assert_int_equal(v.Unmap(base, g * (size_t)n), CUDA_SUCCESS);
   for (int i = 0; i < n; i++)
@@ -201,12 +206,39 @@ static void test_gpu_dmabuf_expandable_chunks(void **state) {
   vmm_case(3, 0);
 }
 
+/* On the stand-in only: a driver that refuses SYNC_MEMOPS as unsupported
+ * (what the H100 says for VMM memory) still exports; any other refusal of
+ * the attribute stops the export. */
+static void test_gpu_dmabuf_sync_memops_refusals(void **state) {
+  (void)state;
+  if (!on_stand_in())
+    skip();
+  void *m = NULL;
+  int fd = -1;
+  uint64_t off = 0;
+  sxt_ok(sx__mem_alloc(0, 1u << 20, &m));
+  setenv("FAKE_CUDA_SYNC_MEMOPS", "unsupported", 1);
+  int rc = sx__mem_dmabuf_export((uint8_t *)m + 512, 4096, 0, &fd, &off);
+  if (rc != 0)
+    fail_msg("export with SYNC_MEMOPS unsupported: %s", sx_errmsg());
+  assert_true(fd >= 0);
+  assert_int_equal(off, 512);
+  close(fd);
+  fd = -1;
+  setenv("FAKE_CUDA_SYNC_MEMOPS", "fail", 1);
+  assert_int_not_equal(sx__mem_dmabuf_export((uint8_t *)m + 512, 4096, 0, &fd, &off), 0);
+  assert_int_equal(fd, -1);
+  unsetenv("FAKE_CUDA_SYNC_MEMOPS");
+  sx__mem_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_dmabuf_supported_is_reported),
       cmocka_unit_test(test_gpu_dmabuf_cumemalloc_region_at_an_offset),
       cmocka_unit_test(test_gpu_dmabuf_vmm_one_chunk),
       cmocka_unit_test(test_gpu_dmabuf_expandable_chunks),
+      cmocka_unit_test(test_gpu_dmabuf_sync_memops_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

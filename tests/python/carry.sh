@@ -46,10 +46,11 @@ for m in pytest _pytest pluggy iniconfig packaging attr attrs py py.py; do
   [ -e "$dist/$m" ] && cp -r "$dist/$m" "$dest/site/"
 done
 # Debian's pydantic (pure Python) for the LMDeploy messages, on the path only
-# where the machine's interpreter has none (gpu.sh).
-mkdir -p "$dest/site-pydantic"
-for m in pydantic typing_extensions.py; do
-  [ -e "$dist/$m" ] && cp -r "$dist/$m" "$dest/site-pydantic/"
-done
+# where the machine's interpreter has none (gpu.sh); its typing_extensions
+# apart, on the path only where the interpreter has none either (Debian's
+# 4.4 breaks Python 3.12's anyio, which pytest loads there).
+mkdir -p "$dest/site-pydantic" "$dest/site-typing"
+[ -e "$dist/pydantic" ] && cp -r "$dist/pydantic" "$dest/site-pydantic/"
+[ -e "$dist/typing_extensions.py" ] && cp "$dist/typing_extensions.py" "$dest/site-typing/"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 du -sh "$dest"

@@ -16,6 +16,8 @@ export SEGXFER_LIB=$PWD/build/lib/libsegxfer.so
 python3 -c 'import pytest' 2>/dev/null || export PYTHONPATH=$PWD/site
 python3 -c 'import pydantic' 2>/dev/null ||
   export PYTHONPATH="$PWD/site-pydantic${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import typing_extensions' 2>/dev/null ||
+  export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD/site-typing"
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
