@@ -74,6 +74,7 @@ void sx__push_free(sx_agent *a) {
     sx_notice_free(q->n);
     free(q);
   }
+  ps->count = ps->reads = 0;
   if (ps->efd >= 0)
     close(ps->efd);
   pthread_mutex_destroy(&ps->mu);
@@ -160,7 +161,11 @@ static int deliver(sx_agent *a, sx_notice *n, char *msg, size_t cap) {
   pthread_mutex_lock(&ps->mu);
   sx_notice_cb cb = ps->cb;
   void *cb_arg = ps->cb_arg;
+  int is_read = n->kind == SX_NOTICE_READ;
+  /* Read notices have a share of the queue of their own, so that readers
+   * (who need no write grant) cannot fill it against producers. */
   int full = ps->count >= SX_NOTICE_QUEUE_MAX;
+  int reads_full = is_read && ps->reads >= SX_NOTICE_READ_QUEUE_MAX;
   ps->cb_running = cb != NULL; /* sx_agent_notice_cb() waits for it */
   pthread_mutex_unlock(&ps->mu);
   int took = cb != NULL && cb(cb_arg, n) != 0;
@@ -175,12 +180,17 @@ static int deliver(sx_agent *a, sx_notice *n, char *msg, size_t cap) {
     sx__stats_notice(a);
     return 0;
   }
-  sx__nq *q = full ? NULL : malloc(sizeof(*q));
+  sx__nq *q = full || reads_full ? NULL : malloc(sizeof(*q));
   if (q == NULL) {
-    snprintf(msg, cap, full ? "the notice queue is full (%u notices unread)"
-                            : "out of memory", SX_NOTICE_QUEUE_MAX);
+    if (full)
+      snprintf(msg, cap, "the notice queue is full (%u notices unread)", SX_NOTICE_QUEUE_MAX);
+    else if (reads_full)
+      snprintf(msg, cap, "the notice queue's share for read notices is full (%u unread)",
+               SX_NOTICE_READ_QUEUE_MAX);
+    else
+      snprintf(msg, cap, "out of memory");
     sx_notice_free(n);
-    return full ? SX_ELIMIT : SX_ENOMEM;
+    return full || reads_full ? SX_ELIMIT : SX_ENOMEM;
   }
   q->n = n;
   q->next = NULL;
@@ -188,6 +198,7 @@ static int deliver(sx_agent *a, sx_notice *n, char *msg, size_t cap) {
   *ps->tail = q;
   ps->tail = &q->next;
   ps->count++;
+  ps->reads += is_read;
   if (ps->efd >= 0 && ps->count == 1) {
     uint64_t one = 1;
     ssize_t w = write(ps->efd, &one, sizeof(one));
@@ -309,6 +320,7 @@ int sx_agent_notice_next(sx_agent *a, int timeout_ms, sx_notice **out) {
     ps->head = q->next;
     if (ps->head == NULL)
       ps->tail = &ps->head;
+    ps->reads -= q->n->kind == SX_NOTICE_READ;
     if (--ps->count == 0 && ps->efd >= 0) {
       uint64_t v;
       ssize_t r = read(ps->efd, &v, sizeof(v));

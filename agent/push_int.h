@@ -42,7 +42,8 @@ typedef struct sx__push {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   sx__nq *head, **tail;    /* mu */
-  uint32_t count;          /* mu */
+  uint32_t count;          /* mu: notices queued, of both kinds */
+  uint32_t reads;          /* mu: of those, read notices (SX_NOTICE_READ_QUEUE_MAX) */
   int efd;                 /* mu: -1 until sx_agent_notice_fd() */
   int closed;              /* mu: the agent is shutting down */
   uint32_t waiters;        /* mu: callers inside sx_agent_notice_next() */

@@ -14,9 +14,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "agent_int.h"
 #include "internal.h"
 #include "notice.h"
 #include "push_fixture.h"
+#include "push_int.h"
 #include "transport/conn/frame.h"
 
 typedef struct pair {
@@ -414,6 +416,41 @@ static void test_read_notice_forged_ones_are_refused(void **state) {
   wire_stop(&p, "decode-0", 5, 8);
 }
 
+/* Send many copies of the read notice body[0..len) on fd (which said
+ * HELLO), 128 a send, ids from id0, reading the replies after each send;
+ * count those accepted and those refused with SX_ELIMIT (any other answer
+ * fails the test). */
+static void pipeline(int fd, const uint8_t *body, size_t len, uint64_t id0, size_t many,
+                     size_t *taken, size_t *limited) {
+  const size_t per = 128, one = SX__FRAME_HDR + len;
+  uint8_t *burst = malloc(per * one);
+  assert_non_null(burst);
+  sx__frame f = {.type = SX__FRAME_RNOTICE, .length = len}, g;
+  uint8_t rep[SX__FRAME_HDR];
+  for (size_t at = 0; at < many; at += per) {
+    size_t k = many - at < per ? many - at : per;
+    for (size_t i = 0; i < k; i++) {
+      f.id = id0 + at + i;
+      sx__frame_encode(&f, burst + i * one);
+      memcpy(burst + i * one + SX__FRAME_HDR, body, len);
+    }
+    assert_int_equal(sxt_wire_send(fd, burst, k * one), 0);
+    for (size_t i = 0; i < k; i++) {
+      assert_int_equal(sxt_wire_recv(fd, rep, sizeof(rep)), 0);
+      assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
+      assert_int_equal(g.type, SX__FRAME_NOTICE_REPLY);
+      assert_int_equal(g.id, id0 + at + i);
+      if (g.status == 0)
+        (*taken)++;
+      else if (g.status == SX_ELIMIT)
+        (*limited)++;
+      else
+        fail_msg("notice %zu: %s", at + i, sx_err_name(g.status));
+    }
+  }
+  free(burst);
+}
+
 /* Read notices a hostile reader sends past HELLO that the forged ones above
  * do not: an empty body, a body split across sends, more pipelined than
  * the reply queue holds (past the notice queue's bound in all), and one
@@ -454,35 +491,13 @@ static void test_read_notice_hostile_framing(void **state) {
   /* Pipelined: more notices than the notice queue holds, 128 a send
    * (more than the reply queue holds; the replies are read after each
    * send, as a reader must); each is answered in order, those past the
-   * bound with SX_ELIMIT. */
-  const size_t many = SX_NOTICE_QUEUE_MAX + 40, per = 128;
-  size_t one = SX__FRAME_HDR + len, taken = 0, limited = 0;
-  uint8_t *burst = malloc(per * one);
-  assert_non_null(burst);
-  for (size_t at = 0; at < many; at += per) {
-    size_t k = many - at < per ? many - at : per;
-    for (size_t i = 0; i < k; i++) {
-      f.id = 100 + at + i;
-      sx__frame_encode(&f, burst + i * one);
-      memcpy(burst + i * one + SX__FRAME_HDR, ok, len);
-    }
-    assert_int_equal(sxt_wire_send(fd, burst, k * one), 0);
-    for (size_t i = 0; i < k; i++) {
-      assert_int_equal(sxt_wire_recv(fd, rep, sizeof(rep)), 0);
-      assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
-      assert_int_equal(g.type, SX__FRAME_NOTICE_REPLY);
-      assert_int_equal(g.id, 100 + at + i);
-      if (g.status == 0)
-        taken++;
-      else if (g.status == SX_ELIMIT)
-        limited++;
-      else
-        fail_msg("notice %zu: %s", at + i, sx_err_name(g.status));
-    }
-  }
-  free(burst);
-  assert_int_equal(taken, SX_NOTICE_QUEUE_MAX);
-  assert_int_equal(limited, many - SX_NOTICE_QUEUE_MAX);
+   * read notices' share of the queue with SX_ELIMIT.  (Before that share
+   * existed, read notices could fill all SX_NOTICE_QUEUE_MAX places.) */
+  const size_t many = SX_NOTICE_QUEUE_MAX + 40;
+  size_t taken = 0, limited = 0;
+  pipeline(fd, ok, len, 100, many, &taken, &limited);
+  assert_int_equal(taken, SX_NOTICE_READ_QUEUE_MAX);
+  assert_int_equal(limited, many - SX_NOTICE_READ_QUEUE_MAX);
   while (sx_agent_notice_next(p.t.a, 0, &n) == 0)
     sx_notice_free(n), taken--;
   assert_int_equal(taken, 0);
@@ -494,6 +509,66 @@ static void test_read_notice_hostile_framing(void **state) {
   close(fd);
   free(ok);
   wire_stop(&p, "hostile-0", 4, 9);
+}
+
+/* A reader that never lets the target read its notices cannot starve the
+ * producers that push into it: read notices fill only their share of the
+ * queue (SX_NOTICE_READ_QUEUE_MAX), a producer's write batch still
+ * completes and its notice is queued, and once the target takes its
+ * notices, read notices are accepted again. */
+static void test_read_notice_share_leaves_room_for_writes(void **state) {
+  (void)state;
+  sxt_pair x;
+  sxt_pair_start(&x, SXT_RW);
+  sxt_pair_grant(&x);
+  const sx_desc *d = sx_segment_desc(x.seg);
+  uint8_t inc[SX_INCARNATION_LEN];
+  memset(inc, 0x4d, sizeof(inc));
+  size_t len;
+  uint8_t *body = encode(SX_NOTICE_READ, "greedy-0", inc, 1, 2, 2 * per_block, &len);
+  int fd = sxt_wire_connect(sxt_tcp_port(d));
+  assert_int_equal(sxt_wire_hello(fd, d->incarnation, d->token, "greedy-0"), 0);
+  /* As many as the whole queue holds, and more: only the share is taken. */
+  const size_t many = SX_NOTICE_QUEUE_MAX + 8;
+  size_t taken = 0, limited = 0;
+  pipeline(fd, body, len, 1, many, &taken, &limited);
+  assert_int_equal(taken, SX_NOTICE_READ_QUEUE_MAX);
+  assert_int_equal(limited, many - SX_NOTICE_READ_QUEUE_MAX);
+  /* A real reader's notifying batch fails; the target's refusal says
+   * which bound it hit (the reader gets only the code). */
+  sx_block_read e = kv_read(5, 0, 1);
+  sx_batch_result r = finish(sxt_notify_submit(x.seg, &e, 1, 9, 5000));
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  assert_int_equal(r.error, SX_ELIMIT);
+  char msg[256] = "";
+  assert_int_equal(sx__read_notice_in(x.c.a, "greedy-0", SX_TRANSPORT_TCP, body, len, msg,
+                                      sizeof(msg)),
+                   SX_ELIMIT);
+  if (strstr(msg, "read notices") == NULL)
+    fail_msg("the refusal does not name the read share: %s", msg);
+  /* The producer's write batch completes, its notice queued behind them. */
+  sx_block_write w = sxt_kv_write(3, 7, 2);
+  r = sxt_run_write(x.seg, &w, 1, 0xabc, 5000);
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("write batch %s: %s", sx_batch_state_name(r.state), r.message);
+  assert_int_equal(sxt_verify_write(&x.c, &x.p, &w), 0);
+  sx_notice *n = NULL;
+  for (size_t i = 0; i < SX_NOTICE_READ_QUEUE_MAX; i++) {
+    sxt_ok(sx_agent_notice_next(x.c.a, 0, &n));
+    assert_int_equal(n->kind, SX_NOTICE_READ);
+    assert_string_equal(n->producer, "greedy-0");
+    sx_notice_free(n);
+  }
+  sxt_expect_notice(x.c.a, &x.p, "prefill-0", 0xabc, &w, 1, 0);
+  sxt_expect_no_notice(x.c.a);
+  /* Taken: read notices are accepted again, up to the share once more. */
+  taken = limited = 0;
+  pipeline(fd, body, len, many + 1, SX_NOTICE_READ_QUEUE_MAX + 1, &taken, &limited);
+  assert_int_equal(taken, SX_NOTICE_READ_QUEUE_MAX);
+  assert_int_equal(limited, 1);
+  close(fd);
+  free(body);
+  sxt_pair_stop(&x); /* frees what is queued */
 }
 
 /* ------------------------------------------------------------ races */
@@ -662,6 +737,7 @@ int main(void) {
       cmocka_unit_test(test_read_notice_none_when_timed_out_or_cancelled),
       cmocka_unit_test(test_read_notice_forged_ones_are_refused),
       cmocka_unit_test(test_read_notice_hostile_framing),
+      cmocka_unit_test(test_read_notice_share_leaves_room_for_writes),
       cmocka_unit_test(test_read_notice_many_concurrent_batches),
       cmocka_unit_test(test_read_notice_cancel_races_the_notice),
       cmocka_unit_test(test_read_notice_reader_gone_while_notice_waits),

@@ -76,6 +76,13 @@ enum {
 /* Notices a consumer holds before it refuses new ones (the producer's
  * batch then fails with SX_ELIMIT): read them. */
 #define SX_NOTICE_QUEUE_MAX 4096
+/* Of those, at most this many read notices at once (beyond, a reader's
+ * notifying batch fails with SX_ELIMIT).  Anyone holding a segment's access
+ * token may send read notices, so they get a share of their own: write
+ * notices always have at least SX_NOTICE_QUEUE_MAX - SX_NOTICE_READ_QUEUE_MAX
+ * places, and a reader cannot starve the producers that push into this
+ * agent. */
+#define SX_NOTICE_READ_QUEUE_MAX (SX_NOTICE_QUEUE_MAX / 2)
 
 /* ------------------------------------------------------------ producer */
 
