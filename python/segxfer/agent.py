@@ -65,6 +65,21 @@ def _fill(struct, field, value, what):
     setattr(struct, field, raw)
 
 
+def serving_transports(transports):
+    """transports for an agent that publishes (an engine's KV cache):
+    cuda_ipc hands its IPC handles over the TCP listener's control
+    connection, so a choice naming cuda_ipc without tcp gets tcp as well
+    (readers on the same host still pick cuda_ipc).  Anything else is
+    returned as it is."""
+    if transports in (None, "auto"):
+        return transports
+    names = ([t.strip() for t in transports.split(",") if t.strip()]
+             if isinstance(transports, str) else list(transports))
+    if "cuda_ipc" in names and "tcp" not in names:
+        names.append("tcp")
+    return ",".join(names) if isinstance(transports, str) else names
+
+
 def transports_mask(transports):
     """"auto" (the library's default), or names: "tcp", "rdma", "cuda_ipc",
     as a list or "tcp,rdma"."""

@@ -31,7 +31,7 @@ import os
 import re
 from urllib.parse import parse_qsl, urlsplit
 
-from .agent import Agent
+from .agent import Agent, serving_transports
 from .batch import _index, _u64
 from .errors import code, error, invalid
 
@@ -158,7 +158,8 @@ class SegxferMigrationBackend:
             transports = self.transports
             if transports is None:
                 transports = self._transports_for(_field(init_request, "protocol"))
-            self.agent = Agent(self.segment_name, self.metadata_url, transports=transports,
+            self.agent = Agent(self.segment_name, self.metadata_url,
+                               transports=serving_transports(transports),
                                **self.layout, **self.agent_kw)
             self.num_blocks = blocks
         elif blocks is not None and self.num_blocks is not None and blocks != self.num_blocks:
@@ -328,10 +329,11 @@ class SegxferMigrationBackend:
     @staticmethod
     def _transports_for(protocol):
         """LMDeploy's MigrationProtocol as segxfer transports: TCP is tcp,
-        NVLINK (peers on one host's GPUs) is cuda_ipc, RDMA is the library's
-        choice (RDMA where both sides have it)."""
+        NVLINK (peers on one host's GPUs) is cuda_ipc (with tcp, whose
+        connection carries its handles), RDMA is the library's choice (RDMA
+        where both sides have it)."""
         name = getattr(protocol, "name", str(protocol)).upper().rpartition(".")[2]
-        return {"TCP": "tcp", "NVLINK": "cuda_ipc"}.get(name, "auto")
+        return {"TCP": "tcp", "NVLINK": "cuda_ipc,tcp"}.get(name, "auto")
 
     @staticmethod
     def _location(msg):

@@ -63,7 +63,7 @@ from ._sglang_decode import DecodeSide
 from ._sglang_prefill import PrefillSide
 from ._sglang_proto import (_REGISTER, _ROOM, GROUP_AUX, GROUP_KV, GROUP_STATE, _env,
                             _env_seconds, _ids, cancel, send)
-from .agent import Agent
+from .agent import Agent, serving_transports
 from .errors import SegxferError
 
 logger = logging.getLogger("segxfer.sglang")
@@ -243,7 +243,7 @@ def _build(api):
                                          (mode == "auto" and kv_kinds != aux_kinds))
             base = self._segment_base()
             kw = self._layout()
-            transports = _env("SEGXFER_TRANSPORTS", "auto")
+            transports = serving_transports(_env("SEGXFER_TRANSPORTS", "auto"))
             extra = {}
             if _env("SEGXFER_LEASE_MS"):
                 extra["lease_ms"] = int(_env("SEGXFER_LEASE_MS"))

@@ -68,7 +68,7 @@ import time
 
 from . import _lib
 from ._vllm_base import KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole
-from .agent import Agent, slot_number
+from .agent import Agent, serving_transports, slot_number
 from .errors import SegxferError, code, error
 
 log = logging.getLogger("segxfer.vllm")
@@ -468,7 +468,7 @@ class _Worker:
             raise ValueError("SegxferConnector: no metadata URL (kv_connector_extra_config "
                              "metadata_url, or SX_METADATA_URL)")
         self.prefix = _extra(vllm_config, "prefix", "vllm")
-        self.transports = _extra(vllm_config, "transports", "auto")
+        self.transports = serving_transports(_extra(vllm_config, "transports", "auto"))
         self.load_async = bool(_extra(vllm_config, "load_async", True))
         self.transfer_timeout = float(_extra(vllm_config, "transfer_timeout", 30))
         self.open_timeout = float(_extra(vllm_config, "open_timeout", 5))

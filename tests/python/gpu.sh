@@ -29,7 +29,7 @@ timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -W ignore::DeprecationW
   tests/python >"$out/pytest.txt" 2>&1
 echo "rc=$?" >>"$out/pytest.txt"
 for t in cuda_ipc tcp; do
-  SEGXFER_E2E_DEVICE=cuda:0 SEGXFER_E2E_TRANSPORT=$t SEGXFER_E2E_RESULTS=$out timeout 120 \
+  SEGXFER_E2E_DEVICE=cuda:0 SEGXFER_E2E_TRANSPORT=$t SEGXFER_E2E_RESULTS=$out timeout 300 \
     python3 tests/python/test_e2e_prefill_decode.py >"$out/e2e-$t.txt" 2>&1
   echo "rc=$?" >>"$out/e2e-$t.txt"
 done

@@ -236,3 +236,21 @@ def test_lmdeploy_restarted_peer_is_stale(url):
     finally:
         decode.backend.close()
         prefill.backend.close()
+
+
+def test_nvlink_and_cuda_ipc_choices_keep_the_tcp_control_connection():
+    """cuda_ipc hands its IPC handles over TCP's control connection: an
+    engine that publishes with cuda_ipc alone would be refused at publish
+    (found on an H100: "cuda_ipc needs tcp as well"; the NVLINK case of
+    test_lmdeploy_engine.py and the cuda_ipc case of test_vllm_connector.py
+    run it on a GPU)."""
+    from segxfer.agent import serving_transports
+    proto = enum.Enum("MigrationProtocol", "TCP RDMA NVLINK")
+    pick = SegxferMigrationBackend._transports_for
+    assert pick(proto.NVLINK) == "cuda_ipc,tcp"
+    assert pick(proto.TCP) == "tcp" and pick(proto.RDMA) == "auto"
+    assert serving_transports("cuda_ipc") == "cuda_ipc,tcp"
+    assert serving_transports(["cuda_ipc"]) == ["cuda_ipc", "tcp"]
+    assert serving_transports("tcp,cuda_ipc") == "tcp,cuda_ipc"
+    assert serving_transports("rdma") == "rdma"
+    assert serving_transports("auto") == "auto" and serving_transports(None) is None

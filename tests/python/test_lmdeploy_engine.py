@@ -187,8 +187,11 @@ def start_python(site, code, extra_path=(), **env):
     full.pop("SEGXFER_LMDEPLOY", None)
     full.update(site)
     path = [*extra_path, os.path.join(ROOT, "python")]
+    # The interpreter's own path comes last, as in an engine's environment
+    # (where pydantic may live, as on the GPU machines).
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     full["PYTHONPATH"] = os.pathsep.join(path + ([site["PYTHONPATH"]] if "PYTHONPATH" in site
-                                                 else []))
+                                                 else []) + inherited)
     full.update(env)
     r = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True,
                        timeout=60)
