@@ -122,6 +122,15 @@ static void test_rdma_stage_reply_roundtrip_and_checks(void **state) {
   sx__rdma_sreply_pack(&w, 0, 1, -1000, 0, 0, 0);
   sxt_rc(sx__rdma_sreply_parse((const uint8_t *)&w, sizeof(w), &slot, &seq, &st, &addr, &rkey,
                                &bytes), SX_EPROTO);
+  /* Magnitudes with no int negation, or none that is a code (fuzz_rdma
+   * found 0x80000000: tests/fuzz/regressions/rdma/). */
+  const uint32_t odd[] = {0x80000000u, 0xffffffffu, (uint32_t)-SX_ERRNO_MIN + 1};
+  for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+    sx__rdma_sreply_pack(&w, 0, 1, 0, 0, 0, 0);
+    w.h.status = htobe32(odd[i]);
+    sxt_rc(sx__rdma_sreply_parse((const uint8_t *)&w, sizeof(w), &slot, &seq, &st, &addr,
+                                 &rkey, &bytes), SX_EPROTO);
+  }
   sx__rdma_sreply_pack(&w, 0, 1, 0, 0, 0, SX__RDMA_STAGE_SLOT_BYTES + 1);
   sxt_rc(sx__rdma_sreply_parse((const uint8_t *)&w, sizeof(w), &slot, &seq, &st, &addr, &rkey,
                                &bytes), SX_EPROTO);

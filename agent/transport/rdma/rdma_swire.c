@@ -97,9 +97,11 @@ int sx__rdma_sreply_parse(const uint8_t *buf, size_t len, uint8_t *slot, uint32_
   if (len != sizeof(w) || hdr_parse(buf, len, SX__RDMA_SMSG_REPLY, &h) != 0)
     return SX_EPROTO;
   memcpy(&w, buf, sizeof(w));
-  int st = -(int)h.status;
-  if (st > 0 || st < SX_ERRNO_MIN)
+  /* The status travels as the code's magnitude: bound it before negating
+   * (a hostile 0x80000000 has no int negation). */
+  if (h.status > (uint32_t)-(int64_t)SX_ERRNO_MIN)
     return SX_EPROTO;
+  int st = -(int)h.status;
   *slot = h.slot;
   *seq = h.seq;
   *status = st;
