@@ -440,6 +440,14 @@ static void test_e2e_store_restarted_empty_gets_the_segment_back(void **state) {
   next_name(name, sizeof(name), "pool");
   sxt_pool p;
   pool_start(&p, name, NULL, 5, 0, 1500); /* renews every 500 ms */
+  /* The descriptor is in Redis before its answer reaches the agent: a kill
+   * in between loses the answer, and the agent rightly publishes
+   * generation 1 again (test_e2e_store_lost_during_first_publish_...).
+   * This test is about a publish the agent knows landed, so wait for its
+   * word (seen under AddressSanitizer, where that window is wider). */
+  for (int i = 0; i < 1000 && count_in_file(p.log, "published generation 1") == 0; i++)
+    sleep_ms(10);
+  assert_int_equal(count_in_file(p.log, "published generation 1"), 1);
   sxt_redis_kill(&env.redis, SIGKILL);
   assert_int_equal(sxt_redis_restart(&env.redis), 0);
   /* The restarted Redis is empty; the agent notices (reconnect, renew ->
