@@ -584,7 +584,11 @@ def test_sglang_decode_counts_write_notices_only(url, monkeypatch):
     KVPoll = c["KVPoll"]
     bport = free_port()
     server = c["SegxferKVBootstrapServer"]("127.0.0.1", bport)
-    mgr = c["SegxferKVManager"](eng.Buffers("cpu", 3).kv_args(c["KVArgs"], 0),
+    # KVArgs hold raw pointers, as SGLang's do: the pool they point into
+    # must outlive the manager (a temporary here was freed while the
+    # decode's agent still served it: AddressSanitizer saw the read).
+    bufs = eng.Buffers("cpu", 3)
+    mgr = c["SegxferKVManager"](bufs.kv_args(c["KVArgs"], 0),
                                 c["DisaggregationMode"].DECODE, eng.ServerArgs({"bport": bport}),
                                 False)
     forger = None
@@ -611,3 +615,4 @@ def test_sglang_decode_counts_write_notices_only(url, monkeypatch):
             forger.close()
         mgr.teardown()
         server.close()
+        del bufs
