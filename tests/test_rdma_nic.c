@@ -23,6 +23,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fake_drv.h"
 #include "mem/mem_int.h"
 #include "transport/rdma/rdma_int.h"
 #include "sxtest.h"
@@ -292,31 +293,6 @@ static void test_nic_hostile_sysfs(void **state) {
 /* A driver table that knows PCI addresses, as a real driver (and the
  * stand-in, tests/gpu/fake_cuda.c) answers them. */
 static int pci_bus[3] = {0x17, 0x82, 0x1a};
-static CUresult f_ok0(unsigned x) {
-  (void)x;
-  return CUDA_SUCCESS;
-}
-static CUresult f_errstr(CUresult e, const char **s) {
-  (void)e;
-  *s = "fake error";
-  return CUDA_SUCCESS;
-}
-static CUresult f_count(int *n) {
-  *n = 3;
-  return CUDA_SUCCESS;
-}
-static CUresult f_get(CUdevice *d, int ordinal) {
-  *d = ordinal;
-  return CUDA_SUCCESS;
-}
-static CUresult f_retain(CUcontext *c, CUdevice d) {
-  *c = (CUcontext)(uintptr_t)(0x1000 + d);
-  return CUDA_SUCCESS;
-}
-static CUresult f_setcur(CUcontext c) {
-  (void)c;
-  return CUDA_SUCCESS;
-}
 static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
   if (d < 0 || d > 2)
     return CUDA_ERROR_INVALID_DEVICE;
@@ -327,16 +303,7 @@ static CUresult f_attr(int *v, CUdevice_attribute a, CUdevice d) {
   default: return CUDA_ERROR_INVALID_VALUE;
   }
 }
-static const sx__cuda_drv fake = {
-    .Init = f_ok0,
-    .GetErrorString = f_errstr,
-    .GetErrorName = f_errstr,
-    .DeviceGetCount = f_count,
-    .DeviceGet = f_get,
-    .DevicePrimaryCtxRetain = f_retain,
-    .CtxSetCurrent = f_setcur,
-    .DeviceGetAttribute = f_attr,
-};
+static sx__cuda_drv fake;
 
 static int cuda_real(void **state) {
   (void)state;
@@ -363,6 +330,8 @@ static void test_nic_pick_per_region(void **state) {
   char addr[32];
   assert_non_null(t);
   fake_rdma(t);
+  sxt_fake_drv_base(&fake, 3);
+  fake.DeviceGetAttribute = f_attr;
   sx__mem_cuda_use(&fake);
   sxt_ok(sx__mem_pci_address(1, addr, sizeof(addr)));
   assert_string_equal(addr, "0000:82:00.0");

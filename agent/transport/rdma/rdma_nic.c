@@ -119,30 +119,34 @@ static int topo_of(const char *root, const char *link, sx__nic_topo *out, char *
   return 0;
 }
 
-int sx__nic_topo_rdma(const char *root, const char *dev, sx__nic_topo *out, char *why,
-                      size_t cap) {
+/* Where device name sits: an RDMA device (pci 0) or a PCI address. */
+static int topo_named(const char *root, const char *name, int pci, sx__nic_topo *out,
+                      char *why, size_t cap) {
   char link[SX__NIC_PATH + 96];
-  if (!name_ok(dev, 0)) {
+  if (!name_ok(name, pci)) {
     memset(out, 0, sizeof(*out));
     out->numa = -1;
-    snprintf(why, cap, "device name '%.64s' cannot be looked up in sysfs", dev);
+    if (pci)
+      snprintf(why, cap, "PCI address '%.64s' is not one", name);
+    else
+      snprintf(why, cap, "device name '%.64s' cannot be looked up in sysfs", name);
     return -1;
   }
-  snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", root, dev);
+  if (pci)
+    snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", root, name);
+  else
+    snprintf(link, sizeof(link), "%s/class/infiniband/%s/device", root, name);
   return topo_of(root, link, out, why, cap);
+}
+
+int sx__nic_topo_rdma(const char *root, const char *dev, sx__nic_topo *out, char *why,
+                      size_t cap) {
+  return topo_named(root, dev, 0, out, why, cap);
 }
 
 int sx__nic_topo_pci(const char *root, const char *addr, sx__nic_topo *out, char *why,
                      size_t cap) {
-  char link[SX__NIC_PATH + 96];
-  if (!name_ok(addr, 1)) {
-    memset(out, 0, sizeof(*out));
-    out->numa = -1;
-    snprintf(why, cap, "PCI address '%.64s' is not one", addr);
-    return -1;
-  }
-  snprintf(link, sizeof(link), "%s/bus/pci/devices/%s", root, addr);
-  return topo_of(root, link, out, why, cap);
+  return topo_named(root, addr, 1, out, why, cap);
 }
 
 static int slashes(const char *p, size_t n) {
