@@ -245,6 +245,24 @@ static void test_rdma_e2e_sxctl_show_ping_and_parallel_reads(void **state) {
   assert_int_equal(run(log, show, out, sizeof(out)), 0);
   if (strstr(out, "rdma://") == NULL || strstr(out, "device ") == NULL)
     fail_msg("sxctl show lists no RDMA endpoint:\n%s", out);
+  /* Every region names the RDMA device the pool chose for it (the NIC
+   * column, after LOCATION): the one device of this host. */
+  char dev[40] = "", want[64];
+  if (sscanf(strstr(out, "device ") + 7, "%39s", dev) != 1)
+    fail_msg("no device name in:\n%s", out);
+  snprintf(want, sizeof(want), "cpu       %s ", dev);
+  const char *regs = strstr(out, "LOCATION  NIC ");
+  int rows = 0;
+  for (const char *q = regs; q != NULL && (q = strstr(q + 1, want)) != NULL;)
+    rows++;
+  if (regs == NULL || rows == 0 || strstr(regs, "cpu       -") != NULL)
+    fail_msg("sxctl show does not print %s per region:\n%s", dev, out);
+  print_message("sxctl show: %d regions on %s\n%s", rows, dev, regs);
+  const char *json[] = {exe, "--metadata", env.url, "show", name, "--json", NULL};
+  assert_int_equal(run(log, json, out, sizeof(out)), 0);
+  snprintf(want, sizeof(want), "\"nic\": \"%s\"", dev);
+  if (strstr(out, want) == NULL)
+    fail_msg("sxctl show --json has no %s:\n%s", want, out);
   snprintf(log, sizeof(log), "%s/ping.log", env.tmpdir);
   const char *ping[] = {exe, "--metadata", env.url, "ping", name, "--count", "3", NULL};
   assert_int_equal(run(log, ping, out, sizeof(out)), 0);
