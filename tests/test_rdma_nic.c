@@ -24,88 +24,32 @@
 #include <unistd.h>
 
 #include "fake_drv.h"
+#include "fake_sysfs.h"
 #include "mem/mem_int.h"
 #include "transport/rdma/rdma_int.h"
 #include "sxtest.h"
 
 static char root[256];
 
-static void put(const char *rel, const char *text) {
-  char p[PATH_MAX + 64];
-  snprintf(p, sizeof(p), "%s/%s", root, rel);
-  FILE *f = fopen(p, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-static void mkdirs(const char *rel) {
-  char p[PATH_MAX + 64];
-  snprintf(p, sizeof(p), "%s/%s", root, rel);
-  for (char *s = p + strlen(root) + 1; *s; s++)
-    if (*s == '/') {
-      *s = '\0';
-      mkdir(p, 0755);
-      *s = '/';
-    }
-  mkdir(p, 0755);
-}
-
-static void link_to(const char *target, const char *rel) {
-  char p[PATH_MAX + 64];
-  snprintf(p, sizeof(p), "%s/%s", root, rel);
-  unlink(p);
-  assert_int_equal(symlink(target, p), 0);
-}
-
-/* A PCI device at path (under devices/) with a node, its bus link. */
-static void pci_dev(const char *path, const char *node) {
-  char rel[256], tgt[300];
-  snprintf(rel, sizeof(rel), "devices/%s", path);
-  mkdirs(rel);
-  if (node != NULL) {
-    snprintf(rel, sizeof(rel), "devices/%s/numa_node", path);
-    put(rel, node);
-  }
-  const char *addr = strrchr(path, '/') + 1;
-  snprintf(rel, sizeof(rel), "bus/pci/devices/%s", addr);
-  snprintf(tgt, sizeof(tgt), "../../../devices/%s", path);
-  link_to(tgt, rel);
-}
-
-static void ib_dev(const char *name, const char *path) {
-  char rel[256], tgt[300];
-  snprintf(rel, sizeof(rel), "class/infiniband/%s", name);
-  mkdirs(rel);
-  snprintf(rel, sizeof(rel), "class/infiniband/%s/device", name);
-  snprintf(tgt, sizeof(tgt), "../../../devices/%s", path);
-  link_to(tgt, rel);
-}
-
 static int tree_up(void **state) {
   (void)state;
-  snprintf(root, sizeof(root), "/tmp/sx-sysfs.XXXXXX");
-  assert_non_null(mkdtemp(root));
-  mkdirs("bus/pci/devices");
-  mkdirs("class/infiniband");
-  pci_dev("pci0000:00/0000:00:01.0/0000:17:00.0", "0\n");
-  pci_dev("pci0000:00/0000:00:01.0/0000:18:00.0", "0\n");
-  pci_dev("pci0000:00/0000:00:02.0/0000:19:00.0", "0\n");
-  pci_dev("pci0000:80/0000:80:01.0/0000:81:00.0", "1\n");
-  pci_dev("pci0000:80/0000:80:01.0/0000:82:00.0", "1\n");
-  pci_dev("pci0000:00/0000:00:01.0/0000:1a:00.0", "1\n");
-  ib_dev("mlx5_0", "pci0000:00/0000:00:01.0/0000:18:00.0");
-  ib_dev("mlx5_1", "pci0000:00/0000:00:02.0/0000:19:00.0");
-  ib_dev("mlx5_2", "pci0000:80/0000:80:01.0/0000:81:00.0");
+  sxt_sysfs_make(root, sizeof(root));
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:01.0/0000:17:00.0", "0\n");
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:01.0/0000:18:00.0", "0\n");
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:02.0/0000:19:00.0", "0\n");
+  sxt_sysfs_pci(root, "pci0000:80/0000:80:01.0/0000:81:00.0", "1\n");
+  sxt_sysfs_pci(root, "pci0000:80/0000:80:01.0/0000:82:00.0", "1\n");
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:01.0/0000:1a:00.0", "1\n");
+  sxt_sysfs_ib(root, "mlx5_0", "pci0000:00/0000:00:01.0/0000:18:00.0");
+  sxt_sysfs_ib(root, "mlx5_1", "pci0000:00/0000:00:02.0/0000:19:00.0");
+  sxt_sysfs_ib(root, "mlx5_2", "pci0000:80/0000:80:01.0/0000:81:00.0");
   setenv("SX_SYSFS_ROOT", root, 1);
   return 0;
 }
 
 static int tree_down(void **state) {
   (void)state;
-  char cmd[PATH_MAX + 16];
-  snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-  assert_int_equal(system(cmd), 0);
+  sxt_sysfs_remove(root);
   unsetenv("SX_SYSFS_ROOT");
   return 0;
 }
@@ -189,24 +133,24 @@ static void test_nic_unknown_numa(void **state) {
   (void)state;
   sx__nic_topo g;
   uint64_t load[3] = {0, 0, 0};
-  put("devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", "-1\n");
-  put("devices/pci0000:00/0000:00:02.0/0000:19:00.0/numa_node", "-1\n");
-  put("devices/pci0000:80/0000:80:01.0/0000:81:00.0/numa_node", "-1\n");
-  put("devices/pci0000:00/0000:00:01.0/0000:17:00.0/numa_node", "-1\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", "-1\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:02.0/0000:19:00.0/numa_node", "-1\n");
+  sxt_sysfs_put(root, "devices/pci0000:80/0000:80:01.0/0000:81:00.0/numa_node", "-1\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/0000:17:00.0/numa_node", "-1\n");
   read_nics();
   topo_pci("0000:17:00.0", &g);
   assert_int_equal(g.numa, -1);
   assert_int_equal(nics[0].numa, -1);
   assert_int_equal(sx__nic_choose(&g, nics, load, 3), 0);
   /* The GPU's node known, no NIC's: still the nearest. */
-  put("devices/pci0000:00/0000:00:01.0/0000:17:00.0/numa_node", "0\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/0000:17:00.0/numa_node", "0\n");
   topo_pci("0000:17:00.0", &g);
   assert_int_equal(sx__nic_choose(&g, nics, load, 3), 0);
   /* Garbage in numa_node is no node (and no crash). */
   const char *bad[] = {"abc\n", "99999\n", "1 2\n", "", "-2\n", "0x1\n",
                        "00000000000000000000000000000000000000000000000001\n"};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    put("devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", bad[i]);
+    sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", bad[i]);
     topo_rdma("mlx5_0", &nics[0]);
     assert_int_equal(nics[0].numa, -1);
   }
@@ -214,13 +158,13 @@ static void test_nic_unknown_numa(void **state) {
   char p[PATH_MAX + 64];
   snprintf(p, sizeof(p), "%s/devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", root);
   unlink(p);
-  put("devices/pci0000:00/0000:00:01.0/numa_node", "0\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/numa_node", "0\n");
   topo_rdma("mlx5_0", &nics[0]);
   assert_int_equal(nics[0].numa, 0);
   /* Put the tree back for the tests after. */
-  put("devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", "0\n");
-  put("devices/pci0000:00/0000:00:02.0/0000:19:00.0/numa_node", "0\n");
-  put("devices/pci0000:80/0000:80:01.0/0000:81:00.0/numa_node", "1\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:01.0/0000:18:00.0/numa_node", "0\n");
+  sxt_sysfs_put(root, "devices/pci0000:00/0000:00:02.0/0000:19:00.0/numa_node", "0\n");
+  sxt_sysfs_put(root, "devices/pci0000:80/0000:80:01.0/0000:81:00.0/numa_node", "1\n");
 }
 
 /* Host memory and equal NICs: least-loaded first, so regions alternate. */
@@ -256,7 +200,7 @@ static void test_nic_hostile_sysfs(void **state) {
   (void)state;
   char why[400];
   sx__nic_topo t;
-  ib_dev("evil0", "../../../../etc");
+  sxt_sysfs_ib(root, "evil0", "../../../../etc");
   assert_int_equal(sx__nic_topo_rdma(root, "evil0", &t, why, sizeof(why)), -1);
   assert_non_null(strstr(why, "not a device under"));
   assert_false(t.known);
@@ -270,8 +214,8 @@ static void test_nic_hostile_sysfs(void **state) {
   assert_non_null(strstr(why, "is not one"));
   assert_int_equal(sx__nic_topo_pci(root, "0000:99:00.0", &t, why, sizeof(why)), -1);
   /* A link loop. */
-  ib_dev("loop0", "pci0000:00/loop");
-  link_to("loop", "devices/pci0000:00/loop");
+  sxt_sysfs_ib(root, "loop0", "pci0000:00/loop");
+  sxt_sysfs_link(root, "loop", "devices/pci0000:00/loop");
   assert_int_equal(sx__nic_topo_rdma(root, "loop0", &t, why, sizeof(why)), -1);
   assert_non_null(strstr(why, "Too many"));
   /* No sysfs at all. */
