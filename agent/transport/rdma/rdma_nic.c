@@ -48,7 +48,9 @@ static int name_ok(const char *s, int pci) {
     return 0;
   for (size_t i = 0; i < n; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (pci ? !(isxdigit(c) || c == ':' || c == '.') : !(isalnum(c) || c == '_' || c == '-' || c == '.'))
+    int ok = pci ? isxdigit(c) || c == ':' || c == '.'
+                 : isalnum(c) || c == '_' || c == '-' || c == '.';
+    if (!ok)
       return 0;
   }
   return 1;
@@ -268,7 +270,8 @@ int sx__rdma_ring_alloc_near(sx_rdma *t, rdma_dev *d, sx__rdma_ring *r, size_t b
   unsigned long want[NODE_WORDS], old[NODE_WORDS];
   int old_mode = MPOL_DEFAULT, restore = 0;
   memset(want, 0, sizeof(want));
-  want[(size_t)node / (8 * sizeof(unsigned long))] |= 1ul << ((size_t)node % (8 * sizeof(unsigned long)));
+  const size_t bits = 8 * sizeof(unsigned long);
+  want[(size_t)node / bits] |= 1ul << ((size_t)node % bits);
   /* The kernel reads one bit less than maxnode says (libnuma passes +1). */
   unsigned long maxnode = SX__NIC_MAX_NODE + 2;
   t->stats.numa_node = node;
