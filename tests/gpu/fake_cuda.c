@@ -12,7 +12,8 @@
  * Each stream is a worker thread running its queue in order: copies are
  * memcpy, host functions are called there (as the driver's own thread
  * would).  FAKE_CUDA_DEVICES (default 2) sets the device count,
- * FAKE_CUDA_DELAY_US slows every asynchronous copy down.
+ * FAKE_CUDA_DELAY_US slows every asynchronous copy down, FAKE_CUDA_PCI
+ * gives the devices' PCI addresses (the RDMA transport's NIC choice).
  *
  * The memory layer's gather kernel "runs" too: cuModuleLoadData accepts
  * only a PTX image with an entry sx_gather, and its launch is done on the
