@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "agent_fixture.h"
+#include "fake_drv.h"
 #include "internal.h"
 #include "mem/mem.h"
 #include "mem/mem_int.h"
@@ -77,35 +78,6 @@ static const fake_alloc allocs[] = {
     {0x7f0000400000ull, 1u << 20, 0, 1},
 };
 
-static CUresult f_ok0(unsigned x) {
-  (void)x;
-  return CUDA_SUCCESS;
-}
-static CUresult f_errstr(CUresult e, const char **s) {
-  *s = e == CUDA_ERROR_INVALID_VALUE ? "invalid argument" : "fake error";
-  return CUDA_SUCCESS;
-}
-static CUresult f_errname(CUresult e, const char **s) {
-  (void)e;
-  *s = "CUDA_ERROR_FAKE";
-  return CUDA_SUCCESS;
-}
-static CUresult f_count(int *n) {
-  *n = 2;
-  return CUDA_SUCCESS;
-}
-static CUresult f_get(CUdevice *d, int ordinal) {
-  *d = ordinal;
-  return CUDA_SUCCESS;
-}
-static CUresult f_retain(CUcontext *c, CUdevice d) {
-  *c = (CUcontext)(uintptr_t)(0x1000 + d);
-  return CUDA_SUCCESS;
-}
-static CUresult f_setcur(CUcontext c) {
-  (void)c;
-  return CUDA_SUCCESS;
-}
 static CUresult f_attrs(unsigned n, CUpointer_attribute *at, void **data, CUdeviceptr p) {
   const fake_alloc *a = NULL;
   for (size_t i = 0; i < SX__ARRAY_SIZE(allocs); i++)
@@ -135,19 +107,12 @@ static CUresult f_attrs(unsigned n, CUpointer_attribute *at, void **data, CUdevi
   return CUDA_SUCCESS;
 }
 
-static const sx__cuda_drv fake = {
-    .Init = f_ok0,
-    .GetErrorString = f_errstr,
-    .GetErrorName = f_errname,
-    .DeviceGetCount = f_count,
-    .DeviceGet = f_get,
-    .DevicePrimaryCtxRetain = f_retain,
-    .CtxSetCurrent = f_setcur,
-    .PointerGetAttributes = f_attrs,
-};
+static sx__cuda_drv fake;
 
 static int use_fake(void **state) {
   (void)state;
+  sxt_fake_drv_base(&fake, 2);
+  fake.PointerGetAttributes = f_attrs;
   sx__mem_cuda_use(&fake);
   return 0;
 }
