@@ -767,23 +767,30 @@ static void test_cluster_hostile_maps(void **state) {
 }
 
 /* What a hostile or broken node answers a command (fake nodes, no
- * redis-server): MOVED back and forth between two nodes, MOVED to an
- * address that does not parse, a plain error.  Each get ends within its
- * timeout with the status and a message that says what happened. */
+ * redis-server): MOVED to a node the map does not name, MOVED for a slot
+ * that is not the key's, MOVED to an address that does not parse, ASK
+ * back and forth between two nodes, a plain error.  Each get ends within
+ * its timeout with the status and a message that says what happened; the
+ * second node (in no map) is sent nothing on a MOVED's word: the client
+ * reads the map again instead (which names the first node only). */
 static void test_cluster_hostile_redirects(void **state) {
   (void)state;
   static const struct {
     const char *answer;
     int status;
     const char *want;
+    int other_asked; /* may the second node get commands? */
   } cases[] = {
-      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384"},
-      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport"},
-      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0"},
-      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong"},
+      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after", 0},
+      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "answered MOVED for slot 0, but the key is "
+       "in slot", 0},
+      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384", 0},
+      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport", 0},
+      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0", 0},
+      {"-ASK 0 127.0.0.1:%p\r\n", SX_ESTORE, "answered ASK for slot 0, but the key is in "
+       "slot", 0},
+      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after", 1},
+      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong", 0},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     sxt_fake_rnodes f;
@@ -802,6 +809,12 @@ static void test_cluster_hostile_redirects(void **state) {
                sx_errmsg(), sx_err_name(cases[i].status), cases[i].want);
     if (took > 2500)
       fail_msg("answer %s: the get took %lu ms", cases[i].answer, (unsigned long)took);
+    int other = atomic_load(&f.node[1].others);
+    if (!cases[i].other_asked && other != 0)
+      fail_msg("answer %s: the node no map names was sent %d commands", cases[i].answer,
+               other);
+    if (cases[i].other_asked && other == 0)
+      fail_msg("answer %s: ASK did not reach the node it names", cases[i].answer);
     sx_store_close(s);
     sxt_fake_rnodes_stop(&f);
   }
