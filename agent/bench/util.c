@@ -43,6 +43,31 @@ double bx_cpu_self(void) {
          (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
+double bx_cpu_thread(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+double bx_proc_cpu(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* The name (field 2) may hold spaces and parentheses: count fields from
+   * the last ')'.  utime and stime are fields 14 and 15, in clock ticks. */
+  const char *p = strrchr(buf, ')');
+  unsigned long long ut, st;
+  if (p == NULL || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                          &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 double bx_runq_wait(pid_t pid) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
