@@ -639,6 +639,23 @@ static void test_cluster_close_from_a_timed_out_op(void **state) {
   assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
 }
 
+/* An op's callback closes the backend while the master's connection is
+ * inside its own reply callback, another op outstanding on it: hiredis
+ * frees the connection after the callback returns and then calls its
+ * disconnect callback, which read the node from the client state that the
+ * close had freed (found by sx-bench's fleet under the sanitizers; fails
+ * under them without the fix). */
+static void test_cluster_close_from_a_reply(void **state) {
+  (void)state;
+  NEED_CLUSTER();
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+  char url[512];
+  cl_url("clr", NULL, url, sizeof(url));
+  sxt_store s;
+  sxt_ok(sxt_store_open(&s, url, 1));
+  sxt_store_close_from_reply(&s, "absent/0");
+}
+
 /* Opening must fail with this status and a message containing want. */
 static void open_fails(const char *url, int status, const char *want) {
   sx_store *s = NULL;
@@ -831,6 +848,7 @@ int main(void) {
       cmocka_unit_test(test_cluster_hostile_maps),
       cmocka_unit_test(test_cluster_ask_during_slot_migration),
       cmocka_unit_test(test_cluster_close_from_a_timed_out_op),
+      cmocka_unit_test(test_cluster_close_from_a_reply),
       cmocka_unit_test(test_cluster_master_failover),
       cmocka_unit_test(test_cluster_reshard_under_load),
   };

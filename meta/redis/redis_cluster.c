@@ -768,7 +768,6 @@ void sx__rcl_drop(redis_backend *rb) {
 }
 
 void sx__rcl_free(redis_backend *rb) {
-  sx__rcl_drop(rb);
   free(rb->cl);
   rb->cl = NULL;
 }

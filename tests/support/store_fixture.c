@@ -319,3 +319,22 @@ void sxt_store_close_from_timed_out_op(sxt_store *s, const char *name) {
   sxt_store_close(s);
   assert_int_equal(c.calls, 1);
 }
+
+void sxt_store_close_from_reply(sxt_store *s, const char *name) {
+  closer c = {.s = s};
+  sxt_reply other;
+  memset(&other, 0, sizeof(other));
+  assert_int_equal(sx__backend_get(s->b, name, close_in_cb, &c), 0);
+  assert_int_equal(sx__backend_get(s->b, name, sxt_reply_cb, &other), 0);
+  uint64_t t0 = sx__mono_ms();
+  while ((c.calls == 0 || other.calls == 0) && sx__mono_ms() - t0 < 10000)
+    uv_run(&s->loop, UV_RUN_ONCE);
+  assert_int_equal(c.calls, 1);
+  assert_int_equal(c.status, SX_ENOENT);
+  assert_int_equal(other.calls, 1);
+  assert_true(other.status == SX_ECANCELED || other.status == SX_ENOENT);
+  sxt_store_close(s);
+  assert_int_equal(c.calls, 1);
+  assert_int_equal(other.calls, 1);
+  sxt_reply_free(&other);
+}
