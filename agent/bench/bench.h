@@ -113,7 +113,8 @@ double bx_cpu_self(void);
 /* Seconds pid's threads (alive now) have spent runnable but waiting for a
  * CPU (/proc/PID/task/TID/schedstat), or -1 when the kernel does not say. */
 double bx_runq_wait(pid_t pid);
-/* CPU seconds (user + system) process pid has used (/proc/PID/stat), or -1. */
+/* CPU seconds process pid has used: its threads' run time (schedstat, in
+ * ns), else user + system (/proc/PID/stat, in clock ticks); or -1. */
 double bx_proc_cpu(pid_t pid);
 /* CPU seconds the calling thread has used. */
 double bx_cpu_thread(void);

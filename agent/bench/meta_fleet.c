@@ -564,8 +564,8 @@ int bx_fleet_run_open(bx_fleet_run *r, mb *m, const bx_meta_opts *mo, bx_report 
                 "<= %.0f ms, >= 90%% of the asked resolves answered, and no thread of the "
                 "generator (this process) >= %.0f%% busy (else the generator, not the store, "
                 "may be the limit)", mo->held_p99_ms, held_late_ms(mo), BX_GEN_BOUND * 100);
-  bx_table_note(r->t, "SERVERS CPU %%: the private servers' user+system CPU over the window "
-                "(/proc/PID/stat), summed, and the busiest one's; GENERATOR: this process (the "
+  bx_table_note(r->t, "SERVERS CPU %%: the private servers' CPU over the window "
+                "(schedstat run time), summed, and the busiest one's; GENERATOR: this process (the "
                 "simulated agents and the readers; %ld CPUs here, shared with the servers) "
                 "and its busiest thread", sysconf(_SC_NPROCESSORS_ONLN));
   bx_table_note(r->t, "US/RENEW: server CPU per renewal, less the readers' share at the idle "

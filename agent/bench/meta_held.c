@@ -39,8 +39,8 @@ typedef struct search {
   int list;            /* the next --fleet size (without --fleet-search) */
   uint32_t cap, steps; /* the largest size tried; halvings of the bracket left */
   bx_probe lo, hi;     /* the largest size held, the smallest not held (agents 0: none) */
-  bx_probe kept, kept_lo; /* the largest and smallest sizes with every lease kept and
-                           * the servers' CPU known */
+  bx_probe kept[32];   /* the sizes with every lease kept and the servers' CPU known */
+  int n_kept;
   int cut;             /* stopped by --fleet-budget-s */
 } search;
 
@@ -74,43 +74,64 @@ static void search_record(search *s, const bx_probe *p) {
   if (!p->held && (s->hi.agents == 0 || p->agents < s->hi.agents) &&
       p->agents > s->lo.agents)
     s->hi = *p;
-  if (p->kept && p->n_srv > 0 && p->renews_s > 0) {
-    if (p->agents > s->kept.agents)
-      s->kept = *p;
-    if (s->kept_lo.agents == 0 || p->agents < s->kept_lo.agents)
-      s->kept_lo = *p;
-  }
+  if (p->kept && p->n_srv > 0 && p->renews_s > 0 &&
+      s->n_kept < (int)(sizeof(s->kept) / sizeof(s->kept[0])))
+    s->kept[s->n_kept++] = *p;
 }
 
-/* CPU seconds per renewal, all servers and the busiest: the slope of each
- * server's CPU against the renewal rate between the smallest and largest
- * sizes whose leases were kept, so that what does not grow with renewals
- * (the readers' resolves, timers, the cluster bus) drops out.  Where the
- * two are too close, the average at the largest (less the readers' share
- * at the idle store's cost).  *how says which; -1 when neither is known. */
-static int renew_cost(const search *s, double *all, double *busiest, const char **how) {
-  const bx_probe *a = &s->kept_lo, *b = &s->kept;
-  if (b->agents == 0)
+/* The kept size with the most (most = 1) or fewest agents. */
+static const bx_probe *kept_end(const search *s, int most) {
+  const bx_probe *b = NULL;
+  for (int i = 0; i < s->n_kept; i++)
+    if (b == NULL || (most ? s->kept[i].agents > b->agents : s->kept[i].agents < b->agents))
+      b = &s->kept[i];
+  return b;
+}
+
+/* CPU seconds per renewal, all servers and the busiest: for each server
+ * the slope of a least-squares line through its CPU share against
+ * renewals/s over the sizes whose leases were kept, so that what does not
+ * grow with renewals (the readers' resolves, timers, the cluster bus)
+ * drops out.  Where those sizes span less than 1.5x in renewals, the
+ * average at the largest (less the readers' share at the idle store's
+ * cost).  *from says which; -1 when neither is known. */
+static int renew_cost(const search *s, double *all, double *busiest, char *from,
+                      size_t fsize) {
+  const bx_probe *lo = kept_end(s, 0), *hi = kept_end(s, 1);
+  if (hi == NULL)
     return -1;
-  if (a->agents > 0 && b->renews_s >= 1.5 * a->renews_s && a->n_srv == b->n_srv) {
-    double dr = b->renews_s - a->renews_s, sum = 0, mx = 0;
-    for (int i = 0; i < b->n_srv; i++) {
-      double d = (b->srv_each[i] - a->srv_each[i]) / dr;
-      sum += d;
-      mx = d > mx ? d : mx;
+  if (hi->renews_s >= 1.5 * lo->renews_s) {
+    double mx = 0, my[BX_CLUSTER_MAX] = {0}, sxx = 0, sxy[BX_CLUSTER_MAX] = {0};
+    int n = s->n_kept, ns = hi->n_srv;
+    for (int k = 0; k < n; k++) {
+      mx += s->kept[k].renews_s / n;
+      for (int i = 0; i < ns; i++)
+        my[i] += s->kept[k].srv_each[i] / n;
     }
-    if (sum > 0 && mx > 0) {
+    for (int k = 0; k < n; k++) {
+      double dx = s->kept[k].renews_s - mx;
+      sxx += dx * dx;
+      for (int i = 0; i < ns; i++)
+        sxy[i] += dx * (s->kept[k].srv_each[i] - my[i]);
+    }
+    double sum = 0, top = 0;
+    for (int i = 0; i < ns; i++) {
+      double b = sxy[i] / sxx;
+      sum += b;
+      top = b > top ? b : top;
+    }
+    if (sum > 0 && top > 0) {
       *all = sum;
-      *busiest = mx;
-      *how = "slope";
+      *busiest = top;
+      snprintf(from, fsize, "fit, %d sizes %u..%u", n, lo->agents, hi->agents);
       return 0;
     }
   }
-  if (b->srv_renew_s <= 0 || b->srv_renew_max_s <= 0)
+  if (hi->srv_renew_s <= 0 || hi->srv_renew_max_s <= 0)
     return -1;
-  *all = b->srv_renew_s;
-  *busiest = b->srv_renew_max_s;
-  *how = "average";
+  *all = hi->srv_renew_s;
+  *busiest = hi->srv_renew_max_s;
+  snprintf(from, fsize, "average at %u", hi->agents);
   return 0;
 }
 
@@ -134,12 +155,9 @@ static void held_row(bx_table *t, const char *store, int servers, const search *
     bx_set_str(row, "why", "%s", s->hi.why);
   }
   double all, busiest;
-  const char *how;
-  if (renew_cost(s, &all, &busiest, &how) == 0) {
-    if (strcmp(how, "slope") == 0)
-      bx_set_str(row, "cpu_at", "slope %u..%u", s->kept_lo.agents, s->kept.agents);
-    else
-      bx_set_str(row, "cpu_at", "average at %u", s->kept.agents);
+  char from[64];
+  if (renew_cost(s, &all, &busiest, from, sizeof(from)) == 0) {
+    bx_set_str(row, "cpu_at", "%s", from);
     bx_set_num(row, "us_renew", all * 1e6);
     bx_set_num(row, "us_renew_max", busiest * 1e6);
     bx_set_num(row, "per_thread", agents_per_thread(mo, all));
@@ -185,9 +203,9 @@ static void held_report(bx_report *rep, const bx_meta_opts *mo, const search se[
                 "lease %u ms)", mo->search_steps ? "sizes from a search (doubling, then "
                 "halving the bracket)" : "sizes from --fleet", mo->held_p99_ms, mo->lease_ms);
   bx_table_note(t, "measured: servers and generator share these %ld CPUs; normalised: "
-                "server CPU per renewal, the slope of each server's CPU against renewals/s "
-                "between the smallest and largest fleets whose leases were all kept (else "
-                "the average at the largest)", ncpu);
+                "server CPU per renewal, the slope of a line fitted to each server's CPU "
+                "against renewals/s over the fleets whose leases were all kept (else the "
+                "average at the largest)", ncpu);
   bx_table_note(t, "one saturated thread carries lease/3 / (US/RENEW) agents; servers with "
                 "a core each saturate when the busiest does");
   bx_table_note(t, "a server's cost per renewal falls as it gets busier (more commands per "
@@ -217,15 +235,15 @@ static void held_report(bx_report *rep, const bx_meta_opts *mo, const search se[
   snprintf(what, sizeof(what), "agents per saturated Redis thread, %d-master cluster (each "
            "master a core) vs one Redis, CPU-normalised", cl->n_srv);
   double all0, one0, all1, max1;
-  const char *how0, *how1;
-  if (renew_cost(&se[0], &all0, &one0, &how0) != 0 ||
-      renew_cost(&se[1], &all1, &max1, &how1) != 0) {
+  char from0[64], from1[64];
+  if (renew_cost(&se[0], &all0, &one0, from0, sizeof(from0)) != 0 ||
+      renew_cost(&se[1], &all1, &max1, from1, sizeof(from1)) != 0) {
     bx_target_skip(rep, what, "no fleet size with every lease kept and the servers' CPU "
                    "known on both stores");
   } else {
-    snprintf(basis, sizeof(basis), "server CPU us/renewal (%s): one Redis %.1f; cluster "
-             "busiest master %.1f, all masters %.1f", strcmp(how0, how1) == 0 ? how0 :
-             "slope/average", one0 * 1e6, max1 * 1e6, all1 * 1e6);
+    snprintf(basis, sizeof(basis), "server CPU us/renewal: one Redis %.1f (%s); cluster "
+             "busiest master %.1f, all masters %.1f (%s)", one0 * 1e6, from0, max1 * 1e6,
+             all1 * 1e6, from1);
     bx_target(rep, what, one0 / max1, "x", ">=", 2.5, basis);
   }
 }

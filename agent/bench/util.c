@@ -49,7 +49,40 @@ double bx_cpu_thread(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* CPU seconds of pid's threads (alive now) from schedstat (nanoseconds,
+ * where /proc/PID/stat counts clock ticks: 10 ms, too coarse for the
+ * differences between two fleet sizes), or -1. */
+static double proc_run_ns(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  double sum = 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.')
+      continue;
+    char p[300];
+    snprintf(p, sizeof(p), "/proc/%d/task/%.200s/schedstat", (int)pid, e->d_name);
+    FILE *f = fopen(p, "r");
+    unsigned long long run;
+    if (f != NULL && fscanf(f, "%llu", &run) == 1) {
+      sum += (double)run / 1e9;
+      n++;
+    }
+    if (f != NULL)
+      fclose(f);
+  }
+  closedir(d);
+  return n > 0 ? sum : -1;
+}
+
 double bx_proc_cpu(pid_t pid) {
+  double ns = proc_run_ns(pid);
+  if (ns >= 0)
+    return ns;
   char path[64], buf[1024];
   snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "r");
