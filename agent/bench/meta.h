@@ -1,6 +1,7 @@
 /*
  * sx-bench meta's insides, shared by meta.c (setup, closed-loop runner,
- * per-op figures), meta_fleet.c (options, ls, the fleet run) and fleet.c
+ * per-op figures), meta_fleet.c (options, ls), meta_probe.c (one fleet size),
+ * meta_held.c (the search and the held figures) and fleet.c
  * (the simulated agents' thread).
  */
 #ifndef SX_BENCH_META_H
@@ -145,7 +146,7 @@ void bx_flag_conn(void *arg, int up, int err, const char *msg);
 /* A cold resolve of the bench segment of slot s (modulo their number). */
 int bx_meta_cold_issue(bx_run *r, bx_slot *s);
 
-/* meta_fleet.c */
+/* meta_fleet.c: options, ls */
 int bx_meta_parse(bx_meta_opts *mo, int argc, char **argv);
 int bx_meta_ls(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t esize);
 
@@ -172,7 +173,7 @@ typedef struct bx_probe {
 /* A generator thread at least this busy may be what limits the run. */
 #define BX_GEN_BOUND 0.9
 
-/* One store's fleet runs (meta_fleet.c): open (the readers, its table and
+/* One store's fleet runs (meta_probe.c): open (the readers, its table and
  * the idle store's row), probe fleet sizes one at a time, close. */
 typedef struct bx_fleet_run {
   mb *m;

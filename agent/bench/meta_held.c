@@ -69,8 +69,13 @@ static void search_next(search *s, const bx_meta_opts *mo) {
 }
 
 static void search_record(search *s, const bx_probe *p) {
-  if (p->held && p->agents > s->lo.agents)
+  if (p->held && p->agents > s->lo.agents) {
     s->lo = *p;
+    /* A --fleet list may hold a size above one it did not (the machine's
+     * load moved): the smallest size not held is then looked for above. */
+    if (s->hi.agents != 0 && s->hi.agents <= p->agents)
+      memset(&s->hi, 0, sizeof(s->hi));
+  }
   if (!p->held && (s->hi.agents == 0 || p->agents < s->hi.agents) &&
       p->agents > s->lo.agents)
     s->hi = *p;
