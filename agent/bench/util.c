@@ -49,10 +49,11 @@ double bx_cpu_thread(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* CPU seconds of pid's threads (alive now) from schedstat (nanoseconds,
- * where /proc/PID/stat counts clock ticks: 10 ms, too coarse for the
- * differences between two fleet sizes), or -1. */
-static double proc_run_ns(pid_t pid) {
+/* One field of pid's threads' schedstat (alive now), summed, in seconds:
+ * 0 the time run on a CPU, 1 the time runnable but waiting; -1 when the
+ * kernel does not say.  Nanoseconds, where /proc/PID/stat counts clock
+ * ticks (10 ms: too coarse for the CPU difference of two fleet sizes). */
+static double schedstat_sum(pid_t pid, int field) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   DIR *d = opendir(path);
@@ -67,9 +68,9 @@ static double proc_run_ns(pid_t pid) {
     char p[300];
     snprintf(p, sizeof(p), "/proc/%d/task/%.200s/schedstat", (int)pid, e->d_name);
     FILE *f = fopen(p, "r");
-    unsigned long long run;
-    if (f != NULL && fscanf(f, "%llu", &run) == 1) {
-      sum += (double)run / 1e9;
+    unsigned long long v[2];
+    if (f != NULL && fscanf(f, "%llu %llu", &v[0], &v[1]) == 2) {
+      sum += (double)v[field] / 1e9;
       n++;
     }
     if (f != NULL)
@@ -79,10 +80,12 @@ static double proc_run_ns(pid_t pid) {
   return n > 0 ? sum : -1;
 }
 
+double bx_runq_wait(pid_t pid) { return schedstat_sum(pid, 1); }
+
 double bx_proc_cpu(pid_t pid) {
-  double ns = proc_run_ns(pid);
-  if (ns >= 0)
-    return ns;
+  double run = schedstat_sum(pid, 0);
+  if (run >= 0)
+    return run;
   char path[64], buf[1024];
   snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
   FILE *f = fopen(path, "r");
@@ -99,33 +102,6 @@ double bx_proc_cpu(pid_t pid) {
                           &ut, &st) != 2)
     return -1;
   return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-}
-
-double bx_runq_wait(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
-  DIR *d = opendir(path);
-  if (d == NULL)
-    return -1;
-  double sum = 0;
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.')
-      continue;
-    char p[300];
-    snprintf(p, sizeof(p), "/proc/%d/task/%.200s/schedstat", (int)pid, e->d_name);
-    FILE *f = fopen(p, "r");
-    unsigned long long run, wait;
-    if (f != NULL && fscanf(f, "%llu %llu", &run, &wait) == 2) {
-      sum += (double)wait / 1e9;
-      n++;
-    }
-    if (f != NULL)
-      fclose(f);
-  }
-  closedir(d);
-  return n > 0 ? sum : -1;
 }
 
 /* ------------------------------------------------------------ statistics */
