@@ -140,6 +140,59 @@ static int renew_cost(const search *s, double *all, double *busiest, char *from,
   return 0;
 }
 
+/* One Redis's average CPU per renewal (less the readers' share) at r
+ * renewals/s, interpolated between its kept sizes (an end only within 25%
+ * of it); -1 when r lies outside what was measured. */
+static double cost_at(const search *s, double r) {
+  const bx_probe *below = NULL, *above = NULL;
+  for (int i = 0; i < s->n_kept; i++) {
+    const bx_probe *p = &s->kept[i];
+    if (p->srv_renew_s <= 0)
+      continue;
+    if (p->renews_s <= r && (below == NULL || p->renews_s > below->renews_s))
+      below = p;
+    if (p->renews_s >= r && (above == NULL || p->renews_s < above->renews_s))
+      above = p;
+  }
+  if (below != NULL && above != NULL) {
+    if (above->renews_s == below->renews_s)
+      return below->srv_renew_s;
+    double f = (r - below->renews_s) / (above->renews_s - below->renews_s);
+    return below->srv_renew_s + f * (above->srv_renew_s - below->srv_renew_s);
+  }
+  const bx_probe *end = below != NULL ? below : above;
+  if (end != NULL && r > end->renews_s * 0.8 && r < end->renews_s * 1.25)
+    return end->srv_renew_s;
+  return -1;
+}
+
+/* The cluster against one Redis with each server doing the same work: the
+ * busiest master's CPU per renewal at the cluster's largest kept size
+ * whose renewals per master one Redis was also measured at (a server's
+ * cost per renewal depends on its load: more commands per wakeup when
+ * busier).  The ratio, or -1; what was compared in text. */
+static double equal_load_ratio(const search *one, const search *cl, char *text,
+                               size_t size) {
+  const bx_probe *best = NULL;
+  double best_one = -1;
+  for (int i = 0; i < cl->n_kept; i++) {
+    const bx_probe *c = &cl->kept[i];
+    if (c->srv_renew_max_s <= 0 || c->n_srv == 0)
+      continue;
+    double y = cost_at(one, c->renews_s / c->n_srv);
+    if (y > 0 && (best == NULL || c->renews_s > best->renews_s)) {
+      best = c;
+      best_one = y;
+    }
+  }
+  if (best == NULL)
+    return -1;
+  snprintf(text, size, "one Redis %.1f us/renewal at %.0f renewals/s; cluster busiest "
+           "master %.1f at %.0f (%u agents)", best_one * 1e6, best->renews_s / best->n_srv,
+           best->srv_renew_max_s * 1e6, best->renews_s, best->agents);
+  return best_one / best->srv_renew_max_s;
+}
+
 /* Agents one saturated thread carries at cpu seconds per renewal. */
 static double agents_per_thread(const bx_meta_opts *mo, double cpu) {
   return cpu > 0 ? mo->lease_ms / 3000.0 / cpu : -1;
@@ -251,6 +304,15 @@ static void held_report(bx_report *rep, const bx_meta_opts *mo, const search se[
              all1 * 1e6, from1);
     bx_target(rep, what, one0 / max1, "x", ">=", 2.5, basis);
   }
+  snprintf(what, sizeof(what), "agents per saturated Redis thread, %d-master cluster vs one "
+           "Redis, CPU at equal load per server", cl->n_srv);
+  char text[200];
+  double eq = equal_load_ratio(&se[0], &se[1], text, sizeof(text));
+  if (eq < 0)
+    bx_target_skip(rep, what, "the cluster kept no size whose renewals per master one "
+                   "Redis was measured at");
+  else
+    bx_target(rep, what, eq, "x", ">=", 2.5, text);
 }
 
 int bx_meta_fleets(mb *base, mb *cluster, const bx_meta_opts *mo, bx_report *rep, char *err,
