@@ -347,9 +347,11 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
       if (to == NULL) {
         /* A master the map does not know (a promoted replica, a node
          * added, or a made-up address): the map read now says where the
-         * slot went, and the command waits for it. */
+         * slot went, and the command waits for it.  Should the node read
+         * not know yet (gossip still spreading the change), the reads after
+         * half the tries come paced, so that the rest span some time. */
         park(rb, c);
-        sx__rcl_refresh(rb, 0);
+        sx__rcl_refresh(rb, c->tries > RCL_MAX_TRIES / 2 ? RCL_RETRY_MS : 0);
         return;
       }
       rb->cl->slot_node[slot] = (int16_t)sx__rcl_node_index(rb->cl, to);
