@@ -220,8 +220,9 @@ static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
  * only after that, the pipe ran dry once per window and the target waited
  * a round trip with nothing to send (nothing in flight for 10% of a read
  * of 1 MiB x 128 batches on one connection, strace; docs/benchmarks.md).
- * Small blocks never get here (16 replies are a fraction of WINDOW_REQS):
- * they keep one request write per loop iteration. */
+ * Small blocks get here only while few are in flight anyway (16 replies
+ * are a fraction of WINDOW_REQS): in a steady stream they keep one request
+ * write per loop iteration. */
 static void c_refill(cconn *c) {
   tpeer *p = c->p;
   if (c->state == C_READY && p->q != NULL && !p->closing && c->count <= WINDOW_REQS / 2 &&
