@@ -862,7 +862,8 @@ static int test_teardown(void **state) {
       targets++;
     }
   }
-  unsetenv("SX_GPU_COPY");
+  unsetenv("SX_GPU_COPY"); /* what the copy-method tests set */
+  unsetenv("FAKE_CUDA_NO_BATCH");
   if (agents + targets + relays > 0)
     print_message("teardown: ended %d agents, %d targets and %d relays the test left\n",
                   agents, targets, relays);
