@@ -370,6 +370,8 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_fixt
                       $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+# test_gpu_ipc's lying target (a relay thread) is a file of its own.
+$(BUILD)/tests/gpu/test_gpu_ipc: $(BUILD)/obj/tests/gpu/ipc_relay.o
 
 # The host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c).
 $(BUILD)/tests/gpu/libfakecuda.so: tests/gpu/fake_cuda.c

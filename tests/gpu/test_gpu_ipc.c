@@ -6,23 +6,20 @@
  * killed during batches (every batch ends by its deadline, mappings are
  * gone), a restarted target (SX_ESTALE, no mapping left), unregister
  * while the reader holds a mapping (the handle is given back at once), and
- * read notices (SX_BATCH_NOTIFY) after the device copies.
+ * read notices (SX_BATCH_NOTIFY) after the device copies.  A test that
+ * fails midway leaves nothing behind: its teardown ends what it held.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "gpu_fixture.h"
 #include "internal.h"
+#include "ipc_relay.h"
 #include "pattern.h"
 #include "procs.h"
 #include "redis_harness.h"
@@ -100,6 +97,81 @@ typedef struct target {
   uint16_t port;
 } target;
 
+/* ------------------------------------------------------------ held */
+
+/* What the running test holds: a failed assertion longjmps out of the
+ * test, past its own clean-up, and what it held would stay for the tests
+ * after it (a reader agent's mappings, a stopped target, a relay thread on
+ * a dead stack).  The teardown of every test ends what is still here.
+ * Copies, not pointers: the tests keep these on their stacks (a relay is
+ * the exception: its thread uses it, so relayed tests keep it static). */
+#define HELD 8
+static struct {
+  sx_agent *agents[HELD];
+  gpu_pool pools[HELD];
+  target targets[HELD];
+  relay *relay;
+} held;
+
+/* An agent of this binary's store (its name as in gpu_agent), held. */
+static sx_agent *agent_new(const char *name, unsigned transports) {
+  sx_agent *a = gpu_agent(url, name, 0, transports);
+  for (int i = 0; i < HELD; i++) {
+    if (held.agents[i] == NULL) {
+      held.agents[i] = a;
+      return a;
+    }
+  }
+  sx_agent_destroy(a);
+  fail_msg("a test holds more than %d agents", HELD);
+  return NULL;
+}
+
+static void agent_end(sx_agent *a) {
+  for (int i = 0; i < HELD; i++)
+    if (held.agents[i] == a)
+      held.agents[i] = NULL;
+  sx_agent_destroy(a);
+}
+
+/* A pool of LAYERS x blocks x BB in a's regions, held. */
+static void pool_make(gpu_pool *p, sx_agent *a, const char *location, uint64_t blocks,
+                      uint64_t seed) {
+  gpu_pool_make(p, a, location, LAYERS, blocks, BB, seed);
+  for (int i = 0; i < HELD; i++) {
+    if (held.pools[i].mem[0] == NULL) {
+      held.pools[i] = *p;
+      return;
+    }
+  }
+  gpu_pool_free(p);
+  fail_msg("a test holds more than %d pools", HELD);
+}
+
+/* After the agent that registered it is gone. */
+static void pool_end(gpu_pool *p) {
+  for (int i = 0; i < HELD; i++)
+    if (held.pools[i].mem[0] == p->mem[0])
+      memset(&held.pools[i], 0, sizeof(held.pools[i]));
+  gpu_pool_free(p);
+}
+
+static void hold_target(const target *t) {
+  for (int i = 0; i < HELD; i++) {
+    if (held.targets[i].pid == 0) {
+      held.targets[i] = *t;
+      return;
+    }
+  }
+  fail_msg("a test holds more than %d targets", HELD);
+}
+
+static void drop_target(const target *t) {
+  for (int i = 0; i < HELD; i++)
+    if (held.targets[i].pid == t->pid)
+      memset(&held.targets[i], 0, sizeof(held.targets[i]));
+}
+
 static void target_start_adv(target *t, const char *name, const char *location,
                              const char *listen, const char *advertise) {
   int to[2], from[2];
@@ -122,6 +194,7 @@ static void target_start_adv(target *t, const char *name, const char *location,
   t->pid = pid;
   t->in = fdopen(to[1], "w");
   t->out = fdopen(from[0], "r");
+  hold_target(t); /* before it may fail to start */
   char line[64];
   unsigned port = 0;
   if (fgets(line, sizeof(line), t->out) == NULL || sscanf(line, "ready %u", &port) != 1)
@@ -140,6 +213,7 @@ static void target_say(target *t, const char *line) {
 }
 
 static int target_end(target *t, int sig) {
+  drop_target(t);
   if (sig)
     kill(t->pid, sig);
   else
@@ -149,6 +223,25 @@ static int target_end(target *t, int sig) {
   int st;
   waitpid(t->pid, &st, 0);
   return st;
+}
+
+/* Bytes that arrived on the target's connections to its port (a cuda_ipc
+ * reader's control connection) and that it has not read: the rx_queue of
+ * the established sockets of that local port in /proc/net/tcp. */
+static unsigned long unread_at(uint16_t port) {
+  FILE *f = fopen("/proc/net/tcp", "r");
+  assert_non_null(f);
+  char line[512];
+  unsigned long sum = 0;
+  while (fgets(line, sizeof(line), f) != NULL) {
+    unsigned lport, st;
+    unsigned long tx, rx;
+    if (sscanf(line, " %*d: %*x:%x %*x:%*x %x %lx:%lx", &lport, &st, &tx, &rx) == 4 &&
+        lport == port && st == 1 /* TCP_ESTABLISHED */)
+      sum += rx;
+  }
+  fclose(f);
+  return sum;
 }
 
 /* ------------------------------------------------------------ helpers */
@@ -175,8 +268,8 @@ static void read_verify(sx_segment *seg, const gpu_pool *r, uint32_t seed_round,
  * once over cuda_ipc (verified). */
 static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
                              sx_agent **ra) {
-  *ra = gpu_agent(url, rname, 0, 0);
-  gpu_pool_make(r, *ra, "cuda:0", LAYERS, 64, BB, 0);
+  *ra = agent_new(rname, 0);
+  pool_make(r, *ra, "cuda:0", 64, 0);
   sx_segment *seg = open_seg(*ra, tname);
   read_verify(seg, r, 1, SX_TRANSPORT_CUDA_IPC);
   return seg;
@@ -187,9 +280,9 @@ static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
 static void between(const char *tloc, const char *rloc) {
   target t;
   target_start(&t, "ipc-t", tloc, NULL);
-  sx_agent *ra = gpu_agent(url, "ipc-r", 0, 0);
+  sx_agent *ra = agent_new("ipc-r", 0);
   gpu_pool r;
-  gpu_pool_make(&r, ra, rloc, LAYERS, 64, BB, 0);
+  pool_make(&r, ra, rloc, 64, 0);
   sx_segment *seg = open_seg(ra, "ipc-t");
   assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_CUDA_IPC);
   for (uint32_t round = 1; round <= 3; round++)
@@ -219,8 +312,8 @@ static void between(const char *tloc, const char *rloc) {
   for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
     sxt_sleep_ms(10);
   assert_int_equal(sx__mem_ipc_open_count(), 0);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
+  agent_end(ra);
+  pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
@@ -243,39 +336,39 @@ static void test_gpu_ipc_transport_choice(void **state) {
   (void)state;
   target t;
   target_start(&t, "ipc-c", "cuda:0", NULL);
-  sx_agent *tcp_only = gpu_agent(url, "ipc-c-tcp", 0, SX_TRANSPORTS_TCP);
+  sx_agent *tcp_only = agent_new("ipc-c-tcp", SX_TRANSPORTS_TCP);
   gpu_pool r;
-  gpu_pool_make(&r, tcp_only, "cuda:0", LAYERS, 64, BB, 0);
+  pool_make(&r, tcp_only, "cuda:0", 64, 0);
   sx_segment *seg = open_seg(tcp_only, "ipc-c");
   assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
   read_verify(seg, &r, 7, SX_TRANSPORT_TCP);
   sx_segment_close(seg);
-  sx_agent_destroy(tcp_only);
-  gpu_pool_free(&r);
+  agent_end(tcp_only);
+  pool_end(&r);
   /* Same process: IPC cannot open its own handles. */
-  sx_agent *self_t = gpu_agent(url, "ipc-self", 0, 0);
+  sx_agent *self_t = agent_new("ipc-self", 0);
   gpu_pool st;
-  gpu_pool_make(&st, self_t, "cuda:0", LAYERS, TBLOCKS, BB, SEED);
+  pool_make(&st, self_t, "cuda:0", TBLOCKS, SEED);
   sxt_ok(sx_agent_publish(self_t, 0));
-  sx_agent *ra = gpu_agent(url, "ipc-c-r", 0, 0);
-  gpu_pool_make(&r, ra, "cuda:0", LAYERS, 64, BB, 0);
+  sx_agent *ra = agent_new("ipc-c-r", 0);
+  pool_make(&r, ra, "cuda:0", 64, 0);
   seg = open_seg(ra, "ipc-self");
   assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
   read_verify(seg, &r, 8, SX_TRANSPORT_TCP);
   sx_segment_close(seg);
   /* Forced cuda_ipc with no way to use it: a clear refusal. */
-  sx_agent *ipc_only = gpu_agent(url, "ipc-c-only", 0, SX_TRANSPORTS_CUDA_IPC);
+  sx_agent *ipc_only = agent_new("ipc-c-only", SX_TRANSPORTS_CUDA_IPC);
   sxt_rc(sx_segment_open(ipc_only, "ipc-self", 2000, &seg), SX_EUNREACH);
   assert_non_null(strstr(sx_errmsg(), "no common transport"));
   /* It reads, but it has nothing peers could reach: publishing is refused
    * with the reason, not left as an unreachable segment. */
   sxt_rc(sx_agent_publish(ipc_only, 0), SX_EINVAL);
   assert_non_null(strstr(sx_errmsg(), "cuda_ipc needs tcp as well"));
-  sx_agent_destroy(ipc_only);
-  sx_agent_destroy(ra);
-  sx_agent_destroy(self_t);
-  gpu_pool_free(&r);
-  gpu_pool_free(&st);
+  agent_end(ipc_only);
+  agent_end(ra);
+  agent_end(self_t);
+  pool_end(&r);
+  pool_end(&st);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
@@ -314,11 +407,9 @@ static void test_gpu_ipc_target_killed(void **state) {
     sxt_sleep_ms(10);
   assert_int_equal(sx__mem_ipc_open_count(), 0);
   sx_segment_close(seg);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
-  fclose(t.in);
-  fclose(t.out);
-  waitpid(t.pid, NULL, 0);
+  agent_end(ra);
+  pool_end(&r);
+  target_end(&t, SIGKILL); /* killed already: closes the pipes and reaps it */
 }
 
 /* The target restarts under the same name and port: the old segment's
@@ -350,8 +441,8 @@ static void test_gpu_ipc_stale_incarnation(void **state) {
   seg = open_seg(ra, "ipc-s");
   read_verify(seg, &r, 2, SX_TRANSPORT_CUDA_IPC);
   sx_segment_close(seg);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
+  agent_end(ra);
+  pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
@@ -386,213 +477,12 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
     fail_msg("V after K went: %s", res.message);
   assert_int_equal(gpu_pool_verify(&r, seg, SEED, &v, 1), 0);
   sx_segment_close(seg);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
+  agent_end(ra);
+  pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
 /* ------------------------------------------------------------ a lying target */
-
-/* A relay on 127.0.0.1:PORT to a target listening on 127.0.0.2:PORT (and
- * advertising 127.0.0.1): bytes go through as they are, except that every
- * IPC_REPLY record the target sends claims its allocation starts `shift`
- * bytes lower and is that much larger.  The record still adds up (base +
- * offset is the region's address, the region ends inside alloc), but the
- * handle maps only the real allocation. */
-typedef struct relay {
-  int lfd, stop;
-  uint16_t port;
-  uint64_t shift;
-  unsigned rewritten;
-  pthread_t th;
-  /* A revoking target: once inject_go is set, one REVOKE frame (IPC_REPLY
-   * id 0) of inject[] goes to each reader connection that asked for IPC
-   * handles; the ids readers give back (IPC id 0) land in given[]. */
-  uint32_t inject[8];
-  unsigned n_inject, n_given, give_frames;
-  int inject_go;
-  uint32_t given[64];
-} relay;
-
-static void put64be(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (56 - 8 * i));
-}
-
-/* Each whole frame of buf (n bytes) to fn(r, frame, header, arg), which
- * says -1 to stop; returns the bytes of whole frames, or -1. */
-static ssize_t relay_walk(relay *r, uint8_t *buf, size_t n,
-                          int (*fn)(relay *r, uint8_t *frame, const sx__frame *f, void *arg),
-                          void *arg) {
-  size_t off = 0;
-  for (;;) {
-    sx__frame f;
-    int rc = sx__frame_decode(buf + off, n - off, &f);
-    if (rc < 0)
-      return -1;
-    if (rc == 0 || n - off < SX__FRAME_HDR + f.length)
-      return (ssize_t)off;
-    if (fn(r, buf + off, &f, arg) != 0)
-      return -1;
-    off += SX__FRAME_HDR + (size_t)f.length;
-  }
-}
-
-/* A frame of the target's to the reader (fd in *arg), records rewritten. */
-static int relay_frame(relay *r, uint8_t *frame, const sx__frame *f, void *arg) {
-  uint8_t *body = frame + SX__FRAME_HDR;
-  if (f->type == SX__FRAME_IPC_REPLY && f->id != 0 && f->status == 0) {
-    for (uint64_t k = 0; k < f->length / SX__IPC_RECORD; k++) {
-      uint8_t *b = body + k * SX__IPC_RECORD;
-      sx__ipc_record rec;
-      sx__ipc_record_decode(b, &rec);
-      if (rec.status != 0)
-        continue;
-      put64be(b + 8, rec.alloc + r->shift);
-      put64be(b + 16, rec.offset + r->shift);
-      put64be(b + 24, rec.base - r->shift);
-      r->rewritten++;
-    }
-  }
-  return sxt_wire_send(*(int *)arg, frame, SX__FRAME_HDR + (size_t)f->length) != 0 ? -1 : 0;
-}
-
-static ssize_t relay_frames(relay *r, int fd, uint8_t *buf, size_t n) {
-  return relay_walk(r, buf, n, relay_frame, &fd);
-}
-
-/* A frame the reader sent, noted: *arg (int) when it asks for handles,
- * the ids it gives back in r->given. */
-static int relay_note(relay *r, uint8_t *frame, const sx__frame *f, void *arg) {
-  const uint8_t *body = frame + SX__FRAME_HDR;
-  if (f->type == SX__FRAME_IPC && f->id != 0)
-    *(int *)arg = 1;
-  if (f->type == SX__FRAME_IPC && f->id == 0) {
-    unsigned g = __atomic_load_n(&r->n_given, __ATOMIC_RELAXED);
-    for (uint64_t k = 0; k < f->length / 4 && g < 64; k++)
-      r->given[g++] = (uint32_t)body[4 * k] << 24 | (uint32_t)body[4 * k + 1] << 16 |
-                      (uint32_t)body[4 * k + 2] << 8 | body[4 * k + 3];
-    __atomic_store_n(&r->n_given, g, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&r->give_frames, 1, __ATOMIC_RELEASE);
-  }
-  return 0;
-}
-
-static void relay_inject(relay *r, int fd) {
-  uint8_t b[SX__FRAME_HDR + 4 * 8];
-  sx__frame f = {.type = SX__FRAME_IPC_REPLY, .id = 0, .length = 4 * (uint64_t)r->n_inject};
-  sx__frame_encode(&f, b);
-  for (unsigned k = 0; k < r->n_inject; k++)
-    for (int j = 0; j < 4; j++)
-      b[SX__FRAME_HDR + 4 * k + (unsigned)j] = (uint8_t)(r->inject[k] >> (24 - 8 * j));
-  (void)sxt_wire_send(fd, b, SX__FRAME_HDR + 4 * (size_t)r->n_inject);
-}
-
-static void *relay_main(void *arg) {
-  relay *r = arg;
-  enum { PAIRS = 8, CAP = 1 << 18 };
-  int rd[PAIRS], tg[PAIRS], ipc[PAIRS], injected[PAIRS];
-  size_t tlen[PAIRS];
-  ssize_t rlen[PAIRS]; /* -1: not followed */
-  uint8_t *tbuf = malloc((size_t)PAIRS * CAP), *rbuf = malloc((size_t)PAIRS * CAP);
-  for (int i = 0; i < PAIRS; i++)
-    rd[i] = tg[i] = -1;
-  while (!__atomic_load_n(&r->stop, __ATOMIC_RELAXED)) {
-    struct pollfd pf[1 + 2 * PAIRS];
-    int np = 0;
-    pf[np++] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
-    for (int i = 0; i < PAIRS; i++) {
-      pf[np++] = (struct pollfd){.fd = rd[i], .events = POLLIN};
-      pf[np++] = (struct pollfd){.fd = tg[i], .events = POLLIN};
-    }
-    if (poll(pf, (nfds_t)np, 50) < 0)
-      continue; /* on a timeout, an injection may still be due */
-    if (pf[0].revents & POLLIN) {
-      int c = accept(r->lfd, NULL, NULL);
-      int i = 0;
-      while (i < PAIRS && rd[i] >= 0)
-        i++;
-      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
-      inet_pton(AF_INET, "127.0.0.2", &sa.sin_addr);
-      int t = socket(AF_INET, SOCK_STREAM, 0);
-      if (c < 0 || i == PAIRS || connect(t, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(c);
-        close(t);
-      } else {
-        rd[i] = c, tg[i] = t, tlen[i] = 0, rlen[i] = 0, ipc[i] = injected[i] = 0;
-      }
-    }
-    for (int i = 0; i < PAIRS; i++) {
-      int broken = 0;
-      if (rd[i] >= 0 && (pf[1 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        uint8_t b[65536];
-        ssize_t n = recv(rd[i], b, sizeof(b), 0);
-        broken = n <= 0 || sxt_wire_send(tg[i], b, (size_t)n) != 0;
-        if (!broken && rlen[i] >= 0 && (size_t)(rlen[i] + n) <= CAP) {
-          uint8_t *q = rbuf + (size_t)i * CAP;
-          memcpy(q + rlen[i], b, (size_t)n);
-          ssize_t used = relay_walk(r, q, (size_t)(rlen[i] + n), relay_note, &ipc[i]);
-          if (used >= 0) {
-            rlen[i] += n - used;
-            memmove(q, q + used, (size_t)rlen[i]);
-          } else {
-            rlen[i] = -1;
-          }
-        } else {
-          rlen[i] = -1;
-        }
-      }
-      /* Between whole frames of the target's (relay_frames sends only those). */
-      if (!broken && rd[i] >= 0 && ipc[i] && !injected[i] &&
-          __atomic_load_n(&r->inject_go, __ATOMIC_ACQUIRE)) {
-        relay_inject(r, rd[i]);
-        injected[i] = 1;
-      }
-      if (!broken && rd[i] >= 0 && (pf[2 + 2 * i].revents & (POLLIN | POLLHUP | POLLERR))) {
-        uint8_t *b = tbuf + (size_t)i * CAP;
-        ssize_t n = recv(tg[i], b + tlen[i], CAP - tlen[i], 0);
-        ssize_t used = n <= 0 ? -1 : relay_frames(r, rd[i], b, tlen[i] + (size_t)n);
-        if (used < 0) {
-          broken = 1;
-        } else {
-          tlen[i] += (size_t)n - (size_t)used;
-          memmove(b, b + used, tlen[i]);
-        }
-      }
-      if (broken) {
-        close(rd[i]);
-        close(tg[i]);
-        rd[i] = tg[i] = -1;
-      }
-    }
-  }
-  for (int i = 0; i < PAIRS; i++)
-    if (rd[i] >= 0)
-      close(rd[i]), close(tg[i]);
-  free(tbuf);
-  free(rbuf);
-  return NULL;
-}
-
-static void relay_start(relay *r, uint16_t port, uint64_t shift) {
-  memset(r, 0, sizeof(*r));
-  r->port = port;
-  r->shift = shift;
-  r->lfd = socket(AF_INET, SOCK_STREAM, 0);
-  int one = 1;
-  setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  assert_int_equal(listen(r->lfd, 8), 0);
-  assert_int_equal(pthread_create(&r->th, NULL, relay_main, r), 0);
-}
-
-static void relay_stop(relay *r) {
-  __atomic_store_n(&r->stop, 1, __ATOMIC_RELAXED);
-  pthread_join(r->th, NULL);
-  close(r->lfd);
-}
 
 /* A target on 127.0.0.2 behind a relay (shift as in relay_start), and a
  * reader on cuda:0 with the target's segment open over cuda_ipc. */
@@ -609,8 +499,9 @@ static void relayed_start(relayed *x, const char *name, uint64_t shift) {
   snprintf(rname, sizeof(rname), "%s-r", name);
   target_start_adv(&x->t, name, "cuda:0", "127.0.0.2:0", "127.0.0.1");
   relay_start(&x->rl, x->t.port, shift);
-  x->ra = gpu_agent(url, rname, 0, 0);
-  gpu_pool_make(&x->r, x->ra, "cuda:0", LAYERS, 64, BB, 0);
+  held.relay = &x->rl;
+  x->ra = agent_new(rname, 0);
+  pool_make(&x->r, x->ra, "cuda:0", 64, 0);
   x->seg = open_seg(x->ra, name);
   assert_int_equal(sx_segment_transport(x->seg), SX_TRANSPORT_CUDA_IPC);
 }
@@ -621,8 +512,9 @@ static void relayed_end(relayed *x) {
   for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
     sxt_sleep_ms(10);
   assert_int_equal(sx__mem_ipc_open_count(), 0);
-  sx_agent_destroy(x->ra);
-  gpu_pool_free(&x->r);
+  agent_end(x->ra);
+  pool_end(&x->r);
+  held.relay = NULL;
   relay_stop(&x->rl);
   assert_int_equal(target_end(&x->t, 0), 0);
 }
@@ -633,7 +525,7 @@ static void relayed_end(relayed *x) {
  * its own).  Nothing lands in the destinations, no mapping stays open. */
 static void test_gpu_ipc_record_beyond_mapping(void **state) {
   (void)state;
-  relayed x;
+  static relayed x; /* its relay thread outlives a failed assertion */
   relayed_start(&x, "ipc-lie", 1ull << 30);
   sx_block_read e[8];
   gpu_entries(e, 8, LAYERS, TBLOCKS, 64, 1, 5);
@@ -653,7 +545,7 @@ static void test_gpu_ipc_record_beyond_mapping(void **state) {
  * regions however the target repeats itself), and reads again after. */
 static void test_gpu_ipc_revoke_of_unknown_and_repeated_ids(void **state) {
   (void)state;
-  relayed x;
+  static relayed x; /* its relay thread outlives a failed assertion */
   relayed_start(&x, "ipc-rev", 0);
   relay *rl = &x.rl;
   read_verify(x.seg, &x.r, 1, SX_TRANSPORT_CUDA_IPC);
@@ -711,8 +603,8 @@ static void test_gpu_ipc_read_notice(void **state) {
   assert_non_null(fgets(line, sizeof(line), t.out));
   assert_int_equal(strncmp(line, "none", 4), 0);
   sx_segment_close(seg);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
+  agent_end(ra);
+  pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
@@ -720,14 +612,22 @@ static void test_gpu_ipc_read_notice(void **state) {
  * its notice on the cuda_ipc control connection (the target is stopped
  * once the handles are mapped: the copies end, the notice gets no answer):
  * the batch ends once, SX_ESHUTDOWN, destroy returns, and the target,
- * continued, goes on. */
+ * continued, goes on.  Static: a batch left running by a failed assertion
+ * ends in the teardown, and its callback must not write to a dead stack. */
+static atomic_int notify_ends;
+static char notify_how[320];
+
 static void notify_end(sx_batch *b, void *arg) {
   sx_batch_result res;
-  if (sx_batch_result_get(b, &res) == 0 && res.state == SX_BATCH_FAILED &&
-      res.error == SX_ESHUTDOWN)
+  int got = sx_batch_result_get(b, &res);
+  if (got == 0 && res.state == SX_BATCH_FAILED && res.error == SX_ESHUTDOWN) {
     atomic_fetch_add((atomic_int *)arg, 1);
-  else
+  } else {
+    snprintf(notify_how, sizeof(notify_how), "%s, error %d (%.200s)",
+             got ? "no result" : sx_batch_state_name(res.state), got ? got : res.error,
+             got ? "" : res.message);
     atomic_fetch_add((atomic_int *)arg, 100);
+  }
   sx_batch_destroy(b);
 }
 
@@ -738,28 +638,45 @@ static void test_gpu_ipc_reader_destroyed_while_notice_waits(void **state) {
   sx_agent *ra;
   gpu_pool r;
   sx_segment *seg = reader_of("ipc-w", "ipc-wr", &r, &ra);
-  assert_int_equal(kill(t.pid, SIGSTOP), 0);
-  atomic_int ends = 0;
+  /* Frozen for real (procs.h): right after kill(SIGSTOP) the target's loop
+   * thread may still run, and on a loaded machine it answered the notice
+   * (the batch COMPLETED, about 1 run in 8). */
+  assert_int_equal(sxt_freeze(t.pid), 0);
+  /* Every frame before was answered, so the target has read them all. */
+  assert_int_equal(unread_at(t.port), 0);
+  atomic_store(&notify_ends, 0);
+  notify_how[0] = '\0';
   sx_batch_params bp;
   sx_batch_params_init(&bp);
   bp.flags = SX_BATCH_NOTIFY;
   bp.tag = 5;
   bp.timeout_ms = 20000;
   bp.cb = notify_end;
-  bp.cb_arg = &ends;
+  bp.cb_arg = &notify_ends;
   sx_block_read e = {.layer_count = LAYERS, .slots = (1u << SX_SLOT_K) | (1u << SX_SLOT_V),
                      .remote_block = 10, .local_block = 2, .count = 4};
   sx_batch *b;
   sxt_ok(sx_batch_create(seg, &bp, &b));
   sxt_ok(sx_batch_add_blocks(b, &e, 1));
   sxt_ok(sx_batch_submit(b));
-  sxt_sleep_ms(300); /* the copies ended; the notice waits for its answer */
-  assert_int_equal(atomic_load(&ends), 0);
-  sx_agent_destroy(ra); /* the segment left open: closed by destroy */
-  assert_int_equal(atomic_load(&ends), 1);
+  /* The notice goes once the copies ended: wait until it lies unread in
+   * the stopped target's socket.  Nothing can answer it now. */
+  for (int i = 0; i < 1000 && unread_at(t.port) == 0 && atomic_load(&notify_ends) == 0; i++)
+    sxt_sleep_ms(10);
+  if (atomic_load(&notify_ends) == 0 && unread_at(t.port) == 0)
+    fail_msg("the batch's notice did not reach the stopped target in 10 s");
+  /* Not needed to pass: time for a batch wrongly ended by its notice's
+   * send (rather than its answer) to show. */
+  sxt_sleep_ms(100);
+  if (atomic_load(&notify_ends) != 0)
+    fail_msg("the batch ended before the reader was destroyed: %s", notify_how);
+  agent_end(ra); /* the segment left open: closed by destroy */
+  if (atomic_load(&notify_ends) != 1)
+    fail_msg("the batch ended %d times (100 a time not SX_ESHUTDOWN: %s)",
+             atomic_load(&notify_ends), notify_how);
   (void)seg;
-  assert_int_equal(kill(t.pid, SIGCONT), 0);
-  gpu_pool_free(&r);
+  assert_int_equal(sxt_thaw(t.pid), 0);
+  pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
 }
 
@@ -845,8 +762,8 @@ static void test_gpu_ipc_copy_methods(void **state) {
     uint64_t host_kernels = odd_ranges(seg, &r);
     sx__mem_copy_counts(after);
     sx_segment_close(seg);
-    sx_agent_destroy(ra);
-    gpu_pool_free(&r);
+    agent_end(ra);
+    pool_end(&r);
     uint64_t d[4];
     for (int m = 0; m < 4; m++)
       d[m] = after[m] - before[m];
@@ -892,8 +809,8 @@ static void test_gpu_ipc_batch_refused(void **state) {
   assert_int_equal(after[SX__COPY_BATCH], before[SX__COPY_BATCH]);
   assert_true(after[SX__COPY_RANGE] - before[SX__COPY_RANGE] >= 3);
   sx_segment_close(seg);
-  sx_agent_destroy(ra);
-  gpu_pool_free(&r);
+  agent_end(ra);
+  pool_end(&r);
   unsetenv("SX_GPU_COPY");
   unsetenv("FAKE_CUDA_NO_BATCH");
   assert_int_equal(target_end(&t, 0), 0);
@@ -914,6 +831,52 @@ static int setup(void **state) {
   return 0;
 }
 
+/* After each test: end what a failed one left (see held), and check that
+ * no mapping outlives it. */
+static int test_teardown(void **state) {
+  (void)state;
+  int agents = 0, targets = 0, relays = held.relay != NULL;
+  for (int i = 0; i < HELD; i++) {
+    if (held.agents[i] != NULL) {
+      sx_agent_destroy(held.agents[i]); /* ends its batches, closes its mappings */
+      held.agents[i] = NULL;
+      agents++;
+    }
+  }
+  for (int i = 0; i < HELD; i++) {
+    if (held.pools[i].mem[0] != NULL)
+      gpu_pool_free(&held.pools[i]);
+    memset(&held.pools[i], 0, sizeof(held.pools[i]));
+  }
+  if (held.relay != NULL)
+    relay_stop(held.relay);
+  held.relay = NULL;
+  for (int i = 0; i < HELD; i++) {
+    if (held.targets[i].pid != 0) {
+      target *t = &held.targets[i];
+      kill(t->pid, SIGKILL); /* stopped or not */
+      fclose(t->in);
+      fclose(t->out);
+      waitpid(t->pid, NULL, 0);
+      memset(t, 0, sizeof(*t));
+      targets++;
+    }
+  }
+  unsetenv("SX_GPU_COPY"); /* what the copy-method tests set */
+  unsetenv("FAKE_CUDA_NO_BATCH");
+  if (agents + targets + relays > 0)
+    print_message("teardown: ended %d agents, %d targets and %d relays the test left\n",
+                  agents, targets, relays);
+  for (int i = 0; i < 100 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  if (sx__mem_ipc_open_count() != 0) {
+    print_error("teardown: %lu IPC mappings outlive every agent\n",
+                (unsigned long)sx__mem_ipc_open_count());
+    return -1;
+  }
+  return 0;
+}
+
 static int teardown(void **state) {
   (void)state;
   sxt_redis_stop(&redis);
@@ -926,18 +889,22 @@ int main(int argc, char **argv) {
   if (realpath(argv[0], self) == NULL)
     snprintf(self, sizeof(self), "/proc/self/exe");
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_gpu_ipc_one_gpu),
-      cmocka_unit_test(test_gpu_ipc_two_gpus),
-      cmocka_unit_test(test_gpu_ipc_transport_choice),
-      cmocka_unit_test(test_gpu_ipc_target_killed),
-      cmocka_unit_test(test_gpu_ipc_stale_incarnation),
-      cmocka_unit_test(test_gpu_ipc_unregister_while_mapped),
-      cmocka_unit_test(test_gpu_ipc_record_beyond_mapping),
-      cmocka_unit_test(test_gpu_ipc_revoke_of_unknown_and_repeated_ids),
-      cmocka_unit_test(test_gpu_ipc_read_notice),
-      cmocka_unit_test(test_gpu_ipc_reader_destroyed_while_notice_waits),
-      cmocka_unit_test(test_gpu_ipc_copy_methods),
-      cmocka_unit_test(test_gpu_ipc_batch_refused), /* last: the refusal stays */
+      cmocka_unit_test_teardown(test_gpu_ipc_one_gpu, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_two_gpus, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_transport_choice, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_target_killed, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_stale_incarnation, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_unregister_while_mapped, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_record_beyond_mapping, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_revoke_of_unknown_and_repeated_ids, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
+      /* Last: the refusal stays. */
+      cmocka_unit_test_teardown(test_gpu_ipc_batch_refused, test_teardown),
   };
+  const char *filter = getenv("SXT_FILTER");
+  if (filter != NULL)
+    cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, setup, teardown);
 }
