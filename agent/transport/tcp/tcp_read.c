@@ -197,6 +197,17 @@ static void c_timeout(uv_timer_t *tm) {
   c_fail(c, SX_EUNREACH, msg);
 }
 
+/* Pieces shorter than this on average are received through the scratch
+ * buffer and copied out: sx-bench plan measured the kernel's copy into 1
+ * KiB iovec entries at about 1.5x its cost per byte into one buffer (each
+ * entry is a separately checked user copy), more than a copy out of a
+ * buffer that is still in the cache costs. */
+#define BOUNCE_PIECE 4096
+
+static int x_bounces(const sx_xfer *x) {
+  return x->length < (uint64_t)x->n_iov * BOUNCE_PIECE;
+}
+
 static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   cconn *c = h->data;
   (void)suggested;
@@ -208,7 +219,7 @@ static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   treq *r = &c->ring[c->head];
   uint64_t left = r->len - c->pgot;
   const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-  if (r->aborted) {
+  if (r->aborted || (x->iov != NULL && x_bounces(x))) {
     buf->base = (char *)c->p->t->scratch;
     buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
   } else if (x->iov != NULL) {
@@ -238,13 +249,6 @@ static void c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
 /* The most pieces one readv() fills (IOV_MAX is 1024 on Linux; this many
  * cover a 1 MiB range of 4 KiB pieces). */
 #define READV_PIECES 256
-/* Pieces shorter than this on average are received through the scratch
- * buffer and copied out: sx-bench plan measured the kernel's copy into 1
- * KiB iovec entries at about 1.5x its cost per byte into one buffer (each
- * entry is a separately checked user copy), more than a copy out of a
- * buffer that is still in the cache costs. */
-#define BOUNCE_PIECE 4096
-
 /* Copy n bytes that arrived in buf to where the payload is at. */
 static void c_scatter_copy(cconn *c, const sx_xfer *x, const uint8_t *buf, uint64_t n) {
   while (n > 0 && c->vi < x->n_iov) {
@@ -270,7 +274,7 @@ static void c_scatter_copy(cconn *c, const sx_xfer *x, const uint8_t *buf, uint6
 static int c_readv(cconn *c, treq *r) {
   const sx_xfer *x = &r->op->xfers[r->idx];
   uint8_t *scratch = c->p->t->scratch;
-  int bounce = x->length < (uint64_t)x->n_iov * BOUNCE_PIECE;
+  int bounce = x_bounces(x);
   uv_os_fd_t fd;
   char msg[512];
   if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
@@ -335,7 +339,6 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   cconn *c = s->data;
   tpeer *p = c->p;
   char msg[512];
-  (void)buf;
   if (nread < 0) {
     if (nread == UV_EOF)
       snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
@@ -350,8 +353,12 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (c->in_payload) {
     treq *r = &c->ring[c->head];
     c->pgot += (uint64_t)nread;
-    if (!r->aborted && r->op->xfers[r->idx].iov != NULL) {
-      c_advance(c, &r->op->xfers[r->idx], (uint64_t)nread);
+    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
+    if (x != NULL && x->iov != NULL) {
+      if (x_bounces(x))
+        c_scatter_copy(c, x, (const uint8_t *)buf->base, (uint64_t)nread);
+      else
+        c_advance(c, x, (uint64_t)nread);
       if (c_readv(c, r) != 0)
         return;
     }
