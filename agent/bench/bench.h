@@ -188,6 +188,9 @@ extern const char bx_codec_help[], bx_meta_help[], bx_read_help[], bx_target_hel
 /* Read plans against equal layouts (plan.c). */
 int bx_plan_main(const bx_common *o, int argc, char **argv);
 extern const char bx_plan_help[];
+/* Its sources' process with --location cuda:N (plan.c). */
+int bx_plan_target_main(const bx_common *o, int argc, char **argv);
+extern const char bx_plan_target_help[];
 
 /* GPU memory (read_gpu.c): `read --location cuda:N` and its far end. */
 int bx_read_gpu_main(const bx_common *o, int argc, char **argv);
