@@ -264,40 +264,54 @@ static void c_scatter_copy(cconn *c, const sx_xfer *x, const uint8_t *buf, uint6
  * Receive what the socket holds of r's scattered payload into its pieces:
  * with readv() straight into up to READV_PIECES of them at a time (libuv
  * reads into one buffer per system call), or, for small pieces, into the
- * scratch buffer and copied out from there (BOUNCE_PIECE).  Never more
- * than the payload is asked for, so nothing of the next frame is taken.
- * Reading the descriptor here, on the loop thread inside the read
- * callback, is safe: libuv's next read of it just finds it empty
- * (EAGAIN).  0, or -1 when the connection failed (c_fail() has run: r is
- * settled).
+ * scratch buffer and copied out from there (BOUNCE_PIECE).  When another
+ * reply is due on c, the same call asks for its header too (into c->hdr,
+ * c->hgot saying how much came), which saves a system call per request;
+ * nothing past that header is asked for.  Reading the descriptor here, on
+ * the loop thread inside the read callback, is safe: libuv's next read of
+ * it just finds it empty (EAGAIN).  0, or -1 when the connection failed
+ * (c_fail() has run: r is settled).
  */
 static int c_readv(cconn *c, treq *r) {
   const sx_xfer *x = &r->op->xfers[r->idx];
   uint8_t *scratch = c->p->t->scratch;
   int bounce = x_bounces(x);
+  uint64_t ahead = c->count > 1 ? SX__FRAME_HDR : 0; /* the next header */
   uv_os_fd_t fd;
   char msg[512];
   if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
     return 0; /* libuv's reads carry on, one piece at a time */
   while (c->pgot < r->len && c->vi < x->n_iov) {
     ssize_t got;
-    uint64_t left = r->len - c->pgot;
+    uint64_t left = r->len - c->pgot, more = 0;
     if (bounce) {
-      got = read(fd, scratch, left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES);
-      if (got > 0)
-        c_scatter_copy(c, x, scratch, (uint64_t)got);
+      uint64_t want = left + ahead <= SCRATCH_BYTES ? left + ahead
+                      : left < SCRATCH_BYTES        ? left
+                                                    : SCRATCH_BYTES;
+      got = read(fd, scratch, (size_t)want);
+      if (got > 0) {
+        more = (uint64_t)got > left ? (uint64_t)got - left : 0;
+        c_scatter_copy(c, x, scratch, (uint64_t)got - more);
+        memcpy(c->hdr, scratch + left, (size_t)more);
+      }
     } else {
-      struct iovec v[READV_PIECES];
+      struct iovec v[READV_PIECES + 1];
       int n = 0;
-      for (uint32_t i = c->vi; i < x->n_iov && n < READV_PIECES; i++)
+      uint32_t i = c->vi;
+      for (; i < x->n_iov && n < READV_PIECES; i++)
         v[n++] = x->iov[i];
       v[0].iov_base = (char *)v[0].iov_base + c->voff;
       v[0].iov_len -= c->voff;
-      if ((got = readv(fd, v, n)) > 0)
-        c_advance(c, x, (uint64_t)got);
+      if (i == x->n_iov && ahead)
+        v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
+      if ((got = readv(fd, v, n)) > 0) {
+        more = (uint64_t)got > left ? (uint64_t)got - left : 0;
+        c_advance(c, x, (uint64_t)got - more);
+      }
     }
     if (got > 0) {
-      c->pgot += (uint64_t)got;
+      c->pgot += (uint64_t)got - more;
+      c->hgot = (size_t)more;
       continue;
     }
     if (got < 0 && errno == EINTR)
@@ -312,6 +326,26 @@ static int c_readv(cconn *c, treq *r) {
     return -1;
   }
   return 0;
+}
+
+static void c_header(cconn *c);
+
+/* Take in scattered payloads while the socket has them: the head's, then,
+ * where its read brought the next header whole, that reply's, and so on.
+ * Anything else (a plain payload, half a header) is left to libuv's
+ * reads. */
+static void c_scattered(cconn *c) {
+  while (c->state != C_CLOSING && c->in_payload && c->count > 0) {
+    treq *r = &c->ring[c->head];
+    if (r->aborted || r->op->xfers[r->idx].iov == NULL || c_readv(c, r) != 0 ||
+        c->pgot < r->len)
+      return;
+    c->in_payload = 0;
+    c_complete_head(c, 0, NULL);
+    if (c->state == C_CLOSING || c->hgot < SX__FRAME_HDR)
+      return;
+    c_header(c);
+  }
 }
 
 /* The target answered HELLO: go, or the whole peer is unusable. */
@@ -335,42 +369,10 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
   p_fail_pending(p, err, msg);
 }
 
-static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  cconn *c = s->data;
+/* A whole frame header is in c->hdr: act on it. */
+static void c_header(cconn *c) {
   tpeer *p = c->p;
   char msg[512];
-  if (nread < 0) {
-    if (nread == UV_EOF)
-      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
-               uv_strerror((int)nread));
-    c_fail(c, SX_EDISCONN, msg);
-    return;
-  }
-  if (nread == 0 || c->state == C_CLOSING)
-    return;
-  if (c->in_payload) {
-    treq *r = &c->ring[c->head];
-    c->pgot += (uint64_t)nread;
-    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL && x->iov != NULL) {
-      if (x_bounces(x))
-        c_scatter_copy(c, x, (const uint8_t *)buf->base, (uint64_t)nread);
-      else
-        c_advance(c, x, (uint64_t)nread);
-      if (c_readv(c, r) != 0)
-        return;
-    }
-    if (c->pgot == r->len) {
-      c->in_payload = 0;
-      c_complete_head(c, 0, NULL);
-    }
-    return;
-  }
-  c->hgot += (size_t)nread;
-  if (c->hgot < SX__FRAME_HDR)
-    return;
   c->hgot = 0;
   sx__frame f;
   if (sx__frame_decode(c->hdr, SX__FRAME_HDR, &f) <= 0) {
@@ -424,16 +426,48 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   c->pgot = 0;
   c->vi = 0;
   c->voff = 0;
-  /* A scattered payload may be waiting already: take it in now rather
-   * than one piece through libuv first. */
-  if (!r->aborted && r->op->xfers[r->idx].iov != NULL) {
-    if (c_readv(c, r) != 0)
-      return;
+}
+
+static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  cconn *c = s->data;
+  tpeer *p = c->p;
+  char msg[512];
+  if (nread < 0) {
+    if (nread == UV_EOF)
+      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
+    else
+      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
+               uv_strerror((int)nread));
+    c_fail(c, SX_EDISCONN, msg);
+    return;
+  }
+  if (nread == 0 || c->state == C_CLOSING)
+    return;
+  if (c->in_payload) {
+    treq *r = &c->ring[c->head];
+    c->pgot += (uint64_t)nread;
+    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
+    if (x != NULL && x->iov != NULL) {
+      if (x_bounces(x))
+        c_scatter_copy(c, x, (const uint8_t *)buf->base, (uint64_t)nread);
+      else
+        c_advance(c, x, (uint64_t)nread);
+    }
     if (c->pgot == r->len) {
       c->in_payload = 0;
       c_complete_head(c, 0, NULL);
+      return;
     }
+    c_scattered(c);
+    return;
   }
+  c->hgot += (size_t)nread;
+  if (c->hgot < SX__FRAME_HDR)
+    return;
+  c_header(c);
+  /* A scattered payload may be waiting already: take it in now rather
+   * than one piece through libuv first. */
+  c_scattered(c);
 }
 
 static void c_hello_written(uv_write_t *req, int status) {
