@@ -65,19 +65,6 @@ static void pair_close(proxy *p, int i) {
   p->fd[i][1] = p->fd[p->n][1];
 }
 
-static int send_all(int fd, const uint8_t *b, size_t n) {
-  while (n > 0) {
-    ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR)
-      continue;
-    if (k <= 0)
-      return -1;
-    b += k;
-    n -= (size_t)k;
-  }
-  return 0;
-}
-
 static void proxy_accept(proxy *p) {
   int c = accept(p->lfd, NULL, NULL);
   if (c < 0)
@@ -110,12 +97,12 @@ static int proxy_move(proxy *p, int i, int from_up, unsigned *seed) {
     return -1;
   if (from_up && p->cut_after >= 0 && p->down + k >= p->cut_after) {
     /* The peer dies here: what fits goes out, then every connection. */
-    send_all(p->fd[i][0], buf, (size_t)(p->cut_after - p->down));
+    sxt_wire_send(p->fd[i][0], buf, (size_t)(p->cut_after - p->down));
     p->down = p->cut_after;
     __atomic_store_n(&p->dead, 1, __ATOMIC_RELEASE);
     return -1;
   }
-  if (send_all(p->fd[i][!from_up], buf, (size_t)k) != 0)
+  if (sxt_wire_send(p->fd[i][!from_up], buf, (size_t)k) != 0)
     return -1;
   if (from_up) {
     p->down += k;

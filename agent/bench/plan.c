@@ -357,43 +357,20 @@ int bx_plan_target_main(const bx_common *o, int argc, char **argv) {
 /* Start plan-target with this run's options and the store url; wait for its
  * "ready".  Its standard input (*lifeline) ends it when closed.  0 or -1. */
 static int spawn(int argc, char **argv, const char *url, pid_t *pid, int *lifeline) {
-  int in[2], out[2];
-  char **args = calloc((size_t)argc + 5, sizeof(*args));
-  if (args == NULL || pipe(in) != 0) {
-    free(args);
+  const char **args = calloc((size_t)argc + 4, sizeof(*args));
+  char line[16];
+  if (args == NULL)
     return -1;
-  }
-  if (pipe(out) != 0) {
-    close(in[0]);
-    close(in[1]);
-    free(args);
-    return -1;
-  }
-  static char prog[] = "sx-bench", mode[] = "plan-target", meta[] = "--metadata";
   int n = 0;
-  args[n++] = prog;
-  args[n++] = mode;
+  args[n++] = "sx-bench";
+  args[n++] = "plan-target";
   for (int i = 1; i < argc; i++)
     args[n++] = argv[i];
-  args[n++] = meta; /* last: it wins over one given */
-  args[n++] = (char *)url;
-  fflush(NULL);
-  if ((*pid = fork()) == 0) {
-    dup2(in[0], STDIN_FILENO);
-    dup2(out[1], STDOUT_FILENO);
-    close(in[1]);
-    close(out[0]);
-    execv("/proc/self/exe", args);
-    _exit(127);
-  }
+  args[n++] = "--metadata"; /* last: it wins over one given */
+  args[n++] = url;
+  int rc = bx_spawn(args, pid, lifeline, line, sizeof(line));
   free(args);
-  close(in[0]);
-  close(out[1]);
-  *lifeline = in[1];
-  char line[16] = "";
-  ssize_t got = *pid > 0 ? read(out[0], line, sizeof(line) - 1) : -1;
-  close(out[0]);
-  if (got > 0 && strncmp(line, "ready", 5) == 0)
+  if (rc == 0 && strncmp(line, "ready", 5) == 0)
     return 0;
   fprintf(stderr, "sx-bench plan: the sources' process (plan-target) did not start\n");
   return -1;
