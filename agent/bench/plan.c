@@ -440,7 +440,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const char *names[CASES] = {"equal layouts (sx_batch_add_blocks)",
                                      "equal layouts through a plan (sx_group_read)",
                                      "TP=2 -> TP=1 plan (sx_group_read)"};
-  double secs[CASES] = {0}, bytes[CASES] = {0};
+  double secs[CASES] = {0}, bytes[CASES] = {0}, cpu[CASES] = {0};
   uint64_t per_read = 2ull * c.layers * c.batch * rd.bb;
   bx_progress_start(o, "plan", (int)(c.rounds * CASES), o->duration * c.rounds * CASES);
   for (uint32_t round = 0; round < c.rounds; round++)
@@ -452,7 +452,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
                 "differ from the source (or the read failed)");
         goto out;
       }
-      double t0 = bx_now(), t;
+      double t0 = bx_now(), c0 = bx_cpu_self(), t;
       uint64_t n = 0;
       do {
         if (read_once((kase)k, seg, whole, tp2, &c, rb, lb))
@@ -460,6 +460,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
         n++;
       } while ((t = bx_now() - t0) < o->duration);
       secs[k] += t;
+      cpu[k] += bx_cpu_self() - c0;
       bytes[k] += (double)n * per_read;
     }
   bx_progress_end();
@@ -467,9 +468,10 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const bx_col cols[] = {
       {"case", "CASE", NULL}, {"order", "ORDER", NULL}, {"pieces", "PIECES/UNIT", "%.0f"},
       {"gib_s", "GiB/s", "%.3f"}, {"vs_equal", "VS EQUAL", "%.2fx"},
+      {"cpu_s_gib", "CPU s/GiB", "%.3f"}, {"cpu_vs_equal", "CPU VS EQUAL", "%.2fx"},
   };
   bx_table *tb = bx_table_add(rep, "plan", "Reading through a read plan against equal "
-                              "layouts, same bytes, same run", cols, 5);
+                              "layouts, same bytes, same run", cols, 7);
   char b1[32];
   sx_transport_kind tk = sx_segment_transport(seg);
   bx_table_note(tb, "pools on %s; read over %s%s", c.location,
@@ -477,15 +479,18 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
                 c.device < 0 ? " (loopback, agents in one process)"
                 : tk == SX_TRANSPORT_TCP ? " (staged; the sources in a child process)"
                                          : " (the sources in a child process)");
+  bx_table_note(tb, "CPU: this process's, every thread (%s)",
+                c.device < 0 ? "the sources' agents and the reader's" : "the reader's only");
   bx_table_note(tb, "request: %u blocks x %u layers x K,V of %s (%u tokens x %u heads x "
                 "%u x bf16), scattered ids; %u rounds of %.1f s per case", c.batch, c.layers,
                 bx_size_name(rd.bb, b1, sizeof(b1)), c.tokens, c.heads, c.head_dim,
                 c.rounds, o->duration);
   const sx_plan *plans[CASES] = {NULL, sx_group_plan(whole), sx_group_plan(tp2)};
-  double rate[CASES];
+  double rate[CASES], cost[CASES];
   for (int k = 0; k < CASES; k++) {
     sx_plan_info info = {0};
     rate[k] = bytes[k] / secs[k] / (1 << 30);
+    cost[k] = cpu[k] / (bytes[k] / (1 << 30));
     bx_row *row = bx_row_add(tb);
     bx_set_str(row, "case", "%s", names[k]);
     bx_set_str(row, "order", "%s", sx_kv_order_name(c.order));
@@ -493,6 +498,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
       bx_set_num(row, "pieces", info.pieces);
     bx_set_num(row, "gib_s", rate[k]);
     bx_set_num(row, "vs_equal", rate[k] / rate[EQUAL]);
+    bx_set_num(row, "cpu_s_gib", cost[k]);
+    bx_set_num(row, "cpu_vs_equal", cost[k] / cost[EQUAL]);
   }
   bx_target(rep, "TP=2 -> TP=1 plan read rate vs equal layouts", rate[TP2] / rate[EQUAL],
             "x", ">=", 0.8, "equal layouts read the same bytes in the same run");
