@@ -10,8 +10,8 @@
  *     payloads arrive in short reads that end anywhere in a piece, and
  *   - cut every connection after a number of reply bytes (and refuse new
  *     ones): the peer dies in the middle of a scattered payload.
- * Both piece sizes are run: small pieces (received through the scratch
- * buffer and copied out) and pieces of 4 KiB (readv() into the pieces).
+ * Pieces of 128 bytes and of 4 KiB are run, and spans of more pieces than
+ * one readv() fills.
  * The reader's memory must equal, byte for byte, a reference written
  * directly in its layout: every requested block, and every byte around
  * them still holding the fill it had; after a cut, every block not
@@ -35,7 +35,9 @@
 
 #define LAYERS 2
 #define HEADS 4
-#define TOKENS 8 /* per block, on every side */
+/* Tokens per block, on every side: 8, or more for spans of more pieces
+ * than one readv() takes (256). */
+static uint32_t tokens = 8;
 #define BLOCKS 8
 #define FILL 0xa5
 
@@ -183,7 +185,7 @@ typedef struct rank {
 } rank;
 
 static uint64_t block_bytes(const rank *r) {
-  return (uint64_t)TOKENS * r->count * r->head_dim * sizeof(float);
+  return (uint64_t)tokens * r->count * r->head_dim * sizeof(float);
 }
 
 static uint64_t mem_bytes(const rank *r) { return (uint64_t)LAYERS * BLOCKS * block_bytes(r); }
@@ -199,11 +201,11 @@ static float *elem(const rank *r, uint32_t s, uint32_t l, uint64_t b, uint32_t t
 static void fill_block(rank *r, uint64_t b, uint64_t rb) {
   for (uint32_t s = 0; s < 2; s++)
     for (uint32_t l = 0; l < LAYERS; l++)
-      for (uint32_t t = 0; t < TOKENS; t++)
+      for (uint32_t t = 0; t < tokens; t++)
         for (uint32_t h = r->first; h < r->first + r->count; h++)
           for (uint32_t e = 0; e < r->head_dim; e++)
             *elem(r, s, l, b, t, h, e) =
-                (float)((((rb * 2 + s) * LAYERS + l) * TOKENS + t) * HEADS + h) * 1000.0f +
+                (float)((((rb * 2 + s) * LAYERS + l) * tokens + t) * HEADS + h) * 1000.0f +
                 (float)e;
 }
 
@@ -227,7 +229,7 @@ static void rank_start(rank *r, const char *url, const char *name, uint16_t port
   p.layout.tp_rank = tp_rank;
   p.layout.tp_size = tp_size;
   p.layout.n_blocks = 1;
-  p.layout.blocks[0] = (sx_block_desc){.order = SX_KV_NHD, .tokens = TOKENS,
+  p.layout.blocks[0] = (sx_block_desc){.order = SX_KV_NHD, .tokens = tokens,
                                        .head_first = first, .head_count = count,
                                        .heads_total = HEADS, .head_dim = head_dim};
   strcpy(p.layout.blocks[0].dtype, "fp32");
@@ -331,8 +333,8 @@ static void read_all(world *w) {
   expect_reference(w, NULL, 0);
 }
 
-/* Small pieces (2 heads x 16 x fp32 = 128 bytes a token): through the
- * scratch buffer; replies whole, then trickled. */
+/* Small pieces (2 heads x 16 x fp32 = 128 bytes a token); replies whole,
+ * then trickled. */
 static void test_scatter_small_pieces_bitwise(void **state) {
   (void)state;
   world w;
@@ -343,7 +345,7 @@ static void test_scatter_small_pieces_bitwise(void **state) {
   }
 }
 
-/* Pieces of 4 KiB (2 heads x 512 x fp32): readv() into the pieces. */
+/* Pieces of 4 KiB (2 heads x 512 x fp32). */
 static void test_scatter_large_pieces_bitwise(void **state) {
   (void)state;
   world w;
@@ -352,6 +354,20 @@ static void test_scatter_large_pieces_bitwise(void **state) {
     read_all(&w);
     world_stop(&w);
   }
+}
+
+/* Blocks of 160 tokens: remote blocks 3 and 4 make a span of 320 pieces,
+ * more than one readv() fills. */
+static void test_scatter_more_pieces_than_one_readv(void **state) {
+  (void)state;
+  world w;
+  tokens = 160;
+  for (int trickle = 0; trickle < 2; trickle++) {
+    world_start(&w, 16, trickle, -1);
+    read_all(&w);
+    world_stop(&w);
+  }
+  tokens = 8;
 }
 
 /* Rank 1 dies after some of its reply bytes (in the middle of a scattered
@@ -363,7 +379,7 @@ static void test_scatter_peer_dies_mid_payload(void **state) {
   static const uint32_t dims[] = {16, 512};
   for (int k = 0; k < 2; k++) {
     world w;
-    uint64_t bb1 = (uint64_t)TOKENS * 2 * dims[k] * sizeof(float); /* a rank-1 block */
+    uint64_t bb1 = (uint64_t)tokens * 2 * dims[k] * sizeof(float); /* a rank-1 block */
     /* HELLO replies, then about a third of rank 1's payload. */
     world_start(&w, dims[k], 1, (long long)(NREQ * LAYERS * 2 * bb1 / 3));
     sx_group_result r;
@@ -382,6 +398,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_scatter_small_pieces_bitwise),
       cmocka_unit_test(test_scatter_large_pieces_bitwise),
+      cmocka_unit_test(test_scatter_more_pieces_than_one_readv),
       cmocka_unit_test(test_scatter_peer_dies_mid_payload),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

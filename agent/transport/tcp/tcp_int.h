@@ -25,8 +25,7 @@
 #define WINDOW_REQS 64              /* requests in flight per connection */
 #define WINDOW_BYTES (16u << 20)    /* bytes in flight per connection */
 #define CONNECT_TIMEOUT_MS 5000     /* connect + hello */
-#define SCRATCH_BYTES 65536         /* drain for aborted payload, bounce for
-                                     * small scattered pieces (tcp_read.c) */
+#define SCRATCH_BYTES 65536         /* drain for aborted payload */
 /* Target side. */
 #define MAX_READ (64u << 20)        /* longest READ served */
 

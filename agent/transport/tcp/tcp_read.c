@@ -197,17 +197,6 @@ static void c_timeout(uv_timer_t *tm) {
   c_fail(c, SX_EUNREACH, msg);
 }
 
-/* Pieces shorter than this on average are received through the scratch
- * buffer and copied out: sx-bench plan measured the kernel's copy into 1
- * KiB iovec entries at about 1.5x its cost per byte into one buffer (each
- * entry is a separately checked user copy), more than a copy out of a
- * buffer that is still in the cache costs. */
-#define BOUNCE_PIECE 4096
-
-static int x_bounces(const sx_xfer *x) {
-  return x->length < (uint64_t)x->n_iov * BOUNCE_PIECE;
-}
-
 static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   cconn *c = h->data;
   (void)suggested;
@@ -219,7 +208,7 @@ static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   treq *r = &c->ring[c->head];
   uint64_t left = r->len - c->pgot;
   const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-  if (r->aborted || (x->iov != NULL && x_bounces(x))) {
+  if (r->aborted) {
     buf->base = (char *)c->p->t->scratch;
     buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
   } else if (x->iov != NULL) {
@@ -249,22 +238,12 @@ static void c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
 /* The most pieces one readv() fills (IOV_MAX is 1024 on Linux; this many
  * cover a 1 MiB range of 4 KiB pieces). */
 #define READV_PIECES 256
-/* Copy n bytes that arrived in buf to where the payload is at. */
-static void c_scatter_copy(cconn *c, const sx_xfer *x, const uint8_t *buf, uint64_t n) {
-  while (n > 0 && c->vi < x->n_iov) {
-    uint64_t room = x->iov[c->vi].iov_len - c->voff, k = n < room ? n : room;
-    memcpy((uint8_t *)x->iov[c->vi].iov_base + c->voff, buf, (size_t)k);
-    buf += k;
-    n -= k;
-    c_advance(c, x, k);
-  }
-}
-
 /*
- * Receive what the socket holds of r's scattered payload into its pieces:
- * with readv() straight into up to READV_PIECES of them at a time (libuv
- * reads into one buffer per system call), or, for small pieces, into the
- * scratch buffer and copied out from there (BOUNCE_PIECE).  When another
+ * Receive what the socket holds of r's scattered payload straight into its
+ * pieces, with readv() into up to READV_PIECES of them at a time (libuv
+ * reads into one buffer per system call).  (Through a buffer and copied
+ * out, with cached or streaming stores, measured no cheaper: small pieces
+ * cost about twice per byte what one buffer does either way.)  When another
  * reply is due on c, the same call asks for its header too (into c->hdr,
  * c->hgot saying how much came), which saves a system call per request;
  * nothing past that header is asked for.  Reading the descriptor here, on
@@ -274,42 +253,26 @@ static void c_scatter_copy(cconn *c, const sx_xfer *x, const uint8_t *buf, uint6
  */
 static int c_readv(cconn *c, treq *r) {
   const sx_xfer *x = &r->op->xfers[r->idx];
-  uint8_t *scratch = c->p->t->scratch;
-  int bounce = x_bounces(x);
   uint64_t ahead = c->count > 1 ? SX__FRAME_HDR : 0; /* the next header */
   uv_os_fd_t fd;
   char msg[512];
   if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
     return 0; /* libuv's reads carry on, one piece at a time */
   while (c->pgot < r->len && c->vi < x->n_iov) {
-    ssize_t got;
     uint64_t left = r->len - c->pgot, more = 0;
-    if (bounce) {
-      uint64_t want = left + ahead <= SCRATCH_BYTES ? left + ahead
-                      : left < SCRATCH_BYTES        ? left
-                                                    : SCRATCH_BYTES;
-      got = read(fd, scratch, (size_t)want);
-      if (got > 0) {
-        more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-        c_scatter_copy(c, x, scratch, (uint64_t)got - more);
-        memcpy(c->hdr, scratch + left, (size_t)more);
-      }
-    } else {
-      struct iovec v[READV_PIECES + 1];
-      int n = 0;
-      uint32_t i = c->vi;
-      for (; i < x->n_iov && n < READV_PIECES; i++)
-        v[n++] = x->iov[i];
-      v[0].iov_base = (char *)v[0].iov_base + c->voff;
-      v[0].iov_len -= c->voff;
-      if (i == x->n_iov && ahead)
-        v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
-      if ((got = readv(fd, v, n)) > 0) {
-        more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-        c_advance(c, x, (uint64_t)got - more);
-      }
-    }
+    struct iovec v[READV_PIECES + 1];
+    int n = 0;
+    uint32_t i = c->vi;
+    for (; i < x->n_iov && n < READV_PIECES; i++)
+      v[n++] = x->iov[i];
+    v[0].iov_base = (char *)v[0].iov_base + c->voff;
+    v[0].iov_len -= c->voff;
+    if (i == x->n_iov && ahead)
+      v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
+    ssize_t got = readv(fd, v, n);
     if (got > 0) {
+      more = (uint64_t)got > left ? (uint64_t)got - left : 0;
+      c_advance(c, x, (uint64_t)got - more);
       c->pgot += (uint64_t)got - more;
       c->hgot = (size_t)more;
       continue;
@@ -432,6 +395,7 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   cconn *c = s->data;
   tpeer *p = c->p;
   char msg[512];
+  (void)buf;
   if (nread < 0) {
     if (nread == UV_EOF)
       snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
@@ -447,12 +411,8 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     treq *r = &c->ring[c->head];
     c->pgot += (uint64_t)nread;
     const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL && x->iov != NULL) {
-      if (x_bounces(x))
-        c_scatter_copy(c, x, (const uint8_t *)buf->base, (uint64_t)nread);
-      else
-        c_advance(c, x, (uint64_t)nread);
-    }
+    if (x != NULL && x->iov != NULL)
+      c_advance(c, x, (uint64_t)nread);
     if (c->pgot == r->len) {
       c->in_payload = 0;
       c_complete_head(c, 0, NULL);
