@@ -333,40 +333,34 @@ static void read_all(world *w) {
   expect_reference(w, NULL, 0);
 }
 
-/* Small pieces (2 heads x 16 x fp32 = 128 bytes a token); replies whole,
- * then trickled. */
-static void test_scatter_small_pieces_bitwise(void **state) {
-  (void)state;
+/* The request read with replies passed whole, then trickled. */
+static void read_both_ways(uint32_t head_dim) {
   world w;
   for (int trickle = 0; trickle < 2; trickle++) {
-    world_start(&w, 16, trickle, -1);
+    world_start(&w, head_dim, trickle, -1);
     read_all(&w);
     world_stop(&w);
   }
 }
 
+/* Small pieces (2 heads x 16 x fp32 = 128 bytes a token). */
+static void test_scatter_small_pieces_bitwise(void **state) {
+  (void)state;
+  read_both_ways(16);
+}
+
 /* Pieces of 4 KiB (2 heads x 512 x fp32). */
 static void test_scatter_large_pieces_bitwise(void **state) {
   (void)state;
-  world w;
-  for (int trickle = 0; trickle < 2; trickle++) {
-    world_start(&w, 512, trickle, -1);
-    read_all(&w);
-    world_stop(&w);
-  }
+  read_both_ways(512);
 }
 
 /* Blocks of 160 tokens: remote blocks 3 and 4 make a span of 320 pieces,
  * more than one readv() fills. */
 static void test_scatter_more_pieces_than_one_readv(void **state) {
   (void)state;
-  world w;
   tokens = 160;
-  for (int trickle = 0; trickle < 2; trickle++) {
-    world_start(&w, 16, trickle, -1);
-    read_all(&w);
-    world_stop(&w);
-  }
+  read_both_ways(16);
   tokens = 8;
 }
 
