@@ -1,100 +1,17 @@
 /*
  * The TCP transport, reader side: per-peer connections, the request pump
- * and the replies read straight into the destinations (see tcp.c for the
- * whole picture).
+ * and aborts; the replies are read in tcp_reply.c (see tcp.c for the whole
+ * picture).
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include "addr.h"
 #include "internal.h"
-#include "tcp_int.h"
-
-typedef struct cconn cconn;
-
-enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING, C_WAUTH };
-
-/* Push: a ring entry that carries an op's notice instead of an xfer. */
-#define NOTICE_IDX SIZE_MAX
-
-typedef struct treq {
-  sx_op *op;
-  size_t idx;
-  uint64_t id;
-  uint64_t len;
-  int aborted; /* the op gave up on it: drain its payload */
-  uint64_t wseq; /* push: the cwrite carrying it (its payload is read
-                  * from the source until that write completes) */
-} treq;
-
-typedef struct cwrite {
-  uv_write_t req;
-  uint32_t n;
-  uint8_t data[WINDOW_REQS * SX__FRAME_HDR];
-  /* Push: WRITE headers alternate with their payload; a NOTICE owns its
-   * header and body in `owned`. */
-  uint32_t nb;
-  uv_buf_t bufs[2 * WINDOW_REQS];
-  uint8_t *owned;
-} cwrite;
-
-struct cconn {
-  uv_tcp_t h;
-  uv_timer_t timer; /* connect + hello deadline */
-  uv_connect_t creq;
-  uv_write_t hello_wr;
-  tpeer *p;
-  int state;
-  treq ring[WINDOW_REQS];
-  uint32_t head, count;
-  uint64_t inflight_bytes;
-  uint64_t next_id;
-  uint8_t hdr[SX__FRAME_HDR];
-  size_t hgot;
-  int in_payload;
-  uint64_t pgot;
-  uint32_t vi;   /* a scattered payload: the piece being filled */
-  uint64_t voff; /* and the bytes of it that arrived */
-  uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
-  cwrite *w; /* requests gathered by the current pump */
-  uint64_t wseq, wseq_done; /* push: cwrites issued and completed */
-};
-
-typedef struct pend {
-  struct pend *next;
-  sx_op *op;
-  size_t next_idx;
-  uint8_t *notice; /* push: the op's notice (header room + body), or NULL */
-  size_t nlen;
-} pend;
-
-struct tpeer {
-  sx_tpeer base;
-  tcp_t *t;
-  const sx_desc *remote;
-  tpeer *next, *prev;
-  tpeer *pnext;
-  int in_pump;
-  char label[160]; /* "name at host:port", for messages */
-  char host[SX_ADDR_MAX + 1];
-  uint16_t port;
-  struct sockaddr_storage sa;
-  int have_sa, resolving;
-  uv_getaddrinfo_t gai;
-  cconn *conns;
-  uint32_t n_conns;
-  pend *q, **q_tail;
-  int closing;
-  int handles;
-  int write; /* push: connections authorize as producer and carry writes */
-};
+#include "tcp_read_int.h"
 
 static void p_fail_pending(tpeer *p, int err, const char *msg);
-static void c_fail(cconn *c, int err, const char *msg);
 
 static int c_live(const cconn *c) {
   return c->state == C_CONNECTING || c->state == C_HELLO || c->state == C_READY ||
@@ -156,7 +73,7 @@ static void schedule_pump(tpeer *p) {
 
 
 /* Settle the oldest request in flight on c with status. */
-static void c_complete_head(cconn *c, int status, const char *msg) {
+void sx__tcp_c_complete_head(cconn *c, int status, const char *msg) {
   treq r = c->ring[c->head];
   c->head = (c->head + 1) % WINDOW_REQS;
   c->count--;
@@ -167,7 +84,7 @@ static void c_complete_head(cconn *c, int status, const char *msg) {
     schedule_pump(c->p);
 }
 
-static void c_fail(cconn *c, int err, const char *msg) {
+void sx__tcp_c_fail(cconn *c, int err, const char *msg) {
   tpeer *p = c->p;
   if (!c_live(c))
     return;
@@ -179,7 +96,7 @@ static void c_fail(cconn *c, int err, const char *msg) {
   c->w = NULL;
   /* Everything in flight on this connection fails with it. */
   while (c->count > 0)
-    c_complete_head(c, err, msg);
+    sx__tcp_c_complete_head(c, err, msg);
   c->in_payload = 0;
   c->hgot = 0;
   c->inflight_bytes = 0;
@@ -194,125 +111,11 @@ static void c_timeout(uv_timer_t *tm) {
   char msg[512];
   snprintf(msg, sizeof(msg), "%s: connecting timed out after %d ms", c->p->label,
            CONNECT_TIMEOUT_MS);
-  c_fail(c, SX_EUNREACH, msg);
-}
-
-static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  cconn *c = h->data;
-  (void)suggested;
-  if (!c->in_payload) {
-    buf->base = (char *)c->hdr + c->hgot;
-    buf->len = SX__FRAME_HDR - c->hgot;
-    return;
-  }
-  treq *r = &c->ring[c->head];
-  uint64_t left = r->len - c->pgot;
-  const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-  if (r->aborted) {
-    buf->base = (char *)c->p->t->scratch;
-    buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
-  } else if (x->iov != NULL) {
-    buf->base = (char *)x->iov[c->vi].iov_base + c->voff;
-    buf->len = (size_t)(x->iov[c->vi].iov_len - c->voff);
-  } else {
-    buf->base = (char *)r->op->xfers[r->idx].local + c->pgot;
-    buf->len = (size_t)left;
-  }
-}
-
-/* n more bytes of a scattered payload arrived where c_alloc() or c_readv()
- * put them: move to the piece they end in. */
-static void c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
-  while (n > 0 && c->vi < x->n_iov) {
-    uint64_t room = x->iov[c->vi].iov_len - c->voff;
-    if (n < room) {
-      c->voff += n;
-      return;
-    }
-    n -= room;
-    c->vi++;
-    c->voff = 0;
-  }
-}
-
-/* The most pieces one readv() fills (IOV_MAX is 1024 on Linux; this many
- * cover a 1 MiB range of 4 KiB pieces). */
-#define READV_PIECES 256
-/*
- * Receive what the socket holds of r's scattered payload straight into its
- * pieces, with readv() into up to READV_PIECES of them at a time (libuv
- * reads into one buffer per system call).  (Through a buffer and copied
- * out, with cached or streaming stores, measured no cheaper: small pieces
- * cost about twice per byte what one buffer does either way.)  When another
- * reply is due on c, the same call asks for its header too (into c->hdr,
- * c->hgot saying how much came), which saves a system call per request;
- * nothing past that header is asked for.  Reading the descriptor here, on
- * the loop thread inside the read callback, is safe: libuv's next read of
- * it just finds it empty (EAGAIN).  0, or -1 when the connection failed
- * (c_fail() has run: r is settled).
- */
-static int c_readv(cconn *c, treq *r) {
-  const sx_xfer *x = &r->op->xfers[r->idx];
-  uint64_t ahead = c->count > 1 ? SX__FRAME_HDR : 0; /* the next header */
-  uv_os_fd_t fd;
-  char msg[512];
-  if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
-    return 0; /* libuv's reads carry on, one piece at a time */
-  while (c->pgot < r->len && c->vi < x->n_iov) {
-    uint64_t left = r->len - c->pgot, more = 0;
-    struct iovec v[READV_PIECES + 1];
-    int n = 0;
-    uint32_t i = c->vi;
-    for (; i < x->n_iov && n < READV_PIECES; i++)
-      v[n++] = x->iov[i];
-    v[0].iov_base = (char *)v[0].iov_base + c->voff;
-    v[0].iov_len -= c->voff;
-    if (i == x->n_iov && ahead)
-      v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
-    ssize_t got = readv(fd, v, n);
-    if (got > 0) {
-      more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-      c_advance(c, x, (uint64_t)got - more);
-      c->pgot += (uint64_t)got - more;
-      c->hgot = (size_t)more;
-      continue;
-    }
-    if (got < 0 && errno == EINTR)
-      continue;
-    if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return 0;
-    if (got == 0)
-      snprintf(msg, sizeof(msg), "%s closed the connection", c->p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", c->p->label, strerror(errno));
-    c_fail(c, SX_EDISCONN, msg);
-    return -1;
-  }
-  return 0;
-}
-
-static void c_header(cconn *c);
-
-/* Take in scattered payloads while the socket has them: the head's, then,
- * where its read brought the next header whole, that reply's, and so on.
- * Anything else (a plain payload, half a header) is left to libuv's
- * reads. */
-static void c_scattered(cconn *c) {
-  while (c->state != C_CLOSING && c->in_payload && c->count > 0) {
-    treq *r = &c->ring[c->head];
-    if (r->aborted || r->op->xfers[r->idx].iov == NULL || c_readv(c, r) != 0 ||
-        c->pgot < r->len)
-      return;
-    c->in_payload = 0;
-    c_complete_head(c, 0, NULL);
-    if (c->state == C_CLOSING || c->hgot < SX__FRAME_HDR)
-      return;
-    c_header(c);
-  }
+  sx__tcp_c_fail(c, SX_EUNREACH, msg);
 }
 
 /* The target answered HELLO: go, or the whole peer is unusable. */
-static void c_hello_reply(cconn *c, const sx__frame *f) {
+void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f) {
   tpeer *p = c->p;
   if (f->status == 0) {
     c->state = C_READY;
@@ -328,106 +131,8 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
              "or it is not published as this incarnation", p->label);
   /* Every connection would hear the same: fail everything queued. */
   for (uint32_t i = 0; i < p->n_conns; i++)
-    c_fail(&p->conns[i], err, msg);
+    sx__tcp_c_fail(&p->conns[i], err, msg);
   p_fail_pending(p, err, msg);
-}
-
-/* A whole frame header is in c->hdr: act on it. */
-static void c_header(cconn *c) {
-  tpeer *p = c->p;
-  char msg[512];
-  c->hgot = 0;
-  sx__frame f;
-  if (sx__frame_decode(c->hdr, SX__FRAME_HDR, &f) <= 0) {
-    snprintf(msg, sizeof(msg), "%s sent a malformed frame", p->label);
-    c_fail(c, SX_EPROTO, msg);
-    return;
-  }
-  if (c->state == C_HELLO || c->state == C_WAUTH) {
-    uint8_t want = c->state == C_HELLO ? SX__FRAME_HELLO_REPLY : SX__FRAME_WAUTH_REPLY;
-    if (f.type != want) {
-      snprintf(msg, sizeof(msg), "%s did not answer %s", p->label,
-               c->state == C_HELLO ? "HELLO" : "WAUTH");
-      c_fail(c, SX_EPROTO, msg);
-      return;
-    }
-    if (p->write && c->state == C_HELLO && f.status == 0) {
-      c->state = C_WAUTH; /* the WAUTH reply follows */
-      return;
-    }
-    c_hello_reply(c, &f);
-    return;
-  }
-  treq *r = &c->ring[c->head];
-  int bare = p->write || r->idx == NOTICE_IDX; /* replies without payload */
-  uint8_t want = r->idx == NOTICE_IDX ? SX__FRAME_NOTICE_REPLY
-               : p->write ? SX__FRAME_WRITE_REPLY : SX__FRAME_READ_REPLY;
-  if (f.type != want || c->count == 0 || f.id != r->id ||
-      (f.status == 0 && f.length != (bare ? 0 : r->len))) {
-    snprintf(msg, sizeof(msg), "%s sent a reply that matches no request", p->label);
-    c_fail(c, SX_EPROTO, msg);
-    return;
-  }
-  if (f.status != 0) {
-    int err = f.status >= SX_ERRNO_MIN ? f.status : SX_EPROTO;
-    const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL)
-      snprintf(msg, sizeof(msg), "%s refused a %s of region %u bytes %lu..+%lu: %s", p->label,
-               p->write ? "write" : "read", x->rreg->id, (unsigned long)x->roff,
-               (unsigned long)x->length, sx_strerror(err));
-    else
-      snprintf(msg, sizeof(msg), "%s refused the batch's notice: %s", p->label,
-               sx_strerror(err));
-    c_complete_head(c, err, r->aborted ? NULL : msg);
-    return;
-  }
-  if (bare) {
-    c_complete_head(c, 0, NULL); /* landed (or the notice was taken) */
-    return;
-  }
-  c->in_payload = 1;
-  c->pgot = 0;
-  c->vi = 0;
-  c->voff = 0;
-}
-
-static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  cconn *c = s->data;
-  tpeer *p = c->p;
-  char msg[512];
-  (void)buf;
-  if (nread < 0) {
-    if (nread == UV_EOF)
-      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
-               uv_strerror((int)nread));
-    c_fail(c, SX_EDISCONN, msg);
-    return;
-  }
-  if (nread == 0 || c->state == C_CLOSING)
-    return;
-  if (c->in_payload) {
-    treq *r = &c->ring[c->head];
-    c->pgot += (uint64_t)nread;
-    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL && x->iov != NULL)
-      c_advance(c, x, (uint64_t)nread);
-    if (c->pgot == r->len) {
-      c->in_payload = 0;
-      c_complete_head(c, 0, NULL);
-      return;
-    }
-    c_scattered(c);
-    return;
-  }
-  c->hgot += (size_t)nread;
-  if (c->hgot < SX__FRAME_HDR)
-    return;
-  c_header(c);
-  /* A scattered payload may be waiting already: take it in now rather
-   * than one piece through libuv first. */
-  c_scattered(c);
 }
 
 static void c_hello_written(uv_write_t *req, int status) {
@@ -436,7 +141,7 @@ static void c_hello_written(uv_write_t *req, int status) {
     char msg[512];
     snprintf(msg, sizeof(msg), "sending HELLO to %s: %s", c->p->label,
              uv_strerror(status));
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -448,7 +153,7 @@ static void c_connected(uv_connect_t *req, int status) {
     return;
   if (status < 0) {
     snprintf(msg, sizeof(msg), "connecting to %s: %s", p->label, uv_strerror(status));
-    c_fail(c, SX_EUNREACH, msg);
+    sx__tcp_c_fail(c, SX_EUNREACH, msg);
     return;
   }
   const sx_tctx *x = sx__tcp_ctx(p->t);
@@ -470,10 +175,10 @@ static void c_connected(uv_connect_t *req, int status) {
   uv_buf_t b = uv_buf_init((char *)c->hello, (unsigned)total);
   c->hello_wr.data = c;
   c->state = C_HELLO;
-  if (uv_read_start((uv_stream_t *)&c->h, c_alloc, c_read) != 0 ||
+  if (uv_read_start((uv_stream_t *)&c->h, sx__tcp_c_alloc, sx__tcp_c_read) != 0 ||
       uv_write(&c->hello_wr, (uv_stream_t *)&c->h, &b, 1, c_hello_written) != 0) {
     snprintf(msg, sizeof(msg), "%s: cannot start the connection", p->label);
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -494,7 +199,7 @@ static void c_start(cconn *c) {
   if (rc != 0) {
     char msg[512];
     snprintf(msg, sizeof(msg), "connecting to %s: %s", p->label, uv_strerror(rc));
-    c_fail(c, SX_EUNREACH, msg);
+    sx__tcp_c_fail(c, SX_EUNREACH, msg);
   }
 }
 
@@ -583,7 +288,7 @@ static void c_written(uv_write_t *req, int status) {
     char msg[512];
     snprintf(msg, sizeof(msg), "sending requests to %s: %s", c->p->label,
              uv_strerror(status));
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -603,7 +308,7 @@ static void c_flush(cconn *c) {
     free(w);
     char msg[512];
     snprintf(msg, sizeof(msg), "sending requests to %s failed", c->p->label);
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -777,7 +482,7 @@ void sx__tcp_peer_close(sx_tpeer *base) {
   char msg[512];
   snprintf(msg, sizeof(msg), "%s: segment closed", p->label);
   for (uint32_t i = 0; i < p->n_conns; i++)
-    c_fail(&p->conns[i], SX_ECANCELED, msg);
+    sx__tcp_c_fail(&p->conns[i], SX_ECANCELED, msg);
   p_fail_pending(p, SX_ECANCELED, msg);
   if (p->resolving)
     uv_cancel((uv_req_t *)&p->gai);
@@ -853,7 +558,7 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
     if (unsent) {
       snprintf(msg, sizeof(msg), "%s: connection closed to stop an aborted write batch",
                p->label);
-      c_fail(c, SX_EDISCONN, msg);
+      sx__tcp_c_fail(c, SX_EDISCONN, msg);
     }
   }
   /* Not sent yet: settle and forget. */
