@@ -206,6 +206,7 @@ static int pack_regions(arena *a, const sx_desc *d, Sxpb__RegionTable *t) {
   COLUMN(t, num_blocks, uint64_t, r->num_blocks);
   COLUMN(t, access, uint32_t, r->access);
   COLUMN(t, location, uint32_t, loc_idx[i]);
+  COLUMN(t, nic, uint32_t, r->nic);
   t->locations = locs;
   t->n_locations = n_locs;
   t->rkeys_per_region = devices;
@@ -383,6 +384,7 @@ static int unpack_regions(const Sxpb__RegionTable *t, sx_desc *d) {
   CHECK_COLUMN(t, num_blocks);
   CHECK_COLUMN(t, access);
   CHECK_COLUMN(t, location);
+  CHECK_COLUMN(t, nic);
   if (t->rkeys_per_region > SX_MAX_DEVICES)
     return sx__err(SX_ERKEYS, "%u rkeys per region; at most %d devices",
                    t->rkeys_per_region, SX_MAX_DEVICES);
@@ -418,6 +420,7 @@ static int unpack_regions(const Sxpb__RegionTable *t, sx_desc *d) {
     r->block_stride = COL(t, block_stride, i);
     r->num_blocks = COL(t, num_blocks, i);
     r->access = COL(t, access, i);
+    r->nic = COL(t, nic, i);
     strcpy(r->location, t->locations[loc]);
     r->n_rkeys = t->rkeys_per_region;
     if (r->n_rkeys)

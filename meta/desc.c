@@ -156,6 +156,19 @@ uint32_t sx_desc_rdma_devices(const sx_desc *d) {
   return n;
 }
 
+const sx_endpoint *sx_desc_region_nic(const sx_desc *d, const sx_region *r) {
+  uint32_t ordinal = 0;
+  if (r->nic == 0)
+    return NULL;
+  for (uint32_t i = 0; i < d->n_endpoints; i++) {
+    if (d->endpoints[i].kind != SX_TRANSPORT_RDMA)
+      continue;
+    if (++ordinal == r->nic)
+      return &d->endpoints[i];
+  }
+  return NULL;
+}
+
 uint64_t sx_desc_total_bytes(const sx_desc *d) {
   uint64_t sum = 0;
   for (uint32_t i = 0; i < d->n_regions; i++)

@@ -15,18 +15,6 @@
 #else
 #define SX__PRINTF(a, b)
 #define SX__UNUSED
-/* Allocate a descriptor array (endpoints, regions, labels) of n zeroed
- * elements with the capacity the sx_desc_add_*() helpers expect. */
-void *sx__desc_array(size_t n, size_t size);
-
-/* The layout and region rules of sx_desc_validate() without the identity
- * fields (name, incarnation, token, endpoints): used for layout files. */
-int sx__layout_validate(const sx_desc *d);
-
-/* Encode without validating (sx_desc_encode() validates, then calls this).
- * Tests use it to build descriptors that break one rule. */
-int sx__desc_pack(const sx_desc *d, uint8_t **out, size_t *out_len);
-
 #endif
 
 #define SX__ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

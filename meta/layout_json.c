@@ -113,6 +113,9 @@ int sx_desc_to_json(const sx_desc *d, int with_secrets, char **out) {
     json_object_set_new(jr, "block_stride", u64_json(r->block_stride));
     json_object_set_new(jr, "num_blocks", u64_json(r->num_blocks));
     json_object_set_new(jr, "location", json_string(r->location));
+    const sx_endpoint *nic = sx_desc_region_nic(d, r);
+    if (nic != NULL)
+      json_object_set_new(jr, "nic", json_string(nic->device));
     json_object_set_new(jr, "remote_read",
                         json_boolean(r->access & SX_ACCESS_REMOTE_READ));
     for (uint32_t k = 0; k < r->n_rkeys; k++)

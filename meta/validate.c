@@ -134,6 +134,11 @@ static int region_validate(const sx_region *r, uint32_t rdma_devices) {
     return sx__err(SX_ERKEYS, "region %u: %u write keys for %u RDMA endpoints%s", r->id,
                    r->n_wkeys, rdma_devices,
                    r->access & SX_ACCESS_REMOTE_WRITE ? "" : " on a region that is not writable");
+  /* The chosen NIC names one of the RDMA endpoints: a reader looks that
+   * endpoint up, so a number past them would name nothing. */
+  if (r->nic > rdma_devices)
+    return sx__err(SX_EINVAL, "region %u: nic %u names RDMA endpoint %u, but the descriptor "
+                   "has %u", r->id, r->nic, r->nic, rdma_devices);
   if (r->location[0] == '\0' || !text_ok(r->location, sizeof(r->location)))
     return sx__err(SX_EINVAL, "region %u: location is empty or not printable", r->id);
   return 0;

@@ -4,12 +4,16 @@
  * another device, managed, host), a host without a driver, and CUDA
  * region registration through a real agent on the mem:// store.
  */
+#include <dlfcn.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "agent_fixture.h"
+#include "fake_drv.h"
 #include "internal.h"
 #include "mem/mem.h"
 #include "mem/mem_int.h"
@@ -74,35 +78,6 @@ static const fake_alloc allocs[] = {
     {0x7f0000400000ull, 1u << 20, 0, 1},
 };
 
-static CUresult f_ok0(unsigned x) {
-  (void)x;
-  return CUDA_SUCCESS;
-}
-static CUresult f_errstr(CUresult e, const char **s) {
-  *s = e == CUDA_ERROR_INVALID_VALUE ? "invalid argument" : "fake error";
-  return CUDA_SUCCESS;
-}
-static CUresult f_errname(CUresult e, const char **s) {
-  (void)e;
-  *s = "CUDA_ERROR_FAKE";
-  return CUDA_SUCCESS;
-}
-static CUresult f_count(int *n) {
-  *n = 2;
-  return CUDA_SUCCESS;
-}
-static CUresult f_get(CUdevice *d, int ordinal) {
-  *d = ordinal;
-  return CUDA_SUCCESS;
-}
-static CUresult f_retain(CUcontext *c, CUdevice d) {
-  *c = (CUcontext)(uintptr_t)(0x1000 + d);
-  return CUDA_SUCCESS;
-}
-static CUresult f_setcur(CUcontext c) {
-  (void)c;
-  return CUDA_SUCCESS;
-}
 static CUresult f_attrs(unsigned n, CUpointer_attribute *at, void **data, CUdeviceptr p) {
   const fake_alloc *a = NULL;
   for (size_t i = 0; i < SX__ARRAY_SIZE(allocs); i++)
@@ -132,19 +107,12 @@ static CUresult f_attrs(unsigned n, CUpointer_attribute *at, void **data, CUdevi
   return CUDA_SUCCESS;
 }
 
-static const sx__cuda_drv fake = {
-    .Init = f_ok0,
-    .GetErrorString = f_errstr,
-    .GetErrorName = f_errname,
-    .DeviceGetCount = f_count,
-    .DeviceGet = f_get,
-    .DevicePrimaryCtxRetain = f_retain,
-    .CtxSetCurrent = f_setcur,
-    .PointerGetAttributes = f_attrs,
-};
+static sx__cuda_drv fake;
 
 static int use_fake(void **state) {
   (void)state;
+  sxt_fake_drv_base(&fake, 2);
+  fake.PointerGetAttributes = f_attrs;
   sx__mem_cuda_use(&fake);
   return 0;
 }
@@ -264,6 +232,47 @@ static void test_mem_without_driver(void **state) {
   assert_string_equal(out, "cpu");
 }
 
+/* The CUDA stand-in (tests/gpu/fake_cuda.c) beside this binary, which make
+ * test builds first; empty when it is not there. */
+static char fake_lib[PATH_MAX];
+
+/* Without a driver in the process, "host memory" is the answer, and it is
+ * kept rather than asking the dynamic loader on every query: but only until
+ * the process loads another object.  A driver an engine loads later (here:
+ * the stand-in, loaded behind the memory layer's back) is seen at once. */
+static void test_mem_query_sees_a_driver_loaded_later(void **state) {
+  (void)state;
+  if (fake_lib[0] == '\0' || access(fake_lib, R_OK) != 0) {
+    print_message("no CUDA stand-in beside this binary (make test builds it): skipped\n");
+    skip();
+  }
+  sx__mem_cuda_use(NULL);
+  sx__mem_cuda_library(fake_lib);
+  char buf[64];
+  sx__mem_info m;
+  sx__mem_query(buf, &m);
+  assert_int_equal(m.kind, SX__MEM_HOST);
+  sx__mem_query(buf, &m); /* the kept answer */
+  assert_int_equal(m.kind, SX__MEM_HOST);
+  void *h = dlopen(fake_lib, RTLD_NOW | RTLD_LOCAL);
+  assert_non_null(h);
+  CUresult (*alloc)(CUdeviceptr *, size_t) =
+      (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
+  CUresult (*release)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(h, "cuMemFree_v2");
+  assert_non_null(alloc);
+  assert_non_null(release);
+  CUdeviceptr p;
+  assert_int_equal(alloc(&p, 8192), CUDA_SUCCESS);
+  sx__mem_query((void *)(uintptr_t)(p + 100), &m);
+  assert_int_equal(m.kind, SX__MEM_CUDA);
+  assert_int_equal(m.device, 0);
+  assert_true(m.base == (uint64_t)p && m.size == 8192);
+  sx__mem_query(buf, &m);
+  assert_int_equal(m.kind, SX__MEM_HOST);
+  assert_int_equal(release(p), CUDA_SUCCESS);
+  /* The stand-in stays loaded: the memory layer holds it now. */
+}
+
 /* ------------------------------------------------------------ agents */
 
 static sx_agent *new_agent(char *url, size_t size) {
@@ -352,7 +361,16 @@ static void test_mem_agent_without_driver_refuses_cuda(void **state) {
 }
 #endif
 
-int main(void) {
+int main(int argc, char **argv) {
+  (void)argc;
+#ifdef SX_HAVE_CUDA
+  /* argv[0], not /proc/self/exe: under valgrind that is valgrind. */
+  char self[PATH_MAX];
+  if (realpath(argv[0], self) != NULL)
+    snprintf(fake_lib, sizeof(fake_lib), "%s/gpu/libfakecuda.so", dirname(self));
+#else
+  (void)argv;
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_mem_location_parse),
       cmocka_unit_test(test_mem_location_of_host_memory),
@@ -367,6 +385,9 @@ int main(void) {
                                       use_real),
       cmocka_unit_test_setup_teardown(test_mem_agent_without_driver_refuses_cuda,
                                       no_driver, use_real),
+      /* Last: the stand-in it loads stays the memory layer's driver. */
+      cmocka_unit_test_setup_teardown(test_mem_query_sees_a_driver_loaded_later, no_driver,
+                                      use_real),
 #endif
   };
 #ifndef SX_HAVE_CUDA

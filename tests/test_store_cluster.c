@@ -639,6 +639,23 @@ static void test_cluster_close_from_a_timed_out_op(void **state) {
   assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
 }
 
+/* An op's callback closes the backend while the master's connection is
+ * inside its own reply callback, another op outstanding on it: hiredis
+ * frees the connection after the callback returns and then calls its
+ * disconnect callback, which read the node from the client state that the
+ * close had freed (found by sx-bench's fleet under the sanitizers; fails
+ * under them without the fix). */
+static void test_cluster_close_from_a_reply(void **state) {
+  (void)state;
+  NEED_CLUSTER();
+  assert_int_equal(sxt_rcluster_wait_ok(&cl, 30000), 0);
+  char url[512];
+  cl_url("clr", NULL, url, sizeof(url));
+  sxt_store s;
+  sxt_ok(sxt_store_open(&s, url, 1));
+  sxt_store_close_from_reply(&s, "absent/0");
+}
+
 /* Opening must fail with this status and a message containing want. */
 static void open_fails(const char *url, int status, const char *want) {
   sx_store *s = NULL;
@@ -767,23 +784,30 @@ static void test_cluster_hostile_maps(void **state) {
 }
 
 /* What a hostile or broken node answers a command (fake nodes, no
- * redis-server): MOVED back and forth between two nodes, MOVED to an
- * address that does not parse, a plain error.  Each get ends within its
- * timeout with the status and a message that says what happened. */
+ * redis-server): MOVED to a node the map does not name, MOVED for a slot
+ * that is not the key's, MOVED to an address that does not parse, ASK
+ * back and forth between two nodes, a plain error.  Each get ends within
+ * its timeout with the status and a message that says what happened; the
+ * second node (in no map) is sent nothing on a MOVED's word: the client
+ * reads the map again instead (which names the first node only). */
 static void test_cluster_hostile_redirects(void **state) {
   (void)state;
   static const struct {
     const char *answer;
     int status;
     const char *want;
+    int other_asked; /* may the second node get commands? */
   } cases[] = {
-      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384"},
-      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport"},
-      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0"},
-      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after"},
-      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong"},
+      {"-MOVED %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after", 0},
+      {"-MOVED 0 127.0.0.1:%p\r\n", SX_ESTORE, "answered MOVED for slot 0, but the key is "
+       "in slot", 0},
+      {"-MOVED 16384 127.0.0.1:%p\r\n", SX_ESTORE, "MOVED 16384", 0},
+      {"-MOVED 0 nohostnoport\r\n", SX_ESTORE, "MOVED 0 nohostnoport", 0},
+      {"-MOVED 0 127.0.0.1:0\r\n", SX_ESTORE, "MOVED 0 127.0.0.1:0", 0},
+      {"-ASK 0 127.0.0.1:%p\r\n", SX_ESTORE, "answered ASK for slot 0, but the key is in "
+       "slot", 0},
+      {"-ASK %s 127.0.0.1:%p\r\n", SX_ESTORE, "still redirected after", 1},
+      {"-ERR something else went wrong\r\n", SX_ESTORE, "something else went wrong", 0},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     sxt_fake_rnodes f;
@@ -802,6 +826,12 @@ static void test_cluster_hostile_redirects(void **state) {
                sx_errmsg(), sx_err_name(cases[i].status), cases[i].want);
     if (took > 2500)
       fail_msg("answer %s: the get took %lu ms", cases[i].answer, (unsigned long)took);
+    int other = atomic_load(&f.node[1].others);
+    if (!cases[i].other_asked && other != 0)
+      fail_msg("answer %s: the node no map names was sent %d commands", cases[i].answer,
+               other);
+    if (cases[i].other_asked && other == 0)
+      fail_msg("answer %s: ASK did not reach the node it names", cases[i].answer);
     sx_store_close(s);
     sxt_fake_rnodes_stop(&f);
   }
@@ -818,6 +848,7 @@ int main(void) {
       cmocka_unit_test(test_cluster_hostile_maps),
       cmocka_unit_test(test_cluster_ask_during_slot_migration),
       cmocka_unit_test(test_cluster_close_from_a_timed_out_op),
+      cmocka_unit_test(test_cluster_close_from_a_reply),
       cmocka_unit_test(test_cluster_master_failover),
       cmocka_unit_test(test_cluster_reshard_under_load),
   };

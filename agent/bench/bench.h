@@ -113,6 +113,11 @@ double bx_cpu_self(void);
 /* Seconds pid's threads (alive now) have spent runnable but waiting for a
  * CPU (/proc/PID/task/TID/schedstat), or -1 when the kernel does not say. */
 double bx_runq_wait(pid_t pid);
+/* CPU seconds process pid has used: its threads' run time (schedstat, in
+ * ns), else user + system (/proc/PID/stat, in clock ticks); or -1. */
+double bx_proc_cpu(pid_t pid);
+/* CPU seconds the calling thread has used. */
+double bx_cpu_thread(void);
 
 /* "4K" "64KiB" "1M" "4096" -> bytes.  0 or -1. */
 int bx_parse_size(const char *s, uint64_t *out);
@@ -209,6 +214,7 @@ typedef struct bx_fleet bx_fleet;
 
 typedef struct bx_fleet_params {
   const char *url;      /* metadata URL (namespace included) */
+  uint32_t first;       /* the first agent's number (several fleets share a run) */
   uint32_t agents;      /* simulated agents */
   uint32_t conns;       /* store connections they share */
   uint32_t lease_ms;
@@ -226,10 +232,17 @@ typedef struct bx_fleet_stats {
 /* Publish every agent, then renew each lease every lease/3 on a thread of
  * its own until bx_fleet_stop().  0, or -1 with the reason in err. */
 int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize);
+/* The same in two steps, so that several fleets publish at once: spawn
+ * starts the thread (0, or -1 with the reason in err); ready waits until
+ * every agent holds its lease (0), or says why not (-1; then stop it). */
+int bx_fleet_spawn(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize);
+int bx_fleet_ready(bx_fleet *f, char *err, size_t esize);
 /* Counters since the last call (or start). */
 void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out);
 void bx_fleet_stop(bx_fleet *f);
-/* The name of agent i: "fleet/NNNNN". */
+/* CPU seconds the fleet's thread has used so far (any thread may ask). */
+double bx_fleet_cpu(bx_fleet *f);
+/* The name of agent i: "fleet/NNNNNNN". */
 void bx_fleet_name(uint32_t i, char *buf, size_t size);
 
 #endif

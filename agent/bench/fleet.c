@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <uv.h>
 
 #include "backend.h"
@@ -55,7 +56,7 @@ struct bx_fleet {
 };
 
 void bx_fleet_name(uint32_t i, char *buf, size_t size) {
-  snprintf(buf, size, "fleet/%05u", i);
+  snprintf(buf, size, "fleet/%07u", i);
 }
 
 static void set_state(bx_fleet *f, int state, const char *err) {
@@ -103,7 +104,7 @@ static void tick(uv_timer_t *t) {
       f->late++;
       continue;
     }
-    bx_fleet_name(a->i, name, sizeof(name));
+    bx_fleet_name(f->p.first + a->i, name, sizeof(name));
     a->t0 = bx_now_ns();
     a->due = f->t0 + (uint64_t)((double)f->scheduled * f->period_ns / n);
     sx_backend *b = f->b[a->i % f->p.conns];
@@ -144,7 +145,7 @@ static void publish_more(bx_fleet *f) {
          f->pub_inflight < PUBLISH_WINDOW * f->p.conns) {
     agent *a = &f->ag[f->next_pub++];
     char name[32];
-    bx_fleet_name(a->i, name, sizeof(name));
+    bx_fleet_name(f->p.first + a->i, name, sizeof(name));
     sx_publish_req req = {.name = name, .incarnation = f->incs[a->i], .generation = 1,
                           .value = f->values[a->i], .len = f->lens[a->i],
                           .lease_ms = f->p.lease_ms, .takeover = 1};
@@ -192,7 +193,7 @@ static void on_stop(uv_async_t *h) {
   uv_timer_stop(&f->tick);
   for (uint32_t i = 0; i < f->published; i++) {
     char name[32];
-    bx_fleet_name(i, name, sizeof(name));
+    bx_fleet_name(f->p.first + i, name, sizeof(name));
     if (sx__backend_unpublish(f->b[i % f->p.conns], name, f->incs[i], unpublished, f) == 0)
       f->unpub_left++;
   }
@@ -246,7 +247,7 @@ static void fleet_free(bx_fleet *f) {
   free(f);
 }
 
-int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {
+int bx_fleet_spawn(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {
   static uint32_t fleet_serial;
   fleet_serial++;
   bx_fleet *f = calloc(1, sizeof(*f));
@@ -275,14 +276,15 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t e
   for (uint32_t i = 0; i < n; i++) {
     char name[32];
     sx_desc d;
-    bx_fleet_name(i, name, sizeof(name));
+    uint32_t g = p->first + i;
+    bx_fleet_name(g, name, sizeof(name));
     f->ag[i] = (agent){.f = f, .i = i};
     int rc = bx_make_desc(&d, name, 2, 1);
     if (rc == 0) {
       d.lease_ms = p->lease_ms;
       /* A new incarnation per fleet: a fleet's leftovers (should its
        * unpublish have failed) cannot block the next one's publish. */
-      memcpy(d.incarnation, &i, sizeof(i));
+      memcpy(d.incarnation, &g, sizeof(g));
       memcpy(d.incarnation + 8, &fleet_serial, sizeof(fleet_serial));
       d.incarnation[15] = 0xf1;
       memcpy(f->incs[i], d.incarnation, SX_INCARNATION_LEN);
@@ -312,6 +314,11 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t e
     fleet_free(f);
     return -1;
   }
+  *out = f;
+  return 0;
+}
+
+int bx_fleet_ready(bx_fleet *f, char *err, size_t esize) {
   pthread_mutex_lock(&f->mu);
   while (f->state == 0)
     pthread_cond_wait(&f->cv, &f->mu);
@@ -319,6 +326,16 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t e
   pthread_mutex_unlock(&f->mu);
   if (state < 0) {
     snprintf(err, esize, "%s", f->err);
+    return -1;
+  }
+  return 0;
+}
+
+int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {
+  bx_fleet *f;
+  if (bx_fleet_spawn(p, &f, err, esize) != 0)
+    return -1;
+  if (bx_fleet_ready(f, err, esize) != 0) {
     bx_fleet_stop(f);
     return -1;
   }
@@ -339,6 +356,14 @@ void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out) {
   bx_lat_reset(&f->lat);
   bx_lat_reset(&f->lateness);
   pthread_mutex_unlock(&f->mu);
+}
+
+double bx_fleet_cpu(bx_fleet *f) {
+  clockid_t id;
+  struct timespec ts;
+  if (pthread_getcpuclockid(f->th, &id) != 0 || clock_gettime(id, &ts) != 0)
+    return -1;
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 void bx_fleet_stop(bx_fleet *f) {

@@ -1,6 +1,7 @@
 /*
  * sx-bench meta's insides, shared by meta.c (setup, closed-loop runner,
- * per-op figures), meta_fleet.c (options, ls, the fleet run) and fleet.c
+ * per-op figures), meta_fleet.c (options, ls), meta_probe.c (one fleet size),
+ * meta_held.c (the search and the held figures) and fleet.c
  * (the simulated agents' thread).
  */
 #ifndef SX_BENCH_META_H
@@ -33,6 +34,10 @@ typedef struct bx_meta_opts {
   unsigned ops; /* MB_OP_* to run */
   uint32_t cluster; /* masters of a private Redis Cluster for the fleet, 0: none */
   double held_p99_ms; /* --held-p99-ms: a fleet is held within this p99 resolve */
+  double held_late_ms; /* --held-late-ms: and renewals this late at p99 (0: lease/20) */
+  uint32_t fleet_threads; /* --fleet-threads: threads the simulated agents use */
+  uint32_t search_steps;  /* --fleet-search: halvings of the bracket (0: the list) */
+  uint32_t fleet_budget_s; /* --fleet-budget-s: no new fleet size after this (0: none) */
 } bx_meta_opts;
 
 enum {
@@ -54,6 +59,12 @@ typedef struct mb {
   sx_url url;
   int srv_port;           /* our private redis-server, 0 if --metadata */
   pid_t srv_pid;
+  /* The private servers this store is made of (one redis-server, or the
+   * cluster's masters), for their CPU (/proc) and INFO; none with
+   * --metadata (then INFO cpu of the URL's server, if any). */
+  int n_srv;
+  pid_t srv_pids[BX_CLUSTER_MAX];
+  int srv_ports[BX_CLUSTER_MAX];
   int redis;              /* a plain redis:// store: the raw baselines run */
   sx_backend *b;
   sx_cache *c;
@@ -70,12 +81,8 @@ typedef struct mb {
   uint8_t (*incs)[SX_INCARNATION_LEN];
   uint64_t *gens;
   /* The fleet: "" for the store of the run, else what the second store is
-   * ("cluster"): its table and targets are named after it.  held: the
-   * largest fleet with every lease kept and p99 resolve within
-   * --held-p99-ms (0: none), and its p99 (ms). */
+   * ("cluster"): its table and targets are named after it. */
   const char *label;
-  uint32_t held;
-  double held_p99_ms;
 } mb;
 
 /* The resolve p99 a fleet must keep to count as held by default (the same
@@ -139,9 +146,58 @@ void bx_flag_conn(void *arg, int up, int err, const char *msg);
 /* A cold resolve of the bench segment of slot s (modulo their number). */
 int bx_meta_cold_issue(bx_run *r, bx_slot *s);
 
-/* meta_fleet.c */
+/* meta_fleet.c: options, ls */
 int bx_meta_parse(bx_meta_opts *mo, int argc, char **argv);
 int bx_meta_ls(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t esize);
-int bx_meta_fleet(mb *m, const bx_meta_opts *mo, bx_report *rep, char *err, size_t esize);
+
+/* What one fleet size gave on one store (a probe).  CPU figures are
+ * fractions of one CPU over the window; per-renewal ones are CPU seconds
+ * per renewal, the readers' share (at the idle store's cost per resolve)
+ * taken out, < 0 when unknown. */
+typedef struct bx_probe {
+  uint32_t agents;
+  int ran;           /* it ran to the end (else the row says why not) */
+  int kept;          /* every lease kept: none skipped, failed or past the margin */
+  int held;          /* kept, and within --held-p99-ms and --held-late-ms, every
+                      * resolve asked for answered, the generator not saturated */
+  int gen_bound;     /* a thread of this process was busy >= BX_GEN_BOUND */
+  char why[200];     /* the first criterion missed */
+  double p99_ms, late_p99_ms, renews_s, resolve_share;
+  double gen_cpu, gen_thread_max;
+  double srv_cpu, srv_cpu_max;
+  double srv_renew_s, srv_renew_max_s; /* all servers; the busiest one */
+  int n_srv;
+  double srv_each[BX_CLUSTER_MAX]; /* each server's CPU share */
+} bx_probe;
+
+/* A generator thread at least this busy may be what limits the run. */
+#define BX_GEN_BOUND 0.9
+
+/* One store's fleet runs (meta_probe.c): open (the readers, its table and
+ * the idle store's row), probe fleet sizes one at a time, close. */
+typedef struct bx_fleet_run {
+  mb *m;
+  const bx_meta_opts *mo;
+  bx_report *rep;
+  bx_table *t;
+  struct fleet_readers *fr;
+  double per_resolve[BX_CLUSTER_MAX]; /* each server's CPU per resolve, idle store */
+  int have_idle;
+  uint64_t lost;
+  int failed;
+  double p99_10k;
+} bx_fleet_run;
+
+int bx_fleet_run_open(bx_fleet_run *r, mb *m, const bx_meta_opts *mo, bx_report *rep,
+                      char *err, size_t esize);
+void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out);
+/* 0, or -1 when some probe failed (err says so). */
+int bx_fleet_run_close(bx_fleet_run *r, char *err, size_t esize);
+
+/* meta_held.c: the --fleet sizes (or, with --fleet-search, a search for
+ * the largest fleet held) on the run's store and, given a cluster's, on it
+ * too, probe by probe in turn; then what each held and the targets. */
+int bx_meta_fleets(mb *base, mb *cluster, const bx_meta_opts *mo, bx_report *rep, char *err,
+                   size_t esize);
 
 #endif

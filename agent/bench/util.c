@@ -43,7 +43,17 @@ double bx_cpu_self(void) {
          (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-double bx_runq_wait(pid_t pid) {
+double bx_cpu_thread(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* One field of pid's threads' schedstat (alive now), summed, in seconds:
+ * 0 the time run on a CPU, 1 the time runnable but waiting; -1 when the
+ * kernel does not say.  Nanoseconds, where /proc/PID/stat counts clock
+ * ticks (10 ms: too coarse for the CPU difference of two fleet sizes). */
+static double schedstat_sum(pid_t pid, int field) {
   char path[64];
   snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
   DIR *d = opendir(path);
@@ -58,9 +68,9 @@ double bx_runq_wait(pid_t pid) {
     char p[300];
     snprintf(p, sizeof(p), "/proc/%d/task/%.200s/schedstat", (int)pid, e->d_name);
     FILE *f = fopen(p, "r");
-    unsigned long long run, wait;
-    if (f != NULL && fscanf(f, "%llu %llu", &run, &wait) == 2) {
-      sum += (double)wait / 1e9;
+    unsigned long long v[2];
+    if (f != NULL && fscanf(f, "%llu %llu", &v[0], &v[1]) == 2) {
+      sum += (double)v[field] / 1e9;
       n++;
     }
     if (f != NULL)
@@ -68,6 +78,30 @@ double bx_runq_wait(pid_t pid) {
   }
   closedir(d);
   return n > 0 ? sum : -1;
+}
+
+double bx_runq_wait(pid_t pid) { return schedstat_sum(pid, 1); }
+
+double bx_proc_cpu(pid_t pid) {
+  double run = schedstat_sum(pid, 0);
+  if (run >= 0)
+    return run;
+  char path[64], buf[1024];
+  snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return -1;
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* The name (field 2) may hold spaces and parentheses: count fields from
+   * the last ')'.  utime and stime are fields 14 and 15, in clock ticks. */
+  const char *p = strrchr(buf, ')');
+  unsigned long long ut, st;
+  if (p == NULL || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                          &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* ------------------------------------------------------------ statistics */

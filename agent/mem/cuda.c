@@ -5,6 +5,7 @@
  */
 #ifdef SX_HAVE_CUDA
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,11 +25,15 @@ static const char *libname = "libcuda.so.1";
 static void *lib;
 static int n_devices;
 static CUcontext ctx[MAX_DEVICES]; /* mu: retained primary contexts */
+/* mu: the process's count of objects ever loaded when the driver was last
+ * found not loaded (0: not known); see sx__mem_query. */
+static unsigned long long absent_at;
 
 void sx__mem_cuda_use(const sx__cuda_drv *f) {
   pthread_mutex_lock(&mu);
   fake = f;
   state = 0;
+  absent_at = 0;
   memset(ctx, 0, sizeof(ctx));
   pthread_mutex_unlock(&mu);
 }
@@ -37,6 +42,7 @@ void sx__mem_cuda_library(const char *name) {
   pthread_mutex_lock(&mu);
   libname = name;
   state = 0;
+  absent_at = 0;
   memset(ctx, 0, sizeof(ctx));
   pthread_mutex_unlock(&mu);
 }
@@ -233,6 +239,14 @@ static CUresult query(const sx__cuda_drv *d, const void *addr, ptr_attrs *a) {
   return r;
 }
 
+/* dl_iterate_phdr: the count of objects loaded so far (the first entry
+ * carries it). */
+static int adds_of(struct dl_phdr_info *info, size_t size, void *arg) {
+  (void)size;
+  *(unsigned long long *)arg = info->dlpi_adds;
+  return 1;
+}
+
 void sx__mem_query(const void *addr, sx__mem_info *out) {
   *out = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
   pthread_mutex_lock(&mu);
@@ -240,11 +254,19 @@ void sx__mem_query(const void *addr, sx__mem_info *out) {
   if (state == 0 && fake == NULL) {
     /* Not used here yet: if nothing in this process loaded the driver
      * either (an engine's CUDA runtime would have), no pointer can be
-     * device memory, and starting the driver just to learn that is slow. */
-    void *h = dlopen(libname, RTLD_NOW | RTLD_NOLOAD);
-    if (h != NULL)
-      dlclose(h);
-    loaded = h != NULL;
+     * device memory, and starting the driver just to learn that is slow.
+     * Asking the dynamic loader costs a dlopen per query (a host read
+     * queries every unregistered range), so the answer "not loaded" is
+     * kept until the process loads another object. */
+    unsigned long long adds = 0;
+    dl_iterate_phdr(adds_of, &adds);
+    if (absent_at == 0 || adds != absent_at) {
+      void *h = dlopen(libname, RTLD_NOW | RTLD_NOLOAD);
+      if (h != NULL)
+        dlclose(h);
+      loaded = h != NULL;
+      absent_at = loaded ? 0 : adds;
+    }
   }
   pthread_mutex_unlock(&mu);
   if (!loaded && fake == NULL)

@@ -197,6 +197,13 @@ int sx__mem_dmabuf_export(const void *addr, uint64_t len, int device, int *fd,
  * current context.  0 where the driver lacks it (nothing to flush). */
 int sx__mem_flush_rdma_writes(int device);
 
+/* The PCI address of CUDA device `device` as sysfs names it
+ * ("0000:17:00.0", lower-case hex), from the driver's PCI domain, bus and
+ * device attributes, for the RDMA transport's NIC choice (pci.c).  0, or
+ * SX_ENODEV / SX_ENOTSUP with a message (no driver, a driver without
+ * cuDeviceGetAttribute, a build without CUDA). */
+int sx__mem_pci_address(int device, char *buf, size_t len);
+
 /* ------------------------------------------------------------ IPC */
 
 #define SX__MEM_IPC_HANDLE 64 /* bytes in a CUDA IPC memory handle */

@@ -240,6 +240,24 @@ static int fetch(const sxctl_cmd *cmd, sx_store *s, const char *name, sx_desc *d
   return SXCTL_ERROR;
 }
 
+/* The RDMA device the owner chose for a region ("-" for none), with the
+ * port where the device publishes several. */
+static void region_nic(const sx_desc *d, const sx_region *r, char *buf, size_t len) {
+  const sx_endpoint *e = sx_desc_region_nic(d, r);
+  int ports = 0;
+  if (e == NULL) {
+    snprintf(buf, len, "-");
+    return;
+  }
+  for (uint32_t i = 0; i < d->n_endpoints; i++)
+    ports += d->endpoints[i].kind == SX_TRANSPORT_RDMA &&
+             strcmp(d->endpoints[i].device, e->device) == 0;
+  if (ports > 1)
+    snprintf(buf, len, "%s:%u", e->device, e->port_num);
+  else
+    snprintf(buf, len, "%s", e->device);
+}
+
 static void show_human(const sx_desc *d, const sx_store_lease *lease, int secrets) {
   char hex[2 * SX_INCARNATION_LEN + 1], buf[64], buf2[64], buf3[64], labels[1024];
   sx_hex(d->incarnation, SX_INCARNATION_LEN, hex);
@@ -308,13 +326,14 @@ static void show_human(const sx_desc *d, const sx_store_lease *lease, int secret
   if (d->n_regions == 0)
     return;
   sxctl_table t;
-  sxctl_table_init(&t, 13, "ID", "GROUP", "LAYERS", "SLOT", "ADDR", "LENGTH", "BLOCK",
-                   "STRIDE", "BLOCKS", "LAYER STRIDE", "LOCATION", "ACCESS", "RKEYS");
+  sxctl_table_init(&t, 14, "ID", "GROUP", "LAYERS", "SLOT", "ADDR", "LENGTH", "BLOCK",
+                   "STRIDE", "BLOCKS", "LAYER STRIDE", "LOCATION", "NIC", "ACCESS", "RKEYS");
   for (uint32_t i = 0; i < d->n_regions; i++) {
     const sx_region *r = &d->regions[i];
     char id[16], group[16], layers[32], slot[16], addr[24], len[32], blk[24], stride[24],
-        nb[24], ls[24], rkeys[128];
+        nb[24], ls[24], rkeys[128], nic[SX_TAG_MAX + 16];
     snprintf(id, sizeof(id), "%u", r->id);
+    region_nic(d, r, nic, sizeof(nic));
     snprintf(group, sizeof(group), "%u", r->group);
     if (r->layer_count > 1)
       snprintf(layers, sizeof(layers), "%u-%u", r->layer_first,
@@ -342,7 +361,7 @@ static void show_human(const sx_desc *d, const sx_store_lease *lease, int secret
     }
     sxctl_table_add(&t, id, group, layers, sx_slot_name(r->slot, slot), addr,
                     sxctl_bytes(r->length, len, sizeof(len)), blk, stride, nb, ls, r->location,
-                    (r->access & SX_ACCESS_REMOTE_READ) ? "read" : "none", rkeys);
+                    nic, (r->access & SX_ACCESS_REMOTE_READ) ? "read" : "none", rkeys);
   }
   sxctl_table_print(&t, stdout, "  ");
   sxctl_table_free(&t);

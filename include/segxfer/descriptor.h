@@ -117,6 +117,11 @@ typedef struct sx_region {
    * knowing them grants nothing; the rkeys above never allow writes. */
   uint32_t n_wkeys;
   uint32_t wkeys[SX_MAX_DEVICES];
+  /* The RDMA device its owner chose for it (the NIC nearest its memory,
+   * docs/gpu.md "NIC choice"): 1 + the ordinal of that device's endpoint
+   * among the RDMA endpoints (as for rkeys), 0 when none was chosen.
+   * sx_desc_region_nic() gives the endpoint. */
+  uint32_t nic;
 } sx_region;
 
 typedef struct sx_label {
@@ -221,6 +226,11 @@ SX_EXTERN const sx_region *sx_desc_find(const sx_desc *d, uint32_t group,
 
 /* Number of RDMA endpoints (the rkey count every region must carry). */
 SX_EXTERN uint32_t sx_desc_rdma_devices(const sx_desc *d);
+
+/* The RDMA endpoint (device) the owner chose for region r of d (r->nic), or
+ * NULL when it chose none or r->nic names no RDMA endpoint of d.  The
+ * pointer is into d and lives as long as d. */
+SX_EXTERN const sx_endpoint *sx_desc_region_nic(const sx_desc *d, const sx_region *r);
 
 /* Sum of region lengths. */
 SX_EXTERN uint64_t sx_desc_total_bytes(const sx_desc *d);

@@ -222,9 +222,12 @@ int sx__rcl_uncovered(const sx_rcl_range *ranges, size_t n, char *msg, size_t ms
 /* Discover the map from the seeds and connect to every master; the session
  * is ready (sx__redis_ready) once all answered their handshake. */
 void sx__rcl_start(redis_backend *rb);
-/* Drop every node connection (session failure or close); close also frees
- * the client state. */
+/* Drop every node connection (session failure or close). */
 void sx__rcl_drop(redis_backend *rb);
+/* Free the client state, once dropped and once no hiredis context can call
+ * back into it: a context freed from inside its own callback is freed by
+ * hiredis after that callback returns, and its disconnect callback then
+ * reads the node it belongs to (so close frees this with rb, later). */
 void sx__rcl_free(redis_backend *rb);
 /* Send one RESP command of q to the master of key's slot (retrying on
  * MOVED, ASK, TRYAGAIN, CLUSTERDOWN and lost nodes until q's deadline);

@@ -69,6 +69,20 @@ static rcl_node *node_get(redis_backend *rb, const char *host, int port) {
   return free_slot;
 }
 
+/* The master at host:port in the current map, or NULL.  A MOVED is only
+ * believed about masters the map already names: an address that a node
+ * names and the map does not is checked by reading the map, never
+ * connected to (and sent the password) on one node's word. */
+static rcl_node *node_master(redis_backend *rb, const char *host, int port) {
+  sx_rcl *cl = rb->cl;
+  for (int i = 0; i < RCL_MAX_NODES; i++) {
+    rcl_node *n = &cl->nodes[i];
+    if (n->used && n->master && n->port == port && strcmp(n->host, host) == 0)
+      return n;
+  }
+  return NULL;
+}
+
 static void node_drop(rcl_node *n) {
   sx_rcl *cl = n->rb->cl;
   int idx = sx__rcl_node_index(cl, n);
@@ -310,29 +324,52 @@ static void cmd_cb(redisAsyncContext *ac, void *reply, void *priv) {
   unsigned slot;
   char host[256];
   if (sx__rcl_parse_redirect(r, &ask, &slot, host, sizeof(host), &port) == 0) {
-    if (++c->tries > RCL_MAX_TRIES) {
-      sx__redis_q_finish(q, SX_ESTORE, "%s: %s: still redirected after %d tries (last: "
-                         "slot %u to %s:%d)", q->name, q->what, RCL_MAX_TRIES, slot,
-                         host[0] ? host : n->host, port);
+    const char *to_host = host[0] ? host : n->host;
+    if (slot != c->slot) {
+      /* A node names the key's own slot; any other is not a redirection
+       * of this command, and must not move another slot's commands. */
+      sx__redis_q_finish(q, SX_ESTORE, "%s: %s: %s:%d answered %s for slot %u, but the "
+                         "key is in slot %u (not a cluster node's answer)", q->name, q->what,
+                         n->host, n->port, ask ? "ASK" : "MOVED", slot, c->slot);
       cmd_free(c);
       return;
     }
-    rcl_node *to = node_get(rb, host[0] ? host : n->host, port);
+    if (++c->tries > RCL_MAX_TRIES) {
+      sx__redis_q_finish(q, SX_ESTORE, "%s: %s: still redirected after %d tries (last: "
+                         "slot %u to %s:%d)", q->name, q->what, RCL_MAX_TRIES, slot,
+                         to_host, port);
+      cmd_free(c);
+      return;
+    }
+    if (!ask) {
+      rb->cl_moved++;
+      rcl_node *to = node_master(rb, to_host, port);
+      if (to == NULL) {
+        /* A master the map does not know (a promoted replica, a node
+         * added, or a made-up address): the map read now says where the
+         * slot went, and the command waits for it.  Should the node read
+         * not know yet (gossip still spreading the change), the reads after
+         * half the tries come paced, so that the rest span some time. */
+        park(rb, c);
+        sx__rcl_refresh(rb, c->tries > RCL_MAX_TRIES / 2 ? RCL_RETRY_MS : 0);
+        return;
+      }
+      rb->cl->slot_node[slot] = (int16_t)sx__rcl_node_index(rb->cl, to);
+      sx__rcl_refresh(rb, RCL_REFRESH_GAP_MS);
+      dispatch(rb, c);
+      return;
+    }
+    /* ASK is for this one command and leaves the map alone; its target
+     * may be a master that owns no slot yet (the map does not list it). */
+    rcl_node *to = node_get(rb, to_host, port);
     if (to == NULL) {
       sx__redis_q_finish(q, SX_ELIMIT, "%s: %s: the cluster has more than %d nodes", q->name,
                          q->what, RCL_MAX_NODES);
       cmd_free(c);
       return;
     }
-    if (ask) {
-      rb->cl_asked++;
-      c->ask = to;
-    } else {
-      rb->cl_moved++;
-      rb->cl->slot_node[slot] = (int16_t)sx__rcl_node_index(rb->cl, to);
-      to->master = 1;
-      sx__rcl_refresh(rb, RCL_REFRESH_GAP_MS);
-    }
+    rb->cl_asked++;
+    c->ask = to;
     dispatch(rb, c);
     return;
   }
@@ -733,7 +770,6 @@ void sx__rcl_drop(redis_backend *rb) {
 }
 
 void sx__rcl_free(redis_backend *rb) {
-  sx__rcl_drop(rb);
   free(rb->cl);
   rb->cl = NULL;
 }

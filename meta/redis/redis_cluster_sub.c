@@ -106,8 +106,12 @@ static void sub_cb(redisAsyncContext *ac, void *reply, void *priv) {
     unsigned slot;
     sx__redis_scrub(text, sizeof(text), r->str, r->len, rb->base.url.password);
     if (sx__rcl_parse_redirect(r, &ask, &slot, host, sizeof(host), &port) == 0) {
-      /* A shard channel subscribed at a node that no longer owns it. */
-      n->sub_left--;
+      /* A shard channel subscribed at a node that no longer owns it.  Its
+       * confirmation will not come; a node that answers more than it was
+       * asked must not drive the count below zero (the watch would then
+       * never be told ready). */
+      if (n->sub_left > 0)
+        n->sub_left--;
       for (unsigned k = 0; k < SX_RCL_SHARDS; k++)
         if (sx__rcl_channel_slot(rb, k) == slot && rb->cl->chan_node[k] == sx__rcl_node_index(rb->cl, n))
           rb->cl->chan_node[k] = -1;

@@ -417,8 +417,10 @@ int sx__redis_watch(sx_backend *b) {
 
 static void closed_cb(uv_handle_t *h) {
   redis_backend *rb = h->data;
-  if (--rb->handles == 0)
+  if (--rb->handles == 0) {
+    sx__rcl_free(rb);
     free(rb);
+  }
 }
 
 void sx__redis_close(sx_backend *b) {
@@ -433,7 +435,7 @@ void sx__redis_close(sx_backend *b) {
   sx__redis_drop(&sub);
   sx__redis_drop(&sres);
   sx__redis_sentinel_close(rb);
-  sx__rcl_free(rb);
+  sx__rcl_drop(rb); /* the state itself goes with rb (closed_cb) */
   uv_close((uv_handle_t *)&rb->cl_timer, closed_cb);
   uv_close((uv_handle_t *)&rb->conn_timer, closed_cb);
   uv_close((uv_handle_t *)&rb->op_timer, closed_cb);

@@ -123,7 +123,8 @@ class Region(Structure):
                 ("block_bytes", c_uint64), ("block_stride", c_uint64),
                 ("num_blocks", c_uint64), ("location", c_char * (TAG_MAX + 1)),
                 ("n_rkeys", c_uint32), ("rkeys", c_uint32 * MAX_DEVICES),
-                ("n_wkeys", c_uint32), ("wkeys", c_uint32 * MAX_DEVICES)]
+                ("n_wkeys", c_uint32), ("wkeys", c_uint32 * MAX_DEVICES),
+                ("nic", c_uint32)]
 
 
 class Desc(Structure):

@@ -186,6 +186,16 @@ def ids_of(obj, where="ids"):
         # order), paired by position with the other side's ids.
         raise invalid("%s: block ids must be a sequence of integers in order, not a %s"
                       % (where, type(obj).__name__))
+    if not isinstance(obj, (list, tuple)):
+        try:
+            obj = list(obj)
+        except TypeError:
+            raise invalid("%s: block ids must be a sequence of integers, not %s"
+                          % (where, type(obj).__name__)) from None
+    # array.array takes True as 1: a list of flags passed where ids belong
+    # would read block 1 (and block 0) instead of failing.
+    if any(_is_flag(x) for x in obj):
+        raise invalid("%s: block ids must be integers (got %s)" % (where, _first_bad(obj)))
     try:
         a = array.array("q", obj)
     except TypeError:
@@ -201,8 +211,14 @@ def ids_of(obj, where="ids"):
     return _ids_array(a, where)
 
 
+def _is_flag(x):
+    """True for Python and numpy booleans (numpy 1 names it bool_, 2 bool)."""
+    t = type(x)
+    return t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool_", "bool"))
+
+
 def _first_bad(seq):
     for x in seq:
-        if not isinstance(x, int):
+        if not isinstance(x, int) or _is_flag(x):
             return "%r of type %s" % (x, type(x).__name__)
     return "a non-integer"

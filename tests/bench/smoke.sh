@@ -35,6 +35,25 @@ run plan-nhd "$bin" plan --order NHD --layers 2 --batch 16 --rounds 1 --duration
 run plan-hnd "$bin" plan --order HND --layers 2 --batch 16 --rounds 1 --duration 0.1 --quiet
 run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 900 \
   --csv "$out/meta.csv" --quiet
+# The scale-out figure's method (issue 24): a search over fleet sizes on one
+# redis-server and a 3-master cluster in turn, each size judged held or not,
+# and every figure (measured, CPU-normalised two ways) reported.  With bounds this
+# wide the search starts at 100 agents on both stores (then 200, its cap,
+# where 100 is held); each store gets a row of what it held.
+if command -v redis-cli >/dev/null 2>&1; then
+  run meta-cluster "$bin" meta --ops renew --conc 1 --ls 0 --fleet 100,200 --fleet-search 1 \
+    --fleet-threads 2 --readers 4 --lease-ms 1500 --duration 0.1 --cluster 3 \
+    --held-p99-ms 60000 --held-late-ms 60000 --csv "$out/meta-cluster.csv" --quiet
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $2 == "fleet" && $col["agents"] == 100 { a = 1 }
+    $2 == "fleet-cluster" && $col["agents"] == 100 { b = 1 }
+    $2 == "held" && $col["held"] ~ /^[0-9]+$/ { h++ }
+    /agents held, 3-master cluster vs one Redis/ { t1 = 1 }
+    /agents per saturated Redis thread.*CPU-normalised/ { t2 = 1 }
+    /agents per saturated Redis thread.*CPU at equal load per server/ { t3 = 1 }
+    END { exit !(a && b && h == 2 && t1 && t2 && t3) }' "$out/meta-cluster.csv" ||
+    { echo "  FAIL  meta --cluster --fleet-search: a fleet row, a held row or a target is missing"; fail=1; }
+fi
 if command -v gnuplot >/dev/null 2>&1; then
   run read-plot "$bin" read --sizes 64K --batches 4 --ids scattered --duration 0.2 --rounds 2 \
     --group-bytes 2M --plot "$out/read.png" --quiet

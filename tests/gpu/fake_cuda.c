@@ -12,7 +12,8 @@
  * Each stream is a worker thread running its queue in order: copies are
  * memcpy, host functions are called there (as the driver's own thread
  * would).  FAKE_CUDA_DEVICES (default 2) sets the device count,
- * FAKE_CUDA_DELAY_US slows every asynchronous copy down.
+ * FAKE_CUDA_DELAY_US slows every asynchronous copy down, FAKE_CUDA_PCI
+ * gives the devices' PCI addresses (the RDMA transport's NIC choice).
  *
  * The memory layer's gather kernel "runs" too: cuModuleLoadData accepts
  * only a PTX image with an entry sx_gather, and its launch is done on the
@@ -520,9 +521,38 @@ typedef struct dmabuf {
 static dmabuf *dmabufs;
 static long sync_memops; /* SYNC_MEMOPS set on device memory, for tests */
 
+/* The PCI address of device d: the d-th entry of FAKE_CUDA_PCI
+ * ("0000:17:00.0,0000:65:00.0", for the RDMA transport's NIC choice
+ * against a fake sysfs tree), else 0000:(0x10 * (d + 1)):00.0.  0, or -1
+ * for an entry that does not parse (the caller answers as a driver would
+ * to a bad query). */
+static int pci_address(CUdevice d, unsigned *dom, unsigned *bus, unsigned *dev) {
+  const char *s = getenv("FAKE_CUDA_PCI");
+  *dom = 0, *bus = 0x10u * (unsigned)(d + 1), *dev = 0;
+  for (int i = 0; s != NULL && *s != '\0'; i++) {
+    if (i == d) {
+      unsigned fn;
+      return sscanf(s, "%x:%x:%x.%x", dom, bus, dev, &fn) == 4 ? 0 : -1;
+    }
+    s = strchr(s, ',');
+    s = s != NULL ? s + 1 : NULL;
+  }
+  return 0;
+}
+
 EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute at, CUdevice d) {
   if (d < 0 || d >= devices())
     return CUDA_ERROR_INVALID_DEVICE;
+  if (at == CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID || at == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID ||
+      at == CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID) {
+    unsigned dom, bus, dev;
+    if (pci_address(d, &dom, &bus, &dev) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    *v = (int)(at == CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID ? dom
+               : at == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID  ? bus
+                                                       : dev);
+    return CUDA_SUCCESS;
+  }
   if (at != CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)
     return CUDA_ERROR_INVALID_VALUE;
   const char *e = getenv("FAKE_CUDA_DMABUF");

@@ -232,6 +232,36 @@ static void test_gpu_dmabuf_sync_memops_refusals(void **state) {
   sx__mem_free(m);
 }
 
+/* The GPU's PCI address, as the RDMA transport's NIC choice reads it
+ * (agent/mem/pci.c, from the driver's PCI attributes): on a real driver
+ * each device's address must name a device in /sys/bus/pci/devices with a
+ * numa_node file, which is where rdma_nic.c looks; on the stand-in it is
+ * the address FAKE_CUDA_PCI gives, or its default 0000:(0x10 (d+1)):00.0. */
+static void test_gpu_pci_address_in_sysfs(void **state) {
+  (void)state;
+  int n = 0, real = !on_stand_in();
+  sxt_ok(sx__mem_cuda_devices(&n));
+  setenv("FAKE_CUDA_PCI", "0000:3b:00.0", 1);
+  for (int d = 0; d < n; d++) {
+    char addr[32], want[32], path[96];
+    sxt_ok(sx__mem_pci_address(d, addr, sizeof(addr)));
+    print_message("cuda:%d is at PCI %s\n", d, addr);
+    if (!real) {
+      snprintf(want, sizeof(want), "0000:%02x:00.0", d == 0 ? 0x3b : 0x10 * (d + 1));
+      assert_string_equal(addr, want);
+      continue;
+    }
+    if (access("/sys/bus/pci/devices", F_OK) != 0) {
+      print_message("no /sys/bus/pci/devices here: the address is not checked against it\n");
+      continue;
+    }
+    snprintf(path, sizeof(path), "/sys/bus/pci/devices/%s/numa_node", addr);
+    if (access(path, R_OK) != 0)
+      fail_msg("cuda:%d: the driver says PCI %s, but %s is not there", d, addr, path);
+  }
+  unsetenv("FAKE_CUDA_PCI");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_dmabuf_supported_is_reported),
@@ -239,6 +269,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_dmabuf_vmm_one_chunk),
       cmocka_unit_test(test_gpu_dmabuf_expandable_chunks),
       cmocka_unit_test(test_gpu_dmabuf_sync_memops_refusals),
+      cmocka_unit_test(test_gpu_pci_address_in_sysfs),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -69,7 +69,7 @@ int main(void) {
   F(sx_region, access); F(sx_region, addr); F(sx_region, length);
   F(sx_region, block_bytes); F(sx_region, block_stride); F(sx_region, num_blocks);
   F(sx_region, location); F(sx_region, n_rkeys); F(sx_region, rkeys);
-  F(sx_region, n_wkeys); F(sx_region, wkeys);
+  F(sx_region, n_wkeys); F(sx_region, wkeys); F(sx_region, nic);
   S(sx_desc);
   F(sx_desc, schema_version); F(sx_desc, name); F(sx_desc, incarnation);
   F(sx_desc, generation); F(sx_desc, published_at_ms); F(sx_desc, lease_ms);

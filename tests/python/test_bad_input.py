@@ -26,6 +26,9 @@ def seg(pair):
     (array.array("d", [1.0]), "integers"),
     ([1, "2"], "integers"),
     ([1, 2.0], "integers"),
+    # array.array("q", [True]) is [1]: flags must not pass as ids.
+    ([True, False], "True of type bool"),
+    ((0, numpy.bool_(True)), "of type bool"),
     (b"\x01\x02", "sequence of integers"),
     ("12", "sequence of integers"),
     (torch.tensor([[1, 2]]), "one-dimensional"),

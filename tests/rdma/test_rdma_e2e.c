@@ -7,6 +7,8 @@
  * sx-agent and sxctl are looked up next to this program (check.sh copies
  * them into the VM's payload directory); redis-server on PATH.
  */
+#include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "agent_fixture.h"
+#include "fake_sysfs.h"
 #include "internal.h"
 #include "pattern.h"
 #include "proc_env.h"
@@ -245,6 +248,24 @@ static void test_rdma_e2e_sxctl_show_ping_and_parallel_reads(void **state) {
   assert_int_equal(run(log, show, out, sizeof(out)), 0);
   if (strstr(out, "rdma://") == NULL || strstr(out, "device ") == NULL)
     fail_msg("sxctl show lists no RDMA endpoint:\n%s", out);
+  /* Every region names the RDMA device the pool chose for it (the NIC
+   * column, after LOCATION): the one device of this host. */
+  char dev[40] = "", want[64];
+  if (sscanf(strstr(out, "device ") + 7, "%39s", dev) != 1)
+    fail_msg("no device name in:\n%s", out);
+  snprintf(want, sizeof(want), "cpu       %s ", dev);
+  const char *regs = strstr(out, "LOCATION  NIC ");
+  int rows = 0;
+  for (const char *q = regs; q != NULL && (q = strstr(q + 1, want)) != NULL;)
+    rows++;
+  if (regs == NULL || rows == 0 || strstr(regs, "cpu       -") != NULL)
+    fail_msg("sxctl show does not print %s per region:\n%s", dev, out);
+  print_message("sxctl show: %d regions on %s\n%s", rows, dev, regs);
+  const char *json[] = {exe, "--metadata", env.url, "show", name, "--json", NULL};
+  assert_int_equal(run(log, json, out, sizeof(out)), 0);
+  snprintf(want, sizeof(want), "\"nic\": \"%s\"", dev);
+  if (strstr(out, want) == NULL)
+    fail_msg("sxctl show --json has no %s:\n%s", want, out);
   snprintf(log, sizeof(log), "%s/ping.log", env.tmpdir);
   const char *ping[] = {exe, "--metadata", env.url, "ping", name, "--count", "3", NULL};
   assert_int_equal(run(log, ping, out, sizeof(out)), 0);
@@ -274,6 +295,67 @@ static void test_rdma_e2e_sxctl_show_ping_and_parallel_reads(void **state) {
   }
   print_message("%s", out);
   assert_int_equal(pool_stop(&p, SIGTERM), 0);
+}
+
+/* The NIC choice of a GPU region, on the real device: an sx-agent pool in
+ * (stand-in, libfakecuda.so) GPU memory on cuda:0, whose PCI address
+ * (FAKE_CUDA_PCI, answered through the driver's attributes) and this host's
+ * RDMA device sit in a fake sysfs tree (SX_SYSFS_ROOT) on NUMA node 0
+ * behind one switch.  The pool logs the choice with its reasons, and sxctl
+ * show prints the device for both GPU regions. */
+static void test_rdma_e2e_gpu_region_nic_choice(void **state) {
+  (void)state;
+  char lib[PATH_MAX + 32], root[256], name[64], exe[PATH_MAX + 16], log[300], out[8192];
+  char dev[64] = "", want[200];
+  snprintf(lib, sizeof(lib), "%s/libfakecuda.so", env.bindir);
+  if (access(lib, R_OK) != 0) {
+    print_message("SKIP: %s is not there (the CUDA stand-in)\n", lib);
+    skip();
+  }
+  /* The device the pool will use: the first this host lists. */
+  DIR *dir = opendir("/sys/class/infiniband");
+  assert_non_null(dir);
+  for (struct dirent *e; (e = readdir(dir)) != NULL && dev[0] == '\0';)
+    if (e->d_name[0] != '.')
+      snprintf(dev, sizeof(dev), "%.63s", e->d_name);
+  closedir(dir);
+  assert_true(dev[0] != '\0');
+  sxt_sysfs_make(root, sizeof(root));
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:01.0/0000:17:00.0", "0\n");
+  sxt_sysfs_pci(root, "pci0000:00/0000:00:01.0/0000:18:00.0", "0\n");
+  sxt_sysfs_ib(root, dev, "pci0000:00/0000:00:01.0/0000:18:00.0");
+  /* The pool inherits these; this process does not keep them. */
+  setenv("SX_CUDA_LIBRARY", lib, 1);
+  setenv("SX_SYSFS_ROOT", root, 1);
+  setenv("FAKE_CUDA_PCI", "0000:17:00.0", 1);
+  next_name(name, sizeof(name), "gnic");
+  const char *more[] = {"--location", "cuda:0", "--rdma-devices", dev, NULL};
+  sxt_pool_opts o = {.layers = LAYERS, .block_bytes = BLOCK, .num_blocks = BLOCKS,
+                     .slots = "K,V", .fingerprint = "rdma-e2e/v1", .lease_ms = 3000,
+                     .log_level = "info", .more = more, .publish_ms = 30000};
+  sxt_pool p;
+  sxt_pool_start(&env, &p, name, 77, &o);
+  unsetenv("SX_CUDA_LIBRARY");
+  unsetenv("SX_SYSFS_ROOT");
+  unsetenv("FAKE_CUDA_PCI");
+  snprintf(want, sizeof(want), "(cuda:0 at 0000:17:00.0, NUMA node 0): %s (NUMA node 0, the "
+           "GPU's, PCI distance 2) of 1 devices", dev);
+  if (sxt_count_in_file(p.log, want) != 2)
+    pool_fail(&p, "the pool did not log the NIC choice of its 2 GPU regions (%s)", want);
+  snprintf(exe, sizeof(exe), "%s/sxctl", env.bindir);
+  snprintf(log, sizeof(log), "%s/show-gpu.log", env.tmpdir);
+  const char *show[] = {exe, "--metadata", env.url, "show", name, NULL};
+  assert_int_equal(run(log, show, out, sizeof(out)), 0);
+  snprintf(want, sizeof(want), "cuda:0    %s ", dev);
+  const char *regs = strstr(out, "LOCATION  NIC ");
+  int rows = 0;
+  for (const char *q = regs; q != NULL && (q = strstr(q + 1, want)) != NULL;)
+    rows++;
+  if (rows != 2)
+    pool_fail(&p, "sxctl show does not print %s for the 2 GPU regions:\n%s", dev, out);
+  print_message("%s", regs);
+  assert_int_equal(pool_stop(&p, SIGTERM), 0);
+  sxt_sysfs_remove(root);
 }
 
 /* A deadline aborts a batch: it ends TIMEOUT, and nothing lands in its
@@ -445,6 +527,7 @@ int main(void) {
       cmocka_unit_test(test_rdma_e2e_random_blocks_are_byte_exact),
       cmocka_unit_test(test_rdma_e2e_out_of_range_rejected_before_posting),
       cmocka_unit_test(test_rdma_e2e_sxctl_show_ping_and_parallel_reads),
+      cmocka_unit_test(test_rdma_e2e_gpu_region_nic_choice),
       cmocka_unit_test(test_rdma_e2e_deadline_aborts_and_nothing_lands_after),
       cmocka_unit_test(test_rdma_e2e_target_killed_during_a_batch),
       cmocka_unit_test(test_rdma_e2e_restarted_target_is_stale_then_reopens),

@@ -138,6 +138,12 @@ int sxt_store_wait_watch(sxt_store *s, int count, uint32_t timeout_ms);
  * out) and close s.  A regression test for ops released by a close they
  * ran themselves. */
 void sxt_store_close_from_timed_out_op(sxt_store *s, const char *name);
+/* The same with the server answering: the first read's reply closes the
+ * backend from inside the connection's own callback (the second read still
+ * outstanding on it); the first ends with its answer (SX_ENOENT: name is
+ * not published), the second once, cancelled or answered, and s is
+ * closed. */
+void sxt_store_close_from_reply(sxt_store *s, const char *name);
 /* Wait until on_conn has reported up (or down) at least count times. */
 int sxt_store_wait_conn(sxt_store *s, int up, int count, uint32_t timeout_ms);
 

@@ -487,8 +487,13 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
    * (rdma_gpu.c, docs/gpu.md). */
   if (lr->mem.kind == SX__MEM_CUDA) {
     rdma_mr *g = NULL;
-    if ((rc = sx__rdma_gpu_reg(t, lr, &g)) != 0 || g == NULL)
+    if ((rc = sx__rdma_gpu_reg(t, lr, &g)) != 0)
       return rc;
+    /* Staged regions have no MR, but still a chosen NIC to publish. */
+    if (g == NULL && (g = calloc(1, sizeof(*g))) == NULL)
+      return sx__err(SX_ENOMEM, "rdma: out of memory");
+    g->lreg = lr;
+    g->nic = sx__rdma_nic_pick(t, lr);
     mr_link(t, lr, g);
     return 0;
   }
@@ -496,6 +501,7 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
   if (rm == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
   rm->lreg = lr;
+  rm->nic = -1;
   int remote = (lr->r.access & SX_ACCESS_REMOTE_READ) != 0;
   for (i = 0; i < t->n_devs; i++) {
     rdma_dev *d = &t->devs[i];
@@ -516,6 +522,7 @@ int sx__rdma_reg_mem(sx_transport *tt, sx_lregion *lr) {
       goto out_dereg;
     }
   }
+  rm->nic = sx__rdma_nic_pick(t, lr);
   mr_link(t, lr, rm);
   return 0;
 
@@ -543,6 +550,7 @@ void sx__rdma_dereg_mem(sx_transport *tt, sx_lregion *lr) {
       sx__rdma_log(t, SX_LOG_ERROR, "ibv_dereg_mr(%s) of writable region %u: %s",
                    t->devs[i].name, lr->r.id, strerror(errno));
   }
+  sx__rdma_nic_put(t, rm->nic, lr->r.length);
   if (rm->prev != NULL)
     rm->prev->next = rm->next;
   else
@@ -587,6 +595,11 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
       r->rkeys[base + (uint32_t)k] =
           rm && rm->mr[t->eps[k].dev->index] ? rm->mr[t->eps[k].dev->index]->rkey : 0;
     r->n_rkeys = base + (uint32_t)t->n_eps;
+    /* The chosen NIC: the first endpoint (port) of its device. */
+    r->nic = 0;
+    for (int k = 0; rm != NULL && k < t->n_eps && r->nic == 0; k++)
+      if (t->eps[k].dev->index == rm->nic)
+        r->nic = base + (uint32_t)k + 1;
     /* Push: the write keys, usable only from producers' QPs (none for GPU
      * memory, which RDMA does not register). */
     int writable = rm != NULL && rm->wmr[0] != NULL;
@@ -614,17 +627,42 @@ static int ep_score(const rdma_ep *l, const sx_endpoint *r) {
   return r_v4 == l_v4 ? 1 : 0;
 }
 
+/* Bytes of remote's regions whose owner chose each RDMA endpoint (by
+ * ordinal).  Saturating: lengths come from the store. */
+static void remote_nic_bytes(const sx_desc *remote, uint64_t want[SX_MAX_DEVICES]) {
+  memset(want, 0, SX_MAX_DEVICES * sizeof(uint64_t));
+  for (uint32_t i = 0; i < remote->n_regions; i++) {
+    const sx_region *r = &remote->regions[i];
+    if (r->nic == 0 || r->nic > SX_MAX_DEVICES)
+      continue;
+    uint64_t *w = &want[r->nic - 1];
+    *w = r->length > UINT64_MAX - *w ? UINT64_MAX : *w + r->length;
+  }
+}
+
+/* The endpoint pair for a peer: the best-suited pair of ports (ep_score);
+ * among equals, the remote endpoint that most of the segment's bytes were
+ * placed on by their owner (its NIC choice), then the local port whose
+ * device holds most of this agent's own regions, so that a reader on one
+ * GPU's NIC reads a target's GPU through that GPU's NIC. */
 int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_ep **lep) {
   int best = -1, best_score = -1;
+  uint64_t want[SX_MAX_DEVICES], best_want = 0, best_mine = 0;
   uint32_t ordinal = 0;
+  remote_nic_bytes(remote, want);
   for (uint32_t i = 0; i < remote->n_endpoints; i++) {
     const sx_endpoint *e = &remote->endpoints[i];
     if (e->kind != SX_TRANSPORT_RDMA)
       continue;
+    uint64_t w = ordinal < SX_MAX_DEVICES ? want[ordinal] : 0;
     for (int k = 0; k < t->n_eps; k++) {
       int s = ep_score(&t->eps[k], e);
-      if (s > best_score) {
+      uint64_t mine = t->nic_bytes[t->eps[k].dev->index];
+      if (s > best_score || (s == best_score && (w > best_want ||
+                                                 (w == best_want && mine > best_mine)))) {
         best_score = s;
+        best_want = w;
+        best_mine = mine;
         best = (int)i;
         *rkey_index = ordinal;
         *lep = &t->eps[k];

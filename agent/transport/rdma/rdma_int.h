@@ -8,6 +8,7 @@
  *   rdma_wserve.c  push mode, consumer side: writable memory, producers' QPs, notices
  *   rdma_write.c   push mode, producer side: write peers, notices and their replies
  *   rdma_stage.c, rdma_sserve.c, rdma_swire.c  staged RDMA of GPU memory (rdma_stage.h)
+ *   rdma_nic.c   NIC choice per region (NUMA node, PCI distance, load), rings on a node
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
  * asynchronous mode on one event channel and every device has one completion
@@ -77,6 +78,9 @@
 #define SX__RDMA_WMAX_CONNS 256u
 /* GPUs whose reachability from each device is remembered (rdma_reach.c). */
 #define SX__RDMA_REACH_GPUS 16
+/* rdma_nic.c: a device's resolved sysfs path, and the highest NUMA node. */
+#define SX__NIC_PATH 512
+#define SX__NIC_MAX_NODE 1023
 
 /* ------------------------------------------------------------------ wire */
 
@@ -233,8 +237,16 @@ typedef struct rdma_mr {
   sx_lregion *lreg;
   struct ibv_mr *mr[SX__RDMA_MAX_DEVS];
   struct ibv_mr *wmr[SX__RDMA_MAX_DEVS]; /* writable regions: in dev->wpd */
+  int nic; /* the device chosen for it (rdma_nic.c), published; -1 none */
   struct rdma_mr *prev, *next;
 } rdma_mr;
+
+/* Where a device sits (rdma_nic.c): its NUMA node and sysfs path. */
+typedef struct sx__nic_topo {
+  int numa;  /* -1 unknown */
+  int known; /* path resolved */
+  char path[SX__NIC_PATH];
+} sx__nic_topo;
 
 /* Target side: one accepted connection.  The reader posts; the target's
  * QP only responds, so it posts nothing and needs no completions. */
@@ -406,6 +418,9 @@ typedef struct sx__rdma_stats {
   uint64_t requeued;   /* slices flushed by an abort and issued again */
   uint64_t rejects;    /* connect requests this target rejected */
   uint64_t gpu_unreachable; /* (device, GPU) pairs whose loopback READ failed */
+  uint64_t numa_rings;   /* staging rings asked for on their NIC's NUMA node */
+  uint64_t numa_refused; /* of them, the kernel refused the memory policy */
+  int numa_node;         /* the node the last one asked for */
 } sx__rdma_stats;
 
 struct sx_rdma {
@@ -436,6 +451,11 @@ struct sx_rdma {
   /* (device, GPU) pairs: the loopback READ passed 1, failed -1, not run 0. */
   int8_t reach[SX__RDMA_MAX_DEVS][SX__RDMA_REACH_GPUS];
   unsigned ring_copies_said; /* rdma_swire.c: copy methods logged, per side */
+  /* rdma_nic.c: where each device sits (read on first use), and the bytes
+   * of the regions chosen for each. */
+  int nic_read;
+  sx__nic_topo nic_topo[SX__RDMA_MAX_DEVS];
+  uint64_t nic_bytes[SX__RDMA_MAX_DEVS];
   int busy;
   int closed;
 };
@@ -632,6 +652,36 @@ int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
  * loopback QP pair on d.  1 when they arrived; 0 with why filled. */
 int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t addr, char *why,
                    size_t cap);
+
+/* ------------------------------------------------------------------ rdma_nic.c */
+
+/* The sysfs root: $SX_SYSFS_ROOT (a test hook) or "/sys". */
+const char *sx__nic_sysfs_root(void);
+/* Where RDMA device dev (root/class/infiniband/dev/device) or PCI device
+ * addr ("0000:17:00.0", root/bus/pci/devices/addr) sits: 0, or -1 with why
+ * (a name that cannot be a path, a link that is missing or leads outside
+ * root/devices); numa is -1 where no numa_node file says one. */
+int sx__nic_topo_rdma(const char *root, const char *dev, sx__nic_topo *out, char *why,
+                      size_t cap);
+int sx__nic_topo_pci(const char *root, const char *addr, sx__nic_topo *out, char *why,
+                     size_t cap);
+/* Hops from a and b up to their deepest common ancestor; -1 unknown. */
+int sx__nic_pci_distance(const sx__nic_topo *a, const sx__nic_topo *b);
+/* The best of n devices for memory at mem (NULL: host memory, no place):
+ * same NUMA node, then shortest PCI distance, then least load, then
+ * lowest index.  -1 when n is 0. */
+int sx__nic_choose(const sx__nic_topo *mem, const sx__nic_topo *nics, const uint64_t *load,
+                   int n);
+/* The device for local region lr (its load counted, the choice logged), or
+ * -1 without devices; sx__rdma_nic_put() gives the load back. */
+int sx__rdma_nic_pick(sx_rdma *t, const sx_lregion *lr);
+void sx__rdma_nic_put(sx_rdma *t, int k, uint64_t bytes);
+/* NUMA node of device d, -1 unknown. */
+int sx__rdma_nic_node(sx_rdma *t, const rdma_dev *d);
+/* sx__rdma_ring_alloc, with the ring's memory on d's NUMA node where it is
+ * known (counted in t->stats.numa_*; a refusal is logged, not an error). */
+int sx__rdma_ring_alloc_near(sx_rdma *t, rdma_dev *d, sx__rdma_ring *r, size_t bytes,
+                             size_t n_msgs);
 
 /* ------------------------------------------------------------------ rdma_sserve.c */
 

@@ -532,7 +532,8 @@ static int sreader_new(rdma_peer *p, rdma_sreader **out) {
   rdma_sreader *r = calloc(1, sizeof(*r));
   if (r == NULL)
     return sx__err(SX_ENOMEM, "rdma: out of memory");
-  int rc = sx__rdma_ring_alloc(&r->ring, (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES, 2 * NSLOTS);
+  int rc = sx__rdma_ring_alloc_near(p->t, p->lep->dev, &r->ring,
+                                    (size_t)NSLOTS * SX__RDMA_STAGE_SLOT_BYTES, 2 * NSLOTS);
   if (rc) {
     free(r);
     return rc;

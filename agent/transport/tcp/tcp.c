@@ -19,12 +19,14 @@
  * failure.  Ranges queue per peer and are spread round-robin over the ready
  * connections, at most WINDOW_REQS / WINDOW_BYTES in flight on each; the
  * request headers gathered in one loop iteration go out in one write per
- * connection.  Replies come back in order, so the oldest request in flight
- * is the one being answered: the alloc callback hands libuv the header
- * buffer for header bytes and the destination itself for payload bytes (no
- * copy).  A request aborted while in flight has its payload drained into a
- * scratch buffer, so a batch's destinations are never written after it
- * ended.
+ * connection, and a connection whose window is half free asks for more
+ * from its read callback (large blocks: libuv's read burst would
+ * otherwise drain the window before the pump runs).  Replies come back in
+ * order, so the oldest request in flight is the one being answered: the
+ * alloc callback hands libuv the header buffer for header bytes and the
+ * destination itself for payload bytes (no copy).  A request aborted while
+ * in flight has its payload drained into a scratch buffer, so a batch's
+ * destinations are never written after it ended.
  *
  * The code: tcp.c (this file: open, close, endpoint, ops table), tcp_serve.c
  * (target side: the READ handler), tcp_write.c (target side: the push

@@ -94,6 +94,9 @@ struct tpeer {
 void sx__tcp_c_fail(cconn *c, int err, const char *msg);
 void sx__tcp_c_complete_head(cconn *c, int status, const char *msg);
 void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f);
+/* tcp_read.c: a reply landed on c: ask for more at once where half of its
+ * window is free (see there). */
+void sx__tcp_c_refill(cconn *c);
 
 /* tcp_reply.c: the connection's libuv read callbacks. */
 void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);

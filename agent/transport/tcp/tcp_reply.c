@@ -120,6 +120,7 @@ static void c_scattered(cconn *c) {
       return;
     c->in_payload = 0;
     sx__tcp_c_complete_head(c, 0, NULL);
+    sx__tcp_c_refill(c);
     if (c->state == C_CLOSING || c->hgot < SX__FRAME_HDR)
       return;
     c_header(c);
@@ -210,6 +211,7 @@ void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (c->pgot == r->len) {
       c->in_payload = 0;
       sx__tcp_c_complete_head(c, 0, NULL);
+      sx__tcp_c_refill(c);
       return;
     }
     c_scattered(c);
