@@ -172,6 +172,10 @@ void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
 void sx__batches_abort(sx_agent *a, int status);
 /* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
 int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
+/* Add one scattered range (see sx__plan_add_scatter), noted in a notifying
+ * batch's notice as the remote range it reads; TCP batches only. */
+int sx__batch_add_scatter(sx_batch *b, const sx_region *R, uint64_t roff,
+                          const struct iovec *iov, uint32_t n);
 
 /* ------------------------------------------------------------ stats */
 

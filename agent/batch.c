@@ -195,6 +195,18 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
   return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
 }
 
+int sx__batch_add_scatter(sx_batch *b, const sx_region *R, uint64_t roff,
+                          const struct iovec *iov, uint32_t n) {
+  static const char what[] = "a scattered range";
+  /* Only the TCP reader receives into a list of pieces (tcp_read.c). */
+  int rc = b->s->kind != SX_TRANSPORT_TCP
+               ? sx__err(SX_ENOTSUP, "%s is read over TCP only", what)
+               : check_add(b, 0, what);
+  if (rc == 0 && b->rnote != NULL)
+    return sx__pbatch_add_scatter(b->rnote, &b->plan, R, roff, iov, n);
+  return rc ? rc : sx__plan_add_scatter(&b->plan, R, roff, iov, n);
+}
+
 /* ------------------------------------------------------------ the end */
 
 static void batch_free(sx_batch *b) {

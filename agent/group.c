@@ -22,20 +22,62 @@
 #include "segxfer/group.h"
 #include "segxfer/store.h"
 
+/*
+ * What one member gives, collected from the expansion: pieces (remote
+ * region and offset, local address, length, the local block they fill),
+ * and the same pieces grouped into spans that are contiguous on the remote
+ * side.  A token-major cache split by heads cuts a piece per token, while
+ * the remote rank's blocks are whole: over TCP into host memory each span
+ * is one request whose reply the reader receives straight into the pieces
+ * (a scattered range, sx_xfer.iov), which costs neither a request per
+ * piece nor a copy.  RDMA and device memory read the pieces as ranges.
+ */
+typedef struct piece {
+  uint32_t region, block;
+  uint64_t roff, laddr, len;
+} piece;
+
+typedef struct span {
+  uint32_t region, lregion; /* remote, and local (the pieces' one) */
+  uint64_t roff, len;
+  uint32_t first, n; /* its pieces */
+} span;
+
+typedef struct mlist {
+  piece *p;
+  size_t np, capp;
+  span *s;
+  size_t ns, caps;
+  struct iovec *iov; /* scattered: the spans' pieces, local runs merged */
+  size_t capv;
+  int scatter;
+} mlist;
+
 struct sx_group {
   sx_agent *a;
   uint32_t n;
   sx_segment **segs;
   sx_plan *plan;
   uint64_t *failed;
-  /* Staging buffers per member, kept from read to read: a fresh one would
-   * be page-faulted in on every read. */
-  uint8_t **stage;
-  uint64_t *stage_cap;
-  /* The staging buffers as local regions of no transport (TCP reads need
-   * none), so ranges into them say where they land: host memory. */
-  sx_lregion *stage_l;
+  /* Per member, what a read expands to, kept from read to read: arrays
+   * grown afresh would be page-faulted in on every read. */
+  mlist *m;
 };
+
+static void mlist_free(mlist *l) {
+  free(l->p);
+  free(l->s);
+  free(l->iov);
+}
+
+static void group_free(sx_group *g) {
+  for (uint32_t i = 0; g->m && i < g->n; i++)
+    mlist_free(&g->m[i]);
+  free(g->m);
+  free(g->segs);
+  free(g->failed);
+  free(g);
+}
 
 void sx_group_params_init(sx_group_params *p) {
   memset(p, 0, sizeof(*p));
@@ -56,14 +98,7 @@ void sx_group_close(sx_group *g) {
   for (uint32_t i = 0; i < g->n; i++)
     sx_segment_close(g->segs[i]);
   sx_plan_free(g->plan);
-  for (uint32_t i = 0; g->stage && i < g->n; i++)
-    free(g->stage[i]);
-  free(g->stage);
-  free(g->stage_cap);
-  free(g->stage_l);
-  free(g->segs);
-  free(g->failed);
-  free(g);
+  group_free(g);
 }
 
 /* Plan segs[0..n) against the agent's layout and regions now. */
@@ -146,11 +181,9 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
     memset(mismatch, 0, sizeof(*mismatch));
   sx_group *g = calloc(1, sizeof(*g));
   if (g == NULL || (g->segs = calloc(n, sizeof(*g->segs))) == NULL ||
-      (g->stage = calloc(n, sizeof(*g->stage))) == NULL ||
-      (g->stage_cap = calloc(n, sizeof(*g->stage_cap))) == NULL ||
-      (g->stage_l = calloc(n, sizeof(*g->stage_l))) == NULL) {
+      (g->m = calloc(n, sizeof(*g->m))) == NULL) {
     if (g)
-      free(g->segs), free(g->stage), free(g->stage_cap);
+      free(g->segs);
     free(g);
     return sx__err(SX_ENOMEM, "sx_group_open");
   }
@@ -191,41 +224,6 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
 
 /* ------------------------------------------------------------ reading */
 
-/*
- * What one member gives, collected from the expansion: pieces (remote
- * region and offset, local address, length, the local block they fill),
- * and the same pieces grouped into runs that are contiguous on the remote
- * side.  A token-major cache split by heads cuts a piece per token, while
- * the remote rank's blocks are whole: over TCP into host memory those runs
- * are read into a staging buffer with one request each and scattered
- * here, which costs a memcpy instead of a request per piece.  RDMA and
- * device memory read the pieces directly.
- */
-typedef struct piece {
-  uint32_t region, block;
-  uint64_t roff, laddr, len;
-} piece;
-
-typedef struct span {
-  uint32_t region;
-  uint64_t roff, soff, len;
-  uint32_t first, n; /* its pieces */
-} span;
-
-typedef struct mlist {
-  piece *p;
-  size_t np, capp;
-  span *s;
-  size_t ns, caps;
-  uint64_t bytes;
-  int staged;
-  uint8_t *stage; /* the group's */
-  const sx_lregion *stage_l;
-} mlist;
-
-/* The most a member's read stages (beyond it, pieces are read directly). */
-#define STAGE_MAX ((uint64_t)256 << 20)
-
 static int grow(void **v, size_t *cap, size_t n, size_t size) {
   if (n < *cap)
     return 0;
@@ -244,39 +242,19 @@ static int collect_range(void *arg, const sx__prange *pr) {
     return SX_ENOMEM;
   l->p[l->np] = (piece){pr->R->id, pr->block, pr->roff, pr->laddr, pr->len};
   span *last = l->ns ? &l->s[l->ns - 1] : NULL;
-  if (last && last->region == pr->R->id && last->roff + last->len == pr->roff) {
+  /* A span lands in one local region, and is at most a slice long so that
+   * a long one still spreads over the connections. */
+  if (last && last->region == pr->R->id && last->roff + last->len == pr->roff &&
+      last->lregion == pr->L->id && last->len + pr->len <= SX__PLAN_SLICE) {
     last->len += pr->len;
     last->n++;
   } else {
     if (grow((void **)&l->s, &l->caps, l->ns, sizeof(span)))
       return SX_ENOMEM;
-    l->s[l->ns++] = (span){pr->R->id, pr->roff, l->bytes, pr->len, (uint32_t)l->np, 1};
+    l->s[l->ns++] = (span){pr->R->id, pr->L->id, pr->roff, pr->len, (uint32_t)l->np, 1};
   }
-  l->bytes += pr->len;
   l->np++;
   return 0;
-}
-
-static void mlist_free(mlist *l) {
-  free(l->p);
-  free(l->s);
-}
-
-/* Member i's staging buffer of at least bytes, or NULL. */
-static uint8_t *stage_get(sx_group *g, uint32_t i, uint64_t bytes) {
-  if (g->stage_cap[i] < bytes) {
-    free(g->stage[i]);
-    g->stage_cap[i] = 0;
-    if ((g->stage[i] = malloc(bytes)) == NULL)
-      return NULL;
-    g->stage_cap[i] = bytes;
-    sx_region *r = &g->stage_l[i].r;
-    r->addr = (uint64_t)(uintptr_t)g->stage[i];
-    r->length = r->block_bytes = r->block_stride = bytes;
-    r->num_blocks = r->layer_count = 1;
-    g->stage_l[i].mem = (sx__mem_info){.kind = SX__MEM_HOST, .device = -1};
-  }
-  return g->stage[i];
 }
 
 /* Are all of the agent's local regions host memory? */
@@ -287,17 +265,33 @@ static int local_on_host(const sx_desc *local) {
   return 1;
 }
 
-/* The batch entries of member l: spans into its staging buffer, or pieces. */
+/* The batch entries of member l: a scattered range per span, or a range
+ * per piece. */
 static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
-  if (l->staged) {
-    struct sx__plan *plan;
-    sx__pbatch *pb;
-    int rc = sx__batch_entries(b, 0, "sx_group_read", &plan, &pb);
+  if (l->scatter) {
+    if (l->capv < l->np) {
+      free(l->iov);
+      l->capv = 0;
+      if ((l->iov = malloc(l->np * sizeof(*l->iov))) == NULL)
+        return sx__err(SX_ENOMEM, "sx_group_read");
+      l->capv = l->np;
+    }
+    size_t k = 0;
+    int rc = 0;
     for (size_t i = 0; i < l->ns && rc == 0; i++) {
-      const sx_region *R = sx__rindex_id(&seg->ix, l->s[i].region);
-      rc = R ? sx__plan_add_xfer(plan, R, l->stage_l, l->s[i].roff, l->stage + l->s[i].soff,
-                                 l->s[i].len)
-             : sx__err(SX_ENOREGION, "no remote region %u", l->s[i].region);
+      const span *sp = &l->s[i];
+      size_t first = k;
+      for (uint32_t q = 0; q < sp->n; q++) {
+        const piece *pc = &l->p[sp->first + q];
+        uint8_t *at = (uint8_t *)(uintptr_t)pc->laddr;
+        if (k > first && (uint8_t *)l->iov[k - 1].iov_base + l->iov[k - 1].iov_len == at)
+          l->iov[k - 1].iov_len += pc->len;
+        else
+          l->iov[k++] = (struct iovec){at, pc->len};
+      }
+      const sx_region *R = sx__rindex_id(&seg->ix, sp->region);
+      rc = R ? sx__batch_add_scatter(b, R, sp->roff, l->iov + first, (uint32_t)(k - first))
+             : sx__err(SX_ENOREGION, "no remote region %u", sp->region);
     }
     return rc;
   }
@@ -319,7 +313,7 @@ static void mark(uint8_t *bad, uint32_t block) {
 
 /* Mark the blocks of entry e of member l. */
 static void mark_entry(uint8_t *bad, const mlist *l, uint32_t e) {
-  if (!l->staged) {
+  if (!l->scatter) {
     if (e < l->np)
       mark(bad, l->p[e].block);
     return;
@@ -346,7 +340,7 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
   if (sx__on_loop(g->a))
     return sx__err(SX_EBUSY, "sx_group_read waits: not from the agent thread (a callback)");
   const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
-  mlist m[SX_PLAN_MAX_MEMBERS];
+  mlist *m = g->m;
   sx_batch *b[SX_PLAN_MAX_MEMBERS] = {0};
   uint8_t *bad = calloc(nl / 8 + 1, 1);
   sx_desc local;
@@ -355,7 +349,8 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
     free(bad);
     return rc;
   }
-  memset(m, 0, sizeof(m));
+  for (uint32_t i = 0; i < g->n; i++)
+    m[i].np = m[i].ns = 0;
   for (uint32_t i = 0; i < g->n; i++)
     rd[i] = sx_segment_desc(g->segs[i]);
   /* The local snapshot has every region the plan's keys name, or the
@@ -376,13 +371,10 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
     mlist *l = &m[i];
     if (l->np == 0)
       continue;
-    /* Stage where it saves at least half of the requests. */
-    /* A notifying batch lists the member's ranges it read for the notice,
-     * which staged transfers bypass: those read their pieces directly. */
-    l->staged = !notify && host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
-                l->ns * 2 <= l->np && l->bytes <= STAGE_MAX &&
-                (l->stage = stage_get(g, i, l->bytes)) != NULL;
-    l->stage_l = &g->stage_l[i];
+    /* Scatter where it saves at least half of the requests (else the
+     * planner's merging of the ranges does as well). */
+    l->scatter = host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
+                 l->ns * 2 <= l->np;
     if ((rc = sx_batch_create(g->segs[i], &bp, &b[i])) == 0 &&
         (rc = add_entries(b[i], g->segs[i], l)) != 0)
       rc = sx__errwrap(rc, "%s", rd[i]->name);
@@ -420,7 +412,6 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
     res.members++;
     res.bytes += r.bytes;
     res.n_ranges += r.n_ranges;
-    uint8_t *failed_span = NULL;
     if (r.state != SX_BATCH_COMPLETED) {
       if (state_rank(r.state) > state_rank(res.state))
         res.state = r.state;
@@ -434,30 +425,11 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
       if (r.n_failed == 0) /* no list (no memory for it): all of its blocks */
         for (size_t k = 0; k < m[i].np; k++)
           mark(bad, m[i].p[k].block);
-      if (m[i].staged && (failed_span = calloc(m[i].ns / 8 + 1, 1)) != NULL)
-        for (uint32_t k = 0; k < r.n_failed; k++)
-          if (r.failed[k] < m[i].ns)
-            failed_span[r.failed[k] / 8] |= (uint8_t)(1u << (r.failed[k] % 8));
     }
-    /* Scatter what arrived in the staging buffer (the batch has ended:
-     * nothing writes it any more). */
-    if (m[i].staged && (r.state == SX_BATCH_COMPLETED || failed_span != NULL))
-      for (size_t k = 0; k < m[i].ns; k++) {
-        if (failed_span && (failed_span[k / 8] >> (k % 8) & 1))
-          continue;
-        const span *sp = &m[i].s[k];
-        for (uint32_t q = 0; q < sp->n; q++) {
-          const piece *pc = &m[i].p[sp->first + q];
-          memcpy((void *)(uintptr_t)pc->laddr, m[i].stage + sp->soff + (pc->roff - sp->roff),
-                 pc->len);
-        }
-      }
-    free(failed_span);
   }
   res.transfer_ns = sx__mono_ns() - t0;
   for (uint32_t i = 0; i < g->n; i++) {
     sx_batch_destroy(b[i]);
-    mlist_free(&m[i]);
   }
   if (rc == 0) {
     uint32_t nf = 0;

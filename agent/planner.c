@@ -252,7 +252,7 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
 /* Does range x continue with (R, L, roff, local)? */
 static int continues(const sx_xfer *x, const sx_region *R, const sx_lregion *L,
                      uint64_t roff, uint8_t *local) {
-  return x->rreg == R && x->lreg == L && x->roff + x->length == roff &&
+  return x->iov == NULL && x->rreg == R && x->lreg == L && x->roff + x->length == roff &&
          x->local + x->length == local;
 }
 
@@ -408,24 +408,87 @@ int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n) {
   return 0;
 }
 
+/* The checks of a one-range entry e of len bytes at roff of R. */
+static int check_xfer(const sx__plan *p, const sx_region *R, uint64_t roff, uint64_t len,
+                      uint32_t e) {
+  uint64_t end;
+  if (access_check(p, R, e))
+    return SX_EDENIED;
+  if (!sx__add_ok(roff, len, &end) || end > R->length)
+    return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
+  return 0;
+}
+
 int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
                       uint64_t roff, uint8_t *local, uint64_t len) {
-  uint64_t end;
   int rc = add_common(p, 1, "sx__plan_add_xfer");
   if (rc)
     return rc;
   uint32_t e = p->n_entries;
   if (len == 0 || local == NULL)
     return sx__err(SX_EINVAL, "entry %u: local is NULL or length is 0", e);
-  if (access_check(p, R, e))
-    return SX_EDENIED;
-  if (!sx__add_ok(roff, len, &end) || end > R->length)
-    return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
+  if ((rc = check_xfer(p, R, roff, len, e)) != 0)
+    return rc;
   p->have_shape = 0;
   if (emit(p, NONE, R, L, roff, local, len, e)) {
     p->broken = SX_ENOMEM;
     return sx__err(SX_ENOMEM, "planning entry %u", e);
   }
+  p->n_entries++;
+  return 0;
+}
+
+/* The local region that holds every piece of iov into *out: 0, or the
+ * error (said). */
+static int scatter_region(const sx__plan *p, const struct iovec *iov, uint32_t n, uint32_t e,
+                          const sx_lregion **out) {
+  const sx_region *L = NULL;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t a = (uint64_t)(uintptr_t)iov[i].iov_base, end;
+    /* No piece is empty, so the reader never waits on a zero-length one. */
+    if (a == 0 || iov[i].iov_len == 0 || !sx__add_ok(a, iov[i].iov_len, &end))
+      return sx__err(SX_EINVAL, "entry %u: piece %u is NULL, empty or wraps", e, i);
+    /* Most pieces lie in the region of the one before. */
+    if (L != NULL && a >= L->addr && end <= L->addr + L->length)
+      continue;
+    const sx_region *Li = sx__rindex_addr(p->local, a, iov[i].iov_len);
+    if (Li == NULL || L != NULL)
+      return sx__err(SX_EINVAL, "entry %u: piece %u is not inside %s", e, i,
+                     L == NULL ? "a registered region" : "the region of the first piece");
+    L = Li;
+  }
+  const sx_lregion *l = (const sx_lregion *)L;
+  if (l->mem.kind != SX__MEM_HOST)
+    return sx__err(SX_ENOTSUP, "entry %u: scattered reads land in host memory only", e);
+  *out = l;
+  return 0;
+}
+
+int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
+                         const struct iovec *iov, uint32_t n) {
+  int rc = add_common(p, 1, "sx__plan_add_scatter");
+  if (rc)
+    return rc;
+  uint32_t e = p->n_entries;
+  if (n == 0 || iov == NULL)
+    return sx__err(SX_EINVAL, "entry %u: no pieces", e);
+  uint64_t len = 0;
+  for (uint32_t i = 0; i < n; i++)
+    if ((len += iov[i].iov_len) > SX__SCATTER_MAX)
+      return sx__err(SX_ELIMIT, "entry %u: a scattered range of more than %u bytes", e,
+                     SX__SCATTER_MAX);
+  const sx_lregion *L = NULL;
+  if ((rc = scatter_region(p, iov, n, e, &L)) != 0 || (rc = check_xfer(p, R, roff, len, e)) != 0)
+    return rc;
+  if (reserve(p, 1)) {
+    p->broken = SX_ENOMEM;
+    return sx__err(SX_ENOMEM, "planning entry %u", e);
+  }
+  p->have_shape = 0;
+  p->bytes += len;
+  p->x[p->n++] = (sx_xfer){.local = iov[0].iov_base, .lreg = L, .rreg = R, .roff = roff,
+                           .length = len, .entry_first = e, .entry_last = e, .status = 1,
+                           .n_iov = n, .iov = iov};
   p->n_entries++;
   return 0;
 }

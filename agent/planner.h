@@ -50,6 +50,8 @@ const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t l
 
 /* The default cut for long ranges. */
 #define SX__PLAN_SLICE (1u << 20)
+/* The longest scattered range (the TCP target serves reads of up to 64 MiB). */
+#define SX__SCATTER_MAX (64u << 20)
 
 typedef struct sx__plan {
   const sx__rindex *remote;
@@ -90,5 +92,13 @@ int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n);
  * ping scratch).  The remote side is checked as for range reads. */
 int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
                       uint64_t roff, uint8_t *local, uint64_t len);
+/* One entry and one range, never merged with another nor sliced: the
+ * bytes at roff of remote region R (as long as the n pieces of iov
+ * together, at most SX__SCATTER_MAX) scattered into the pieces, which must
+ * all lie in one registered local region of host memory.  For transports
+ * that take scattered ranges (sx_xfer.iov: TCP); iov must live until the
+ * batch ends. */
+int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
+                         const struct iovec *iov, uint32_t n);
 
 #endif

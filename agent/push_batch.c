@@ -206,6 +206,28 @@ int sx__pbatch_add_reads(sx__pbatch *pb, sx__plan *plan, int blocks, const void 
   return rc;
 }
 
+int sx__pbatch_add_scatter(sx__pbatch *pb, sx__plan *plan, const sx_region *R, uint64_t roff,
+                           const struct iovec *iov, uint32_t n) {
+  /* As a range read of the same remote bytes: the notice names the
+   * target's memory, never where the pieces land here. */
+  sx_range_write w = {.local = n ? iov[0].iov_base : NULL, .remote_region = R->id,
+                      .offset = roff};
+  for (uint32_t i = 0; i < n; i++)
+    w.length += iov[i].iov_len;
+  pmark m = mark(pb);
+  int rc = note_ranges(pb, &w, 1);
+  if (rc == SX_ELIMIT)
+    rc = sx__err(SX_ELIMIT, "sx_group_read: the batch's notice would list more than %u "
+                 "entries (after merging); split the batch", SX_NOTICE_MAX_ENTRIES);
+  else if (rc)
+    rc = sx__err(rc, "sx_group_read");
+  else
+    rc = sx__plan_add_scatter(plan, R, roff, iov, n);
+  if (rc)
+    undo(pb, &m);
+  return rc;
+}
+
 int sx_batch_add_block_writes(sx_batch *b, const sx_block_write *w, size_t n) {
   return add_writes(b, 1, w, n, "sx_batch_add_block_writes");
 }

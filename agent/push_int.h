@@ -89,6 +89,10 @@ int sx__pbatch_notify(sx__pbatch *pb, sx_agent *a, sx_notice_kind kind, uint64_t
  * the target's terms, then planned; all or nothing (push_batch.c). */
 int sx__pbatch_add_reads(sx__pbatch *pb, struct sx__plan *plan, int blocks, const void *r,
                          size_t n, const char *what);
+/* One scattered range of a notifying read batch: its remote bytes noted in
+ * pb, then planned (sx__plan_add_scatter); all or nothing (push_batch.c). */
+int sx__pbatch_add_scatter(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
+                           uint64_t roff, const struct iovec *iov, uint32_t n);
 /* batch.c: the plan and notice list of batch b if it takes entries of this
  * direction now (state NEW), else the error. */
 struct sx__plan;

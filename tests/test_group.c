@@ -101,7 +101,7 @@ static const uint64_t LB[] = {5, 11, 2, 7, 13, 1, 8, 4}; /* and here */
 #define TOKENS 29
 
 typedef struct world {
-  int staged;
+  int scattered;
   char url[128];
   rank p[2], d;
 } world;
@@ -109,7 +109,7 @@ typedef struct world {
 static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
   world *w = calloc(1, sizeof(*w));
   sxt_mem_url(w->url, sizeof(w->url), "group");
-  w->staged = pre == SX_KV_NHD;
+  w->scattered = pre == SX_KV_NHD;
   rank_start(&w->p[0], w->url, "pf/tp0", pre, pre_tokens, 0, 2, 0, 2);
   rank_start(&w->p[1], w->url, "pf/tp1", pre, pre_tokens, 2, 2, 1, 2);
   fill(&w->p[0], RB, TOKENS);
@@ -123,8 +123,9 @@ static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
 static int setup(void **state) { return setup_orders(state, SX_KV_HND, 8); }
 
 /* NHD blocks of 8 into NHD blocks of 4: each rank's half of a token is a
- * piece, but its whole block is contiguous remotely: read staged over TCP. */
-static int setup_staged(void **state) { return setup_orders(state, SX_KV_NHD, 8); }
+ * piece, but its whole block is contiguous remotely: over TCP one request
+ * per remote block, received scattered into the pieces. */
+static int setup_scattered(void **state) { return setup_orders(state, SX_KV_NHD, 8); }
 
 static int teardown(void **state) {
   world *w = *state;
@@ -188,9 +189,9 @@ static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   assert_int_equal(r.n_failed, 0);
   assert_int_equal(r.members, 2);
   assert_int_equal(r.bytes, 2ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
-  /* Staged: a request per remote block, layer and slot (16 per rank), not
-   * one per token piece (128 per rank). */
-  if (w->staged)
+  /* Scattered: a request per remote block, layer and slot (16 per rank),
+   * not one per token piece (128 per rank). */
+  if (w->scattered)
     assert_true(r.n_ranges <= 32);
   else
     assert_true(r.n_ranges >= 256);
@@ -204,8 +205,8 @@ static void test_group_tp2_into_tp1_by_engine_name(void **state) {
 
 /* sx_group_read_notify: each member read from gets one read notice of its
  * own, with the tag and the bytes of its memory the read took; a plain
- * sx_group_read sends none.  Staged reads are off for it (NHD here would
- * stage): the bytes must still equal the reference. */
+ * sx_group_read sends none.  Scattered reads (NHD here) list the remote
+ * bytes of each request: the bytes must still equal the reference. */
 static void test_group_read_notify_tells_each_member(void **state) {
   world *w = *state;
   sx_group *g = open_pf(w);
@@ -220,6 +221,8 @@ static void test_group_read_notify_tells_each_member(void **state) {
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
   assert_int_equal(r.members, 2);
+  if (w->scattered)
+    assert_true(r.n_ranges <= 32);
   expect_reference(w);
   uint64_t bytes = 0;
   for (int i = 0; i < 2; i++) {
@@ -356,13 +359,13 @@ static void test_group_member_gone_fails_the_blocks_it_fed(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name,
-                                      setup_staged, teardown),
+                                      setup_scattered, teardown),
       cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed,
-                                      setup_staged, teardown),
+                                      setup_scattered, teardown),
       cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_read_notify_tells_each_member,
-                                      setup_staged, teardown),
+                                      setup_scattered, teardown),
       cmocka_unit_test_setup_teardown(test_group_read_notify_tells_each_member, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_refuses_before_any_byte_moves, setup,

@@ -372,6 +372,54 @@ static void test_planner_huge_batch_is_fast(void **state) {
   sides_free(&s);
 }
 
+/* A scattered range: one entry, one range (never merged with the next),
+ * its pieces all in one registered host region; anything else refused
+ * with nothing added. */
+static void test_planner_scatter_checks_its_pieces(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  const sx_region *R = sx__rindex_id(&s.rix, 0);
+  uint8_t *l0 = (uint8_t *)(uintptr_t)s.lregs[0].r.addr;
+  uint8_t *l1 = (uint8_t *)(uintptr_t)s.lregs[1].r.addr;
+  /* Pieces in any order, of any length. */
+  struct iovec ok[] = {{l0 + 8192, 1000}, {l0, 24}, {l0 + 100, 3}};
+  sxt_ok(sx__plan_add_scatter(&p, R, 4096, ok, 3));
+  assert_int_equal(p.n, 1);
+  assert_int_equal(p.x[0].length, 1027);
+  assert_int_equal(p.x[0].n_iov, 3);
+  assert_ptr_equal(p.x[0].iov, ok);
+  assert_ptr_equal(p.x[0].local, l0 + 8192);
+  assert_ptr_equal(p.x[0].lreg, &s.lregs[0]);
+  /* A range that continues it on both sides is a range of its own. */
+  sx_range_read rr = {.local = l0 + 8192 + 1027, .remote_region = 0, .offset = 4096 + 1027,
+                      .length = 5};
+  sxt_ok(sx__plan_add_ranges(&p, &rr, 1));
+  assert_int_equal(p.n, 2);
+  assert_int_equal(p.bytes, 1032);
+  struct iovec two[] = {{l0, 16}, {l1, 16}};
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, two, 2), SX_EINVAL);
+  uint8_t unregistered[16];
+  struct iovec stray[] = {{l0, 16}, {unregistered, 16}};
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, stray, 2), SX_EINVAL);
+  struct iovec empty[] = {{l0, 16}, {l0 + 16, 0}};
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, empty, 2), SX_EINVAL);
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, ok, 0), SX_EINVAL);
+  struct iovec huge[] = {{l0, (size_t)SX__SCATTER_MAX + 1}};
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, huge, 1), SX_ELIMIT);
+  /* Past the end of the remote region. */
+  sxt_rc(sx__plan_add_scatter(&p, R, R->length - 1000, ok, 3), SX_EBOUNDS);
+  /* Device memory is not received into by the TCP reader. */
+  s.lregs[0].mem.kind = SX__MEM_CUDA;
+  sxt_rc(sx__plan_add_scatter(&p, R, 0, ok, 3), SX_ENOTSUP);
+  assert_int_equal(p.n, 2);
+  assert_int_equal(p.n_entries, 2);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rindex_finds_by_key_id_and_addr),
@@ -384,6 +432,7 @@ int main(void) {
       cmocka_unit_test(test_planner_rejects_missing_keys_denied_and_bad_entries),
       cmocka_unit_test(test_planner_range_bounds_and_overflow),
       cmocka_unit_test(test_planner_empty_batch),
+      cmocka_unit_test(test_planner_scatter_checks_its_pieces),
       cmocka_unit_test(test_planner_huge_batch_is_fast),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -145,6 +145,13 @@ int bx_redis_start(bx_redis *r);
 int bx_redis_start_node(bx_redis *r, int cluster);
 void bx_redis_stop(bx_redis *r);
 
+/* Start this program (/proc/self/exe) with args (NULL-ended, args[0] its
+ * name) as a child reading *lifeline as its standard input (closing it
+ * tells the child to end), and read the start of its first output into
+ * line (size bytes, NUL-ended).  0, or -1 (nothing started, or the child
+ * said nothing: *pid, if > 0, is still to be reaped). */
+int bx_spawn(const char *const *args, pid_t *pid, int *lifeline, char *line, size_t size);
+
 /* A private Redis Cluster of n masters (no replicas), joined with
  * redis-cli --cluster create: 0 with the nodes' seeds in url_hosts
  * ("127.0.0.1:P1,..."), or -1 (said why on stderr). */
@@ -193,6 +200,9 @@ extern const char bx_codec_help[], bx_meta_help[], bx_read_help[], bx_target_hel
 /* Read plans against equal layouts (plan.c). */
 int bx_plan_main(const bx_common *o, int argc, char **argv);
 extern const char bx_plan_help[];
+/* Its sources' process with --location cuda:N (plan.c). */
+int bx_plan_target_main(const bx_common *o, int argc, char **argv);
+extern const char bx_plan_target_help[];
 
 /* GPU memory (read_gpu.c): `read --location cuda:N` and its far end. */
 int bx_read_gpu_main(const bx_common *o, int argc, char **argv);

@@ -79,6 +79,7 @@ static const mode modes[] = {
     {"plan", bx_plan_main, bx_plan_help},
     {"target", bx_target_main, bx_target_help},
     {"gpu-target", bx_gpu_target_main, bx_gpu_target_help},
+    {"plan-target", bx_plan_target_main, bx_plan_target_help},
 };
 
 int main(int argc, char **argv) {

@@ -13,18 +13,26 @@
  *   tp2     the set {tp0, tp1} through sx_group_read: the TP=2 -> TP=1 plan
  * After each read the local blocks are compared with the source, so every
  * figure is of bytes that arrived right.  The target: tp2 at >= 0.8x equal.
+ *
+ * With --location cuda:N every pool is GPU memory and the sources live in
+ * a child process (`sx-bench plan-target`, a Redis store between them),
+ * because cuda_ipc reads another process's memory: the reader reads over
+ * cuda_ipc, or with --transport tcp over TCP through its staging.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench.h"
+#include "mem/mem.h"
 #include "segxfer.h"
 
 const char bx_plan_help[] =
     "usage: sx-bench plan [--order HND|NHD] [--tokens N] [--heads N] [--head-dim N]\n"
-    "                     [--layers N] [--batch N] [--rounds N] [common options]\n"
+    "                     [--layers N] [--batch N] [--rounds N] [--location cpu|cuda:N]\n"
+    "                     [--transport cuda_ipc|tcp] [--metadata URL] [common options]\n"
     "\n"
     "Read one request's blocks from a TP=2 prefill (two segments, half the KV\n"
     "heads each) into a reader with every head, through the read plan, against\n"
@@ -41,6 +49,12 @@ const char bx_plan_help[] =
     "  --layers N       (default 8)\n"
     "  --batch N        blocks per read (default 64)\n"
     "  --rounds N       rounds of the three cases (default 3)\n"
+    "  --location L     where every pool is: cpu (default: agents in this process,\n"
+    "                   TCP) or cuda:N (the sources in a child process; the reader\n"
+    "                   reads over --transport, default cuda_ipc)\n"
+    "  --transport T    with cuda:N: cuda_ipc, or tcp (through TCP staging)\n"
+    "  --metadata URL   with cuda:N: the store (default: a redis-server started\n"
+    "                   for the run)\n"
     "\n"
     "target: the TP=2 -> TP=1 plan at >= 0.8x the equal-layout rate.\n";
 
@@ -50,11 +64,16 @@ typedef struct side {
   sx_agent *a;
   uint8_t *mem[2];
   uint64_t bb;
+  int device; /* of mem; -1 host */
 } side;
 
 typedef struct cfg {
   sx_kv_order order;
   uint32_t tokens, heads, head_dim, layers, batch, rounds;
+  const char *location; /* "cpu" or "cuda:N" */
+  int device;           /* N, or -1 */
+  int tcp;              /* cuda:N read over TCP staging instead of cuda_ipc */
+  const char *url;      /* --metadata */
 } cfg;
 
 static void quiet(void *arg, sx_log_level level, const char *msg) {
@@ -63,13 +82,21 @@ static void quiet(void *arg, sx_log_level level, const char *msg) {
     fprintf(stderr, "sx-bench plan: agent: %s\n", msg);
 }
 
+static uint64_t side_len(const side *s, const cfg *c) {
+  return (uint64_t)c->layers * BLOCKS * s->bb;
+}
+
 static int side_start(side *s, const cfg *c, const char *url, const char *name,
                       uint32_t first, uint32_t count, uint32_t rank, uint32_t size) {
   sx_agent_params p;
   sx_agent_params_init(&p);
   p.name = name;
   p.metadata_url = url;
-  p.transports = SX_TRANSPORTS_TCP;
+  /* Sources serve both; a GPU reader reads over the one asked for. */
+  p.transports = c->device < 0 ? SX_TRANSPORTS_TCP
+                 : name        ? SX_TRANSPORTS_TCP | SX_TRANSPORTS_CUDA_IPC
+                 : c->tcp      ? SX_TRANSPORTS_TCP
+                               : SX_TRANSPORTS_CUDA_IPC;
   p.listen = name ? "127.0.0.1:0" : NULL;
   p.log = quiet;
   p.log_level = SX_LOG_WARN;
@@ -84,15 +111,17 @@ static int side_start(side *s, const cfg *c, const char *url, const char *name,
   if (sx_agent_create(&p, &s->a))
     return -1;
   s->bb = (uint64_t)c->tokens * count * c->head_dim * 2;
+  s->device = c->device;
   for (uint32_t k = 0; k < 2; k++) {
-    uint64_t len = (uint64_t)c->layers * BLOCKS * s->bb;
+    uint64_t len = side_len(s, c);
     uint32_t id;
-    if ((s->mem[k] = calloc(1, len)) == NULL)
+    if (s->device >= 0 ? sx__mem_alloc(s->device, len, (void **)&s->mem[k]) != 0
+                       : (s->mem[k] = calloc(1, len)) == NULL)
       return -1;
     sx_region_params rp = {.addr = s->mem[k], .length = len, .layer_count = c->layers,
                            .layer_stride = BLOCKS * s->bb, .slot = k,
                            .block_bytes = s->bb, .num_blocks = BLOCKS,
-                           .access = SX_ACCESS_REMOTE_READ};
+                           .location = c->location, .access = SX_ACCESS_REMOTE_READ};
     if (sx_agent_register(s->a, &rp, &id))
       return -1;
   }
@@ -101,8 +130,8 @@ static int side_start(side *s, const cfg *c, const char *url, const char *name,
 
 static void side_stop(side *s) {
   sx_agent_destroy(s->a);
-  free(s->mem[0]);
-  free(s->mem[1]);
+  for (int k = 0; k < 2; k++)
+    s->device >= 0 ? sx__mem_free(s->mem[k]) : free(s->mem[k]);
 }
 
 /* Byte b of element (t, h, e) of a block: the same on every side. */
@@ -116,31 +145,68 @@ static uint64_t at(const cfg *c, uint32_t count, uint32_t first, uint64_t t, uin
   return c->order == SX_KV_HND ? (hh * c->tokens + t) * hd : (t * count + hh) * hd;
 }
 
-/* Fill a side's heads [first, first+count) with val(). */
-static void fill(side *s, const cfg *c, uint32_t first, uint32_t count) {
-  for (uint32_t k = 0; k < 2; k++)
+/* Fill a side's heads [first, first+count) with val(): in place, or on a
+ * GPU through a host copy.  0 or -1 (said). */
+static int fill(side *s, const cfg *c, uint32_t first, uint32_t count) {
+  uint64_t len = side_len(s, c);
+  uint8_t *h = s->device >= 0 ? malloc(len) : NULL;
+  if (s->device >= 0 && h == NULL)
+    return -1;
+  for (uint32_t k = 0; k < 2; k++) {
+    uint8_t *m = h ? h : s->mem[k];
     for (uint64_t l = 0; l < c->layers; l++)
       for (uint64_t b = 0; b < BLOCKS; b++) {
-        uint8_t *blk = s->mem[k] + (l * BLOCKS + b) * s->bb;
+        uint8_t *blk = m + (l * BLOCKS + b) * s->bb;
         for (uint64_t t = 0; t < c->tokens; t++)
-          for (uint64_t h = first; h < first + count; h++)
+          for (uint64_t hd = first; hd < first + count; hd++)
             for (uint64_t e = 0; e < (uint64_t)c->head_dim * 2; e++)
-              blk[at(c, count, first, t, h) + e] = val(k, l, b, t, h, e);
+              blk[at(c, count, first, t, hd) + e] = val(k, l, b, t, hd, e);
       }
+    if (h != NULL && sx__mem_copy(s->mem[k], h, len) != 0) {
+      fprintf(stderr, "sx-bench plan: filling GPU memory: %s\n", sx_errmsg());
+      free(h);
+      return -1;
+    }
+  }
+  free(h);
+  return 0;
 }
 
-/* The reader's blocks lb[i] hold the sources' blocks rb[i]. */
-static int verify(const side *r, const cfg *c, const uint64_t *rb, const uint64_t *lb) {
-  for (uint32_t k = 0; k < 2; k++)
+/* The reader's blocks lb[i] hold the sources' blocks rb[i] (GPU memory is
+ * looked at in host, a copy of it). */
+static int verify(const side *r, const cfg *c, const uint64_t *rb, const uint64_t *lb,
+                  uint8_t *host) {
+  for (uint32_t k = 0; k < 2; k++) {
+    const uint8_t *m = r->mem[k];
+    if (r->device >= 0) {
+      if (sx__mem_copy(host, m, side_len(r, c)) != 0)
+        return -1;
+      m = host;
+    }
     for (uint64_t l = 0; l < c->layers; l++)
       for (uint32_t i = 0; i < c->batch; i++) {
-        const uint8_t *blk = r->mem[k] + (l * BLOCKS + lb[i]) * r->bb;
+        const uint8_t *blk = m + (l * BLOCKS + lb[i]) * r->bb;
         for (uint64_t t = 0; t < c->tokens; t++)
           for (uint64_t h = 0; h < c->heads; h++)
             for (uint64_t e = 0; e < (uint64_t)c->head_dim * 2; e++)
               if (blk[at(c, c->heads, 0, t, h) + e] != val(k, l, rb[i], t, h, e))
                 return -1;
       }
+  }
+  return 0;
+}
+
+/* Zeros over the reader's blocks before a case (host: a zeroed copy). */
+static int clear(side *r, const cfg *c, uint8_t *host) {
+  for (uint32_t k = 0; k < 2; k++) {
+    if (r->device < 0) {
+      memset(r->mem[k], 0, side_len(r, c));
+      continue;
+    }
+    memset(host, 0, side_len(r, c));
+    if (sx__mem_copy(r->mem[k], host, side_len(r, c)) != 0)
+      return -1;
+  }
   return 0;
 }
 
@@ -191,6 +257,20 @@ static int parse(cfg *c, int argc, char **argv) {
       c->order = strcmp(a, "HND") == 0 ? SX_KV_HND : SX_KV_NHD;
       continue;
     }
+    const char **str = strcmp(a, "--location") == 0   ? &c->location
+                       : strcmp(a, "--metadata") == 0 ? &c->url
+                                                      : NULL;
+    if (str != NULL && i + 1 < argc) {
+      *str = argv[++i];
+      continue;
+    }
+    if (strcmp(a, "--transport") == 0 && i + 1 < argc) {
+      a = argv[++i];
+      if (strcmp(a, "tcp") && strcmp(a, "cuda_ipc"))
+        goto bad;
+      c->tcp = strcmp(a, "tcp") == 0;
+      continue;
+    }
     uint32_t *dst = strcmp(a, "--tokens") == 0 ? &c->tokens
                     : strcmp(a, "--heads") == 0 ? &c->heads
                     : strcmp(a, "--head-dim") == 0 ? &c->head_dim
@@ -208,35 +288,127 @@ static int parse(cfg *c, int argc, char **argv) {
             "<= 256 and a block at most 4 MiB\n", BLOCKS);
     return BX_USAGE;
   }
+  sx__mem_info m;
+  if (sx__mem_parse_location(c->location, &m) != 0) {
+    fprintf(stderr, "sx-bench plan: --location: %s\n", sx_errmsg());
+    return BX_USAGE;
+  }
+  c->device = m.kind == SX__MEM_CUDA ? m.device : -1;
   return 0;
 bad:
   fprintf(stderr, "sx-bench plan: bad option near '%s' (sx-bench plan --help)\n", argv[argc - 1]);
   return BX_USAGE;
 }
 
-int bx_plan_main(const bx_common *o, int argc, char **argv) {
-  cfg c = {SX_KV_HND, 16, 8, 128, 8, 64, 3};
+#define CFG_DEFAULT {SX_KV_HND, 16, 8, 128, 8, 64, 3, "cpu", -1, 0, NULL}
+
+/* The three sources (full, tp0, tp1), filled and published: 0 or -1. */
+static int sources_start(side src[3], const cfg *c, const char *url) {
+  uint32_t half = c->heads / 2;
+  if (side_start(&src[0], c, url, "bench/full", 0, c->heads, 0, 1) ||
+      side_start(&src[1], c, url, "bench/pf/tp0", 0, half, 0, 2) ||
+      side_start(&src[2], c, url, "bench/pf/tp1", half, half, 1, 2)) {
+    fprintf(stderr, "sx-bench plan: starting the sources: %s\n", sx_errmsg());
+    return -1;
+  }
+  return fill(&src[0], c, 0, c->heads) || fill(&src[1], c, 0, half) ||
+                 fill(&src[2], c, half, half)
+             ? -1
+             : 0;
+}
+
+static void sources_stop(side src[3]) {
+  for (int i = 2; i >= 0; i--)
+    if (src[i].a)
+      side_stop(&src[i]);
+}
+
+const char bx_plan_target_help[] =
+    "usage: sx-bench plan-target --metadata URL --location cuda:N [plan options]\n"
+    "\n"
+    "The sources of `sx-bench plan --location cuda:N`, which starts it: GPU pools\n"
+    "in a process of their own (cuda_ipc reads another process's memory); says\n"
+    "\"ready\" once published and runs until its standard input closes.\n";
+
+int bx_plan_target_main(const bx_common *o, int argc, char **argv) {
+  cfg c = CFG_DEFAULT;
+  (void)o;
   int rc = parse(&c, argc, argv);
   if (rc)
     return rc;
-  char url[96];
-  snprintf(url, sizeof(url), "mem://sx-bench-plan-%d", (int)getpid());
-  side full = {0}, p0 = {0}, p1 = {0}, rd = {0};
+  if (c.url == NULL) {
+    fputs(bx_plan_target_help, stderr);
+    return BX_USAGE;
+  }
+  side src[3];
+  memset(src, 0, sizeof(src));
+  rc = sources_start(src, &c, c.url) == 0 ? BX_OK : BX_FAIL;
+  if (rc == BX_OK) {
+    printf("ready\n");
+    fflush(stdout);
+    char buf[64];
+    while (read(STDIN_FILENO, buf, sizeof(buf)) > 0) {
+    }
+  }
+  sources_stop(src);
+  return rc;
+}
+
+/* Start plan-target with this run's options and the store url; wait for its
+ * "ready".  Its standard input (*lifeline) ends it when closed.  0 or -1. */
+static int spawn(int argc, char **argv, const char *url, pid_t *pid, int *lifeline) {
+  const char **args = calloc((size_t)argc + 4, sizeof(*args));
+  char line[16];
+  if (args == NULL)
+    return -1;
+  int n = 0;
+  args[n++] = "sx-bench";
+  args[n++] = "plan-target";
+  for (int i = 1; i < argc; i++)
+    args[n++] = argv[i];
+  args[n++] = "--metadata"; /* last: it wins over one given */
+  args[n++] = url;
+  int rc = bx_spawn(args, pid, lifeline, line, sizeof(line));
+  free(args);
+  if (rc == 0 && strncmp(line, "ready", 5) == 0)
+    return 0;
+  fprintf(stderr, "sx-bench plan: the sources' process (plan-target) did not start\n");
+  return -1;
+}
+
+int bx_plan_main(const bx_common *o, int argc, char **argv) {
+  cfg c = CFG_DEFAULT;
+  int rc = parse(&c, argc, argv);
+  if (rc)
+    return rc;
+  char url[600];
+  bx_redis srv = {0};
+  pid_t pid = -1;
+  int lifeline = -1;
+  if (c.device < 0) {
+    snprintf(url, sizeof(url), "mem://sx-bench-plan-%d", (int)getpid());
+  } else if (c.url != NULL) {
+    snprintf(url, sizeof(url), "%s", c.url);
+  } else {
+    if (bx_redis_start(&srv) != 0)
+      return BX_FAIL;
+    snprintf(url, sizeof(url), "redis://127.0.0.1:%d?namespace=sx-bench-plan", srv.port);
+  }
+  side src[3], rd = {0};
+  memset(src, 0, sizeof(src));
   sx_segment *seg = NULL;
   sx_group *whole = NULL, *tp2 = NULL;
   bx_report *rep = NULL;
+  uint8_t *host = NULL;
   rc = BX_FAIL;
-  uint32_t half = c.heads / 2;
-  if (side_start(&full, &c, url, "bench/full", 0, c.heads, 0, 1) ||
-      side_start(&p0, &c, url, "bench/pf/tp0", 0, half, 0, 2) ||
-      side_start(&p1, &c, url, "bench/pf/tp1", half, half, 1, 2) ||
-      side_start(&rd, &c, url, NULL, 0, c.heads, 0, 1)) {
-    fprintf(stderr, "sx-bench plan: starting the agents: %s\n", sx_errmsg());
+  if (c.device < 0 ? sources_start(src, &c, url) : spawn(argc, argv, url, &pid, &lifeline))
+    goto out;
+  if (side_start(&rd, &c, url, NULL, 0, c.heads, 0, 1)) {
+    fprintf(stderr, "sx-bench plan: starting the reader: %s\n", sx_errmsg());
     goto out;
   }
-  fill(&full, &c, 0, c.heads);
-  fill(&p0, &c, 0, half);
-  fill(&p1, &c, half, half);
+  if (c.device >= 0 && (host = malloc(side_len(&rd, &c))) == NULL)
+    goto out;
   const char *one[] = {"bench/full"};
   sx_group_params gp;
   sx_group_params_init(&gp);
@@ -268,20 +440,19 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const char *names[CASES] = {"equal layouts (sx_batch_add_blocks)",
                                      "equal layouts through a plan (sx_group_read)",
                                      "TP=2 -> TP=1 plan (sx_group_read)"};
-  double secs[CASES] = {0}, bytes[CASES] = {0};
+  double secs[CASES] = {0}, bytes[CASES] = {0}, cpu[CASES] = {0};
   uint64_t per_read = 2ull * c.layers * c.batch * rd.bb;
   bx_progress_start(o, "plan", (int)(c.rounds * CASES), o->duration * c.rounds * CASES);
   for (uint32_t round = 0; round < c.rounds; round++)
     for (int k = 0; k < CASES; k++) {
       bx_progress("round %u: %s", round + 1, names[k]);
-      memset(rd.mem[0], 0, (size_t)c.layers * BLOCKS * rd.bb);
-      memset(rd.mem[1], 0, (size_t)c.layers * BLOCKS * rd.bb);
-      if (read_once((kase)k, seg, whole, tp2, &c, rb, lb) || verify(&rd, &c, rb, lb)) {
+      if (clear(&rd, &c, host) || read_once((kase)k, seg, whole, tp2, &c, rb, lb) ||
+          verify(&rd, &c, rb, lb, host)) {
         fprintf(stderr, "sx-bench plan: %s: %s\n", names[k], "the blocks that arrived "
                 "differ from the source (or the read failed)");
         goto out;
       }
-      double t0 = bx_now(), t;
+      double t0 = bx_now(), c0 = bx_cpu_self(), t;
       uint64_t n = 0;
       do {
         if (read_once((kase)k, seg, whole, tp2, &c, rb, lb))
@@ -289,6 +460,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
         n++;
       } while ((t = bx_now() - t0) < o->duration);
       secs[k] += t;
+      cpu[k] += bx_cpu_self() - c0;
       bytes[k] += (double)n * per_read;
     }
   bx_progress_end();
@@ -296,19 +468,29 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const bx_col cols[] = {
       {"case", "CASE", NULL}, {"order", "ORDER", NULL}, {"pieces", "PIECES/UNIT", "%.0f"},
       {"gib_s", "GiB/s", "%.3f"}, {"vs_equal", "VS EQUAL", "%.2fx"},
+      {"cpu_s_gib", "CPU s/GiB", "%.3f"}, {"cpu_vs_equal", "CPU VS EQUAL", "%.2fx"},
   };
   bx_table *tb = bx_table_add(rep, "plan", "Reading through a read plan against equal "
-                              "layouts, same bytes, same run (TCP, loopback)", cols, 5);
+                              "layouts, same bytes, same run", cols, 7);
   char b1[32];
+  sx_transport_kind tk = sx_segment_transport(seg);
+  bx_table_note(tb, "pools on %s; read over %s%s", c.location,
+                tk == SX_TRANSPORT_CUDA_IPC ? "cuda_ipc" : tk == SX_TRANSPORT_TCP ? "tcp" : "?",
+                c.device < 0 ? " (loopback, agents in one process)"
+                : tk == SX_TRANSPORT_TCP ? " (staged; the sources in a child process)"
+                                         : " (the sources in a child process)");
+  bx_table_note(tb, "CPU: this process's, every thread (%s)",
+                c.device < 0 ? "the sources' agents and the reader's" : "the reader's only");
   bx_table_note(tb, "request: %u blocks x %u layers x K,V of %s (%u tokens x %u heads x "
                 "%u x bf16), scattered ids; %u rounds of %.1f s per case", c.batch, c.layers,
                 bx_size_name(rd.bb, b1, sizeof(b1)), c.tokens, c.heads, c.head_dim,
                 c.rounds, o->duration);
   const sx_plan *plans[CASES] = {NULL, sx_group_plan(whole), sx_group_plan(tp2)};
-  double rate[CASES];
+  double rate[CASES], cost[CASES];
   for (int k = 0; k < CASES; k++) {
     sx_plan_info info = {0};
     rate[k] = bytes[k] / secs[k] / (1 << 30);
+    cost[k] = cpu[k] / (bytes[k] / (1 << 30));
     bx_row *row = bx_row_add(tb);
     bx_set_str(row, "case", "%s", names[k]);
     bx_set_str(row, "order", "%s", sx_kv_order_name(c.order));
@@ -316,6 +498,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
       bx_set_num(row, "pieces", info.pieces);
     bx_set_num(row, "gib_s", rate[k]);
     bx_set_num(row, "vs_equal", rate[k] / rate[EQUAL]);
+    bx_set_num(row, "cpu_s_gib", cost[k]);
+    bx_set_num(row, "cpu_vs_equal", cost[k] / cost[EQUAL]);
   }
   bx_target(rep, "TP=2 -> TP=1 plan read rate vs equal layouts", rate[TP2] / rate[EQUAL],
             "x", ">=", 0.8, "equal layouts read the same bytes in the same run");
@@ -327,11 +511,13 @@ out:
   sx_segment_close(seg);
   if (rd.a)
     side_stop(&rd);
-  if (p1.a)
-    side_stop(&p1);
-  if (p0.a)
-    side_stop(&p0);
-  if (full.a)
-    side_stop(&full);
+  sources_stop(src);
+  free(host);
+  if (lifeline >= 0)
+    close(lifeline);
+  if (pid > 0)
+    waitpid(pid, NULL, 0);
+  if (srv.pid > 0)
+    bx_redis_stop(&srv);
   return rc;
 }

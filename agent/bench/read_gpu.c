@@ -499,32 +499,18 @@ static void judge(bx_report *rep, const char *path, uint64_t size, uint64_t batc
 }
 
 static int spawn(const gopts *o, const char *url, const char *name, pid_t *pid, int *lifeline) {
-  int in[2], out[2];
-  char sizes[256] = "", gb[32], b[16];
+  char sizes[256] = "", gb[32], b[16], line[16];
   for (int g = 0; g < o->n_sizes; g++)
     snprintf(sizes + strlen(sizes), sizeof(sizes) - strlen(sizes), "%s%s", g ? "," : "",
              bx_size_name(o->sizes[g], b, sizeof(b)));
   snprintf(gb, sizeof(gb), "%llu", (unsigned long long)o->group_bytes);
-  if (pipe(in) != 0 || pipe(out) != 0)
-    return -1;
-  fflush(NULL);
-  if ((*pid = fork()) == 0) {
-    dup2(in[0], STDIN_FILENO);
-    dup2(out[1], STDOUT_FILENO);
-    close(in[1]);
-    close(out[0]);
-    execl("/proc/self/exe", "sx-bench", "gpu-target", "--metadata", url, "--name", name,
-          "--location", o->target_location, "--sizes", sizes, "--group-bytes", gb,
-          (char *)NULL);
-    _exit(127);
-  }
-  close(in[0]);
-  close(out[1]);
-  *lifeline = in[1];
-  char line[16] = "";
-  ssize_t n = read(out[0], line, sizeof(line) - 1);
-  close(out[0]);
-  return n > 0 && strncmp(line, "ready", 5) == 0 ? 0 : -1;
+  const char *args[] = {"sx-bench", "gpu-target", "--metadata", url, "--name", name,
+                        "--location", o->target_location, "--sizes", sizes,
+                        "--group-bytes", gb, NULL};
+  return bx_spawn(args, pid, lifeline, line, sizeof(line)) == 0 &&
+                 strncmp(line, "ready", 5) == 0
+             ? 0
+             : -1;
 }
 
 /* The staged targets: GPU->GPU over tr against host->host over tr, for a

@@ -286,6 +286,36 @@ void bx_progress_end(void) {
   prog.on = 0;
 }
 
+/* ------------------------------------------------------------ children */
+
+int bx_spawn(const char *const *args, pid_t *pid, int *lifeline, char *line, size_t size) {
+  int in[2], out[2];
+  *pid = -1;
+  if (pipe(in) != 0)
+    return -1;
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return -1;
+  }
+  fflush(NULL);
+  if ((*pid = fork()) == 0) {
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    close(in[1]);
+    close(out[0]);
+    execv("/proc/self/exe", (char *const *)args);
+    _exit(127);
+  }
+  close(in[0]);
+  close(out[1]);
+  *lifeline = in[1];
+  ssize_t n = *pid > 0 ? read(out[0], line, size - 1) : -1;
+  close(out[0]);
+  line[n > 0 ? n : 0] = '\0';
+  return n > 0 ? 0 : -1;
+}
+
 /* ------------------------------------------------------------ sockets */
 
 int bx_send_all(int fd, const void *p, size_t n) {

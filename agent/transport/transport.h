@@ -21,6 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 #include <uv.h>
 
 #include "mem/mem.h"
@@ -102,7 +103,15 @@ typedef struct sx_tctx {
   unsigned n_conn_handlers;
 } sx_tctx;
 
-/* One range to read: length bytes at roff of remote region rreg into local. */
+/* One range to read: length bytes at roff of remote region rreg into local.
+ *
+ * A scattered range (iov != NULL, a read into host memory over TCP only)
+ * lands in n_iov destinations instead, in order, whose lengths add up to
+ * length; local is then the first of them.  It is one request on the wire
+ * whose reply the reader receives straight into the pieces (readv), so a
+ * remote block that a read plan cuts into per-token pieces costs neither a
+ * request per piece nor a copy.  The list belongs to whoever added the
+ * range and lives until the op ends. */
 typedef struct sx_xfer {
   uint8_t *local;
   const sx_lregion *lreg; /* local region holding the destination, or NULL */
@@ -112,6 +121,8 @@ typedef struct sx_xfer {
   uint32_t entry_first;   /* batch entries this range serves */
   uint32_t entry_last;
   int status;             /* 1 while pending, then 0 or SX_E* */
+  uint32_t n_iov;
+  const struct iovec *iov;
 } sx_xfer;
 
 typedef struct sx_op sx_op;

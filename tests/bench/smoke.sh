@@ -28,6 +28,11 @@ run read "$bin" read --sizes 4K,64K --batches 1,8 --conns 1,2 --duration 0.15 --
   --group-bytes 4M --csv "$out/read.csv" --quiet
 run write "$bin" read --op write --sizes 4K,64K --batches 1,8 --conns 1,2 --duration 0.15 \
   --group-bytes 4M --csv "$out/write.csv" --quiet
+# Read plans: every case's first read is compared byte for byte (a
+# difference fails the run); NHD takes the scattered receive path.
+run plan-nhd "$bin" plan --order NHD --layers 2 --batch 16 --rounds 1 --duration 0.1 \
+  --csv "$out/plan.csv" --quiet
+run plan-hnd "$bin" plan --order HND --layers 2 --batch 16 --rounds 1 --duration 0.1 --quiet
 run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 900 \
   --csv "$out/meta.csv" --quiet
 # The scale-out figure's method (issue 24): a search over fleet sizes on one

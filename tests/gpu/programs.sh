@@ -5,7 +5,8 @@
 # mode: sxctl write into a writable pool on the GPU over cuda_ipc and over
 # staged tcp, read back; a producer without a grant is refused.  sx-bench
 # read --location cuda:0 runs both GPU cases to the end (each ends with a
-# batch checked byte for byte).
+# batch checked byte for byte); so does sx-bench plan --location cuda:0
+# over cuda_ipc and staged tcp.
 # Usage: tests/gpu/programs.sh BUILD_DIR   (needs redis-server on PATH)
 set -u
 build=$1
@@ -86,4 +87,18 @@ step "$bin/sx-bench" read --location cuda:0 --transport cuda_ipc --block-bytes 1
   --layers 2 --kv 2 --request-blocks 4 --depth 2 --rounds 2 --duration 0.4 \
   --group-bytes 4M || fail "sx-bench read --location cuda:0 (engine shape)"
 grep -q "^cuda_ipc .* 16K  *16 " "$dir/out" || fail "sx-bench printed no engine-shape row"
+# sx-bench plan with GPU pools: the TP=2 -> TP=1 set and the equal layouts
+# over cuda_ipc and over staged tcp, in both cache orders (each case's
+# first read is compared byte for byte with the sources: a difference fails
+# the run).
+for tr in cuda_ipc tcp; do
+  for order in NHD HND; do
+    step "$bin/sx-bench" plan --location cuda:0 --transport "$tr" --order "$order" --layers 2 \
+      --batch 16 --rounds 1 --duration 0.2 --metadata "$SX_METADATA_URL" ||
+      fail "sx-bench plan --location cuda:0 --transport $tr --order $order"
+    grep -q "^TP=2 -> TP=1 plan .* $order " "$dir/out" ||
+      fail "sx-bench plan printed no TP=2 row ($tr, $order)"
+    grep -q "read over $tr" "$dir/out" || fail "sx-bench plan did not read over $tr"
+  done
+done
 echo "programs: all checks passed"

@@ -6,6 +6,7 @@
  *   tcp_serve.c  target side: the READ handler on the control connection
  *   tcp_write.c  target side: the push handler (WAUTH, WRITE, NOTICE)
  *   tcp_read.c   reader side: peers, connections, the request pump
+ *   tcp_reply.c  reader side: the replies (tcp_read_int.h between the two)
  *
  * The target side's connections (accepting, HELLO, framing, dispatch by
  * frame type) are transport/conn/, one floor down, shared with cuda_ipc.

@@ -1,7 +1,7 @@
 /*
  * The TCP transport, reader side: per-peer connections, the request pump
- * and the replies read straight into the destinations (see tcp.c for the
- * whole picture).
+ * and aborts; the replies are read in tcp_reply.c (see tcp.c for the whole
+ * picture).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,87 +9,9 @@
 
 #include "addr.h"
 #include "internal.h"
-#include "tcp_int.h"
-
-typedef struct cconn cconn;
-
-enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING, C_WAUTH };
-
-/* Push: a ring entry that carries an op's notice instead of an xfer. */
-#define NOTICE_IDX SIZE_MAX
-
-typedef struct treq {
-  sx_op *op;
-  size_t idx;
-  uint64_t id;
-  uint64_t len;
-  int aborted; /* the op gave up on it: drain its payload */
-  uint64_t wseq; /* push: the cwrite carrying it (its payload is read
-                  * from the source until that write completes) */
-} treq;
-
-typedef struct cwrite {
-  uv_write_t req;
-  uint32_t n;
-  uint8_t data[WINDOW_REQS * SX__FRAME_HDR];
-  /* Push: WRITE headers alternate with their payload; a NOTICE owns its
-   * header and body in `owned`. */
-  uint32_t nb;
-  uv_buf_t bufs[2 * WINDOW_REQS];
-  uint8_t *owned;
-} cwrite;
-
-struct cconn {
-  uv_tcp_t h;
-  uv_timer_t timer; /* connect + hello deadline */
-  uv_connect_t creq;
-  uv_write_t hello_wr;
-  tpeer *p;
-  int state;
-  treq ring[WINDOW_REQS];
-  uint32_t head, count;
-  uint64_t inflight_bytes;
-  uint64_t next_id;
-  uint8_t hdr[SX__FRAME_HDR];
-  size_t hgot;
-  int in_payload;
-  uint64_t pgot;
-  uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
-  cwrite *w; /* requests gathered by the current pump */
-  uint64_t wseq, wseq_done; /* push: cwrites issued and completed */
-};
-
-typedef struct pend {
-  struct pend *next;
-  sx_op *op;
-  size_t next_idx;
-  uint8_t *notice; /* push: the op's notice (header room + body), or NULL */
-  size_t nlen;
-} pend;
-
-struct tpeer {
-  sx_tpeer base;
-  tcp_t *t;
-  const sx_desc *remote;
-  tpeer *next, *prev;
-  tpeer *pnext;
-  int in_pump;
-  char label[160]; /* "name at host:port", for messages */
-  char host[SX_ADDR_MAX + 1];
-  uint16_t port;
-  struct sockaddr_storage sa;
-  int have_sa, resolving;
-  uv_getaddrinfo_t gai;
-  cconn *conns;
-  uint32_t n_conns;
-  pend *q, **q_tail;
-  int closing;
-  int handles;
-  int write; /* push: connections authorize as producer and carry writes */
-};
+#include "tcp_read_int.h"
 
 static void p_fail_pending(tpeer *p, int err, const char *msg);
-static void c_fail(cconn *c, int err, const char *msg);
 static void p_pump(tpeer *p);
 
 static int c_live(const cconn *c) {
@@ -152,7 +74,7 @@ static void schedule_pump(tpeer *p) {
 
 
 /* Settle the oldest request in flight on c with status. */
-static void c_complete_head(cconn *c, int status, const char *msg) {
+void sx__tcp_c_complete_head(cconn *c, int status, const char *msg) {
   treq r = c->ring[c->head];
   c->head = (c->head + 1) % WINDOW_REQS;
   c->count--;
@@ -163,7 +85,7 @@ static void c_complete_head(cconn *c, int status, const char *msg) {
     schedule_pump(c->p);
 }
 
-static void c_fail(cconn *c, int err, const char *msg) {
+void sx__tcp_c_fail(cconn *c, int err, const char *msg) {
   tpeer *p = c->p;
   if (!c_live(c))
     return;
@@ -175,7 +97,7 @@ static void c_fail(cconn *c, int err, const char *msg) {
   c->w = NULL;
   /* Everything in flight on this connection fails with it. */
   while (c->count > 0)
-    c_complete_head(c, err, msg);
+    sx__tcp_c_complete_head(c, err, msg);
   c->in_payload = 0;
   c->hgot = 0;
   c->inflight_bytes = 0;
@@ -190,26 +112,7 @@ static void c_timeout(uv_timer_t *tm) {
   char msg[512];
   snprintf(msg, sizeof(msg), "%s: connecting timed out after %d ms", c->p->label,
            CONNECT_TIMEOUT_MS);
-  c_fail(c, SX_EUNREACH, msg);
-}
-
-static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  cconn *c = h->data;
-  (void)suggested;
-  if (!c->in_payload) {
-    buf->base = (char *)c->hdr + c->hgot;
-    buf->len = SX__FRAME_HDR - c->hgot;
-    return;
-  }
-  treq *r = &c->ring[c->head];
-  uint64_t left = r->len - c->pgot;
-  if (r->aborted) {
-    buf->base = (char *)c->p->t->scratch;
-    buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
-  } else {
-    buf->base = (char *)r->op->xfers[r->idx].local + c->pgot;
-    buf->len = (size_t)left;
-  }
+  sx__tcp_c_fail(c, SX_EUNREACH, msg);
 }
 
 /* A reply landed on c: when half of c's window is free again in both
@@ -223,7 +126,7 @@ static void c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
  * Small blocks get here only while few are in flight anyway (16 replies
  * are a fraction of WINDOW_REQS): in a steady stream they keep one request
  * write per loop iteration. */
-static void c_refill(cconn *c) {
+void sx__tcp_c_refill(cconn *c) {
   tpeer *p = c->p;
   if (c->state == C_READY && p->q != NULL && !p->closing && c->count <= WINDOW_REQS / 2 &&
       c->inflight_bytes <= WINDOW_BYTES / 2)
@@ -231,7 +134,7 @@ static void c_refill(cconn *c) {
 }
 
 /* The target answered HELLO: go, or the whole peer is unusable. */
-static void c_hello_reply(cconn *c, const sx__frame *f) {
+void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f) {
   tpeer *p = c->p;
   if (f->status == 0) {
     c->state = C_READY;
@@ -247,89 +150,8 @@ static void c_hello_reply(cconn *c, const sx__frame *f) {
              "or it is not published as this incarnation", p->label);
   /* Every connection would hear the same: fail everything queued. */
   for (uint32_t i = 0; i < p->n_conns; i++)
-    c_fail(&p->conns[i], err, msg);
+    sx__tcp_c_fail(&p->conns[i], err, msg);
   p_fail_pending(p, err, msg);
-}
-
-static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  cconn *c = s->data;
-  tpeer *p = c->p;
-  char msg[512];
-  (void)buf;
-  if (nread < 0) {
-    if (nread == UV_EOF)
-      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
-               uv_strerror((int)nread));
-    c_fail(c, SX_EDISCONN, msg);
-    return;
-  }
-  if (nread == 0 || c->state == C_CLOSING)
-    return;
-  if (c->in_payload) {
-    c->pgot += (uint64_t)nread;
-    if (c->pgot == c->ring[c->head].len) {
-      c->in_payload = 0;
-      c_complete_head(c, 0, NULL);
-      c_refill(c);
-    }
-    return;
-  }
-  c->hgot += (size_t)nread;
-  if (c->hgot < SX__FRAME_HDR)
-    return;
-  c->hgot = 0;
-  sx__frame f;
-  if (sx__frame_decode(c->hdr, SX__FRAME_HDR, &f) <= 0) {
-    snprintf(msg, sizeof(msg), "%s sent a malformed frame", p->label);
-    c_fail(c, SX_EPROTO, msg);
-    return;
-  }
-  if (c->state == C_HELLO || c->state == C_WAUTH) {
-    uint8_t want = c->state == C_HELLO ? SX__FRAME_HELLO_REPLY : SX__FRAME_WAUTH_REPLY;
-    if (f.type != want) {
-      snprintf(msg, sizeof(msg), "%s did not answer %s", p->label,
-               c->state == C_HELLO ? "HELLO" : "WAUTH");
-      c_fail(c, SX_EPROTO, msg);
-      return;
-    }
-    if (p->write && c->state == C_HELLO && f.status == 0) {
-      c->state = C_WAUTH; /* the WAUTH reply follows */
-      return;
-    }
-    c_hello_reply(c, &f);
-    return;
-  }
-  treq *r = &c->ring[c->head];
-  int bare = p->write || r->idx == NOTICE_IDX; /* replies without payload */
-  uint8_t want = r->idx == NOTICE_IDX ? SX__FRAME_NOTICE_REPLY
-               : p->write ? SX__FRAME_WRITE_REPLY : SX__FRAME_READ_REPLY;
-  if (f.type != want || c->count == 0 || f.id != r->id ||
-      (f.status == 0 && f.length != (bare ? 0 : r->len))) {
-    snprintf(msg, sizeof(msg), "%s sent a reply that matches no request", p->label);
-    c_fail(c, SX_EPROTO, msg);
-    return;
-  }
-  if (f.status != 0) {
-    int err = f.status >= SX_ERRNO_MIN ? f.status : SX_EPROTO;
-    const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL)
-      snprintf(msg, sizeof(msg), "%s refused a %s of region %u bytes %lu..+%lu: %s", p->label,
-               p->write ? "write" : "read", x->rreg->id, (unsigned long)x->roff,
-               (unsigned long)x->length, sx_strerror(err));
-    else
-      snprintf(msg, sizeof(msg), "%s refused the batch's notice: %s", p->label,
-               sx_strerror(err));
-    c_complete_head(c, err, r->aborted ? NULL : msg);
-    return;
-  }
-  if (bare) {
-    c_complete_head(c, 0, NULL); /* landed (or the notice was taken) */
-    return;
-  }
-  c->in_payload = 1;
-  c->pgot = 0;
 }
 
 static void c_hello_written(uv_write_t *req, int status) {
@@ -338,7 +160,7 @@ static void c_hello_written(uv_write_t *req, int status) {
     char msg[512];
     snprintf(msg, sizeof(msg), "sending HELLO to %s: %s", c->p->label,
              uv_strerror(status));
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -350,7 +172,7 @@ static void c_connected(uv_connect_t *req, int status) {
     return;
   if (status < 0) {
     snprintf(msg, sizeof(msg), "connecting to %s: %s", p->label, uv_strerror(status));
-    c_fail(c, SX_EUNREACH, msg);
+    sx__tcp_c_fail(c, SX_EUNREACH, msg);
     return;
   }
   const sx_tctx *x = sx__tcp_ctx(p->t);
@@ -372,10 +194,10 @@ static void c_connected(uv_connect_t *req, int status) {
   uv_buf_t b = uv_buf_init((char *)c->hello, (unsigned)total);
   c->hello_wr.data = c;
   c->state = C_HELLO;
-  if (uv_read_start((uv_stream_t *)&c->h, c_alloc, c_read) != 0 ||
+  if (uv_read_start((uv_stream_t *)&c->h, sx__tcp_c_alloc, sx__tcp_c_read) != 0 ||
       uv_write(&c->hello_wr, (uv_stream_t *)&c->h, &b, 1, c_hello_written) != 0) {
     snprintf(msg, sizeof(msg), "%s: cannot start the connection", p->label);
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -396,7 +218,7 @@ static void c_start(cconn *c) {
   if (rc != 0) {
     char msg[512];
     snprintf(msg, sizeof(msg), "connecting to %s: %s", p->label, uv_strerror(rc));
-    c_fail(c, SX_EUNREACH, msg);
+    sx__tcp_c_fail(c, SX_EUNREACH, msg);
   }
 }
 
@@ -485,7 +307,7 @@ static void c_written(uv_write_t *req, int status) {
     char msg[512];
     snprintf(msg, sizeof(msg), "sending requests to %s: %s", c->p->label,
              uv_strerror(status));
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -505,7 +327,7 @@ static void c_flush(cconn *c) {
     free(w);
     char msg[512];
     snprintf(msg, sizeof(msg), "sending requests to %s failed", c->p->label);
-    c_fail(c, SX_EDISCONN, msg);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
   }
 }
 
@@ -679,7 +501,7 @@ void sx__tcp_peer_close(sx_tpeer *base) {
   char msg[512];
   snprintf(msg, sizeof(msg), "%s: segment closed", p->label);
   for (uint32_t i = 0; i < p->n_conns; i++)
-    c_fail(&p->conns[i], SX_ECANCELED, msg);
+    sx__tcp_c_fail(&p->conns[i], SX_ECANCELED, msg);
   p_fail_pending(p, SX_ECANCELED, msg);
   if (p->resolving)
     uv_cancel((uv_req_t *)&p->gai);
@@ -755,7 +577,7 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
     if (unsent) {
       snprintf(msg, sizeof(msg), "%s: connection closed to stop an aborted write batch",
                p->label);
-      c_fail(c, SX_EDISCONN, msg);
+      sx__tcp_c_fail(c, SX_EDISCONN, msg);
     }
   }
   /* Not sent yet: settle and forget. */

@@ -1,0 +1,105 @@
+/*
+ * The TCP transport's reader side, shared by its two files: tcp_read.c
+ * (peers, connections, the request pump, aborts) and tcp_reply.c (reading
+ * the replies: headers, payloads, scattered payloads).  Not installed.
+ * Everything runs on the agent's loop thread.
+ */
+#ifndef SX_TCP_READ_INT_H
+#define SX_TCP_READ_INT_H
+
+#include "tcp_int.h"
+
+typedef struct cconn cconn;
+
+enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING, C_WAUTH };
+
+/* Push: a ring entry that carries an op's notice instead of an xfer. */
+#define NOTICE_IDX SIZE_MAX
+
+typedef struct treq {
+  sx_op *op;
+  size_t idx;
+  uint64_t id;
+  uint64_t len;
+  int aborted; /* the op gave up on it: drain its payload */
+  uint64_t wseq; /* push: the cwrite carrying it (its payload is read
+                  * from the source until that write completes) */
+} treq;
+
+typedef struct cwrite {
+  uv_write_t req;
+  uint32_t n;
+  uint8_t data[WINDOW_REQS * SX__FRAME_HDR];
+  /* Push: WRITE headers alternate with their payload; a NOTICE owns its
+   * header and body in `owned`. */
+  uint32_t nb;
+  uv_buf_t bufs[2 * WINDOW_REQS];
+  uint8_t *owned;
+} cwrite;
+
+struct cconn {
+  uv_tcp_t h;
+  uv_timer_t timer; /* connect + hello deadline */
+  uv_connect_t creq;
+  uv_write_t hello_wr;
+  tpeer *p;
+  int state;
+  treq ring[WINDOW_REQS];
+  uint32_t head, count;
+  uint64_t inflight_bytes;
+  uint64_t next_id;
+  uint8_t hdr[SX__FRAME_HDR];
+  size_t hgot;
+  int in_payload;
+  uint64_t pgot;
+  uint32_t vi;   /* a scattered payload: the piece being filled */
+  uint64_t voff; /* and the bytes of it that arrived */
+  uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
+  cwrite *w; /* requests gathered by the current pump */
+  uint64_t wseq, wseq_done; /* push: cwrites issued and completed */
+};
+
+typedef struct pend {
+  struct pend *next;
+  sx_op *op;
+  size_t next_idx;
+  uint8_t *notice; /* push: the op's notice (header room + body), or NULL */
+  size_t nlen;
+} pend;
+
+struct tpeer {
+  sx_tpeer base;
+  tcp_t *t;
+  const sx_desc *remote;
+  tpeer *next, *prev;
+  tpeer *pnext;
+  int in_pump;
+  char label[160]; /* "name at host:port", for messages */
+  char host[SX_ADDR_MAX + 1];
+  uint16_t port;
+  struct sockaddr_storage sa;
+  int have_sa, resolving;
+  uv_getaddrinfo_t gai;
+  cconn *conns;
+  uint32_t n_conns;
+  pend *q, **q_tail;
+  int closing;
+  int handles;
+  int write; /* push: connections authorize as producer and carry writes */
+};
+
+/* tcp_read.c: fail everything in flight on c (and, with no live connection
+ * left, what its peer has queued); settle the oldest request in flight;
+ * act on the target's answer to HELLO (or WAUTH). */
+void sx__tcp_c_fail(cconn *c, int err, const char *msg);
+void sx__tcp_c_complete_head(cconn *c, int status, const char *msg);
+void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f);
+/* tcp_read.c: a reply landed on c: ask for more at once where half of its
+ * window is free (see there). */
+void sx__tcp_c_refill(cconn *c);
+
+/* tcp_reply.c: the connection's libuv read callbacks. */
+void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
+void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+#endif
