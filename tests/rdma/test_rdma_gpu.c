@@ -509,6 +509,69 @@ static void test_rdma_gpu_unreachable_pair_is_staged(void **state) {
   tier_case("unreachable", "ok", 0, 0, "loopback READ of GPU memory on");
 }
 
+/* 1 when the agent's Prometheus text has the unreachable-pair counter
+ * with value v, and its HELP and TYPE lines. */
+static int metric_is(sx_agent *a, uint64_t v) {
+  char *text = NULL, want[96];
+  sxt_ok(sx_agent_metrics_text(a, &text, NULL));
+  snprintf(want, sizeof(want), "\nsegxfer_rdma_gpu_unreachable_pairs_total %llu\n",
+           (unsigned long long)v);
+  int ok = strstr(text, want) != NULL &&
+           strstr(text, "# HELP segxfer_rdma_gpu_unreachable_pairs_total ") != NULL &&
+           strstr(text, "# TYPE segxfer_rdma_gpu_unreachable_pairs_total counter\n") != NULL;
+  if (!ok)
+    print_error("no '%s' in:\n%s\n", want + 1, text);
+  free(text);
+  return ok;
+}
+
+/* Register a remote-readable GPU region of 1 MiB for slot on an agent of
+ * this process; its allocation in *mem. */
+static void gpu_region(sx_agent *a, uint32_t slot, void **mem) {
+  sxt_ok(sx__mem_alloc(0, 1 << 20, mem));
+  sx_region_params rp = {.addr = *mem, .length = 1 << 20, .layer_count = 1,
+                         .layer_stride = 1 << 20, .slot = slot, .block_bytes = 4096,
+                         .num_blocks = 256, .location = "cuda:0",
+                         .access = SX_ACCESS_REMOTE_READ};
+  uint32_t id;
+  sxt_ok(sx_agent_register(a, &rp, &id));
+}
+
+/* The unreachable pair is counted in the Prometheus output.  With
+ * SXSHIM_DMABUF=unreachable the shim registers dma-buf MRs without remote
+ * access, so the loopback READ of the first remote-readable GPU region
+ * fails: 0 before, 1 after, still 1 for a second region of the same pair
+ * (a pair is tested once); an agent whose pair is reachable says 0. */
+static void test_rdma_gpu_unreachable_pair_metric(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rgpumetric");
+  sx_agent_params p;
+  sxt_params(&p, url, "metric-gpu");
+  p.transports = SX_TRANSPORTS_RDMA | SX_TRANSPORTS_TCP;
+  sx_agent *a;
+  void *m1 = NULL, *m2 = NULL, *m3 = NULL;
+  setenv("SXSHIM_DMABUF", "unreachable", 1);
+  sxt_ok(sx_agent_create(&p, &a));
+  assert_true(metric_is(a, 0));
+  gpu_region(a, 0, &m1);
+  assert_true(metric_is(a, 1));
+  gpu_region(a, 1, &m2);
+  assert_true(metric_is(a, 1));
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(a, &st, sizeof(st)));
+  assert_int_equal(st.rdma_gpu_unreachable, 1);
+  sx_agent_destroy(a);
+  setenv("SXSHIM_DMABUF", "ok", 1);
+  sxt_ok(sx_agent_create(&p, &a));
+  gpu_region(a, 0, &m3);
+  assert_true(metric_is(a, 0));
+  sx_agent_destroy(a);
+  sx__mem_free(m1);
+  sx__mem_free(m2);
+  sx__mem_free(m3);
+}
+
 /* peermem loaded but the provider cannot pin the pages (EFAULT): staged. */
 static void test_rdma_gpu_peermem_efault_to_staged(void **state) {
   (void)state;
@@ -590,6 +653,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rdma_gpu_peermem_tier),
         cmocka_unit_test(test_rdma_gpu_peermem_efault_to_staged),
         cmocka_unit_test(test_rdma_gpu_unreachable_pair_is_staged),
+        cmocka_unit_test(test_rdma_gpu_unreachable_pair_metric),
     };
     return cmocka_run_group_tests(gd, gd_setup, gd_teardown);
   }

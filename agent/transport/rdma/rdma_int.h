@@ -632,6 +632,10 @@ int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
  * loopback QP pair on d.  1 when they arrived; 0 with why filled. */
 int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t addr, char *why,
                    size_t cap);
+/* The pair (d, GPU gpu) failed that READ: count it (the transport's
+ * counter and the agent's segxfer_rdma_gpu_unreachable_pairs_total) and
+ * say why in a WARN line. */
+void sx__rdma_reach_failed(sx_rdma *t, rdma_dev *d, int gpu, const char *why);
 
 /* ------------------------------------------------------------------ rdma_sserve.c */
 
