@@ -48,6 +48,8 @@ one)
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_push gpu || fail=1
     step "GPU memory over staged RDMA (host-memory stand-in for the CUDA driver)"
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu || fail=1
+    step "staged RDMA writes (push mode) of GPU memory (host-memory stand-in for the CUDA driver)"
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu_push || fail=1
     step "GPUDirect tiers (dma-buf, peermem, fallbacks) through a provider shim over the stand-in"
     # The sanitizer build's runtime must not insist on loading first.
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
