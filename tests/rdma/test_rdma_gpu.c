@@ -157,16 +157,6 @@ static void next_name(char *buf, size_t size, const char *prefix) {
   snprintf(buf, size, "%s-%d", prefix, seq++);
 }
 
-static int file_has(const char *path, const char *what) {
-  char buf[65536];
-  FILE *f = fopen(path, "r");
-  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-  buf[n] = '\0';
-  if (f != NULL)
-    fclose(f);
-  return strstr(buf, what) != NULL;
-}
-
 static uint64_t kernels(void) {
   uint64_t c[4];
   sx__mem_copy_counts(c);
@@ -222,7 +212,7 @@ static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
   if (!reader_gpu && kernels() != k0)
     pool_fail(&p, "host destinations: the gather kernel ran");
   if (strcmp(s->location, "cpu") != 0 && several &&
-      !file_has(p.log, "rdma staged (target): ring copies by kernel"))
+      !sxt_log_has(p.log, "rdma staged (target): ring copies by kernel"))
     pool_fail(&p, "GPU pool, several pieces per slot: the target's ring copies were not "
               "by the gather kernel");
   sx_segment_close(seg);
@@ -446,7 +436,7 @@ static void tier_case(const char *dmabuf, const char *peermem, int modules, int 
       pool_fail(&p, "region %u published rkey 0x%x; expected %s", d->regions[i].id,
                 d->regions[i].rkeys[0], expect_rkeys ? "an MR" : "none (staged)");
   }
-  if (!file_has(p.log, expect_log))
+  if (!sxt_log_has(p.log, expect_log))
     pool_fail(&p, "the pool's log does not say '%s'", expect_log);
   sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s.blocks};
   fill(&r, 0x5a);
@@ -469,12 +459,12 @@ static void tier_case(const char *dmabuf, const char *peermem, int modules, int 
 static void test_rdma_gpu_dmabuf_tier(void **state) {
   (void)state;
   tier_case("ok", "ok", 0, 1, "dma-buf GPUDirect");
-  assert_true(file_has(shim_log, "probe -> EBADF"));
+  assert_true(sxt_log_has(shim_log, "probe -> EBADF"));
   /* The reader's own exports: offset 512 into the fd (4 KiB + 512 into
    * the allocation, rounded down to its page), iova = the region. */
   char want[64];
   snprintf(want, sizeof(want), " off 512 len ");
-  assert_true(file_has(shim_log, want));
+  assert_true(sxt_log_has(shim_log, want));
   long (*memops)(void) = NULL;
   void *h = dlopen(getenv("SX_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
   if (h != NULL)

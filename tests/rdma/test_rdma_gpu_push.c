@@ -111,16 +111,6 @@ static void side_stop(side *x) {
   }
 }
 
-static int file_has(const char *path, const char *what) {
-  char buf[65536];
-  FILE *f = fopen(path, "r");
-  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-  buf[n] = '\0';
-  if (f != NULL)
-    fclose(f);
-  return strstr(buf, what) != NULL;
-}
-
 static void next_name(char *out, size_t size, const char *base) {
   snprintf(out, size, "%s-%d", base, ++seq);
 }
@@ -221,29 +211,6 @@ static sx_segment *open_rdma(side *p, const char *name) {
   return seg;
 }
 
-static sx_batch *write_submit(sx_segment *seg, const sx_block_write *w, size_t n, uint64_t tag,
-                              uint32_t timeout_ms) {
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.flags = SX_BATCH_WRITE;
-  bp.tag = tag;
-  bp.timeout_ms = timeout_ms;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(seg, &bp, &b));
-  sxt_ok(sx_batch_add_block_writes(b, w, n));
-  sxt_ok(sx_batch_submit(b));
-  return b;
-}
-
-static sx_batch_result finish(sx_batch *b) {
-  sx_batch_result r;
-  sxt_ok(sx_batch_wait(b, -1));
-  sxt_ok(sx_batch_result_get(b, &r));
-  r.failed = NULL;
-  sx_batch_destroy(b);
-  return r;
-}
-
 /* The notice of tag from producer p arrives, with bytes as written. */
 static void expect_notice(side *c, const side *p, uint64_t tag, uint64_t bytes) {
   sx_notice *nt = NULL;
@@ -280,7 +247,7 @@ static void write_case(int pgpu, int cgpu, uint32_t block, uint32_t blocks,
   const sx_desc *d = sx_segment_desc(seg);
   for (uint32_t i = 0; i < d->n_regions; i++)
     assert_int_equal(d->regions[i].n_wkeys == 0, cgpu);
-  sx_batch_result r = finish(write_submit(seg, w, n, 7, 60000));
+  sx_batch_result r = sxt_batch_finish(sxt_write_submit(seg, w, n, 7, 60000));
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("write batch %s: %s (%s)", sx_batch_state_name(r.state), r.message,
              sx_err_name(r.error));
@@ -357,7 +324,7 @@ static void test_rdma_gpu_push_revoked_before_the_batch(void **state) {
   side_start(&p, url, "gprefill-r", 1, 4096, 64, SX_ACCESS_REMOTE_READ, 99);
   sx_segment *seg = open_rdma(&p, "gdecode-r");
   const sx_block_write w = {.layer_count = LAYERS, .slots = 3, .count = 8};
-  sx_batch_result r = finish(write_submit(seg, &w, 1, 1, 20000));
+  sx_batch_result r = sxt_batch_finish(sxt_write_submit(seg, &w, 1, 1, 20000));
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("granted: %s: %s", sx_batch_state_name(r.state), r.message);
   expect_notice(&c, &p, 1, r.bytes);
@@ -372,12 +339,12 @@ static void test_rdma_gpu_push_revoked_before_the_batch(void **state) {
   /* The consumer destroyed the producer's stage QPs before the revoke
    * returned: the next batch finds them gone (or is refused), the one
    * after is refused when it connects, saying why. */
-  r = finish(write_submit(seg, &w2, 1, 2, 20000));
+  r = sxt_batch_finish(sxt_write_submit(seg, &w2, 1, 2, 20000));
   if (r.state != SX_BATCH_FAILED ||
       (r.error != SX_EDISCONN && r.error != SX_EACCESS && r.error != SX_ERDMA))
     fail_msg("after the revoke: %s %s: %s", sx_batch_state_name(r.state), sx_err_name(r.error),
              r.message);
-  r = finish(write_submit(seg, &w2, 1, 2, 20000));
+  r = sxt_batch_finish(sxt_write_submit(seg, &w2, 1, 2, 20000));
   print_message("after the revoke: %s: %s\n", sx_err_name(r.error), r.message);
   assert_int_equal(r.state, SX_BATCH_FAILED);
   assert_int_equal(r.error, SX_EACCESS);
@@ -387,7 +354,7 @@ static void test_rdma_gpu_push_revoked_before_the_batch(void **state) {
   sxt_expect_no_notice(c.a);
   /* The consumer is fine: granted again, the producer's next batch lands. */
   sxt_ok(sx_agent_grant_write(c.a, "gprefill-r", NULL));
-  r = finish(write_submit(seg, &w2, 1, 3, 20000));
+  r = sxt_batch_finish(sxt_write_submit(seg, &w2, 1, 3, 20000));
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("granted again: %s: %s", sx_batch_state_name(r.state), r.message);
   expect_notice(&c, &p, 3, r.bytes);
@@ -411,7 +378,7 @@ static void test_rdma_gpu_push_revoked_mid_batch(void **state) {
   side_start(&p, url, "gprefill-m", 1, block, blocks, SX_ACCESS_REMOTE_READ, 1234);
   sx_segment *seg = open_rdma(&p, "gdecode-m");
   const sx_block_write w = {.layer_count = LAYERS, .slots = 3, .count = blocks};
-  sx_batch *b = write_submit(seg, &w, 1, 9, 120000);
+  sx_batch *b = sxt_write_submit(seg, &w, 1, 9, 120000);
   /* Revoke once the first bytes landed (block 0 of layer 0, K, goes in
    * the first slot). */
   uint8_t probe[64];
@@ -428,7 +395,7 @@ static void test_rdma_gpu_push_revoked_mid_batch(void **state) {
   sxt_ok(sx_agent_revoke_write(c.a, "gprefill-m", NULL));
   snap at;
   snap_take(&c, &at);
-  sx_batch_result r = finish(b);
+  sx_batch_result r = sxt_batch_finish(b);
   if (r.state == SX_BATCH_COMPLETED)
     fail_msg("the whole batch landed before the revoke: the test proves nothing");
   print_message("revoked mid-batch: %s %s after %llu of %llu bytes: %s\n",
@@ -449,6 +416,52 @@ static void test_rdma_gpu_push_revoked_mid_batch(void **state) {
   snap_free(&at);
   snap_free(&now);
   sxt_expect_no_notice(c.a);
+  sx_segment_close(seg);
+  side_stop(&p);
+  side_stop(&c);
+}
+
+/* A 300 ms deadline on a 64 MiB staged write batch: TIMEOUT soon after,
+ * no notice (the consumer may hold part of the bytes, as over TCP); the
+ * producer's slots come back, and its next batch lands with its notice. */
+static void test_rdma_gpu_push_deadline_mid_batch(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rgdeadline");
+  const uint32_t block = 1u << 20, blocks = 16;
+  side c, p;
+  side_start(&c, url, "gdecode-d", 1, block, blocks, SXT_RW, 0);
+  sxt_ok(sx_agent_grant_write(c.a, "gprefill-d", NULL));
+  side_start(&p, url, "gprefill-d", 1, block, blocks, SX_ACCESS_REMOTE_READ, 777);
+  sx_segment *seg = open_rdma(&p, "gdecode-d");
+  /* Blocks 2.. only: a late slot of this batch never meets the next one. */
+  const sx_block_write w = {.layer_count = LAYERS, .slots = 3, .remote_block = 2,
+                            .count = blocks - 2};
+  uint64_t t0 = sx__mono_ms();
+  sx_batch_result r = sxt_batch_finish(sxt_write_submit(seg, &w, 1, 11, 300));
+  uint64_t took = sx__mono_ms() - t0;
+  print_message("deadline: %s %s after %.2f s: %s\n", sx_batch_state_name(r.state),
+                sx_err_name(r.error), (double)took / 1e3, r.message);
+  assert_int_equal(r.state, SX_BATCH_TIMEOUT);
+  assert_true(took < 10000);
+  sxt_expect_no_notice(c.a);
+  const sx_block_write w2 = {.layer_count = 1, .slots = 1, .local_block = 2, .count = 2};
+  r = sxt_batch_finish(sxt_write_submit(seg, &w2, 1, 12, 30000));
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("after the deadline: %s: %s", sx_batch_state_name(r.state), r.message);
+  expect_notice(&c, &p, 12, r.bytes);
+  snap sn;
+  snap_take(&c, &sn);
+  /* Blocks 0 and 1 of layer 0, K, hold producer blocks 2 and 3 now (the
+   * rest: zero, or what the timed-out batch landed in blocks 2..). */
+  uint8_t *want = malloc(block);
+  assert_non_null(want);
+  for (uint32_t b = 0; b < 2; b++) {
+    sx__pattern_fill(want, block, p.seed, p.id[0], (uint64_t)(2 + b) * block);
+    assert_memory_equal(sn.m[0] + GUARD + (uint64_t)b * block, want, block);
+  }
+  free(want);
+  snap_free(&sn);
   sx_segment_close(seg);
   side_stop(&p);
   side_stop(&c);
@@ -478,12 +491,12 @@ static void test_rdma_gpu_push_consumer_killed_mid_batch(void **state) {
   sx_segment *seg = open_rdma(&p, pool_name);
   const sx_block_write w = {.layer_count = LAYERS, .slots = 3, .count = blocks};
   uint64_t t0 = sx__mono_ms();
-  sx_batch *b = write_submit(seg, &w, 1, 5, 60000);
+  sx_batch *b = sxt_write_submit(seg, &w, 1, 5, 60000);
   /* Kill it once it accepted the producer's stage QPs (slots then flow at
    * once), so that the kill comes in the middle of the batch. */
   int up = 0;
   for (int i = 0; i < 3000 && !up; i++) {
-    up = file_has(pool.log, "opened a stage QP");
+    up = sxt_log_has(pool.log, "opened a stage QP");
     if (!up)
       usleep(10 * 1000);
   }
@@ -508,7 +521,7 @@ static void test_rdma_gpu_push_consumer_killed_mid_batch(void **state) {
   assert_true(r.n_failed > 0);
   assert_true(took < 30000);
   sx_batch_destroy(b);
-  r = finish(write_submit(seg, &w, 1, 6, 20000));
+  r = sxt_batch_finish(sxt_write_submit(seg, &w, 1, 6, 20000));
   assert_int_not_equal(r.state, SX_BATCH_COMPLETED);
   sx_segment_close(seg);
   side_stop(&p);
@@ -544,6 +557,7 @@ int main(void) {
       cmocka_unit_test(test_rdma_gpu_push_large_blocks_host_to_gpu),
       cmocka_unit_test(test_rdma_gpu_push_revoked_before_the_batch),
       cmocka_unit_test(test_rdma_gpu_push_revoked_mid_batch),
+      cmocka_unit_test(test_rdma_gpu_push_deadline_mid_batch),
       cmocka_unit_test(test_rdma_gpu_push_consumer_killed_mid_batch),
   };
   const char *filter = getenv("SXT_FILTER"); /* one test, e.g. to repeat it */

@@ -455,6 +455,21 @@ struct sx_rdma {
  * serving end) is logged at info.  0, or sx__mem_gather's error. */
 int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
                          const sx__mem_range *rg, size_t n, int sm_ok, int target);
+/* Ring copies go to or come from local regions l, one after another:
+ * *device is their GPU (-1 while none), *sm_ok drops to 0 once one is not
+ * device memory of that GPU (host memory, another GPU, or no region). */
+static inline void sx__rdma_ring_side(const sx_lregion *l, int *device, int *sm_ok) {
+  if (l == NULL || l->mem.kind != SX__MEM_CUDA)
+    *sm_ok = 0;
+  else if (*device < 0)
+    *device = l->mem.device;
+  else if (l->mem.device != *device)
+    *sm_ok = 0;
+}
+/* The same copies made here, synchronously: sx__mem_copy (unified
+ * addressing) when gpu, memcpy when every pointer is host memory.  0, or
+ * the first copy's error. */
+int sx__rdma_ring_copy_sync(const sx__mem_range *rg, size_t n, int gpu);
 
 /* ------------------------------------------------------------------ rdma.c */
 

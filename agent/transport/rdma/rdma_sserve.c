@@ -129,6 +129,50 @@ static void on_copied(sx__mem_notice *n) {
   sx__rdma_leave(t, 1);
 }
 
+/* Check the ranges of q against our regions as a TCP read (write) is
+ * checked: known and not withdrawn, remote reads (a producer's stage QP:
+ * writes) allowed, in bounds.  Each range that passes is taken: rg[i]
+ * between it and the slot (into the slot for reads, out of it for
+ * writes), its region's inflight held (slot_end gives it back), *device
+ * the regions' GPU (-1: host memory only) and *sm_ok whether every range
+ * is device memory of it.  0, or the first refusal (nothing copied). */
+static int take_ranges(rdma_sserve *ss, tslot *sl, const sx__rdma_sreq *q, sx__mem_range *rg,
+                       int *device, int *sm_ok) {
+  const sx_tctx *ctx = ss->t->base.ctx;
+  uint32_t access = ss->write ? SX_ACCESS_REMOTE_WRITE : SX_ACCESS_REMOTE_READ;
+  *device = -1;
+  *sm_ok = 1;
+  for (uint16_t i = 0; i < q->n; i++) {
+    const sx__rdma_srange *r = &q->r[i];
+    sx_lregion *l = ctx->find_region(ctx->agent, r->region);
+    uint64_t end;
+    int st = 0;
+    if (l == NULL)
+      st = SX_ENOREGION;
+    else if (!(l->r.access & access))
+      st = SX_EDENIED;
+    else if (!sx__add_ok(r->off, r->len, &end) || end > l->r.length)
+      st = SX_EBOUNDS;
+    if (st != 0) {
+      sx__rdma_log(ss->t, SX_LOG_DEBUG, "refused to stage %s region %u offset %llu length %u "
+                   "for '%s': %s", ss->write ? "a write into" : "a read of", r->region,
+                   (unsigned long long)r->off, r->len,
+                   ss->write ? ss->tc->producer : ss->tc->reader, sx_err_name(st));
+      return st;
+    }
+    uint64_t reg = l->r.addr + r->off;
+    uint64_t ring = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&ss->ring, sl->index) + sl->bytes);
+    rg[i].dst = ss->write ? reg : ring;
+    rg[i].src = ss->write ? ring : reg;
+    rg[i].len = r->len;
+    sl->bytes += r->len;
+    sx__rdma_ring_side(l, device, sm_ok);
+    sl->regs[sl->n++] = l;
+    l->inflight++;
+  }
+  return 0;
+}
+
 /* Copy rg[0..n) between the ring and the regions (one gather on a stream
  * of device where a GPU is involved, device < 0: host memory only), then
  * end the slot: from the stream's notice, or here when copied here. */
@@ -150,12 +194,7 @@ static void slot_copy(rdma_sserve *ss, tslot *sl, const sx__mem_range *rg, size_
     }
   }
   /* Host memory, or no stream: copy here (unified addressing). */
-  for (size_t i = 0; i < n && st == 0; i++)
-    st = device >= 0 ? sx__mem_copy((void *)(uintptr_t)rg[i].dst,
-                                    (const void *)(uintptr_t)rg[i].src, rg[i].len)
-                     : (memcpy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src,
-                               rg[i].len), 0);
-  slot_end(sl, st);
+  slot_end(sl, sx__rdma_ring_copy_sync(rg, n, device >= 0));
 }
 
 /* A producer's write request: check every range (nothing lands unless all
@@ -174,41 +213,12 @@ static void serve_write(rdma_sserve *ss, const sx__rdma_sreq *q) {
   sl->seq = q->seq;
   sl->bytes = 0;
   sl->n = 0;
-  sl->device = -1;
-  sl->sm_ok = 1; /* every destination on device's GPU */
   /* The grant now, not only at connect time: a revoke destroys this QP,
    * but a request that arrived before must not land either. */
   if (ctx->write_granted == NULL || ctx->write_granted(ctx->agent, tc->producer, tc->pinc) != 0)
     st = SX_EACCESS;
-  for (uint16_t i = 0; i < q->n && st == 0; i++) {
-    const sx__rdma_srange *r = &q->r[i];
-    sx_lregion *l = ctx->find_region(ctx->agent, r->region);
-    uint64_t end;
-    if (l == NULL)
-      st = SX_ENOREGION;
-    else if (!(l->r.access & SX_ACCESS_REMOTE_WRITE))
-      st = SX_EDENIED;
-    else if (!sx__add_ok(r->off, r->len, &end) || end > l->r.length)
-      st = SX_EBOUNDS;
-    if (st != 0) {
-      sx__rdma_log(ss->t, SX_LOG_DEBUG, "refused a staged write of region %u offset %llu "
-                   "length %u from %s: %s", r->region, (unsigned long long)r->off, r->len,
-                   tc->producer, sx_err_name(st));
-      break;
-    }
-    sl->rg[i].dst = l->r.addr + r->off;
-    sl->rg[i].src = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&ss->ring, sl->index) + sl->bytes);
-    sl->rg[i].len = r->len;
-    sl->bytes += r->len;
-    if (l->mem.kind != SX__MEM_CUDA)
-      sl->sm_ok = 0;
-    else if (sl->device < 0)
-      sl->device = l->mem.device;
-    else if (l->mem.device != sl->device)
-      sl->sm_ok = 0;
-    sl->regs[sl->n++] = l;
-    l->inflight++;
-  }
+  else
+    st = take_ranges(ss, sl, q, sl->rg, &sl->device, &sl->sm_ok);
   if (st == 0 && sl->bytes != q->src.bytes)
     st = SX_EPROTO; /* the parser checked it; cheap to keep honest */
   if (st == SX_EACCESS)
@@ -258,10 +268,9 @@ static void on_read(rdma_sserve *ss, tslot *sl, enum ibv_wc_status status) {
 
 /* Check the ranges of q and copy them into their slot. */
 static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
-  const sx_tctx *ctx = ss->t->base.ctx;
   tslot *sl = &ss->slots[q->slot];
   sx__mem_range rg[SX__RDMA_STAGE_MAX_RANGES];
-  int device = -1, st = 0, sm_ok = 1; /* every source on device's GPU */
+  int device, sm_ok;
   if (sl->busy) {
     drop(ss, "a request for a slot that is still being filled");
     return;
@@ -270,35 +279,7 @@ static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
   sl->seq = q->seq;
   sl->bytes = 0;
   sl->n = 0;
-  for (uint16_t i = 0; i < q->n && st == 0; i++) {
-    const sx__rdma_srange *r = &q->r[i];
-    sx_lregion *l = ctx->find_region(ctx->agent, r->region);
-    uint64_t end;
-    if (l == NULL)
-      st = SX_ENOREGION;
-    else if (!(l->r.access & SX_ACCESS_REMOTE_READ))
-      st = SX_EDENIED;
-    else if (!sx__add_ok(r->off, r->len, &end) || end > l->r.length)
-      st = SX_EBOUNDS;
-    if (st != 0) {
-      sx__rdma_log(ss->t, SX_LOG_DEBUG, "refused to stage region %u offset %llu length %u for "
-                   "'%s': %s", r->region, (unsigned long long)r->off, r->len,
-                   ss->tc->reader, sx_err_name(st));
-      break;
-    }
-    rg[i].dst = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&ss->ring, sl->index) + sl->bytes);
-    rg[i].src = l->r.addr + r->off;
-    rg[i].len = r->len;
-    sl->bytes += r->len;
-    if (l->mem.kind != SX__MEM_CUDA)
-      sm_ok = 0;
-    else if (device < 0)
-      device = l->mem.device;
-    else if (l->mem.device != device)
-      sm_ok = 0;
-    sl->regs[sl->n++] = l;
-    l->inflight++;
-  }
+  int st = take_ranges(ss, sl, q, rg, &device, &sm_ok);
   if (st != 0) {
     slot_end(sl, st);
     return;

@@ -131,12 +131,7 @@ static void slot_scatter(sslot *sl) {
     rg[n].dst = (uint64_t)(uintptr_t)(x->local + e->off);
     rg[n].src = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     rg[n].len = e->len;
-    if (x->lreg == NULL || x->lreg->mem.kind != SX__MEM_CUDA)
-      sm_ok = 0;
-    else if (device < 0)
-      device = x->lreg->mem.device;
-    else if (x->lreg->mem.device != device)
-      sm_ok = 0;
+    sx__rdma_ring_side(x->lreg, &device, &sm_ok);
     n++;
   }
   if (device >= 0) {
@@ -153,20 +148,10 @@ static void slot_scatter(sslot *sl) {
       sx__rdma_s_slot_release(sl, 0, NULL);
       return;
     }
-    /* No stream: copy synchronously (unified addressing). */
-    for (size_t i = 0; i < n; i++) {
-      int rc = sx__mem_copy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src,
-                            rg[i].len);
-      if (rc) {
-        sx__rdma_s_slot_release(sl, rc, sx_errmsg());
-        return;
-      }
-    }
-  } else {
-    for (size_t i = 0; i < n; i++)
-      memcpy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src, rg[i].len);
   }
-  sx__rdma_s_slot_release(sl, 0, NULL);
+  /* Host memory, or no stream: copy synchronously (unified addressing). */
+  int rc = sx__rdma_ring_copy_sync(rg, n, device >= 0);
+  sx__rdma_s_slot_release(sl, rc, rc ? sx_errmsg() : NULL);
 }
 
 int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot *sl,

@@ -83,12 +83,7 @@ void sx__rdma_sw_fill(rdma_conn *c, sslot *sl) {
     rg[i].dst = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     rg[i].src = (uint64_t)(uintptr_t)(x->local + e->off);
     rg[i].len = e->len;
-    if (x->lreg == NULL || x->lreg->mem.kind != SX__MEM_CUDA)
-      sm_ok = 0;
-    else if (device < 0)
-      device = x->lreg->mem.device;
-    else if (x->lreg->mem.device != device)
-      sm_ok = 0;
+    sx__rdma_ring_side(x->lreg, &device, &sm_ok);
   }
   sl->state = SL_FILL;
   if (device >= 0) {
@@ -103,18 +98,8 @@ void sx__rdma_sw_fill(rdma_conn *c, sslot *sl) {
       filled(sl, rc, rc ? sx_errmsg() : NULL);
       return;
     }
-    /* No stream: copy synchronously (unified addressing). */
-    for (uint32_t i = 0; i < sl->n; i++) {
-      int rc = sx__mem_copy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src,
-                            rg[i].len);
-      if (rc) {
-        filled(sl, rc, sx_errmsg());
-        return;
-      }
-    }
-  } else {
-    for (uint32_t i = 0; i < sl->n; i++)
-      memcpy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src, rg[i].len);
   }
-  filled(sl, 0, NULL);
+  /* Host memory, or no stream: copy synchronously (unified addressing). */
+  int rc = sx__rdma_ring_copy_sync(rg, sl->n, device >= 0);
+  filled(sl, rc, rc ? sx_errmsg() : NULL);
 }

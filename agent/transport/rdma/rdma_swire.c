@@ -221,3 +221,18 @@ int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
   }
   return rc;
 }
+
+int sx__rdma_ring_copy_sync(const sx__mem_range *rg, size_t n, int gpu) {
+  for (size_t i = 0; i < n; i++) {
+    void *dst = (void *)(uintptr_t)rg[i].dst;
+    const void *src = (const void *)(uintptr_t)rg[i].src;
+    if (!gpu) {
+      memcpy(dst, src, rg[i].len);
+      continue;
+    }
+    int rc = sx__mem_copy(dst, src, rg[i].len);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}
