@@ -34,6 +34,8 @@
 
 static sxt_proc_env env;
 static int seq;
+/* The rdma_gpu parameter of the next side_start (SX_RDMA_GPU_*). */
+static uint32_t next_tier = SX_RDMA_GPU_AUTO;
 
 /* One side: regions K and V of LAYERS layers of blocks blocks, each in GPU
  * (stand-in) memory or host memory, GUARD bytes into its allocation. */
@@ -67,6 +69,7 @@ static void side_start(side *x, const char *url, const char *name, int gpu, uint
   p.listen = "127.0.0.1:0";
   /* One host here: keep cuda_ipc out of the choice, as if two hosts. */
   p.transports = SX_TRANSPORTS_RDMA | SX_TRANSPORTS_TCP;
+  p.rdma_gpu = next_tier;
   sxt_ok(sx_agent_create(&p, &x->a));
   x->gpu = gpu;
   x->block = block;
@@ -421,6 +424,34 @@ static void test_rdma_gpu_push_revoked_mid_batch(void **state) {
   side_stop(&c);
 }
 
+/* A consumer with SX_RDMA_GPU=off (its agent parameter) refuses the
+ * producer's stage QPs: the batch fails with SX_ENOTSUP saying so, nothing
+ * lands, no notice. */
+static void test_rdma_gpu_push_consumer_with_staging_off_refuses(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rgoff");
+  side c, p;
+  next_tier = SX_RDMA_GPU_OFF;
+  side_start(&c, url, "gdecode-o", 1, 4096, 64, SXT_RW, 0);
+  next_tier = SX_RDMA_GPU_AUTO;
+  sxt_ok(sx_agent_grant_write(c.a, "gprefill-o", NULL));
+  side_start(&p, url, "gprefill-o", 0, 4096, 64, SX_ACCESS_REMOTE_READ, 5);
+  sx_segment *seg = open_rdma(&p, "gdecode-o");
+  const sx_block_write w = {.layer_count = LAYERS, .slots = 3, .count = 4};
+  sx_batch_result r = sxt_batch_finish(sxt_write_submit(seg, &w, 1, 1, 20000));
+  print_message("staging off at the consumer: %s %s: %s\n", sx_batch_state_name(r.state),
+                sx_err_name(r.error), r.message);
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  assert_int_equal(r.error, SX_ENOTSUP);
+  assert_non_null(strstr(r.message, "SX_RDMA_GPU=off there"));
+  assert_int_equal(check_now(&c, &p, NULL, 0), 0);
+  sxt_expect_no_notice(c.a);
+  sx_segment_close(seg);
+  side_stop(&p);
+  side_stop(&c);
+}
+
 /* A 300 ms deadline on a 64 MiB staged write batch: TIMEOUT soon after,
  * no notice (the consumer may hold part of the bytes, as over TCP); the
  * producer's slots come back, and its next batch lands with its notice. */
@@ -558,6 +589,7 @@ int main(void) {
       cmocka_unit_test(test_rdma_gpu_push_revoked_before_the_batch),
       cmocka_unit_test(test_rdma_gpu_push_revoked_mid_batch),
       cmocka_unit_test(test_rdma_gpu_push_deadline_mid_batch),
+      cmocka_unit_test(test_rdma_gpu_push_consumer_with_staging_off_refuses),
       cmocka_unit_test(test_rdma_gpu_push_consumer_killed_mid_batch),
   };
   const char *filter = getenv("SXT_FILTER"); /* one test, e.g. to repeat it */
