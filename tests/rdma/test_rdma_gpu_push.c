@@ -257,6 +257,11 @@ static void write_case(int pgpu, int cgpu, uint32_t block, uint32_t blocks,
   assert_int_equal(r.transport, SX_TRANSPORT_RDMA);
   assert_int_equal(r.bytes, bytes_of(&c, w, n));
   expect_notice(&c, &p, 7, r.bytes);
+  /* The consumer copied every byte itself: counted as served writes. */
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(c.a, &st, sizeof(st)));
+  assert_int_equal(st.served_write_bytes[SX_TRANSPORT_RDMA], r.bytes);
+  assert_true(st.served_writes[SX_TRANSPORT_RDMA] >= 1);
   if (check_now(&c, &p, w, n) != 0)
     fail_msg("the consumer's memory is not what was written");
   print_message("%s -> %s, %u-byte blocks: %llu bytes, %.1f MiB/s\n", pgpu ? "GPU" : "host",
