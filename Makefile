@@ -133,6 +133,7 @@ RDMA_BINS    := $(RDMA_PAYLOAD)/sx-rdma-test $(RDMA_PAYLOAD)/test_rdma_e2e \
                 $(RDMA_PAYLOAD)/run.sh $(PROGRAMS:%=$(RDMA_PAYLOAD)/%) \
                 $(RDMA_PAYLOAD)/test_rdma_push $(RDMA_PAYLOAD)/libfakecuda.so \
                 $(RDMA_PAYLOAD)/test_rdma_notice $(RDMA_PAYLOAD)/test_rdma_gpu \
+                $(RDMA_PAYLOAD)/test_rdma_gpu_push \
                 $(RDMA_PAYLOAD)/libsxibvshim.so
 
 # The Python package (python/segxfer, ctypes over libsegxfer.so) and its tests
@@ -397,6 +398,10 @@ $(RDMA_PAYLOAD)/test_rdma_notice: $(BUILD)/obj/tests/rdma/test_rdma_notice.o $(T
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 
 $(RDMA_PAYLOAD)/test_rdma_gpu: $(BUILD)/obj/tests/rdma/test_rdma_gpu.o $(TEST_SUPPORT_OBJS) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
+
+$(RDMA_PAYLOAD)/test_rdma_gpu_push: $(BUILD)/obj/tests/rdma/test_rdma_gpu_push.o $(TEST_SUPPORT_OBJS) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(TEST_LIBS) $(PKG_LIBS) -lpthread -lm
 

@@ -41,6 +41,8 @@ static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int
   sx__stats_served(agent, kind, bytes, err);
 }
 
+static void tctx_gpu_unreachable(void *agent) { sx__stats_gpu_unreachable(agent); }
+
 void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]) {
   memcpy(out, a->incarnation, SX_INCARNATION_LEN);
 }
@@ -316,6 +318,7 @@ static int open_transports(sx_agent *a) {
       .notice = sx__push_notice_in,
       .read_notice = sx__read_notice_in,
       .written = sx__push_written,
+      .gpu_unreachable = tctx_gpu_unreachable,
       .region_at = sx__region_at,
       .grants_settled = sx__push_grants_settled,
       .conn_handlers = sx__conn_handlers,

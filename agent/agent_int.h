@@ -207,6 +207,7 @@ typedef struct sx__stats {
   uint64_t notices;
   uint64_t write_batches[SX_STATS_BATCH_STATES]; /* push, producer side */
   uint64_t written_bytes[SX_STATS_TRANSPORTS];
+  uint64_t rdma_gpu_unreachable; /* (device, GPU) pairs staged after their loopback */
 } sx__stats;
 
 /* Any thread: one read served (bytes) or refused (err), by transport. */
@@ -214,6 +215,8 @@ void sx__stats_served(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int e
 /* Any thread: one write served (bytes; err 0) or refused; a notice taken. */
 void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int err);
 void sx__stats_notice(sx_agent *a);
+/* Any thread: an RDMA (device, GPU) pair failed its loopback READ. */
+void sx__stats_gpu_unreachable(sx_agent *a);
 /* Loop thread: a batch (a write batch when write) ended with this result. */
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write);
 /* Loop thread: the store confirmed the lease (publish or renew). */

@@ -191,6 +191,10 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   gauge(f, "segxfer_regions", "Registered regions.", s->regions);
   gauge(f, "segxfer_region_bytes", "Bytes in registered regions.", s->region_bytes);
   render_push(f, s);
+  counter(f, "segxfer_rdma_gpu_unreachable_pairs_total",
+          "(RDMA device, GPU) pairs whose loopback RDMA READ of GPU memory failed at first "
+          "use although registration succeeded; each is staged from then on (docs/gpu.md).",
+          s->rdma_gpu_unreachable);
 }
 
 int sx_agent_metrics_text(sx_agent *a, char **text, size_t *len) {

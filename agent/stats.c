@@ -41,6 +41,8 @@ void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int 
 
 void sx__stats_notice(sx_agent *a) { ADD(&a->stats.notices, 1); }
 
+void sx__stats_gpu_unreachable(sx_agent *a) { ADD(&a->stats.rdma_gpu_unreachable, 1); }
+
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write) {
   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
   sx__stats *s = &a->stats;
@@ -137,6 +139,7 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
     s.written_bytes[k] = LOAD(&c->written_bytes[k]);
   }
   s.notices = LOAD(&c->notices);
+  s.rdma_gpu_unreachable = LOAD(&c->rdma_gpu_unreachable);
   for (unsigned b = 0; b < SX_STATS_BATCH_STATES; b++) {
     s.batches[b] = LOAD(&c->batches[b]);
     s.write_batches[b] = LOAD(&c->write_batches[b]);

@@ -89,6 +89,9 @@ typedef struct sx_tctx {
                      const uint8_t *buf, size_t len, char *msg, size_t cap);
   /* Count a served write for metrics: bytes, or an error code. */
   void (*written)(void *agent, sx_transport_kind kind, uint64_t bytes, int err);
+  /* Count an RDMA (device, GPU) pair whose loopback READ failed (it is
+   * staged from then on), for metrics. */
+  void (*gpu_unreachable)(void *agent);
   /* The i-th registered region (withdrawn ones included), NULL past the
    * last: cuda_ipc looks at every region sharing a CUDA allocation. */
   sx_lregion *(*region_at)(void *agent, uint32_t i);

@@ -324,6 +324,11 @@ typedef struct sx_agent_stats {
    * they wrote that the consumer acknowledged (COMPLETED: all of them). */
   uint64_t write_batches[SX_STATS_BATCH_STATES];
   uint64_t written_bytes[SX_STATS_TRANSPORTS];
+
+  /* GPU memory over RDMA (docs/gpu.md): (RDMA device, GPU) pairs whose
+   * registration succeeded but whose loopback READ of GPU memory failed at
+   * first use, so that the pair is staged for the agent's life. */
+  uint64_t rdma_gpu_unreachable;
 } sx_agent_stats;
 
 /*

@@ -30,8 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       sx__rdma_whello_pack(&w, h.conn_index, h.incarnation, h.producer, h.token);
     else
       sx__rdma_hello_pack(&w, h.name, h.conn_index, h.incarnation, h.token);
-    if (h.flags & SX__RDMA_HELLO_STAGE) /* a reader's stage QP */
-      w.flags = SX__RDMA_HELLO_STAGE;
+    if (h.flags & SX__RDMA_HELLO_STAGE) /* a stage QP, a reader's or a producer's */
+      w.flags |= SX__RDMA_HELLO_STAGE;
     if (sx__rdma_hello_parse(&w, sizeof(w), &back) != 0 || back.flags != h.flags ||
         back.conn_index != h.conn_index ||
         memcmp(back.producer, h.producer, SX_INCARNATION_LEN) != 0 ||
@@ -41,21 +41,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   } else if (rc != SX_EPROTO && rc != SX_EVERSION) {
     abort();
   }
-  /* A stage request: what parses stays inside a slot and packs back to the
-   * same bytes. */
-  static sx__rdma_sreq q;
-  char msg[160];
-  rc = sx__rdma_sreq_parse(data, size, &q, msg, sizeof(msg));
-  if (rc == 0) {
-    uint64_t total = 0;
-    uint8_t back[SX__RDMA_SMSG_BYTES];
-    for (uint16_t i = 0; i < q.n; i++)
-      total += q.r[i].len;
-    if (q.slot >= SX__RDMA_STAGE_SLOTS || q.n == 0 || q.n > SX__RDMA_STAGE_MAX_RANGES ||
-        total > SX__RDMA_STAGE_SLOT_BYTES || sx__rdma_sreq_pack(back, &q) != size)
+  /* A stage request (a read's, or a staged write's): what parses stays
+   * inside a slot, a write's slot holds exactly its ranges, and it packs
+   * back to the same length. */
+  for (int write = 0; write < 2; write++) {
+    static sx__rdma_sreq q;
+    char msg[160];
+    rc = sx__rdma_sreq_parse(data, size, write, &q, msg, sizeof(msg));
+    if (rc == 0) {
+      uint64_t total = 0;
+      uint8_t back[SX__RDMA_SMSG_BYTES];
+      for (uint16_t i = 0; i < q.n; i++)
+        total += q.r[i].len;
+      if (q.slot >= SX__RDMA_STAGE_SLOTS || q.n == 0 || q.n > SX__RDMA_STAGE_MAX_RANGES ||
+          total > SX__RDMA_STAGE_SLOT_BYTES || q.write != write ||
+          (write && total != q.src.bytes) || sx__rdma_sreq_pack(back, &q) != size)
+        abort();
+    } else if (rc != SX_EPROTO || memchr(msg, '\0', sizeof(msg)) == NULL) {
       abort();
-  } else if (rc != SX_EPROTO || memchr(msg, '\0', sizeof(msg)) == NULL) {
-    abort();
+    }
   }
   uint8_t slot;
   uint32_t seq, rkey, bytes;

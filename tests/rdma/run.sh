@@ -48,6 +48,8 @@ one)
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_push gpu || fail=1
     step "GPU memory over staged RDMA (host-memory stand-in for the CUDA driver)"
     SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu || fail=1
+    step "staged RDMA writes (push mode) of GPU memory (host-memory stand-in for the CUDA driver)"
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./test_rdma_gpu_push || fail=1
     step "GPUDirect tiers (dma-buf, peermem, fallbacks) through a provider shim over the stand-in"
     # The sanitizer build's runtime must not insist on loading first.
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0" \
@@ -71,6 +73,11 @@ two-peer)
     ./sx-agent --metadata "redis://127.0.0.1:6390?namespace=two" --name two-decode \
       --listen "$RXE_IP:7400" --rdma-devices "$dev" --writable --grant '*' --layers 2 \
       --num-blocks 64 --block-bytes 64K --fill 3 >run/push-peer.log 2>&1 &
+    # The same in (stand-in) GPU memory: writes into it are staged RDMA.
+    SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./sx-agent \
+      --metadata "redis://127.0.0.1:6390?namespace=two" --name two-gdecode \
+      --listen "$RXE_IP:7401" --rdma-devices "$dev" --writable --grant '*' --layers 2 \
+      --num-blocks 32 --block-bytes 256K --location cuda:0 >run/gpush-peer.log 2>&1 &
   fi
   exec ./sx-rdma-test serve --desc run/two.desc --stop run/two.stop --regions 6
   ;;
@@ -92,6 +99,24 @@ two-main)
   else
     echo "FAIL  push across two hosts (see above; the peer's log is run/push-peer.log)"
     cat run/push-peer.log 2>/dev/null | tail -20
+    fail=1
+  fi
+  step "staged push across two hosts: sxctl write into the peer's GPU (stand-in) pool over RDMA"
+  n=0
+  until ./sxctl --metadata "$url" show two-gdecode >/dev/null 2>&1 || [ $n -ge 60 ]; do
+    n=$((n + 1)); sleep 1
+  done
+  out=$(SX_CUDA_LIBRARY=$PWD/libfakecuda.so ./sxctl --metadata "$url" write two-gdecode \
+    --as two-gprefill --listen "$RXE_IP:0" --fill 11 --blocks all --batch 16 --depth 2 \
+    --tag 71 --verify 2>&1) || fail=1
+  echo "$out"
+  # The pool's own word that the producer's stage QPs (not plain WRITEs) came.
+  if echo "$out" | grep -q 'via rdma' && echo "$out" | grep -q 'read back and verified every byte' &&
+    grep -q "producer 'two-gprefill' opened a stage QP" run/gpush-peer.log; then
+    echo "PASS  staged push across two hosts: 32 blocks of 256 KiB into GPU memory over RDMA, verified"
+  else
+    echo "FAIL  staged push across two hosts (the peer's log is run/gpush-peer.log)"
+    cat run/gpush-peer.log 2>/dev/null | tail -20
     fail=1
   fi
   step "reader of the two-host test on $dev"

@@ -157,16 +157,6 @@ static void next_name(char *buf, size_t size, const char *prefix) {
   snprintf(buf, size, "%s-%d", prefix, seq++);
 }
 
-static int file_has(const char *path, const char *what) {
-  char buf[65536];
-  FILE *f = fopen(path, "r");
-  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-  buf[n] = '\0';
-  if (f != NULL)
-    fclose(f);
-  return strstr(buf, what) != NULL;
-}
-
 static uint64_t kernels(void) {
   uint64_t c[4];
   sx__mem_copy_counts(c);
@@ -222,7 +212,7 @@ static void read_and_verify(const shape *s, int reader_gpu, uint64_t seed) {
   if (!reader_gpu && kernels() != k0)
     pool_fail(&p, "host destinations: the gather kernel ran");
   if (strcmp(s->location, "cpu") != 0 && several &&
-      !file_has(p.log, "rdma staged (target): ring copies by kernel"))
+      !sxt_log_has(p.log, "rdma staged (target): ring copies by kernel"))
     pool_fail(&p, "GPU pool, several pieces per slot: the target's ring copies were not "
               "by the gather kernel");
   sx_segment_close(seg);
@@ -446,7 +436,7 @@ static void tier_case(const char *dmabuf, const char *peermem, int modules, int 
       pool_fail(&p, "region %u published rkey 0x%x; expected %s", d->regions[i].id,
                 d->regions[i].rkeys[0], expect_rkeys ? "an MR" : "none (staged)");
   }
-  if (!file_has(p.log, expect_log))
+  if (!sxt_log_has(p.log, expect_log))
     pool_fail(&p, "the pool's log does not say '%s'", expect_log);
   sx_block_read all = {.layer_count = LAYERS, .slots = 3, .count = s.blocks};
   fill(&r, 0x5a);
@@ -469,12 +459,12 @@ static void tier_case(const char *dmabuf, const char *peermem, int modules, int 
 static void test_rdma_gpu_dmabuf_tier(void **state) {
   (void)state;
   tier_case("ok", "ok", 0, 1, "dma-buf GPUDirect");
-  assert_true(file_has(shim_log, "probe -> EBADF"));
+  assert_true(sxt_log_has(shim_log, "probe -> EBADF"));
   /* The reader's own exports: offset 512 into the fd (4 KiB + 512 into
    * the allocation, rounded down to its page), iova = the region. */
   char want[64];
   snprintf(want, sizeof(want), " off 512 len ");
-  assert_true(file_has(shim_log, want));
+  assert_true(sxt_log_has(shim_log, want));
   long (*memops)(void) = NULL;
   void *h = dlopen(getenv("SX_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
   if (h != NULL)
@@ -507,6 +497,69 @@ static void test_rdma_gpu_peermem_tier(void **state) {
 static void test_rdma_gpu_unreachable_pair_is_staged(void **state) {
   (void)state;
   tier_case("unreachable", "ok", 0, 0, "loopback READ of GPU memory on");
+}
+
+/* 1 when the agent's Prometheus text has the unreachable-pair counter
+ * with value v, and its HELP and TYPE lines. */
+static int metric_is(sx_agent *a, uint64_t v) {
+  char *text = NULL, want[96];
+  sxt_ok(sx_agent_metrics_text(a, &text, NULL));
+  snprintf(want, sizeof(want), "\nsegxfer_rdma_gpu_unreachable_pairs_total %llu\n",
+           (unsigned long long)v);
+  int ok = strstr(text, want) != NULL &&
+           strstr(text, "# HELP segxfer_rdma_gpu_unreachable_pairs_total ") != NULL &&
+           strstr(text, "# TYPE segxfer_rdma_gpu_unreachable_pairs_total counter\n") != NULL;
+  if (!ok)
+    print_error("no '%s' in:\n%s\n", want + 1, text);
+  free(text);
+  return ok;
+}
+
+/* Register a remote-readable GPU region of 1 MiB for slot on an agent of
+ * this process; its allocation in *mem. */
+static void gpu_region(sx_agent *a, uint32_t slot, void **mem) {
+  sxt_ok(sx__mem_alloc(0, 1 << 20, mem));
+  sx_region_params rp = {.addr = *mem, .length = 1 << 20, .layer_count = 1,
+                         .layer_stride = 1 << 20, .slot = slot, .block_bytes = 4096,
+                         .num_blocks = 256, .location = "cuda:0",
+                         .access = SX_ACCESS_REMOTE_READ};
+  uint32_t id;
+  sxt_ok(sx_agent_register(a, &rp, &id));
+}
+
+/* The unreachable pair is counted in the Prometheus output.  With
+ * SXSHIM_DMABUF=unreachable the shim registers dma-buf MRs without remote
+ * access, so the loopback READ of the first remote-readable GPU region
+ * fails: 0 before, 1 after, still 1 for a second region of the same pair
+ * (a pair is tested once); an agent whose pair is reachable says 0. */
+static void test_rdma_gpu_unreachable_pair_metric(void **state) {
+  (void)state;
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "rgpumetric");
+  sx_agent_params p;
+  sxt_params(&p, url, "metric-gpu");
+  p.transports = SX_TRANSPORTS_RDMA | SX_TRANSPORTS_TCP;
+  sx_agent *a;
+  void *m1 = NULL, *m2 = NULL, *m3 = NULL;
+  setenv("SXSHIM_DMABUF", "unreachable", 1);
+  sxt_ok(sx_agent_create(&p, &a));
+  assert_true(metric_is(a, 0));
+  gpu_region(a, 0, &m1);
+  assert_true(metric_is(a, 1));
+  gpu_region(a, 1, &m2);
+  assert_true(metric_is(a, 1));
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(a, &st, sizeof(st)));
+  assert_int_equal(st.rdma_gpu_unreachable, 1);
+  sx_agent_destroy(a);
+  setenv("SXSHIM_DMABUF", "ok", 1);
+  sxt_ok(sx_agent_create(&p, &a));
+  gpu_region(a, 0, &m3);
+  assert_true(metric_is(a, 0));
+  sx_agent_destroy(a);
+  sx__mem_free(m1);
+  sx__mem_free(m2);
+  sx__mem_free(m3);
 }
 
 /* peermem loaded but the provider cannot pin the pages (EFAULT): staged. */
@@ -590,6 +643,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_rdma_gpu_peermem_tier),
         cmocka_unit_test(test_rdma_gpu_peermem_efault_to_staged),
         cmocka_unit_test(test_rdma_gpu_unreachable_pair_is_staged),
+        cmocka_unit_test(test_rdma_gpu_unreachable_pair_metric),
     };
     return cmocka_run_group_tests(gd, gd_setup, gd_teardown);
   }

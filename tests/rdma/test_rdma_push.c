@@ -401,9 +401,11 @@ static void test_rdma_push_forged_keys_are_refused_by_the_device(void **state) {
 /* GPU memory (`test_rdma_push gpu`, on the host-memory stand-in for libcuda
  * that run.sh names in SX_CUDA_LIBRARY): RDMA does not register it, so a
  * writable GPU region is published without a write key beside a host
- * region that has one.  Peers then use TCP for the segment (the agent keeps
- * GPU memory off RDMA), which stages writes into the GPU region and writes
- * the host region directly. */
+ * region that has one.  Peers still write the segment over RDMA: writes
+ * into the GPU region are staged (the consumer READs the producer's ring
+ * slots and copies them to the device, rdma_stagew.c), writes into the
+ * host region are RDMA WRITEs with its key.  tests/rdma/test_rdma_gpu_push.c
+ * covers staged writes in depth. */
 static void test_rdma_push_gpu_region_has_no_write_key(void **state) {
   (void)state;
   int ndev = 0;
@@ -438,12 +440,13 @@ static void test_rdma_push_gpu_region_has_no_write_key(void **state) {
   assert_true(sx_desc_rdma_devices(d) >= 1);
   assert_int_equal(sx_desc_find(d, 0, 0, SX_SLOT_K)->n_wkeys, 0);
   assert_int_equal(sx_desc_find(d, 0, 0, SX_SLOT_V)->n_wkeys, sx_desc_rdma_devices(d));
-  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_TCP);
-  /* The GPU region has no write key, so its writes go over TCP, staged
-   * into device memory (docs/gpu.md); the bytes are checked on a copy. */
+  assert_int_equal(sx_segment_transport(seg), SX_TRANSPORT_RDMA);
+  /* The GPU region has no write key, so its writes are staged RDMA
+   * (docs/gpu.md); the bytes are checked on a copy. */
   sx_block_write wk = {.layer_count = SXT_LAYERS, .slots = 1u << SX_SLOT_K, .count = 2};
   sx_batch_result r = sxt_run_write(seg, &wk, 1, 1, 20000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  assert_int_equal(r.transport, SX_TRANSPORT_RDMA);
   sxt_expect_notice(c.a, &p, "prefill-g", 1, &wk, 1, 1000);
   c.mem[0] = malloc(len);
   assert_non_null(c.mem[0]);
@@ -452,6 +455,7 @@ static void test_rdma_push_gpu_region_has_no_write_key(void **state) {
   sx_block_write wv = {.layer_count = SXT_LAYERS, .slots = 1u << SX_SLOT_V, .count = 2};
   r = sxt_run_write(seg, &wv, 1, 2, 20000);
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  assert_int_equal(r.transport, SX_TRANSPORT_RDMA);
   sxt_expect_notice(c.a, &p, "prefill-g", 2, &wv, 1, 1000);
   sx_segment_close(seg);
   sxt_agent_stop(&p);

@@ -30,6 +30,16 @@ pid_t sxt_spawn(const char *log, const char *const argv[]) {
   return pid;
 }
 
+int sxt_log_has(const char *path, const char *what) {
+  static char buf[65536];
+  FILE *f = fopen(path, "r");
+  size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+  buf[n] = '\0';
+  if (f != NULL)
+    fclose(f);
+  return strstr(buf, what) != NULL;
+}
+
 void sxt_show_log(const char *log) {
   char cmd[600];
   snprintf(cmd, sizeof(cmd), "echo '== end of %s'; tail -n 30 '%s'", log, log);

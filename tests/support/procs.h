@@ -33,6 +33,10 @@ int sxt_reap_log(pid_t pid, int ms, const char *log);
  * in the RDMA VM, this is all that is left of them). */
 void sxt_show_log(const char *log);
 
+/* 1 when the first 64 KiB of the file at path hold what (0 when it cannot
+ * be read): a line a child logged. */
+int sxt_log_has(const char *path, const char *what);
+
 /* SIGSTOP a child and wait until the whole process has stopped (every
  * thread): 0, or -1 if it is gone. */
 int sxt_freeze(pid_t pid);

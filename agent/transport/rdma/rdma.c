@@ -58,8 +58,7 @@ int sx__rdma_hello_parse(const void *buf, size_t len, sx__rdma_hello *out) {
   if (w.version != SX__RDMA_WIRE_VERSION)
     return sx__err(SX_EVERSION, "hello version %u, this target speaks %u", w.version,
                    SX__RDMA_WIRE_VERSION);
-  if ((w.flags & ~(SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE)) ||
-      w.flags == (SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE))
+  if (w.flags & ~(SX__RDMA_HELLO_WRITE | SX__RDMA_HELLO_STAGE))
     return sx__err(SX_EPROTO, "hello flags 0x%x", w.flags);
   out->flags = w.flags;
   out->conn_index = be32toh(w.conn_index);

@@ -88,14 +88,14 @@ void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const ch
   rdma_destroy_id(id);
 }
 
-int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads) {
+int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads, unsigned depth) {
   const sx_tctx *ctx = t->base.ctx;
   sx__rdma_accept_wire aw;
   sx__rdma_accept_pack(&aw, ctx->incarnation);
   struct rdma_conn_param cp;
   memset(&cp, 0, sizeof(cp));
   cp.responder_resources = (uint8_t)(reads > 255 ? 255 : reads);
-  cp.initiator_depth = 0;
+  cp.initiator_depth = (uint8_t)(depth > 255 ? 255 : depth);
   cp.rnr_retry_count = 7;
   cp.private_data = &aw;
   cp.private_data_len = sizeof(aw);
@@ -121,7 +121,10 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
     return;
   }
   if (h.flags & SX__RDMA_HELLO_WRITE) {
-    sx__rdma_wserve_request(t, id, &h); /* a producer: its own checks, its own PD */
+    /* A producer: its own checks, its own PD.  A producer's stage QP READs
+     * the producer's ring slots from here: as many at once as the producer
+     * serves (its responder resources arrive as initiator_depth). */
+    sx__rdma_wserve_request(t, id, &h, e->initiator_depth);
     return;
   }
   if (ctx->token == NULL || sx__ct_memcmp(h.token, ctx->token, SX_TOKEN_LEN) != 0) {
@@ -181,7 +184,7 @@ static void on_connect_request(sx_rdma *t, const cm_ev *e) {
     goto out_reject;
   }
 
-  if (sx__rdma_accept(t, id, rd) != 0) {
+  if (sx__rdma_accept(t, id, rd, 0) != 0) {
     sx__rdma_log(t, SX_LOG_ERROR, "rdma_accept for reader '%s': %s", h.name, strerror(errno));
     rdma_destroy_qp(id);
     goto out_reject;
@@ -400,17 +403,24 @@ static void on_route_resolved(rdma_conn *c) {
     return;
   }
   sx__rdma_hello_wire hw;
-  if (p->write) /* who we are, for the target to check in the store */
+  /* A producer's stage QP (staged writes) is a producer's QP too. */
+  int producer = p->write || (p->stage_of != NULL && p->stage_of->write);
+  if (producer) /* who we are, for the target to check in the store */
     sx__rdma_whello_pack(&hw, c->index, p->incarnation, ctx->incarnation, ctx->token);
   else
     sx__rdma_hello_pack(&hw, ctx->name, c->index, p->incarnation, p->token);
   if (p->stage_of != NULL)
-    hw.flags = SX__RDMA_HELLO_STAGE; /* a stage QP: the target gives it a ring */
+    hw.flags |= SX__RDMA_HELLO_STAGE; /* a stage QP: the target gives it a ring */
   struct rdma_conn_param cp;
   memset(&cp, 0, sizeof(cp));
   unsigned depth = (unsigned)c->dev->attr.max_qp_init_rd_atom;
   cp.initiator_depth = (uint8_t)(depth > 255 ? 255 : depth);
-  cp.responder_resources = 0; /* nobody reads from the reader's QP */
+  /* Nobody reads from a reader's QP; the consumer READs the slots of a
+   * producer's stage QP, one READ per slot at most. */
+  unsigned serve = producer && p->stage_of != NULL ? SX__RDMA_STAGE_SLOTS : 0;
+  if (serve > (unsigned)c->dev->attr.max_qp_rd_atom)
+    serve = (unsigned)c->dev->attr.max_qp_rd_atom;
+  cp.responder_resources = (uint8_t)serve;
   cp.retry_count = 7;
   cp.rnr_retry_count = 7;
   cp.private_data = &hw;

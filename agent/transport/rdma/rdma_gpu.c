@@ -124,11 +124,8 @@ int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out) {
       char rwhy[200] = "";
       if (t->reach[i][g] == 0) {
         t->reach[i][g] = sx__rdma_reach(t, d, mr, lr->r.addr, rwhy, sizeof(rwhy)) ? 1 : -1;
-        if (t->reach[i][g] < 0) {
-          t->stats.gpu_unreachable++;
-          sx__rdma_log(t, SX_LOG_WARN, "%s cannot reach cuda:%d (%s): the pair is staged", d->name,
-                       g, rwhy);
-        }
+        if (t->reach[i][g] < 0)
+          sx__rdma_reach_failed(t, d, g, rwhy);
       }
       if (t->reach[i][g] < 0) {
         ibv_dereg_mr(mr);

@@ -8,6 +8,7 @@
  *   rdma_wserve.c  push mode, consumer side: writable memory, producers' QPs, notices
  *   rdma_write.c   push mode, producer side: write peers, notices and their replies
  *   rdma_stage.c, rdma_sserve.c, rdma_swire.c  staged RDMA of GPU memory (rdma_stage.h)
+ *   rdma_stagew.c  staged writes (push mode), producer side
  *   rdma_nic.c   NIC choice per region (NUMA node, PCI distance, load), rings on a node
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
@@ -267,7 +268,9 @@ typedef struct rdma_tconn {
   uint32_t qpn;              /* 0 once its QP is gone */
   uint32_t replies;          /* reply SENDs not completed */
   int unwanted;              /* disconnected before it was established */
-  rdma_sserve *ss;           /* a reader's stage QP (rdma_sserve.c) */
+  rdma_sserve *ss;           /* a stage QP, a reader's or a producer's (rdma_sserve.c) */
+  int stage;                 /* a producer's stage QP, being authorized */
+  unsigned depth;            /* its READs at once, once accepted */
 } rdma_tconn;
 
 /* A READ in flight: which slice of which xfer a send-queue slot carries. */
@@ -472,6 +475,21 @@ struct sx_rdma {
  * serving end) is logged at info.  0, or sx__mem_gather's error. */
 int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
                          const sx__mem_range *rg, size_t n, int sm_ok, int target);
+/* Ring copies go to or come from local regions l, one after another:
+ * *device is their GPU (-1 while none), *sm_ok drops to 0 once one is not
+ * device memory of that GPU (host memory, another GPU, or no region). */
+static inline void sx__rdma_ring_side(const sx_lregion *l, int *device, int *sm_ok) {
+  if (l == NULL || l->mem.kind != SX__MEM_CUDA)
+    *sm_ok = 0;
+  else if (*device < 0)
+    *device = l->mem.device;
+  else if (l->mem.device != *device)
+    *sm_ok = 0;
+}
+/* The same copies made here, synchronously: sx__mem_copy (unified
+ * addressing) when gpu, memcpy when every pointer is host memory.  0, or
+ * the first copy's error. */
+int sx__rdma_ring_copy_sync(const sx__mem_range *rg, size_t n, int gpu);
 
 /* ------------------------------------------------------------------ rdma.c */
 
@@ -573,17 +591,23 @@ void sx__rdma_reject(sx_rdma *t, struct rdma_cm_id *id, uint8_t reason, const ch
 void sx__rdma_tconn_link(rdma_tconn *tc);
 void sx__rdma_tconn_unlink(rdma_tconn *tc);
 /* Accept a connect request with our incarnation in the private data,
- * serving `reads` RDMA READs at once (0: none); rdma_accept's result
- * (errno set on failure). */
-int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads);
+ * serving `reads` RDMA READs at once (0: none) and issuing `depth` at once
+ * (0: none; a producer's stage QP); rdma_accept's result (errno set on
+ * failure). */
+int sx__rdma_accept(sx_rdma *t, struct rdma_cm_id *id, unsigned reads, unsigned depth);
 
 /* ------------------------------------------------------------------ rdma_wserve.c */
 
+/* The device's write PD, allocated on first use: 0 or SX_ENODEV. */
+int sx__rdma_wpd_get(rdma_dev *d);
 /* Writable regions: their second MR, in the device's write PD. */
 int sx__rdma_wreg(sx_rdma *t, rdma_dev *d, sx_lregion *lr, struct ibv_mr **out);
 /* A producer's connect request (a write hello, the target incarnation
- * checked): authorize it, then accept or reject. */
-void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h);
+ * checked): authorize it, then accept or reject.  With SX__RDMA_HELLO_STAGE
+ * it is a stage QP for staged writes (rdma_sserve.c), which READs the
+ * producer's slots, `depth` at once. */
+void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h,
+                             unsigned depth);
 /* A producer's QP is going: destroy it, after taking what completed on it. */
 void sx__rdma_wserve_gone(rdma_tconn *tc);
 /* A producer's connection is established (its RTU arrived): disconnect it
@@ -616,9 +640,76 @@ void sx__rdma_w_deliver(sx_rdma *t);
 
 /* ------------------------------------------------------------------ rdma_stage.c */
 
+/* The staging side's slots (a reader's, or a producer's for staged writes):
+ * slot i rides stage QP i % QPS as its slot i / QPS there. */
+#define SX__RDMA_SNSLOTS (SX__RDMA_STAGE_QPS * SX__RDMA_STAGE_SLOTS)
+#define SX__RDMA_SSTREAMS 16 /* devices with a stream of their own; others copy synchronously */
+
+/* One piece of an xfer in a slot. */
+typedef struct sx__rdma_sent {
+  rdma_rop *rop; /* NULL once settled without it (abort) */
+  uint32_t xi;
+  uint32_t len;
+  uint64_t off;      /* in the xfer */
+  uint32_t ring_off; /* in the slot */
+} sx__rdma_sent;
+typedef sx__rdma_sent sent;
+
+/* A slot's states.  Reads: REQ (request sent), READ (READs of the target's
+ * slot or of remote host memory out), COPY (ring -> destinations).  Staged
+ * writes: FILL (sources -> ring), REQ (write request sent, the consumer
+ * READs the slot and answers once its copy ended). */
+enum { SL_FREE = 0, SL_REQ, SL_READ, SL_COPY, SL_FILL };
+
+typedef struct sx__rdma_sslot {
+  rdma_sreader *r;
+  uint32_t index;
+  uint32_t conn, tslot; /* its stage QP, and its slot there */
+  int state;
+  int direct;      /* READs of the remote region itself, no request */
+  uint32_t seq;
+  uint32_t n, bytes;
+  uint32_t wrs;    /* READs of this slot not completed (the request's SEND
+                    * is not counted: the reply says it arrived) */
+  int status;      /* first error of the slot's work requests */
+  char msg[200];
+  sent ent[SX__RDMA_STAGE_MAX_RANGES];
+  sx__mem_notice note;
+} sslot;
+
+struct rdma_sreader {
+  rdma_peer *sp;
+  int write; /* a producer's: staged writes (rdma_stagew.c) */
+  /* NSLOTS slots; NSLOTS receive buffers, then NSLOTS request buffers. */
+  sx__rdma_ring ring;
+  rdma_dev *mr_dev; /* the device both MRs belong to */
+  sslot slots[SX__RDMA_SNSLOTS];
+  uint32_t seq;
+  sx__mem_stream *streams[SX__RDMA_SSTREAMS];
+  sx__mem_notifier *notifier;
+};
+
+/* Message buffers: NSLOTS receive buffers (buffer i: QP i / SLOTS, its
+ * i % SLOTS-th), then a request buffer per slot. */
+static inline uint8_t *sx__rdma_s_req_buf(rdma_sreader *r, uint32_t i) {
+  return sx__rdma_ring_msg(&r->ring, SX__RDMA_SNSLOTS + i);
+}
+/* The stream of a device for ring copies (made on first use), or NULL. */
+sx__mem_stream *sx__rdma_s_stream(rdma_sreader *r, int device);
+/* Post wrs[0..n) of slot sl on c; on failure the slot's error is set, c
+ * torn down, and the slot released when nothing of it is out.  0 or
+ * SX_ERDMA. */
+int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot *sl,
+                        const char *what);
+/* Send slot sl's request on c: a read's (the target fills its slot), or a
+ * staged write's (the consumer READs ours). */
+void sx__rdma_s_post_request(rdma_conn *c, sslot *sl);
+/* Give a slot back: each piece settles with status. */
+void sx__rdma_s_slot_release(sslot *sl, int status, const char *msg);
+
 /* Can RDMA carry the GPU memory of this segment and of ours?  1 without
- * GPU memory; 0 with the tier off, or where writes could involve GPU
- * memory (push mode moves GPU memory over TCP or cuda_ipc). */
+ * GPU memory, or unless the tier is off (reads and writes stage GPU
+ * memory that has no MR). */
 int sx__rdma_gpu_usable(sx_rdma *t, const sx_desc *remote);
 /* Does op touch GPU memory that no MR covers (so it must be staged)? */
 int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op);
@@ -639,6 +730,16 @@ void sx__rdma_s_conn_down(rdma_conn *c);
  * its ring (their pieces settle), free the ring. */
 void sx__rdma_s_peer_shutdown(rdma_peer *sp);
 
+/* ------------------------------------------------------------------ rdma_stagew.c */
+
+/* Staged writes, producer side: copy the sources of slot sl's pieces into
+ * it (one gather where GPU memory is involved), then send the consumer the
+ * write request; the consumer READs the slot, scatters, and answers. */
+void sx__rdma_sw_fill(rdma_conn *c, sslot *sl);
+/* Is remote region rr GPU memory that the producer's peer p must stage
+ * into (no write key for p's endpoint)? */
+int sx__rdma_sw_remote_staged(const rdma_peer *p, const sx_region *rr);
+
 /* ------------------------------------------------------------------ rdma_gpu.c */
 
 /* Register GPU region lr on every device where the (device, GPU) pair has
@@ -652,6 +753,10 @@ int sx__rdma_gpu_reg(sx_rdma *t, sx_lregion *lr, rdma_mr **out);
  * loopback QP pair on d.  1 when they arrived; 0 with why filled. */
 int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t addr, char *why,
                    size_t cap);
+/* The pair (d, GPU gpu) failed that READ: count it (the transport's
+ * counter and the agent's segxfer_rdma_gpu_unreachable_pairs_total) and
+ * say why in a WARN line. */
+void sx__rdma_reach_failed(sx_rdma *t, rdma_dev *d, int gpu, const char *why);
 
 /* ------------------------------------------------------------------ rdma_nic.c */
 
@@ -689,6 +794,11 @@ int sx__rdma_ring_alloc_near(sx_rdma *t, rdma_dev *d, sx__rdma_ring *r, size_t b
  * a ring of its own, or reject. */
 void sx__rdma_sserve_request(sx_rdma *t, struct rdma_cm_id *id, rdma_dev *dev,
                              const sx__rdma_hello *h, unsigned reads);
+/* An authorized producer's stage QP (tc->write, tc->producer known):
+ * a ring of its own in the write PD, a QP that READs the producer's slots
+ * (depth at once), accepted.  0, or an error (nothing left behind; the
+ * caller rejects). */
+int sx__rdma_sserve_waccept(rdma_tconn *tc, unsigned depth);
 /* Its QP goes (before tconn_destroy destroys the id): wait for copies,
  * free the ring. */
 void sx__rdma_sserve_gone(rdma_tconn *tc);

@@ -600,7 +600,7 @@ static int check_local(const rdma_peer *p, const sx_xfer *x, size_t i) {
   const rdma_mr *rm = x->lreg->tpriv[SX_TRANSPORT_RDMA];
   if (x->lreg->mem.kind == SX__MEM_CUDA && (rm == NULL || rm->mr[p->lep->dev->index] == NULL))
     return sx__err(SX_ENOTSUP, "local region %u is GPU memory (%s) that RDMA did not "
-                   "register, and staging is off here (SX_RDMA_GPU=off, or a write)",
+                   "register, and staging is off here (SX_RDMA_GPU=off)",
                    x->lreg->r.id, x->lreg->r.location);
   if (rm == NULL || rm->mr[p->lep->dev->index] == NULL)
     return sx__err(SX_EINVAL, "local region %u is not registered with RDMA on %s",
@@ -641,7 +641,7 @@ int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
     if (strncmp(x->rreg->location, "cuda:", 5) == 0 &&
         (x->rreg->n_rkeys <= p->rkey_index || x->rreg->rkeys[p->rkey_index] == 0))
       return sx__err(SX_ENOTSUP, "remote region %u is GPU memory (%s) without an rkey, and "
-                     "staging is off here (SX_RDMA_GPU=off, or a write)", x->rreg->id,
+                     "staging is off here (SX_RDMA_GPU=off)", x->rreg->id,
                      x->rreg->location);
     if (x->rreg->n_rkeys <= p->rkey_index)
       return sx__err(SX_ERKEYS, "remote region %u has %u rkeys, the endpoint used is #%u",
@@ -705,12 +705,12 @@ void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
   rdma_rop *rop = rop_find(p, op);
+  if (p->write)
+    sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
   if (rop == NULL && p->stage != NULL) { /* a staged op: its stage peer has it */
     p = p->stage;
     rop = rop_find(p, op);
   }
-  if (p->write)
-    sx__rdma_w_abort(p, op, status); /* its notice, if it got that far */
   if (rop != NULL && !rop->aborting) {
     rop->aborting = 1;
     rop->abort_status = status != 0 ? status : SX_ECANCELED;

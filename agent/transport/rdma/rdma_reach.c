@@ -129,3 +129,12 @@ out:
   free(buf);
   return rc == 0;
 }
+
+void sx__rdma_reach_failed(sx_rdma *t, rdma_dev *d, int gpu, const char *why) {
+  const sx_tctx *ctx = t->base.ctx;
+  t->stats.gpu_unreachable++;
+  if (ctx->gpu_unreachable != NULL)
+    ctx->gpu_unreachable(ctx->agent);
+  sx__rdma_log(t, SX_LOG_WARN, "%s cannot reach cuda:%d (%s): the pair is staged", d->name, gpu,
+               why);
+}

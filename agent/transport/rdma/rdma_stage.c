@@ -24,53 +24,10 @@
 
 #include "rdma_int.h"
 
-#define MAX_STREAMS 16 /* devices with a stream of their own; others copy synchronously */
-/* The reader's slots: slot i rides stage QP i % QPS as its slot i / QPS. */
-#define NSLOTS (SX__RDMA_STAGE_QPS * SX__RDMA_STAGE_SLOTS)
+#define NSLOTS SX__RDMA_SNSLOTS
+#define MAX_STREAMS SX__RDMA_SSTREAMS
 
-/* One piece of an xfer in a slot. */
-typedef struct sent {
-  rdma_rop *rop; /* NULL once settled without it (abort) */
-  uint32_t xi;
-  uint32_t len;
-  uint64_t off;      /* in the xfer */
-  uint32_t ring_off; /* in the slot */
-} sent;
-
-enum { SL_FREE = 0, SL_REQ, SL_READ, SL_COPY };
-
-typedef struct sslot {
-  rdma_sreader *r;
-  uint32_t index;
-  uint32_t conn, tslot; /* its stage QP, and its slot there */
-  int state;
-  int direct;      /* READs of the remote region itself, no request */
-  uint32_t seq;
-  uint32_t n, bytes;
-  uint32_t wrs;    /* READs of this slot not completed (the request's SEND
-                    * is not counted: the reply says it arrived) */
-  int status;      /* first error of the slot's work requests */
-  char msg[200];
-  sent ent[SX__RDMA_STAGE_MAX_RANGES];
-  sx__mem_notice note;
-} sslot;
-
-struct rdma_sreader {
-  rdma_peer *sp;
-  /* NSLOTS slots; NSLOTS receive buffers, then NSLOTS request buffers. */
-  sx__rdma_ring ring;
-  rdma_dev *mr_dev; /* the device both MRs belong to */
-  sslot slots[NSLOTS];
-  uint32_t seq;
-  sx__mem_stream *streams[MAX_STREAMS];
-  sx__mem_notifier *notifier;
-};
-
-/* Message buffers: NSLOTS receive buffers (buffer i: QP i / SLOTS, its
- * i % SLOTS-th), then a request buffer per slot. */
-static uint8_t *req_buf(rdma_sreader *r, uint32_t i) {
-  return sx__rdma_ring_msg(&r->ring, NSLOTS + i);
-}
+static uint8_t *req_buf(rdma_sreader *r, uint32_t i) { return sx__rdma_s_req_buf(r, i); }
 
 /* Remote range that only the target's ring can serve: GPU memory without
  * an rkey for the endpoint this peer uses. */
@@ -86,36 +43,28 @@ static int local_staged(const rdma_peer *p, const sx_lregion *l) {
 
 int sx__rdma_gpu_usable(sx_rdma *t, const sx_desc *remote) {
   const sx_tctx *ctx = t->base.ctx;
-  int rgpu = 0, rgpu_w = 0, rw = 0, lgpu = 0;
-  for (uint32_t i = 0; i < remote->n_regions; i++) {
-    const sx_region *r = &remote->regions[i];
-    int gpu = strncmp(r->location, "cuda:", 5) == 0;
-    int w = (r->access & SX_ACCESS_REMOTE_WRITE) != 0;
-    rgpu |= gpu;
-    rw |= w;
-    rgpu_w |= gpu && w && r->n_wkeys == 0;
-  }
+  int gpu = 0;
+  for (uint32_t i = 0; i < remote->n_regions; i++)
+    gpu |= strncmp(remote->regions[i].location, "cuda:", 5) == 0;
   for (uint32_t i = 0; ctx->region_at != NULL; i++) {
     const sx_lregion *l = ctx->region_at(ctx->agent, i);
     if (l == NULL)
       break;
-    lgpu |= l->mem.kind == SX__MEM_CUDA && !l->withdrawn;
+    gpu |= l->mem.kind == SX__MEM_CUDA && !l->withdrawn;
   }
-  if (!rgpu && !lgpu)
-    return 1;
-  if (t->gpu_tier == SX__RDMA_GPU_OFF)
-    return 0;
-  /* Writes into GPU memory without a write key, or out of ours, are not
-   * staged over RDMA: such segments go over TCP or cuda_ipc. */
-  return !rgpu_w && !(lgpu && rw);
+  /* Reads and writes (push mode) of GPU memory without an MR are staged
+   * through rings (writes: rdma_stagew.c); only the tier off keeps GPU
+   * memory off RDMA. */
+  return !gpu || t->gpu_tier != SX__RDMA_GPU_OFF;
 }
 
 int sx__rdma_s_wanted(const rdma_peer *p, const sx_op *op) {
-  if (p->write || p->t->gpu_tier == SX__RDMA_GPU_OFF)
+  if (p->t->gpu_tier == SX__RDMA_GPU_OFF)
     return 0;
   for (size_t i = 0; i < op->n; i++) {
     const sx_xfer *x = &op->xfers[i];
-    if ((x->rreg != NULL && remote_staged(p, x->rreg)) ||
+    if ((x->rreg != NULL && (p->write ? sx__rdma_sw_remote_staged(p, x->rreg)
+                                      : remote_staged(p, x->rreg))) ||
         (x->lreg != NULL && local_staged(p, x->lreg)))
       return 1;
   }
@@ -138,7 +87,7 @@ static void piece_done(sent *e, int status, const char *msg) {
   sx__rdma_xfer_check(rop, e->xi);
 }
 
-static void slot_release(sslot *sl, int status, const char *msg) {
+void sx__rdma_s_slot_release(sslot *sl, int status, const char *msg) {
   for (uint32_t i = 0; i < sl->n; i++)
     piece_done(&sl->ent[i], status, msg);
   sl->n = 0;
@@ -154,12 +103,12 @@ static void on_copied(sx__mem_notice *n) {
   sslot *sl = (sslot *)((char *)n - offsetof(sslot, note));
   sx_rdma *t = sl->r->sp->t;
   sx__rdma_enter(t);
-  slot_release(sl, 0, NULL);
+  sx__rdma_s_slot_release(sl, 0, NULL);
   sx__rdma_s_pump(sl->r->sp);
   sx__rdma_leave(t, 1);
 }
 
-static sx__mem_stream *stream_of(rdma_sreader *r, int device) {
+sx__mem_stream *sx__rdma_s_stream(rdma_sreader *r, int device) {
   if (device < 0 || device >= MAX_STREAMS)
     return NULL;
   if (r->streams[device] == NULL && sx__mem_stream_create(device, &r->streams[device]) != 0)
@@ -182,16 +131,11 @@ static void slot_scatter(sslot *sl) {
     rg[n].dst = (uint64_t)(uintptr_t)(x->local + e->off);
     rg[n].src = (uint64_t)(uintptr_t)(sx__rdma_ring_slot(&r->ring, sl->index) + e->ring_off);
     rg[n].len = e->len;
-    if (x->lreg == NULL || x->lreg->mem.kind != SX__MEM_CUDA)
-      sm_ok = 0;
-    else if (device < 0)
-      device = x->lreg->mem.device;
-    else if (x->lreg->mem.device != device)
-      sm_ok = 0;
+    sx__rdma_ring_side(x->lreg, &device, &sm_ok);
     n++;
   }
   if (device >= 0) {
-    sx__mem_stream *st = stream_of(r, device);
+    sx__mem_stream *st = sx__rdma_s_stream(r, device);
     if (st != NULL && r->notifier != NULL &&
         sx__rdma_ring_gather(r->sp->t, &r->ring, st, rg, n, sm_ok, 0) == 0) {
       sl->note.fn = on_copied;
@@ -201,26 +145,16 @@ static void slot_scatter(sslot *sl) {
       }
       /* The copies were queued but no notice will say when they end. */
       sx__mem_stream_sync(st);
-      slot_release(sl, 0, NULL);
+      sx__rdma_s_slot_release(sl, 0, NULL);
       return;
     }
-    /* No stream: copy synchronously (unified addressing). */
-    for (size_t i = 0; i < n; i++) {
-      int rc = sx__mem_copy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src,
-                            rg[i].len);
-      if (rc) {
-        slot_release(sl, rc, sx_errmsg());
-        return;
-      }
-    }
-  } else {
-    for (size_t i = 0; i < n; i++)
-      memcpy((void *)(uintptr_t)rg[i].dst, (const void *)(uintptr_t)rg[i].src, rg[i].len);
   }
-  slot_release(sl, 0, NULL);
+  /* Host memory, or no stream: copy synchronously (unified addressing). */
+  int rc = sx__rdma_ring_copy_sync(rg, n, device >= 0);
+  sx__rdma_s_slot_release(sl, rc, rc ? sx_errmsg() : NULL);
 }
 
-static int post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot *sl,
+int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot *sl,
                     const char *what) {
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qp, wrs, &bad);
@@ -233,7 +167,7 @@ static int post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot *sl
   sl->wrs += posted;
   sx__rdma_conn_teardown(c, SX_ERDMA, 0, "%s", sl->msg);
   if (sl->wrs == 0)
-    slot_release(sl, SX_ERDMA, sl->msg);
+    sx__rdma_s_slot_release(sl, SX_ERDMA, sl->msg);
   return SX_ERDMA;
 }
 
@@ -260,17 +194,21 @@ static void post_direct(rdma_conn *c, sslot *sl) {
     wrs[i].wr.rdma.rkey = x->rreg->rkeys[p->rkey_index];
   }
   sl->state = SL_READ;
-  if (post_wrs(c, wrs, sl->n, sl, "READ") == 0) {
+  if (sx__rdma_s_post_wrs(c, wrs, sl->n, sl, "READ") == 0) {
     sl->wrs = sl->n;
     p->t->stats.posts++;
     p->t->stats.wrs += sl->n;
   }
 }
 
-static void post_request(rdma_conn *c, sslot *sl) {
+void sx__rdma_s_post_request(rdma_conn *c, sslot *sl) {
   rdma_sreader *r = sl->r;
   sx__rdma_sreq q;
   q.slot = (uint8_t)sl->tslot;
+  q.write = (uint8_t)r->write;
+  if (r->write) /* the consumer READs the filled slot */
+    q.src = (sx__rdma_swsrc){.addr = (uintptr_t)sx__rdma_ring_slot(&r->ring, sl->index),
+                             .rkey = r->ring.mr->rkey, .bytes = sl->bytes};
   q.seq = sl->seq = ++r->seq;
   q.n = (uint16_t)sl->n;
   for (uint32_t i = 0; i < sl->n; i++) {
@@ -291,7 +229,7 @@ static void post_request(rdma_conn *c, sslot *sl) {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   sl->state = SL_REQ;
-  post_wrs(c, &wr, 1, sl, "request");
+  sx__rdma_s_post_wrs(c, &wr, 1, sl, "request");
 }
 
 /* Fill a free slot from the queue: pieces of one kind (direct or staged,
@@ -321,10 +259,13 @@ static void slot_fill(rdma_conn *c, sslot *sl) {
     rdma_rop *rop = p->qhead;
     const sx_xfer *x = &rop->op->xfers[rop->next_xi];
     rdma_xs *xs = &rop->xs[rop->next_xi];
-    int direct = !remote_staged(p, x->rreg);
+    /* Staged writes all go through the consumer's ring, whatever lies
+     * behind each range: one kind per slot. */
+    int direct = !sl->r->write && !remote_staged(p, x->rreg);
     if (sl->direct < 0)
       sl->direct = direct;
-    else if (sl->direct != direct || (!direct && strcmp(loc, x->rreg->location) != 0))
+    else if (sl->direct != direct ||
+             (!direct && !sl->r->write && strcmp(loc, x->rreg->location) != 0))
       break;
     loc = x->rreg->location;
     uint64_t rem = x->length - xs->next_off;
@@ -348,10 +289,12 @@ static void slot_fill(rdma_conn *c, sslot *sl) {
   }
   if (sl->n == 0)
     return;
-  if (sl->direct)
+  if (sl->r->write)
+    sx__rdma_sw_fill(c, sl);
+  else if (sl->direct)
     post_direct(c, sl);
   else
-    post_request(c, sl);
+    sx__rdma_s_post_request(c, sl);
 }
 
 void sx__rdma_s_pump(rdma_peer *sp) {
@@ -395,7 +338,9 @@ int sx__rdma_s_qp_ready(rdma_conn *c) {
       ibv_dereg_mr(r->ring.msg_mr);
     r->ring.mr = r->ring.msg_mr = NULL;
     r->mr_dev = NULL;
-    r->ring.mr = ibv_reg_mr(d->pd, r->ring.mem, r->ring.bytes, IBV_ACCESS_LOCAL_WRITE);
+    /* A producer's slots are READ by the consumer (staged writes). */
+    r->ring.mr = ibv_reg_mr(d->pd, r->ring.mem, r->ring.bytes,
+                            IBV_ACCESS_LOCAL_WRITE | (r->write ? IBV_ACCESS_REMOTE_READ : 0));
     r->ring.msg_mr = ibv_reg_mr(d->pd, r->ring.msgs, r->ring.msg_bytes, IBV_ACCESS_LOCAL_WRITE);
     if (r->ring.mr == NULL || r->ring.msg_mr == NULL)
       return sx__err(SX_ENOMEM, "ibv_reg_mr(%s) of the staging ring: %s", d->name,
@@ -416,7 +361,7 @@ static void slot_wr_done(sslot *sl, int st, const char *msg) {
   if (sl->wrs == 0 || --sl->wrs != 0)
     return;
   if (sl->status != 0) {
-    slot_release(sl, sl->status, sl->msg);
+    sx__rdma_s_slot_release(sl, sl->status, sl->msg);
     return;
   }
   if (sl->state == SL_READ)
@@ -445,9 +390,13 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   }
   if (st != 0) {
     char msg[200];
-    snprintf(msg, sizeof(msg), "'%.64s' refused to stage %u bytes: %s", p->name, sl->bytes,
-             sx_strerror(st));
-    slot_release(sl, st, msg);
+    snprintf(msg, sizeof(msg), "'%.64s' refused to stage %u bytes%s: %s", p->name, sl->bytes,
+             r->write ? " of a write" : "", sx_strerror(st));
+    sx__rdma_s_slot_release(sl, st, msg);
+    return;
+  }
+  if (r->write) { /* every byte of the slot is in the consumer's memory */
+    sx__rdma_s_slot_release(sl, 0, NULL);
     return;
   }
   struct ibv_sge sge = {.addr = (uintptr_t)sx__rdma_ring_slot(&r->ring, sl->index), .length = bytes,
@@ -462,7 +411,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   wr.wr.rdma.remote_addr = addr;
   wr.wr.rdma.rkey = rkey;
   sl->state = SL_READ;
-  if (post_wrs(c, &wr, 1, sl, "READ") == 0) {
+  if (sx__rdma_s_post_wrs(c, &wr, 1, sl, "READ") == 0) {
     sl->wrs = 1;
     p->t->stats.posts++;
     p->t->stats.wrs++;
@@ -508,12 +457,18 @@ void sx__rdma_s_conn_down(rdma_conn *c) {
   if (r == NULL)
     return;
   int st = c->reason != 0 ? c->reason : SX_EDISCONN;
+  char wmsg[sizeof(c->msg) + 128];
   const char *msg = c->msg[0] ? c->msg : "the stage QP is gone";
+  if (r->write) { /* say what it means for a write */
+    snprintf(wmsg, sizeof(wmsg), "%s; the consumer dropped a staged write's QP (its write "
+             "grant was revoked, or it stopped or failed)", msg);
+    msg = wmsg;
+  }
   for (uint32_t i = 0; i < NSLOTS; i++) {
     sslot *sl = &r->slots[i];
     /* Copies out of the ring go on without the QP. */
     if (sl->conn == c->index && (sl->state == SL_REQ || sl->state == SL_READ))
-      slot_release(sl, sl->status != 0 ? sl->status : st, sl->msg[0] ? sl->msg : msg);
+      sx__rdma_s_slot_release(sl, sl->status != 0 ? sl->status : st, sl->msg[0] ? sl->msg : msg);
   }
 }
 
@@ -586,15 +541,16 @@ static int stage_peer(rdma_peer *p, rdma_peer **out) {
     return rc;
   }
   sp->sr->sp = sp;
+  sp->sr->write = p->write;
   sp->stage_of = p;
   p->stage = sp;
   sp->next = t->peers;
   if (t->peers != NULL)
     t->peers->prev = sp;
   t->peers = sp;
-  sx__rdma_log(t, SX_LOG_INFO, "staging GPU memory for '%.64s' at %s through %u slots of %u "
-               "bytes on %u QPs", p->name, p->where, NSLOTS, SX__RDMA_STAGE_SLOT_BYTES,
-               SX__RDMA_STAGE_QPS);
+  sx__rdma_log(t, SX_LOG_INFO, "staging GPU memory %s '%.64s' at %s through %u slots of %u "
+               "bytes on %u QPs", p->write ? "writes to" : "reads from", p->name, p->where,
+               NSLOTS, SX__RDMA_STAGE_SLOT_BYTES, SX__RDMA_STAGE_QPS);
   *out = sp;
   return 0;
 }
@@ -615,6 +571,11 @@ static int check_xfer(const rdma_peer *p, const sx_xfer *x, size_t i) {
     return sx__err(SX_EBOUNDS, "range %zu: %llu bytes at offset %llu lie outside remote "
                    "region %u", i, (unsigned long long)x->length,
                    (unsigned long long)x->roff, x->rreg->id);
+  if (p->write) /* staged writes need no key: the consumer READs our slots */
+    return (x->rreg->access & SX_ACCESS_REMOTE_WRITE)
+               ? 0
+               : sx__err(SX_EDENIED, "remote region %u does not allow remote writes",
+                         x->rreg->id);
   if (!remote_staged(p, x->rreg) && x->rreg->n_rkeys <= p->rkey_index)
     return sx__err(SX_ERKEYS, "remote region %u has %u rkeys, the endpoint used is #%u",
                    x->rreg->id, x->rreg->n_rkeys, p->rkey_index);

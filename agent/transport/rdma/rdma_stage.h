@@ -5,7 +5,10 @@
  *   rdma_stage.c    reader side: a stage QP per peer, requests, READs of
  *                   the target's ring slots, scatter into the destinations
  *   rdma_sserve.c   target side: a ring per stage QP, GPU -> ring copies,
- *                   replies
+ *                   replies; staged writes: READs of a producer's slots,
+ *                   ring -> GPU copies
+ *   rdma_stagew.c   staged writes (push mode), producer side: sources ->
+ *                   ring, write requests (WREQ) naming the filled slot
  *
  * A reader whose batch touches GPU memory that no MR covers (a remote GPU
  * region published with rkey 0, or a local GPU destination) opens one more
@@ -59,7 +62,7 @@
 
 /* ------------------------------------------------------------------ wire */
 
-enum { SX__RDMA_SMSG_REQ = 1, SX__RDMA_SMSG_REPLY = 2 };
+enum { SX__RDMA_SMSG_REQ = 1, SX__RDMA_SMSG_REPLY = 2, SX__RDMA_SMSG_WREQ = 3 };
 
 /* Every stage message starts with this.  Multi-byte fields big-endian. */
 typedef struct sx__rdma_smsg_hdr {
@@ -85,22 +88,37 @@ typedef struct sx__rdma_sreply {
   uint32_t bytes; /* packed bytes to READ from addr */
 } sx__rdma_sreply;
 
+/* A staged write's request (WREQ, producer -> consumer): after the header,
+ * where the producer's slot lies (the consumer READs it), then the ranges
+ * of the consumer's regions the slot's bytes go to, packed in order. */
+typedef struct sx__rdma_swsrc {
+  uint64_t addr;  /* the slot in the producer's ring */
+  uint32_t rkey;
+  uint32_t bytes; /* the sum of the ranges' lengths */
+} sx__rdma_swsrc;
+
 #define SX__RDMA_SMSG_BYTES                                                                   \
-  (sizeof(sx__rdma_smsg_hdr) + SX__RDMA_STAGE_MAX_RANGES * sizeof(sx__rdma_srange))
+  (sizeof(sx__rdma_smsg_hdr) + sizeof(sx__rdma_swsrc) +                                       \
+   SX__RDMA_STAGE_MAX_RANGES * sizeof(sx__rdma_srange))
 
 /* Host-order view of a request; 0, or SX_EPROTO with msg for one that is
  * malformed (bad magic or type, slot or count out of range, more bytes
  * than a slot holds, a zero-length range). */
 typedef struct sx__rdma_sreq {
   uint8_t slot;
+  uint8_t write; /* a WREQ: src says where the bytes are */
   uint32_t seq;
   uint16_t n;
+  sx__rdma_swsrc src;
   sx__rdma_srange r[SX__RDMA_STAGE_MAX_RANGES];
 } sx__rdma_sreq;
 
+/* A REQ, or a WREQ when q->write (with q->src). */
 size_t sx__rdma_sreq_pack(uint8_t *buf, const sx__rdma_sreq *q);
-int sx__rdma_sreq_parse(const uint8_t *buf, size_t len, sx__rdma_sreq *out, char *msg,
-                        size_t cap);
+/* A REQ, or a WREQ when write (a WREQ whose src.bytes is not the ranges'
+ * sum is malformed too). */
+int sx__rdma_sreq_parse(const uint8_t *buf, size_t len, int write, sx__rdma_sreq *out,
+                        char *msg, size_t cap);
 void sx__rdma_sreply_pack(sx__rdma_sreply *w, uint8_t slot, uint32_t seq, int status,
                           uint64_t addr, uint32_t rkey, uint32_t bytes);
 /* 0 and the fields, or SX_EPROTO. */

@@ -24,9 +24,15 @@ static void hdr_pack(sx__rdma_smsg_hdr *h, uint8_t type, uint8_t slot, uint32_t 
 
 size_t sx__rdma_sreq_pack(uint8_t *buf, const sx__rdma_sreq *q) {
   sx__rdma_smsg_hdr h;
-  hdr_pack(&h, SX__RDMA_SMSG_REQ, q->slot, q->seq, q->n, 0);
+  hdr_pack(&h, q->write ? SX__RDMA_SMSG_WREQ : SX__RDMA_SMSG_REQ, q->slot, q->seq, q->n, 0);
   memcpy(buf, &h, sizeof(h));
   size_t off = sizeof(h);
+  if (q->write) {
+    sx__rdma_swsrc w = {.addr = htobe64(q->src.addr), .rkey = htobe32(q->src.rkey),
+                        .bytes = htobe32(q->src.bytes)};
+    memcpy(buf + off, &w, sizeof(w));
+    off += sizeof(w);
+  }
   for (uint16_t i = 0; i < q->n; i++) {
     sx__rdma_srange r = {.region = htobe32(q->r[i].region),
                          .len = htobe32(q->r[i].len),
@@ -50,22 +56,31 @@ static int hdr_parse(const uint8_t *buf, size_t len, uint8_t type, sx__rdma_smsg
   return 0;
 }
 
-int sx__rdma_sreq_parse(const uint8_t *buf, size_t len, sx__rdma_sreq *out, char *msg,
-                        size_t cap) {
+int sx__rdma_sreq_parse(const uint8_t *buf, size_t len, int write, sx__rdma_sreq *out,
+                        char *msg, size_t cap) {
   sx__rdma_smsg_hdr h;
-  if (hdr_parse(buf, len, SX__RDMA_SMSG_REQ, &h) != 0) {
-    snprintf(msg, cap, "not a stage request (%zu bytes)", len);
+  size_t head = sizeof(h) + (write ? sizeof(sx__rdma_swsrc) : 0);
+  if (hdr_parse(buf, len, write ? SX__RDMA_SMSG_WREQ : SX__RDMA_SMSG_REQ, &h) != 0) {
+    snprintf(msg, cap, "not a stage %srequest (%zu bytes)", write ? "write " : "", len);
     return SX_EPROTO;
   }
   if (h.n == 0 || h.n > SX__RDMA_STAGE_MAX_RANGES ||
-      len != sizeof(h) + (size_t)h.n * sizeof(sx__rdma_srange)) {
+      len != head + (size_t)h.n * sizeof(sx__rdma_srange)) {
     snprintf(msg, cap, "stage request of %zu bytes with %u ranges", len, h.n);
     return SX_EPROTO;
+  }
+  memset(&out->src, 0, sizeof(out->src));
+  if (write) {
+    sx__rdma_swsrc w;
+    memcpy(&w, buf + sizeof(h), sizeof(w));
+    out->src.addr = be64toh(w.addr);
+    out->src.rkey = be32toh(w.rkey);
+    out->src.bytes = be32toh(w.bytes);
   }
   uint64_t total = 0;
   for (uint16_t i = 0; i < h.n; i++) {
     sx__rdma_srange r;
-    memcpy(&r, buf + sizeof(h) + i * sizeof(r), sizeof(r));
+    memcpy(&r, buf + head + i * sizeof(r), sizeof(r));
     out->r[i].region = be32toh(r.region);
     out->r[i].len = be32toh(r.len);
     out->r[i].off = be64toh(r.off);
@@ -76,7 +91,13 @@ int sx__rdma_sreq_parse(const uint8_t *buf, size_t len, sx__rdma_sreq *out, char
       return SX_EPROTO;
     }
   }
+  if (write && total != out->src.bytes) {
+    snprintf(msg, cap, "stage write request: its slot holds %u bytes, its ranges %llu",
+             out->src.bytes, (unsigned long long)total);
+    return SX_EPROTO;
+  }
   out->slot = h.slot;
+  out->write = (uint8_t)(write != 0);
   out->seq = h.seq;
   out->n = h.n;
   return 0;
@@ -199,4 +220,19 @@ int sx__rdma_ring_gather(sx_rdma *t, const sx__rdma_ring *r, sx__mem_stream *s,
                  why ? "; " : "", why ? why : "");
   }
   return rc;
+}
+
+int sx__rdma_ring_copy_sync(const sx__mem_range *rg, size_t n, int gpu) {
+  for (size_t i = 0; i < n; i++) {
+    void *dst = (void *)(uintptr_t)rg[i].dst;
+    const void *src = (const void *)(uintptr_t)rg[i].src;
+    if (!gpu) {
+      memcpy(dst, src, rg[i].len);
+      continue;
+    }
+    int rc = sx__mem_copy(dst, src, rg[i].len);
+    if (rc)
+      return rc;
+  }
+  return 0;
 }

@@ -43,7 +43,7 @@
 
 static void free_handle(uv_handle_t *h) { free(h); }
 
-static int wpd_get(rdma_dev *d) {
+int sx__rdma_wpd_get(rdma_dev *d) {
   if (d->wpd == NULL && (d->wpd = ibv_alloc_pd(d->verbs)) == NULL)
     return sx__err(SX_ENODEV, "ibv_alloc_pd(%s) for writable memory: %s", d->name,
                    strerror(errno));
@@ -52,7 +52,7 @@ static int wpd_get(rdma_dev *d) {
 
 int sx__rdma_wreg(sx_rdma *t, rdma_dev *d, sx_lregion *lr, struct ibv_mr **out) {
   (void)t;
-  int rc = wpd_get(d);
+  int rc = sx__rdma_wpd_get(d);
   if (rc)
     return rc;
   *out = ibv_reg_mr(d->wpd, (void *)(uintptr_t)lr->r.addr, (size_t)lr->r.length,
@@ -224,7 +224,7 @@ static int wres_open(sx_rdma *t, rdma_dev *d) {
   int rc;
   if (d->wcq != NULL)
     return 0;
-  if ((rc = wpd_get(d)) != 0)
+  if ((rc = sx__rdma_wpd_get(d)) != 0)
     return rc;
   if (d->wchan == NULL && (rc = sx__rdma_chan_open(t, d, &d->wchan, &d->wpoll, on_wcq_event)))
     return rc;
@@ -299,6 +299,7 @@ void sx__rdma_wdev_free(rdma_dev *d) {
 static uint8_t reject_reason(int rc) {
   switch (rc) {
   case SX_EACCESS: return SX__RDMA_REJ_WACCESS;
+  case SX_ENOTSUP: return SX__RDMA_REJ_NOSTAGE;
   case SX_ESHUTDOWN: return SX__RDMA_REJ_SHUTDOWN;
   case SX_ENOMEM: case SX_ELIMIT: case SX_ERDMA: case SX_EIO: return SX__RDMA_REJ_NOMEM;
   default: return SX__RDMA_REJ_WSTORE;
@@ -346,7 +347,7 @@ static int accept_producer(rdma_tconn *tc) {
   }
   tc->qpn = tc->id->qp->qp_num;
   d->n_wconns++;
-  if (sx__rdma_accept(t, tc->id, 0) != 0) { /* a producer's QP cannot READ here */
+  if (sx__rdma_accept(t, tc->id, 0, 0) != 0) { /* a producer's QP cannot READ here */
     rc = sx__err(SX_ERDMA, "rdma_accept for producer %s: %s", tc->producer, strerror(errno));
     sx__rdma_wserve_gone(tc);
     return rc;
@@ -363,7 +364,9 @@ static void authed(void *arg, int status, const char *producer, const char *msg)
   tc->auth = NULL;
   if (status == 0) {
     snprintf(tc->producer, sizeof(tc->producer), "%s", producer);
-    status = accept_producer(tc);
+    /* A stage QP (staged writes of GPU memory) gets a ring, no write PD
+     * QP on the shared CQ. */
+    status = tc->stage ? sx__rdma_sserve_waccept(tc, tc->depth) : accept_producer(tc);
     msg = status ? sx_errmsg() : NULL;
   }
   if (status != 0)
@@ -371,7 +374,8 @@ static void authed(void *arg, int status, const char *producer, const char *msg)
   sx__rdma_leave(t, 1);
 }
 
-void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h) {
+void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_hello *h,
+                             unsigned depth) {
   const sx_tctx *ctx = t->base.ctx;
   char hex[2 * SX_INCARNATION_LEN + 1], who[SX__RDMA_NAME_BYTES + 1];
   sx_hex(h->producer, SX_INCARNATION_LEN, hex);
@@ -391,6 +395,8 @@ void sx__rdma_wserve_request(sx_rdma *t, struct rdma_cm_id *id, const sx__rdma_h
   tc->id = id;
   tc->dev = dev;
   tc->write = 1;
+  tc->stage = (h->flags & SX__RDMA_HELLO_STAGE) != 0;
+  tc->depth = depth;
   tc->conn_index = h->conn_index;
   memcpy(tc->pinc, h->producer, SX_INCARNATION_LEN);
   snprintf(tc->reader, sizeof(tc->reader), "%s", who);
@@ -411,6 +417,10 @@ void sx__rdma_wserve_gone(rdma_tconn *tc) {
   if (tc->auth != NULL) {
     t->base.ctx->write_auth_cancel(tc->auth);
     tc->auth = NULL;
+  }
+  if (tc->ss != NULL) { /* a stage QP: its own CQ; copies into the GPU end first */
+    sx__rdma_sserve_gone(tc);
+    return;
   }
   if (tc->id->qp == NULL)
     return;
