@@ -321,18 +321,6 @@ static void test_index_cluster_renewals(void **state) {
   sx_store_close(s);
 }
 
-/* ------------------------------------------------------------- the URL */
-
-static void test_index_refresh_url_bounds(void **state) {
-  (void)state;
-  sx_store *s = NULL;
-  sxt_rc(sx_store_open("redis://127.0.0.1:1?index_refresh_ms=7501", &s), SX_EURL);
-  assert_non_null(strstr(sx_errmsg(), "index_refresh_ms"));
-  sxt_rc(sx_store_open("etcd://127.0.0.1:1?index_refresh_ms=100", &s), SX_EURL);
-  assert_non_null(strstr(sx_errmsg(), "only for redis"));
-  sxt_rc(sx_store_open("redis://127.0.0.1:1?index_refresh_ms=-1", &s), SX_EURL);
-}
-
 static int group_setup(void **state) {
   (void)state;
   sxt_redis_opts o = {0};
@@ -359,7 +347,6 @@ static int group_teardown(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_index_refresh_url_bounds),
       cmocka_unit_test(test_index_written_once_per_interval),
       cmocka_unit_test(test_index_entry_deleted_by_hand_comes_back),
       cmocka_unit_test(test_index_failed_write_is_retried_next_renewal),
