@@ -7,10 +7,12 @@
  *
  * Keys for namespace NS and segment N (docs/store.md, "Redis key schema"):
  *   sx:NS:seg:{N}    HASH d (descriptor), inc (hex), gen, pub, ren (server
- *                    ms), lease, xd (the holder's encoded delete event);
- *                    PEXPIRE = lease
+ *                    ms), lease, xd (the holder's encoded delete event),
+ *                    ix (server ms of the last index write); PEXPIRE = lease
  *   sx:NS:fence:{N}  SET of fenced incarnations (hex), TTL 24 h
- *   sx:NS:index      ZSET member N, score = lease expiry (server ms)
+ *   sx:NS:index      ZSET member N, score = lease expiry (server ms) as of
+ *                    the last index write: every publish, and a renewal
+ *                    only when the renew script says it is due
  *   sx:NS:events     pub/sub channel of encoded SegmentEvents
  * On a Redis Cluster (redis+cluster://, redis_cluster.c) the index and the
  * channel are split into SX_RCL_SHARDS pieces, sx:NS:index:{k} and the

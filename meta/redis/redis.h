@@ -26,9 +26,11 @@
 #define SX_REDIS_BACKOFF_MAX_MS 1000u
 /* Fence sets outlive any plausible zombie; refreshed on every addition. */
 #define SX_REDIS_FENCE_TTL_MS (24u * 3600u * 1000u)
-/* list prunes index entries that expired longer ago than this, so that a
- * client clock ahead of the server's by less than this never hides live
- * segments.  Entries in the window whose key is gone are skipped. */
+/* list prunes index entries that expired longer ago than this.  A live
+ * segment's score lags its real expiry by less than the index refresh
+ * interval (below), so a client clock ahead of the server's by less than
+ * this minus that interval never hides live segments.  Entries in the
+ * window whose key is gone are skipped. */
 #define SX_REDIS_INDEX_GRACE_MS 30000u
 /* A renewal rewrites a segment's index entry only every index_refresh_ms
  * (the URL's; at most SX_URL_INDEX_REFRESH_MAX_MS, a quarter of the grace):
