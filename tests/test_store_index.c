@@ -25,6 +25,12 @@
 #include "redis_cluster_harness.h"
 #include "sxtest.h"
 
+/* The refresh interval the tests run with, and a lease shorter than it
+ * (else every renewal writes), long enough for a loaded machine's stalls. */
+#define IVL 1000
+#define IVL_Q "index_refresh_ms=1000"
+#define LEASE 900
+
 static sxt_redis srv;
 static int have_redis;
 static sxt_rcluster cl;
@@ -138,32 +144,32 @@ static void test_index_written_once_per_interval(void **state) {
   (void)state;
   if (!have_redis)
     skip();
-  /* Lease 400 ms, shorter than the 800 ms interval: renewals every 50 ms
-   * write the entry about every 800 ms. */
-  sx_store *s = open_single("ix1", "index_refresh_ms=800");
+  /* A lease shorter than the interval: renewals every 50 ms write the
+   * entry about once an interval. */
+  sx_store *s = open_single("ix1", IVL_Q);
   sx_desc d;
-  sxt_desc_make(&d, "ix1/a", 0x21, 1, 400);
+  sxt_desc_make(&d, "ix1/a", 0x21, 1, LEASE);
   long long z0 = zadds_single();
   sxt_ok(sx_store_publish(s, &d, 0));
   assert_int_equal(zadds_single() - z0, 1); /* publish always writes it */
   z0 = zadds_single();
   uint64_t t0 = mono_ms();
-  int n = renew_for(s, &d, 400, 2000);
+  int n = renew_for(s, &d, LEASE, 2 * IVL + 200);
   uint64_t took = mono_ms() - t0;
   long long w = zadds_single() - z0;
   print_message("%d renewals in %llu ms wrote the index %lld times\n", n,
                 (unsigned long long)took, w);
   assert_true(n >= 10);
-  /* At least one write (2000 ms > 800 ms), at most one per interval begun. */
+  /* At least one write (over two intervals), at most one per interval begun. */
   assert_true(w >= 1);
-  assert_true(w <= (long long)(took / 800) + 1);
+  assert_true(w <= (long long)(took / IVL) + 1);
   /* The field the script keeps is a server time, and the entry's score is
    * an expiry after it. */
   redisReply *ix = sxt_redis_command(&srv, "HGET sx:ix1:seg:{%s} ix", d.name);
   assert_int_equal(ix->type, REDIS_REPLY_STRING);
   redisReply *sc = sxt_redis_command(&srv, "ZSCORE sx:ix1:index %s", d.name);
   assert_int_equal(sc->type, REDIS_REPLY_STRING);
-  assert_true(strtod(sc->str, NULL) >= strtod(ix->str, NULL) + 400);
+  assert_true(strtod(sc->str, NULL) >= strtod(ix->str, NULL) + LEASE);
   freeReplyObject(ix);
   freeReplyObject(sc);
   assert_true(listed(s, d.name));
@@ -172,15 +178,15 @@ static void test_index_written_once_per_interval(void **state) {
   /* index_refresh_ms=0: every renewal writes the entry, as before. */
   s = open_single("ix1", "index_refresh_ms=0");
   z0 = zadds_single();
-  n = renew_for(s, &d, 400, 300);
+  n = renew_for(s, &d, LEASE, 300);
   assert_int_equal(zadds_single() - z0, n);
   sx_store_close(s);
 
   /* A lease not shorter than the interval: renewals are that far apart
    * anyway, each writes. */
-  s = open_single("ix1", "index_refresh_ms=800");
+  s = open_single("ix1", IVL_Q);
   z0 = zadds_single();
-  n = renew_for(s, &d, 800, 300);
+  n = renew_for(s, &d, IVL, 300);
   assert_int_equal(zadds_single() - z0, n);
   sxt_ok(sx_store_unpublish(s, d.name, d.incarnation));
   assert_false(in_index("sx:ix1:index", d.name));
@@ -192,18 +198,18 @@ static void test_index_entry_deleted_by_hand_comes_back(void **state) {
   (void)state;
   if (!have_redis)
     skip();
-  sx_store *s = open_single("ix2", "index_refresh_ms=600");
+  sx_store *s = open_single("ix2", IVL_Q);
   sx_desc d;
-  sxt_desc_make(&d, "ix2/a", 0x22, 1, 300);
+  sxt_desc_make(&d, "ix2/a", 0x22, 1, LEASE);
   sxt_ok(sx_store_publish(s, &d, 0));
   assert_int_equal(srv_do("ZREM sx:ix2:index %s", d.name), 1);
   assert_false(listed(s, d.name));
-  /* Back within one interval (600 ms) and a renewal (50 ms), plus margin. */
+  /* Back within one interval and a renewal (50 ms), plus margin. */
   uint64_t t0 = mono_ms(), took = 0;
   while (!in_index("sx:ix2:index", d.name)) {
     took = mono_ms() - t0;
-    assert_true(took < 600 + 50 + 1500);
-    sxt_ok(sx_store_renew(s, d.name, d.incarnation, 300));
+    assert_true(took < IVL + 50 + 1500);
+    sxt_ok(sx_store_renew(s, d.name, d.incarnation, LEASE));
     sleep_ms(50);
   }
   print_message("the entry was back after %llu ms\n", (unsigned long long)took);
@@ -212,7 +218,7 @@ static void test_index_entry_deleted_by_hand_comes_back(void **state) {
   /* A value without ix (written by an older client) is due at once. */
   srv_do("ZREM sx:ix2:index %s", d.name);
   assert_int_equal(srv_do("HDEL sx:ix2:seg:{%s} ix", d.name), 1);
-  sxt_ok(sx_store_renew(s, d.name, d.incarnation, 300));
+  sxt_ok(sx_store_renew(s, d.name, d.incarnation, LEASE));
   assert_true(in_index("sx:ix2:index", d.name));
   assert_true(listed(s, d.name));
   sxt_ok(sx_store_unpublish(s, d.name, d.incarnation));
@@ -256,21 +262,21 @@ static void test_index_cluster_renewals(void **state) {
   if (!have_cluster)
     skip();
   enum { N = 24 };
-  sx_store *s = open_cluster("ixc", "index_refresh_ms=800");
+  sx_store *s = open_cluster("ixc", IVL_Q);
   sx_desc d[N];
   for (int i = 0; i < N; i++) {
     char name[32];
     snprintf(name, sizeof(name), "ixc/%d", i);
-    sxt_desc_make(&d[i], name, (uint8_t)(0x30 + i), 1, 400);
+    sxt_desc_make(&d[i], name, (uint8_t)(0x30 + i), 1, LEASE);
     sxt_ok(sx_store_publish(s, &d[i], 0));
   }
   long long z0, e0, z1, e1;
   cluster_calls(&z0, &e0);
   uint64_t t0 = mono_ms();
   int rounds = 0;
-  while (mono_ms() < t0 + 2000) {
+  while (mono_ms() < t0 + 2 * IVL + 200) {
     for (int i = 0; i < N; i++)
-      sxt_ok(sx_store_renew(s, d[i].name, d[i].incarnation, 400));
+      sxt_ok(sx_store_renew(s, d[i].name, d[i].incarnation, LEASE));
     rounds++;
     sleep_ms(50);
   }
@@ -281,7 +287,7 @@ static void test_index_cluster_renewals(void **state) {
                 rounds, N, (unsigned long long)took, renewals, writes);
   assert_true(renewals >= (long long)rounds * N);
   assert_true(writes >= N);
-  assert_true(writes <= (long long)N * ((long long)(took / 800) + 1));
+  assert_true(writes <= (long long)N * ((long long)(took / IVL) + 1));
   assert_true(writes < renewals);
 
   /* An entry deleted by hand from its piece is back within an interval,
@@ -300,9 +306,9 @@ static void test_index_cluster_renewals(void **state) {
     freeReplyObject(r);
     if (back)
       break;
-    assert_true(mono_ms() - t1 < 800 + 50 + 2000);
+    assert_true(mono_ms() - t1 < IVL + 50 + 2000);
     for (int i = 0; i < N; i++)
-      sxt_ok(sx_store_renew(s, d[i].name, d[i].incarnation, 400));
+      sxt_ok(sx_store_renew(s, d[i].name, d[i].incarnation, LEASE));
     sleep_ms(50);
   }
   sx_store_entry *e = NULL;
