@@ -7,8 +7,9 @@
  * commandstats stay at one per interval per segment (and at one per renewal
  * with index_refresh_ms=0 or a lease not shorter than the interval); an
  * entry deleted by hand, or from a value without ix, is back within one
- * interval; a failed index write is repeated by the next renewal, not an
- * interval later; listing across the cluster's index pieces stays complete.
+ * interval; a failed index write, and a reconnect, make the next renewal
+ * write its entry, not the one an interval later; listing across the
+ * cluster's index pieces stays complete.
  *
  * SXT_FILTER=test_index_* runs only the matching tests.  Timing checks have
  * wide margins: the machine is shared with other builds.
@@ -23,6 +24,7 @@
 #include "internal.h"
 #include "redis/redis.h"
 #include "redis_cluster_harness.h"
+#include "store_fixture.h"
 #include "sxtest.h"
 
 /* The refresh interval the tests run with, and a lease shorter than it
@@ -255,6 +257,41 @@ static void test_index_failed_write_is_retried_next_renewal(void **state) {
   sx_store_close(s);
 }
 
+/* After a reconnect (the old connection may have taken index writes with
+ * it, or the master may be a promoted replica that missed them) the next
+ * renewals write their entries, although ix is fresh. */
+static void test_index_rewritten_after_a_reconnect(void **state) {
+  (void)state;
+  if (!have_redis)
+    skip();
+  sx_store *pub = open_single("ix4", NULL);
+  sx_desc d;
+  sxt_desc_make(&d, "ix4/a", 0x24, 1, 60000);
+  sxt_ok(sx_store_publish(pub, &d, 0));
+  sx_store_close(pub);
+  char url[320];
+  sxt_redis_url(&srv, url, sizeof(url), "namespace=ix4&index_refresh_ms=7500");
+  sxt_store st;
+  sxt_ok(sxt_store_open(&st, url, 1));
+  sxt_reply r;
+  /* ix is fresh: a renewal does not bring back an entry deleted by hand. */
+  assert_int_equal(srv_do("ZREM sx:ix4:index %s", d.name), 1);
+  sxt_ok(sxt_renew(&st, d.name, d.incarnation, 800, &r));
+  sxt_reply_free(&r);
+  assert_false(in_index("sx:ix4:index", d.name));
+  /* Drop the backend's connection; it reconnects. */
+  assert_true(srv_do("CLIENT KILL TYPE %s", "normal") >= 1);
+  assert_int_equal(sxt_store_wait_conn(&st, 0, 1, 10000), 0);
+  assert_int_equal(sxt_store_wait_conn(&st, 1, 2, SXT_OP_DEADLINE_MS), 0);
+  sxt_ok(sxt_renew(&st, d.name, d.incarnation, 800, &r));
+  sxt_reply_free(&r);
+  assert_true(in_index("sx:ix4:index", d.name));
+  sxt_ok(sxt_unpublish(&st, d.name, d.incarnation, &r));
+  sxt_reply_free(&r);
+  sxt_store_close(&st);
+  sx_desc_free(&d);
+}
+
 /* ---------------------------------------------------------------- cluster */
 
 static void test_index_cluster_renewals(void **state) {
@@ -354,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_index_written_once_per_interval),
       cmocka_unit_test(test_index_entry_deleted_by_hand_comes_back),
       cmocka_unit_test(test_index_failed_write_is_retried_next_renewal),
+      cmocka_unit_test(test_index_rewritten_after_a_reconnect),
       cmocka_unit_test(test_index_cluster_renewals),
   };
   const char *filter = getenv("SXT_FILTER");
