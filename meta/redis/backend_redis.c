@@ -192,11 +192,11 @@ static void index_done(rreq *q, redisReply *r) {
 /*
  * After a successful write: the index entry (add or remove) and, on a
  * cluster, the event on the name's shard channel.  A failure of either is
- * not the op's failure (the segment is written): a failed add makes the
- * next renewals write their entries (sx__redis_index_retry), and caches
- * also expire entries by TTL.  A send that fails here is such a failure
- * too.  Returns 1 when the
- * op waits for their replies, 0 when nothing could be sent.
+ * not the op's failure (the segment is written): a failed add (an error
+ * reply, a send that fails here, an op that ends before the answer) makes
+ * the next renewals write their entries (sx__redis_index_retry), and caches
+ * also expire entries by TTL.  Returns 1 when the op waits for their
+ * replies, 0 when nothing could be sent.
  */
 static int after_write(rreq *q, int add, const char *ev, size_t ev_len) {
   q->on_reply = index_done;
