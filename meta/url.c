@@ -143,6 +143,13 @@ static int parse_query(const char *q, sx_url *u) {
         return sx__err(SX_EURL,
                        "metadata URL: connect_timeout_ms '%.*s' is not 1..3600000",
                        vshow > 16 ? 16 : vshow, v);
+    } else if (key_is(q, klen, "index_refresh_ms")) {
+      if (u->scheme[0] != 'r')
+        return sx__err(SX_EURL, "metadata URL: index_refresh_ms is only for redis URLs "
+                       "(%s:// has no listing index to refresh)", u->scheme);
+      if (parse_u32(v, vlen, SX_URL_INDEX_REFRESH_MAX_MS, &u->index_refresh_ms))
+        return sx__err(SX_EURL, "metadata URL: index_refresh_ms '%.*s' is not 0..%u",
+                       vshow > 16 ? 16 : vshow, v, SX_URL_INDEX_REFRESH_MAX_MS);
     } else if (key_is(q, klen, "sentinel_user")) {
       if (!sentinel)
         return sx__err(SX_EURL, "metadata URL: sentinel_user is only for "
@@ -172,7 +179,8 @@ static int parse_query(const char *q, sx_url *u) {
     } else {
       return sx__err(SX_EURL,
                      "metadata URL: unknown query parameter '%.*s' (known: namespace, "
-                     "connect_timeout_ms, timeout_ms, sentinel_user, sentinel_password)",
+                     "connect_timeout_ms, timeout_ms, index_refresh_ms, sentinel_user, "
+                     "sentinel_password)",
                      (int)(klen > 40 ? 40 : klen), q);
     }
     q += len;
@@ -207,6 +215,7 @@ int sx__url_parse(const char *text, sx_url *out) {
   strcpy(u.ns, SX_URL_DEFAULT_NS);
   u.connect_timeout_ms = 2000;
   u.timeout_ms = 2000;
+  u.index_refresh_ms = SX_URL_INDEX_REFRESH_MAX_MS;
   if (text == NULL || *text == '\0')
     return sx__err(SX_EURL, "metadata URL is empty (set --metadata or SX_METADATA_URL)");
   if (strlen(text) > 2048)

@@ -33,7 +33,15 @@ typedef struct sx_url {
   char ns[SX_NS_MAX + 1];
   uint32_t connect_timeout_ms; /* default 2000 */
   uint32_t timeout_ms;         /* per command, default 2000 */
+  /* redis schemes: a renewal writes the listing index only when the last
+   * index write of that segment is older than this (ms); 0 = every renewal.
+   * At most SX_URL_INDEX_REFRESH_MAX_MS, the default. */
+  uint32_t index_refresh_ms;
 } sx_url;
+
+/* A quarter of the Redis listing index's prune grace (30 s, meta/redis/
+ * redis.h): an entry is rewritten well before list could prune it. */
+#define SX_URL_INDEX_REFRESH_MAX_MS 7500u
 
 /*
  * Parse
@@ -43,8 +51,8 @@ typedef struct sx_url {
  *                   (seed nodes of a Redis Cluster; database 0 only)
  *   etcd://host[:port][,host[:port]...][?query]     (also etcd+https://)
  *   mem://name[?query]                              (in-process, for tests)
- * with query keys namespace, connect_timeout_ms, timeout_ms, and for
- * redis+sentinel:// also sentinel_user and sentinel_password (the sentinels'
+ * with query keys namespace, connect_timeout_ms, timeout_ms, for the redis
+ * schemes index_refresh_ms (0..7500), and for redis+sentinel:// also sentinel_user and sentinel_password (the sentinels'
  * AUTH).  User, password and the sentinel credentials may be percent-encoded
  * ('@' and '&' in the sentinel ones must be: %40, %26); IPv6 hosts go in
  * brackets.  Default ports: redis and redis+cluster 6379, sentinel 26379, etcd 2379.  Returns 0

@@ -155,6 +155,25 @@ static void expect_bad(const char *url, const char *part) {
 
 /* A namespace too long for the buffer used to borrow the message of
  * whatever failed before on the thread. */
+/* index_refresh_ms: how often renewals rewrite the Redis listing index. */
+static void test_url_index_refresh(void **state) {
+  (void)state;
+  sx_url u;
+  sxt_ok(sx__url_parse("redis://h", &u));
+  assert_int_equal(u.index_refresh_ms, SX_URL_INDEX_REFRESH_MAX_MS);
+  sxt_ok(sx__url_parse("redis://h?index_refresh_ms=0", &u));
+  assert_int_equal(u.index_refresh_ms, 0);
+  sxt_ok(sx__url_parse("redis+cluster://h1,h2?index_refresh_ms=800", &u));
+  assert_int_equal(u.index_refresh_ms, 800);
+  sxt_ok(sx__url_parse("redis+sentinel://h/m?index_refresh_ms=7500", &u));
+  assert_int_equal(u.index_refresh_ms, 7500);
+  expect_bad("redis://h?index_refresh_ms=7501", "index_refresh_ms '7501' is not 0..7500");
+  expect_bad("redis://h?index_refresh_ms=-1", "index_refresh_ms '-1'");
+  expect_bad("redis://h?index_refresh_ms=", "index_refresh_ms ''");
+  expect_bad("etcd://h?index_refresh_ms=100", "only for redis URLs");
+  expect_bad("mem://x?index_refresh_ms=100", "only for redis URLs");
+}
+
 static void test_url_long_namespace_is_named(void **state) {
   (void)state;
   sx__err(SX_EIO, "an earlier failure");
@@ -346,6 +365,7 @@ int main(void) {
       cmocka_unit_test(test_url_other_schemes),
       cmocka_unit_test(test_url_malformed),
       cmocka_unit_test(test_url_long_namespace_is_named),
+      cmocka_unit_test(test_url_index_refresh),
       cmocka_unit_test(test_url_password_never_shown),
       cmocka_unit_test(test_url_sentinel_credentials),
       cmocka_unit_test(test_url_sentinel_password_never_shown),

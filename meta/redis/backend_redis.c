@@ -7,10 +7,12 @@
  *
  * Keys for namespace NS and segment N (docs/store.md, "Redis key schema"):
  *   sx:NS:seg:{N}    HASH d (descriptor), inc (hex), gen, pub, ren (server
- *                    ms), lease, xd (the holder's encoded delete event);
- *                    PEXPIRE = lease
+ *                    ms), lease, xd (the holder's encoded delete event),
+ *                    ix (server ms of the last index write); PEXPIRE = lease
  *   sx:NS:fence:{N}  SET of fenced incarnations (hex), TTL 24 h
- *   sx:NS:index      ZSET member N, score = lease expiry (server ms)
+ *   sx:NS:index      ZSET member N, score = lease expiry (server ms) as of
+ *                    the last index write: every publish, and a renewal
+ *                    only when the renew script says it is due
  *   sx:NS:events     pub/sub channel of encoded SegmentEvents
  * On a Redis Cluster (redis+cluster://, redis_cluster.c) the index and the
  * channel are split into SX_RCL_SHARDS pieces, sx:NS:index:{k} and the
@@ -34,6 +36,19 @@
 
 /* ------------------------------------------------------------- scripts */
 
+/* The renew script's refresh_ms: 0 (write the entry) while a failed index
+ * write is being repaired, else the URL's interval. */
+static const char *refresh_arg(redis_backend *rb, char buf[16]) {
+  if (uv_now(rb->base.loop) < rb->ix_force_until)
+    return "0";
+  snprintf(buf, 16, "%u", rb->base.url.index_refresh_ms);
+  return buf;
+}
+
+void sx__redis_index_retry(redis_backend *rb) {
+  rb->ix_force_until = uv_now(rb->base.loop) + rb->base.url.index_refresh_ms;
+}
+
 static int q_script(rreq *q) {
   redis_backend *rb = q->rb;
   /* Only the scripts touch the fence set. */
@@ -48,6 +63,7 @@ static int q_script(rreq *q) {
   /* A cluster's channel is in another slot than the script's keys: the
    * client publishes there (after_write). */
   const char *channel = rb->cluster ? "" : rb->channel;
+  char refresh[16];
 #define ARG(p, l) (argv[n] = (const char *)(p), lens[n] = (l), n++)
 #define SARG(s) ARG(s, strlen(s))
   if (q->eval || rb->script_sha[q->script][0] == '\0') {
@@ -75,6 +91,7 @@ static int q_script(rreq *q) {
   case SX_SCRIPT_RENEW:
     SARG(q->inc_hex);
     SARG(q->lease);
+    SARG(refresh_arg(rb, refresh));
     break;
   case SX_SCRIPT_UNPUBLISH:
     SARG(q->inc_hex);
@@ -151,7 +168,9 @@ static int index_add(rreq *q) {
   uint64_t lease = strtoull(q->lease, NULL, 10);
   snprintf(score, sizeof(score), "%" PRIu64, q->server_now + lease);
   const char *argv[] = {"ZADD", index_key(q, key, sizeof(key)), score, q->name};
-  return sx__redis_q_send(q, 4, argv, NULL);
+  int rc = sx__redis_q_send(q, 4, argv, NULL);
+  q->ix_sent = rc == 0;
+  return rc;
 }
 
 static int index_rem(rreq *q) {
@@ -162,23 +181,30 @@ static int index_rem(rreq *q) {
 
 /* The op ends once what after_write() sent has answered (q->step). */
 static void index_done(rreq *q, redisReply *r) {
-  (void)r;
-  if (q->got >= q->step)
+  if (r->type == REDIS_REPLY_ERROR && q->ix_sent)
+    sx__redis_index_retry(q->rb);
+  if (q->got >= q->step) {
+    q->ix_sent = 0;
     sx__redis_q_finish(q, 0, NULL);
+  }
 }
 
 /*
  * After a successful write: the index entry (add or remove) and, on a
  * cluster, the event on the name's shard channel.  A failure of either is
- * not the op's failure (the segment is written): the next renew writes the
- * entry again, and caches also expire entries by TTL.  Returns 1 when the
- * op waits for their replies, 0 when nothing could be sent.
+ * not the op's failure (the segment is written): a failed add (an error
+ * reply, a send that fails here, an op that ends before the answer) makes
+ * the next renewals write their entries (sx__redis_index_retry), and caches
+ * also expire entries by TTL.  Returns 1 when the op waits for their
+ * replies, 0 when nothing could be sent.
  */
 static int after_write(rreq *q, int add, const char *ev, size_t ev_len) {
   q->on_reply = index_done;
   q->step = q->got;
   if ((add ? index_add(q) : index_rem(q)) == 0)
     q->step++;
+  else if (add)
+    sx__redis_index_retry(q->rb);
   if (q->rb->cluster && ev != NULL && ev_len > 0) {
     char ch[SX_NS_MAX + 32];
     sx__rcl_channel(q->rb, sx__rcl_shard_of(q->name), ch, sizeof(ch));
@@ -284,6 +310,13 @@ static void renew_reply(rreq *q, redisReply *r) {
   if (strcmp(word, "OK") == 0) {
     if (sx__redis_parse_u64(sx__redis_elem_str(r, 1, 24), &q->server_now)) {
       sx__redis_q_finish(q, SX_ESTORE, "%s: renew: the script answered OK without a time", q->name);
+      return;
+    }
+    /* The entry is not due: it was written less than the refresh interval
+     * ago.  A reply without the word (not ours) counts as due. */
+    const char *due = sx__redis_elem_str(r, 2, 1);
+    if (due != NULL && due[0] == '0') {
+      sx__redis_q_finish(q, 0, NULL);
       return;
     }
     if (!after_write(q, 1, NULL, 0))

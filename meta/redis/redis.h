@@ -26,10 +26,17 @@
 #define SX_REDIS_BACKOFF_MAX_MS 1000u
 /* Fence sets outlive any plausible zombie; refreshed on every addition. */
 #define SX_REDIS_FENCE_TTL_MS (24u * 3600u * 1000u)
-/* list prunes index entries that expired longer ago than this, so that a
- * client clock ahead of the server's by less than this never hides live
- * segments.  Entries in the window whose key is gone are skipped. */
+/* list prunes index entries that expired longer ago than this.  A live
+ * segment's score lags its real expiry by less than the index refresh
+ * interval (below), so a client clock ahead of the server's by less than
+ * this minus that interval never hides live segments.  Entries in the
+ * window whose key is gone are skipped. */
 #define SX_REDIS_INDEX_GRACE_MS 30000u
+/* A renewal rewrites a segment's index entry only every index_refresh_ms
+ * (the URL's; at most SX_URL_INDEX_REFRESH_MAX_MS, a quarter of the grace):
+ * docs/store.md, "Redis key schema", has the bound on an entry's age. */
+_Static_assert(4u * SX_URL_INDEX_REFRESH_MAX_MS <= SX_REDIS_INDEX_GRACE_MS,
+               "the index refresh interval must stay well inside the prune grace");
 /* Sanity bounds on what the server may send us. */
 #define SX_REDIS_MAX_LIST 100000u
 
@@ -75,6 +82,9 @@ typedef struct redis_backend {
   int cluster;   /* redis+cluster:// */
   sx_rcl *cl;    /* its client state (redis_cluster.c); NULL otherwise */
   uv_timer_t cl_timer; /* cluster: map refresh delay and deadline */
+  /* Until this uv_now() ms every renewal writes its index entry: an index
+   * write failed or may have been lost (sx__redis_index_retry). */
+  uint64_t ix_force_until;
   /* Cluster: redirections and retries so far (tests and logs read them). */
   uint64_t cl_moved, cl_asked, cl_retried, cl_refreshes;
 
@@ -279,6 +289,7 @@ struct rreq {
   uint8_t *put_ev, *del_ev;
   size_t put_ev_len, del_ev_len;
   uint64_t server_now;
+  int ix_sent; /* an index ZADD was sent and has not answered success yet */
 
   /* Results. */
   sx_backend_reply rep;
@@ -321,6 +332,12 @@ void sx__redis_key(char *dst, const char *prefix, const char *name, size_t nlen)
  * allocation was a tenth of its instructions). */
 const char *sx__redis_seg_key(const rreq *q, char *dst);
 
+
+/* backend_redis.c: an index write failed or may have been lost (an error
+ * reply, an op that ended before its answer, a reconnect): for the next
+ * refresh interval every renewal writes its entry, so each segment's next
+ * renewal repairs it instead of the one an interval later. */
+void sx__redis_index_retry(redis_backend *rb);
 
 /* Send the ops that waited for the session, oldest first. */
 void sx__redis_flush_queued(redis_backend *rb);

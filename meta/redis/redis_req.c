@@ -87,6 +87,10 @@ static void q_vfinish(rreq *q, int status, const char *fmt, va_list ap) {
     return;
   q->done = 1;
   q_unlink(q);
+  /* The op ends before its index write answered (timeout, lost
+   * connection or node, closing): the entry may be missing. */
+  if (q->ix_sent)
+    sx__redis_index_retry(q->rb);
   q->rep.status = status;
   /* fmt NULL keeps a message already written into rep. */
   if (status != 0 && fmt != NULL)

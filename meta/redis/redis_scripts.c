@@ -4,7 +4,10 @@
  * Each touches only KEYS[1] (the segment hash, sx:NS:seg:{N}) and KEYS[2]
  * (the fence set, sx:NS:fence:{N}), which share the hash tag {N}, so a
  * script is atomic and valid in Redis Cluster.  The listing index lives in
- * another slot and is updated by the client with a separate command.  So
+ * another slot and is updated by the client with a separate command, after
+ * every publish but after a renewal only when the renew script says the
+ * entry is due (field ix, below): on a cluster that command goes to another
+ * master, so writing it on every renewal doubled the commands per renewal.  So
  * does the event channel on a cluster (sharded pub/sub, another slot): there
  * the channel argument is empty, the scripts publish nothing, and unpublish
  * and removal hand the stored delete event back for the client to SPUBLISH.
@@ -49,13 +52,22 @@ static const char publish_lua[] =
     "end\n"
     "redis.call('DEL', KEYS[1])\n"
     "redis.call('HSET', KEYS[1], 'd', ARGV[3], 'inc', ARGV[1], 'gen', ARGV[2],\n"
-    "           'pub', now, 'ren', now, 'lease', ARGV[4], 'xd', ARGV[7])\n"
+    "           'pub', now, 'ren', now, 'lease', ARGV[4], 'xd', ARGV[7], 'ix', now)\n"
     "redis.call('PEXPIRE', KEYS[1], ARGV[4])\n"
     "if ARGV[8] ~= '' then redis.call('PUBLISH', ARGV[8], ARGV[6]) end\n"
     "return {'OK', now}\n";
 
-/* Renew: ARGV = inc_hex, lease_ms.
- * Replies: {OK, now} | {GONE} | {FENCED, holder_or_empty}. */
+/* Renew: ARGV = inc_hex, lease_ms, refresh_ms (absent or 0: every renewal).
+ * Replies: {OK, now, due} | {GONE} | {FENCED, holder_or_empty}.
+ *
+ * due is '1' when the client is to write the listing index entry: the
+ * segment's field ix (server ms of the last renewal or publish that said
+ * so) is missing (a value written before ix existed, or by an older
+ * client), older than refresh_ms, or in the future (the server's clock went
+ * back); and always when the lease is not shorter than refresh_ms (such
+ * renewals are that far apart anyway).  A due renewal sets ix to now, in the
+ * same atomic step that decides it.  Times are compared as numbers: ms
+ * since the epoch are exact in a double until the year 287396. */
 static const char renew_lua[] =
     LUA_NOW
     "if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then return {'FENCED', ''} end\n"
@@ -63,11 +75,20 @@ static const char renew_lua[] =
     "  if redis.call('EXISTS', KEYS[1]) == 1 then return {'FENCED', ''} end\n"
     "  return {'GONE'}\n"
     "end\n"
-    "local inc = redis.call('HGET', KEYS[1], 'inc')\n"
-    "if inc ~= ARGV[1] then return {'FENCED', inc or ''} end\n"
+    "local cur = redis.call('HMGET', KEYS[1], 'inc', 'ix')\n"
+    "if cur[1] ~= ARGV[1] then return {'FENCED', cur[1] or ''} end\n"
     "redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
-    "redis.call('HSET', KEYS[1], 'ren', now, 'lease', ARGV[2])\n"
-    "return {'OK', now}\n";
+    "local every, due = tonumber(ARGV[3] or '0') or 0, '1'\n"
+    "if every > 0 and (tonumber(ARGV[2]) or 0) < every then\n"
+    "  local ix, t = tonumber(cur[2] or ''), tonumber(now)\n"
+    "  if ix and ix <= t and t - ix < every then due = '0' end\n"
+    "end\n"
+    "if due == '1' then\n"
+    "  redis.call('HSET', KEYS[1], 'ren', now, 'lease', ARGV[2], 'ix', now)\n"
+    "else\n"
+    "  redis.call('HSET', KEYS[1], 'ren', now, 'lease', ARGV[2])\n"
+    "end\n"
+    "return {'OK', now, due}\n";
 
 /* Unpublish: ARGV = inc_hex, channel ('' = do not publish).
  * Replies: {OK, delete_event_or_empty} | {GONE} | {FENCED, holder_or_empty}. */

@@ -185,6 +185,10 @@ void sx__redis_ready(redis_backend *rb) {
   if (rb->state != RB_READY)
     return;
   rb->reported_down = 0;
+  /* A reconnect (maybe to a promoted replica that missed recent writes):
+   * index entries may have been lost with the old connection. */
+  if (rb->up_once)
+    sx__redis_index_retry(rb);
   rb->up_once = 1;
   if (rb->base.hooks.on_conn)
     rb->base.hooks.on_conn(rb->base.hooks.arg, 1, 0, NULL);
