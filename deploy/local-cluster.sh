@@ -481,6 +481,36 @@ meta1_replica() {
   [ -n "$rep" ] && echo "${rep%@*}"
 }
 
+# replica_known_to_masters IP:PORT: each master's CLUSTER NODES lists it as
+# a replica.
+replica_known_to_masters() {
+  local n h a
+  for n in $(CLUSTER_NODES); do
+    h=${n%%:*}
+    a=${n#*:}
+    case $a in *:7001) ;; *) continue ;; esac
+    ccli "$h" -h "${a%:*}" -p "${a#*:}" cluster nodes |
+      awk -v r="$1" '{ split($2, x, "@") } x[1] == r && $3 ~ /slave/ { ok = 1 } END { exit !ok }' ||
+      return 1
+  done
+}
+
+# failover_to HOST IP:PORT: CLUSTER FAILOVER on that replica until it is a
+# master.  A manual failover that loses its vote times out after 5 s on the
+# server and is not retried there, so it is asked again (3 tries).
+failover_to() {
+  local h=$1 rep=$2 try i
+  for try in 1 2 3; do
+    ccli "$h" -h "${rep%:*}" -p "${rep#*:}" cluster failover
+    for i in $(seq 100); do
+      node_role_is master "$h" "${rep%:*}" "${rep#*:}" && return 0
+      sleep 0.1
+    done
+    say "the failover to $rep did not happen within 10 s (try $try of 3)"
+  done
+  die "$rep being a master did not happen after 3 tries (logs: $DIR/logs)"
+}
+
 # The replica of the master on meta1 takes over (CLUSTER FAILOVER, as an
 # operator does for maintenance); the agents follow the slot map.
 cluster_failover_demo() {
@@ -495,8 +525,11 @@ cluster_failover_demo() {
   say "replica $rep takes over from $NET.10:7001"
   h=meta2
   case $rep in "$NET.23":*) h=meta3 ;; "$NET.10":*) h=meta1 ;; esac
-  ccli "$h" -h "${rep%:*}" -p "${rep#*:}" cluster failover
-  wait_for 30 "$rep being a master" node_role_is master "$h" "${rep%:*}" "${rep#*:}"
+  # The other masters vote on the failover, and one that still takes the
+  # replica for a master denies its vote ("it is a master node"): wait until
+  # every master knows it as a replica.
+  wait_for 30 "every master knowing $rep as a replica" replica_known_to_masters "$rep"
+  failover_to "$h" "$rep"
   wait_for 30 "$NET.10:7001 being a replica" node_role_is slave meta1 "$NET.10" 7001
   wait_for 30 "the cluster being ok again" cluster_ok
   ccli meta1 -h "$NET.10" -p 7001 cluster nodes | awk '{print "  " $2, $3}'
