@@ -562,7 +562,8 @@ static int staged_vs_host(run *R, gopts *o, bx_table *t, bx_report *rep, double 
 static int parse(gopts *o, int argc, char **argv) {
   uint64_t block_bytes = 0;
   int n_req = 0, batches_given = 0;
-  for (int i = 1; i < argc; i++) {
+  /* Every option takes a value: i steps over both. */
+  for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     int ok = v != NULL;
     uint64_t x = 0;
@@ -611,7 +612,6 @@ static int parse(gopts *o, int argc, char **argv) {
               "engine shape --block-bytes B --layers L --kv 1|2 --request-blocks LIST\n", a);
       return BX_USAGE;
     }
-    i++;
   }
   int engine = o->layers > 0 || n_req > 0 || block_bytes > 0;
   if (engine) {
