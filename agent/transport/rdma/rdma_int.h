@@ -68,6 +68,20 @@
  * of the receives of their replies; ring slots are small numbers. */
 #define SX__RDMA_WR_NSEND (1ull << 62)
 #define SX__RDMA_WR_RECV (1ull << 61)
+/* One signaled work request over sge (which must live until it is
+ * posted): a SEND of the message in sge (no SGE when it is empty), or an
+ * RDMA READ of (raddr, rkey) into sge. */
+static inline void sx__rdma_wr_send(struct ibv_send_wr *wr, struct ibv_sge *sge, uint64_t wr_id) {
+  *wr = (struct ibv_send_wr){.wr_id = wr_id, .sg_list = sge, .num_sge = sge->length > 0,
+                             .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+}
+static inline void sx__rdma_wr_read(struct ibv_send_wr *wr, struct ibv_sge *sge, uint64_t wr_id,
+                                    uint64_t raddr, uint32_t rkey) {
+  *wr = (struct ibv_send_wr){.wr_id = wr_id, .sg_list = sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+  wr->wr.rdma.remote_addr = raddr;
+  wr->wr.rdma.rkey = rkey;
+}
 /* Notices a producer's QP has sent and not seen answered (the receives it
  * keeps posted for the replies). */
 #define SX__RDMA_WCREDITS 16u

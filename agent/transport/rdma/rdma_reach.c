@@ -92,13 +92,7 @@ int sx__rdma_reach(sx_rdma *t, rdma_dev *d, const struct ibv_mr *mr, uint64_t ad
   }
   struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = PROBE_BYTES, .lkey = lmr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = addr;
-  wr.wr.rdma.rkey = mr->rkey;
+  sx__rdma_wr_read(&wr, &sge, 0, addr, mr->rkey);
   if (ibv_post_send(qa, &wr, &bad) != 0) {
     snprintf(why, cap, "loopback READ on %s: ibv_post_send: %s", d->name, strerror(errno));
     goto out;

@@ -94,12 +94,7 @@ static void reply(rdma_sserve *ss, tslot *sl, int status) {
                        status == 0 ? sl->bytes : 0);
   struct ibv_sge sge = {.addr = (uintptr_t)w, .length = sizeof(*w), .lkey = ss->ring.msg_mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  sx__rdma_wr_send(&wr, &sge, SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index));
   if (ibv_post_send(tc->id->qp, &wr, &bad) != 0) {
     char why[96];
     snprintf(why, sizeof(why), "ibv_post_send of a reply: %s", strerror(errno));
@@ -197,22 +192,31 @@ static void slot_copy(rdma_sserve *ss, tslot *sl, const sx__mem_range *rg, size_
   slot_end(sl, sx__rdma_ring_copy_sync(rg, n, device >= 0));
 }
 
+/* The slot q names, taken for q; NULL (the connection dropped for why)
+ * while an earlier request still holds it. */
+static tslot *claim(rdma_sserve *ss, const sx__rdma_sreq *q, const char *why) {
+  tslot *sl = &ss->slots[q->slot];
+  if (sl->busy) {
+    drop(ss, why);
+    return NULL;
+  }
+  sl->busy = 1;
+  sl->seq = q->seq;
+  sl->bytes = 0;
+  sl->n = 0;
+  return sl;
+}
+
 /* A producer's write request: check every range (nothing lands unless all
  * pass), then READ the producer's slot into ours; the scatter follows its
  * completion (on_read). */
 static void serve_write(rdma_sserve *ss, const sx__rdma_sreq *q) {
   const sx_tctx *ctx = ss->t->base.ctx;
   rdma_tconn *tc = ss->tc;
-  tslot *sl = &ss->slots[q->slot];
+  tslot *sl = claim(ss, q, "a write request for a slot that is still being copied");
   int st = 0;
-  if (sl->busy) {
-    drop(ss, "a write request for a slot that is still being copied");
+  if (sl == NULL)
     return;
-  }
-  sl->busy = 1;
-  sl->seq = q->seq;
-  sl->bytes = 0;
-  sl->n = 0;
   /* The grant now, not only at connect time: a revoke destroys this QP,
    * but a request that arrived before must not land either. */
   if (ctx->write_granted == NULL || ctx->write_granted(ctx->agent, tc->producer, tc->pinc) != 0)
@@ -231,14 +235,8 @@ static void serve_write(rdma_sserve *ss, const sx__rdma_sreq *q) {
   struct ibv_sge sge = {.addr = (uintptr_t)sx__rdma_ring_slot(&ss->ring, sl->index),
                         .length = sl->bytes, .lkey = ss->ring.mr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = q->src.addr;
-  wr.wr.rdma.rkey = q->src.rkey;
+  sx__rdma_wr_read(&wr, &sge, SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index), q->src.addr,
+                   q->src.rkey);
   sl->reading = 1;
   if (ibv_post_send(tc->id->qp, &wr, &bad) != 0) {
     char why[96];
@@ -268,17 +266,11 @@ static void on_read(rdma_sserve *ss, tslot *sl, enum ibv_wc_status status) {
 
 /* Check the ranges of q and copy them into their slot. */
 static void serve(rdma_sserve *ss, const sx__rdma_sreq *q) {
-  tslot *sl = &ss->slots[q->slot];
+  tslot *sl = claim(ss, q, "a request for a slot that is still being filled");
   sx__mem_range rg[SX__RDMA_STAGE_MAX_RANGES];
   int device, sm_ok;
-  if (sl->busy) {
-    drop(ss, "a request for a slot that is still being filled");
+  if (sl == NULL)
     return;
-  }
-  sl->busy = 1;
-  sl->seq = q->seq;
-  sl->bytes = 0;
-  sl->n = 0;
   int st = take_ranges(ss, sl, q, rg, &device, &sm_ok);
   if (st != 0) {
     slot_end(sl, st);

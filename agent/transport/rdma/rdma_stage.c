@@ -222,12 +222,7 @@ void sx__rdma_s_post_request(rdma_conn *c, sslot *sl) {
   struct ibv_sge sge = {.addr = (uintptr_t)req_buf(r, sl->index), .length = (uint32_t)len,
                         .lkey = r->ring.msg_mr->lkey};
   struct ibv_send_wr wr;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  sx__rdma_wr_send(&wr, &sge, SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index));
   sl->state = SL_REQ;
   sx__rdma_s_post_wrs(c, &wr, 1, sl, "request");
 }
@@ -402,14 +397,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   struct ibv_sge sge = {.addr = (uintptr_t)sx__rdma_ring_slot(&r->ring, sl->index), .length = bytes,
                         .lkey = r->ring.mr->lkey};
   struct ibv_send_wr wr;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = addr;
-  wr.wr.rdma.rkey = rkey;
+  sx__rdma_wr_read(&wr, &sge, SX__RDMA_SWR(SX__RDMA_SWR_READ, sl->index), addr, rkey);
   sl->state = SL_READ;
   if (sx__rdma_s_post_wrs(c, &wr, 1, sl, "READ") == 0) {
     sl->wrs = 1;

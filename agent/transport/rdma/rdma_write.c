@@ -180,12 +180,7 @@ static int send_one(rdma_peer *p, rdma_conn *c) {
   struct ibv_sge sge = {.addr = (uintptr_t)dst, .length = (uint32_t)n->len,
                         .lkey = d->nmr->lkey};
   struct ibv_send_wr wr, *bad = NULL;
-  memset(&wr, 0, sizeof(wr));
-  wr.wr_id = SX__RDMA_WR_NSEND | (uint64_t)slot;
-  wr.sg_list = &sge;
-  wr.num_sge = n->len > 0 ? 1 : 0;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  sx__rdma_wr_send(&wr, &sge, SX__RDMA_WR_NSEND | (uint64_t)slot);
   if ((rc = ibv_post_send(c->qp, &wr, &bad)) != 0) {
     char msg[200];
     snprintf(msg, sizeof(msg), "ibv_post_send of a notice on QP %u to '%.64s': %s", c->index,
