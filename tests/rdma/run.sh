@@ -20,7 +20,9 @@ tmp=${TMPDIR:-/tmp}/sx-rdma.$$
 mkdir -p "$tmp"
 fail=0
 
-step() { printf '== %s\n' "$*"; }
+# Each step says when it began (seconds into the run): what each one costs.
+t0=$(date +%s)
+step() { printf '== %s  [%ss]\n' "$*" $(($(date +%s) - t0)); }
 
 case $mode in
 one)

@@ -269,6 +269,10 @@ static int start_server(sxt_redis *r) {
          tok = strtok_r(NULL, " ", &save))
       argv[n++] = tok;
   }
+  /* Replicas sync at once, not after the diskless delay of 5 s: a
+   * sentinel that asks before the link is up asks again only 10 s later. */
+  argv[n++] = "--repl-diskless-sync-delay";
+  argv[n++] = "0";
   if (r->opts.cluster) {
     argv[n++] = "--cluster-enabled";
     argv[n++] = "yes";
@@ -276,10 +280,7 @@ static int start_server(sxt_redis *r) {
     argv[n++] = "nodes.conf";
     argv[n++] = "--cluster-node-timeout";
     argv[n++] = "1000";
-    /* Replicas sync at once (not after the diskless delay of 5 s), and
-     * may take over however long their master was gone. */
-    argv[n++] = "--repl-diskless-sync-delay";
-    argv[n++] = "0";
+    /* Replicas may take over however long their master was gone. */
     argv[n++] = "--cluster-replica-validity-factor";
     argv[n++] = "0";
   }
