@@ -9,6 +9,7 @@
  *   sx_rdma_loopback.c  selftest: in-process tests over the loopback
  *   sx_rdma_remote.c    read and killtest: against a serve process
  *   sx_rdma_wpush.c     wselftest: push mode, consumer and producer on two loops
+ *   sx_rdma_nics.c      nictest: one segment on two NICs, read and written through both
  *
  * Tests are `int test_x(void)`: 0, or -1 after printing why (FAIL, CHECK).
  */
@@ -164,6 +165,7 @@ int read_everything(node *r, sx_tpeer *p, const sx_desc *d, uint64_t deadline_ms
 
 int cmd_selftest(void); /* sx_rdma_loopback.c */
 int cmd_wselftest(void); /* sx_rdma_wpush.c */
+int cmd_nictest(void);   /* sx_rdma_nics.c */
 int cmd_read(void);     /* sx_rdma_remote.c */
 int cmd_killtest(void); /* sx_rdma_remote.c */
 
