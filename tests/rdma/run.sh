@@ -51,6 +51,9 @@ nics() {
   step "two NICs: one segment's regions on $dev and $NIC2_DEV (veth), reads and writes through both, $NIC2_DEV taken down"
   if nic2_up; then
     SX_NICTEST_NETDEV=$NIC2_NETDEV SX_NICTEST_DEV=$NIC2_DEV ./sx-rdma-test nictest || fail=1
+    step "two NICs, staged: the target's regions in GPU memory (host-memory stand-in for the CUDA driver)"
+    SX_NICTEST_NETDEV=$NIC2_NETDEV SX_NICTEST_DEV=$NIC2_DEV SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
+      ./sx-rdma-test nictest-gpu || fail=1
   else
     echo "FAIL  nictest: could not make $NIC2_DEV on a veth pair (root, rdma_rxe, veth needed)"
     fail=1

@@ -12,6 +12,11 @@
  * the netdev under one of the devices: the last test takes it down and
  * back up (root), and a batch spanning both NICs must then fail only the
  * ranges that need that device, with a message naming it.
+ *
+ * nictest-gpu: the same with the target's regions in "cuda:0" memory of
+ * the host-memory CUDA stand-in (SX_CUDA_LIBRARY=libfakecuda.so): rxe has
+ * no GPUDirect, so every range is staged, and each NIC pair stages through
+ * a ring of its own, registered on its own device.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -33,6 +38,7 @@ static struct {
   sx_desc desc;
   sx_tpeer *peer;
   uint64_t seed, epoch;
+  uint8_t *host; /* a host copy of a target region (gpu) */
 } N;
 
 /* ------------------------------------------------------------------ the target's agent part */
@@ -95,6 +101,32 @@ static int rdr_dev(const char *name) {
     if (strcmp(t->devs[k].name, name) == 0)
       return k;
   return -1;
+}
+
+/* Target region r as host bytes: the region itself, or (GPU memory) a
+ * copy made through the memory layer. */
+static const uint8_t *tgt_bytes(uint32_t r) {
+  uint64_t len = N.tgt.regs[r].r.length;
+  if (!N.tgt.gpu)
+    return N.tgt.mem[r];
+  if (N.host == NULL)
+    N.host = malloc(len);
+  if (N.host == NULL || sx__mem_copy(N.host, N.tgt.mem[r], len) != 0)
+    return NULL;
+  return N.host;
+}
+
+/* Target region r filled with the pattern of seed again. */
+static int tgt_refill(uint32_t r, uint64_t seed) {
+  uint64_t len = N.tgt.regs[r].r.length;
+  if (!N.tgt.gpu) {
+    pattern_fill(N.tgt.mem[r], len, seed, r);
+    return 0;
+  }
+  if (N.host == NULL && (N.host = malloc(len)) == NULL)
+    return -1;
+  pattern_fill(N.host, len, seed, r);
+  return sx__mem_copy(N.tgt.mem[r], N.host, len);
 }
 
 /* Ranges from every region: three runs of blocks each, one of them not
@@ -209,22 +241,49 @@ static int test_write_spans_both_nics(void) {
   for (size_t i = 0; i < o.op.n; i++) {
     const sx_xfer *x = &o.x[i];
     uint32_t r = x->rreg->id;
-    if (pattern_verify(N.tgt.mem[r], x->roff, x->length, seed, r))
+    const uint8_t *b = tgt_bytes(r);
+    CHECK(b != NULL, "copying target region %u out: %s", r, sx_errmsg());
+    if (pattern_verify(b, x->roff, x->length, seed, r))
       FAIL("written range %zu (region %u, on %s) differs at the target", i, r,
            region_dev(x->rreg));
+    /* Nothing around the ranges changed: the bytes between them still
+     * hold the target's own pattern. */
+    if (pattern_verify(b, 3 * BLOCK_BYTES, 2 * BLOCK_BYTES, N.seed, r) ||
+        pattern_verify(b, 29 * BLOCK_BYTES, 3 * BLOCK_BYTES, N.seed, r))
+      FAIL("bytes of region %u outside the written ranges changed", r);
   }
-  /* Nothing around the ranges changed: the bytes between them still hold
-   * the target's own pattern. */
-  CHECK(pattern_verify(N.tgt.mem[0], 3 * BLOCK_BYTES, 2 * BLOCK_BYTES, N.seed, 0) == 0 &&
-            pattern_verify(N.tgt.mem[1], 29 * BLOCK_BYTES, 3 * BLOCK_BYTES, N.seed, 1) == 0,
-        "bytes outside the written ranges changed");
   if (check_both_devices(&before, &o, bytes))
     return -1;
   N.rdr.t->ops->peer_close(wp);
   opx_free(&o);
   /* The target's pattern back, for the next test. */
   for (uint32_t r = 0; r < REGIONS; r++)
-    pattern_fill(N.tgt.mem[r], N.tgt.regs[r].r.length, N.seed, r);
+    CHECK(tgt_refill(r, N.seed) == 0, "refilling region %u: %s", r, sx_errmsg());
+  return 0;
+}
+
+/* Staged: the segment's peer and its pair peer each have a stage peer,
+ * from their own local port, with its ring registered on that port's
+ * device: one on each device. */
+static int test_stage_rings_per_nic(void) {
+  const rdma_peer *p = (const rdma_peer *)N.peer;
+  const sx_rdma *t = (const sx_rdma *)N.rdr.t;
+  int seen[SX__RDMA_MAX_DEVS] = {0};
+  CHECK(p->pairs != NULL && p->pairs->pnext == NULL, "the segment has %s NIC pair peers",
+        p->pairs == NULL ? "no" : "several");
+  const rdma_peer *both[2] = {p, p->pairs};
+  for (int k = 0; k < 2; k++) {
+    const rdma_peer *sp = both[k]->stage;
+    CHECK(sp != NULL && sp->sr != NULL && sp->sr->mr_dev != NULL,
+          "the peer from %s has no stage ring", both[k]->lep->dev->name);
+    CHECK(sp->sr->mr_dev == both[k]->lep->dev, "the stage ring of the pair from %s is "
+          "registered on %s", both[k]->lep->dev->name, sp->sr->mr_dev->name);
+    printf("      pair from %s: stage ring on %s\n", both[k]->lep->dev->name,
+           sp->sr->mr_dev->name);
+    seen[sp->sr->mr_dev->index] = 1;
+  }
+  for (int k = 0; k < t->n_devs; k++)
+    CHECK(seen[k], "no stage ring on %s", t->devs[k].name);
   return 0;
 }
 
@@ -326,7 +385,7 @@ static int test_nic_down_fails_only_its_ranges(void) {
 
 /* ------------------------------------------------------------------ the command */
 
-static int fixture_open(void) {
+static int fixture_open(int gpu) {
   memset(&N, 0, sizeof(N));
   N.seed = opt.seed ^ 0x9e1c;
   uv_loop_init(&N.loop);
@@ -338,6 +397,7 @@ static int fixture_open(void) {
   N.tgt.ctx.grant_epoch = &N.epoch;
   CHECK(((sx_rdma *)N.tgt.t)->n_devs >= 2, "%d RDMA device(s) here; nictest needs two, in "
         "different IPv4 subnets (run.sh makes rxe1 on a veth pair)", ((sx_rdma *)N.tgt.t)->n_devs);
+  N.tgt.gpu = gpu;
   if (node_regions(&N.tgt, REGIONS, LAYERS, BLOCKS, BLOCK_BYTES,
                    SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE, N.seed, 0) ||
       node_desc(&N.tgt, &N.desc, N.seed))
@@ -350,14 +410,16 @@ static int fixture_open(void) {
   return 0;
 }
 
-int cmd_nictest(void) {
+int cmd_nictest(int gpu) {
   double t0 = now_s();
-  if (fixture_open() != 0) {
+  if (fixture_open(gpu) != 0) {
     test_report("nictest_fixture", -1, now_s() - t0);
     return 1;
   }
   RUN(test_regions_on_two_nics);
   RUN(test_read_spans_both_nics);
+  if (gpu)
+    RUN(test_stage_rings_per_nic);
   RUN(test_write_spans_both_nics);
   RUN(test_nic_down_fails_only_its_ranges);
   if (N.peer != NULL)
@@ -365,6 +427,7 @@ int cmd_nictest(void) {
   node_close(&N.rdr);
   node_close(&N.tgt);
   sx_desc_free(&N.desc);
+  free(N.host);
   uv_run(&N.loop, UV_RUN_DEFAULT);
   uv_loop_close(&N.loop);
   return test_failures != 0;

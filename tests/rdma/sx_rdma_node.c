@@ -110,15 +110,27 @@ int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
   for (uint32_t i = 0; i < count; i++) {
     sx_lregion *lr = &n->regs[n->n_regs];
     uint64_t len = (uint64_t)layers * blocks * block_bytes;
-    void *m = NULL;
-    if (posix_memalign(&m, 4096, len) != 0)
+    void *m = NULL, *h = NULL;
+    if (posix_memalign(&h, 4096, len) != 0)
       FAIL("out of memory");
-    n->mem[n->n_regs] = m;
     if (seed != 0)
-      pattern_fill(m, len, seed, n->n_regs);
+      pattern_fill(h, len, seed, n->n_regs);
     else
-      memset(m, fill_byte, len);
+      memset(h, fill_byte, len);
+    if (n->gpu) {
+      int rc = sx__mem_alloc(0, len, &m);
+      if (rc == 0)
+        rc = sx__mem_copy(m, h, len);
+      free(h);
+      CHECK(rc == 0, "cuda:0 memory: %s", sx_errmsg());
+    } else {
+      m = h;
+    }
+    n->mem[n->n_regs] = m;
     memset(lr, 0, sizeof(*lr));
+    if (n->gpu)
+      lr->mem = (sx__mem_info){.kind = SX__MEM_CUDA, .device = 0,
+                               .base = (uint64_t)(uintptr_t)m, .size = len};
     lr->r.id = n->n_regs;
     lr->r.group = n->n_regs / 2;
     lr->r.slot = n->n_regs % 2;
@@ -131,7 +143,7 @@ int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
     lr->r.addr = (uint64_t)(uintptr_t)m;
     lr->r.length = len;
     lr->r.access = access;
-    snprintf(lr->r.location, sizeof(lr->r.location), "cpu");
+    snprintf(lr->r.location, sizeof(lr->r.location), n->gpu ? "cuda:0" : "cpu");
     int rc = n->t->ops->reg_mem(n->t, lr);
     CHECK(rc == 0, "reg_mem: %s: %s", sx_err_name(rc), sx_errmsg());
     n->n_regs++;
@@ -178,8 +190,12 @@ void node_close(node *n) {
     n->t->ops->close(n->t);
     n->t = NULL;
   }
-  for (uint32_t i = 0; i < n->n_regs; i++)
-    free(n->mem[i]);
+  for (uint32_t i = 0; i < n->n_regs; i++) {
+    if (n->gpu)
+      sx__mem_free(n->mem[i]);
+    else
+      free(n->mem[i]);
+  }
   n->n_regs = 0;
 }
 

@@ -104,6 +104,7 @@ typedef struct node {
   sx_lregion regs[16];
   uint8_t *mem[16];
   uint32_t n_regs;
+  int gpu; /* node_regions allocates CUDA device 0 memory (the stand-in) */
 } node;
 
 /* Open the RDMA transport as node name on loop, listening on port (0: any);
@@ -113,7 +114,8 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
               uint32_t conns);
 /* Register count regions: id i is group i/2, slot i%2, layers x blocks of
  * block_bytes; access: SX_ACCESS_* (0: local only); filled with the pattern
- * for seed, or with fill_byte when seed is 0. */
+ * for seed, or with fill_byte when seed is 0.  In host memory, or in
+ * "cuda:0" when n->gpu is set (copied in through the memory layer). */
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
                  uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte);
 /* The descriptor this node would publish, through encode and decode so
@@ -165,7 +167,7 @@ int read_everything(node *r, sx_tpeer *p, const sx_desc *d, uint64_t deadline_ms
 
 int cmd_selftest(void); /* sx_rdma_loopback.c */
 int cmd_wselftest(void); /* sx_rdma_wpush.c */
-int cmd_nictest(void);   /* sx_rdma_nics.c */
+int cmd_nictest(int gpu); /* sx_rdma_nics.c; gpu: the target's regions in cuda:0 */
 int cmd_read(void);     /* sx_rdma_remote.c */
 int cmd_killtest(void); /* sx_rdma_remote.c */
 
