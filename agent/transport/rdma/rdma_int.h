@@ -579,6 +579,10 @@ int sx__rdma_peer_new(sx_rdma *t, const sx_desc *remote, uint32_t idx, uint32_t 
  * as it is, one spanning pairs is split into an op per pair, settled as
  * one (a pair that cannot connect fails only its ranges). */
 int sx__rdma_route_post(rdma_peer *p, sx_op *op);
+/* The peer that carries xfer x: p itself, or the pair peer of the NICs its
+ * regions name (opened now if it is the first range to need it).  0, or an
+ * error (out of memory, an endpoint address that is not numeric). */
+int sx__rdma_route_pair(rdma_peer *p, const sx_xfer *x, rdma_peer **out);
 /* abort() of a segment's peer: the op's parts, wherever they went. */
 void sx__rdma_route_abort(rdma_peer *p, sx_op *op, int status);
 

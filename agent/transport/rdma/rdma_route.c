@@ -59,16 +59,23 @@ static uint32_t remote_ordinal(const rdma_peer *p, const sx_region *rr) {
 
 /* The local port for remote endpoint re: the best suited; among equals,
  * one on device ldev (the local region's NIC), then the peer's own.  NULL
- * when none can reach it at all. */
+ * when none suits it as well as the segment's own pair suits its
+ * endpoints: a reader with fewer rails than the target (one NIC in one
+ * subnet, say) keeps reading through the pair it was opened for, which
+ * reaches every region (each is registered on every NIC), rather than
+ * trying a NIC of the target's that it may have no route to. */
 static rdma_ep *local_port(const rdma_peer *p, const sx_endpoint *re, int ldev) {
   sx_rdma *t = p->t;
   rdma_ep *best = NULL;
+  int need = sx__rdma_ep_score(p->lep, &p->desc->endpoints[p->rep[p->rkey_index]]);
   int best_score = 0, best_pref = -1;
   for (int k = 0; k < t->n_eps; k++) {
     rdma_ep *ep = &t->eps[k];
     int s = sx__rdma_ep_score(ep, re);
     int pref = 2 * (ep->dev->index == ldev) + (ep == p->lep);
-    if (s > best_score || (s == best_score && s > 0 && pref > best_pref)) {
+    if (s == 0 || s < need)
+      continue;
+    if (s > best_score || (s == best_score && pref > best_pref)) {
       best = ep;
       best_score = s;
       best_pref = pref;
@@ -77,10 +84,7 @@ static rdma_ep *local_port(const rdma_peer *p, const sx_endpoint *re, int ldev) 
   return best;
 }
 
-/* The peer that carries xfer x: p itself, or the pair peer of the NICs its
- * regions name (opened now if it is the first range to need it).  0, or an
- * error (out of memory, an endpoint address that is not numeric). */
-static int pair_for(rdma_peer *p, const sx_xfer *x, rdma_peer **out) {
+int sx__rdma_route_pair(rdma_peer *p, const sx_xfer *x, rdma_peer **out) {
   *out = p;
   if (x->lreg == NULL || x->rreg == NULL)
     return 0; /* sx__rdma_post_pair says what is wrong with it */
@@ -224,7 +228,7 @@ int sx__rdma_route_post(rdma_peer *p, sx_op *op) {
     return sx__err(SX_ENOMEM, "rdma: out of memory for an op of %zu ranges", op->n);
   sx__rdma_enter(t);
   for (size_t i = 0; i < op->n && rc == 0; i++) {
-    rc = pair_for(p, &op->xfers[i], &to[i]);
+    rc = sx__rdma_route_pair(p, &op->xfers[i], &to[i]);
     size_t j = 0;
     while (rc == 0 && j < n_set && set[j] != to[i])
       j++;
