@@ -317,6 +317,22 @@ static void test_nic_pick_per_region(void **state) {
 }
 #endif
 
+/* Two RoCE ports, mlx5_0 at 10.1.2.10 and mlx5_1 at 10.1.2.11, no masks. */
+static void fake_ports(sx_rdma *t) {
+  t->n_devs = t->n_eps = 2;
+  for (int i = 0; i < 2; i++) {
+    t->devs[i].index = i;
+    snprintf(t->devs[i].name, sizeof(t->devs[i].name), "mlx5_%d", i);
+    rdma_ep *e = &t->eps[i];
+    e->dev = &t->devs[i];
+    e->link_layer = IBV_LINK_LAYER_ETHERNET;
+    e->gid[10] = e->gid[11] = 0xff;
+    e->gid[12] = 10, e->gid[13] = 1, e->gid[14] = 2, e->gid[15] = (uint8_t)(10 + i);
+    memcpy(&e->ipv4, e->gid + 12, 4);
+    e->has_ipv4 = 1;
+  }
+}
+
 /* The reader's endpoint pair: among equally suited ports, the remote
  * endpoint its owner placed most bytes on, then the local port whose
  * device holds most of this agent's regions. */
@@ -327,18 +343,7 @@ static void test_nic_pick_follows_published_choice(void **state) {
   uint32_t rk = 99;
   rdma_ep *lep = NULL;
   assert_non_null(t);
-  t->n_devs = 2;
-  t->n_eps = 2;
-  for (int i = 0; i < 2; i++) {
-    t->devs[i].index = i;
-    rdma_ep *e = &t->eps[i];
-    e->dev = &t->devs[i];
-    e->link_layer = IBV_LINK_LAYER_ETHERNET;
-    e->gid[10] = e->gid[11] = 0xff;
-    e->gid[12] = 10, e->gid[13] = 1, e->gid[14] = 2, e->gid[15] = (uint8_t)(10 + i);
-    memcpy(&e->ipv4, e->gid + 12, 4);
-    e->has_ipv4 = 1;
-  }
+  fake_ports(t);
   /* Two remote NICs (10.1.2.3, 10.1.2.4), no masks: every pair scores alike. */
   sxt_desc_kv(&d, "two-nics", 2, 0, 4096, 8, 2);
   assert_true(sx__rdma_pick(t, &d, &rk, &lep) >= 0);
@@ -385,20 +390,10 @@ static void test_nic_route_pairs(void **state) {
   rdma_mr rm;
   sx_lregion lr;
   assert_non_null(t);
-  t->n_devs = t->n_eps = 2;
+  fake_ports(t);
   t->conns_per_peer = 2;
-  for (int i = 0; i < 2; i++) { /* 10.1.2.10 and .11, both in the remote NICs' /24 */
-    t->devs[i].index = i;
-    snprintf(t->devs[i].name, sizeof(t->devs[i].name), "mlx5_%d", i);
-    rdma_ep *e = &t->eps[i];
-    e->dev = &t->devs[i];
-    e->link_layer = IBV_LINK_LAYER_ETHERNET;
-    e->gid[10] = e->gid[11] = 0xff;
-    e->gid[12] = 10, e->gid[13] = 1, e->gid[14] = 2, e->gid[15] = (uint8_t)(10 + i);
-    memcpy(&e->ipv4, e->gid + 12, 4);
-    e->mask.s_addr = htonl(0xffffff00u);
-    e->has_ipv4 = 1;
-  }
+  for (int i = 0; i < 2; i++) /* both in the remote NICs' /24 */
+    t->eps[i].mask.s_addr = htonl(0xffffff00u);
   sxt_desc_kv(&d, "two-nics", 2, 0, 4096, 8, 2);
   int idx = sx__rdma_pick(t, &d, &rk, &lep);
   assert_true(idx >= 0);

@@ -38,53 +38,9 @@ static struct {
   sx_desc desc;
   sx_tpeer *peer;
   uint64_t seed, epoch;
+  int granted;
   uint8_t *host; /* a host copy of a target region (gpu) */
 } N;
-
-/* ------------------------------------------------------------------ the target's agent part */
-
-/* Every producer is granted; authorization answers from the loop, later,
- * as the agent's store lookup does. */
-struct sx_wauth {
-  uv_timer_t timer;
-  sx_wauth_cb cb; /* NULL once cancelled */
-  void *arg;
-};
-
-static void auth_free(uv_handle_t *h) { free(h->data); }
-
-static void auth_answer(uv_timer_t *h) {
-  sx_wauth *w = h->data;
-  if (w->cb != NULL)
-    w->cb(w->arg, 0, NAME "/reader", NULL);
-  uv_close((uv_handle_t *)&w->timer, auth_free);
-}
-
-static int write_auth(void *agent, const char *producer, const uint8_t *inc, const uint8_t *token,
-                      sx_wauth_cb cb, void *arg, sx_wauth **out) {
-  (void)agent;
-  (void)producer;
-  (void)inc;
-  (void)token;
-  sx_wauth *w = calloc(1, sizeof(*w));
-  if (w == NULL)
-    return sx__err(SX_ENOMEM, "write_auth");
-  w->cb = cb;
-  w->arg = arg;
-  uv_timer_init(&N.loop, &w->timer);
-  w->timer.data = w;
-  uv_timer_start(&w->timer, auth_answer, 0, 0);
-  *out = w;
-  return 0;
-}
-
-static void write_auth_cancel(sx_wauth *w) { w->cb = NULL; }
-
-static int write_granted(void *agent, const char *producer, const uint8_t *inc) {
-  (void)agent;
-  (void)producer;
-  return memcmp(inc, N.rdr.inc, SX_INCARNATION_LEN) == 0 ? 0 : SX_EACCESS;
-}
 
 /* ------------------------------------------------------------------ helpers */
 
@@ -391,10 +347,6 @@ static int fixture_open(int gpu) {
   uv_loop_init(&N.loop);
   if (node_open(&N.tgt, &N.loop, NAME "/target", 0, 0, 0))
     return -1;
-  N.tgt.ctx.write_auth = write_auth;
-  N.tgt.ctx.write_auth_cancel = write_auth_cancel;
-  N.tgt.ctx.write_granted = write_granted;
-  N.tgt.ctx.grant_epoch = &N.epoch;
   CHECK(((sx_rdma *)N.tgt.t)->n_devs >= 2, "%d RDMA device(s) here; nictest needs two, in "
         "different IPv4 subnets (run.sh makes rxe1 on a veth pair)", ((sx_rdma *)N.tgt.t)->n_devs);
   N.tgt.gpu = gpu;
@@ -405,6 +357,8 @@ static int fixture_open(int gpu) {
   if (node_open(&N.rdr, &N.loop, NAME "/reader", 0, opt.slice, opt.conns) ||
       node_regions(&N.rdr, REGIONS, LAYERS, BLOCKS, BLOCK_BYTES, 0, 0, 0))
     return -1;
+  N.granted = 1; /* the reader writes too */
+  node_grant(&N.tgt, &N.rdr, &N.granted, &N.epoch);
   int rc = N.rdr.t->ops->peer_open(N.rdr.t, &N.desc, &N.peer);
   CHECK(rc == 0, "peer_open: %s: %s", sx_err_name(rc), sx_errmsg());
   return 0;

@@ -105,6 +105,71 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
   return 0;
 }
 
+/* ------------------------------------------------------------------ push: grants */
+
+/* Authorization answers from the consumer's loop, later, as the agent's
+ * store lookup does, and looks at the grant again then. */
+struct sx_wauth {
+  uv_timer_t timer;
+  node *c;
+  sx_wauth_cb cb; /* NULL once cancelled */
+  void *arg;
+};
+
+static void auth_free(uv_handle_t *h) { free(h->data); }
+
+static void auth_answer(uv_timer_t *h) {
+  sx_wauth *w = h->data;
+  node *c = w->c;
+  char why[128];
+  snprintf(why, sizeof(why), "no write grant covers %s (revoked meanwhile)", c->grantee);
+  if (w->cb != NULL)
+    w->cb(w->arg, *c->granted ? 0 : SX_EACCESS, c->grantee, *c->granted ? NULL : why);
+  uv_close((uv_handle_t *)&w->timer, auth_free);
+}
+
+static int write_auth(void *agent, const char *producer, const uint8_t *inc, const uint8_t *token,
+                      sx_wauth_cb cb, void *arg, sx_wauth **out) {
+  node *c = agent;
+  (void)producer;
+  (void)token;
+  if (memcmp(inc, c->grantee_inc, SX_INCARNATION_LEN) != 0)
+    return sx__err(SX_EACCESS, "no published segment has that incarnation");
+  if (!*c->granted)
+    return sx__err(SX_EACCESS, "no write grant covers %s", c->grantee);
+  sx_wauth *w = calloc(1, sizeof(*w));
+  if (w == NULL)
+    return sx__err(SX_ENOMEM, "write_auth");
+  w->c = c;
+  w->cb = cb;
+  w->arg = arg;
+  uv_timer_init(c->loop, &w->timer);
+  w->timer.data = w;
+  uv_timer_start(&w->timer, auth_answer, 0, 0);
+  *out = w;
+  return 0;
+}
+
+static void write_auth_cancel(sx_wauth *w) { w->cb = NULL; }
+
+static int write_granted(void *agent, const char *producer, const uint8_t *inc) {
+  const node *c = agent;
+  return strcmp(producer, c->grantee) == 0 &&
+                 memcmp(inc, c->grantee_inc, SX_INCARNATION_LEN) == 0 && *c->granted
+             ? 0
+             : SX_EACCESS;
+}
+
+void node_grant(node *c, const node *producer, const int *granted, const uint64_t *epoch) {
+  c->grantee = producer->name;
+  c->grantee_inc = producer->inc;
+  c->granted = granted;
+  c->ctx.write_auth = write_auth;
+  c->ctx.write_auth_cancel = write_auth_cancel;
+  c->ctx.write_granted = write_granted;
+  c->ctx.grant_epoch = epoch;
+}
+
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
                         uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte) {
   for (uint32_t i = 0; i < count; i++) {

@@ -105,6 +105,10 @@ typedef struct node {
   uint8_t *mem[16];
   uint32_t n_regs;
   int gpu; /* node_regions allocates CUDA device 0 memory (the stand-in) */
+  /* Push mode, as a consumer (node_grant): the one producer it knows. */
+  const char *grantee;
+  const uint8_t *grantee_inc;
+  const int *granted;
 } node;
 
 /* Open the RDMA transport as node name on loop, listening on port (0: any);
@@ -118,6 +122,10 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
  * "cuda:0" when n->gpu is set (copied in through the memory layer). */
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
                  uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte);
+/* Push mode: consumer c authorizes producer (its name and incarnation)
+ * while *granted, answering from c's loop as the agent's store lookup does;
+ * transports look again whenever *epoch moves. */
+void node_grant(node *c, const node *producer, const int *granted, const uint64_t *epoch);
 /* The descriptor this node would publish, through encode and decode so
  * that it passes validation exactly as a store's copy would. */
 int node_desc(node *n, sx_desc *out, uint64_t seed);
