@@ -39,10 +39,23 @@ static struct {
   sx_tpeer *peer;
   uint64_t seed, epoch;
   int granted;
+  /* What the reader's transport reported for the agent's metrics. */
+  char nic_name[SX__RDMA_MAX_DEVS][SX_TAG_MAX + 1];
+  uint64_t nic_wrs[SX__RDMA_MAX_DEVS], nic_bytes[SX__RDMA_MAX_DEVS];
   uint8_t *host; /* a host copy of a target region (gpu) */
 } N;
 
 /* ------------------------------------------------------------------ helpers */
+
+/* The reader's sx_tctx.nic_posted: what the agent's per-NIC metrics get. */
+static void nic_posted(void *agent, int dev, const char *name, uint64_t wrs, uint64_t bytes) {
+  (void)agent;
+  if (dev < 0 || dev >= SX__RDMA_MAX_DEVS)
+    return;
+  snprintf(N.nic_name[dev], sizeof(N.nic_name[dev]), "%s", name);
+  N.nic_wrs[dev] += wrs;
+  N.nic_bytes[dev] += bytes;
+}
 
 /* The device the owner chose for region r (its NIC), "" when none. */
 static const char *region_dev(const sx_region *r) {
@@ -121,6 +134,12 @@ static int check_both_devices(const sx__rdma_stats *before, const opx *o, uint64
     uint64_t w = after.dev_wrs[k] - before->dev_wrs[k];
     printf("      %s: %" PRIu64 " work requests, %" PRIu64 " bytes\n", t->devs[k].name, w, b);
     CHECK(w > 0 && b > 0, "no traffic on %s", t->devs[k].name);
+    /* The metrics hook heard the same, under the device's name. */
+    CHECK(strcmp(N.nic_name[k], t->devs[k].name) == 0 && N.nic_wrs[k] == after.dev_wrs[k] &&
+              N.nic_bytes[k] == after.dev_bytes[k],
+          "the metrics hook has %s: %" PRIu64 " WRs, %" PRIu64 " bytes; the transport %"
+          PRIu64 ", %" PRIu64, N.nic_name[k], N.nic_wrs[k], N.nic_bytes[k], after.dev_wrs[k],
+          after.dev_bytes[k]);
     CHECK(b == bytes_on(o, t->devs[k].name), "%s carried %" PRIu64 " bytes, the ranges on it "
           "are %" PRIu64, t->devs[k].name, b, bytes_on(o, t->devs[k].name));
     sum += b;
@@ -357,6 +376,7 @@ static int fixture_open(int gpu) {
   if (node_open(&N.rdr, &N.loop, NAME "/reader", 0, opt.slice, opt.conns) ||
       node_regions(&N.rdr, REGIONS, LAYERS, BLOCKS, BLOCK_BYTES, 0, 0, 0))
     return -1;
+  N.rdr.ctx.nic_posted = nic_posted;
   N.granted = 1; /* the reader writes too */
   node_grant(&N.tgt, &N.rdr, &N.granted, &N.epoch);
   int rc = N.rdr.t->ops->peer_open(N.rdr.t, &N.desc, &N.peer);

@@ -582,6 +582,14 @@ static void rdma_peer_close(sx_tpeer *tp) {
   sx__rdma_leave(t, 1);
 }
 
+void sx__rdma_count(sx_rdma *t, const rdma_dev *d, uint64_t wrs, uint64_t bytes) {
+  const sx_tctx *ctx = t->base.ctx;
+  t->stats.dev_wrs[d->index] += wrs;
+  t->stats.dev_bytes[d->index] += bytes;
+  if (ctx != NULL && ctx->nic_posted != NULL)
+    ctx->nic_posted(ctx->agent, d->index, d->name, wrs, bytes);
+}
+
 void sx__rdma_stats_get(const sx_transport *tt, sx__rdma_stats *out) {
   memset(out, 0, sizeof(*out));
   if (tt != NULL && tt->ops == &sx__rdma_ops)

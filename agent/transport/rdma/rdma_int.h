@@ -539,6 +539,9 @@ void sx__rdma_leave(sx_rdma *t, int flush_now);
 void sx__rdma_tick_arm(sx_rdma *t);
 const char *sx__rdma_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
 
+/* wrs work requests carrying bytes were posted on device d: its counters,
+ * and the agent's per-NIC metrics. */
+void sx__rdma_count(sx_rdma *t, const rdma_dev *d, uint64_t wrs, uint64_t bytes);
 /* A copy of the transport's counters; zeroes if t is not an RDMA transport. */
 void sx__rdma_stats_get(const sx_transport *t, sx__rdma_stats *out);
 

@@ -353,8 +353,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     t->stats.posts++;
     t->stats.wrs += n;
     t->stats.signaled += sig;
-    t->stats.dev_wrs[dev] += n;
-    t->stats.dev_bytes[dev] += chain;
+    sx__rdma_count(t, c->dev, n, chain);
     return n;
   }
 

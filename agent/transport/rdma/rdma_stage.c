@@ -159,12 +159,13 @@ int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qp, wrs, &bad);
   if (rc == 0) {
-    /* Per-device counters: the slot's READs (a request SEND counts as a
-     * work request of no payload bytes worth counting). */
-    c->p->t->stats.dev_wrs[c->dev->index] += n;
+    /* Per-device counters: the slot's READs (a request SEND is a work
+     * request without payload bytes). */
+    uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++)
       if (wrs[i].opcode == IBV_WR_RDMA_READ || wrs[i].opcode == IBV_WR_RDMA_WRITE)
-        c->p->t->stats.dev_bytes[c->dev->index] += wrs[i].sg_list->length;
+        bytes += wrs[i].sg_list->length;
+    sx__rdma_count(c->p->t, c->dev, n, bytes);
     return 0;
   }
   uint32_t posted = (bad != NULL && bad >= wrs && bad < wrs + n) ? (uint32_t)(bad - wrs) : 0;
@@ -234,7 +235,7 @@ void sx__rdma_s_post_request(rdma_conn *c, sslot *sl) {
   /* A staged write's bytes cross this device when the consumer READs the
    * slot: they count here, where the request goes out. */
   if (sx__rdma_s_post_wrs(c, &wr, 1, sl, "request") == 0 && r->write)
-    c->p->t->stats.dev_bytes[c->dev->index] += sl->bytes;
+    sx__rdma_count(c->p->t, c->dev, 0, sl->bytes);
 }
 
 /* Fill a free slot from the queue: pieces of one kind (direct or staged,
