@@ -262,6 +262,42 @@ static int test_stage_rings_per_nic(void) {
   return 0;
 }
 
+/* A deadline reaches every part: a fresh peer's batch over both NICs,
+ * aborted (as the agent does at its deadline) before any QP is up, ends
+ * once, every range SX_ETIMEDOUT on both NICs, nothing written. */
+static int test_deadline_spans_both_nics(void) {
+  sx_tpeer *p = NULL;
+  opx o;
+  int rc = N.rdr.t->ops->peer_open(N.rdr.t, &N.desc, &p);
+  CHECK(rc == 0, "peer_open: %s", sx_errmsg());
+  for (uint32_t r = 0; r < REGIONS; r++)
+    memset(N.rdr.mem[r], 0, N.rdr.regs[r].r.length);
+  opx_init(&o, 3 * REGIONS);
+  add_ranges(&o);
+  opx_arm(&o);
+  rc = N.rdr.t->ops->post(p, &o.op);
+  CHECK(rc == 0, "post: %s: %s", sx_err_name(rc), sx_errmsg());
+  CHECK(((rdma_peer *)p)->splits != NULL, "the op was not split over the two NICs");
+  N.rdr.t->ops->abort(p, &o.op, SX_ETIMEDOUT);
+  CHECK(o.done_calls == 0, "done ran inside abort()");
+  CHECK(run_until(&N.loop, &o.done, 5000), "the aborted op did not end");
+  run_until(&N.loop, &o.done, 50); /* a second done would come now */
+  CHECK(o.done_calls == 1, "done ran %d times", o.done_calls);
+  CHECK(o.op.first_error == SX_ETIMEDOUT, "%s: %s", sx_err_name(o.op.first_error),
+        o.op.message);
+  for (size_t i = 0; i < o.op.n; i++)
+    CHECK(o.x[i].status == SX_ETIMEDOUT, "range %zu (on %s): %s", i, region_dev(o.x[i].rreg),
+          sx_err_name(o.x[i].status));
+  for (uint32_t r = 0; r < REGIONS; r++)
+    for (uint64_t k = 0; k < N.rdr.regs[r].r.length; k++)
+      if (N.rdr.mem[r][k] != 0)
+        FAIL("region %u byte %" PRIu64 " was written by an aborted op", r, k);
+  CHECK(((rdma_peer *)p)->splits == NULL, "the split's record outlived its op");
+  N.rdr.t->ops->peer_close(p);
+  opx_free(&o);
+  return 0;
+}
+
 static int sh(const char *fmt, const char *arg) {
   char cmd[256];
   snprintf(cmd, sizeof(cmd), fmt, arg);
@@ -395,6 +431,7 @@ int cmd_nictest(int gpu) {
   if (gpu)
     RUN(test_stage_rings_per_nic);
   RUN(test_write_spans_both_nics);
+  RUN(test_deadline_spans_both_nics);
   RUN(test_nic_down_fails_only_its_ranges);
   if (N.peer != NULL)
     N.rdr.t->ops->peer_close(N.peer);
