@@ -388,7 +388,7 @@ struct rdma_peer {
   uint8_t incarnation[SX_INCARNATION_LEN];
   uint8_t token[SX_TOKEN_LEN];
   struct sockaddr_storage dst; /* remote rdma_cm address and port */
-  char where[SX_ADDR_MAX + 48]; /* "addr:port (device)" for messages */
+  char where[SX_ADDR_MAX + 48]; /* "addr:port (device, from local device)", cut if long */
   uint32_t rkey_index;         /* which of a region's rkeys */
   rdma_ep *lep;                /* local endpoint chosen for this peer */
   rdma_conn *conns;
