@@ -54,6 +54,10 @@ nics() {
     step "two NICs, staged: the target's regions in GPU memory (host-memory stand-in for the CUDA driver)"
     SX_NICTEST_NETDEV=$NIC2_NETDEV SX_NICTEST_DEV=$NIC2_DEV SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
       ./sx-rdma-test nictest-gpu || fail=1
+  elif [ -z "${RXE_ROLE:-}" ]; then
+    # A host with its own device (check.sh runs the suite there directly):
+    # the guest's setup may not be possible, and that is not a failure.
+    echo "SKIP  nictest: could not make $NIC2_DEV on a veth pair here (root, rdma_rxe, veth needed)"
   else
     echo "FAIL  nictest: could not make $NIC2_DEV on a veth pair (root, rdma_rxe, veth needed)"
     fail=1
