@@ -42,6 +42,10 @@ static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int
 }
 
 static void tctx_gpu_unreachable(void *agent) { sx__stats_gpu_unreachable(agent); }
+static void tctx_nic_posted(void *agent, int dev, const char *name, uint64_t wrs,
+                            uint64_t bytes) {
+  sx__stats_nic(agent, dev, name, wrs, bytes);
+}
 
 void sx_agent_incarnation(const sx_agent *a, uint8_t out[SX_INCARNATION_LEN]) {
   memcpy(out, a->incarnation, SX_INCARNATION_LEN);
@@ -319,6 +323,7 @@ static int open_transports(sx_agent *a) {
       .read_notice = sx__read_notice_in,
       .written = sx__push_written,
       .gpu_unreachable = tctx_gpu_unreachable,
+      .nic_posted = tctx_nic_posted,
       .region_at = sx__region_at,
       .grants_settled = sx__push_grants_settled,
       .conn_handlers = sx__conn_handlers,

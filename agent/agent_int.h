@@ -208,6 +208,12 @@ typedef struct sx__stats {
   uint64_t write_batches[SX_STATS_BATCH_STATES]; /* push, producer side */
   uint64_t written_bytes[SX_STATS_TRANSPORTS];
   uint64_t rdma_gpu_unreachable; /* (device, GPU) pairs staged after their loopback */
+  /* Per local RDMA device: its name (written once, by the loop thread,
+   * before named is released), work requests and bytes posted. */
+  char nic_name[SX_MAX_DEVICES][SX_TAG_MAX + 1];
+  uint64_t nic_named[SX_MAX_DEVICES];
+  uint64_t nic_wrs[SX_MAX_DEVICES];
+  uint64_t nic_bytes[SX_MAX_DEVICES];
 } sx__stats;
 
 /* Any thread: one read served (bytes) or refused (err), by transport. */
@@ -217,6 +223,9 @@ void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int 
 void sx__stats_notice(sx_agent *a);
 /* Any thread: an RDMA (device, GPU) pair failed its loopback READ. */
 void sx__stats_gpu_unreachable(sx_agent *a);
+/* Any thread: RDMA work requests and their bytes posted through local
+ * device dev (name). */
+void sx__stats_nic(sx_agent *a, int dev, const char *name, uint64_t wrs, uint64_t bytes);
 /* Loop thread: a batch (a write batch when write) ended with this result. */
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write);
 /* Loop thread: the store confirmed the lease (publish or renew). */

@@ -195,6 +195,24 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
           "(RDMA device, GPU) pairs whose loopback RDMA READ of GPU memory failed at first "
           "use although registration succeeded; each is staged from then on (docs/gpu.md).",
           s->rdma_gpu_unreachable);
+  /* Per NIC: whether a multi-NIC host's batches spread over its NICs. */
+  static const char *const nic_fam[2] = {"segxfer_rdma_device_work_requests_total",
+                                         "segxfer_rdma_device_bytes_total"};
+  static const char *const nic_help[2] = {
+      "RDMA READ and WRITE work requests this agent posted, by local device.",
+      "Bytes of RDMA READs and WRITEs this agent posted (staged GPU transfers: their "
+      "staging slots' bytes), by local device."};
+  for (int m = 0; m < 2; m++) {
+    family(f, nic_fam[m], "counter", nic_help[m]);
+    for (unsigned k = 0; k < SX_MAX_DEVICES; k++) {
+      if (s->rdma_devices[k][0] == '\0')
+        continue;
+      fprintf(f, "%s{device=\"", nic_fam[m]);
+      label_value(f, s->rdma_devices[k]);
+      fprintf(f, "\"} %lu\n",
+              (unsigned long)(m == 0 ? s->rdma_device_wrs[k] : s->rdma_device_bytes[k]));
+    }
+  }
 }
 
 int sx_agent_metrics_text(sx_agent *a, char **text, size_t *len) {

@@ -3,6 +3,7 @@
  * no lock on the serving path) and read as one snapshot by
  * sx_agent_stats_get().  The Prometheus rendering is in metrics.c.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "agent_int.h"
@@ -42,6 +43,20 @@ void sx__stats_written(sx_agent *a, sx_transport_kind kind, uint64_t bytes, int 
 void sx__stats_notice(sx_agent *a) { ADD(&a->stats.notices, 1); }
 
 void sx__stats_gpu_unreachable(sx_agent *a) { ADD(&a->stats.rdma_gpu_unreachable, 1); }
+
+void sx__stats_nic(sx_agent *a, int dev, const char *name, uint64_t wrs, uint64_t bytes) {
+  sx__stats *s = &a->stats;
+  if (dev < 0 || dev >= SX_MAX_DEVICES)
+    return;
+  /* One writer (the RDMA transport, on the loop thread): the name is
+   * written before named is released, and read only after named. */
+  if (!LOAD(&s->nic_named[dev])) {
+    snprintf(s->nic_name[dev], sizeof(s->nic_name[dev]), "%s", name);
+    __atomic_store_n(&s->nic_named[dev], 1, __ATOMIC_RELEASE);
+  }
+  ADD(&s->nic_wrs[dev], wrs);
+  ADD(&s->nic_bytes[dev], bytes);
+}
 
 void sx__stats_batch(sx_agent *a, const sx_batch_result *r, int write) {
   static const uint64_t bounds[] = SX_STATS_LATENCY_BOUNDS_US;
@@ -117,6 +132,9 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
   for (uint32_t i = 0; lt && i < lt->n; i++)
     s.region_bytes += lt->v[i]->r.length;
   pthread_mutex_unlock(&a->lock);
+  for (unsigned k = 0; k < SX_MAX_DEVICES; k++)
+    if (__atomic_load_n(&c->nic_named[k], __ATOMIC_ACQUIRE))
+      memcpy(s.rdma_devices[k], c->nic_name[k], sizeof(s.rdma_devices[k]));
 
   s.lease_ms = a->p.lease_ms;
   uint64_t ok = LOAD(&c->lease_ok_ms);
@@ -140,6 +158,10 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
   }
   s.notices = LOAD(&c->notices);
   s.rdma_gpu_unreachable = LOAD(&c->rdma_gpu_unreachable);
+  for (unsigned k = 0; k < SX_MAX_DEVICES; k++) {
+    s.rdma_device_wrs[k] = LOAD(&c->nic_wrs[k]);
+    s.rdma_device_bytes[k] = LOAD(&c->nic_bytes[k]);
+  }
   for (unsigned b = 0; b < SX_STATS_BATCH_STATES; b++) {
     s.batches[b] = LOAD(&c->batches[b]);
     s.write_batches[b] = LOAD(&c->write_batches[b]);

@@ -2,7 +2,8 @@
  * the test builds (SX_SYSFS_ROOT): same NUMA node first, then PCI distance,
  * then load; unknown NUMA nodes; hostile and missing entries; a GPU's PCI
  * address from a fake driver table; the reader's endpoint pick following
- * the published choice; staging rings asking for their NIC's node.
+ * the published choice; each range's NIC pair (rdma_route.c); staging
+ * rings asking for their NIC's node.
  *
  * The tree (numa_node in brackets):
  *   devices/pci0000:00/0000:00:01.0/0000:17:00.0   GPU 0 [0]
@@ -316,6 +317,22 @@ static void test_nic_pick_per_region(void **state) {
 }
 #endif
 
+/* Two RoCE ports, mlx5_0 at 10.1.2.10 and mlx5_1 at 10.1.2.11, no masks. */
+static void fake_ports(sx_rdma *t) {
+  t->n_devs = t->n_eps = 2;
+  for (int i = 0; i < 2; i++) {
+    t->devs[i].index = i;
+    snprintf(t->devs[i].name, sizeof(t->devs[i].name), "mlx5_%d", i);
+    rdma_ep *e = &t->eps[i];
+    e->dev = &t->devs[i];
+    e->link_layer = IBV_LINK_LAYER_ETHERNET;
+    e->gid[10] = e->gid[11] = 0xff;
+    e->gid[12] = 10, e->gid[13] = 1, e->gid[14] = 2, e->gid[15] = (uint8_t)(10 + i);
+    memcpy(&e->ipv4, e->gid + 12, 4);
+    e->has_ipv4 = 1;
+  }
+}
+
 /* The reader's endpoint pair: among equally suited ports, the remote
  * endpoint its owner placed most bytes on, then the local port whose
  * device holds most of this agent's regions. */
@@ -326,18 +343,7 @@ static void test_nic_pick_follows_published_choice(void **state) {
   uint32_t rk = 99;
   rdma_ep *lep = NULL;
   assert_non_null(t);
-  t->n_devs = 2;
-  t->n_eps = 2;
-  for (int i = 0; i < 2; i++) {
-    t->devs[i].index = i;
-    rdma_ep *e = &t->eps[i];
-    e->dev = &t->devs[i];
-    e->link_layer = IBV_LINK_LAYER_ETHERNET;
-    e->gid[10] = e->gid[11] = 0xff;
-    e->gid[12] = 10, e->gid[13] = 1, e->gid[14] = 2, e->gid[15] = (uint8_t)(10 + i);
-    memcpy(&e->ipv4, e->gid + 12, 4);
-    e->has_ipv4 = 1;
-  }
+  fake_ports(t);
   /* Two remote NICs (10.1.2.3, 10.1.2.4), no masks: every pair scores alike. */
   sxt_desc_kv(&d, "two-nics", 2, 0, 4096, 8, 2);
   assert_true(sx__rdma_pick(t, &d, &rk, &lep) >= 0);
@@ -366,6 +372,97 @@ static void test_nic_pick_follows_published_choice(void **state) {
   t->eps[0].mask.s_addr = 0;
   assert_true(sx__rdma_pick(t, &d, &rk, &lep) >= 0);
   assert_int_equal(rk, 1);
+  sx_desc_free(&d);
+  free(t);
+}
+
+/* Each range's NIC pair: the remote region's NIC, from the local port that
+ * suits it best (then the local region's NIC); pair peers opened once and
+ * reused; ranges naming no NIC, or a NIC no local port suits as well as the
+ * segment's own pair, stay on the segment's peer. */
+static void test_nic_route_pairs(void **state) {
+  (void)state;
+  sx_rdma *t = calloc(1, sizeof(*t));
+  sx_desc d;
+  uint32_t rk = 99;
+  rdma_ep *lep = NULL;
+  rdma_peer *p = NULL, *q = NULL, *q2 = NULL;
+  rdma_mr rm;
+  sx_lregion lr;
+  assert_non_null(t);
+  fake_ports(t);
+  t->conns_per_peer = 2;
+  for (int i = 0; i < 2; i++) /* both in the remote NICs' /24 */
+    t->eps[i].mask.s_addr = htonl(0xffffff00u);
+  sxt_desc_kv(&d, "two-nics", 2, 0, 4096, 8, 2);
+  int idx = sx__rdma_pick(t, &d, &rk, &lep);
+  assert_true(idx >= 0);
+  assert_int_equal(rk, 0);
+  assert_ptr_equal(lep, &t->eps[0]);
+  sxt_ok(sx__rdma_peer_new(t, &d, (uint32_t)idx, rk, lep, NULL, &p));
+  assert_int_equal(p->n_reps, 2);
+  memset(&rm, 0, sizeof(rm));
+  memset(&lr, 0, sizeof(lr));
+  lr.tpriv[SX_TRANSPORT_RDMA] = &rm;
+  rm.nic = 0;
+  sx_xfer x = {.lreg = &lr, .rreg = &d.regions[0]};
+  /* Both on the segment's own pair, or naming no NIC: p. */
+  d.regions[0].nic = 1;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q));
+  assert_ptr_equal(q, p);
+  d.regions[0].nic = 0;
+  rm.nic = 1;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q)); /* remote: p's; local region: mlx5_1 */
+  assert_ptr_equal(q->lep, &t->eps[1]);
+  assert_int_equal(q->rkey_index, 0);
+  assert_ptr_equal(q->pair_of, p);
+  /* The second remote NIC, from the local region's NIC: a pair peer of its
+   * own, with that NIC's address, opened once. */
+  d.regions[0].nic = 2;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q2));
+  assert_true(q2 != p && q2 != q);
+  assert_int_equal(q2->rkey_index, 1);
+  assert_ptr_equal(q2->lep, &t->eps[1]);
+  assert_non_null(strstr(q2->where, "10.1.2.4:7501 (mlx5_1, from mlx5_1)"));
+  assert_int_equal(q2->n_conns, 2);
+  sxt_ok(sx__rdma_route_pair(p, &x, &q));
+  assert_ptr_equal(q, q2);
+  rm.nic = 0;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q));
+  assert_ptr_equal(q->lep, &t->eps[0]);
+  assert_int_equal(q->rkey_index, 1);
+  assert_int_equal(t->stats.pairs, 3);
+  /* A remote NIC out of range (a store's value), or no local region: p. */
+  d.regions[0].nic = 9;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q));
+  assert_ptr_equal(q, p);
+  x.lreg = NULL;
+  d.regions[0].nic = 2;
+  sxt_ok(sx__rdma_route_pair(p, &x, &q));
+  assert_ptr_equal(q, p);
+  x.lreg = &lr;
+  /* A reader whose ports are all in the first NIC's subnet and a second
+   * NIC elsewhere: its ranges stay on the segment's pair (every region is
+   * registered on every NIC), not on a NIC this reader may not reach. */
+  snprintf(d.endpoints[p->rep[1]].addr, sizeof(d.endpoints[0].addr), "10.9.0.4");
+  rdma_peer *p2 = NULL;
+  sxt_ok(sx__rdma_peer_new(t, &d, (uint32_t)idx, rk, lep, NULL, &p2));
+  sxt_ok(sx__rdma_route_pair(p2, &x, &q));
+  assert_ptr_equal(q, p2);
+  /* An address that is not numeric: refused with the NIC named. */
+  d.regions[0].nic = 2;
+  snprintf(d.endpoints[p->rep[1]].addr, sizeof(d.endpoints[0].addr), "nic-b.example");
+  t->eps[0].mask.s_addr = t->eps[1].mask.s_addr = 0; /* every pair scores alike */
+  rdma_peer *p3 = NULL;
+  sxt_ok(sx__rdma_peer_new(t, &d, (uint32_t)idx, rk, lep, NULL, &p3));
+  sxt_rc(sx__rdma_route_pair(p3, &x, &q), SX_EUNREACH);
+  assert_non_null(strstr(sx_errmsg(), "mlx5_1"));
+  while (t->peers != NULL) {
+    rdma_peer *n = t->peers->next;
+    free(t->peers->conns);
+    free(t->peers);
+    t->peers = n;
+  }
   sx_desc_free(&d);
   free(t);
 }
@@ -433,6 +530,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_nic_pick_per_region, cuda_real),
 #endif
       cmocka_unit_test(test_nic_pick_follows_published_choice),
+      cmocka_unit_test(test_nic_route_pairs),
       cmocka_unit_test(test_nic_ring_on_numa_node),
   };
   return cmocka_run_group_tests(tests, tree_up, tree_down);

@@ -92,6 +92,10 @@ typedef struct sx_tctx {
   /* Count an RDMA (device, GPU) pair whose loopback READ failed (it is
    * staged from then on), for metrics. */
   void (*gpu_unreachable)(void *agent);
+  /* RDMA: wrs work requests carrying bytes were posted through local
+   * device dev (its index, < SX_MAX_DEVICES; named name), for per-NIC
+   * metrics. */
+  void (*nic_posted)(void *agent, int dev, const char *name, uint64_t wrs, uint64_t bytes);
   /* The i-th registered region (withdrawn ones included), NULL past the
    * last: cuda_ipc looks at every region sharing a CUDA allocation. */
   sx_lregion *(*region_at)(void *agent, uint32_t i);

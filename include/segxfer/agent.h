@@ -329,6 +329,13 @@ typedef struct sx_agent_stats {
    * registration succeeded but whose loopback READ of GPU memory failed at
    * first use, so that the pair is staged for the agent's life. */
   uint64_t rdma_gpu_unreachable;
+  /* RDMA, per local device (NIC) this agent's reads and writes went
+   * through: its name ("" for an index no batch used), the READ/WRITE work
+   * requests and the bytes posted (staged GPU transfers: the staging
+   * slots' bytes). */
+  char rdma_devices[SX_MAX_DEVICES][SX_TAG_MAX + 1];
+  uint64_t rdma_device_wrs[SX_MAX_DEVICES];
+  uint64_t rdma_device_bytes[SX_MAX_DEVICES];
 } sx_agent_stats;
 
 /*

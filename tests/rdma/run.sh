@@ -11,6 +11,7 @@
 #   run.sh two-main   the reader of the two-host test, then a producer
 #                     (sxctl write) into the peer's sx-agent
 #   run.sh perf       sx-rdma-test bench vs ib_read_bw at 64 KiB and 1 MiB
+#   run.sh nics       only the two-NIC test (part of one): rxe1 on a veth pair
 #
 # Exit status: 0 when every test passed.
 set -u
@@ -24,12 +25,55 @@ fail=0
 t0=$(date +%s)
 step() { printf '== %s  [%ss]\n' "$*" $(($(date +%s) - t0)); }
 
+# A second Soft-RoCE device for the two-NIC test: rxe1 on one end of a veth
+# pair, in a subnet of its own (so that each NIC reaches the other side's
+# same NIC), MTU as the first device's netdev.  Taken away again after the
+# test, so the other tests see one device.  Needs root and rdma_rxe.
+NIC2_NETDEV=sxnic0 NIC2_DEV=rxe1
+nic2_up() {
+  mtu=$(cat "/sys/class/net/${RXE_NETDEV:-eth0}/mtu" 2>/dev/null || echo 1500)
+  ip link add "$NIC2_NETDEV" type veth peer name sxnic1 &&
+    ip link set "$NIC2_NETDEV" mtu "$mtu" && ip link set sxnic1 mtu "$mtu" &&
+    ip addr add 192.168.78.1/24 dev "$NIC2_NETDEV" &&
+    ip link set sxnic1 up && ip link set "$NIC2_NETDEV" up &&
+    rdma link add "$NIC2_DEV" type rxe netdev "$NIC2_NETDEV" || return 1
+  n=0
+  until grep -q ACTIVE "/sys/class/infiniband/$NIC2_DEV/ports/1/state" 2>/dev/null &&
+    ! grep -q '^0000:0000:0000:0000:0000:0000:0000:0000$' \
+      "/sys/class/infiniband/$NIC2_DEV/ports/1/gids/1" 2>/dev/null; do
+    n=$((n + 1)); [ $n -gt 100 ] && return 1; sleep 0.1
+  done
+}
+nic2_down() {
+  rdma link delete "$NIC2_DEV" 2>/dev/null
+  ip link del "$NIC2_NETDEV" 2>/dev/null
+  return 0
+}
+nics() {
+  step "two NICs: one segment's regions on $dev and $NIC2_DEV (veth), reads and writes through both, $NIC2_DEV taken down"
+  if nic2_up; then
+    SX_NICTEST_NETDEV=$NIC2_NETDEV SX_NICTEST_DEV=$NIC2_DEV ./sx-rdma-test nictest || fail=1
+    step "two NICs, staged: the target's regions in GPU memory (host-memory stand-in for the CUDA driver)"
+    SX_NICTEST_NETDEV=$NIC2_NETDEV SX_NICTEST_DEV=$NIC2_DEV SX_CUDA_LIBRARY=$PWD/libfakecuda.so \
+      ./sx-rdma-test nictest-gpu || fail=1
+  elif [ -z "${RXE_ROLE:-}" ]; then
+    # A host with its own device (check.sh runs the suite there directly):
+    # the guest's setup may not be possible, and that is not a failure.
+    echo "SKIP  nictest: could not make $NIC2_DEV on a veth pair here (root, rdma_rxe, veth needed)"
+  else
+    echo "FAIL  nictest: could not make $NIC2_DEV on a veth pair (root, rdma_rxe, veth needed)"
+    fail=1
+  fi
+  nic2_down
+}
+
 case $mode in
 one)
   step "in-process: target and reader transports over $dev loopback"
   ./sx-rdma-test selftest || fail=1
   step "in-process push mode: consumer and producer transports, each on a loop of its own"
   ./sx-rdma-test wselftest || fail=1
+  nics
   step "two processes: serve + read"
   ./sx-rdma-test serve --desc "$tmp/pair.desc" --stop "$tmp/pair.stop" &
   spid=$!
@@ -124,6 +168,9 @@ two-main)
   step "reader of the two-host test on $dev"
   ./sx-rdma-test read --desc run/two.desc --stop run/two.stop --wait 90 --expect-reissue || fail=1
   ;;
+nics)
+  nics
+  ;;
 perf)
   # Same device, same VM run: ib_read_bw and segxfer alternate, round after
   # round, so that drift on a shared host hits both alike; the median ratio
@@ -168,7 +215,7 @@ perf)
   done
   ;;
 *)
-  echo "usage: run.sh one|two-peer|two-main|perf" >&2
+  echo "usage: run.sh one|two-peer|two-main|perf|nics" >&2
   exit 2
   ;;
 esac

@@ -105,20 +105,97 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
   return 0;
 }
 
+/* ------------------------------------------------------------------ push: grants */
+
+/* Authorization answers from the consumer's loop, later, as the agent's
+ * store lookup does, and looks at the grant again then. */
+struct sx_wauth {
+  uv_timer_t timer;
+  node *c;
+  sx_wauth_cb cb; /* NULL once cancelled */
+  void *arg;
+};
+
+static void auth_free(uv_handle_t *h) { free(h->data); }
+
+static void auth_answer(uv_timer_t *h) {
+  sx_wauth *w = h->data;
+  node *c = w->c;
+  char why[128];
+  snprintf(why, sizeof(why), "no write grant covers %s (revoked meanwhile)", c->grantee);
+  if (w->cb != NULL)
+    w->cb(w->arg, *c->granted ? 0 : SX_EACCESS, c->grantee, *c->granted ? NULL : why);
+  uv_close((uv_handle_t *)&w->timer, auth_free);
+}
+
+static int write_auth(void *agent, const char *producer, const uint8_t *inc, const uint8_t *token,
+                      sx_wauth_cb cb, void *arg, sx_wauth **out) {
+  node *c = agent;
+  (void)producer;
+  (void)token;
+  if (memcmp(inc, c->grantee_inc, SX_INCARNATION_LEN) != 0)
+    return sx__err(SX_EACCESS, "no published segment has that incarnation");
+  if (!*c->granted)
+    return sx__err(SX_EACCESS, "no write grant covers %s", c->grantee);
+  sx_wauth *w = calloc(1, sizeof(*w));
+  if (w == NULL)
+    return sx__err(SX_ENOMEM, "write_auth");
+  w->c = c;
+  w->cb = cb;
+  w->arg = arg;
+  uv_timer_init(c->loop, &w->timer);
+  w->timer.data = w;
+  uv_timer_start(&w->timer, auth_answer, 0, 0);
+  *out = w;
+  return 0;
+}
+
+static void write_auth_cancel(sx_wauth *w) { w->cb = NULL; }
+
+static int write_granted(void *agent, const char *producer, const uint8_t *inc) {
+  const node *c = agent;
+  return strcmp(producer, c->grantee) == 0 &&
+                 memcmp(inc, c->grantee_inc, SX_INCARNATION_LEN) == 0 && *c->granted
+             ? 0
+             : SX_EACCESS;
+}
+
+void node_grant(node *c, const node *producer, const int *granted, const uint64_t *epoch) {
+  c->grantee = producer->name;
+  c->grantee_inc = producer->inc;
+  c->granted = granted;
+  c->ctx.write_auth = write_auth;
+  c->ctx.write_auth_cancel = write_auth_cancel;
+  c->ctx.write_granted = write_granted;
+  c->ctx.grant_epoch = epoch;
+}
+
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
                         uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte) {
   for (uint32_t i = 0; i < count; i++) {
     sx_lregion *lr = &n->regs[n->n_regs];
     uint64_t len = (uint64_t)layers * blocks * block_bytes;
-    void *m = NULL;
-    if (posix_memalign(&m, 4096, len) != 0)
+    void *m = NULL, *h = NULL;
+    if (posix_memalign(&h, 4096, len) != 0)
       FAIL("out of memory");
-    n->mem[n->n_regs] = m;
     if (seed != 0)
-      pattern_fill(m, len, seed, n->n_regs);
+      pattern_fill(h, len, seed, n->n_regs);
     else
-      memset(m, fill_byte, len);
+      memset(h, fill_byte, len);
+    if (n->gpu) {
+      int rc = sx__mem_alloc(0, len, &m);
+      if (rc == 0)
+        rc = sx__mem_copy(m, h, len);
+      free(h);
+      CHECK(rc == 0, "cuda:0 memory: %s", sx_errmsg());
+    } else {
+      m = h;
+    }
+    n->mem[n->n_regs] = m;
     memset(lr, 0, sizeof(*lr));
+    if (n->gpu)
+      lr->mem = (sx__mem_info){.kind = SX__MEM_CUDA, .device = 0,
+                               .base = (uint64_t)(uintptr_t)m, .size = len};
     lr->r.id = n->n_regs;
     lr->r.group = n->n_regs / 2;
     lr->r.slot = n->n_regs % 2;
@@ -131,7 +208,7 @@ int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
     lr->r.addr = (uint64_t)(uintptr_t)m;
     lr->r.length = len;
     lr->r.access = access;
-    snprintf(lr->r.location, sizeof(lr->r.location), "cpu");
+    snprintf(lr->r.location, sizeof(lr->r.location), n->gpu ? "cuda:0" : "cpu");
     int rc = n->t->ops->reg_mem(n->t, lr);
     CHECK(rc == 0, "reg_mem: %s: %s", sx_err_name(rc), sx_errmsg());
     n->n_regs++;
@@ -178,8 +255,12 @@ void node_close(node *n) {
     n->t->ops->close(n->t);
     n->t = NULL;
   }
-  for (uint32_t i = 0; i < n->n_regs; i++)
-    free(n->mem[i]);
+  for (uint32_t i = 0; i < n->n_regs; i++) {
+    if (n->gpu)
+      sx__mem_free(n->mem[i]);
+    else
+      free(n->mem[i]);
+  }
   n->n_regs = 0;
 }
 

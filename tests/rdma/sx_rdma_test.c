@@ -9,6 +9,10 @@
  *                            process over the device's loopback
  *   wselftest                push mode in process: consumer and producer, each
  *                            on a loop of its own, stepped from one thread
+ *   nictest                  one segment on two NICs (two devices, two subnets):
+ *                            reads and writes through both, one NIC taken down
+ *   nictest-gpu              the same, the target's regions in cuda:0 memory
+ *                            (staged; SX_CUDA_LIBRARY=libfakecuda.so)
  *   serve --desc F [...]     a target: register, publish F, serve until the
  *                            stop file appears or SIGTERM
  *   read --desc F [...]      a reader of that target: byte-exact reads
@@ -197,7 +201,7 @@ int cmd_bench(void) {
 
 static void usage(void) {
   fprintf(stderr,
-          "usage: sx-rdma-test selftest|wselftest|serve|read|killtest|bench [options]\n"
+          "usage: sx-rdma-test selftest|wselftest|nictest[-gpu]|serve|read|killtest|bench [options]\n"
           "  --desc FILE      descriptor file (serve writes it, read/bench read it)\n"
           "  --stop FILE      serve: stop when it exists; read/bench: create it at the end\n"
           "  --dir DIR        killtest: where to put its descriptor\n"
@@ -259,6 +263,8 @@ int main(int argc, char **argv) {
     return cmd_selftest();
   if (strcmp(cmd, "wselftest") == 0)
     return cmd_wselftest();
+  if (strcmp(cmd, "nictest") == 0 || strcmp(cmd, "nictest-gpu") == 0)
+    return cmd_nictest(strcmp(cmd, "nictest-gpu") == 0);
   if (strcmp(cmd, "serve") == 0 && opt.desc != NULL)
     return cmd_serve();
   if (strcmp(cmd, "read") == 0 && opt.desc != NULL)

@@ -9,6 +9,7 @@
  *   sx_rdma_loopback.c  selftest: in-process tests over the loopback
  *   sx_rdma_remote.c    read and killtest: against a serve process
  *   sx_rdma_wpush.c     wselftest: push mode, consumer and producer on two loops
+ *   sx_rdma_nics.c      nictest: one segment on two NICs, read and written through both
  *
  * Tests are `int test_x(void)`: 0, or -1 after printing why (FAIL, CHECK).
  */
@@ -103,6 +104,11 @@ typedef struct node {
   sx_lregion regs[16];
   uint8_t *mem[16];
   uint32_t n_regs;
+  int gpu; /* node_regions allocates CUDA device 0 memory (the stand-in) */
+  /* Push mode, as a consumer (node_grant): the one producer it knows. */
+  const char *grantee;
+  const uint8_t *grantee_inc;
+  const int *granted;
 } node;
 
 /* Open the RDMA transport as node name on loop, listening on port (0: any);
@@ -112,9 +118,14 @@ int node_open(node *n, uv_loop_t *loop, const char *name, int port, uint32_t sli
               uint32_t conns);
 /* Register count regions: id i is group i/2, slot i%2, layers x blocks of
  * block_bytes; access: SX_ACCESS_* (0: local only); filled with the pattern
- * for seed, or with fill_byte when seed is 0. */
+ * for seed, or with fill_byte when seed is 0.  In host memory, or in
+ * "cuda:0" when n->gpu is set (copied in through the memory layer). */
 int node_regions(node *n, uint32_t count, uint32_t layers, uint32_t blocks,
                  uint32_t block_bytes, uint32_t access, uint64_t seed, int fill_byte);
+/* Push mode: consumer c authorizes producer (its name and incarnation)
+ * while *granted, answering from c's loop as the agent's store lookup does;
+ * transports look again whenever *epoch moves. */
+void node_grant(node *c, const node *producer, const int *granted, const uint64_t *epoch);
 /* The descriptor this node would publish, through encode and decode so
  * that it passes validation exactly as a store's copy would. */
 int node_desc(node *n, sx_desc *out, uint64_t seed);
@@ -164,6 +175,7 @@ int read_everything(node *r, sx_tpeer *p, const sx_desc *d, uint64_t deadline_ms
 
 int cmd_selftest(void); /* sx_rdma_loopback.c */
 int cmd_wselftest(void); /* sx_rdma_wpush.c */
+int cmd_nictest(int gpu); /* sx_rdma_nics.c; gpu: the target's regions in cuda:0 */
 int cmd_read(void);     /* sx_rdma_remote.c */
 int cmd_killtest(void); /* sx_rdma_remote.c */
 

@@ -32,55 +32,6 @@ static struct {
 
 /* ------------------------------------------------------------------ the consumer's agent part */
 
-/* Authorization answers from the consumer's loop, later, as the agent's
- * store lookup does, and looks at the grants again then. */
-struct sx_wauth {
-  uv_timer_t timer;
-  sx_wauth_cb cb; /* NULL once cancelled */
-  void *arg;
-};
-
-static void auth_free(uv_handle_t *h) { free(h->data); }
-
-static void auth_answer(uv_timer_t *h) {
-  sx_wauth *w = h->data;
-  if (w->cb != NULL)
-    w->cb(w->arg, W.granted ? 0 : SX_EACCESS, PNAME,
-          W.granted ? NULL : "no write grant covers " PNAME " (revoked meanwhile)");
-  uv_close((uv_handle_t *)&w->timer, auth_free);
-}
-
-static int write_auth(void *agent, const char *producer, const uint8_t *inc, const uint8_t *token,
-                      sx_wauth_cb cb, void *arg, sx_wauth **out) {
-  (void)agent;
-  (void)producer;
-  (void)token;
-  if (memcmp(inc, W.p.inc, SX_INCARNATION_LEN) != 0)
-    return sx__err(SX_EACCESS, "no published segment has that incarnation");
-  if (!W.granted)
-    return sx__err(SX_EACCESS, "no write grant covers " PNAME);
-  sx_wauth *w = calloc(1, sizeof(*w));
-  if (w == NULL)
-    return sx__err(SX_ENOMEM, "write_auth");
-  w->cb = cb;
-  w->arg = arg;
-  uv_timer_init(&W.cloop, &w->timer);
-  w->timer.data = w;
-  uv_timer_start(&w->timer, auth_answer, 0, 0);
-  *out = w;
-  return 0;
-}
-
-static void write_auth_cancel(sx_wauth *w) { w->cb = NULL; }
-
-static int write_granted(void *agent, const char *producer, const uint8_t *inc) {
-  (void)agent;
-  return strcmp(producer, PNAME) == 0 && memcmp(inc, W.p.inc, SX_INCARNATION_LEN) == 0 &&
-                 W.granted
-             ? 0
-             : SX_EACCESS;
-}
-
 static int notice(void *agent, const char *producer, const uint8_t *inc, sx_transport_kind kind,
                   const uint8_t *buf, size_t len, char *msg, size_t cap) {
   (void)agent;
@@ -247,16 +198,13 @@ static int wfixture_open(void) {
                    SX_ACCESS_REMOTE_READ | SX_ACCESS_REMOTE_WRITE, 0, 0) ||
       node_desc(&W.c, &W.desc, 0))
     return -1;
-  W.c.ctx.write_auth = write_auth;
-  W.c.ctx.write_auth_cancel = write_auth_cancel;
-  W.c.ctx.write_granted = write_granted;
-  W.c.ctx.grant_epoch = &W.epoch;
   W.c.ctx.notice = notice;
   W.c.ctx.written = written;
   CHECK(W.desc.regions[0].n_wkeys > 0, "the consumer publishes no write key");
   if (node_open(&W.p, &W.ploop, PNAME, 0, 0, opt.conns) ||
       node_regions(&W.p, 2, 1, BLOCKS, BLOCK_BYTES, 0, W.seed, 0))
     return -1;
+  node_grant(&W.c, &W.p, &W.granted, &W.epoch);
   int rc = W.p.t->ops->wpeer_open(W.p.t, &W.desc, &W.peer);
   CHECK(rc == 0, "wpeer_open: %s: %s", sx_err_name(rc), sx_errmsg());
   return 0;

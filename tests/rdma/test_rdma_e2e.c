@@ -185,6 +185,30 @@ static void test_rdma_e2e_random_blocks_are_byte_exact(void **state) {
                 "(%lu bytes in %u ranges, %.1f MiB/s)\n",
                 (unsigned long)bytes, name, (unsigned long)res.bytes, res.n_ranges,
                 (double)res.bytes / ((double)res.transfer_ns / 1e9) / 1048576.0);
+  /* The reader's per-NIC counters: every byte went through the VM's one
+   * device, and the Prometheus text says so. */
+  sx_agent_stats st;
+  sxt_ok(sx_agent_stats_get(r.a, &st, sizeof(st)));
+  const char *dev = getenv("RXE_DEV") != NULL ? getenv("RXE_DEV") : "rxe0";
+  uint64_t on_dev = 0, elsewhere = 0;
+  for (int k = 0; k < SX_MAX_DEVICES; k++) {
+    if (strcmp(st.rdma_devices[k], dev) == 0)
+      on_dev += st.rdma_device_bytes[k];
+    else
+      elsewhere += st.rdma_device_bytes[k];
+  }
+  if (on_dev < bytes + res.bytes || elsewhere != 0)
+    pool_fail(&p, "per-NIC bytes: %lu on %s (read %lu), %lu elsewhere", (unsigned long)on_dev,
+              dev, (unsigned long)(bytes + res.bytes), (unsigned long)elsewhere);
+  char *text = NULL, want[128];
+  sxt_ok(sx_agent_metrics_text(r.a, &text, NULL));
+  snprintf(want, sizeof(want), "\nsegxfer_rdma_device_bytes_total{device=\"%s\"} %lu\n", dev,
+           (unsigned long)on_dev);
+  int found = strstr(text, want) != NULL &&
+              strstr(text, "# TYPE segxfer_rdma_device_work_requests_total counter\n") != NULL;
+  free(text);
+  if (!found)
+    pool_fail(&p, "the metrics text lacks '%s'", want + 1);
   sx_segment_close(seg);
   reader_stop(&r);
   assert_int_equal(pool_stop(&p, SIGTERM), 0);

@@ -408,17 +408,9 @@ static void rdma_close(sx_transport *tt) {
 
 /* ------------------------------------------------------------------ peers */
 
-static int rdma_peer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **out) {
-  sx_rdma *t = (sx_rdma *)tt;
-  uint32_t rkey_index = 0;
-  rdma_ep *lep = NULL;
-  if (t->closed)
-    return sx__err(SX_ESHUTDOWN, "rdma transport is closed");
-  int idx = sx__rdma_pick(t, remote, &rkey_index, &lep);
-  if (idx < 0)
-    return sx__err(SX_EUNREACH, "segment '%s' publishes no RDMA endpoint", remote->name);
+int sx__rdma_peer_new(sx_rdma *t, const sx_desc *remote, uint32_t idx, uint32_t ordinal,
+                      rdma_ep *lep, rdma_peer *pair_of, rdma_peer **out) {
   const sx_endpoint *e = &remote->endpoints[idx];
-
   struct addrinfo hints, *ai = NULL;
   char port[8];
   memset(&hints, 0, sizeof(hints));
@@ -430,8 +422,8 @@ static int rdma_peer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **ou
   if (g != 0 || ai == NULL || ai->ai_addrlen > sizeof(struct sockaddr_storage)) {
     if (ai != NULL)
       freeaddrinfo(ai);
-    return sx__err(SX_EUNREACH, "segment '%s': RDMA endpoint address '%s' is not a numeric IP",
-                   remote->name, e->addr);
+    return sx__err(SX_EUNREACH, "segment '%s': RDMA endpoint address '%s' (%s) is not a "
+                   "numeric IP", remote->name, e->addr, e->device);
   }
 
   rdma_peer *p = calloc(1, sizeof(*p));
@@ -442,16 +434,22 @@ static int rdma_peer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **ou
     goto out_free_peer;
   memcpy(&p->dst, ai->ai_addr, ai->ai_addrlen);
   freeaddrinfo(ai);
-  p->base.t = tt;
+  p->base.t = &t->base;
   p->t = t;
   snprintf(p->name, sizeof(p->name), "%s", remote->name);
   memcpy(p->incarnation, remote->incarnation, SX_INCARNATION_LEN);
   memcpy(p->token, remote->token, SX_TOKEN_LEN);
-  p->rkey_index = rkey_index;
+  p->rkey_index = ordinal;
   p->lep = lep;
+  p->desc = remote;
+  for (uint32_t i = 0; i < remote->n_endpoints && p->n_reps < SX_MAX_DEVICES; i++)
+    if (remote->endpoints[i].kind == SX_TRANSPORT_RDMA)
+      p->rep[p->n_reps++] = i;
   char sa[96];
-  snprintf(p->where, sizeof(p->where), "%s (%s)",
-           sx__rdma_sockaddr_str((struct sockaddr *)&p->dst, sa, sizeof(sa)), e->device);
+  /* Both NICs, so that a failure names the pair it hit. */
+  snprintf(p->where, sizeof(p->where), "%s (%s, from %s)",
+           sx__rdma_sockaddr_str((struct sockaddr *)&p->dst, sa, sizeof(sa)), e->device,
+           lep->dev->name);
   p->n_conns = t->conns_per_peer;
   for (uint32_t i = 0; i < p->n_conns; i++) {
     p->conns[i].cm.kind = RDMA_CM_READER;
@@ -462,9 +460,17 @@ static int rdma_peer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **ou
   if (t->peers != NULL)
     t->peers->prev = p;
   t->peers = p;
-  sx__rdma_log(t, SX_LOG_DEBUG, "peer '%.64s' at %s from %s port %u, %u QPs", p->name, p->where,
-               lep->dev->name, lep->port_num, p->n_conns);
-  *out = &p->base;
+  if (pair_of != NULL) {
+    p->pair_of = pair_of;
+    p->write = pair_of->write;
+    p->pnext = pair_of->pairs;
+    pair_of->pairs = p;
+    t->stats.pairs++;
+  }
+  sx__rdma_log(t, SX_LOG_DEBUG, "%s '%.64s' at %s from %s port %u, %u QPs",
+               pair_of != NULL ? "NIC pair of" : "peer", p->name, p->where, lep->dev->name,
+               lep->port_num, p->n_conns);
+  *out = p;
   return 0;
 
 out_free_peer:
@@ -472,6 +478,22 @@ out_free_peer:
 out_free_ai:
   freeaddrinfo(ai);
   return sx__err(SX_ENOMEM, "rdma: out of memory");
+}
+
+static int rdma_peer_open(sx_transport *tt, const sx_desc *remote, sx_tpeer **out) {
+  sx_rdma *t = (sx_rdma *)tt;
+  uint32_t rkey_index = 0;
+  rdma_ep *lep = NULL;
+  rdma_peer *p;
+  if (t->closed)
+    return sx__err(SX_ESHUTDOWN, "rdma transport is closed");
+  int idx = sx__rdma_pick(t, remote, &rkey_index, &lep);
+  if (idx < 0)
+    return sx__err(SX_EUNREACH, "segment '%s' publishes no RDMA endpoint", remote->name);
+  int rc = sx__rdma_peer_new(t, remote, (uint32_t)idx, rkey_index, lep, NULL, &p);
+  if (rc == 0)
+    *out = &p->base;
+  return rc;
 }
 
 /* Push mode: a peer whose QPs present this agent as a producer and carry
@@ -523,6 +545,16 @@ static void peer_shutdown(rdma_peer *p, int code, const char *msg) {
     peer_shutdown(p->stage, code, msg);
   if (p->stage_of != NULL)
     p->stage_of->stage = NULL;
+  while (p->pairs != NULL) /* and its NIC pairs (they unlink themselves) */
+    peer_shutdown(p->pairs, code, msg);
+  if (p->pair_of != NULL) {
+    rdma_peer **pp = &p->pair_of->pairs;
+    while (*pp != NULL && *pp != p)
+      pp = &(*pp)->pnext;
+    if (*pp == p)
+      *pp = p->pnext;
+    p->pair_of = NULL;
+  }
   for (uint32_t i = 0; i < p->n_conns; i++)
     conn_close_sync(&p->conns[i], code, msg);
   sx__rdma_s_peer_shutdown(p);
@@ -548,6 +580,14 @@ static void rdma_peer_close(sx_tpeer *tp) {
   if (!p->closing)
     peer_shutdown(p, SX_ECANCELED, "the segment was closed");
   sx__rdma_leave(t, 1);
+}
+
+void sx__rdma_count(sx_rdma *t, const rdma_dev *d, uint64_t wrs, uint64_t bytes) {
+  const sx_tctx *ctx = t->base.ctx;
+  t->stats.dev_wrs[d->index] += wrs;
+  t->stats.dev_bytes[d->index] += bytes;
+  if (ctx != NULL && ctx->nic_posted != NULL)
+    ctx->nic_posted(ctx->agent, d->index, d->name, wrs, bytes);
 }
 
 void sx__rdma_stats_get(const sx_transport *tt, sx__rdma_stats *out) {

@@ -455,6 +455,7 @@ static void on_established(rdma_conn *c, const cm_ev *e) {
   c->state = RC_UP;
   c->deadline_ms = 0;
   p->t->stats.connects++;
+  p->t->stats.dev_connects[c->dev->index]++;
   sx__rdma_log(p->t, SX_LOG_DEBUG,
                "QP %u to '%.64s' at %s is up: qp_num %u on %s, path MTU %u, %u READs in flight, "
                "%u WRs per send queue",

@@ -611,8 +611,10 @@ int sx__rdma_pack(sx_transport *tt, sx_desc *d) {
 }
 
 /* How well a local port suits a remote endpoint: same kind of GID, same
- * IPv4 subnet (RoCE) or GID prefix (InfiniBand) scores higher. */
-static int ep_score(const rdma_ep *l, const sx_endpoint *r) {
+ * IPv4 subnet (RoCE) or GID prefix (InfiniBand) scores higher.  Readers
+ * pick a segment's default pair with it, and each further NIC pair's local
+ * port (rdma_route.c). */
+int sx__rdma_ep_score(const rdma_ep *l, const sx_endpoint *r) {
   int r_v4 = gid_v4mapped(r->gid);
   int l_v4 = gid_v4mapped(l->gid) || (l->has_ipv4 && l->link_layer != IBV_LINK_LAYER_INFINIBAND);
   if (l->link_layer == IBV_LINK_LAYER_INFINIBAND)
@@ -656,7 +658,7 @@ int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_
       continue;
     uint64_t w = ordinal < SX_MAX_DEVICES ? want[ordinal] : 0;
     for (int k = 0; k < t->n_eps; k++) {
-      int s = ep_score(&t->eps[k], e);
+      int s = sx__rdma_ep_score(&t->eps[k], e);
       uint64_t mine = t->nic_bytes[t->eps[k].dev->index];
       if (s > best_score || (s == best_score && (w > best_want ||
                                                  (w == best_want && mine > best_mine)))) {

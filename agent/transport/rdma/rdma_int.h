@@ -10,6 +10,7 @@
  *   rdma_stage.c, rdma_sserve.c, rdma_swire.c  staged RDMA of GPU memory (rdma_stage.h)
  *   rdma_stagew.c  staged writes (push mode), producer side
  *   rdma_nic.c   NIC choice per region (NUMA node, PCI distance, load), rings on a node
+ *   rdma_route.c each range to the QPs of its (local NIC, remote NIC) pair
  *
  * Threading: everything runs on the agent's uv loop thread.  rdma_cm runs in
  * asynchronous mode on one event channel and every device has one completion
@@ -194,6 +195,7 @@ typedef struct rdma_rop rdma_rop;
 typedef struct rdma_wnotice rdma_wnotice;
 typedef struct rdma_sreader rdma_sreader;
 typedef struct rdma_sserve rdma_sserve;
+typedef struct rdma_split rdma_split;
 
 /* What an rdma_cm_id's context points to (first member of each). */
 enum { RDMA_CM_LISTENER = 1, RDMA_CM_READER = 2, RDMA_CM_TARGET = 3 };
@@ -386,7 +388,7 @@ struct rdma_peer {
   uint8_t incarnation[SX_INCARNATION_LEN];
   uint8_t token[SX_TOKEN_LEN];
   struct sockaddr_storage dst; /* remote rdma_cm address and port */
-  char where[SX_ADDR_MAX + 48]; /* "addr:port (device)" for messages */
+  char where[SX_ADDR_MAX + 48]; /* "addr:port (device, from local device)", cut if long */
   uint32_t rkey_index;         /* which of a region's rkeys */
   rdma_ep *lep;                /* local endpoint chosen for this peer */
   rdma_conn *conns;
@@ -407,6 +409,18 @@ struct rdma_peer {
    * points back (stage_of) and holds the reader's rings (sr). */
   rdma_peer *stage, *stage_of;
   rdma_sreader *sr;
+  /* NIC pairs (rdma_route.c).  A segment's peer carries the ranges of
+   * its own pair (lep, rkey_index); ranges whose regions name other NICs
+   * go to pair peers opened on their first use, listed in pairs (linked
+   * by pnext), each pointing back (pair_of).  rep maps an RDMA endpoint's
+   * ordinal to its index in desc->endpoints.  splits: the segment's ops
+   * spread over several pairs. */
+  const sx_desc *desc;
+  uint32_t rep[SX_MAX_DEVICES], n_reps;
+  /* A split op's record lives until its last part settled, which the
+   * peer's close brings about (the pair peers close first). */
+  rdma_peer *pair_of, *pairs, *pnext;
+  rdma_split *splits;
 };
 
 /* Push mode: a write op's notice, from notify() until op->noticed ran and
@@ -438,6 +452,13 @@ typedef struct sx__rdma_stats {
   uint64_t numa_rings;   /* staging rings asked for on their NIC's NUMA node */
   uint64_t numa_refused; /* of them, the kernel refused the memory policy */
   int numa_node;         /* the node the last one asked for */
+  /* Per device (index in t->devs): READ and WRITE work requests posted,
+   * their bytes, and QPs established from this side. */
+  uint64_t dev_wrs[SX__RDMA_MAX_DEVS];
+  uint64_t dev_bytes[SX__RDMA_MAX_DEVS];
+  uint64_t dev_connects[SX__RDMA_MAX_DEVS];
+  uint64_t pairs;        /* pair peers opened (rdma_route.c) */
+  uint64_t splits;       /* ops spread over several pairs */
 } sx__rdma_stats;
 
 struct sx_rdma {
@@ -518,6 +539,9 @@ void sx__rdma_leave(sx_rdma *t, int flush_now);
 void sx__rdma_tick_arm(sx_rdma *t);
 const char *sx__rdma_sockaddr_str(const struct sockaddr *sa, char *buf, size_t len);
 
+/* wrs work requests carrying bytes were posted on device d: its counters,
+ * and the agent's per-NIC metrics. */
+void sx__rdma_count(sx_rdma *t, const rdma_dev *d, uint64_t wrs, uint64_t bytes);
 /* A copy of the transport's counters; zeroes if t is not an RDMA transport. */
 void sx__rdma_stats_get(const sx_transport *t, sx__rdma_stats *out);
 
@@ -539,6 +563,31 @@ int sx__rdma_usable(sx_transport *tt, const sx_desc *remote);
  * index of the remote endpoint in remote->endpoints (and its ordinal among
  * the RDMA endpoints, i.e. the rkey index), or -1. */
 int sx__rdma_pick(sx_rdma *t, const sx_desc *remote, uint32_t *rkey_index, rdma_ep **lep);
+/* How well local port l suits remote endpoint r (higher is better; 0:
+ * different kinds of GID). */
+int sx__rdma_ep_score(const rdma_ep *l, const sx_endpoint *r);
+
+/* ------------------------------------------------------------------ rdma.c, peers */
+
+/* A peer for remote endpoint remote->endpoints[idx] (the ordinal-th RDMA
+ * one, whose rkeys it uses) from local port lep; pair_of: the segment's
+ * peer it carries a NIC pair for, or NULL.  Linked into t->peers. */
+int sx__rdma_peer_new(sx_rdma *t, const sx_desc *remote, uint32_t idx, uint32_t ordinal,
+                      rdma_ep *lep, rdma_peer *pair_of, rdma_peer **out);
+
+/* ------------------------------------------------------------------ rdma_route.c */
+
+/* post() of a segment's peer: each range to the pair peer of (its local
+ * region's NIC, its remote region's NIC); an op on one pair is posted there
+ * as it is, one spanning pairs is split into an op per pair, settled as
+ * one (a pair that cannot connect fails only its ranges). */
+int sx__rdma_route_post(rdma_peer *p, sx_op *op);
+/* The peer that carries xfer x: p itself, or the pair peer of the NICs its
+ * regions name (opened now if it is the first range to need it).  0, or an
+ * error (out of memory, an endpoint address that is not numeric). */
+int sx__rdma_route_pair(rdma_peer *p, const sx_xfer *x, rdma_peer **out);
+/* abort() of a segment's peer: the op's parts, wherever they went. */
+void sx__rdma_route_abort(rdma_peer *p, sx_op *op, int status);
 
 /* ------------------------------------------------------------------ rdma_cm.c */
 
@@ -564,6 +613,9 @@ void sx__rdma_conns_tick(sx_rdma *t, uint64_t now);
 
 int sx__rdma_post(sx_tpeer *tp, sx_op *op);
 void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status);
+/* post() and abort() on the QPs of one pair peer (no routing). */
+int sx__rdma_post_pair(rdma_peer *p, sx_op *op);
+void sx__rdma_abort_pair(rdma_peer *p, sx_op *op, int status);
 /* Issue queued slices on the peer's established QPs; (re)connect when none
  * is up or connecting. */
 void sx__rdma_pump(rdma_peer *p);

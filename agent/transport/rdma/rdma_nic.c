@@ -8,8 +8,9 @@
  * deepest common ancestor), then to the least-loaded, then the first.  Host
  * memory, whose node is not known here, goes to the least-loaded device, so
  * regions spread round-robin over the NICs.  The choice is published per
- * region in the descriptor (sx_region.nic); readers prefer the endpoint
- * most of a segment's bytes name (rdma_dev.c, sx__rdma_pick).
+ * region in the descriptor (sx_region.nic); readers open a segment for the
+ * endpoint most of its bytes name (rdma_dev.c, sx__rdma_pick) and send each
+ * range through the NICs its regions name (rdma_route.c).
  *
  * Staging rings are allocated on their NIC's NUMA node: the thread's memory
  * policy prefers that node while the ring is allocated (cuMemHostAlloc

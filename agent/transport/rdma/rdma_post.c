@@ -330,10 +330,11 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
   if (n == 0)
     return 0;
   uint32_t sig = 0, since = 0;
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, chain = 0;
   for (uint32_t i = 0; i < n; i++) {
     since++;
     bytes += c->sges[i].length;
+    chain += c->sges[i].length;
     if (since == c->sig_every || bytes >= SX__RDMA_SIGNAL_BYTES || i + 1 == n) {
       c->wrs[i].send_flags = IBV_SEND_SIGNALED;
       sig++;
@@ -352,6 +353,7 @@ static uint32_t post_chain(rdma_conn *c, uint32_t want) {
     t->stats.posts++;
     t->stats.wrs += n;
     t->stats.signaled += sig;
+    sx__rdma_count(t, c->dev, n, chain);
     return n;
   }
 
@@ -615,6 +617,16 @@ static int check_local(const rdma_peer *p, const sx_xfer *x, size_t i) {
 
 int sx__rdma_post(sx_tpeer *tp, sx_op *op) {
   rdma_peer *p = (rdma_peer *)tp;
+  if (p->closing || p->t->closed)
+    return sx__err(SX_ESHUTDOWN, "rdma: the peer '%s' is closed", p->name);
+  if (op->n == 0 || op->xfers == NULL)
+    return sx__err(SX_EINVAL, "rdma: an op with no ranges");
+  if (op->n > UINT32_MAX)
+    return sx__err(SX_ELIMIT, "rdma: %zu ranges in one op", op->n);
+  return sx__rdma_route_post(p, op);
+}
+
+int sx__rdma_post_pair(rdma_peer *p, sx_op *op) {
   sx_rdma *t = p->t;
   uint64_t slices = 0;
   int rc;
@@ -702,6 +714,10 @@ static int conn_carries(const rdma_conn *c, const rdma_rop *rop) {
 
 void sx__rdma_abort(sx_tpeer *tp, sx_op *op, int status) {
   rdma_peer *p = (rdma_peer *)tp;
+  sx__rdma_route_abort(p, op, status);
+}
+
+void sx__rdma_abort_pair(rdma_peer *p, sx_op *op, int status) {
   sx_rdma *t = p->t;
   sx__rdma_enter(t);
   rdma_rop *rop = rop_find(p, op);

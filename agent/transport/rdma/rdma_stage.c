@@ -158,8 +158,16 @@ int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot
                     const char *what) {
   struct ibv_send_wr *bad = NULL;
   int rc = ibv_post_send(c->qp, wrs, &bad);
-  if (rc == 0)
+  if (rc == 0) {
+    /* Per-device counters: the slot's READs (a request SEND is a work
+     * request without payload bytes). */
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < n; i++)
+      if (wrs[i].opcode == IBV_WR_RDMA_READ || wrs[i].opcode == IBV_WR_RDMA_WRITE)
+        bytes += wrs[i].sg_list->length;
+    sx__rdma_count(c->p->t, c->dev, n, bytes);
     return 0;
+  }
   uint32_t posted = (bad != NULL && bad >= wrs && bad < wrs + n) ? (uint32_t)(bad - wrs) : 0;
   snprintf(sl->msg, sizeof(sl->msg), "ibv_post_send of a stage %s to '%.64s': %s", what,
            c->p->name, strerror(rc > 0 ? rc : errno));
@@ -224,7 +232,10 @@ void sx__rdma_s_post_request(rdma_conn *c, sslot *sl) {
   struct ibv_send_wr wr;
   sx__rdma_wr_send(&wr, &sge, SX__RDMA_SWR(SX__RDMA_SWR_SEND, sl->index));
   sl->state = SL_REQ;
-  sx__rdma_s_post_wrs(c, &wr, 1, sl, "request");
+  /* A staged write's bytes cross this device when the consumer READs the
+   * slot: they count here, where the request goes out. */
+  if (sx__rdma_s_post_wrs(c, &wr, 1, sl, "request") == 0 && r->write)
+    sx__rdma_count(c->p->t, c->dev, 0, sl->bytes);
 }
 
 /* Fill a free slot from the queue: pieces of one kind (direct or staged,
