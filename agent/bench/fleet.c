@@ -87,7 +87,9 @@ static void renewed(void *arg, const sx_backend_reply *rep) {
     bx_lat_add(&f->lat, ns);
     bx_lat_add(&f->lateness, bx_now_ns() - a->due);
   } else {
-    f->st.renew_errors++;
+    if (f->st.renew_errors++ == 0)
+      snprintf(f->st.first_error, sizeof(f->st.first_error), "%s: %.120s",
+               sx_err_name(rep->status), rep->message);
   }
   pthread_mutex_unlock(&f->mu);
 }
@@ -112,7 +114,8 @@ static void tick(uv_timer_t *t) {
       a->busy = 1;
     } else {
       pthread_mutex_lock(&f->mu);
-      f->st.renew_errors++;
+      if (f->st.renew_errors++ == 0)
+        snprintf(f->st.first_error, sizeof(f->st.first_error), "%s", sx_errmsg());
       pthread_mutex_unlock(&f->mu);
     }
   }
@@ -329,6 +332,15 @@ int bx_fleet_ready(bx_fleet *f, char *err, size_t esize) {
     return -1;
   }
   return 0;
+}
+
+int bx_fleet_state(bx_fleet *f, char *err, size_t esize) {
+  pthread_mutex_lock(&f->mu);
+  int state = f->state;
+  if (state < 0)
+    snprintf(err, esize, "%s", f->err);
+  pthread_mutex_unlock(&f->mu);
+  return state;
 }
 
 int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {

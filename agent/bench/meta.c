@@ -760,7 +760,7 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   }
   int steps = mo.n_conc * 3 + 1 + mo.n_ls + (sizes + 1) * stores + (mo.cluster ? 1 : 0);
   double est = o->duration * (mo.n_conc * 4 + 1) + mo.n_ls * 3.0 +
-               (sizes + 1) * stores * ((o->duration < 2 ? 2 : o->duration) +
+               (sizes + 1) * stores * (bx_fleet_window_s(o->duration) +
                                        mo.lease_ms / 3000.0 + 1);
   bx_progress_start(o, "meta", steps, est);
   rc = BX_FAIL;

@@ -161,7 +161,7 @@ typedef struct bx_probe {
   int held;          /* kept, and within --held-p99-ms and --held-late-ms, every
                       * resolve asked for answered, the generator not saturated */
   int gen_bound;     /* a thread of this process was busy >= BX_GEN_BOUND */
-  char why[200];     /* the first criterion missed */
+  char why[300];     /* the first criterion missed */
   double p99_ms, late_p99_ms, renews_s, resolve_share;
   double gen_cpu, gen_thread_max;
   double srv_cpu, srv_cpu_max;
@@ -169,6 +169,13 @@ typedef struct bx_probe {
   int n_srv;
   double srv_each[BX_CLUSTER_MAX]; /* each server's CPU share */
 } bx_probe;
+
+/* A fleet probe's window: at least 2 s, so that its p99 rests on
+ * thousands of resolves; a smoke run (--duration under 0.5 s) gets 0.5 s,
+ * enough to check the method, not to judge a store. */
+static inline double bx_fleet_window_s(double duration) {
+  return duration < 0.5 ? 0.5 : duration < 2 ? 2 : duration;
+}
 
 /* A generator thread at least this busy may be what limits the run. */
 #define BX_GEN_BOUND 0.9
