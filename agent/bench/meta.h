@@ -164,6 +164,7 @@ typedef struct bx_probe {
   char why[300];     /* the first criterion missed */
   double p99_ms, late_p99_ms, renews_s, resolve_share;
   double gen_cpu, gen_thread_max;
+  double runq_ms_s, lag_p99_ms, stall_ms; /* < 0 unknown */
   double srv_cpu, srv_cpu_max;
   double srv_renew_s, srv_renew_max_s; /* all servers; the busiest one */
   int n_srv;

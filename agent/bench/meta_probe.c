@@ -546,8 +546,11 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   out->p99_ms = p99 / 1e3;
   bx_set_num(row, "p50_us", bx_lat_pct(&run.lat, 0.5) / 1e3);
   bx_set_num(row, "p99_us", p99);
-  if (mo->reader_rate)
-    bx_set_num(row, "lag_p99_ms", bx_lat_pct(&fr->lag, 0.99) / 1e6);
+  out->lag_p99_ms = mo->reader_rate ? bx_lat_pct(&fr->lag, 0.99) / 1e6 : -1;
+  out->stall_ms = stall;
+  out->runq_ms_s = rq0 >= 0 && rq1 >= rq0 ? (rq1 - rq0) / el * 1e3 : -1;
+  if (out->lag_p99_ms >= 0)
+    bx_set_num(row, "lag_p99_ms", out->lag_p99_ms);
   if (stall >= 0)
     bx_set_num(row, "stall_ms", stall);
   if (settled >= 0)
@@ -603,8 +606,8 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   out->gen_bound = out->gen_thread_max >= BX_GEN_BOUND;
   bx_set_num(row, "bench_cpu", out->gen_cpu * 100);
   bx_set_num(row, "gen_thread", out->gen_thread_max * 100);
-  if (rq0 >= 0 && rq1 >= rq0)
-    bx_set_num(row, "runq", (rq1 - rq0) / el * 1e3);
+  if (out->runq_ms_s >= 0)
+    bx_set_num(row, "runq", out->runq_ms_s);
   if (agents == 10000)
     r->p99_10k = p99;
   bx_run_free(&run);
