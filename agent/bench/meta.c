@@ -123,6 +123,14 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
     snprintf(m->conn_msg, sizeof(m->conn_msg), "%s", msg ? msg : "");
 }
 
+/* The bench's own cache watches the store too: its events are read on the
+ * readers' thread, so a fleet probe waits for them as for the readers'. */
+static void on_event(void *arg, const sx_event *ev) {
+  mb *m = arg;
+  (void)ev;
+  m->events++;
+}
+
 static void raw_connected(const redisAsyncContext *ac, int status) {
   mb *m = ac->data;
   m->raw_up = status == REDIS_OK ? 1 : -1;
@@ -164,7 +172,7 @@ static int raw_sync(mb *m, int n, const char **argv[], const int argc[],
 
 int bx_mb_open(mb *m) {
   char err[200];
-  sx_backend_hooks hooks = {.on_conn = on_conn, .arg = m};
+  sx_backend_hooks hooks = {.on_conn = on_conn, .on_event = on_event, .arg = m};
   if (uv_loop_init(&m->loop) != 0)
     return -1;
   m->loop_init = 1;

@@ -69,6 +69,7 @@ typedef struct mb {
   sx_backend *b;
   sx_cache *c;
   int up;                 /* 1 connected, < 0 failed */
+  uint64_t events;        /* store events b has read */
   char conn_msg[512];
   redisAsyncContext *raw;
   int raw_up;

@@ -298,9 +298,9 @@ static double settle(mb *m, fleet_readers *fr, double period_s) {
   double t0 = bx_now();
   run_loop_for(m, period_s);
   for (;;) {
-    uint64_t ev = fr->events;
+    uint64_t ev = fr->events + m->events;
     run_loop_for(m, SETTLE_QUIET_S);
-    if (fr->events == ev)
+    if (fr->events + m->events == ev)
       return bx_now() - t0;
     if (bx_now() - t0 > SETTLE_MAX_S)
       return -1;
@@ -506,7 +506,7 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   fr->agents = agents;
   fr->gone = 0;
   bx_lat_reset(&fr->lag);
-  uint64_t ev0 = fr->events;
+  uint64_t ev0 = fr->events + m->events;
   bx_run run;
   bx_fleet_stats st = {0};
   double srv0[BX_CLUSTER_MAX], srv1[BX_CLUSTER_MAX], th0[64], th1[64], stall;
@@ -521,7 +521,7 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   run.user = fr;
   int mrc = bx_run_round(&run, bx_fleet_window_s(m->o->duration));
   double el = bx_now() - t0;
-  uint64_t events = fr->events - ev0;
+  uint64_t events = fr->events + m->events - ev0;
   servers_window(m, 0, &cmd1, &stall);
   if (nsrv > 0 && servers_cpu(m, srv1) != nsrv)
     nsrv = 0;
