@@ -127,8 +127,7 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
  * readers' thread, so a fleet probe waits for them as for the readers'. */
 static void on_event(void *arg, const sx_event *ev) {
   mb *m = arg;
-  (void)ev;
-  m->events++;
+  m->events += bx_fleet_event(ev);
 }
 
 static void raw_connected(const redisAsyncContext *ac, int status) {

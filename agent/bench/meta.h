@@ -9,6 +9,7 @@
 
 #include <hiredis/async.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -69,7 +70,7 @@ typedef struct mb {
   sx_backend *b;
   sx_cache *c;
   int up;                 /* 1 connected, < 0 failed */
-  uint64_t events;        /* store events b has read */
+  uint64_t events;        /* events of fleet agents b has read */
   char conn_msg[512];
   redisAsyncContext *raw;
   int raw_up;
@@ -177,6 +178,12 @@ typedef struct bx_probe {
  * enough to check the method, not to judge a store. */
 static inline double bx_fleet_window_s(double duration) {
   return duration < 0.5 ? 0.5 : duration < 2 ? 2 : duration;
+}
+
+/* Whether a store event names an agent of a fleet (bx_fleet_name): the
+ * events a fleet probe waits for, and must not see in its window. */
+static inline int bx_fleet_event(const sx_event *ev) {
+  return strncmp(ev->name, "fleet/", 6) == 0;
 }
 
 /* A generator thread at least this busy may be what limits the run. */

@@ -42,7 +42,7 @@ struct fleet_readers {
   uint32_t agents; /* 0: resolve the bench's own segments */
   uint64_t rng;
   uint64_t gone;   /* resolves that found a fleet agent's segment gone */
-  uint64_t events; /* store events the readers' connections have read */
+  uint64_t events; /* fleet events the readers' connections have read */
   bx_lat lag;      /* how late the readers' timers fired: this thread's queue */
   char name[32];
 };
@@ -140,11 +140,10 @@ static void reader_conn(void *arg, int up, int err, const char *msg) {
 }
 
 /* The readers' caches are not told (a forced miss asks the store anyway);
- * what counts is that the connection read and decoded the event. */
+ * what counts is that the connection read and decoded a fleet's event. */
 static void reader_event(void *arg, const sx_event *ev) {
   reader_hook *h = arg;
-  (void)ev;
-  h->fr->events++;
+  h->fr->events += bx_fleet_event(ev);
 }
 
 static int readers_open(fleet_readers *fr, mb *m, uint32_t n) {
@@ -376,7 +375,7 @@ int bx_fleet_run_open(bx_fleet_run *r, mb *m, const bx_meta_opts *mo, bx_report 
                 "with neither is time queued in a server behind other clients' commands");
   bx_table_note(r->t, "SETTLE S: from the fleet holding its leases to the window: one renew "
                 "period, then until the readers had read every event of its publishes "
-                "(%.0f ms without one); a store event read in the window fails the size",
+                "(%.0f ms without one); a fleet event read in the window fails the size",
                 SETTLE_QUIET_S * 1e3);
   r->fr = calloc(1, sizeof(*r->fr));
   if (r->fr == NULL) {
@@ -626,7 +625,7 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
              "the segment gone", st.late, st.renew_errors, st.first_error[0] ? " (" : "",
              st.first_error, st.first_error[0] ? ")" : "", st.late_max_ms, fr->gone);
   else if (events > 0)
-    snprintf(out->why, sizeof(out->why), "%" PRIu64 " store events reached the readers in "
+    snprintf(out->why, sizeof(out->why), "%" PRIu64 " fleet events reached the readers in "
              "the window (the fleet's publishes%s): the window is not the steady state",
              events, settled < 0 ? " were still being read after 30 s" : "");
   else if (out->p99_ms > mo->held_p99_ms)
