@@ -57,13 +57,18 @@ budget=${FLEET_BUDGET_S:-115}
   echo "# sx-bench meta --fleet $start,$cap --fleet-search 3 --fleet-threads $threads --cluster 3 --lease-ms 1000 --held-p99-ms 5 --fleet-budget-s $budget"
 } >"$out/summary.txt"
 
-rc=0
 # The bench stops starting sizes after the budget; the timeout is for a
-# bench that hangs, not a limit it is meant to reach.
-timeout $((budget + 120)) "$bin" meta --ops renew --conc 1 --ls 0 --lease-ms 1000 \
-  --fleet "$start,$cap" --fleet-search 3 --fleet-threads "$threads" --readers 16 \
-  --reader-rate 100 --duration 3 --cluster 3 --held-p99-ms 5 --fleet-budget-s "$budget" \
-  --csv "$out/fleet-cluster.csv" >"$out/fleet-cluster.txt" 2>"$out/fleet-cluster.err" || rc=$?
+# bench that hangs, not a limit it is meant to reach.  Its progress (stderr)
+# shows here and goes to fleet-cluster.err; the report to fleet-cluster.txt.
+(
+  rc=0
+  timeout $((budget + 120)) "$bin" meta --ops renew --conc 1 --ls 0 --lease-ms 1000 \
+    --fleet "$start,$cap" --fleet-search 3 --fleet-threads "$threads" --readers 16 \
+    --reader-rate 100 --duration 3 --cluster 3 --held-p99-ms 5 --fleet-budget-s "$budget" \
+    --csv "$out/fleet-cluster.csv" 2>&1 >"$out/fleet-cluster.txt" || rc=$?
+  echo "$rc" >"$out/rc"
+) | tee "$out/fleet-cluster.err" >&2
+rc=$(cat "$out/rc")
 
 # The summary: the held table and the cluster targets of the report.
 {
