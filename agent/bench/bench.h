@@ -227,6 +227,7 @@ typedef struct bx_fleet_stats {
   uint64_t late; /* renewals skipped: the previous one was still in flight */
   double renew_p50_us, renew_p99_us;
   double late_p99_ms, late_max_ms; /* from falling due to the answer */
+  char first_error[160];           /* the first renewal that failed: why */
 } bx_fleet_stats;
 
 /* Publish every agent, then renew each lease every lease/3 on a thread of
@@ -237,6 +238,9 @@ int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t e
  * every agent holds its lease (0), or says why not (-1; then stop it). */
 int bx_fleet_spawn(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize);
 int bx_fleet_ready(bx_fleet *f, char *err, size_t esize);
+/* The same without waiting: 0 still publishing, 1 renewing, -1 failed
+ * (the reason in err). */
+int bx_fleet_state(bx_fleet *f, char *err, size_t esize);
 /* Counters since the last call (or start). */
 void bx_fleet_sample(bx_fleet *f, bx_fleet_stats *out);
 void bx_fleet_stop(bx_fleet *f);

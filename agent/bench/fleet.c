@@ -4,7 +4,11 @@
  * thread over a few store connections (the library's asynchronous backend,
  * many leases per connection).  Renewals are spread evenly over the renew
  * period, so the store sees a steady K*3/lease renewals per second rather
- * than bursts.  A renewal still in flight when its agent's next one falls
+ * than bursts.  The renewals start with the first publish (an agent not
+ * published yet lets its turn pass): an agent's first renewal then comes
+ * within one renew period of its publish, however long the whole fleet
+ * takes to publish (tens of thousands of agents take longer than a short
+ * lease).  A renewal still in flight when its agent's next one falls
  * due is counted as skipped, as a real agent's lease timer would.  Each
  * renewal's lateness is the time from when it fell due to its answer: what
  * the store's load eats of the lease's margin (lease - lease/3).
@@ -28,6 +32,7 @@ typedef struct agent {
   uint32_t i;
   uint64_t t0, due; /* sent, fell due (bx_now_ns) */
   int busy;
+  int published; /* holds its lease: renewed from now on */
 } agent;
 
 struct bx_fleet {
@@ -87,7 +92,9 @@ static void renewed(void *arg, const sx_backend_reply *rep) {
     bx_lat_add(&f->lat, ns);
     bx_lat_add(&f->lateness, bx_now_ns() - a->due);
   } else {
-    f->st.renew_errors++;
+    if (f->st.renew_errors++ == 0)
+      snprintf(f->st.first_error, sizeof(f->st.first_error), "%s: %.120s",
+               sx_err_name(rep->status), rep->message);
   }
   pthread_mutex_unlock(&f->mu);
 }
@@ -100,6 +107,8 @@ static void tick(uv_timer_t *t) {
   for (; f->scheduled < due; f->scheduled++) {
     agent *a = &f->ag[f->scheduled % n];
     char name[32];
+    if (!a->published)
+      continue;
     if (a->busy) {
       f->late++;
       continue;
@@ -112,7 +121,8 @@ static void tick(uv_timer_t *t) {
       a->busy = 1;
     } else {
       pthread_mutex_lock(&f->mu);
-      f->st.renew_errors++;
+      if (f->st.renew_errors++ == 0)
+        snprintf(f->st.first_error, sizeof(f->st.first_error), "%s", sx_errmsg());
       pthread_mutex_unlock(&f->mu);
     }
   }
@@ -136,6 +146,7 @@ static void published(void *arg, const sx_backend_reply *rep) {
     return;
   }
   f->published++;
+  a->published = 1;
   publish_more(f);
 }
 
@@ -158,10 +169,7 @@ static void publish_more(bx_fleet *f) {
     f->pub_inflight++;
   }
   if (f->state == 0 && f->published == n) {
-    /* Everyone holds a lease: renew from now on, spread over the period. */
-    f->t0 = bx_now_ns();
-    f->scheduled = 0;
-    uv_timer_start(&f->tick, tick, TICK_MS, TICK_MS);
+    /* Everyone holds a lease (and is renewed already). */
     pthread_mutex_lock(&f->mu);
     f->st.publishes = n;
     pthread_mutex_unlock(&f->mu);
@@ -191,8 +199,10 @@ static void unpublished(void *arg, const sx_backend_reply *rep) {
 static void on_stop(uv_async_t *h) {
   bx_fleet *f = h->data;
   uv_timer_stop(&f->tick);
-  for (uint32_t i = 0; i < f->published; i++) {
+  for (uint32_t i = 0; i < f->p.agents; i++) {
     char name[32];
+    if (!f->ag[i].published)
+      continue;
     bx_fleet_name(f->p.first + i, name, sizeof(name));
     if (sx__backend_unpublish(f->b[i % f->p.conns], name, f->incs[i], unpublished, f) == 0)
       f->unpub_left++;
@@ -224,8 +234,13 @@ static void thread_main(void *arg) {
       ok = 0;
     }
   }
-  if (ok)
+  if (ok) {
+    /* Renew from the first publish on, spread over the period. */
+    f->t0 = bx_now_ns();
+    f->scheduled = 0;
+    uv_timer_start(&f->tick, tick, TICK_MS, TICK_MS);
     publish_more(f);
+  }
   /* Runs until on_stop closed everything. */
   uv_run(&f->loop, UV_RUN_DEFAULT);
 }
@@ -329,6 +344,15 @@ int bx_fleet_ready(bx_fleet *f, char *err, size_t esize) {
     return -1;
   }
   return 0;
+}
+
+int bx_fleet_state(bx_fleet *f, char *err, size_t esize) {
+  pthread_mutex_lock(&f->mu);
+  int state = f->state;
+  if (state < 0)
+    snprintf(err, esize, "%s", f->err);
+  pthread_mutex_unlock(&f->mu);
+  return state;
 }
 
 int bx_fleet_start(const bx_fleet_params *p, bx_fleet **out, char *err, size_t esize) {

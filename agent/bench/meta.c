@@ -123,6 +123,13 @@ static void on_conn(void *arg, int up, int err, const char *msg) {
     snprintf(m->conn_msg, sizeof(m->conn_msg), "%s", msg ? msg : "");
 }
 
+/* The bench's own cache watches the store too: its events are read on the
+ * readers' thread, so a fleet probe waits for them as for the readers'. */
+static void on_event(void *arg, const sx_event *ev) {
+  mb *m = arg;
+  m->events += bx_fleet_event(ev);
+}
+
 static void raw_connected(const redisAsyncContext *ac, int status) {
   mb *m = ac->data;
   m->raw_up = status == REDIS_OK ? 1 : -1;
@@ -164,7 +171,7 @@ static int raw_sync(mb *m, int n, const char **argv[], const int argc[],
 
 int bx_mb_open(mb *m) {
   char err[200];
-  sx_backend_hooks hooks = {.on_conn = on_conn, .arg = m};
+  sx_backend_hooks hooks = {.on_conn = on_conn, .on_event = on_event, .arg = m};
   if (uv_loop_init(&m->loop) != 0)
     return -1;
   m->loop_init = 1;
@@ -760,7 +767,7 @@ int bx_meta_main(const bx_common *o, int argc, char **argv) {
   }
   int steps = mo.n_conc * 3 + 1 + mo.n_ls + (sizes + 1) * stores + (mo.cluster ? 1 : 0);
   double est = o->duration * (mo.n_conc * 4 + 1) + mo.n_ls * 3.0 +
-               (sizes + 1) * stores * ((o->duration < 2 ? 2 : o->duration) +
+               (sizes + 1) * stores * (bx_fleet_window_s(o->duration) +
                                        mo.lease_ms / 3000.0 + 1);
   bx_progress_start(o, "meta", steps, est);
   rc = BX_FAIL;

@@ -9,6 +9,7 @@
 
 #include <hiredis/async.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 #include <uv.h>
 
@@ -69,6 +70,7 @@ typedef struct mb {
   sx_backend *b;
   sx_cache *c;
   int up;                 /* 1 connected, < 0 failed */
+  uint64_t events;        /* events of fleet agents b has read */
   char conn_msg[512];
   redisAsyncContext *raw;
   int raw_up;
@@ -161,14 +163,28 @@ typedef struct bx_probe {
   int held;          /* kept, and within --held-p99-ms and --held-late-ms, every
                       * resolve asked for answered, the generator not saturated */
   int gen_bound;     /* a thread of this process was busy >= BX_GEN_BOUND */
-  char why[200];     /* the first criterion missed */
+  char why[300];     /* the first criterion missed */
   double p99_ms, late_p99_ms, renews_s, resolve_share;
   double gen_cpu, gen_thread_max;
+  double runq_ms_s, lag_p99_ms, stall_ms; /* < 0 unknown */
   double srv_cpu, srv_cpu_max;
   double srv_renew_s, srv_renew_max_s; /* all servers; the busiest one */
   int n_srv;
   double srv_each[BX_CLUSTER_MAX]; /* each server's CPU share */
 } bx_probe;
+
+/* A fleet probe's window: at least 2 s, so that its p99 rests on
+ * thousands of resolves; a smoke run (--duration under 0.5 s) gets 0.5 s,
+ * enough to check the method, not to judge a store. */
+static inline double bx_fleet_window_s(double duration) {
+  return duration < 0.5 ? 0.5 : duration < 2 ? 2 : duration;
+}
+
+/* Whether a store event names an agent of a fleet (bx_fleet_name): the
+ * events a fleet probe waits for, and must not see in its window. */
+static inline int bx_fleet_event(const sx_event *ev) {
+  return strncmp(ev->name, "fleet/", 6) == 0;
+}
 
 /* A generator thread at least this busy may be what limits the run. */
 #define BX_GEN_BOUND 0.9

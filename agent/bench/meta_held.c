@@ -206,11 +206,31 @@ static void held_row(bx_table *t, const char *store, int servers, const search *
   bx_set_num(row, "held", s->lo.agents);
   if (s->lo.agents) {
     bx_set_num(row, "p99_ms", s->lo.p99_ms);
+    if (s->lo.n_srv > 0)
+      bx_set_num(row, "srv_max", s->lo.srv_cpu_max * 100);
     bx_set_num(row, "gen_thread", s->lo.gen_thread_max * 100);
   }
   if (s->hi.agents) {
     bx_set_num(row, "not_held", s->hi.agents);
     bx_set_str(row, "why", "%s", s->hi.why);
+  }
+  if (s->hi.agents && s->hi.ran) {
+    /* What each resource did where the store gave out: a saturated server
+     * is the store's limit; the rest are this machine's or this process's. */
+    const bx_probe *p = &s->hi;
+    char srv[8 * BX_CLUSTER_MAX] = "-", rq[48] = "-", lag[48] = "-", stall[48] = "-";
+    for (int i = 0, off = 0; i < p->n_srv && off < (int)sizeof(srv); i++)
+      off += snprintf(srv + off, sizeof(srv) - (size_t)off, "%s%.0f%%", i ? "/" : "",
+                      p->srv_each[i] * 100);
+    if (p->runq_ms_s >= 0)
+      snprintf(rq, sizeof(rq), "%.0f ms/s", p->runq_ms_s);
+    if (p->lag_p99_ms >= 0)
+      snprintf(lag, sizeof(lag), "%.1f ms", p->lag_p99_ms);
+    if (p->stall_ms >= 0)
+      snprintf(stall, sizeof(stall), "%.0f ms", p->stall_ms);
+    bx_set_str(row, "bound", "server%s %s, generator thread %.0f%%, CPU wait %s, "
+               "reader lag p99 %s, server stall %s", p->n_srv > 1 ? "s" : "", srv,
+               p->gen_thread_max * 100, rq, lag, stall);
   }
   double all, busiest;
   char from[64];
@@ -243,9 +263,11 @@ static void held_report(bx_report *rep, const bx_meta_opts *mo, const search se[
       {"servers", "SERVERS", "%.0f"},
       {"held", "AGENTS HELD", "%.0f"},
       {"p99_ms", "ITS P99 RESOLVE MS", "%.2f"},
+      {"srv_max", "ITS BUSIEST SERVER CPU %", "%.0f"},
       {"gen_thread", "ITS GEN BUSIEST THREAD %", "%.0f"},
       {"not_held", "NOT HELD AT", "%.0f"},
       {"why", "WHY NOT", NULL},
+      {"bound", "THERE", NULL},
       {"cpu_at", "CPU PER RENEWAL FROM", NULL},
       {"us_renew", "SERVERS US/RENEW", "%.1f"},
       {"us_renew_max", "BUSIEST SERVER US/RENEW", "%.1f"},
@@ -264,6 +286,10 @@ static void held_report(bx_report *rep, const bx_meta_opts *mo, const search se[
                 "server CPU per renewal, the slope of a line fitted to each server's CPU "
                 "against renewals/s over the fleets whose leases were all kept (else the "
                 "average at the largest)", ncpu);
+  bx_table_note(t, "THERE: at the size not held, each server's CPU (a server near 100%% is "
+                "the store's own limit), the generator's busiest thread, the CPU "
+                "wait of this process and the servers, the readers' timer lag and the "
+                "longest server stall (the fleet tables' notes say what each is)");
   bx_table_note(t, "one saturated thread carries lease/3 / (US/RENEW) agents; servers with "
                 "a core each saturate when the busiest does");
   bx_table_note(t, "a server's cost per renewal falls as it gets busier (more commands per "

@@ -20,21 +20,39 @@
 /* The readers: each a store connection and a resolver cache of its own, as
  * a reader agent has, with one resolve in flight (slot i is reader i), sent
  * at a steady rate (open loop: a resolve's latency is the store's, not a
- * queue in this process) or, with rate 0, as soon as the last one ended. */
+ * queue in this process) or, with rate 0, as soon as the last one ended.
+ * Each takes the store's events, as a reader agent's watch does: a fleet's
+ * publishes reach every reader, which is why a probe waits for them to be
+ * read before its window (settle()). */
+struct fleet_readers;
+typedef struct reader_hook {
+  struct fleet_readers *fr;
+  int up; /* 1 connected, < 0 failed */
+} reader_hook;
+
 struct fleet_readers {
   sx_backend **b;
   sx_cache **c;
-  int *up;
+  reader_hook *hooks;
   uv_timer_t *timers; /* one per reader, for the open loop */
   uint64_t *due_ns;   /* each reader's next resolve */
+  uint64_t *fire_ns;  /* when its pending timer was meant to fire */
   uint32_t n, rate;
   mb *m;
   uint32_t agents; /* 0: resolve the bench's own segments */
   uint64_t rng;
-  uint64_t gone; /* resolves that found a fleet agent's segment gone */
+  uint64_t gone;   /* resolves that found a fleet agent's segment gone */
+  uint64_t events; /* fleet events the readers' connections have read */
+  bx_lat lag;      /* how late the readers' timers fired: this thread's queue */
   char name[32];
 };
 typedef struct fleet_readers fleet_readers;
+
+/* How long a probe waits, at most, for the readers to have read the events
+ * of a fleet's publishes (and of the last fleet's unpublishes). */
+#define SETTLE_MAX_S 30.0
+/* No reader event for this long: the backlog has been read. */
+#define SETTLE_QUIET_S 0.05
 
 static void reader_cb(void *arg, int status, sx_cdesc *d, const char *msg) {
   bx_slot *s = arg;
@@ -67,7 +85,10 @@ static int fleet_resolve_now(bx_run *r, bx_slot *s) {
 
 static void paced_cb(uv_timer_t *t) {
   bx_slot *s = t->data;
+  fleet_readers *fr = s->r->user;
   s->t0 = bx_now_ns(); /* latency from the send, not from the wait */
+  uint64_t fire = fr->fire_ns[s->i];
+  bx_lat_add(&fr->lag, s->t0 > fire ? s->t0 - fire : 0);
   int rc = fleet_resolve_now(s->r, s);
   if (rc != 0)
     bx_run_done(s, rc, sx_errmsg());
@@ -83,6 +104,11 @@ static int op_fleet_resolve(bx_run *r, bx_slot *s) {
   if (*due == 0 || *due + period < now) /* first, or fell behind: no burst */
     *due = now + (fr->rng = fr->rng * 6364136223846793005ull + 1) % period;
   uint64_t wait_ms = *due > now ? (*due - now) / 1000000 : 0;
+  /* The timer counts from the loop's cached time, which lags the clock by
+   * this pass's work so far: start it from now, and measure its lateness
+   * against the whole milliseconds asked for. */
+  uv_update_time(&fr->m->loop);
+  fr->fire_ns[s->i] = now + wait_ms * 1000000;
   *due += period;
   fr->timers[s->i].data = s;
   return uv_timer_start(&fr->timers[s->i], paced_cb, wait_ms, 0) == 0
@@ -100,42 +126,85 @@ static void readers_close(fleet_readers *fr) {
     uv_run(&fr->m->loop, UV_RUN_NOWAIT); /* the timers' close callbacks */
   free(fr->b);
   free(fr->c);
-  free(fr->up);
+  free(fr->hooks);
   free(fr->timers);
   free(fr->due_ns);
+  free(fr->fire_ns);
+  bx_lat_free(&fr->lag);
+}
+
+static void reader_conn(void *arg, int up, int err, const char *msg) {
+  reader_hook *h = arg;
+  (void)msg;
+  h->up = up ? 1 : (err ? err : -1);
+}
+
+/* The readers' caches are not told (a forced miss asks the store anyway);
+ * what counts is that the connection read and decoded a fleet's event. */
+static void reader_event(void *arg, const sx_event *ev) {
+  reader_hook *h = arg;
+  h->fr->events += bx_fleet_event(ev);
 }
 
 static int readers_open(fleet_readers *fr, mb *m, uint32_t n) {
   fr->m = m;
   fr->b = calloc(n, sizeof(*fr->b));
   fr->c = calloc(n, sizeof(*fr->c));
-  fr->up = calloc(n, sizeof(*fr->up));
+  fr->hooks = calloc(n, sizeof(*fr->hooks));
   fr->timers = calloc(n, sizeof(*fr->timers));
   fr->due_ns = calloc(n, sizeof(*fr->due_ns));
-  if (fr->b == NULL || fr->c == NULL || fr->up == NULL || fr->timers == NULL ||
-      fr->due_ns == NULL)
+  fr->fire_ns = calloc(n, sizeof(*fr->fire_ns));
+  if (fr->b == NULL || fr->c == NULL || fr->hooks == NULL || fr->timers == NULL ||
+      fr->due_ns == NULL || fr->fire_ns == NULL)
     return -1;
   for (uint32_t i = 0; i < n; i++) {
-    sx_backend_hooks h = {.on_conn = bx_flag_conn, .arg = &fr->up[i]};
+    fr->hooks[i].fr = fr;
+    sx_backend_hooks h = {.on_conn = reader_conn, .on_event = reader_event,
+                          .arg = &fr->hooks[i]};
     uv_timer_init(&m->loop, &fr->timers[i]);
     if (sx__backend_open(&m->loop, m->url_text, &h, &fr->b[i]) != 0)
       return -1;
     fr->n = i + 1;
   }
   for (uint32_t i = 0; i < n; i++) {
-    while (fr->up[i] == 0)
+    while (fr->hooks[i].up == 0)
       uv_run(&m->loop, UV_RUN_ONCE);
-    if (fr->up[i] < 0 || sx__cache_create(&m->loop, fr->b[i], NULL, &fr->c[i]) != 0)
+    if (fr->hooks[i].up < 0 || sx__cache_create(&m->loop, fr->b[i], NULL, &fr->c[i]) != 0)
       return -1;
   }
   return 0;
 }
 
-/* Commands the store's servers have processed (INFO stats), or -1. */
-static int64_t commands_processed(const mb *m) {
-  if (!m->redis && m->n_srv == 0)
+/* The largest latency (ms) in a LATENCY LATEST answer, or -1. */
+static double latency_max_ms(const redisReply *r) {
+  if (r == NULL || r->type != REDIS_REPLY_ARRAY)
     return -1;
+  double mx = 0;
+  for (size_t i = 0; i < r->elements; i++) {
+    const redisReply *e = r->element[i];
+    /* [event, unix time, latest ms, max ms] */
+    if (e->type == REDIS_REPLY_ARRAY && e->elements >= 4 &&
+        e->element[3]->type == REDIS_REPLY_INTEGER && e->element[3]->integer > mx)
+      mx = (double)e->element[3]->integer;
+  }
+  return mx;
+}
+
+/* The store's servers at a window's start (start = 1) or end: the commands
+ * they have processed (INFO stats) into *cmds, -1 unknown; and, on the
+ * bench's private servers only, their own stalls: at the start the latency
+ * monitor is set to record every event of 1 ms or more (a command, an
+ * expiry cycle, ...) and emptied, at the end *stall_ms is the longest it
+ * recorded on any server (0: none, -1 unknown).  Time a command spends
+ * queued behind other clients' commands is not a stall: that is the
+ * server's load (SERVERS CPU %). */
+static void servers_window(const mb *m, int start, int64_t *cmds, double *stall_ms) {
+  *cmds = -1;
+  *stall_ms = -1;
+  if (!m->redis && m->n_srv == 0)
+    return;
   int64_t sum = 0;
+  double stall = m->n_srv ? 0 : -1;
   for (int i = 0; i < (m->n_srv ? m->n_srv : 1); i++) {
     struct timeval tv = {5, 0};
     redisContext *c = m->n_srv ? redisConnectWithTimeout("127.0.0.1", m->srv_ports[i], tv)
@@ -143,7 +212,7 @@ static int64_t commands_processed(const mb *m) {
     if (c == NULL || c->err) {
       if (c)
         redisFree(c);
-      return -1;
+      return;
     }
     int64_t v = -1;
     redisReply *r = redisCommand(c, "INFO stats");
@@ -154,12 +223,24 @@ static int64_t commands_processed(const mb *m) {
     }
     if (r)
       freeReplyObject(r);
+    if (m->n_srv && stall >= 0) {
+      r = start ? redisCommand(c, "CONFIG SET latency-monitor-threshold 1") : NULL;
+      if (r)
+        freeReplyObject(r);
+      r = redisCommand(c, start ? "LATENCY RESET" : "LATENCY LATEST");
+      double x = start ? (r != NULL && r->type == REDIS_REPLY_INTEGER ? 0 : -1)
+                       : latency_max_ms(r);
+      stall = x < 0 ? -1 : x > stall ? x : stall;
+      if (r)
+        freeReplyObject(r);
+    }
     redisFree(c);
     if (v < 0)
-      return -1;
+      return;
     sum += v;
   }
-  return sum;
+  *cmds = sum;
+  *stall_ms = stall;
 }
 
 /* Each server's used CPU seconds into cpu[] (from /proc, or with
@@ -194,11 +275,35 @@ static void run_loop_for(mb *m, double secs) {
   int done = 0;
   uv_timer_init(&m->loop, &t);
   t.data = &done;
+  /* The loop's clock stood still while this thread waited elsewhere (for
+   * a fleet's publishes, its unpublishes, the servers' INFO): a timer
+   * started from it would fall due at once, and the wait would not be. */
+  uv_update_time(&m->loop);
   uv_timer_start(&t, wait_done, (uint64_t)(secs * 1000), 0);
   while (!done)
     uv_run(&m->loop, UV_RUN_ONCE);
   uv_close((uv_handle_t *)&t, NULL);
   uv_run(&m->loop, UV_RUN_NOWAIT);
+}
+
+/* After a fleet has published: run the readers' loop for one renew period
+ * (the renewals reach their steady spread), then on until the readers have
+ * read every event the publishes sent them (SETTLE_QUIET_S without one),
+ * so that the window measures renewals, not the tail of a publish burst:
+ * every publish reaches every reader (16 readers and 10,000 agents are
+ * 160,000 events; read during the window, they were its p99).  The seconds
+ * waited, or -1 when events still came after SETTLE_MAX_S. */
+static double settle(mb *m, fleet_readers *fr, double period_s) {
+  double t0 = bx_now();
+  run_loop_for(m, period_s);
+  for (;;) {
+    uint64_t ev = fr->events + m->events;
+    run_loop_for(m, SETTLE_QUIET_S);
+    if (fr->events + m->events == ev)
+      return bx_now() - t0;
+    if (bx_now() - t0 > SETTLE_MAX_S)
+      return -1;
+  }
 }
 
 static double held_late_ms(const bx_meta_opts *mo) {
@@ -229,7 +334,9 @@ int bx_fleet_run_open(bx_fleet_run *r, mb *m, const bx_meta_opts *mo, bx_report 
       {"srv_us_renew", "SERVERS US/RENEW", "%.1f"},
       {"srv_us_renew_max", "BUSIEST SERVER US/RENEW", "%.1f"},
       {"bench_cpu", "GENERATOR CPU %", "%.0f"}, {"gen_thread", "GEN BUSIEST THREAD %", "%.0f"},
-      {"runq", "CPU WAIT MS/S", "%.0f"},    {"held", "HELD", NULL},
+      {"runq", "CPU WAIT MS/S", "%.0f"},
+      {"lag_p99_ms", "READER LAG P99 MS", "%.1f"}, {"stall_ms", "SERVER STALL MS", "%.0f"},
+      {"settle_s", "SETTLE S", "%.2f"},     {"held", "HELD", NULL},
       {"note", "NOTE", NULL},
   };
   const char *label = m->label ? m->label : "";
@@ -261,6 +368,15 @@ int bx_fleet_run_open(bx_fleet_run *r, mb *m, const bx_meta_opts *mo, bx_report 
                 "store's cost per resolve (per server); CPU WAIT MS/S: time this process's "
                 "and the private servers' threads were runnable but waited for a CPU, per "
                 "second (schedstat)");
+  bx_table_note(r->t, "where the resolve tail comes from: READER LAG P99 MS: how late the "
+                "readers' timers fired (their thread busy: queueing in this process); "
+                "SERVER STALL MS: the longest event the private servers' latency monitor "
+                "recorded in the window (a command or cycle of >= 1 ms; 0: none); a tail "
+                "with neither is time queued in a server behind other clients' commands");
+  bx_table_note(r->t, "SETTLE S: from the fleet holding its leases to the window: one renew "
+                "period, then until the readers had read every event of its publishes "
+                "(%.0f ms without one); a fleet event read in the window fails the size",
+                SETTLE_QUIET_S * 1e3);
   r->fr = calloc(1, sizeof(*r->fr));
   if (r->fr == NULL) {
     snprintf(err, esize, "fleet: out of memory");
@@ -306,12 +422,19 @@ static int fleets_start(fleets *fs, const bx_fleet_run *r, uint32_t agents, char
     }
     fs->n++;
   }
-  /* Every thread ends its publishing (or fails) before any is stopped. */
+  /* Every thread ends its publishing (or fails) before any is stopped.
+   * Meanwhile the readers' loop runs, so that they read the publishes'
+   * events as they come, as reader agents do, rather than find them all
+   * queued (in their sockets and the servers' output buffers) at once. */
   int rc = 0;
   char later[300]; /* the first failure is the one told */
-  for (uint32_t i = 0; i < fs->n; i++)
-    if (bx_fleet_ready(fs->f[i], rc ? later : why, rc ? sizeof(later) : wsize) != 0)
+  for (uint32_t i = 0; i < fs->n; i++) {
+    int st;
+    while ((st = bx_fleet_state(fs->f[i], rc ? later : why, rc ? sizeof(later) : wsize)) == 0)
+      run_loop_for(r->m, 0.01);
+    if (st < 0)
       rc = -1;
+  }
   if (rc != 0)
     fleets_stop(fs);
   return rc;
@@ -328,6 +451,8 @@ static void fleets_sample(fleets *fs, bx_fleet_stats *out) {
     out->renew_errors += s.renew_errors;
     out->publishes += s.publishes;
     out->late += s.late;
+    if (out->first_error[0] == '\0')
+      memcpy(out->first_error, s.first_error, sizeof(out->first_error));
 #define FS_MAX(x) out->x = s.x > out->x ? s.x : out->x
     FS_MAX(renew_p50_us);
     FS_MAX(renew_p99_us);
@@ -373,15 +498,19 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
                 "the fleet did not start (its row says why)");
       return;
     }
-    /* Reach the steady state: one renew period. */
-    run_loop_for(m, mo->lease_ms / 3 / 1000.0);
   }
+  /* Reach the steady state (with no fleet, read what the last one's
+   * unpublishes sent). */
+  double settled = settle(m, fr, agents ? mo->lease_ms / 3 / 1000.0 : 0);
   fr->agents = agents;
   fr->gone = 0;
+  bx_lat_reset(&fr->lag);
+  uint64_t ev0 = fr->events + m->events;
   bx_run run;
   bx_fleet_stats st = {0};
-  double srv0[BX_CLUSTER_MAX], srv1[BX_CLUSTER_MAX], th0[64], th1[64];
-  int64_t cmd0 = commands_processed(m);
+  double srv0[BX_CLUSTER_MAX], srv1[BX_CLUSTER_MAX], th0[64], th1[64], stall;
+  int64_t cmd0, cmd1;
+  servers_window(m, 1, &cmd0, &stall);
   int nsrv = servers_cpu(m, srv0);
   double cpu0 = bx_cpu_self(), main0 = bx_cpu_thread(), rq0 = runq(m);
   fleets_cpu(&fs, th0);
@@ -389,9 +518,10 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   double t0 = bx_now();
   bx_run_init(&run, m, "fleet resolve", op_fleet_resolve, fr->n);
   run.user = fr;
-  int mrc = bx_run_round(&run, m->o->duration < 2 ? 2 : m->o->duration);
+  int mrc = bx_run_round(&run, bx_fleet_window_s(m->o->duration));
   double el = bx_now() - t0;
-  int64_t cmd1 = commands_processed(m);
+  uint64_t events = fr->events + m->events - ev0;
+  servers_window(m, 0, &cmd1, &stall);
   if (nsrv > 0 && servers_cpu(m, srv1) != nsrv)
     nsrv = 0;
   double cpu = bx_cpu_self() - cpu0, mainc = bx_cpu_thread() - main0, rq1 = runq(m);
@@ -415,6 +545,15 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   out->p99_ms = p99 / 1e3;
   bx_set_num(row, "p50_us", bx_lat_pct(&run.lat, 0.5) / 1e3);
   bx_set_num(row, "p99_us", p99);
+  out->lag_p99_ms = mo->reader_rate ? bx_lat_pct(&fr->lag, 0.99) / 1e6 : -1;
+  out->stall_ms = stall;
+  out->runq_ms_s = rq0 >= 0 && rq1 >= rq0 ? (rq1 - rq0) / el * 1e3 : -1;
+  if (out->lag_p99_ms >= 0)
+    bx_set_num(row, "lag_p99_ms", out->lag_p99_ms);
+  if (stall >= 0)
+    bx_set_num(row, "stall_ms", stall);
+  if (settled >= 0)
+    bx_set_num(row, "settle_s", settled);
   if (agents) {
     out->renews_s = (double)st.renews / el;
     out->late_p99_ms = st.late_p99_ms;
@@ -466,8 +605,8 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
   out->gen_bound = out->gen_thread_max >= BX_GEN_BOUND;
   bx_set_num(row, "bench_cpu", out->gen_cpu * 100);
   bx_set_num(row, "gen_thread", out->gen_thread_max * 100);
-  if (rq0 >= 0 && rq1 >= rq0)
-    bx_set_num(row, "runq", (rq1 - rq0) / el * 1e3);
+  if (out->runq_ms_s >= 0)
+    bx_set_num(row, "runq", out->runq_ms_s);
   if (agents == 10000)
     r->p99_10k = p99;
   bx_run_free(&run);
@@ -482,8 +621,13 @@ void bx_fleet_probe(bx_fleet_run *r, uint32_t agents, bx_probe *out) {
               st.late_max_ms < mo->lease_ms - mo->lease_ms / 3;
   if (!out->kept)
     snprintf(out->why, sizeof(out->why), "leases lost: %" PRIu64 " skipped, %" PRIu64
-             " failed, latest renewal %.0f ms after due, %" PRIu64 " resolves found the "
-             "segment gone", st.late, st.renew_errors, st.late_max_ms, fr->gone);
+             " failed%s%.60s%s, latest renewal %.0f ms after due, %" PRIu64 " resolves found "
+             "the segment gone", st.late, st.renew_errors, st.first_error[0] ? " (" : "",
+             st.first_error, st.first_error[0] ? ")" : "", st.late_max_ms, fr->gone);
+  else if (events > 0)
+    snprintf(out->why, sizeof(out->why), "%" PRIu64 " fleet events reached the readers in "
+             "the window (the fleet's publishes%s): the window is not the steady state",
+             events, settled < 0 ? " were still being read after 30 s" : "");
   else if (out->p99_ms > mo->held_p99_ms)
     snprintf(out->why, sizeof(out->why), "p99 resolve %.1f ms > %.1f", out->p99_ms,
              mo->held_p99_ms);

@@ -39,20 +39,27 @@ run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 9
 # redis-server and a 3-master cluster in turn, each size judged held or not,
 # and every figure (measured, CPU-normalised two ways) reported.  With bounds this
 # wide the search starts at 100 agents on both stores (then 200, its cap,
-# where 100 is held); each store gets a row of what it held.
+# where 100 is held); each store gets a row of what it held.  Each fleet
+# row says how long the probe waited for the readers to read the
+# publishes' events (SETTLE S: at least the renew period, 0.3 s here) and
+# splits the tail (reader lag, server stalls).  A smoke --duration gives
+# 0.5 s windows: this checks the method, it judges no store.
 if command -v redis-cli >/dev/null 2>&1; then
   run meta-cluster "$bin" meta --ops renew --conc 1 --ls 0 --fleet 100,200 --fleet-search 1 \
-    --fleet-threads 2 --readers 4 --lease-ms 1500 --duration 0.1 --cluster 3 \
+    --fleet-threads 2 --readers 4 --lease-ms 900 --duration 0.1 --cluster 3 \
     --held-p99-ms 60000 --held-late-ms 60000 --csv "$out/meta-cluster.csv" --quiet
   awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
-    $2 == "fleet" && $col["agents"] == 100 { a = 1 }
-    $2 == "fleet-cluster" && $col["agents"] == 100 { b = 1 }
+    function probe() { return ("settle_s" in col) && $col["settle_s"] + 0 >= 0.3 &&
+      ("lag_p99_ms" in col) && $col["lag_p99_ms"] ~ /^[0-9.]+$/ &&
+      ("stall_ms" in col) && $col["stall_ms"] ~ /^[0-9.]+$/ }
+    $2 == "fleet" && $col["agents"] == 100 && probe() { a = 1 }
+    $2 == "fleet-cluster" && $col["agents"] == 100 && probe() { b = 1 }
     $2 == "held" && $col["held"] ~ /^[0-9]+$/ { h++ }
     /agents held, 3-master cluster vs one Redis/ { t1 = 1 }
     /agents per saturated Redis thread.*CPU-normalised/ { t2 = 1 }
     /agents per saturated Redis thread.*CPU at equal load per server/ { t3 = 1 }
     END { exit !(a && b && h == 2 && t1 && t2 && t3) }' "$out/meta-cluster.csv" ||
-    { echo "  FAIL  meta --cluster --fleet-search: a fleet row, a held row or a target is missing"; fail=1; }
+    { echo "  FAIL  meta --cluster --fleet-search: a fleet row (with its settle and tail split), a held row or a target is missing"; fail=1; }
 fi
 if command -v gnuplot >/dev/null 2>&1; then
   run read-plot "$bin" read --sizes 64K --batches 4 --ids scattered --duration 0.2 --rounds 2 \
