@@ -29,6 +29,9 @@
 #define SCRATCH_BYTES 65536         /* drain for aborted payload */
 /* Target side. */
 #define MAX_READ (64u << 20)        /* longest READ served */
+/* Both: payloads from this size on move on data-mover threads (a
+ * reader's reply, a target's write of replies), by default. */
+#define TCP_THREAD_BYTES (256u << 10)
 
 typedef struct tcp_t tcp_t;
 typedef struct tpeer tpeer; /* a target we read from (tcp_read.c) */
