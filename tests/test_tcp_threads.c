@@ -182,10 +182,12 @@ static void test_tcp_threads_connections_bytewise(void **state) {
   static const struct { int32_t threads; uint32_t conns; } cases[] = {{2, 4}, {1, 3}, {4, 2}};
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-    pair x;
-    pair_start(&x, cases[i].threads, cases[i].conns, -1, -1);
-    read_rounds(&x);
-    pair_stop(&x);
+    pair *x = calloc(1, sizeof(*x));
+    assert_non_null(x);
+    pair_start(x, cases[i].threads, cases[i].conns, -1, -1);
+    read_rounds(x);
+    pair_stop(x);
+    free(x);
     assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
     assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
   }
@@ -195,10 +197,12 @@ static void test_tcp_threads_connections_bytewise(void **state) {
 static void test_tcp_threads_zero_means_none(void **state) {
   (void)state;
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  pair x;
-  pair_start(&x, 0, 2, -1, -1);
-  read_rounds(&x);
-  pair_stop(&x);
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  pair_start(x, 0, 2, -1, -1);
+  read_rounds(x);
+  pair_stop(x);
+  free(x);
   assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
   assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
 }
@@ -208,36 +212,49 @@ static void test_tcp_threads_zero_means_none(void **state) {
  * (deadline_ms 0) or its deadline.  It ends at once; its destination is
  * unregistered and unmapped before the rest is let through, which the
  * connection drains; then the connection reads on. */
+/* Wait (up to 5 s) until a worker has started receiving since runs. */
+static void wait_worker(uint64_t runs) {
+  for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_RECV) == runs; i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) > runs);
+}
+
 static void stall_then_end(uint32_t deadline_ms) {
-  pair x;
+  pair *x = calloc(1, sizeof(*x)); /* on the heap: the proxy thread outlives a failure */
+  assert_non_null(x);
   long long stall = 5 * MIB / 2;
-  pair_start(&x, 2, 1, stall, -1);
+  pair_start(x, 2, 1, stall, -1);
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
   sx_range_read e[BATCH];
-  sx_batch *b = submit(&x, 0, 0, e, deadline_ms ? deadline_ms : 30000, NULL, NULL);
-  assert_int_equal(sxt_proxy_wait_down(&x.px, stall, 5000), 0);
+  double t0 = now_s();
+  sx_batch *b = submit(x, 0, 0, e, deadline_ms ? deadline_ms : 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
   struct timespec ts = {0, 50 * 1000000};
   nanosleep(&ts, NULL); /* the worker is in poll() by now */
-  assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
-  double t0 = now_s();
-  if (deadline_ms == 0)
+  if (deadline_ms == 0) {
+    t0 = now_s();
     sxt_ok(sx_batch_cancel(b));
+  }
   sx_batch_result res = sxt_batch_finish(b);
   double took = now_s() - t0;
   assert_int_equal(res.state, deadline_ms ? SX_BATCH_TIMEOUT : SX_BATCH_CANCELLED);
   assert_true(took < 2.0 + deadline_ms / 1000.0);
   /* Whatever arrives from now on must not land in the old destination. */
-  dst_unmap(&x);
-  sxt_proxy_release(&x.px);
-  assert_int_equal(sxt_proxy_wait_down(&x.px, (long long)BATCH * MIB, 5000), 0);
-  dst_map(&x);
-  memset(x.dst, 0, DST_BYTES);
-  sx_batch *again = submit(&x, 1, 1, e, 10000, NULL, NULL);
+  dst_unmap(x);
+  sxt_proxy_release(&x->px);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, (long long)BATCH * MIB, 5000), 0);
+  dst_map(x);
+  memset(x->dst, 0, DST_BYTES);
+  sx_batch *again = submit(x, 1, 1, e, 10000, NULL, NULL);
   res = sxt_batch_finish(again);
   if (res.state != SX_BATCH_COMPLETED)
     fail_msg("after the stall: %s: %s", sx_batch_state_name(res.state), res.message);
-  check_landed(&x, e);
-  pair_stop(&x);
+  check_landed(x, e);
+  pair_stop(x);
+  free(x);
 }
 
 static void test_tcp_threads_cancel_while_worker_waits(void **state) {
@@ -247,25 +264,27 @@ static void test_tcp_threads_cancel_while_worker_waits(void **state) {
 
 static void test_tcp_threads_deadline_while_worker_waits(void **state) {
   (void)state;
-  stall_then_end(300);
+  stall_then_end(1500);
 }
 
 /* The target dies 2.5 MiB into the replies, in the middle of a payload
  * a worker receives: the batch fails at once and names the peer. */
 static void test_tcp_threads_peer_dies_mid_payload(void **state) {
   (void)state;
-  pair x;
-  pair_start(&x, 2, 2, -1, 5 * MIB / 2);
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  pair_start(x, 2, 2, -1, 5 * MIB / 2);
   sx_range_read e[BATCH];
   double t0 = now_s();
-  sx_batch_result res = sxt_batch_finish(submit(&x, 0, 0, e, 10000, NULL, NULL));
+  sx_batch_result res = sxt_batch_finish(submit(x, 0, 0, e, 10000, NULL, NULL));
   assert_true(now_s() - t0 < 5.0);
   assert_int_equal(res.state, SX_BATCH_FAILED);
   assert_int_equal(res.error, SX_EDISCONN);
   assert_non_null(strstr(res.message, "prefill-mt"));
   assert_true(res.bytes < (uint64_t)BATCH * MIB);
-  assert_true(__atomic_load_n(&x.px.dead, __ATOMIC_ACQUIRE));
-  pair_stop(&x);
+  assert_true(__atomic_load_n(&x->px.dead, __ATOMIC_ACQUIRE));
+  pair_stop(x);
+  free(x);
 }
 
 static void count_shutdown(sx_batch *b, void *arg) {
@@ -283,30 +302,35 @@ static void count_shutdown(sx_batch *b, void *arg) {
  * the batch ends SX_ESHUTDOWN. */
 static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   (void)state;
-  pair x;
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
   long long stall = 3 * MIB / 2;
-  pair_start(&x, 2, 1, stall, -1);
+  pair_start(x, 2, 1, stall, -1);
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
   sx_range_read e[DEPTH][BATCH];
-  int ended = 0;
+  static int ended;
+  ended = 0;
   for (uint32_t k = 0; k < DEPTH; k++)
-    submit(&x, k, 0, e[k], 30000, count_shutdown, &ended);
-  assert_int_equal(sxt_proxy_wait_down(&x.px, stall, 5000), 0);
+    submit(x, k, 0, e[k], 30000, count_shutdown, &ended);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
   struct timespec ts = {0, 50 * 1000000};
   nanosleep(&ts, NULL);
   /* The segment stays open: destroy closes it and ends the batches. */
   double t0 = now_s();
-  sx_agent_destroy(x.r);
-  x.r = NULL;
-  x.seg = NULL;
+  sx_agent_destroy(x->r);
+  x->r = NULL;
+  x->seg = NULL;
   assert_true(now_s() - t0 < 5.0);
   assert_int_equal(__atomic_load_n(&ended, __ATOMIC_ACQUIRE), DEPTH);
-  munmap(x.dst, DST_BYTES);
-  x.dst = NULL;
+  munmap(x->dst, DST_BYTES);
+  x->dst = NULL;
   t0 = now_s();
-  sx_agent_destroy(x.t);
-  x.t = NULL;
+  sx_agent_destroy(x->t);
+  x->t = NULL;
   assert_true(now_s() - t0 < 5.0);
-  pair_stop(&x);
+  pair_stop(x);
+  free(x);
 }
 
 int main(void) {
