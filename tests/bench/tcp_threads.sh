@@ -57,7 +57,7 @@ for f in "$out"/off-*.csv "$out"/on-*.csv; do
       printf "%-6s %-5s batch %-4s conns %-2s %7.3f GB/s  raw %7.3f GB/s  %5.2fx  p99/p50 %4.2f\n",
         run, substr(run, 1, index(run, "-") - 1), $col["batch"], $col["conns"], $col["gb_s"],
         $col["baseline_gb_s"], $col["ratio"], p }' "$f"
-done | sort -k2,2 -k4,4n -k6,6n -k1,1 >"$out/summary.txt"
+done | LC_ALL=C sort -k4,4n -k6,6n -k2,2 -k1,1 >"$out/summary.txt"
 echo
 echo "RUN    SET   CASE                   SEGXFER          RAW STREAM        VS RAW  TAIL"
 cat "$out/summary.txt"

@@ -7,6 +7,8 @@
  *   conn.c   this: accepting, the HELLO handshake (incarnation and access
  *            token), framing, the reply queue, flow control, closing, and
  *            dispatch of every later frame by type to a handler
+ *   xpool.c  the data-mover threads (xpool.h), which send large reply
+ *            writes here and receive large replies on the TCP reader
  *
  * The handlers come from the transports (sx__conn_handler below): TCP
  * registers READ (tcp_serve.c) and the push frames WAUTH..NOTICE
@@ -16,7 +18,8 @@
  * own, never each other's.  Each handler keeps its own state per
  * connection in a slot (NULL until its first frame there).
  *
- * Everything runs on the agent's loop thread.
+ * Everything runs on the agent's loop thread, except the sending of a
+ * reply write lent to a data-mover thread (conn.c, tx_lend).
  */
 #ifndef SX_CONN_H
 #define SX_CONN_H

@@ -28,9 +28,15 @@
  * in flight has its payload drained into a scratch buffer, so a batch's
  * destinations are never written after it ended.
  *
+ * Large payloads move on data-mover threads (transport/conn/xpool.h), so
+ * that several connections are not capped at the loop thread's one core:
+ * a reader's receive of large replies (tcp_rx.c), a target's write of
+ * large replies (conn.c).  The loop keeps owning the connections and
+ * takes a job back before it aborts, fails or closes anything.
+ *
  * The code: tcp.c (this file: open, close, endpoint, ops table), tcp_serve.c
  * (target side: the READ handler), tcp_write.c (target side: the push
- * handler), tcp_read.c (reader side).  The connections the listener
+ * handler), tcp_read.c, tcp_reply.c and tcp_rx.c (reader side).  The connections the listener
  * accepts (HELLO, framing, the reply queue, dispatch by frame type) are
  * transport/conn/, one floor down, which cuda_ipc's handler shares.
  */

@@ -7,11 +7,14 @@
  *   tcp_write.c  target side: the push handler (WAUTH, WRITE, NOTICE)
  *   tcp_read.c   reader side: peers, connections, the request pump
  *   tcp_reply.c  reader side: the replies (tcp_read_int.h between the two)
+ *   tcp_rx.c     reader side: large replies received on data-mover threads
  *
  * The target side's connections (accepting, HELLO, framing, dispatch by
- * frame type) are transport/conn/, one floor down, shared with cuda_ipc.
+ * frame type) are transport/conn/, one floor down, shared with cuda_ipc;
+ * so are the data-mover threads (conn/xpool.h).
  *
- * Everything runs on the agent's loop thread.
+ * Everything runs on the agent's loop thread, except what tcp_rx.c lends
+ * to a data-mover thread (a connection's receive side, for a stretch).
  */
 #ifndef SX_TCP_INT_H
 #define SX_TCP_INT_H
