@@ -21,33 +21,18 @@
  *     reader's waiting for a reply, the target's for room in its socket):
  *     each returns promptly, and the batch in flight ends SX_ESHUTDOWN.
  */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
 #include "agent_fixture.h"
-#include "internal.h"
-#include "pattern.h"
-#include "tcp_proxy.h"
+#include "tcp_pair.h"
 #include "transport/conn/xpool.h"
 
-#define MIB (1u << 20)
-#define POOL_BLOCKS 24u /* the target's pool, in 1 MiB blocks */
-#define BATCH 8u        /* ranges per batch */
-#define DEPTH 3u        /* batches queued at once */
-#define DST_BYTES ((size_t)DEPTH * BATCH * MIB)
+#define BATCH 8u /* ranges of 1 MiB per batch */
 
-typedef struct pair {
-  char url[64];
-  sx_agent *t, *r;
-  uint8_t *pool, *dst;
-  uint32_t region, dst_id;
-  sx_segment *seg;
-  sxt_proxy px;
-  int proxied;
-} pair;
+typedef sxt_tcp_pair pair;
 
 static double now_s(void) {
   struct timespec ts;
@@ -55,123 +40,27 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A destination mapped on its own, so that it can be unmapped. */
-static void dst_map(pair *x) {
-  x->dst = mmap(NULL, DST_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  assert_true(x->dst != MAP_FAILED);
-  sx_region_params lp = {.addr = x->dst, .length = DST_BYTES, .layer_count = 1,
-                         .slot = SX_SLOT_K, .block_bytes = MIB, .num_blocks = DEPTH * BATCH};
-  sxt_ok(sx_agent_register(x->r, &lp, &x->dst_id));
-}
-
-static void dst_unmap(pair *x) {
-  if (x->dst == NULL)
-    return;
-  sxt_ok(sx_agent_unregister(x->r, x->dst_id));
-  munmap(x->dst, DST_BYTES);
-  x->dst = NULL;
-}
-
 /* Target and reader with threads each (the threshold 64 KiB), conns
  * connections; stall >= 0: through a proxy that stalls the replies after
- * that many bytes (cut >= 0: that dies there). */
-static void pair_start(pair *x, int32_t threads, uint32_t conns, long long stall,
-                       long long cut) {
-  memset(x, 0, sizeof(*x));
-  sxt_mem_url(x->url, sizeof(x->url), "tcpthreads");
-  char listen[32];
-  sx_agent_params p;
-  sxt_params(&p, x->url, "prefill-mt");
-  p.transports = SX_TRANSPORTS_TCP;
-  p.tcp_threads = threads;
-  p.tcp_thread_bytes = 64u << 10;
-  p.listen = "127.0.0.1:0";
-  if (stall >= 0 || cut >= 0) {
-    sxt_proxy_start(&x->px, 0, cut, stall);
-    x->proxied = 1;
-    snprintf(listen, sizeof(listen), "127.0.0.1:%u", x->px.port);
-    p.listen = listen;
-    p.advertise = "127.0.0.2"; /* the proxy */
-  }
-  sxt_ok(sx_agent_create(&p, &x->t));
-  x->pool = malloc((size_t)POOL_BLOCKS * MIB);
-  assert_non_null(x->pool);
-  sx_region_params rp = {.addr = x->pool, .length = (uint64_t)POOL_BLOCKS * MIB,
-                         .layer_count = 1, .slot = SX_SLOT_K, .block_bytes = MIB,
-                         .num_blocks = POOL_BLOCKS, .access = SX_ACCESS_REMOTE_READ};
-  sxt_ok(sx_agent_register(x->t, &rp, &x->region));
-  sx__pattern_fill(x->pool, (uint64_t)POOL_BLOCKS * MIB, 17, x->region, 0);
-  sxt_ok(sx_agent_publish(x->t, 0));
-
-  sxt_params(&p, x->url, "decode-mt");
-  p.transports = SX_TRANSPORTS_TCP;
-  p.conns_per_peer = conns;
-  p.tcp_threads = threads;
-  p.tcp_thread_bytes = 64u << 10;
-  sxt_ok(sx_agent_create(&p, &x->r));
-  dst_map(x);
-  sxt_ok(sx_segment_open(x->r, "prefill-mt", 5000, &x->seg));
-  assert_int_equal(sx_segment_transport(x->seg), SX_TRANSPORT_TCP);
+ * that many bytes (cut >= 0: that dies there).  On the heap: a proxy
+ * thread outlives a failed test. */
+static pair *pair_start(int32_t threads, uint32_t conns, long long stall, long long cut) {
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  sxt_tcp_pair_opts o = {.conns = conns, .batch = BATCH, .threads = threads,
+                         .thread_bytes = 64u << 10, .stall = stall, .cut = cut};
+  sxt_tcp_pair_start(x, &o);
+  return x;
 }
 
 static void pair_stop(pair *x) {
-  if (x->seg != NULL)
-    sx_segment_close(x->seg);
-  if (x->r != NULL) {
-    dst_unmap(x);
-    sx_agent_destroy(x->r);
-  }
-  if (x->t != NULL)
-    sx_agent_destroy(x->t);
-  if (x->proxied)
-    sxt_proxy_stop(&x->px);
-  free(x->pool);
+  sxt_tcp_pair_stop(x);
+  free(x);
 }
 
-/* Batch k of round: BATCH ranges of 1 MiB from scattered pool blocks into
- * destination slot k, submitted with a deadline of timeout_ms. */
 static sx_batch *submit(pair *x, uint32_t k, uint32_t round, sx_range_read *e,
                         uint32_t timeout_ms, sx_batch_cb cb, void *arg) {
-  for (uint32_t i = 0; i < BATCH; i++) {
-    uint32_t b = (i * 7 + k * 5 + round * 3) % POOL_BLOCKS;
-    e[i] = (sx_range_read){.local = x->dst + ((uint64_t)k * BATCH + i) * MIB,
-                           .remote_region = x->region, .offset = (uint64_t)b * MIB,
-                           .length = MIB};
-  }
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  bp.timeout_ms = timeout_ms;
-  bp.cb = cb;
-  bp.cb_arg = arg;
-  sx_batch *b;
-  sxt_ok(sx_batch_create(x->seg, &bp, &b));
-  sxt_ok(sx_batch_add_ranges(b, e, BATCH));
-  sxt_ok(sx_batch_submit(b));
-  return b;
-}
-
-static void check_landed(const pair *x, const sx_range_read *e) {
-  for (uint32_t i = 0; i < BATCH; i++)
-    if (memcmp(e[i].local, x->pool + e[i].offset, MIB) != 0)
-      fail_msg("range %u (pool offset %lu) differs", i, (unsigned long)e[i].offset);
-}
-
-/* DEPTH batches queued, twice, every byte compared. */
-static void read_rounds(pair *x) {
-  sx_range_read e[DEPTH][BATCH];
-  for (uint32_t round = 0; round < 2; round++) {
-    memset(x->dst, 0, DST_BYTES);
-    sx_batch *b[DEPTH];
-    for (uint32_t k = 0; k < DEPTH; k++)
-      b[k] = submit(x, k, round, e[k], 10000, NULL, NULL);
-    for (uint32_t k = 0; k < DEPTH; k++) {
-      sx_batch_result res = sxt_batch_finish(b[k]);
-      if (res.state != SX_BATCH_COMPLETED)
-        fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
-      assert_int_equal(res.bytes, (uint64_t)BATCH * MIB);
-      check_landed(x, e[k]);
-    }
-  }
+  return sxt_tcp_pair_submit(x, k, round, e, timeout_ms, cb, arg);
 }
 
 /* Four connections on two threads, three on one (workers give way to
@@ -182,12 +71,9 @@ static void test_tcp_threads_connections_bytewise(void **state) {
   static const struct { int32_t threads; uint32_t conns; } cases[] = {{2, 4}, {1, 3}, {4, 2}};
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-    pair *x = calloc(1, sizeof(*x));
-    assert_non_null(x);
-    pair_start(x, cases[i].threads, cases[i].conns, -1, -1);
-    read_rounds(x);
+    pair *x = pair_start(cases[i].threads, cases[i].conns, -1, -1);
+    sxt_tcp_pair_rounds(x, 2);
     pair_stop(x);
-    free(x);
     assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
     assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
   }
@@ -197,21 +83,13 @@ static void test_tcp_threads_connections_bytewise(void **state) {
 static void test_tcp_threads_zero_means_none(void **state) {
   (void)state;
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  pair *x = calloc(1, sizeof(*x));
-  assert_non_null(x);
-  pair_start(x, 0, 2, -1, -1);
-  read_rounds(x);
+  pair *x = pair_start(0, 2, -1, -1);
+  sxt_tcp_pair_rounds(x, 2);
   pair_stop(x);
-  free(x);
   assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
   assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
 }
 
-/* The replies stall 2.5 MiB in (the middle of the third range) with the
- * reader's worker waiting for the rest; the batch ends by a cancel
- * (deadline_ms 0) or its deadline.  It ends at once; its destination is
- * unregistered and unmapped before the rest is let through, which the
- * connection drains; then the connection reads on. */
 /* Wait (up to 5 s) until a worker has started receiving since runs. */
 static void wait_worker(uint64_t runs) {
   for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_RECV) == runs; i++) {
@@ -221,11 +99,15 @@ static void wait_worker(uint64_t runs) {
   assert_true(sx__xpool_runs(SX__XJOB_RECV) > runs);
 }
 
+/* The replies stall 2.5 MiB in (the middle of the third range) with the
+ * reader's worker waiting for the rest; the batch ends by a cancel
+ * (deadline_ms 0) or its deadline.  It ends at once; its destination is
+ * unregistered and unmapped before the rest is let through, which the
+ * connection drains; then the connection reads on. */
+
 static void stall_then_end(uint32_t deadline_ms) {
-  pair *x = calloc(1, sizeof(*x)); /* on the heap: the proxy thread outlives a failure */
-  assert_non_null(x);
-  long long stall = 5 * MIB / 2;
-  pair_start(x, 2, 1, stall, -1);
+  long long stall = 5 * SXT_MIB / 2;
+  pair *x = pair_start(2, 1, stall, -1);
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
   sx_range_read e[BATCH];
   double t0 = now_s();
@@ -243,18 +125,17 @@ static void stall_then_end(uint32_t deadline_ms) {
   assert_int_equal(res.state, deadline_ms ? SX_BATCH_TIMEOUT : SX_BATCH_CANCELLED);
   assert_true(took < 2.0 + deadline_ms / 1000.0);
   /* Whatever arrives from now on must not land in the old destination. */
-  dst_unmap(x);
+  sxt_tcp_pair_dst_unmap(x);
   sxt_proxy_release(&x->px);
-  assert_int_equal(sxt_proxy_wait_down(&x->px, (long long)BATCH * MIB, 5000), 0);
-  dst_map(x);
-  memset(x->dst, 0, DST_BYTES);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, (long long)BATCH * SXT_MIB, 5000), 0);
+  sxt_tcp_pair_dst_map(x);
+  memset(x->dst, 0, x->dst_bytes);
   sx_batch *again = submit(x, 1, 1, e, 10000, NULL, NULL);
   res = sxt_batch_finish(again);
   if (res.state != SX_BATCH_COMPLETED)
     fail_msg("after the stall: %s: %s", sx_batch_state_name(res.state), res.message);
-  check_landed(x, e);
+  sxt_tcp_pair_check(x, e);
   pair_stop(x);
-  free(x);
 }
 
 static void test_tcp_threads_cancel_while_worker_waits(void **state) {
@@ -271,20 +152,17 @@ static void test_tcp_threads_deadline_while_worker_waits(void **state) {
  * a worker receives: the batch fails at once and names the peer. */
 static void test_tcp_threads_peer_dies_mid_payload(void **state) {
   (void)state;
-  pair *x = calloc(1, sizeof(*x));
-  assert_non_null(x);
-  pair_start(x, 2, 2, -1, 5 * MIB / 2);
+  pair *x = pair_start(2, 2, -1, 5 * SXT_MIB / 2);
   sx_range_read e[BATCH];
   double t0 = now_s();
   sx_batch_result res = sxt_batch_finish(submit(x, 0, 0, e, 10000, NULL, NULL));
   assert_true(now_s() - t0 < 5.0);
   assert_int_equal(res.state, SX_BATCH_FAILED);
   assert_int_equal(res.error, SX_EDISCONN);
-  assert_non_null(strstr(res.message, "prefill-mt"));
-  assert_true(res.bytes < (uint64_t)BATCH * MIB);
+  assert_non_null(strstr(res.message, "prefill-tcp"));
+  assert_true(res.bytes < (uint64_t)BATCH * SXT_MIB);
   assert_true(__atomic_load_n(&x->px.dead, __ATOMIC_ACQUIRE));
   pair_stop(x);
-  free(x);
 }
 
 static void count_shutdown(sx_batch *b, void *arg) {
@@ -302,15 +180,13 @@ static void count_shutdown(sx_batch *b, void *arg) {
  * the batch ends SX_ESHUTDOWN. */
 static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   (void)state;
-  pair *x = calloc(1, sizeof(*x));
-  assert_non_null(x);
-  long long stall = 3 * MIB / 2;
-  pair_start(x, 2, 1, stall, -1);
+  long long stall = 3 * SXT_MIB / 2;
+  pair *x = pair_start(2, 1, stall, -1);
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
-  sx_range_read e[DEPTH][BATCH];
+  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
   static int ended;
   ended = 0;
-  for (uint32_t k = 0; k < DEPTH; k++)
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
     submit(x, k, 0, e[k], 30000, count_shutdown, &ended);
   assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
   wait_worker(rx);
@@ -322,15 +198,14 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   x->r = NULL;
   x->seg = NULL;
   assert_true(now_s() - t0 < 5.0);
-  assert_int_equal(__atomic_load_n(&ended, __ATOMIC_ACQUIRE), DEPTH);
-  munmap(x->dst, DST_BYTES);
+  assert_int_equal(__atomic_load_n(&ended, __ATOMIC_ACQUIRE), SXT_TCP_PAIR_DEPTH);
+  munmap(x->dst, x->dst_bytes);
   x->dst = NULL;
   t0 = now_s();
   sx_agent_destroy(x->t);
   x->t = NULL;
   assert_true(now_s() - t0 < 5.0);
   pair_stop(x);
-  free(x);
 }
 
 int main(void) {

@@ -247,14 +247,11 @@ static void tx_run(sx__xjob *j) {
       }
       continue;
     }
-    if (errno == EINTR)
-      continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      c->tx_errno = errno;
+    int again = sx__xpool_again(j, c->tx_fd, POLLOUT);
+    if (again <= 0) {
+      c->tx_errno = again < 0 ? errno : 0;
       return;
     }
-    if (!sx__xpool_wait(j, c->tx_fd, POLLOUT))
-      return;
   }
 }
 

@@ -265,6 +265,14 @@ int sx__xpool_wait(sx__xjob *j, int fd, short events) {
   }
 }
 
+int sx__xpool_again(sx__xjob *j, int fd, short events) {
+  if (errno == EINTR)
+    return 1;
+  if (errno != EAGAIN && errno != EWOULDBLOCK)
+    return -1;
+  return sx__xpool_wait(j, fd, events);
+}
+
 void sx__xpool_progress(sx__xjob *j) {
   sx__xpool *p = j->pool;
   pthread_mutex_lock(&p->mu);

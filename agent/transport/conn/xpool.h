@@ -72,6 +72,10 @@ int sx__xpool_reclaim(sx__xjob *j);
  * convenient point (the same reasons, without waiting).  progress: the loop
  * runs notify(j, 0) soon. */
 int sx__xpool_wait(sx__xjob *j, int fd, short events);
+/* After a system call on non-blocking fd failed with errno: 1 to try it
+ * again (EINTR, or fd is ready after sx__xpool_wait), 0 when j should
+ * return (sx__xpool_wait said so), -1 for a real error (errno kept). */
+int sx__xpool_again(sx__xjob *j, int fd, short events);
 int sx__xpool_yield(const sx__xjob *j);
 void sx__xpool_progress(sx__xjob *j);
 

@@ -128,14 +128,11 @@ static void rx_run(sx__xjob *j) {
       c->rx_errno = -1;
       return;
     }
-    if (errno == EINTR)
-      continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      c->rx_errno = errno;
+    int again = sx__xpool_again(j, c->rx_fd, POLLIN);
+    if (again <= 0) {
+      c->rx_errno = again < 0 ? errno : 0;
       return;
     }
-    if (!sx__xpool_wait(j, c->rx_fd, POLLIN))
-      return;
   }
 }
 
