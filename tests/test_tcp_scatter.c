@@ -139,7 +139,8 @@ static void world_start(world *w, uint32_t head_dim, int trickle, long long cut1
   for (int i = 0; i < 2; i++) {
     char name[16];
     snprintf(name, sizeof(name), "pf/tp%d", i);
-    sxt_proxy_start(&w->px[i], trickle, i == 1 ? cut1 : -1, -1);
+    sxt_proxy_opts po = {.trickle = trickle, .cut_after = i == 1 ? cut1 : -1, .stall_after = -1};
+    sxt_proxy_start(&w->px[i], &po);
     rank_start(&w->p[i], w->url, name, w->px[i].port, 2 * (uint32_t)i, 2, head_dim,
                (uint32_t)i, 2);
     for (uint64_t b = 0; b < BLOCKS; b++)

@@ -17,6 +17,11 @@
  *     on, byte-exact.
  *   - The peer dies in the middle of a payload: the batch fails and names
  *     it.
+ *   - One thread, and a peer that stalls it (a reader's worker waiting
+ *     for a reply that does not come, a target's waiting for room that a
+ *     reader does not make): another target's or reader's read does not
+ *     wait for it (the worker gives way), and the stalled one completes
+ *     byte-exact once the stall ends.
  *   - Both agents are destroyed while their workers are busy (the
  *     reader's waiting for a reply, the target's for room in its socket):
  *     each returns promptly, and the batch in flight ends SX_ESHUTDOWN.
@@ -50,6 +55,13 @@ static pair *pair_start(int32_t threads, uint32_t conns, long long stall, long l
   sxt_tcp_pair_opts o = {.conns = conns, .batch = BATCH, .threads = threads,
                          .thread_bytes = 64u << 10, .stall = stall, .cut = cut};
   sxt_tcp_pair_start(x, &o);
+  return x;
+}
+
+static pair *pair_start_opts(const sxt_tcp_pair_opts *o) {
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  sxt_tcp_pair_start(x, o);
   return x;
 }
 
@@ -165,6 +177,90 @@ static void test_tcp_threads_peer_dies_mid_payload(void **state) {
   pair_stop(x);
 }
 
+static void check_ranges(const sxt_tcp_target *t, const uint8_t *dst, uint32_t n, uint32_t first) {
+  for (uint32_t i = 0; i < n; i++)
+    if (memcmp(dst + (uint64_t)i * SXT_MIB,
+               t->pool + (uint64_t)((first + 3 * i) % SXT_TCP_PAIR_POOL) * SXT_MIB, SXT_MIB))
+      fail_msg("range %u differs", i);
+}
+
+/* One thread on the reader, two targets: the first one's replies stall in
+ * the middle of a payload that the reader's only worker receives.  A read
+ * from the second target must not wait for them: its connection, waiting
+ * for the thread, wakes the worker, which gives the stalled connection
+ * back to the loop.  Once the stall ends the first read completes too. */
+static void test_tcp_threads_reader_worker_gives_way(void **state) {
+  (void)state;
+  long long stall = SXT_MIB / 2;
+  pair *x = pair_start(1, 1, stall, -1);
+  sxt_tcp_target tb;
+  sxt_tcp_target_start(x, "prefill-b", &tb);
+  sx_segment *sb;
+  sxt_ok(sx_segment_open(x->r, "prefill-b", 5000, &sb));
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
+  sx_range_read e[BATCH];
+  sx_batch *a = submit(x, 0, 0, e, 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
+  struct timespec ts = {0, 50 * 1000000};
+  nanosleep(&ts, NULL);
+  uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
+  sx_batch_result res = sxt_batch_finish(sxt_tcp_ranges_submit(sb, &tb, dst, BATCH, 1, 5000));
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("second target: %s: %s", sx_batch_state_name(res.state), res.message);
+  check_ranges(&tb, dst, BATCH, 1);
+  sxt_proxy_release(&x->px);
+  res = sxt_batch_finish(a);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("first target: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(x, e);
+  sx_segment_close(sb);
+  sxt_tcp_target_stop(&tb);
+  pair_stop(x);
+}
+
+/* One thread on the target, two readers: the first one's connection stops
+ * taking replies 64 KiB in (the proxy stalls it, with a small receive
+ * buffer towards the target), so the target's only worker finds its
+ * socket full.  The second reader's read must not wait for it: the worker
+ * gives way and the loop sends the rest of that write when there is room.
+ * Once the stall ends the first read completes, byte-exact. */
+static void test_tcp_threads_target_worker_gives_way(void **state) {
+  (void)state;
+  sxt_tcp_pair_opts o = {.conns = 1, .batch = BATCH, .threads = 1, .thread_bytes = 64u << 10,
+                         .stall = 64 << 10, .cut = -1, .first_only = 1,
+                         .up_rcvbuf = 64 << 10};
+  pair *x = pair_start_opts(&o);
+  uint64_t tx = sx__xpool_runs(SX__XJOB_SEND);
+  sx_range_read e[BATCH];
+  sx_batch *a = submit(x, 0, 0, e, 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, o.stall, 5000), 0);
+  for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_SEND) == tx; i++) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
+  struct timespec ts = {0, 100 * 1000000};
+  nanosleep(&ts, NULL); /* the worker waits for room by now */
+  sx_agent *r2 = sxt_tcp_pair_reader(x, 1);
+  sx_segment *s2;
+  sxt_ok(sx_segment_open(r2, "prefill-tcp", 5000, &s2));
+  uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
+  sx_batch_result res = sxt_batch_finish(sxt_tcp_ranges_submit(s2, &x->target, dst, BATCH, 2,
+                                                               5000));
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("second reader: %s: %s", sx_batch_state_name(res.state), res.message);
+  check_ranges(&x->target, dst, BATCH, 2);
+  sxt_proxy_release(&x->px);
+  res = sxt_batch_finish(a);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("first reader: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(x, e);
+  sx_segment_close(s2);
+  sx_agent_destroy(r2);
+  pair_stop(x);
+}
+
 static void count_shutdown(sx_batch *b, void *arg) {
   int *n = arg;
   sx_batch_result res;
@@ -215,6 +311,8 @@ int main(void) {
       cmocka_unit_test(test_tcp_threads_cancel_while_worker_waits),
       cmocka_unit_test(test_tcp_threads_deadline_while_worker_waits),
       cmocka_unit_test(test_tcp_threads_peer_dies_mid_payload),
+      cmocka_unit_test(test_tcp_threads_reader_worker_gives_way),
+      cmocka_unit_test(test_tcp_threads_target_worker_gives_way),
       cmocka_unit_test(test_tcp_threads_shutdown_with_workers_busy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

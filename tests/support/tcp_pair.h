@@ -25,7 +25,16 @@ typedef struct sxt_tcp_pair_opts {
   int32_t threads;       /* both agents' tcp_threads (-1: the default) */
   uint32_t thread_bytes; /* both agents' tcp_thread_bytes (0: the default) */
   long long stall, cut;  /* >= 0: through a proxy that stalls / dies there */
+  int first_only;        /* the proxy stalls the first connection only */
+  int up_rcvbuf;         /* > 0: the proxy's receive buffer towards the target */
 } sxt_tcp_pair_opts;
+
+/* A target: a published pool of SXT_TCP_PAIR_POOL blocks of 1 MiB. */
+typedef struct sxt_tcp_target {
+  sx_agent *a;
+  uint8_t *pool;
+  uint32_t region;
+} sxt_tcp_target;
 
 typedef struct sxt_tcp_pair {
   sxt_tcp_pair_opts o;
@@ -34,6 +43,7 @@ typedef struct sxt_tcp_pair {
   uint8_t *pool, *dst; /* dst: SXT_TCP_PAIR_DEPTH batches of o.batch ranges */
   size_t dst_bytes;
   uint32_t region, dst_id;
+  sxt_tcp_target target; /* t, pool and region above are its */
   sx_segment *seg;
   sxt_proxy px;
   int proxied;
@@ -48,11 +58,22 @@ void sxt_tcp_pair_stop(sxt_tcp_pair *x);
  * write into it afterwards faults). */
 void sxt_tcp_pair_dst_map(sxt_tcp_pair *x);
 void sxt_tcp_pair_dst_unmap(sxt_tcp_pair *x);
+/* Another target named name in x's store, served directly (no proxy),
+ * with x's thread settings; stopped by sxt_tcp_target_stop(). */
+void sxt_tcp_target_start(const sxt_tcp_pair *x, const char *name, sxt_tcp_target *t);
+void sxt_tcp_target_stop(sxt_tcp_target *t);
+/* Another reader in x's store with x's thread settings and conns
+ * connections, no regions; sx_agent_destroy() it. */
+sx_agent *sxt_tcp_pair_reader(const sxt_tcp_pair *x, uint32_t conns);
+/* n ranges of 1 MiB of t's pool blocks first, first + 3, ... (mod the
+ * pool) into dst, on seg, submitted with a deadline of timeout_ms. */
+sx_batch *sxt_tcp_ranges_submit(sx_segment *seg, const sxt_tcp_target *t, uint8_t *dst,
+                                uint32_t n, uint32_t first, uint32_t timeout_ms);
 /* Batch k of round: o.batch ranges of 1 MiB from scattered pool blocks
  * into destination slot k (e filled), submitted with a deadline of
  * timeout_ms and the callback cb (NULL: none). */
 sx_batch *sxt_tcp_pair_submit(sxt_tcp_pair *x, uint32_t k, uint32_t round, sx_range_read *e,
-                          uint32_t timeout_ms, sx_batch_cb cb, void *arg);
+                              uint32_t timeout_ms, sx_batch_cb cb, void *arg);
 /* Every range of e holds its pool bytes. */
 void sxt_tcp_pair_check(const sxt_tcp_pair *x, const sx_range_read *e);
 /* SXT_TCP_PAIR_DEPTH batches queued, rounds times, each one completed and

@@ -21,6 +21,7 @@ static void pair_close(sxt_proxy *p, int i) {
   p->n--;
   p->fd[i][0] = p->fd[p->n][0];
   p->fd[i][1] = p->fd[p->n][1];
+  p->limited[i] = p->limited[p->n];
 }
 
 static void proxy_accept(sxt_proxy *p) {
@@ -30,6 +31,8 @@ static void proxy_accept(sxt_proxy *p) {
   struct sockaddr_in up = {.sin_family = AF_INET, .sin_port = htons(p->port)};
   inet_pton(AF_INET, "127.0.0.1", &up.sin_addr);
   int u = p->dead || p->n == SXT_PROXY_PAIRS ? -1 : socket(AF_INET, SOCK_STREAM, 0);
+  if (u >= 0 && p->o.up_rcvbuf > 0)
+    setsockopt(u, SOL_SOCKET, SO_RCVBUF, &p->o.up_rcvbuf, sizeof(p->o.up_rcvbuf));
   if (u < 0 || connect(u, (struct sockaddr *)&up, sizeof(up)) != 0) {
     close(c);
     if (u >= 0)
@@ -41,6 +44,8 @@ static void proxy_accept(sxt_proxy *p) {
   setsockopt(u, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   p->fd[p->n][0] = c;
   p->fd[p->n][1] = u;
+  p->limited[p->n] = !p->o.first_only || p->accepted == 0;
+  p->accepted++;
   p->n++;
 }
 
@@ -54,9 +59,10 @@ static long long stall_room(sxt_proxy *p) {
 static int proxy_move(sxt_proxy *p, int i, int from_up, unsigned *seed) {
   uint8_t *buf = p->buf;
   size_t want = sizeof(p->buf);
-  if (from_up && p->trickle)
+  int limited = from_up && p->limited[i];
+  if (from_up && p->o.trickle)
     want = 1 + rand_r(seed) % 1500;
-  long long room = from_up ? stall_room(p) : -1;
+  long long room = limited ? stall_room(p) : -1;
   if (room == 0)
     return 0;
   if (room > 0 && (long long)want > room)
@@ -64,20 +70,20 @@ static int proxy_move(sxt_proxy *p, int i, int from_up, unsigned *seed) {
   ssize_t k = recv(p->fd[i][from_up], buf, want, 0);
   if (k <= 0)
     return -1;
-  if (from_up && p->cut_after >= 0 && p->down + k >= p->cut_after) {
+  long long cut = p->o.cut_after;
+  if (limited && cut >= 0 && p->down + k >= cut) {
     /* The peer dies here: what fits goes out, then every connection. */
-    sxt_wire_send(p->fd[i][0], buf, (size_t)(p->cut_after - p->down));
-    __atomic_store_n(&p->down, p->cut_after, __ATOMIC_RELEASE);
+    sxt_wire_send(p->fd[i][0], buf, (size_t)(cut - p->down));
+    __atomic_store_n(&p->down, cut, __ATOMIC_RELEASE);
     __atomic_store_n(&p->dead, 1, __ATOMIC_RELEASE);
     return -1;
   }
   if (sxt_wire_send(p->fd[i][!from_up], buf, (size_t)k) != 0)
     return -1;
-  if (from_up) {
+  if (limited)
     __atomic_store_n(&p->down, p->down + k, __ATOMIC_RELEASE);
-    if (p->trickle)
-      usleep(30);
-  }
+  if (from_up && p->o.trickle)
+    usleep(30);
   return 0;
 }
 
@@ -91,7 +97,8 @@ static void *proxy_run(void *arg) {
     for (int i = 0; i < p->n; i++) {
       pf[1 + 2 * i] = (struct pollfd){.fd = p->fd[i][0], .events = POLLIN};
       /* Stalled: replies stay where they are (a negative fd is skipped). */
-      pf[2 + 2 * i] = (struct pollfd){.fd = stalled ? -1 : p->fd[i][1], .events = POLLIN};
+      pf[2 + 2 * i] = (struct pollfd){.fd = stalled && p->limited[i] ? -1 : p->fd[i][1],
+                                      .events = POLLIN};
     }
     int n = p->n;
     if (poll(pf, (nfds_t)(1 + 2 * n), stalled ? 10 : 50) <= 0)
@@ -115,11 +122,10 @@ static void *proxy_run(void *arg) {
   return NULL;
 }
 
-void sxt_proxy_start(sxt_proxy *p, int trickle, long long cut_after, long long stall_after) {
+void sxt_proxy_start(sxt_proxy *p, const sxt_proxy_opts *o) {
   memset(p, 0, sizeof(*p));
-  p->trickle = trickle;
-  p->cut_after = cut_after;
-  p->stall_after = stall_after;
+  p->o = *o;
+  p->stall_after = o->stall_after;
   for (int tries = 0; tries < 20; tries++) {
     int port = sxt_free_port();
     assert_true(port > 0);
