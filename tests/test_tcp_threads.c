@@ -305,6 +305,10 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
 }
 
 int main(void) {
+  /* The agents' parameters decide here, not an environment meant for
+   * other programs (the variables win over the parameters). */
+  unsetenv("SX_TCP_THREADS");
+  unsetenv("SX_TCP_THREAD_BYTES");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tcp_threads_connections_bytewise),
       cmocka_unit_test(test_tcp_threads_zero_means_none),
