@@ -42,6 +42,10 @@ while [ "$k" -le "$runs" ]; do
       echo "tcp_threads.sh: sx-bench read failed ($mode, run $k); see $out/$mode-$k.txt" >&2
       tail -n 20 "$out/$mode-$k.txt" >&2
       fail=1
+    elif ! grep -q "TCP data-mover threads per agent: $n " "$out/$mode-$k.txt"; then
+      echo "tcp_threads.sh: run $k ($mode) did not run with $n threads per agent:" >&2
+      grep "data-mover" "$out/$mode-$k.txt" >&2
+      fail=1
     fi
   done
   k=$((k + 1))
