@@ -72,6 +72,8 @@ struct cconn {
   atomic_uint rx_done;   /* entries it received whole, not settled yet */
   uint32_t rx_ready;     /* loop: taken from rx_done, not settled yet */
   int rx_errno;          /* worker: why it returned: 0, -1 (end of stream), errno */
+  uint32_t rx_quiet_n;   /* worker: received since the loop was last woken */
+  uint64_t rx_quiet_bytes;
 };
 
 typedef struct pend {
