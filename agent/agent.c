@@ -35,6 +35,7 @@ void sx_agent_params_init(sx_agent_params *p) {
   p->slice_bytes = SX__PLAN_SLICE;
   p->cache_ttl_ms = 5000;
   p->log_level = SX_LOG_INFO;
+  p->tcp_threads = -1;
 }
 
 static void tctx_served(void *agent, sx_transport_kind kind, uint64_t bytes, int err) {
@@ -230,6 +231,11 @@ static int check_params(const sx_agent_params *p) {
   if (p->staging_bytes != 0 && p->staging_bytes < (1u << 20))
     return sx__err(SX_EINVAL, "staging_bytes %lu is below 1 MiB",
                    (unsigned long)p->staging_bytes);
+  if (p->tcp_threads < -1 || p->tcp_threads > 64)
+    return sx__err(SX_EINVAL, "tcp_threads %d is not -1..64", p->tcp_threads);
+  if (p->tcp_thread_bytes > (64u << 20))
+    return sx__err(SX_EINVAL, "tcp_thread_bytes %u is above 64 MiB (the largest read a "
+                   "target serves)", p->tcp_thread_bytes);
   if (p->conns_per_peer > 64)
     return sx__err(SX_EINVAL, "conns_per_peer %u is above 64", p->conns_per_peer);
   if (p->n_labels > SX_MAX_LABELS || (p->n_labels && p->labels == NULL))

@@ -3,35 +3,31 @@
  * makes them: sx_group_read of a token-major TP=2 set into one TP=1 reader
  * (each remote block is one request whose reply lands in a piece per
  * token).  Real agents in this process, a mem:// store, TCP on loopback,
- * and between the reader and each prefill rank a proxy thread: each rank
- * advertises 127.0.0.2 and listens on 127.0.0.1 at the same port, where
- * the proxy forwards.  The proxy can
+ * and between the reader and each prefill rank a proxy thread
+ * (support/tcp_proxy.h): each rank advertises 127.0.0.2 and listens on
+ * 127.0.0.1 at the same port, where the proxy forwards.  The proxy can
  *   - trickle the replies in chunks of 1..1500 bytes with pauses, so that
  *     payloads arrive in short reads that end anywhere in a piece, and
  *   - cut every connection after a number of reply bytes (and refuse new
  *     ones): the peer dies in the middle of a scattered payload.
  * Pieces of 128 bytes and of 4 KiB are run, and spans of more pieces than
  * one readv() fills.
+ * Every test runs twice: with the data on the agents' loop threads, then
+ * on data-mover threads for every payload (tcp_rx.c receives the
+ * scattered replies, conn.c's threads send them).
  * The reader's memory must equal, byte for byte, a reference written
  * directly in its layout: every requested block, and every byte around
  * them still holding the fill it had; after a cut, every block not
  * reported failed.
  */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "agent_fixture.h"
-#include "ports.h"
 #include "segxfer/group.h"
+#include "tcp_proxy.h"
+#include "transport/conn/xpool.h"
 
 #define LAYERS 2
 #define HEADS 4
@@ -40,141 +36,8 @@
 static uint32_t tokens = 8;
 #define BLOCKS 8
 #define FILL 0xa5
-
-/* ------------------------------------------------------------ proxy */
-
-#define PAIRS 16
-
-typedef struct proxy {
-  int lfd;
-  uint16_t port;
-  int trickle;
-  long long cut_after; /* reply bytes passed before every connection is cut; <0: never */
-  long long down;
-  int dead;
-  int stop;
-  int fd[PAIRS][2]; /* client, upstream */
-  int n;
-  pthread_t th;
-  uint8_t buf[65536];
-} proxy;
-
-static void pair_close(proxy *p, int i) {
-  close(p->fd[i][0]);
-  close(p->fd[i][1]);
-  p->n--;
-  p->fd[i][0] = p->fd[p->n][0];
-  p->fd[i][1] = p->fd[p->n][1];
-}
-
-static void proxy_accept(proxy *p) {
-  int c = accept(p->lfd, NULL, NULL);
-  if (c < 0)
-    return;
-  struct sockaddr_in up = {.sin_family = AF_INET, .sin_port = htons(p->port)};
-  inet_pton(AF_INET, "127.0.0.1", &up.sin_addr);
-  int u = p->dead || p->n == PAIRS ? -1 : socket(AF_INET, SOCK_STREAM, 0);
-  if (u < 0 || connect(u, (struct sockaddr *)&up, sizeof(up)) != 0) {
-    close(c);
-    if (u >= 0)
-      close(u);
-    return;
-  }
-  int one = 1;
-  setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(u, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  p->fd[p->n][0] = c;
-  p->fd[p->n][1] = u;
-  p->n++;
-}
-
-/* Move what one side of pair i has to the other: 0, or -1 (pair closed). */
-static int proxy_move(proxy *p, int i, int from_up, unsigned *seed) {
-  uint8_t *buf = p->buf;
-  size_t want = sizeof(p->buf);
-  if (from_up && p->trickle)
-    want = 1 + rand_r(seed) % 1500;
-  ssize_t k = recv(p->fd[i][from_up], buf, want, 0);
-  if (k <= 0)
-    return -1;
-  if (from_up && p->cut_after >= 0 && p->down + k >= p->cut_after) {
-    /* The peer dies here: what fits goes out, then every connection. */
-    sxt_wire_send(p->fd[i][0], buf, (size_t)(p->cut_after - p->down));
-    p->down = p->cut_after;
-    __atomic_store_n(&p->dead, 1, __ATOMIC_RELEASE);
-    return -1;
-  }
-  if (sxt_wire_send(p->fd[i][!from_up], buf, (size_t)k) != 0)
-    return -1;
-  if (from_up) {
-    p->down += k;
-    if (p->trickle)
-      usleep(30);
-  }
-  return 0;
-}
-
-static void *proxy_run(void *arg) {
-  proxy *p = arg;
-  unsigned seed = 7;
-  while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
-    struct pollfd pf[1 + 2 * PAIRS];
-    pf[0] = (struct pollfd){.fd = p->lfd, .events = POLLIN};
-    for (int i = 0; i < p->n; i++) {
-      pf[1 + 2 * i] = (struct pollfd){.fd = p->fd[i][0], .events = POLLIN};
-      pf[2 + 2 * i] = (struct pollfd){.fd = p->fd[i][1], .events = POLLIN};
-    }
-    int n = p->n;
-    if (poll(pf, (nfds_t)(1 + 2 * n), 50) <= 0)
-      continue;
-    for (int i = n - 1; i >= 0; i--) {
-      int bad = 0;
-      for (int side = 0; side < 2 && !bad; side++)
-        if (pf[1 + 2 * i + side].revents & (POLLIN | POLLHUP | POLLERR))
-          bad = proxy_move(p, i, side, &seed) != 0;
-      if (bad)
-        pair_close(p, i);
-    }
-    if (p->dead)
-      while (p->n > 0)
-        pair_close(p, 0);
-    if (pf[0].revents & POLLIN)
-      proxy_accept(p);
-  }
-  while (p->n > 0)
-    pair_close(p, 0);
-  return NULL;
-}
-
-/* Listen on 127.0.0.2 at a free port (the rank listens on 127.0.0.1 at the
- * same one). */
-static void proxy_start(proxy *p, int trickle, long long cut_after) {
-  memset(p, 0, sizeof(*p));
-  p->trickle = trickle;
-  p->cut_after = cut_after;
-  for (int tries = 0; tries < 20; tries++) {
-    int port = sxt_free_port();
-    assert_true(port > 0);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(fd, 16) == 0) {
-      p->lfd = fd;
-      p->port = (uint16_t)port;
-      assert_int_equal(pthread_create(&p->th, NULL, proxy_run, p), 0);
-      return;
-    }
-    close(fd);
-  }
-  fail_msg("no port for the proxy on 127.0.0.2");
-}
-
-static void proxy_stop(proxy *p) {
-  __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
-  pthread_join(p->th, NULL);
-  close(p->lfd);
-}
+/* 1: the second run, with the data on data-mover threads (tcp_rx.c, conn.c). */
+static int threads;
 
 /* ------------------------------------------------------------ ranks */
 
@@ -221,6 +84,11 @@ static void rank_start(rank *r, const char *url, const char *name, uint16_t port
   sxt_params(&p, url, name);
   strcpy(p.layout.dtype, "fp32");
   p.transports = SX_TRANSPORTS_TCP;
+  if (threads) {
+    /* Every payload, sent and received, on data-mover threads. */
+    p.tcp_threads = 2;
+    p.tcp_thread_bytes = 1;
+  }
   if (name) {
     snprintf(listen, sizeof(listen), "127.0.0.1:%u", port);
     p.listen = listen;
@@ -260,7 +128,7 @@ static const uint64_t LB[] = {2, 7, 0, 5}; /* and here */
 
 typedef struct world {
   char url[128];
-  proxy px[2];
+  sxt_proxy px[2];
   rank p[2], d;
   sx_group *g;
 } world;
@@ -271,7 +139,8 @@ static void world_start(world *w, uint32_t head_dim, int trickle, long long cut1
   for (int i = 0; i < 2; i++) {
     char name[16];
     snprintf(name, sizeof(name), "pf/tp%d", i);
-    proxy_start(&w->px[i], trickle, i == 1 ? cut1 : -1);
+    sxt_proxy_opts po = {.trickle = trickle, .cut_after = i == 1 ? cut1 : -1, .stall_after = -1};
+    sxt_proxy_start(&w->px[i], &po);
     rank_start(&w->p[i], w->url, name, w->px[i].port, 2 * (uint32_t)i, 2, head_dim,
                (uint32_t)i, 2);
     for (uint64_t b = 0; b < BLOCKS; b++)
@@ -290,7 +159,7 @@ static void world_stop(world *w) {
   rank_stop(&w->d);
   for (int i = 0; i < 2; i++) {
     rank_stop(&w->p[i]);
-    proxy_stop(&w->px[i]);
+    sxt_proxy_stop(&w->px[i]);
   }
 }
 
@@ -395,5 +264,13 @@ int main(void) {
       cmocka_unit_test(test_scatter_more_pieces_than_one_readv),
       cmocka_unit_test(test_scatter_peer_dies_mid_payload),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests_name("on the loop thread", tests, NULL, NULL);
+  threads = 1;
+  uint64_t runs = sx__xpool_runs(SX__XJOB_RECV);
+  failed += cmocka_run_group_tests_name("on data-mover threads", tests, NULL, NULL);
+  if (sx__xpool_runs(SX__XJOB_RECV) == runs) {
+    fprintf(stderr, "no reply was received on a data-mover thread\n");
+    failed++;
+  }
+  return failed;
 }

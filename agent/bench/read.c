@@ -29,6 +29,7 @@
 #include "rawproto.h"
 #include "read.h"
 #include "segxfer/agent.h"
+#include "transport/conn/xpool.h"
 
 
 /* The reader side of one run. */
@@ -428,6 +429,16 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
                   "after the cases of its block size", (unsigned long long)o.rounds);
   if (o.verify)
     bx_table_note(t, "--verify: every byte checked against the pattern, inside the timing");
+  if (!o.rdma) {
+    /* Both agents take the default, so this is what each of them runs
+     * with (docs/data-plane.md#tcp). */
+    int bad;
+    const char *min = getenv("SX_TCP_THREAD_BYTES");
+    bx_table_note(t, "TCP data-mover threads per agent: %u (SX_TCP_THREADS %s), for payloads "
+                  "of %s bytes and more", sx__xpool_size(-1, &bad),
+                  getenv("SX_TCP_THREADS") && !bad ? "set" : "unset: min(4, CPUs / 4)",
+                  min && *min ? min : "262144");
+  }
   /* What the targets are judged on, per connection count. */
   bx_judged judged[8];
   for (int k = 0; k < 8; k++)

@@ -107,6 +107,14 @@ typedef struct sx_agent_params {
    * per device; the others force a tier.  The environment variable
    * SX_RDMA_GPU (dmabuf, peermem, staged, off, auto) overrides it. */
   uint32_t rdma_gpu;
+  /* Threads that move TCP payload bytes off the agent's thread (receiving
+   * replies, sending them), so that several connections go past one
+   * core's copy rate: -1 (the default) min(4, online CPUs / 4), 0 none, at
+   * most 64; payloads of tcp_thread_bytes and more use them (0: the
+   * default, 256 KiB).  The environment variables SX_TCP_THREADS and
+   * SX_TCP_THREAD_BYTES override them; see docs/data-plane.md. */
+  int32_t tcp_threads;
+  uint32_t tcp_thread_bytes;
 } sx_agent_params;
 
 /* Values of sx_agent_params.rdma_gpu. */

@@ -16,7 +16,7 @@ rather than past the object.
 import ctypes
 import os
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int, c_size_t,
-                    c_uint, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
+                    c_int32, c_uint, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p)
 
 # Limits from include/segxfer/descriptor.h.
 NAME_MAX = 200
@@ -99,7 +99,8 @@ class AgentParams(Structure):
                 ("slice_bytes", c_uint32), ("cache_ttl_ms", c_uint32),
                 ("layout", Layout), ("labels", POINTER(Label)), ("n_labels", c_uint32),
                 ("log", LOG_FN), ("log_arg", c_void_p), ("log_level", c_int),
-                ("staging_bytes", c_uint64), ("rdma_gpu", c_uint32)]
+                ("staging_bytes", c_uint64), ("rdma_gpu", c_uint32),
+                ("tcp_threads", c_int32), ("tcp_thread_bytes", c_uint32)]
 
 
 class RegionParams(Structure):

@@ -140,7 +140,8 @@ class Agent(Owned):
     fingerprint, tag, dtype, tp_rank, tp_size, pp_rank, pp_size, labels:
                   the published layout (readers check it against theirs)
     lease_ms, renew_ms, listen, advertise, namespace, conns_per_peer,
-    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms, staging_bytes: as in
+    rdma_devices, rdma_gid_index, slice_bytes, cache_ttl_ms, staging_bytes,
+    tcp_threads, tcp_thread_bytes: as in
                   sx_agent_params (include/segxfer/agent.h); None: default
     kv_layout     "NHD", "HND" or "MLA": describe the blocks of group 0 (what
                   plans across tensor-parallel splits, block sizes and orders
@@ -163,7 +164,8 @@ class Agent(Owned):
                  pp_size=0, labels=None, lease_ms=None, renew_ms=None, listen=None,
                  advertise=None, namespace=None, conns_per_peer=None, rdma_devices=None,
                  rdma_gid_index=None, slice_bytes=None, cache_ttl_ms=None,
-                 staging_bytes=None, kv_layout=None, kv_cache=None, block_tokens=None,
+                 staging_bytes=None, tcp_threads=None, tcp_thread_bytes=None,
+                 kv_layout=None, kv_cache=None, block_tokens=None,
                  kv_heads=None, head_dim=None, blocks=None, pp_layers=None,
                  log_level="info", log=None):
         if metadata_url is None:
@@ -190,7 +192,7 @@ class Agent(Owned):
             p.transports = mask
         for field, v in (("lease_ms", lease_ms), ("renew_ms", renew_ms),
                          ("conns_per_peer", conns_per_peer), ("slice_bytes", slice_bytes),
-                         ("cache_ttl_ms", cache_ttl_ms)):
+                         ("cache_ttl_ms", cache_ttl_ms), ("tcp_thread_bytes", tcp_thread_bytes)):
             if v is not None:
                 setattr(p, field, _u32(v, field))
         if rdma_gid_index is not None:
@@ -200,6 +202,13 @@ class Agent(Owned):
                 raise invalid("rdma_gid_index must be an integer in -1 .. 2**31-1 (got %r)"
                               % (rdma_gid_index,))
             p.rdma_gid_index = gid
+        if tcp_threads is not None:
+            # A C int32 (-1: the library's default); ctypes would wrap a larger value.
+            n = _index(tcp_threads)
+            if n is None or not -1 <= n <= 64:
+                raise invalid("tcp_threads must be an integer in -1 .. 64 (got %r)"
+                              % (tcp_threads,))
+            p.tcp_threads = n
         if staging_bytes is not None:
             p.staging_bytes = _u64(staging_bytes, "staging_bytes")
         _fill(p.layout, "fingerprint", fingerprint, "fingerprint")

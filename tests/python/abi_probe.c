@@ -52,6 +52,7 @@ int main(void) {
   F(sx_agent_params, labels); F(sx_agent_params, n_labels); F(sx_agent_params, log);
   F(sx_agent_params, log_arg); F(sx_agent_params, log_level);
   F(sx_agent_params, staging_bytes); F(sx_agent_params, rdma_gpu);
+  F(sx_agent_params, tcp_threads); F(sx_agent_params, tcp_thread_bytes);
   S(sx_region_params);
   F(sx_region_params, addr); F(sx_region_params, length); F(sx_region_params, group);
   F(sx_region_params, layer_first); F(sx_region_params, layer_count);

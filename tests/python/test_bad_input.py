@@ -278,3 +278,15 @@ def test_bad_input_rdma_gid_index(url):
         with pytest.raises(segxfer.SX_EINVAL, match="rdma_gid_index"):
             segxfer.Agent(None, url, rdma_gid_index=gid, log_level="error")
     segxfer.Agent(None, url, rdma_gid_index=numpy.int64(-1), log_level="error").close()
+
+
+def test_bad_input_tcp_threads(url):
+    """tcp_threads is a C int32 in -1..64 and tcp_thread_bytes at most
+    64 MiB: other values are refused, with the field named."""
+    for n in (65, -2, 2**32, "2", 2.0):
+        with pytest.raises(segxfer.SX_EINVAL, match="tcp_threads"):
+            segxfer.Agent(None, url, tcp_threads=n, log_level="error")
+    with pytest.raises(segxfer.SX_EINVAL, match="tcp_thread_bytes"):
+        segxfer.Agent(None, url, tcp_thread_bytes=(64 << 20) + 1, log_level="error")
+    segxfer.Agent(None, url, tcp_threads=numpy.int64(2), tcp_thread_bytes=4096,
+                  log_level="error").close()

@@ -3,12 +3,29 @@
  * framing, the reply queue, flow control and dispatch to the transports'
  * handlers.
  */
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include "conn.h"
 #include "internal.h"
+
+typedef struct swrite swrite;
+
+/* A write held back while a data-mover thread sends on the connection
+ * (bufs copied: callers' lists live on their stacks). */
+typedef struct held {
+  struct held *next;
+  uv_write_t *req;
+  uv_write_cb cb;
+  int big;          /* a reply write that a data-mover thread may send */
+  unsigned n;
+  uv_buf_t bufs[];
+} held;
 
 typedef struct reply {
   sx_lregion *l; /* NULL for a reply without payload */
@@ -33,16 +50,24 @@ struct sx__conn {
   reply rep[SX__CONN_REPLIES];
   uint8_t hdr[SX__CONN_REPLIES][SX__FRAME_HDR];
   void *slot[SX__CONN_SLOTS];    /* each handler's state, NULL until used */
+  /* A reply write lent to a data-mover thread (tx_*: see tx_lend), and
+   * the writes held behind it meanwhile, in order. */
+  sx__xjob tx;
+  swrite *tx_w;
+  int tx_fd, tx_errno;
+  unsigned tx_i, tx_n;           /* tx_w->iov: the next one to send, all */
+  held *held, **held_tail;
 };
 
-typedef struct swrite {
+struct swrite {
   uv_write_t req;
   sx__conn *c;
   uint32_t n;
   int close_after;
   sx_lregion **lregs; /* n, inside this allocation */
   uint8_t *hdrs;      /* n * SX__FRAME_HDR, inside this allocation */
-} swrite;
+  struct iovec *iov;  /* a data-mover thread's copy of the buffers, or NULL */
+};
 
 static const sx__conn_handler *slot_handler(const sx__conn_server *s, unsigned k) {
   return s->by_slot[k];
@@ -83,12 +108,15 @@ static void s_closed(uv_handle_t *h) {
   s->freed(s);
 }
 
+static void tx_cancel(sx__conn *c);
+
 /* Close a connection; its queued replies are cancelled first (their write
  * callbacks release the regions), then it is freed. */
 static void s_close(sx__conn *c) {
   if (c->handles == 0 || uv_is_closing((uv_handle_t *)&c->h))
     return;
   c->closing = 1;
+  tx_cancel(c); /* before the descriptor closes */
   for (unsigned k = 0; k < SX__CONN_SLOTS; k++) {
     const sx__conn_handler *hd = slot_handler(c->s, k);
     if (hd != NULL && hd->close != NULL) {
@@ -165,6 +193,7 @@ static void s_written(uv_write_t *req, int status) {
       w->lregs[i]->inflight--;
   c->queued -= w->n;
   int close_after = w->close_after;
+  free(w->iov);
   free(w);
   if (c->closing && !close_after)
     return;
@@ -180,7 +209,160 @@ static void s_written(uv_write_t *req, int status) {
     s_read_start(c);
 }
 
-/* Send the replies gathered so far in one write. */
+/* ----------------------------------------- writes by data-mover threads */
+
+/* The most bytes one system call sends: taking a write back waits for one
+ * such copy at most. */
+#define TX_CHUNK (2u << 20)
+#define TX_PIECES 64
+
+static sx__conn *tx_conn(sx__xjob *j) { return (sx__conn *)((char *)j - offsetof(sx__conn, tx)); }
+
+/* Worker: send the lent write (each region's inflight holds it), until it
+ * is out, the socket fails, or the pool wants the thread back while the
+ * socket is full (a reader that does not read holds no thread others
+ * need; the loop sends the rest). */
+static void tx_run(sx__xjob *j) {
+  sx__conn *c = tx_conn(j);
+  struct iovec *iov = c->tx_w->iov;
+  c->tx_errno = 0;
+  while (c->tx_i < c->tx_n && !atomic_load(&j->stop)) {
+    struct iovec v[TX_PIECES];
+    size_t k = 0, bytes = 0;
+    for (unsigned i = c->tx_i; i < c->tx_n && k < TX_PIECES && bytes < TX_CHUNK; i++) {
+      v[k] = iov[i];
+      if (v[k].iov_len > TX_CHUNK - bytes)
+        v[k].iov_len = TX_CHUNK - bytes;
+      bytes += v[k++].iov_len;
+    }
+    struct msghdr m = {.msg_iov = v, .msg_iovlen = k};
+    ssize_t sent = sendmsg(c->tx_fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent >= 0) {
+      size_t left = (size_t)sent;
+      while (c->tx_i < c->tx_n && left >= iov[c->tx_i].iov_len)
+        left -= iov[c->tx_i++].iov_len;
+      if (left > 0) {
+        iov[c->tx_i].iov_base = (char *)iov[c->tx_i].iov_base + left;
+        iov[c->tx_i].iov_len -= left;
+      }
+      continue;
+    }
+    int again = sx__xpool_again(j, c->tx_fd, POLLOUT);
+    if (again <= 0) {
+      c->tx_errno = again < 0 ? errno : 0;
+      return;
+    }
+  }
+}
+
+static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb);
+
+/* Issue held writes in order, until one is lent to a thread again. */
+static void tx_drain(sx__conn *c) {
+  while (c->held != NULL && c->tx_w == NULL && !c->closing) {
+    held *h = c->held;
+    c->held = h->next;
+    if (c->held == NULL)
+      c->held_tail = &c->held;
+    if (!(h->big && tx_lend(c, (swrite *)h->req, h->bufs, h->n))) {
+      int rc = uv_write(h->req, (uv_stream_t *)&c->h, h->bufs, h->n, h->cb);
+      if (rc != 0)
+        h->cb(h->req, rc); /* its callback sees the broken connection */
+    }
+    free(h);
+  }
+}
+
+/* Loop: the worker returned: what it did not send (it gave way), libuv
+ * sends; then the writes held behind it go. */
+static void tx_notify(sx__xjob *j, int finished) {
+  sx__conn *c = tx_conn(j);
+  swrite *w = c->tx_w;
+  (void)finished; /* a write reports only its end */
+  c->tx_w = NULL;
+  int st = c->tx_errno ? uv_translate_sys_error(c->tx_errno) : 0;
+  if (st == 0 && c->tx_i < c->tx_n) {
+    unsigned n = c->tx_n - c->tx_i;
+    uv_buf_t rest[2 * SX__CONN_REPLIES];
+    for (unsigned i = 0; i < n; i++)
+      rest[i] = uv_buf_init(w->iov[c->tx_i + i].iov_base, (unsigned)w->iov[c->tx_i + i].iov_len);
+    st = uv_write(&w->req, (uv_stream_t *)&c->h, rest, n, s_written);
+    if (st == 0)
+      w = NULL;
+  }
+  if (w != NULL)
+    s_written(&w->req, st);
+  tx_drain(c);
+}
+
+/* Lend w (buffers bufs) to a data-mover thread when one may send it now:
+ * nothing written before it is still queued in libuv.  1 if lent. */
+static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb) {
+  sx__xpool *pool = sx__conn_pool(c->s);
+  uv_os_fd_t fd;
+  if (pool == NULL || c->tx_w != NULL || c->closing ||
+      uv_stream_get_write_queue_size((uv_stream_t *)&c->h) != 0 ||
+      uv_fileno((const uv_handle_t *)&c->h, &fd) != 0 ||
+      (w->iov = malloc(nb * sizeof(*w->iov))) == NULL)
+    return 0;
+  for (unsigned i = 0; i < nb; i++)
+    w->iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
+  c->tx_w = w;
+  c->tx_fd = fd;
+  c->tx_i = 0;
+  c->tx_n = nb;
+  c->tx.run = tx_run;
+  c->tx.notify = tx_notify;
+  c->tx.kind = SX__XJOB_SEND;
+  sx__xpool_submit(pool, &c->tx);
+  return 1;
+}
+
+/* Closing: the thread stops before the descriptor closes; the lent write
+ * and the held ones end cancelled, as libuv ends its queued ones. */
+static void tx_cancel(sx__conn *c) {
+  if (c->tx_w != NULL) {
+    sx__xpool_reclaim(&c->tx);
+    swrite *w = c->tx_w;
+    c->tx_w = NULL;
+    s_written(&w->req, UV_ECANCELED);
+  }
+  while (c->held != NULL) {
+    held *h = c->held;
+    c->held = h->next;
+    h->cb(h->req, UV_ECANCELED);
+    free(h);
+  }
+  c->held_tail = &c->held;
+}
+
+/* Write on c in order: behind a lent write, held (big: a reply write that
+ * a thread may send when its turn comes). */
+static int s_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
+                   uv_write_cb cb, int big) {
+  if (c->tx_w == NULL && c->held == NULL)
+    return uv_write(req, (uv_stream_t *)&c->h, bufs, n, cb);
+  if (c->closing)
+    return UV_ECANCELED;
+  held *h = malloc(sizeof(*h) + n * sizeof(uv_buf_t));
+  if (h == NULL)
+    return UV_ENOMEM;
+  *h = (held){.req = req, .cb = cb, .big = big, .n = n};
+  memcpy(h->bufs, bufs, n * sizeof(uv_buf_t));
+  if (c->held_tail == NULL)
+    c->held_tail = &c->held;
+  *c->held_tail = h;
+  c->held_tail = &h->next;
+  return 0;
+}
+
+int sx__conn_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
+                   uv_write_cb cb) {
+  return s_write(c, req, bufs, n, cb, 0);
+}
+
+/* Send the replies gathered so far in one write: on a data-mover thread
+ * when their payload is large. */
 static int s_flush(sx__conn *c, int close_after) {
   uint32_t n = c->nrep;
   if (n == 0)
@@ -197,7 +379,9 @@ static int s_flush(sx__conn *c, int close_after) {
   w->close_after = close_after;
   w->lregs = (sx_lregion **)(w + 1);
   w->hdrs = (uint8_t *)(w->lregs + n);
+  w->iov = NULL;
   unsigned nb = 0;
+  uint64_t bytes = 0;
   for (uint32_t i = 0; i < n; i++) {
     memcpy(w->hdrs + i * SX__FRAME_HDR, c->hdr[i], SX__FRAME_HDR);
     bufs[nb++] = uv_buf_init((char *)w->hdrs + i * SX__FRAME_HDR, SX__FRAME_HDR);
@@ -205,12 +389,16 @@ static int s_flush(sx__conn *c, int close_after) {
     if (c->rep[i].l != NULL) {
       bufs[nb].base = (char *)c->rep[i].payload;
       bufs[nb].len = (size_t)c->rep[i].len;
+      bytes += c->rep[i].len;
       nb++;
       c->rep[i].l->inflight++;
     }
   }
   c->queued += n;
-  int rc = uv_write(&w->req, (uv_stream_t *)&c->h, bufs, nb, s_written);
+  int big = !close_after && c->s->pool_threads > 0 && bytes >= c->s->pool_min;
+  if (big && c->held == NULL && tx_lend(c, w, bufs, nb))
+    return 0;
+  int rc = s_write(c, &w->req, bufs, nb, s_written, big);
   if (rc != 0) {
     for (uint32_t i = 0; i < n; i++)
       if (w->lregs[i] != NULL)
@@ -461,7 +649,7 @@ int sx__conn_send(sx__conn *c, uint8_t *buf, size_t len) {
   w->buf = buf;
   w->len = len;
   uv_buf_t b = uv_buf_init((char *)buf, (unsigned)len);
-  if (uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, sbuf_written) != 0) {
+  if (s_write(c, &w->req, &b, 1, sbuf_written, 0) != 0) {
     free(w);
     free(buf);
     s_lost(c, 0);
@@ -502,7 +690,19 @@ void sx__conn_wresume(sx__conn *c) {
     s_read_start(c);
 }
 
-uv_stream_t *sx__conn_stream(sx__conn *c) { return (uv_stream_t *)&c->h; }
+sx__xpool *sx__conn_pool(sx__conn_server *s) {
+  if (s->pool == NULL && s->pool_threads > 0 && !s->pool_failed) {
+    const sx_tctx *x = s->x;
+    if (sx__xpool_create(x->loop, s->pool_threads, &s->pool) != 0) {
+      s->pool_failed = 1;
+      x->log(x->agent, SX_LOG_WARN, "%s; TCP data moves on the agent's thread", sx_errmsg());
+      return NULL;
+    }
+    x->log(x->agent, SX_LOG_DEBUG, "tcp: %u data-mover threads for payloads of %lu bytes "
+           "and more", s->pool_threads, (unsigned long)s->pool_min);
+  }
+  return s->pool;
+}
 
 sx__conn_server *sx__conn_server_of(const sx__conn *c) { return c->s; }
 

@@ -7,6 +7,8 @@
  *   conn.c   this: accepting, the HELLO handshake (incarnation and access
  *            token), framing, the reply queue, flow control, closing, and
  *            dispatch of every later frame by type to a handler
+ *   xpool.c  the data-mover threads (xpool.h), which send large reply
+ *            writes here and receive large replies on the TCP reader
  *
  * The handlers come from the transports (sx__conn_handler below): TCP
  * registers READ (tcp_serve.c) and the push frames WAUTH..NOTICE
@@ -16,7 +18,8 @@
  * own, never each other's.  Each handler keeps its own state per
  * connection in a slot (NULL until its first frame there).
  *
- * Everything runs on the agent's loop thread.
+ * Everything runs on the agent's loop thread, except the sending of a
+ * reply write lent to a data-mover thread (conn.c, tx_lend).
  */
 #ifndef SX_CONN_H
 #define SX_CONN_H
@@ -26,6 +29,7 @@
 
 #include "frame.h"
 #include "transport/transport.h"
+#include "xpool.h"
 
 #define SX__CONN_MAX 1024            /* connections at once */
 #define SX__CONN_PER_READER 64       /* per reader name (unnamed: per address) */
@@ -91,6 +95,13 @@ struct sx__conn_server {
   uint32_t revoking;
   int revoke_notify, revoke_err;
   char revoke_msg[256];
+  /* Data-mover threads (xpool.h), shared with the TCP reader side: made
+   * on first use with pool_threads workers (0: none); a reply write (and a
+   * reader's payload) of at least pool_min bytes goes to them. */
+  unsigned pool_threads;
+  uint64_t pool_min;
+  sx__xpool *pool;
+  int pool_failed;
 };
 
 /* Set up s for ctx's handlers (ctx->conn_handlers); freed as above. */
@@ -107,6 +118,10 @@ void sx__conn_gated(sx__conn_server *s, const sx_lregion *l);
  * why the revoke cannot vouch for it, with msg). */
 void sx__conn_revoke_hold(sx__conn_server *s);
 void sx__conn_revoke_release(sx__conn_server *s, int err, const char *msg);
+
+/* The data-mover pool, made on first use; NULL when there is none (no
+ * threads configured, or they could not start: logged once). */
+sx__xpool *sx__conn_pool(sx__conn_server *s);
 
 /* For the handlers. */
 sx__conn_server *sx__conn_server_of(const sx__conn *c);
@@ -135,7 +150,11 @@ void sx__conn_violation(sx__conn *c, const char *what);
 void sx__conn_hold(sx__conn *c);
 void sx__conn_resume(sx__conn *c, unsigned slot, int err);
 void sx__conn_wresume(sx__conn *c);
-/* The connection's stream (staging writes replies on it itself). */
-uv_stream_t *sx__conn_stream(sx__conn *c);
+/* Write bufs on c after everything written so far (uv_write's contract:
+ * cb runs once, with UV_ECANCELED when the connection closes first):
+ * staging's replies go out through here, so that they queue behind a
+ * reply a data-mover thread is sending. */
+int sx__conn_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
+                   uv_write_cb cb);
 
 #endif

@@ -28,9 +28,15 @@
  * in flight has its payload drained into a scratch buffer, so a batch's
  * destinations are never written after it ended.
  *
+ * Large payloads move on data-mover threads (transport/conn/xpool.h), so
+ * that several connections are not capped at the loop thread's one core:
+ * a reader's receive of large replies (tcp_rx.c), a target's write of
+ * large replies (conn.c).  The loop keeps owning the connections and
+ * takes a job back before it aborts, fails or closes anything.
+ *
  * The code: tcp.c (this file: open, close, endpoint, ops table), tcp_serve.c
  * (target side: the READ handler), tcp_write.c (target side: the push
- * handler), tcp_read.c (reader side).  The connections the listener
+ * handler), tcp_read.c, tcp_reply.c and tcp_rx.c (reader side).  The connections the listener
  * accepts (HELLO, framing, the reply queue, dispatch by frame type) are
  * transport/conn/, one floor down, which cuda_ipc's handler shares.
  */
@@ -61,6 +67,30 @@ static void t_accept(uv_stream_t *server, int status) {
 
 static void t_conn_freed(sx__conn_server *s) { sx__tcp_maybe_free(sx__tcp_of(s)); }
 
+/* The data-mover threads (transport/conn/xpool.h): how many, and from
+ * which payload size on.  The environment (SX_TCP_THREADS,
+ * SX_TCP_THREAD_BYTES) wins over the agent's parameters, so that one
+ * program can be measured with and without them (docs/data-plane.md). */
+static void tcp_threads(tcp_t *t) {
+  const sx_tctx *x = sx__tcp_ctx(t);
+  int bad;
+  t->srv.pool_threads = sx__xpool_size(x->params->tcp_threads, &bad);
+  if (bad)
+    x->log(x->agent, SX_LOG_WARN, "tcp: SX_TCP_THREADS is not 0..64: ignored");
+  uint64_t min = x->params->tcp_thread_bytes ? x->params->tcp_thread_bytes : TCP_THREAD_BYTES;
+  const char *env = getenv("SX_TCP_THREAD_BYTES");
+  if (env != NULL && *env != '\0') {
+    char *end;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (*end == '\0' && v >= 1 && v <= MAX_READ)
+      min = v;
+    else
+      x->log(x->agent, SX_LOG_WARN, "tcp: SX_TCP_THREAD_BYTES is not 1..%u: ignored",
+             MAX_READ);
+  }
+  t->srv.pool_min = min;
+}
+
 static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   tcp_t *t = calloc(1, sizeof(*t));
   if (t == NULL || (t->scratch = malloc(SCRATCH_BYTES)) == NULL) {
@@ -70,6 +100,7 @@ static int tcp_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ops = &sx__tcp_ops;
   t->base.ctx = ctx;
   sx__conn_server_init(&t->srv, ctx, t_conn_freed);
+  tcp_threads(t);
   t->loop = ctx->loop;
   uv_idle_init(t->loop, &t->pump);
   t->pump.data = t;
@@ -122,6 +153,9 @@ static void tcp_close(sx_transport *base) {
   while (t->peers != NULL)
     sx__tcp_stage_peer_close((sx_tpeer *)t->peers);
   sx__conn_close_all(&t->srv);
+  /* Every connection took its data-mover job back above. */
+  sx__xpool_destroy(t->srv.pool);
+  t->srv.pool = NULL;
   sx__tcp_stage_close(t);
   if (t->listener_init)
     uv_close((uv_handle_t *)&t->listener, t_handle_closed);

@@ -7,11 +7,14 @@
  *   tcp_write.c  target side: the push handler (WAUTH, WRITE, NOTICE)
  *   tcp_read.c   reader side: peers, connections, the request pump
  *   tcp_reply.c  reader side: the replies (tcp_read_int.h between the two)
+ *   tcp_rx.c     reader side: large replies received on data-mover threads
  *
  * The target side's connections (accepting, HELLO, framing, dispatch by
- * frame type) are transport/conn/, one floor down, shared with cuda_ipc.
+ * frame type) are transport/conn/, one floor down, shared with cuda_ipc;
+ * so are the data-mover threads (conn/xpool.h).
  *
- * Everything runs on the agent's loop thread.
+ * Everything runs on the agent's loop thread, except what tcp_rx.c lends
+ * to a data-mover thread (a connection's receive side, for a stretch).
  */
 #ifndef SX_TCP_INT_H
 #define SX_TCP_INT_H
@@ -29,6 +32,9 @@
 #define SCRATCH_BYTES 65536         /* drain for aborted payload */
 /* Target side. */
 #define MAX_READ (64u << 20)        /* longest READ served */
+/* Both: payloads from this size on move on data-mover threads (a
+ * reader's reply, a target's write of replies), by default. */
+#define TCP_THREAD_BYTES (256u << 10)
 
 typedef struct tcp_t tcp_t;
 typedef struct tpeer tpeer; /* a target we read from (tcp_read.c) */

@@ -89,6 +89,10 @@ void sx__tcp_c_fail(cconn *c, int err, const char *msg) {
   tpeer *p = c->p;
   if (!c_live(c))
     return;
+  /* A data-mover thread stops receiving before the descriptor closes and
+   * the destinations' batches end; what it finished fails with the rest. */
+  sx__tcp_rx_take(c);
+  c->rx_ready = 0;
   c->state = C_CLOSING;
   uv_timer_stop(&c->timer);
   uv_read_stop((uv_stream_t *)&c->h);
@@ -213,6 +217,8 @@ static void c_start(cconn *c) {
   c->hgot = 0;
   c->inflight_bytes = 0;
   c->wseq = c->wseq_done = 0;
+  c->rx_away = 0;
+  c->rx_ready = 0;
   uv_timer_start(&c->timer, c_timeout, CONNECT_TIMEOUT_MS, 0);
   int rc = uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&p->sa, c_connected);
   if (rc != 0) {
@@ -354,6 +360,7 @@ static int c_send_notice(cconn *c, pend *q) {
   treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
   *r = (treq){.op = q->op, .idx = NOTICE_IDX, .id = c->next_id++, .wseq = c->wseq + 1};
   c->count++;
+  sx__tcp_rx_added(c);
   sx__frame f = {.type = p_notice_type(c->p), .id = r->id, .length = q->nlen - SX__FRAME_HDR};
   sx__frame_encode(&f, q->notice);
   c->w->owned = q->notice;
@@ -395,6 +402,7 @@ static void p_pump(tpeer *p) {
       *r = (treq){.op = q->op, .idx = q->next_idx, .id = c->next_id++,
                   .len = x->length, .wseq = c->wseq + 1};
       c->count++;
+      sx__tcp_rx_added(c);
       c->inflight_bytes += x->length;
       sx__frame f = {.type = p->write ? SX__FRAME_WRITE : SX__FRAME_READ, .id = r->id,
                      .region = x->rreg->id, .offset = x->roff, .length = x->length};
@@ -566,6 +574,13 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
   for (uint32_t i = 0; i < p->n_conns; i++) {
     cconn *c = &p->conns[i];
     int unsent = 0;
+    /* A data-mover thread receiving on c stops first (it may be writing
+     * into this op's destinations); c's receive side resumes below. */
+    int away = 0;
+    for (uint32_t k = 0; k < c->count && !away; k++)
+      away = c->ring[(c->head + k) % WINDOW_REQS].op == op && c->rx_away;
+    if (away)
+      sx__tcp_rx_take(c);
     for (uint32_t k = 0; k < c->count; k++) {
       treq *r = &c->ring[(c->head + k) % WINDOW_REQS];
       if (r->op == op && !r->aborted) {
@@ -579,6 +594,8 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
                p->label);
       sx__tcp_c_fail(c, SX_EDISCONN, msg);
     }
+    if (away)
+      sx__tcp_rx_back(c);
   }
   /* Not sent yet: settle and forget. */
   for (pend **pp = &p->q; *pp; pp = &(*pp)->next) {

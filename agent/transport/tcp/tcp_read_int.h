@@ -7,7 +7,10 @@
 #ifndef SX_TCP_READ_INT_H
 #define SX_TCP_READ_INT_H
 
+#include <stdatomic.h>
+
 #include "tcp_int.h"
+#include "transport/conn/xpool.h"
 
 typedef struct cconn cconn;
 
@@ -57,6 +60,20 @@ struct cconn {
   uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
   cwrite *w; /* requests gathered by the current pump */
   uint64_t wseq, wseq_done; /* push: cwrites issued and completed */
+  /* The receive side lent to a data-mover thread (tcp_rx.c).  While
+   * rx_away, the worker alone reads the socket and uses hdr, hgot,
+   * in_payload, pgot, vi, voff and rx_pos; the loop still sends requests
+   * (adding to rx_left) and settles what the worker finished (rx_done). */
+  sx__xjob rx;
+  int rx_away;
+  int rx_fd;
+  uint32_t rx_pos;       /* worker: the ring entry it receives */
+  atomic_uint rx_left;   /* entries from rx_pos the worker may receive */
+  atomic_uint rx_done;   /* entries it received whole, not settled yet */
+  uint32_t rx_ready;     /* loop: taken from rx_done, not settled yet */
+  int rx_errno;          /* worker: why it returned: 0, -1 (end of stream), errno */
+  uint32_t rx_quiet_n;   /* worker: received since the loop was last woken */
+  uint64_t rx_quiet_bytes;
 };
 
 typedef struct pend {
@@ -98,8 +115,25 @@ void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f);
  * window is free (see there). */
 void sx__tcp_c_refill(cconn *c);
 
-/* tcp_reply.c: the connection's libuv read callbacks. */
+/* tcp_reply.c: the connection's libuv read callbacks; n more bytes of the
+ * head's scattered payload arrived (move to the piece they end in); the
+ * loop has the receive side back from a worker: act on a header it left
+ * (one it does not take), then read on. */
 void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n);
+void sx__tcp_c_resume(cconn *c);
+
+/* tcp_rx.c: lend c's receive side to a data-mover thread when the payload
+ * starting now is large (1: lent, the read callbacks stop); a request was
+ * added to c's ring; take the receive side back now (abort, failure,
+ * closing): returns once no worker touches c, 1 if it was lent (then
+ * sx__tcp_rx_back() settles what the worker finished and reads on, unless
+ * the connection fails); settle what the worker finished so far. */
+int sx__tcp_rx_lend(cconn *c);
+void sx__tcp_rx_added(cconn *c);
+int sx__tcp_rx_take(cconn *c);
+void sx__tcp_rx_back(cconn *c);
+void sx__tcp_rx_settle(cconn *c);
 
 #endif

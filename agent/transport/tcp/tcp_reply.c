@@ -35,9 +35,10 @@ void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   }
 }
 
-/* n more bytes of a scattered payload arrived where sx__tcp_c_alloc() or c_readv()
- * put them: move to the piece they end in. */
-static void c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
+/* n more bytes of a scattered payload arrived where sx__tcp_c_alloc(),
+ * c_readv() or a data-mover thread put them: move to the piece they end
+ * in. */
+void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
   while (n > 0 && c->vi < x->n_iov) {
     uint64_t room = x->iov[c->vi].iov_len - c->voff;
     if (n < room) {
@@ -87,7 +88,7 @@ static int c_readv(cconn *c, treq *r) {
     ssize_t got = readv(fd, v, n);
     if (got > 0) {
       more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-      c_advance(c, x, (uint64_t)got - more);
+      sx__tcp_c_advance(c, x, (uint64_t)got - more);
       c->pgot += (uint64_t)got - more;
       c->hgot = (size_t)more;
       continue;
@@ -113,7 +114,7 @@ static void c_header(cconn *c);
  * Anything else (a plain payload, half a header) is left to libuv's
  * reads. */
 static void c_scattered(cconn *c) {
-  while (c->state != C_CLOSING && c->in_payload && c->count > 0) {
+  while (c->state != C_CLOSING && !c->rx_away && c->in_payload && c->count > 0) {
     treq *r = &c->ring[c->head];
     if (r->aborted || r->op->xfers[r->idx].iov == NULL || c_readv(c, r) != 0 ||
         c->pgot < r->len)
@@ -184,6 +185,19 @@ static void c_header(cconn *c) {
   c->pgot = 0;
   c->vi = 0;
   c->voff = 0;
+  sx__tcp_rx_lend(c); /* a large payload: on a data-mover thread */
+}
+
+void sx__tcp_c_resume(cconn *c) {
+  if (c->hgot == SX__FRAME_HDR && !c->in_payload)
+    c_header(c);
+  if (c->state != C_READY || c->rx_away)
+    return;
+  if (uv_read_start((uv_stream_t *)&c->h, sx__tcp_c_alloc, sx__tcp_c_read) != 0) {
+    char msg[512];
+    snprintf(msg, sizeof(msg), "%s: cannot read the connection", c->p->label);
+    sx__tcp_c_fail(c, SX_EDISCONN, msg);
+  }
 }
 
 void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
@@ -207,7 +221,7 @@ void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c->pgot += (uint64_t)nread;
     const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
     if (x != NULL && x->iov != NULL)
-      c_advance(c, x, (uint64_t)nread);
+      sx__tcp_c_advance(c, x, (uint64_t)nread);
     if (c->pgot == r->len) {
       c->in_payload = 0;
       sx__tcp_c_complete_head(c, 0, NULL);

@@ -71,7 +71,7 @@ static int s_serve(sx__conn *c, void **slot, const sx__frame *f, uint8_t *buf, s
       total += g.length;
       used += SX__FRAME_HDR;
     }
-    sx__tcp_stage_reply(t, c, sx__conn_stream(c), slot, rd, n);
+    sx__tcp_stage_reply(t, c, slot, rd, n);
     return (int)used;
   }
   sx__conn_reply(c, f->id, SX__FRAME_READ_REPLY, st, l,

@@ -55,16 +55,15 @@ typedef struct sx__tcp_sread {
 
 #define SX__STAGE_GROUP 64 /* READs one staged reply may answer together */
 
-/* Target side: answer the n READs rd (in order) on connection c (stream
- * h).  n > 1 (several READs that were waiting behind the first, all of
+/* Target side: answer the n READs rd (in order) on connection c.  n > 1 (several READs that were waiting behind the first, all of
  * GPU memory of one device, together at most sx__tcp_stage_group_bytes):
  * one gather (the memory layer's kernel) fills one pinned chunk with all
  * of them and one write sends their replies.  *slot (c's SX__CONN_READ
  * slot) is set to the reply in progress; c parses no further request
  * until sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply
  * is queued, or at once (with an error) when staging is impossible. */
-void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
-                         const sx__tcp_sread *rd, size_t n);
+void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread *rd,
+                         size_t n);
 /* How many bytes READs answered together may have (one chunk), or 0
  * when no staging can be had. */
 uint64_t sx__tcp_stage_group_bytes(tcp_t *t);

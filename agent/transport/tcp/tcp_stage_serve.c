@@ -21,7 +21,7 @@
 struct sx__tcp_sreply {
   sx__tcp_stage *st;
   sx__conn *c;         /* NULL once detached or resumed */
-  uv_stream_t *h;      /* NULL once detached */
+  sx__conn *h;         /* written to; NULL once detached */
   sx_lregion *l;
   const uint8_t *src;  /* the region's bytes being read (device memory) */
   uint64_t len, issued, written;
@@ -123,9 +123,9 @@ static void copied(sx__mem_notice *n) {
     b[nb++] = uv_buf_init(sc->chunk, (unsigned)sc->len);
   }
   sc->wr.data = sc;
-  int wrc = b == NULL ? UV_ENOMEM : uv_write(&sc->wr, r->h, b, nb, written);
+  int wrc = b == NULL ? UV_ENOMEM : sx__conn_write(r->h, &sc->wr, b, nb, written);
   if (b != two)
-    free(b); /* uv_write keeps a copy of the buffer list */
+    free(b); /* the write keeps a copy of the buffer list */
   if (wrc != 0) {
     sx__stage_chunk_put(r->st, SX__STAGE_SERVE, sc->chunk);
     free(sc);
@@ -217,8 +217,8 @@ uint64_t sx__tcp_stage_group_bytes(tcp_t *t) {
   return sx__tcp_stage_get(t, &st) == 0 ? sx__stage_chunk_size(st) : 0;
 }
 
-void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
-                         const sx__tcp_sread *rd, size_t n) {
+void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread *rd,
+                         size_t n) {
   sx__tcp_stage *st;
   sx_lregion *l = rd[0].l;
   int rc = sx__tcp_stage_get(t, &st);
@@ -239,7 +239,7 @@ void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, uv_stream_t *h, void **slot,
   }
   r->st = st;
   r->c = c;
-  r->h = h;
+  r->h = c;
   r->l = l;
   r->n = n;
   for (size_t i = 0; i < n; i++) {

@@ -1,0 +1,323 @@
+/*
+ * TCP payloads moved by data-mover threads (transport/conn/xpool.h): the
+ * reader's receive of large replies (tcp_rx.c) and the target's send of
+ * large reply writes (conn.c), inside one process (mem:// store,
+ * loopback), with the agents' own thread counts and a threshold below the
+ * 1 MiB ranges read here, so that every reply goes through them.
+ *
+ *   - Several connections, fewer and more threads than connections (a
+ *     worker gives its connection back when others wait): every byte is
+ *     compared with the target's memory, and both kinds of job ran.
+ *   - Through a proxy thread (support/tcp_proxy.h) that stalls the replies
+ *     in the middle of a payload: a cancel and a deadline while the
+ *     reader's worker waits in poll() end the batch at once; its
+ *     destination is then unregistered and unmapped, and the rest of the
+ *     payload is let through: a write after the batch ended would fault
+ *     (or be reported by the sanitizer build).  The connection then reads
+ *     on, byte-exact.
+ *   - The peer dies in the middle of a payload: the batch fails and names
+ *     it.
+ *   - One thread, and a peer that stalls it (a reader's worker waiting
+ *     for a reply that does not come, a target's waiting for room that a
+ *     reader does not make): another target's or reader's read does not
+ *     wait for it (the worker gives way), and the stalled one completes
+ *     byte-exact once the stall ends.
+ *   - Both agents are destroyed while their workers are busy (the
+ *     reader's waiting for a reply, the target's for room in its socket):
+ *     each returns promptly, and the batch in flight ends SX_ESHUTDOWN.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "agent_fixture.h"
+#include "tcp_pair.h"
+#include "transport/conn/xpool.h"
+
+#define BATCH 8u /* ranges of 1 MiB per batch */
+
+typedef sxt_tcp_pair pair;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Target and reader with threads each (the threshold 64 KiB), conns
+ * connections; stall >= 0: through a proxy that stalls the replies after
+ * that many bytes (cut >= 0: that dies there).  On the heap: a proxy
+ * thread outlives a failed test. */
+static pair *pair_start(int32_t threads, uint32_t conns, long long stall, long long cut) {
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  sxt_tcp_pair_opts o = {.conns = conns, .batch = BATCH, .threads = threads,
+                         .thread_bytes = 64u << 10, .stall = stall, .cut = cut};
+  sxt_tcp_pair_start(x, &o);
+  return x;
+}
+
+static pair *pair_start_opts(const sxt_tcp_pair_opts *o) {
+  pair *x = calloc(1, sizeof(*x));
+  assert_non_null(x);
+  sxt_tcp_pair_start(x, o);
+  return x;
+}
+
+static void pair_stop(pair *x) {
+  sxt_tcp_pair_stop(x);
+  free(x);
+}
+
+static sx_batch *submit(pair *x, uint32_t k, uint32_t round, sx_range_read *e,
+                        uint32_t timeout_ms, sx_batch_cb cb, void *arg) {
+  return sxt_tcp_pair_submit(x, k, round, e, timeout_ms, cb, arg);
+}
+
+/* Four connections on two threads, three on one (workers give way to
+ * the connections waiting), two on four: byte-exact, and workers both
+ * received and sent. */
+static void test_tcp_threads_connections_bytewise(void **state) {
+  (void)state;
+  static const struct { int32_t threads; uint32_t conns; } cases[] = {{2, 4}, {1, 3}, {4, 2}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
+    pair *x = pair_start(cases[i].threads, cases[i].conns, -1, -1);
+    sxt_tcp_pair_rounds(x, 2);
+    pair_stop(x);
+    assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
+    assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
+  }
+}
+
+/* With no threads (0), nothing goes to a pool. */
+static void test_tcp_threads_zero_means_none(void **state) {
+  (void)state;
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
+  pair *x = pair_start(0, 2, -1, -1);
+  sxt_tcp_pair_rounds(x, 2);
+  pair_stop(x);
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
+  assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
+}
+
+/* Wait (up to 5 s) until a worker has started receiving since runs. */
+static void wait_worker(uint64_t runs) {
+  for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_RECV) == runs; i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) > runs);
+}
+
+/* The replies stall 2.5 MiB in (the middle of the third range) with the
+ * reader's worker waiting for the rest; the batch ends by a cancel
+ * (deadline_ms 0) or its deadline.  It ends at once; its destination is
+ * unregistered and unmapped before the rest is let through, which the
+ * connection drains; then the connection reads on. */
+
+static void stall_then_end(uint32_t deadline_ms) {
+  long long stall = 5 * SXT_MIB / 2;
+  pair *x = pair_start(2, 1, stall, -1);
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
+  sx_range_read e[BATCH];
+  double t0 = now_s();
+  sx_batch *b = submit(x, 0, 0, e, deadline_ms ? deadline_ms : 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
+  struct timespec ts = {0, 50 * 1000000};
+  nanosleep(&ts, NULL); /* the worker is in poll() by now */
+  if (deadline_ms == 0) {
+    t0 = now_s();
+    sxt_ok(sx_batch_cancel(b));
+  }
+  sx_batch_result res = sxt_batch_finish(b);
+  double took = now_s() - t0;
+  assert_int_equal(res.state, deadline_ms ? SX_BATCH_TIMEOUT : SX_BATCH_CANCELLED);
+  assert_true(took < 2.0 + deadline_ms / 1000.0);
+  /* Whatever arrives from now on must not land in the old destination. */
+  sxt_tcp_pair_dst_unmap(x);
+  sxt_proxy_release(&x->px);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, (long long)BATCH * SXT_MIB, 5000), 0);
+  sxt_tcp_pair_dst_map(x);
+  memset(x->dst, 0, x->dst_bytes);
+  sx_batch *again = submit(x, 1, 1, e, 10000, NULL, NULL);
+  res = sxt_batch_finish(again);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("after the stall: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(x, e);
+  pair_stop(x);
+}
+
+static void test_tcp_threads_cancel_while_worker_waits(void **state) {
+  (void)state;
+  stall_then_end(0);
+}
+
+static void test_tcp_threads_deadline_while_worker_waits(void **state) {
+  (void)state;
+  stall_then_end(1500);
+}
+
+/* The target dies 2.5 MiB into the replies, in the middle of a payload
+ * a worker receives: the batch fails at once and names the peer. */
+static void test_tcp_threads_peer_dies_mid_payload(void **state) {
+  (void)state;
+  pair *x = pair_start(2, 2, -1, 5 * SXT_MIB / 2);
+  sx_range_read e[BATCH];
+  double t0 = now_s();
+  sx_batch_result res = sxt_batch_finish(submit(x, 0, 0, e, 10000, NULL, NULL));
+  assert_true(now_s() - t0 < 5.0);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  assert_int_equal(res.error, SX_EDISCONN);
+  assert_non_null(strstr(res.message, "prefill-tcp"));
+  assert_true(res.bytes < (uint64_t)BATCH * SXT_MIB);
+  assert_true(__atomic_load_n(&x->px.dead, __ATOMIC_ACQUIRE));
+  pair_stop(x);
+}
+
+static void check_ranges(const sxt_tcp_target *t, const uint8_t *dst, uint32_t n, uint32_t first) {
+  for (uint32_t i = 0; i < n; i++)
+    if (memcmp(dst + (uint64_t)i * SXT_MIB,
+               t->pool + (uint64_t)((first + 3 * i) % SXT_TCP_PAIR_POOL) * SXT_MIB, SXT_MIB))
+      fail_msg("range %u differs", i);
+}
+
+/* One thread on the reader, two targets: the first one's replies stall in
+ * the middle of a payload that the reader's only worker receives.  A read
+ * from the second target must not wait for them: its connection, waiting
+ * for the thread, wakes the worker, which gives the stalled connection
+ * back to the loop.  Once the stall ends the first read completes too. */
+static void test_tcp_threads_reader_worker_gives_way(void **state) {
+  (void)state;
+  long long stall = SXT_MIB / 2;
+  pair *x = pair_start(1, 1, stall, -1);
+  sxt_tcp_target tb;
+  sxt_tcp_target_start(x, "prefill-b", &tb);
+  sx_segment *sb;
+  sxt_ok(sx_segment_open(x->r, "prefill-b", 5000, &sb));
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
+  sx_range_read e[BATCH];
+  sx_batch *a = submit(x, 0, 0, e, 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
+  struct timespec ts = {0, 50 * 1000000};
+  nanosleep(&ts, NULL);
+  uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
+  sx_batch_result res = sxt_batch_finish(sxt_tcp_ranges_submit(sb, &tb, dst, BATCH, 1, 5000));
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("second target: %s: %s", sx_batch_state_name(res.state), res.message);
+  check_ranges(&tb, dst, BATCH, 1);
+  sxt_proxy_release(&x->px);
+  res = sxt_batch_finish(a);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("first target: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(x, e);
+  sx_segment_close(sb);
+  sxt_tcp_target_stop(&tb);
+  pair_stop(x);
+}
+
+/* One thread on the target, two readers: the first one's connection stops
+ * taking replies 64 KiB in (the proxy stalls it, with a small receive
+ * buffer towards the target), so the target's only worker finds its
+ * socket full.  The second reader's read must not wait for it: the worker
+ * gives way and the loop sends the rest of that write when there is room.
+ * Once the stall ends the first read completes, byte-exact. */
+static void test_tcp_threads_target_worker_gives_way(void **state) {
+  (void)state;
+  sxt_tcp_pair_opts o = {.conns = 1, .batch = BATCH, .threads = 1, .thread_bytes = 64u << 10,
+                         .stall = 64 << 10, .cut = -1, .first_only = 1,
+                         .up_rcvbuf = 64 << 10};
+  pair *x = pair_start_opts(&o);
+  uint64_t tx = sx__xpool_runs(SX__XJOB_SEND);
+  sx_range_read e[BATCH];
+  sx_batch *a = submit(x, 0, 0, e, 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, o.stall, 5000), 0);
+  for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_SEND) == tx; i++) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
+  struct timespec ts = {0, 100 * 1000000};
+  nanosleep(&ts, NULL); /* the worker waits for room by now */
+  sx_agent *r2 = sxt_tcp_pair_reader(x, 1);
+  sx_segment *s2;
+  sxt_ok(sx_segment_open(r2, "prefill-tcp", 5000, &s2));
+  uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
+  sx_batch_result res = sxt_batch_finish(sxt_tcp_ranges_submit(s2, &x->target, dst, BATCH, 2,
+                                                               5000));
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("second reader: %s: %s", sx_batch_state_name(res.state), res.message);
+  check_ranges(&x->target, dst, BATCH, 2);
+  sxt_proxy_release(&x->px);
+  res = sxt_batch_finish(a);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("first reader: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(x, e);
+  sx_segment_close(s2);
+  sx_agent_destroy(r2);
+  pair_stop(x);
+}
+
+static void count_shutdown(sx_batch *b, void *arg) {
+  int *n = arg;
+  sx_batch_result res;
+  if (sx_batch_result_get(b, &res) == 0 && res.state == SX_BATCH_FAILED &&
+      res.error == SX_ESHUTDOWN)
+    __atomic_fetch_add(n, 1, __ATOMIC_ACQ_REL);
+  sx_batch_destroy(b);
+}
+
+/* Replies stall 1.5 MiB in with the reader's window (16 MiB) asked: the
+ * reader's worker waits for a payload, the target's for room to send.
+ * Both agents are destroyed in that state: each returns promptly, and
+ * the batch ends SX_ESHUTDOWN. */
+static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
+  (void)state;
+  long long stall = 3 * SXT_MIB / 2;
+  pair *x = pair_start(2, 1, stall, -1);
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
+  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
+  static int ended;
+  ended = 0;
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
+    submit(x, k, 0, e[k], 30000, count_shutdown, &ended);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_worker(rx);
+  struct timespec ts = {0, 50 * 1000000};
+  nanosleep(&ts, NULL);
+  /* The segment stays open: destroy closes it and ends the batches. */
+  double t0 = now_s();
+  sx_agent_destroy(x->r);
+  x->r = NULL;
+  x->seg = NULL;
+  assert_true(now_s() - t0 < 5.0);
+  assert_int_equal(__atomic_load_n(&ended, __ATOMIC_ACQUIRE), SXT_TCP_PAIR_DEPTH);
+  munmap(x->dst, x->dst_bytes);
+  x->dst = NULL;
+  t0 = now_s();
+  sx_agent_destroy(x->t);
+  x->t = NULL;
+  assert_true(now_s() - t0 < 5.0);
+  pair_stop(x);
+}
+
+int main(void) {
+  /* The agents' parameters decide here, not an environment meant for
+   * other programs (the variables win over the parameters). */
+  unsetenv("SX_TCP_THREADS");
+  unsetenv("SX_TCP_THREAD_BYTES");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_tcp_threads_connections_bytewise),
+      cmocka_unit_test(test_tcp_threads_zero_means_none),
+      cmocka_unit_test(test_tcp_threads_cancel_while_worker_waits),
+      cmocka_unit_test(test_tcp_threads_deadline_while_worker_waits),
+      cmocka_unit_test(test_tcp_threads_peer_dies_mid_payload),
+      cmocka_unit_test(test_tcp_threads_reader_worker_gives_way),
+      cmocka_unit_test(test_tcp_threads_target_worker_gives_way),
+      cmocka_unit_test(test_tcp_threads_shutdown_with_workers_busy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
