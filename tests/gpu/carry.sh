@@ -3,7 +3,7 @@
 # run them on a GPU machine that cannot build or install packages:
 #   tests/gpu/carry.sh BUILD_DIR DEST
 # DEST gets build/ (programs and the GPU test binaries), tests/ (the
-# scripts), lib/ (the shared libraries they load, as ldd lists them, less
+# scripts, with the many-core bench scripts of tests/bench), lib/ (the shared libraries they load, as ldd lists them, less
 # the C library itself) and bin/ (redis-server for the two-process tests).
 # There: cd DEST && LD_LIBRARY_PATH=$PWD/lib tests/gpu/run.sh build --require
 set -e
@@ -16,6 +16,8 @@ cp "$build"/tests/gpu/test_gpu_* "$build/tests/gpu/gpu_probe" "$dest/build/tests
 cp "$build"/bin/* "$dest/build/bin/"
 cp tests/run-tests.sh "$dest/tests/"
 cp tests/gpu/*.sh "$dest/tests/gpu/"
+mkdir -p "$dest/tests/bench"
+cp tests/bench/fleet_cluster.sh tests/bench/tcp_threads.sh "$dest/tests/bench/"
 for b in redis-server redis-cli; do
   p=$(command -v $b) && cp "$p" "$dest/bin/"
 done
