@@ -154,7 +154,7 @@ PY_HOOK      := python/_segxfer_hook.py python/segxfer.pth
 PY_SGLANG_HOOK := python/_segxfer_sglang_hook.py python/segxfer-sglang.pth
 
 # ---------------------------------------------------------------- targets
-.PHONY: all deps test check check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
+.PHONY: all deps test check check-scripts check-fuzz-corpus check-fuzz-ci check-rdma bench bench-rdma fuzz \
         fuzz-run memcheck soak run cluster install uninstall clean print-build test-python test-gpu
 .DEFAULT_GOAL := all
 
@@ -189,15 +189,21 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
-	@PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
+	@$(RDMA_ENV)tests/rdma/alongside.sh "$(BUILD)" env PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
-	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/bench/smoke.sh "$(BUILD)"
+	@$(if $(SANITIZE),echo "  SKIP  deploy, install, docs and manual-page checks: scripts and files," \
+	  "not library code (the plain build's make check runs them)",$(MAKE) --no-print-directory check-scripts)
+
+# The deployment scripts (a local cluster in network namespaces, Redis
+# Cluster, TLS), the manifests, the install, the docs and the manual pages.
+check-scripts: all $(DOCS_EXAMPLE)
+	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
 	@tests/deploy/test_redis_cluster.sh "$(BUILD)"
 	@tests/deploy/test_redis_tls.sh "$(BUILD)"
@@ -206,7 +212,6 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	@tests/docs/check-links.sh "$(BUILD)"
 	@tests/docs/check-layers.sh "$(BUILD)"
 	@tests/docs/check-example.sh "$(BUILD)"
-	@$(MAKE) --no-print-directory check-rdma
 
 # Only the Python package's tests (deps first, like test).
 test-python: deps
@@ -221,8 +226,10 @@ test-gpu: all $(GPU_BINS)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
 # A sanitizer build skips the two-VM run (the same code as the one-VM run's
 # two processes, across two hosts; the plain build runs it): CI time.
+# `make check` runs the suite beside the Python tests (tests/rdma/alongside.sh).
+RDMA_ENV := $(if $(SANITIZE),SX_RDMA_TWO_VMS=$${SX_RDMA_TWO_VMS:-0} )
 check-rdma: $(RDMA_BINS)
-	@$(if $(SANITIZE),SX_RDMA_TWO_VMS=$${SX_RDMA_TWO_VMS:-0} )tests/rdma/check.sh "$(BUILD)"
+	@$(RDMA_ENV)tests/rdma/check.sh "$(BUILD)"
 
 # segxfer's batched READs against ib_read_bw on the same rxe device.
 bench-rdma: $(RDMA_BINS)
