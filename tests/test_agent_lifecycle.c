@@ -350,6 +350,15 @@ static sx_segment *open_with_regions(sx_agent *a, const char *name, uint32_t n) 
   return NULL;
 }
 
+/* Planning e on seg fails with SX_ENOREGION; returns sx_errmsg(). */
+static const char *refused(sx_segment *seg, const sx_block_read *e) {
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_rc(sx_batch_add_blocks(b, e, 1), SX_ENOREGION);
+  sx_batch_destroy(b);
+  return sx_errmsg();
+}
+
 /* Region lookups come from an index built with each segment (from its
  * descriptor) and with each set of local registrations (planner.h: a
  * dense table where the layout allows).  When the layout changes, a
@@ -368,10 +377,7 @@ static void test_agent_layout_change_plans_against_a_new_index(void **state) {
   /* Group 1, K, layers 0 and 1, two blocks. */
   sx_block_read g1 = {.group = 1, .layer_count = 2, .slots = 1ull << SX_SLOT_K,
                       .remote_block = 3, .local_block = 1, .count = 2};
-  sx_batch *b;
-  sxt_ok(sx_batch_create(old, NULL, &b));
-  sxt_rc(sx_batch_add_blocks(b, &g1, 1), SX_ENOREGION);
-  sx_batch_destroy(b);
+  refused(old, &g1);
 
   /* The target adds group 1 (two layers) and republishes. */
   const uint64_t tl = SXT_TARGET_BLOCKS * SXT_BLOCK, rl = SXT_READER_BLOCKS * SXT_BLOCK;
@@ -388,10 +394,7 @@ static void test_agent_layout_change_plans_against_a_new_index(void **state) {
 
   /* A new view has group 1; the reader has no local group 1 yet. */
   sx_segment *seg = open_with_regions(r.a, "prefill-12", 3);
-  sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_rc(sx_batch_add_blocks(b, &g1, 1), SX_ENOREGION);
-  assert_non_null(strstr(sx_errmsg(), "no local region"));
-  sx_batch_destroy(b);
+  assert_non_null(strstr(refused(seg, &g1), "no local region"));
   rp.addr = rmem;
   rp.length = 2 * rl;
   rp.layer_stride = rl;
@@ -400,10 +403,7 @@ static void test_agent_layout_change_plans_against_a_new_index(void **state) {
   sxt_ok(sx_agent_register(r.a, &rp, &rid));
 
   /* The old view still lacks the remote group 1. */
-  sxt_ok(sx_batch_create(old, NULL, &b));
-  sxt_rc(sx_batch_add_blocks(b, &g1, 1), SX_ENOREGION);
-  assert_non_null(strstr(sx_errmsg(), "the remote segment has no region"));
-  sx_batch_destroy(b);
+  assert_non_null(strstr(refused(old, &g1), "the remote segment has no region"));
   /* The new one reads it, byte for byte, and nothing past its layers. */
   sx_batch_result res = sxt_run_batch(seg, &g1, 1, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
@@ -412,9 +412,7 @@ static void test_agent_layout_change_plans_against_a_new_index(void **state) {
                            l * tl + 3 * SXT_BLOCK));
   sx_block_read past = g1;
   past.layer_count = 3;
-  sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_rc(sx_batch_add_blocks(b, &past, 1), SX_ENOREGION);
-  sx_batch_destroy(b);
+  refused(seg, &past);
   sx_block_read g0 = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .count = 2};
   assert_int_equal(sxt_run_batch(seg, &g0, 1, 10000).state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_verify_blocks(&r, seg, 12, &g0), 0);
@@ -423,9 +421,7 @@ static void test_agent_layout_change_plans_against_a_new_index(void **state) {
   /* The target retires group 0's K: a new view refuses it, keeps V. */
   sxt_ok(sx_agent_unregister(t.a, t.id[0]));
   seg = open_with_regions(r.a, "prefill-12", 2);
-  sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_rc(sx_batch_add_blocks(b, &g0, 1), SX_ENOREGION);
-  sx_batch_destroy(b);
+  refused(seg, &g0);
   g0.slots = 1ull << SX_SLOT_V;
   assert_int_equal(sxt_run_batch(seg, &g0, 1, 10000).state, SX_BATCH_COMPLETED);
   assert_int_equal(sxt_run_batch(seg, &g1, 1, 10000).state, SX_BATCH_COMPLETED);
