@@ -58,8 +58,10 @@ int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n
 int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d);
 void sx__rindex_free(sx__rindex *ix);
 
-/* The region holding (group, layer, slot), by id, or containing the byte
- * range [addr, addr+len); NULL if none. */
+/* The region holding (group, layer, slot) (sx__rindex_key: from the dense
+ * table when there is one, else by sx__rindex_key_search), by id, or
+ * containing the byte range [addr, addr+len); NULL if none.  Inline, as
+ * the planner calls it four times per (slot, layer) of each entry. */
 const sx_region *sx__rindex_key_search(const sx__rindex *ix, uint32_t group, uint32_t layer,
                                        uint32_t slot);
 static inline const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group,
