@@ -12,6 +12,8 @@
 #include "planner.h"
 
 #define NONE SIZE_MAX
+/* The most ranges sx__plan_add_blocks() makes room for up front (64 KiB). */
+#define PRERESERVE_MAX 1024u
 
 /* ------------------------------------------------------------ index */
 
@@ -427,6 +429,15 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   for (size_t i = 0; i < n; i++)
     if ((rc = check_block(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
       return rc;
+  /* Each (slot, layer) of an entry is a range unless it extends the one
+   * before: room for that many at once rather than by doubling (a realloc
+   * and a copy each time).  Bounded, as merged runs need far fewer and a
+   * larger block would come from mmap; a failure here is met again, and
+   * reported, by emit(). */
+  size_t want = 0;
+  for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
+    want += (size_t)r[i].layer_count * (size_t)__builtin_popcountll(r[i].slots);
+  (void)reserve(p, want < PRERESERVE_MAX ? want : PRERESERVE_MAX);
   for (size_t i = 0; i < n; i++) {
     if (emit_block(p, &r[i], p->n_entries + (uint32_t)i)) {
       p->broken = SX_ENOMEM;
