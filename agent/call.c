@@ -35,10 +35,19 @@ static int enqueue(sx_agent *a, sx__call *c, int refs) {
     pthread_mutex_unlock(&a->lock);
     return sx__err(SX_ESHUTDOWN, "the agent is shutting down");
   }
+  /* One wake per batch of queued calls: the loop takes the whole queue
+   * at once (take_all), so a call queued behind others rides on the wake
+   * the first one sent (or is about to send, right after its unlock).
+   * Each wake is a write(2) here and a read(2) on the loop, and with
+   * libuv before 1.45 the loop spins while a sender is inside
+   * uv_async_send(); with many batches in flight this skips most of
+   * them. */
+  int first = a->calls == NULL;
   *a->calls_tail = c;
   a->calls_tail = &c->next;
   pthread_mutex_unlock(&a->lock);
-  uv_async_send(&a->wake);
+  if (first)
+    uv_async_send(&a->wake);
   return 0;
 }
 

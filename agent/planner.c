@@ -12,6 +12,8 @@
 #include "planner.h"
 
 #define NONE SIZE_MAX
+/* The most ranges sx__plan_add_blocks() makes room for up front (64 KiB). */
+#define PRERESERVE_MAX 1024u
 
 /* ------------------------------------------------------------ index */
 
@@ -34,49 +36,10 @@ static int addr_cmp(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n) {
-  size_t bytes = (n ? n : 1) * sizeof(const sx_region *);
-  sx__rindex t = {.n = n};
-  t.by_key = malloc(bytes);
-  t.by_id = malloc(bytes);
-  t.by_addr = malloc(bytes);
-  if (t.by_key == NULL || t.by_id == NULL || t.by_addr == NULL) {
-    sx__rindex_free(&t);
-    return sx__err(SX_ENOMEM, "indexing %u regions", n);
-  }
-  if (n) {
-    memcpy(t.by_key, regions, n * sizeof(*regions));
-    memcpy(t.by_id, regions, n * sizeof(*regions));
-    memcpy(t.by_addr, regions, n * sizeof(*regions));
-  }
-  qsort(t.by_key, n, sizeof(*t.by_key), key_cmp);
-  qsort(t.by_id, n, sizeof(*t.by_id), id_cmp);
-  qsort(t.by_addr, n, sizeof(*t.by_addr), addr_cmp);
-  *ix = t;
-  return 0;
-}
-
-int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d) {
-  const sx_region **v = malloc((d->n_regions ? d->n_regions : 1) * sizeof(*v));
-  if (v == NULL)
-    return sx__err(SX_ENOMEM, "indexing %s", d->name);
-  for (uint32_t i = 0; i < d->n_regions; i++)
-    v[i] = &d->regions[i];
-  int rc = sx__rindex_build(ix, v, d->n_regions);
-  free(v);
-  return rc;
-}
-
-void sx__rindex_free(sx__rindex *ix) {
-  free(ix->by_key);
-  free(ix->by_id);
-  free(ix->by_addr);
-  memset(ix, 0, sizeof(*ix));
-}
-
-const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group, uint32_t layer,
-                                uint32_t slot) {
-  /* The last region whose (group, slot, layer_first) is <= the key. */
+/* The last region whose (group, slot, layer_first) is <= the key, if it
+ * holds the key. */
+const sx_region *sx__rindex_key_search(const sx__rindex *ix, uint32_t group, uint32_t layer,
+                                       uint32_t slot) {
   size_t lo = 0, hi = ix->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
@@ -96,6 +59,97 @@ const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group, uint32_t l
     return NULL;
   return r;
 }
+
+/* Fill t->dense when the keys of t's regions span a small box (see
+ * planner.h); each cell holds what sx__rindex_key_search() answers for it.  0, or
+ * SX_ENOMEM. */
+static int dense_build(sx__rindex *t) {
+  if (t->n == 0)
+    return 0;
+  uint32_t g0 = UINT32_MAX, g1 = 0, s0 = UINT32_MAX, s1 = 0, l0 = UINT32_MAX;
+  uint64_t l1 = 0;
+  for (uint32_t i = 0; i < t->n; i++) {
+    const sx_region *r = t->by_key[i];
+    uint64_t last = (uint64_t)r->layer_first + (r->layer_count ? r->layer_count - 1 : 0);
+    g0 = r->group < g0 ? r->group : g0;
+    g1 = r->group > g1 ? r->group : g1;
+    s0 = r->slot < s0 ? r->slot : s0;
+    s1 = r->slot > s1 ? r->slot : s1;
+    l0 = r->layer_first < l0 ? r->layer_first : l0;
+    l1 = last > l1 ? last : l1;
+  }
+  /* Each span is at most 2^32, so the product is checked one factor at a
+   * time against a cap far below overflow. */
+  uint64_t ng = (uint64_t)g1 - g0 + 1, ns = (uint64_t)s1 - s0 + 1, nl = l1 - l0 + 1;
+  uint64_t cap = (uint64_t)t->n * SX__RINDEX_DENSE_PER_REGION;
+  if (cap > SX__RINDEX_DENSE_MAX)
+    cap = SX__RINDEX_DENSE_MAX;
+  if (ng > cap || ns > cap || nl > cap || ng * ns > cap || ng * ns * nl > cap)
+    return 0;
+  const sx_region **d = malloc(ng * ns * nl * sizeof(*d));
+  if (d == NULL)
+    return SX_ENOMEM;
+  size_t k = 0;
+  for (uint64_t g = 0; g < ng; g++)
+    for (uint64_t s = 0; s < ns; s++)
+      for (uint64_t l = 0; l < nl; l++)
+        d[k++] = sx__rindex_key_search(t, (uint32_t)(g0 + g), (uint32_t)(l0 + l),
+                                       (uint32_t)(s0 + s));
+  t->dense = d;
+  t->g0 = g0;
+  t->s0 = s0;
+  t->l0 = l0;
+  t->ng = (uint32_t)ng;
+  t->ns = (uint32_t)ns;
+  t->nl = (uint32_t)nl;
+  return 0;
+}
+
+int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n) {
+  size_t bytes = (n ? n : 1) * sizeof(const sx_region *);
+  sx__rindex t = {.n = n};
+  t.by_key = malloc(bytes);
+  t.by_id = malloc(bytes);
+  t.by_addr = malloc(bytes);
+  if (t.by_key == NULL || t.by_id == NULL || t.by_addr == NULL) {
+    sx__rindex_free(&t);
+    return sx__err(SX_ENOMEM, "indexing %u regions", n);
+  }
+  if (n) {
+    memcpy(t.by_key, regions, n * sizeof(*regions));
+    memcpy(t.by_id, regions, n * sizeof(*regions));
+    memcpy(t.by_addr, regions, n * sizeof(*regions));
+  }
+  qsort(t.by_key, n, sizeof(*t.by_key), key_cmp);
+  qsort(t.by_id, n, sizeof(*t.by_id), id_cmp);
+  qsort(t.by_addr, n, sizeof(*t.by_addr), addr_cmp);
+  if (dense_build(&t) != 0) {
+    sx__rindex_free(&t);
+    return sx__err(SX_ENOMEM, "indexing %u regions", n);
+  }
+  *ix = t;
+  return 0;
+}
+
+int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d) {
+  const sx_region **v = malloc((d->n_regions ? d->n_regions : 1) * sizeof(*v));
+  if (v == NULL)
+    return sx__err(SX_ENOMEM, "indexing %s", d->name);
+  for (uint32_t i = 0; i < d->n_regions; i++)
+    v[i] = &d->regions[i];
+  int rc = sx__rindex_build(ix, v, d->n_regions);
+  free(v);
+  return rc;
+}
+
+void sx__rindex_free(sx__rindex *ix) {
+  free(ix->by_key);
+  free(ix->by_id);
+  free(ix->by_addr);
+  free(ix->dense);
+  memset(ix, 0, sizeof(*ix));
+}
+
 
 const sx_region *sx__rindex_id(const sx__rindex *ix, uint32_t id) {
   size_t lo = 0, hi = ix->n;
@@ -375,6 +429,15 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   for (size_t i = 0; i < n; i++)
     if ((rc = check_block(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
       return rc;
+  /* Each (slot, layer) of an entry is a range unless it extends the one
+   * before: room for that many at once rather than by doubling (a realloc
+   * and a copy each time).  Bounded, as merged runs need far fewer and a
+   * larger block would come from mmap; a failure here is met again, and
+   * reported, by emit(). */
+  size_t want = 0;
+  for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
+    want += (size_t)r[i].layer_count * (size_t)__builtin_popcountll(r[i].slots);
+  (void)reserve(p, want < PRERESERVE_MAX ? want : PRERESERVE_MAX);
   for (size_t i = 0; i < n; i++) {
     if (emit_block(p, &r[i], p->n_entries + (uint32_t)i)) {
       p->broken = SX_ENOMEM;

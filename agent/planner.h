@@ -10,8 +10,9 @@
  * slice size so large transfers spread over connections.
  *
  * Cost: regions are indexed by key, id and address (sorted arrays, binary
- * search), each entry looks a region up once per region it crosses, and the
- * output grows by doubling: no allocation per block.
+ * search; key lookups from a dense table where the layout allows, see
+ * sx__rindex), each entry looks a region up once per region it crosses,
+ * and the output grows by doubling: no allocation per block.
  *
  * Threading: an index is immutable once built and may be read by many
  * threads; a plan belongs to one batch and is used by one thread at a time.
@@ -27,13 +28,29 @@
 
 /* Regions of one side, sorted three ways.  Entries point into the caller's
  * storage (a descriptor's region array, or sx_lregion.r of registered
- * regions), which must outlive the index. */
+ * regions), which must outlive the index.
+ *
+ * Key lookups run once per (slot, layer) of every block entry, twice (the
+ * check and the emit pass) on each side, so they lead the planner's cost.
+ * Where the keys fill a small box (an engine's layout: a few groups and
+ * slots, every layer), the index also holds the answer for every key of
+ * the box in one table, filled from the search at build time: a lookup is
+ * then O(1) and gives what the search gives by construction.  The table is
+ * part of the immutable index, so it is never stale: a new descriptor or a
+ * new registration builds a new index. */
 typedef struct sx__rindex {
   uint32_t n;
   const sx_region **by_key;  /* (group, slot, layer_first) */
   const sx_region **by_id;
   const sx_region **by_addr;
+  const sx_region **dense;   /* [(g - g0) * ns + (s - s0)] * nl + (l - l0), or NULL */
+  uint32_t g0, ng, s0, ns, l0, nl;
 } sx__rindex;
+
+/* The most cells of a dense table (8 bytes each), and of cells per region:
+ * a sparse layout (layers far apart) keeps to the search. */
+#define SX__RINDEX_DENSE_MAX (1u << 16)
+#define SX__RINDEX_DENSE_PER_REGION 256u
 
 /* Build from n region pointers.  0 or SX_ENOMEM. */
 int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n);
@@ -41,10 +58,22 @@ int sx__rindex_build(sx__rindex *ix, const sx_region *const *regions, uint32_t n
 int sx__rindex_build_desc(sx__rindex *ix, const sx_desc *d);
 void sx__rindex_free(sx__rindex *ix);
 
-/* The region holding (group, layer, slot), by id, or containing the byte
- * range [addr, addr+len); NULL if none. */
-const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group, uint32_t layer,
-                                uint32_t slot);
+/* The region holding (group, layer, slot) (sx__rindex_key: from the dense
+ * table when there is one, else by sx__rindex_key_search), by id, or
+ * containing the byte range [addr, addr+len); NULL if none.  Inline, as
+ * the planner calls it four times per (slot, layer) of each entry. */
+const sx_region *sx__rindex_key_search(const sx__rindex *ix, uint32_t group, uint32_t layer,
+                                       uint32_t slot);
+static inline const sx_region *sx__rindex_key(const sx__rindex *ix, uint32_t group,
+                                              uint32_t layer, uint32_t slot) {
+  if (ix->dense == NULL)
+    return sx__rindex_key_search(ix, group, layer, slot);
+  /* Unsigned differences: a key below the box wraps to a large value. */
+  uint32_t g = group - ix->g0, s = slot - ix->s0, l = layer - ix->l0;
+  if (g >= ix->ng || s >= ix->ns || l >= ix->nl)
+    return NULL; /* no region has a key outside the box */
+  return ix->dense[((size_t)g * ix->ns + s) * ix->nl + l];
+}
 const sx_region *sx__rindex_id(const sx__rindex *ix, uint32_t id);
 const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t len);
 

@@ -17,6 +17,7 @@
 #include "agent_fixture.h"
 #include "backend.h"
 #include "internal.h"
+#include "pattern.h"
 
 static void op_done_cb(void *arg, const sx_backend_reply *rep) {
   (void)rep;
@@ -24,6 +25,11 @@ static void op_done_cb(void *arg, const sx_backend_reply *rep) {
 }
 
 static void new_url(char *url, size_t size) { sxt_mem_url(url, size, "agent"); }
+
+static int pattern_ok(const uint8_t *p, uint64_t len, uint64_t seed, uint32_t region,
+                      uint64_t off) {
+  return sx__pattern_check(p, len, seed, region, off, NULL) == 0;
+}
 
 /* ------------------------------------------------------------ staleness */
 
@@ -329,6 +335,105 @@ static void test_agent_unregister_withdraws_the_region(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* Open name once the reader's cache has the descriptor with n regions
+ * (the store's put event reaches the cache a moment after a publish). */
+static sx_segment *open_with_regions(sx_agent *a, const char *name, uint32_t n) {
+  for (int i = 0; i < 500; i++) {
+    sx_segment *seg;
+    sxt_ok(sx_segment_open(a, name, 1000, &seg));
+    if (sx_segment_desc(seg)->n_regions == n)
+      return seg;
+    sx_segment_close(seg);
+    usleep(10000);
+  }
+  fail_msg("%s never showed %u regions", name, n);
+  return NULL;
+}
+
+/* Planning e on seg fails with SX_ENOREGION; returns sx_errmsg(). */
+static const char *refused(sx_segment *seg, const sx_block_read *e) {
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_rc(sx_batch_add_blocks(b, e, 1), SX_ENOREGION);
+  sx_batch_destroy(b);
+  return sx_errmsg();
+}
+
+/* Region lookups come from an index built with each segment (from its
+ * descriptor) and with each set of local registrations (planner.h: a
+ * dense table where the layout allows).  When the layout changes, a
+ * segment opened before plans against the layout it opened, one opened
+ * after against the new one, and local registrations count from the next
+ * batch on: no index answers with a layout it was not built from. */
+static void test_agent_layout_change_plans_against_a_new_index(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-12", NULL, 12);
+  sxt_reader_start(&r, url, "decode-12");
+  sx_segment *old;
+  sxt_ok(sx_segment_open(r.a, "prefill-12", 1000, &old));
+  /* Group 1, K, layers 0 and 1, two blocks. */
+  sx_block_read g1 = {.group = 1, .layer_count = 2, .slots = 1ull << SX_SLOT_K,
+                      .remote_block = 3, .local_block = 1, .count = 2};
+  refused(old, &g1);
+
+  /* The target adds group 1 (two layers) and republishes. */
+  const uint64_t tl = SXT_TARGET_BLOCKS * SXT_BLOCK, rl = SXT_READER_BLOCKS * SXT_BLOCK;
+  uint8_t *tmem = calloc(2, tl), *rmem = calloc(2, rl);
+  assert_non_null(tmem);
+  assert_non_null(rmem);
+  sx_region_params rp = {.addr = tmem, .length = 2 * tl, .group = 1, .layer_count = 2,
+                         .layer_stride = tl, .slot = SX_SLOT_K, .block_bytes = SXT_BLOCK,
+                         .num_blocks = SXT_TARGET_BLOCKS, .access = SX_ACCESS_REMOTE_READ};
+  uint32_t tid, rid;
+  sxt_ok(sx_agent_register(t.a, &rp, &tid));
+  sx__pattern_fill(tmem, 2 * tl, 12, tid, 0);
+  sxt_ok(sx_agent_publish(t.a, 0));
+
+  /* A new view has group 1; the reader has no local group 1 yet. */
+  sx_segment *seg = open_with_regions(r.a, "prefill-12", 3);
+  assert_non_null(strstr(refused(seg, &g1), "no local region"));
+  rp.addr = rmem;
+  rp.length = 2 * rl;
+  rp.layer_stride = rl;
+  rp.num_blocks = SXT_READER_BLOCKS;
+  rp.access = 0;
+  sxt_ok(sx_agent_register(r.a, &rp, &rid));
+
+  /* The old view still lacks the remote group 1. */
+  assert_non_null(strstr(refused(old, &g1), "the remote segment has no region"));
+  /* The new one reads it, byte for byte, and nothing past its layers. */
+  sx_batch_result res = sxt_run_batch(seg, &g1, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  for (uint32_t l = 0; l < 2; l++)
+    assert_true(pattern_ok(rmem + l * rl + 1 * SXT_BLOCK, 2 * SXT_BLOCK, 12, tid,
+                           l * tl + 3 * SXT_BLOCK));
+  sx_block_read past = g1;
+  past.layer_count = 3;
+  refused(seg, &past);
+  sx_block_read g0 = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .count = 2};
+  assert_int_equal(sxt_run_batch(seg, &g0, 1, 10000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_verify_blocks(&r, seg, 12, &g0), 0);
+  sx_segment_close(seg);
+
+  /* The target retires group 0's K: a new view refuses it, keeps V. */
+  sxt_ok(sx_agent_unregister(t.a, t.id[0]));
+  seg = open_with_regions(r.a, "prefill-12", 2);
+  refused(seg, &g0);
+  g0.slots = 1ull << SX_SLOT_V;
+  assert_int_equal(sxt_run_batch(seg, &g0, 1, 10000).state, SX_BATCH_COMPLETED);
+  assert_int_equal(sxt_run_batch(seg, &g1, 1, 10000).state, SX_BATCH_COMPLETED);
+  sx_segment_close(seg);
+  sx_segment_close(old);
+  sxt_ok(sx_agent_unregister(r.a, rid));
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+  free(tmem);
+  free(rmem);
+}
+
 /* ------------------------------------------------------------ open */
 
 typedef struct late_pub {
@@ -431,6 +536,7 @@ int main(void) {
       cmocka_unit_test(test_agent_lease_reclaims_lost_segment),
       cmocka_unit_test(test_agent_takeover_fences_the_old_holder),
       cmocka_unit_test(test_agent_unregister_withdraws_the_region),
+      cmocka_unit_test(test_agent_layout_change_plans_against_a_new_index),
       cmocka_unit_test(test_agent_open_waits_for_the_name),
       cmocka_unit_test(test_agent_open_with_a_timeout_near_uint32_max_waits),
   };

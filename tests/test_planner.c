@@ -372,6 +372,64 @@ static void test_planner_huge_batch_is_fast(void **state) {
   sides_free(&s);
 }
 
+/* The dense key table (planner.h) answers every key as the search does:
+ * random layouts with gaps, several groups and slots, multi-layer regions
+ * and overlaps, probed over their whole box and past its edges; a sparse
+ * layout keeps to the search.  Each index is built from its regions alone,
+ * so rebuilding for another layout leaves nothing of the old one. */
+static void test_rindex_dense_table_matches_the_search(void **state) {
+  (void)state;
+  enum { MAXR = 48 };
+  sx_region regs[MAXR];
+  const sx_region *v[MAXR];
+  uint32_t rng = 12345;
+  int dense = 0, sparse = 0;
+  for (int trial = 0; trial < 300; trial++) {
+    rng = rng * 1103515245u + 12345u;
+    int far = trial % 5 == 4; /* keys far apart: too sparse for a table */
+    uint32_t n = (far ? 2 : 1) + (rng >> 8) % (MAXR - 1);
+    for (uint32_t i = 0; i < n; i++) {
+      rng = rng * 1103515245u + 12345u;
+      uint32_t x = rng >> 4;
+      memset(&regs[i], 0, sizeof(regs[i]));
+      regs[i].id = i + 1;
+      regs[i].group = far && i == 0 ? 1000000u : x % 3;
+      regs[i].slot = (x >> 3) % 4 == 3 ? SX_MAX_SLOTS - 1 : (x >> 3) % 4;
+      regs[i].layer_first = 2 + (x >> 6) % 30;
+      regs[i].layer_count = 1 + (x >> 11) % 4;
+      v[i] = &regs[i];
+    }
+    sx__rindex ix;
+    sxt_ok(sx__rindex_build(&ix, v, n));
+    if (ix.dense != NULL)
+      dense++;
+    else
+      sparse++;
+    if (far)
+      assert_null(ix.dense);
+    static const uint32_t groups[] = {0, 1, 2, 3, 999999u, 1000000u, UINT32_MAX};
+    static const uint32_t slots[] = {0, 1, 2, 3, 4, SX_MAX_SLOTS - 1, SX_MAX_SLOTS};
+    for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
+      for (size_t k = 0; k < sizeof(slots) / sizeof(slots[0]); k++)
+        for (uint32_t l = 0; l < 40; l++) {
+          uint32_t layer = l == 39 ? UINT32_MAX : l;
+          const sx_region *want = sx__rindex_key_search(&ix, groups[g], layer, slots[k]);
+          assert_ptr_equal(sx__rindex_key(&ix, groups[g], layer, slots[k]), want);
+          /* The search itself: the region holds the key. */
+          if (want != NULL) {
+            assert_int_equal(want->group, groups[g]);
+            assert_int_equal(want->slot, slots[k]);
+            assert_true(layer >= want->layer_first &&
+                        layer - want->layer_first < want->layer_count);
+          }
+        }
+    sx__rindex_free(&ix);
+    assert_null(ix.dense);
+  }
+  print_message("%d layouts with a dense table, %d without\n", dense, sparse);
+  assert_true(dense >= 100 && sparse >= 60);
+}
+
 /* A scattered range: one entry, one range (never merged with the next),
  * its pieces all in one registered host region; anything else refused
  * with nothing added. */
@@ -423,6 +481,7 @@ static void test_planner_scatter_checks_its_pieces(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rindex_finds_by_key_id_and_addr),
+      cmocka_unit_test(test_rindex_dense_table_matches_the_search),
       cmocka_unit_test(test_planner_merges_contiguous_blocks),
       cmocka_unit_test(test_planner_merges_across_entries_of_one_shape),
       cmocka_unit_test(test_planner_no_merge_when_one_side_is_not_contiguous),

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -199,6 +200,7 @@ typedef struct mres {
   double gbps, rps, p50_ms, p99_ms;
   double post_us, end_us; /* p50: submit to posted, submit to ended (loop thread) */
   uint64_t methods[4]; /* gathers per copy method in this process */
+  double caller_us, other_us; /* CPU per request: the submitting thread, the rest */
 } mres;
 
 /* Reads for secs with depth requests in flight: adds the window's bytes,
@@ -208,7 +210,14 @@ typedef struct macc {
   double secs;
   bx_lat lat, post, end;
   uint64_t methods[4];
+  uint64_t caller_ns, proc_ns; /* CPU time of the submitting thread, of the process */
 } macc;
+
+static uint64_t cpu_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
   const gopts *o = R->o;
@@ -218,7 +227,7 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
   sx_block_read *e = malloc(o->batch * sizeof(*e));
   double t0 = 0, t_end = 0;
   int ok = e != NULL, warm = 0;
-  uint64_t k = 0, m0[4], m1[4];
+  uint64_t k = 0, m0[4], m1[4], c0 = 0, c1 = 0, p0 = 0, p1 = 0;
   for (double start = bx_now(); ok;) {
     uint64_t slot = k % o->depth;
     if (b[slot] != NULL) {
@@ -244,9 +253,13 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
         warm = 1;
         t0 = now;
         sx__mem_copy_counts(m0);
+        c0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+        p0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
       } else if (warm && now - t0 >= secs) {
         t_end = now;
         sx__mem_copy_counts(m1);
+        c1 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
+        p1 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
         break;
       }
     }
@@ -267,6 +280,8 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
   acc->bytes += bytes;
   acc->reqs += reqs;
   acc->secs += t_end - t0;
+  acc->caller_ns += c1 - c0;
+  acc->proc_ns += p1 - p0;
   for (int m = 0; m < 4; m++)
     acc->methods[m] += m1[m] - m0[m];
   return 0;
@@ -280,6 +295,10 @@ static mres macc_result(macc *a) {
   bx_lat_free(&a->post);
   bx_lat_free(&a->end);
   memcpy(r.methods, a->methods, sizeof(r.methods));
+  if (a->reqs > 0 && a->proc_ns > 0) {
+    r.caller_us = (double)a->caller_ns / 1e3 / (double)a->reqs;
+    r.other_us = (double)(a->proc_ns - a->caller_ns) / 1e3 / (double)a->reqs;
+  }
   return r;
 }
 
@@ -435,7 +454,8 @@ static const bx_col cols[] = {
     {"batch", "RANGES/REQ", "%.0f"},  {"req_s", "REQ/S", "%.0f"},
     {"gb_s", "GB/S", "%.2f"},         {"p50_ms", "P50 MS", "%.3f"},
     {"p99_ms", "P99 MS", "%.3f"},     {"post_us", "POSTED US", "%.0f"},
-    {"end_us", "ENDED US", "%.0f"},   {"method", "COPIES BY", NULL},
+    {"end_us", "ENDED US", "%.0f"},   {"caller_cpu_us", "CALLER CPU US", "%.1f"},
+    {"other_cpu_us", "OTHER CPU US", "%.1f"}, {"method", "COPIES BY", NULL},
     {"baseline", "BASELINE", NULL},   {"baseline_gb_s", "BASELINE GB/S", "%.2f"},
     {"ratio", "VS BASELINE", "%.2fx"},
 };
@@ -475,6 +495,10 @@ static void row(bx_table *t, const char *tr, const char *path, uint64_t size,
     bx_set_num(r, "p99_ms", v->p99_ms);
     bx_set_num(r, "post_us", v->post_us);
     bx_set_num(r, "end_us", v->end_us);
+  }
+  if (v->caller_us > 0) {
+    bx_set_num(r, "caller_cpu_us", v->caller_us);
+    bx_set_num(r, "other_cpu_us", v->other_us);
   }
   if (method == NULL) {
     methods_str(v->methods, ms, sizeof(ms));
@@ -713,6 +737,10 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
   bx_table_note(t, "POSTED US, ENDED US: medians from submit to the transport's post and "
                 "to the batch's end on the agent's loop (the rest of P50 is the wake of the "
                 "waiting thread)");
+  bx_table_note(t, "CALLER CPU US, OTHER CPU US: CPU time per request of the thread that "
+                "submits and waits (create, add, submit, wait, destroy), and of the rest of "
+                "the reader's process (the agent's loop, the driver's threads), over the "
+                "measured window");
   bx_table_note(t, "COPIES BY: the memory layer's gathers that ran in this process, the "
                 "reader (SX_GPU_COPY=%s; staged tcp and rdma: into device memory from the "
                 "staging chunks)", sx__mem_copy_name(sx__mem_copy_env()));
