@@ -197,11 +197,16 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/bench/smoke.sh "$(BUILD)"
-	@$(if $(SANITIZE),echo "  SKIP  deploy, install, docs and manual-page checks: scripts and files," \
-	  "not library code (the plain build's make check runs them)",$(MAKE) --no-print-directory check-scripts)
+	@$(SCRIPTS_STEP)
 
 # The deployment scripts (a local cluster in network namespaces, Redis
-# Cluster, TLS), the manifests, the install, the docs and the manual pages.
+# Cluster, TLS), the manifests, the install, the docs and the manual pages:
+# scripts and files, not library code, so a sanitizer build leaves them out.
+ifeq ($(SANITIZE),)
+SCRIPTS_STEP = $(MAKE) --no-print-directory check-scripts
+else
+SCRIPTS_STEP = echo "  SKIP  deploy, install, docs and manual-page checks (make check-scripts): the plain build runs them"
+endif
 check-scripts: all $(DOCS_EXAMPLE)
 	@tests/man/check.sh "$(BUILD)" "$(VERSION)" $(MAN_PAGES)
 	@tests/deploy/test_local_cluster.sh "$(BUILD)"
