@@ -153,6 +153,13 @@ int sx__hello_decode(const uint8_t *buf, size_t len, sx__hello *out) {
   return 0;
 }
 
+void sx__conn_lost_msg(const char *label, const char *why, char *msg, size_t size) {
+  if (why == NULL)
+    snprintf(msg, size, "%s closed the connection", label);
+  else
+    snprintf(msg, size, "connection to %s lost: %s", label, why);
+}
+
 int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
                       char *msg, size_t size) {
   char inc[2 * SX_INCARNATION_LEN + 1];

@@ -156,6 +156,10 @@ int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap);
 int sx__hello_refused(int32_t status, const char *label, const uint8_t *incarnation,
                       char *msg, size_t size);
 
+/* A reader's connection to label ended: why NULL when the target closed
+ * it, else the error's text.  The message its ranges fail with. */
+void sx__conn_lost_msg(const char *label, const char *why, char *msg, size_t size);
+
 /* Encode the HELLO a reader sends to the owner of a segment: its
  * incarnation and access token, and the reader's name (NULL: none).  As
  * sx__hello_encode. */

@@ -228,11 +228,8 @@ static void c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   char msg[256];
   (void)buf;
   if (nread < 0) {
-    if (nread == UV_EOF)
-      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
-               uv_strerror((int)nread));
+    sx__conn_lost_msg(p->label, nread == UV_EOF ? NULL : uv_strerror((int)nread), msg,
+                      sizeof(msg));
     c_fail(p, SX_EDISCONN, msg);
     return;
   }

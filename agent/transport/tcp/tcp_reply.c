@@ -97,10 +97,7 @@ static int c_readv(cconn *c, treq *r) {
       continue;
     if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
       return 0;
-    if (got == 0)
-      snprintf(msg, sizeof(msg), "%s closed the connection", c->p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", c->p->label, strerror(errno));
+    sx__conn_lost_msg(c->p->label, got == 0 ? NULL : strerror(errno), msg, sizeof(msg));
     sx__tcp_c_fail(c, SX_EDISCONN, msg);
     return -1;
   }
@@ -206,11 +203,8 @@ void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   char msg[512];
   (void)buf;
   if (nread < 0) {
-    if (nread == UV_EOF)
-      snprintf(msg, sizeof(msg), "%s closed the connection", p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", p->label,
-               uv_strerror((int)nread));
+    sx__conn_lost_msg(p->label, nread == UV_EOF ? NULL : uv_strerror((int)nread), msg,
+                      sizeof(msg));
     sx__tcp_c_fail(c, SX_EDISCONN, msg);
     return;
   }

@@ -177,11 +177,8 @@ void sx__tcp_rx_back(cconn *c) {
     return;
   if (c->rx_errno != 0) {
     char msg[512];
-    if (c->rx_errno < 0)
-      snprintf(msg, sizeof(msg), "%s closed the connection", c->p->label);
-    else
-      snprintf(msg, sizeof(msg), "connection to %s lost: %s", c->p->label,
-               strerror(c->rx_errno));
+    sx__conn_lost_msg(c->p->label, c->rx_errno < 0 ? NULL : strerror(c->rx_errno), msg,
+                      sizeof(msg));
     sx__tcp_c_fail(c, SX_EDISCONN, msg);
     return;
   }
