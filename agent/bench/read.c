@@ -64,8 +64,13 @@ static uint64_t max_batch(const ropts *o, uint64_t size) {
 /* The raw stream's receive buffer per connection: as many chunks as the
  * batches in flight hold at the target batch size, within 4..16 MiB, so it
  * lands in memory much like segxfer's destinations without being a
- * cache-cold monster (the strongest honest baseline). */
+ * cache-cold monster (the strongest honest baseline); or --stream-bytes.
+ * (Into cold memory the kernel's receive copy is slower: on loopback, one
+ * connection into a 256 MiB ring made 0.5-0.75x of a 16 MiB one;
+ * docs/benchmarks.md.) */
 static uint64_t stream_dst(const ropts *o, uint64_t size) {
+  if (o->stream_bytes)
+    return o->stream_bytes < size ? size : o->stream_bytes / size * size;
   uint64_t b = size * o->depth * (o->target_batch ? o->target_batch : 64);
   if (b < (4u << 20))
     b = 4u << 20;
@@ -414,6 +419,12 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   if (o.write)
     bx_table_note(t, "write batches: this process is a named producer the target granted; "
                   "a batch ends when the target accepted its notice");
+  char sbuf[32], bbuf[32];
+  if (o.baseline == BASE_STREAM && o.n_sizes > 0)
+    bx_table_note(t, "raw stream's receive buffer per connection: %s at %s blocks%s",
+                  bx_size_name(stream_dst(&o, o.sizes[o.n_sizes - 1]), sbuf, sizeof(sbuf)),
+                  bx_size_name(o.sizes[o.n_sizes - 1], bbuf, sizeof(bbuf)),
+                  o.stream_bytes ? " (--stream-bytes)" : "");
   bx_table_note(t, "baseline: %s", o.baseline == BASE_STREAM
                 ? "raw TCP stream of the same pool memory, chunk = block size, same "
                   "connection count (a thread per connection on each side)"
