@@ -112,15 +112,21 @@ static void test_tcp_threads_connections_bytewise(void **state) {
   }
 }
 
-/* With no threads (0), nothing goes to a pool. */
-static void test_tcp_threads_zero_means_none(void **state) {
-  (void)state;
+/* Two rounds with threads and conns, byte-exact, during which no worker
+ * started a job. */
+static void rounds_without_workers(int32_t threads, uint32_t conns) {
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  pair *x = pair_start(0, 2, -1, -1);
+  pair *x = pair_start(threads, conns, -1, -1);
   sxt_tcp_pair_rounds(x, 2);
   pair_stop(x);
   assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
   assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
+}
+
+/* With no threads (0), nothing goes to a pool. */
+static void test_tcp_threads_zero_means_none(void **state) {
+  (void)state;
+  rounds_without_workers(0, 2);
 }
 
 /* Wait (up to 5 s) until a worker has started receiving since runs. */
@@ -345,22 +351,37 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
  * kept; two connections: the workers receive and send. */
 static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
   (void)state;
-  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
   uint64_t krx = sx__engage_kept(SX__XJOB_RECV), ktx = sx__engage_kept(SX__XJOB_SEND);
-  pair *x = pair_start(2, 1, -1, -1);
-  sxt_tcp_pair_rounds(x, 2);
-  pair_stop(x);
-  assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
-  assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
+  rounds_without_workers(2, 1);
   /* Every reply (2 rounds of 3 batches of 8) stayed on the reader's loop. */
   assert_true(sx__engage_kept(SX__XJOB_RECV) - krx >= 2 * SXT_TCP_PAIR_DEPTH * BATCH);
   assert_true(sx__engage_kept(SX__XJOB_SEND) > ktx);
 
-  x = pair_start(2, 2, -1, -1);
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
+  pair *x = pair_start(2, 2, -1, -1);
   sxt_tcp_pair_rounds(x, 2);
   pair_stop(x);
   assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
   assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
+}
+
+/* SX_TCP_THREAD_CONNS: 1..1024 taken; anything else ignored (and said:
+ * bad), leaving the default of two. */
+static void test_tcp_threads_engage_setting(void **state) {
+  (void)state;
+  static const struct { const char *v; uint32_t want; int bad; } cases[] = {
+      {"1", 1, 0}, {"3", 3, 0}, {"1024", 1024, 0}, {"", 2, 0}, {"0", 2, 1},
+      {"1025", 2, 1}, {"-1", 2, 1}, {"2x", 2, 1}, {"x", 2, 1}};
+  int bad;
+  unsetenv("SX_TCP_THREAD_CONNS");
+  assert_int_equal(sx__engage_conns(&bad), SX__ENGAGE_CONNS);
+  assert_int_equal(bad, 0);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    setenv("SX_TCP_THREAD_CONNS", cases[i].v, 1);
+    assert_int_equal(sx__engage_conns(&bad), cases[i].want);
+    assert_int_equal(bad, cases[i].bad);
+  }
+  unsetenv("SX_TCP_THREAD_CONNS");
 }
 
 /* A stream of batches from the pair's target, two in flight at all
@@ -457,6 +478,7 @@ int main(void) {
    * other programs (the variables win over the parameters). */
   unsetenv("SX_TCP_THREADS");
   unsetenv("SX_TCP_THREAD_BYTES");
+  unsetenv("SX_TCP_THREAD_CONNS");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tcp_threads_connections_bytewise),
       cmocka_unit_test(test_tcp_threads_zero_means_none),
@@ -466,6 +488,7 @@ int main(void) {
       cmocka_unit_test(test_tcp_threads_reader_worker_gives_way),
       cmocka_unit_test(test_tcp_threads_target_worker_gives_way),
       cmocka_unit_test(test_tcp_threads_shutdown_with_workers_busy),
+      cmocka_unit_test(test_tcp_threads_engage_setting),
       cmocka_unit_test(test_tcp_threads_engage_from_two_busy_connections),
       cmocka_unit_test(test_tcp_threads_engage_switches_mid_stream),
   };

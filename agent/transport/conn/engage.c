@@ -2,8 +2,6 @@
  * When the data-mover threads engage (see engage.h): a count of busy
  * connections against a threshold, with a hold so that it does not flap.
  */
-#include <stdlib.h>
-
 #include "engage.h"
 #include "xpool.h"
 
@@ -38,14 +36,7 @@ uint64_t sx__engage_kept(unsigned kind) {
 }
 
 uint32_t sx__engage_conns(int *bad) {
-  const char *env = getenv("SX_TCP_THREAD_CONNS");
-  *bad = 0;
-  if (env != NULL && *env != '\0') {
-    char *end;
-    long v = strtol(env, &end, 10);
-    if (*end == '\0' && v >= 1 && v <= 1024)
-      return (uint32_t)v;
-    *bad = 1;
-  }
-  return SX__ENGAGE_CONNS;
+  long v;
+  return sx__xpool_env("SX_TCP_THREAD_CONNS", 1, 1024, &v, bad) ? (uint32_t)v
+                                                                 : SX__ENGAGE_CONNS;
 }
