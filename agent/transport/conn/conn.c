@@ -43,7 +43,7 @@ struct sx__conn {
   char reader[SX_NAME_MAX + 1];
   int hello_ok, closing, reading, handles;
   uint32_t queued;
-  uint64_t wbytes;               /* payload bytes of those replies (tx_busy) */
+  uint64_t wbytes;               /* payload bytes of those replies (tx_engaged) */
   size_t sbytes;                 /* of sx__conn_send() frames not sent yet */
   size_t rlen;
   uint8_t rbuf[SX__CONN_RBUF];

@@ -11,9 +11,9 @@
  * threads and 0.83-0.94x with them; docs/benchmarks.md).  With two and
  * more the threads run them on several cores at once.
  *
- * Hysteresis: once engaged, a side stays so for hold_ms after its busy
- * connections last reached `conns`, so that connections going idle for a
- * moment between batches do not move payloads back and forth.  A worker
+ * Hysteresis: once engaged, a side stays so for SX__ENGAGE_HOLD_MS after
+ * its busy connections last reached `conns`, so that connections going
+ * idle for a moment between batches do not move payloads back and forth.  A worker
  * lent a connection's receive side gives it back at its next reply
  * boundary once the side is off (sx__engage_on()).
  *
@@ -44,8 +44,8 @@ int sx__engage_update(sx__engage *e, uv_loop_t *loop, uint32_t busy);
 /* A large payload (or reply write) stays on the loop because the side is
  * not engaged: counted for sx__engage_kept(). */
 void sx__engage_keep(const sx__engage *e);
-static inline int sx__engage_on(const sx__engage *e) {
-  return atomic_load_explicit(&((sx__engage *)e)->on, memory_order_relaxed);
+static inline int sx__engage_on(sx__engage *e) {
+  return atomic_load_explicit(&e->on, memory_order_relaxed);
 }
 /* Payloads of a kind (SX__XJOB_RECV: replies received, SX__XJOB_SEND:
  * reply writes) kept on the loop this way, in this process (tests check

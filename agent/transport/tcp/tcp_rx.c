@@ -103,7 +103,7 @@ static void rx_told(cconn *c, const sx_op *op, uint64_t len, unsigned due) {
  * longer engaged (one connection left busy: the loop receives on). */
 static void rx_run(sx__xjob *j) {
   cconn *c = rx_conn(j);
-  const sx__engage *e = &c->p->t->srv.rx_eng;
+  sx__engage *e = &c->p->t->srv.rx_eng;
   c->rx_errno = 0;
   for (;;) {
     ssize_t got;
