@@ -30,7 +30,7 @@
  *     a worker, each is counted as kept); with two, workers do; and a
  *     reader streaming from one target switches mid-stream to the workers
  *     while a second target's read runs and back to its loop once that
- *     ended, every byte compared.
+ *     ended, every byte compared; SX_TCP_THREAD_CONNS takes 1..1024 only.
  *
  * The tests of one connection through a stalling or dying proxy run with
  * SX_TCP_THREAD_CONNS=1 (the threads engage from one busy connection),
