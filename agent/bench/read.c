@@ -29,6 +29,7 @@
 #include "rawproto.h"
 #include "read.h"
 #include "segxfer/agent.h"
+#include "transport/conn/engage.h"
 #include "transport/conn/xpool.h"
 
 
@@ -158,6 +159,10 @@ typedef struct rcase {
   uint64_t size, batch;
   int scattered;
   char note[200]; /* why it was skipped or failed; "" when it ran */
+  /* This reader's receive hand-overs to data-mover threads, and large
+   * replies its loop kept (the threads not engaged), in the case's
+   * windows and warm-ups (transport/conn/engage.h). */
+  uint64_t rx_lent, rx_kept;
 } rcase;
 
 typedef struct slotb {
@@ -538,7 +543,11 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
             have_base = 0;
           }
           err[0] = '\0';
-          if (run_case(&R, c, slice, &one, &lat[k], err, sizeof(err)) != 0) {
+          uint64_t lent0 = sx__xpool_runs(SX__XJOB_RECV), kept0 = sx__engage_kept(SX__XJOB_RECV);
+          int crc = run_case(&R, c, slice, &one, &lat[k], err, sizeof(err));
+          c->rx_lent += sx__xpool_runs(SX__XJOB_RECV) - lent0;
+          c->rx_kept += sx__engage_kept(SX__XJOB_RECV) - kept0;
+          if (crc != 0) {
             /* Say why, and go on with a fresh reader: the failure may have
              * left its connections in any state. */
             snprintf(c->note, sizeof(c->note), "failed: %s", err);
@@ -619,8 +628,11 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           continue;
         }
         double gb = bx_gbps(&res[k]), cb = bx_gbps(&cbase[k]);
-        bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k],
-                    have_base ? &base : NULL);
+        bx_row *row = bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k],
+                                  have_base ? &base : NULL);
+        if (c->rx_lent + c->rx_kept > 0)
+          bx_set_str(row, "note", "reader: %llu hand-overs to threads; %llu replies on its loop",
+                     (unsigned long long)c->rx_lent, (unsigned long long)c->rx_kept);
         bx_judged *j = &judged[ci];
         if (c->batch >= 16 && c->batch <= 128 && size >= 65536 && size <= 1048576 &&
             res[k].p50_ms > 0 && res[k].p99_ms / res[k].p50_ms > j->tail) {
