@@ -25,6 +25,17 @@
  *   - Both agents are destroyed while their workers are busy (the
  *     reader's waiting for a reply, the target's for room in its socket):
  *     each returns promptly, and the batch in flight ends SX_ESHUTDOWN.
+ *   - When they engage (transport/conn/engage.h): with one busy
+ *     connection per side the loop moves every payload (nothing goes to
+ *     a worker, each is counted as kept); with two, workers do; and a
+ *     reader streaming from one target switches mid-stream to the workers
+ *     while a second target's read runs and back to its loop once that
+ *     ended, every byte compared; SX_TCP_THREAD_CONNS takes 1..1024 only.
+ *
+ * The tests of one connection through a stalling or dying proxy run with
+ * SX_TCP_THREAD_CONNS=1 (the threads engage from one busy connection),
+ * so that its payloads are on a worker as the fault hits; the cancel and
+ * deadline ones run again on two connections with the default.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +44,7 @@
 
 #include "agent_fixture.h"
 #include "tcp_pair.h"
+#include "transport/conn/engage.h"
 #include "transport/conn/xpool.h"
 
 #define BATCH 8u /* ranges of 1 MiB per batch */
@@ -56,6 +68,15 @@ static pair *pair_start(int32_t threads, uint32_t conns, long long stall, long l
                          .thread_bytes = 64u << 10, .stall = stall, .cut = cut};
   sxt_tcp_pair_start(x, &o);
   return x;
+}
+
+/* The threads engage from one busy connection (1) or as by default (0),
+ * for the agents started from now on (read when their transport opens). */
+static void engage_from_one(int on) {
+  if (on)
+    setenv("SX_TCP_THREAD_CONNS", "1", 1);
+  else
+    unsetenv("SX_TCP_THREAD_CONNS");
 }
 
 static pair *pair_start_opts(const sxt_tcp_pair_opts *o) {
@@ -91,15 +112,21 @@ static void test_tcp_threads_connections_bytewise(void **state) {
   }
 }
 
-/* With no threads (0), nothing goes to a pool. */
-static void test_tcp_threads_zero_means_none(void **state) {
-  (void)state;
+/* Two rounds with threads and conns, byte-exact, during which no worker
+ * started a job. */
+static void rounds_without_workers(int32_t threads, uint32_t conns) {
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  pair *x = pair_start(0, 2, -1, -1);
+  pair *x = pair_start(threads, conns, -1, -1);
   sxt_tcp_pair_rounds(x, 2);
   pair_stop(x);
   assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
   assert_true(sx__xpool_runs(SX__XJOB_SEND) == tx);
+}
+
+/* With no threads (0), nothing goes to a pool. */
+static void test_tcp_threads_zero_means_none(void **state) {
+  (void)state;
+  rounds_without_workers(0, 2);
 }
 
 /* Wait (up to 5 s) until a worker has started receiving since runs. */
@@ -115,11 +142,18 @@ static void wait_worker(uint64_t runs) {
  * reader's worker waiting for the rest; the batch ends by a cancel
  * (deadline_ms 0) or its deadline.  It ends at once; its destination is
  * unregistered and unmapped before the rest is let through, which the
- * connection drains; then the connection reads on. */
-
-static void stall_then_end(uint32_t deadline_ms) {
-  long long stall = 5 * SXT_MIB / 2;
-  pair *x = pair_start(2, 1, stall, -1);
+ * connection drains; then the connection reads on.  On one connection
+ * (the threads engaged from one), or on two (the default engagement):
+ * then a first round passes unstalled, so that both connections are
+ * ready and the batch is spread over them. */
+static void stall_then_end(uint32_t deadline_ms, uint32_t conns) {
+  long long warm = conns > 1 ? (long long)SXT_TCP_PAIR_DEPTH * BATCH * SXT_MIB : 0;
+  long long stall = warm + 5 * SXT_MIB / 2;
+  engage_from_one(conns == 1);
+  pair *x = pair_start(2, conns, stall, -1);
+  engage_from_one(0);
+  if (warm > 0)
+    sxt_tcp_pair_rounds(x, 1);
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
   sx_range_read e[BATCH];
   double t0 = now_s();
@@ -139,7 +173,7 @@ static void stall_then_end(uint32_t deadline_ms) {
   /* Whatever arrives from now on must not land in the old destination. */
   sxt_tcp_pair_dst_unmap(x);
   sxt_proxy_release(&x->px);
-  assert_int_equal(sxt_proxy_wait_down(&x->px, (long long)BATCH * SXT_MIB, 5000), 0);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, warm + (long long)BATCH * SXT_MIB, 5000), 0);
   sxt_tcp_pair_dst_map(x);
   memset(x->dst, 0, x->dst_bytes);
   sx_batch *again = submit(x, 1, 1, e, 10000, NULL, NULL);
@@ -152,12 +186,14 @@ static void stall_then_end(uint32_t deadline_ms) {
 
 static void test_tcp_threads_cancel_while_worker_waits(void **state) {
   (void)state;
-  stall_then_end(0);
+  stall_then_end(0, 1);
+  stall_then_end(0, 2);
 }
 
 static void test_tcp_threads_deadline_while_worker_waits(void **state) {
   (void)state;
-  stall_then_end(1500);
+  stall_then_end(1500, 1);
+  stall_then_end(1500, 2);
 }
 
 /* The target dies 2.5 MiB into the replies, in the middle of a payload
@@ -192,9 +228,11 @@ static void check_ranges(const sxt_tcp_target *t, const uint8_t *dst, uint32_t n
 static void test_tcp_threads_reader_worker_gives_way(void **state) {
   (void)state;
   long long stall = SXT_MIB / 2;
+  engage_from_one(1);
   pair *x = pair_start(1, 1, stall, -1);
   sxt_tcp_target tb;
   sxt_tcp_target_start(x, "prefill-b", &tb);
+  engage_from_one(0);
   sx_segment *sb;
   sxt_ok(sx_segment_open(x->r, "prefill-b", 5000, &sb));
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
@@ -230,6 +268,7 @@ static void test_tcp_threads_target_worker_gives_way(void **state) {
   sxt_tcp_pair_opts o = {.conns = 1, .batch = BATCH, .threads = 1, .thread_bytes = 64u << 10,
                          .stall = 64 << 10, .cut = -1, .first_only = 1,
                          .up_rcvbuf = 64 << 10};
+  engage_from_one(1);
   pair *x = pair_start_opts(&o);
   uint64_t tx = sx__xpool_runs(SX__XJOB_SEND);
   sx_range_read e[BATCH];
@@ -243,6 +282,7 @@ static void test_tcp_threads_target_worker_gives_way(void **state) {
   struct timespec ts = {0, 100 * 1000000};
   nanosleep(&ts, NULL); /* the worker waits for room by now */
   sx_agent *r2 = sxt_tcp_pair_reader(x, 1);
+  engage_from_one(0);
   sx_segment *s2;
   sxt_ok(sx_segment_open(r2, "prefill-tcp", 5000, &s2));
   uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
@@ -277,7 +317,9 @@ static void count_shutdown(sx_batch *b, void *arg) {
 static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   (void)state;
   long long stall = 3 * SXT_MIB / 2;
+  engage_from_one(1);
   pair *x = pair_start(2, 1, stall, -1);
+  engage_from_one(0);
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
   sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
   static int ended;
@@ -304,11 +346,139 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   pair_stop(x);
 }
 
+/* One connection per side busy (the reader's one, the target's one):
+ * the loops move every payload, as without threads, and count them as
+ * kept; two connections: the workers receive and send. */
+static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
+  (void)state;
+  uint64_t krx = sx__engage_kept(SX__XJOB_RECV), ktx = sx__engage_kept(SX__XJOB_SEND);
+  rounds_without_workers(2, 1);
+  /* Every reply (2 rounds of 3 batches of 8) stayed on the reader's loop. */
+  assert_true(sx__engage_kept(SX__XJOB_RECV) - krx >= 2 * SXT_TCP_PAIR_DEPTH * BATCH);
+  assert_true(sx__engage_kept(SX__XJOB_SEND) > ktx);
+
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
+  pair *x = pair_start(2, 2, -1, -1);
+  sxt_tcp_pair_rounds(x, 2);
+  pair_stop(x);
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
+  assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
+}
+
+/* SX_TCP_THREAD_CONNS: 1..1024 taken; anything else ignored (and said:
+ * bad), leaving the default of two. */
+static void test_tcp_threads_engage_setting(void **state) {
+  (void)state;
+  static const struct { const char *v; uint32_t want; int bad; } cases[] = {
+      {"1", 1, 0}, {"3", 3, 0}, {"1024", 1024, 0}, {"", 2, 0}, {"0", 2, 1},
+      {"1025", 2, 1}, {"-1", 2, 1}, {"2x", 2, 1}, {"x", 2, 1}};
+  int bad;
+  unsetenv("SX_TCP_THREAD_CONNS");
+  assert_int_equal(sx__engage_conns(&bad), SX__ENGAGE_CONNS);
+  assert_int_equal(bad, 0);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    setenv("SX_TCP_THREAD_CONNS", cases[i].v, 1);
+    assert_int_equal(sx__engage_conns(&bad), cases[i].want);
+    assert_int_equal(bad, cases[i].bad);
+  }
+  unsetenv("SX_TCP_THREAD_CONNS");
+}
+
+/* A stream of batches from the pair's target, two in flight at all
+ * times (slots 0 and 1, each cleared before it is read into again). */
+typedef struct stream {
+  pair *x;
+  uint32_t k; /* batches submitted */
+  sx_batch *b[2];
+  sx_range_read e[2][BATCH];
+} stream;
+
+static void stream_submit(stream *s) {
+  uint32_t slot = s->k % 2;
+  memset(s->x->dst + (uint64_t)slot * BATCH * SXT_MIB, 0, (uint64_t)BATCH * SXT_MIB);
+  s->b[slot] = submit(s->x, slot, s->k, s->e[slot], 10000, NULL, NULL);
+  s->k++;
+}
+
+/* The oldest batch completes and is compared. */
+static void stream_finish(stream *s) {
+  uint32_t slot = s->k % 2;
+  sx_batch_result res = sxt_batch_finish(s->b[slot]);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("stream: %s: %s", sx_batch_state_name(res.state), res.message);
+  sxt_tcp_pair_check(s->x, s->e[slot]);
+}
+
+static void stream_step(stream *s) {
+  stream_finish(s);
+  stream_submit(s);
+}
+
+/* A reader with one connection streams from one target, two batches in
+ * flight at all times: its loop receives (kept, no worker).  A second
+ * target's reads join: two connections are busy, and workers receive.
+ * Once they ended, the stream goes on: the worker gives its connection
+ * back within the hold, the loop receives again, and no worker starts
+ * while the stream runs alone.  Every batch is compared byte for byte. */
+static void test_tcp_threads_engage_switches_mid_stream(void **state) {
+  (void)state;
+  pair *x = pair_start(2, 1, -1, -1);
+  sxt_tcp_target tb;
+  sxt_tcp_target_start(x, "prefill-b", &tb);
+  sx_segment *sb;
+  sxt_ok(sx_segment_open(x->r, "prefill-b", 5000, &sb));
+  uint8_t *dst_b = x->dst + 2ull * BATCH * SXT_MIB; /* slot 2 */
+  stream st = {.x = x};
+  stream_submit(&st);
+  stream_submit(&st);
+
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), krx = sx__engage_kept(SX__XJOB_RECV);
+  for (int i = 0; i < 4; i++)
+    stream_step(&st);
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
+  assert_true(sx__engage_kept(SX__XJOB_RECV) > krx);
+
+  /* The second target's reads while the stream runs, until a worker took
+   * one (each is 8 MiB against the stream's 16 MiB in flight: they
+   * overlap, and at most a few rounds are needed). */
+  for (int round = 0; round < 50 && sx__xpool_runs(SX__XJOB_RECV) == rx; round++) {
+    memset(dst_b, 0, (uint64_t)BATCH * SXT_MIB);
+    sx_batch *b = sxt_tcp_ranges_submit(sb, &tb, dst_b, BATCH, (uint32_t)round, 10000);
+    stream_step(&st);
+    sx_batch_result res = sxt_batch_finish(b);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("second target: %s: %s", sx_batch_state_name(res.state), res.message);
+    check_ranges(&tb, dst_b, BATCH, (uint32_t)round);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
+
+  /* The stream alone again: within the hold (and a notification of the
+   * worker), the loop receives its payloads again. */
+  krx = sx__engage_kept(SX__XJOB_RECV);
+  double t0 = now_s();
+  while (sx__engage_kept(SX__XJOB_RECV) == krx && now_s() - t0 < 10.0)
+    stream_step(&st);
+  assert_true(sx__engage_kept(SX__XJOB_RECV) > krx);
+  /* From then on, no worker starts: one connection is busy. */
+  stream_step(&st);
+  rx = sx__xpool_runs(SX__XJOB_RECV);
+  for (int i = 0; i < 4; i++)
+    stream_step(&st);
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) == rx);
+  stream_finish(&st); /* the two still in flight */
+  st.k++;
+  stream_finish(&st);
+  sx_segment_close(sb);
+  sxt_tcp_target_stop(&tb);
+  pair_stop(x);
+}
+
 int main(void) {
   /* The agents' parameters decide here, not an environment meant for
    * other programs (the variables win over the parameters). */
   unsetenv("SX_TCP_THREADS");
   unsetenv("SX_TCP_THREAD_BYTES");
+  unsetenv("SX_TCP_THREAD_CONNS");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tcp_threads_connections_bytewise),
       cmocka_unit_test(test_tcp_threads_zero_means_none),
@@ -318,6 +488,9 @@ int main(void) {
       cmocka_unit_test(test_tcp_threads_reader_worker_gives_way),
       cmocka_unit_test(test_tcp_threads_target_worker_gives_way),
       cmocka_unit_test(test_tcp_threads_shutdown_with_workers_busy),
+      cmocka_unit_test(test_tcp_threads_engage_setting),
+      cmocka_unit_test(test_tcp_threads_engage_from_two_busy_connections),
+      cmocka_unit_test(test_tcp_threads_engage_switches_mid_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@
 #include "rawproto.h"
 #include "read.h"
 #include "segxfer/agent.h"
+#include "transport/conn/engage.h"
 #include "transport/conn/xpool.h"
 
 
@@ -64,8 +65,13 @@ static uint64_t max_batch(const ropts *o, uint64_t size) {
 /* The raw stream's receive buffer per connection: as many chunks as the
  * batches in flight hold at the target batch size, within 4..16 MiB, so it
  * lands in memory much like segxfer's destinations without being a
- * cache-cold monster (the strongest honest baseline). */
+ * cache-cold monster (the strongest honest baseline); or --stream-bytes.
+ * (Into cold memory the kernel's receive copy is slower: on loopback, one
+ * connection into a 256 MiB ring made 0.5-0.75x of a 16 MiB one;
+ * docs/benchmarks.md.) */
 static uint64_t stream_dst(const ropts *o, uint64_t size) {
+  if (o->stream_bytes)
+    return o->stream_bytes < size ? size : o->stream_bytes / size * size;
   uint64_t b = size * o->depth * (o->target_batch ? o->target_batch : 64);
   if (b < (4u << 20))
     b = 4u << 20;
@@ -153,6 +159,10 @@ typedef struct rcase {
   uint64_t size, batch;
   int scattered;
   char note[200]; /* why it was skipped or failed; "" when it ran */
+  /* This reader's receive hand-overs to data-mover threads, and large
+   * replies its loop kept (the threads not engaged), in the case's
+   * windows and warm-ups (transport/conn/engage.h). */
+  uint64_t rx_lent, rx_kept;
 } rcase;
 
 typedef struct slotb {
@@ -414,6 +424,12 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
   if (o.write)
     bx_table_note(t, "write batches: this process is a named producer the target granted; "
                   "a batch ends when the target accepted its notice");
+  char sbuf[32], bbuf[32];
+  if (o.baseline == BASE_STREAM && o.n_sizes > 0)
+    bx_table_note(t, "raw stream's receive buffer per connection: %s at %s blocks%s",
+                  bx_size_name(stream_dst(&o, o.sizes[o.n_sizes - 1]), sbuf, sizeof(sbuf)),
+                  bx_size_name(o.sizes[o.n_sizes - 1], bbuf, sizeof(bbuf)),
+                  o.stream_bytes ? " (--stream-bytes)" : "");
   bx_table_note(t, "baseline: %s", o.baseline == BASE_STREAM
                 ? "raw TCP stream of the same pool memory, chunk = block size, same "
                   "connection count (a thread per connection on each side)"
@@ -527,7 +543,11 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
             have_base = 0;
           }
           err[0] = '\0';
-          if (run_case(&R, c, slice, &one, &lat[k], err, sizeof(err)) != 0) {
+          uint64_t lent0 = sx__xpool_runs(SX__XJOB_RECV), kept0 = sx__engage_kept(SX__XJOB_RECV);
+          int crc = run_case(&R, c, slice, &one, &lat[k], err, sizeof(err));
+          c->rx_lent += sx__xpool_runs(SX__XJOB_RECV) - lent0;
+          c->rx_kept += sx__engage_kept(SX__XJOB_RECV) - kept0;
+          if (crc != 0) {
             /* Say why, and go on with a fresh reader: the failure may have
              * left its connections in any state. */
             snprintf(c->note, sizeof(c->note), "failed: %s", err);
@@ -608,8 +628,11 @@ int bx_read_main(const bx_common *co, int argc, char **argv) {
           continue;
         }
         double gb = bx_gbps(&res[k]), cb = bx_gbps(&cbase[k]);
-        bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k],
-                    have_base ? &base : NULL);
+        bx_row *row = bx_read_row(t, tr, size, c->batch, ids, conns, &res[k], &cbase[k],
+                                  have_base ? &base : NULL);
+        if (c->rx_lent + c->rx_kept > 0)
+          bx_set_str(row, "note", "reader: %llu hand-overs to threads; %llu replies on its loop",
+                     (unsigned long long)c->rx_lent, (unsigned long long)c->rx_kept);
         bx_judged *j = &judged[ci];
         if (c->batch >= 16 && c->batch <= 128 && size >= 65536 && size <= 1048576 &&
             res[k].p50_ms > 0 && res[k].p99_ms / res[k].p50_ms > j->tail) {

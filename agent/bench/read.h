@@ -81,6 +81,7 @@ typedef struct ropts {
   int n_conns;
   uint32_t depth;
   uint64_t group_bytes, max_batch_bytes, target_batch, rounds;
+  uint64_t stream_bytes; /* --stream-bytes: raw stream buffer per connection (0: sized) */
   int verify, baseline;
   const char *rdma_dev, *rdma_ip;
   int write; /* --op write (write.c) */

@@ -38,6 +38,10 @@ const char bx_read_help[] =
     "                      the fill pattern; the checking time is in the figures\n"
     "  --baseline KIND     stream, ib_read_bw or none (default: stream for tcp,\n"
     "                      ib_read_bw for rdma)\n"
+    "  --stream-bytes N    the raw stream's receive buffer per connection (default:\n"
+    "                      --depth x --target-batch blocks, within 4M..16M, which\n"
+    "                      stays in cache; give the bytes in flight / conns to\n"
+    "                      receive into as much memory as segxfer's destinations)\n"
     "  --rdma-device DEV   device for ib_read_bw (default: the segment's RDMA one)\n"
     "  --rdma-ip IP        address ib_read_bw's client connects to (default 127.0.0.1)\n"
     "  --target-batch N    batch size the targets are judged at (default 64, or the\n"
@@ -130,6 +134,9 @@ int bx_read_parse(ropts *o, int argc, char **argv) {
         o->target_batch = x;
     } else if (strcmp(a, "--group-bytes") == 0) {
       ok = bx_parse_size(v, &o->group_bytes) == 0 && o->group_bytes > 0;
+    } else if (strcmp(a, "--stream-bytes") == 0) {
+      ok = bx_parse_size(v, &o->stream_bytes) == 0 && o->stream_bytes > 0 &&
+           o->stream_bytes <= (16ull << 30);
     } else if (strcmp(a, "--max-batch-bytes") == 0) {
       ok = bx_parse_size(v, &o->max_batch_bytes) == 0 && o->max_batch_bytes > 0;
     } else if (strcmp(a, "--baseline") == 0) {

@@ -43,6 +43,7 @@ struct sx__conn {
   char reader[SX_NAME_MAX + 1];
   int hello_ok, closing, reading, handles;
   uint32_t queued;
+  uint64_t wbytes;               /* payload bytes of those replies (tx_engaged) */
   size_t sbytes;                 /* of sx__conn_send() frames not sent yet */
   size_t rlen;
   uint8_t rbuf[SX__CONN_RBUF];
@@ -64,6 +65,7 @@ struct swrite {
   sx__conn *c;
   uint32_t n;
   int close_after;
+  uint64_t bytes;     /* payload bytes */
   sx_lregion **lregs; /* n, inside this allocation */
   uint8_t *hdrs;      /* n * SX__FRAME_HDR, inside this allocation */
   struct iovec *iov;  /* a data-mover thread's copy of the buffers, or NULL */
@@ -192,6 +194,7 @@ static void s_written(uv_write_t *req, int status) {
     if (w->lregs[i] != NULL)
       w->lregs[i]->inflight--;
   c->queued -= w->n;
+  c->wbytes -= w->bytes;
   int close_after = w->close_after;
   free(w->iov);
   free(w);
@@ -295,12 +298,27 @@ static void tx_notify(sx__xjob *j, int finished) {
   tx_drain(c);
 }
 
-/* Lend w (buffers bufs) to a data-mover thread when one may send it now:
- * nothing written before it is still queued in libuv.  1 if lent. */
+/* Whether the threads send reply writes now (engage.h): while at least
+ * tx_eng.conns connections, c among them, have a large reply write queued
+ * or being sent. */
+static int tx_engaged(sx__conn *c) {
+  sx__conn_server *s = c->s;
+  uint32_t busy = 0;
+  for (const sx__conn *o = s->conns; o != NULL && busy < s->tx_eng.conns; o = o->next)
+    busy += !o->closing && o->wbytes >= s->pool_min;
+  if (sx__engage_update(&s->tx_eng, s->x->loop, busy))
+    return 1;
+  sx__engage_keep(&s->tx_eng);
+  return 0;
+}
+
+/* Lend w (buffers bufs) to a data-mover thread when the threads are
+ * engaged and one may send it now: nothing written before it is still
+ * queued in libuv.  1 if lent. */
 static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb) {
-  sx__xpool *pool = sx__conn_pool(c->s);
+  sx__xpool *pool;
   uv_os_fd_t fd;
-  if (pool == NULL || c->tx_w != NULL || c->closing ||
+  if (c->closing || !tx_engaged(c) || (pool = sx__conn_pool(c->s)) == NULL || c->tx_w != NULL ||
       uv_stream_get_write_queue_size((uv_stream_t *)&c->h) != 0 ||
       uv_fileno((const uv_handle_t *)&c->h, &fd) != 0 ||
       (w->iov = malloc(nb * sizeof(*w->iov))) == NULL)
@@ -395,6 +413,8 @@ static int s_flush(sx__conn *c, int close_after) {
     }
   }
   c->queued += n;
+  w->bytes = bytes;
+  c->wbytes += bytes;
   int big = !close_after && c->s->pool_threads > 0 && bytes >= c->s->pool_min;
   if (big && c->held == NULL && tx_lend(c, w, bufs, nb))
     return 0;
@@ -404,6 +424,7 @@ static int s_flush(sx__conn *c, int close_after) {
       if (w->lregs[i] != NULL)
         w->lregs[i]->inflight--;
     c->queued -= n;
+    c->wbytes -= bytes;
     free(w);
     s_lost(c, rc);
     return -1;

@@ -9,6 +9,8 @@
  *            dispatch of every later frame by type to a handler
  *   xpool.c  the data-mover threads (xpool.h), which send large reply
  *            writes here and receive large replies on the TCP reader
+ *   engage.c when they do: while two connections or more of a side are
+ *            busy (engage.h)
  *
  * The handlers come from the transports (sx__conn_handler below): TCP
  * registers READ (tcp_serve.c) and the push frames WAUTH..NOTICE
@@ -27,6 +29,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "engage.h"
 #include "frame.h"
 #include "transport/transport.h"
 #include "xpool.h"
@@ -102,6 +105,9 @@ struct sx__conn_server {
   uint64_t pool_min;
   sx__xpool *pool;
   int pool_failed;
+  /* When they engage (engage.h): the reader side's receive (tcp_rx.c),
+   * the target side's reply writes (conn.c). */
+  sx__engage rx_eng, tx_eng;
 };
 
 /* Set up s for ctx's handlers (ctx->conn_handlers); freed as above. */

@@ -281,16 +281,25 @@ void sx__xpool_progress(sx__xjob *j) {
   uv_async_send(&p->async);
 }
 
-unsigned sx__xpool_size(int32_t param, int *bad) {
-  const char *env = getenv("SX_TCP_THREADS");
+int sx__xpool_env(const char *name, long lo, long hi, long *out, int *bad) {
+  const char *env = getenv(name);
   *bad = 0;
-  if (env != NULL && *env != '\0') {
-    char *end;
-    long v = strtol(env, &end, 10);
-    if (*end == '\0' && v >= 0 && v <= 64)
-      return (unsigned)v;
+  if (env == NULL || *env == '\0')
+    return 0;
+  char *end;
+  long v = strtol(env, &end, 10);
+  if (*end != '\0' || v < lo || v > hi) {
     *bad = 1;
+    return 0;
   }
+  *out = v;
+  return 1;
+}
+
+unsigned sx__xpool_size(int32_t param, int *bad) {
+  long v;
+  if (sx__xpool_env("SX_TCP_THREADS", 0, 64, &v, bad))
+    return (unsigned)v;
   if (param >= 0)
     return param > 64 ? 64 : (unsigned)param;
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -67,10 +67,12 @@ static void t_accept(uv_stream_t *server, int status) {
 
 static void t_conn_freed(sx__conn_server *s) { sx__tcp_maybe_free(sx__tcp_of(s)); }
 
-/* The data-mover threads (transport/conn/xpool.h): how many, and from
- * which payload size on.  The environment (SX_TCP_THREADS,
- * SX_TCP_THREAD_BYTES) wins over the agent's parameters, so that one
- * program can be measured with and without them (docs/data-plane.md). */
+/* The data-mover threads (transport/conn/xpool.h): how many, from which
+ * payload size on, and from how many busy connections on
+ * (transport/conn/engage.h).  The environment (SX_TCP_THREADS,
+ * SX_TCP_THREAD_BYTES, SX_TCP_THREAD_CONNS) wins over the agent's
+ * parameters, so that one program can be measured with and without them
+ * (docs/data-plane.md). */
 static void tcp_threads(tcp_t *t) {
   const sx_tctx *x = sx__tcp_ctx(t);
   int bad;
@@ -89,6 +91,11 @@ static void tcp_threads(tcp_t *t) {
              MAX_READ);
   }
   t->srv.pool_min = min;
+  uint32_t conns = sx__engage_conns(&bad);
+  if (bad)
+    x->log(x->agent, SX_LOG_WARN, "tcp: SX_TCP_THREAD_CONNS is not 1..1024: ignored");
+  sx__engage_init(&t->srv.rx_eng, SX__XJOB_RECV, conns);
+  sx__engage_init(&t->srv.tx_eng, SX__XJOB_SEND, conns);
 }
 
 static int tcp_open(const sx_tctx *ctx, sx_transport **out) {

@@ -16,6 +16,10 @@
  * quarter window (rx_told), settles them and sends more requests (the
  * window refills as in tcp_read.c).
  *
+ * Only while two reader connections or more are busy (engage.h): with
+ * one, the loop receives as without threads, and a worker that has one
+ * gives it back at its next reply boundary.
+ *
  * An abort, a failed connection or closing takes the receive side back
  * first (sx__xpool_reclaim: the worker is out of its system call and gone
  * before the loop goes on), so no destination is written after its batch
@@ -95,14 +99,21 @@ static void rx_told(cconn *c, const sx_op *op, uint64_t len, unsigned due) {
 }
 
 /* Worker: receive replies until nothing is due, the loop's part begins,
- * the socket fails, or the pool wants the thread back. */
+ * the socket fails, the pool wants the thread back, or the threads are no
+ * longer engaged (one connection left busy: the loop receives on). */
 static void rx_run(sx__xjob *j) {
   cconn *c = rx_conn(j);
+  sx__engage *e = &c->p->t->srv.rx_eng;
   c->rx_errno = 0;
   for (;;) {
     ssize_t got;
     if (!c->in_payload) {
       if (c->hgot == 0 && (atomic_load(&c->rx_left) == 0 || sx__xpool_yield(j)))
+        return;
+      /* Between payloads the loop can take over anywhere: it finishes a
+       * header begun here (c->hgot of it in c->hdr) or acts on a whole
+       * one, as it does on one not taken below. */
+      if (!sx__engage_on(e))
         return;
       if (c->hgot < SX__FRAME_HDR) {
         got = recv(c->rx_fd, c->hdr + c->hgot, SX__FRAME_HDR - c->hgot, MSG_DONTWAIT);
@@ -185,12 +196,29 @@ void sx__tcp_rx_back(cconn *c) {
   sx__tcp_c_resume(c);
 }
 
+/* Loop: whether the threads receive payloads now (engage.h): while at
+ * least rx_eng.conns of the agent's reader connections have a large
+ * payload's worth of requests in flight. */
+static int rx_engaged(tcp_t *t) {
+  sx__conn_server *s = &t->srv;
+  uint32_t busy = 0;
+  for (const tpeer *p = t->peers; p != NULL && busy < s->rx_eng.conns; p = p->next)
+    for (uint32_t i = 0; i < p->n_conns && !p->write && busy < s->rx_eng.conns; i++)
+      busy += p->conns[i].state == C_READY && p->conns[i].inflight_bytes >= s->pool_min;
+  return sx__engage_update(&s->rx_eng, t->loop, busy);
+}
+
 static void rx_notify(sx__xjob *j, int finished) {
   cconn *c = rx_conn(j);
-  if (finished)
+  if (finished) {
     sx__tcp_rx_back(c);
-  else
-    sx__tcp_rx_settle(c);
+    return;
+  }
+  sx__tcp_rx_settle(c);
+  /* Other connections may have gone idle: the worker then gives c back
+   * at its next reply boundary (rx_run). */
+  if (c->state == C_READY)
+    rx_engaged(c->p->t);
 }
 
 int sx__tcp_rx_lend(cconn *c) {
@@ -199,8 +227,13 @@ int sx__tcp_rx_lend(cconn *c) {
     return 0;
   const treq *r = &c->ring[c->head];
   sx__conn_server *s = &p->t->srv;
-  if (r->aborted || r->idx == NOTICE_IDX || r->len - c->pgot < s->pool_min)
+  if (r->aborted || r->idx == NOTICE_IDX || r->len - c->pgot < s->pool_min ||
+      s->pool_threads == 0)
     return 0;
+  if (!rx_engaged(p->t)) {
+    sx__engage_keep(&s->rx_eng);
+    return 0;
+  }
   sx__xpool *pool = sx__conn_pool(s);
   uv_os_fd_t fd;
   if (pool == NULL || uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
