@@ -88,6 +88,7 @@ typedef struct sx__mem_notifier sx__mem_notifier;
 typedef struct sx__mem_notice {
   struct sx__mem_notice *next;
   void (*fn)(struct sx__mem_notice *n);
+  sx__mem_notifier *nf; /* set by sx__mem_notify: where the host function posts it */
 } sx__mem_notice;
 
 /* Delivers notices on loop (through a uv_async_t: no thread spins). */

@@ -28,11 +28,6 @@ struct sx__mem_notifier {
   sx__mem_notice *head, **tail; /* mu */
 };
 
-typedef struct notice_arg {
-  sx__mem_notifier *n;
-  sx__mem_notice *note;
-} notice_arg;
-
 static long ipc_open; /* atomic: mappings open now */
 
 /* SX_GPU_NOTICE=event: a stream's notices by events and a thread. */
@@ -105,13 +100,11 @@ void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
   uv_async_send(&n->async);
 }
 
-/* The driver's thread: no CUDA calls here. */
+/* The driver's thread: no CUDA calls here.  The notice carries its
+ * notifier, so queueing one allocates nothing. */
 static void CUDA_CB host_fn(void *arg) {
-  notice_arg *a = arg;
-  sx__mem_notifier *n = a->n;
-  sx__mem_notice *note = a->note;
-  free(a);
-  sx__mem_notice_post(n, note);
+  sx__mem_notice *note = arg;
+  sx__mem_notice_post(note->nf, note);
 }
 
 static void *waiter_main(void *arg) {
@@ -231,16 +224,10 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
     return rc;
   if (notice_events() && notify_event(d, s, n, note) == 0)
     return 0;
-  notice_arg *a = malloc(sizeof(*a));
-  if (a == NULL)
-    return sx__err(SX_ENOMEM, "notice");
-  a->n = n;
-  a->note = note;
-  CUresult r = d->LaunchHostFunc(s->s, host_fn, a);
-  if (r != CUDA_SUCCESS) {
-    free(a);
+  note->nf = n;
+  CUresult r = d->LaunchHostFunc(s->s, host_fn, note);
+  if (r != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "queueing a completion notice");
-  }
   return 0;
 }
 
