@@ -94,10 +94,17 @@ void sx__mem_notifier_close(sx__mem_notifier *n) {
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
   note->next = NULL;
   pthread_mutex_lock(&n->mu);
+  /* One wake per list: deliver() takes the whole list, so a notice queued
+   * behind others rides on the wake the first one sent (or is about to
+   * send, right after its unlock).  Each wake is a write(2) here and a
+   * read(2) on the loop, and libuv before 1.45 spins on the loop while a
+   * sender is inside uv_async_send() (as in call.c's enqueue). */
+  int first = n->head == NULL;
   *n->tail = note;
   n->tail = &note->next;
   pthread_mutex_unlock(&n->mu);
-  uv_async_send(&n->async);
+  if (first)
+    uv_async_send(&n->async);
 }
 
 /* The driver's thread: no CUDA calls here.  The notice carries its
