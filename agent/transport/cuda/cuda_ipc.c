@@ -374,8 +374,8 @@ static void run(ipc_peer *p, iop *o) {
     }
     /* Pageable host memory is for the copy engines only. */
     sx__mem_copy_method used = SX__COPY_AUTO;
-    int rc = sx__mem_gather(o->slots[k].s, rg, c, o->slots[k].host ? 0 : SX__GATHER_SM_OK,
-                            SX__COPY_AUTO, &used);
+    unsigned flags = SX__GATHER_ENV_READ | (o->slots[k].host ? 0 : SX__GATHER_SM_OK);
+    int rc = sx__mem_gather(o->slots[k].s, rg, c, flags, t->method, &used);
     if (rc == 0 && !(t->said & 1u << used)) {
       t->said |= 1u << used;
       const char *why = used == SX__COPY_KERNEL ? NULL
@@ -759,6 +759,7 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ctx = ctx;
   t->loop = ctx->loop;
   sx__mem_copy_method m = sx__mem_copy_env();
+  t->method = m;
   t->spread = m == SX__COPY_BATCH || m == SX__COPY_RANGE;
   sx__host_identity(&t->self);
   *out = &t->base;

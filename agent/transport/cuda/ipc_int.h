@@ -29,6 +29,7 @@ struct cipc_t {
   sx__mem_stream *streams[IPC_MAX_DEVICES][IPC_STREAMS];
   unsigned rr[IPC_MAX_DEVICES];
   unsigned rr_op;          /* the stream of the next op on each device */
+  sx__mem_copy_method method; /* SX_GPU_COPY, read at open */
   int spread;              /* SX_GPU_COPY=batch|range: ranges over the streams */
   unsigned said;           /* copy methods logged so far (bit per method) */
   iop *spare;              /* ops to reuse (their arrays kept), n_spare of them */
