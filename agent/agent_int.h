@@ -23,7 +23,7 @@
 #include "internal.h"
 #include "log.h"
 #include "planner.h"
-#include "wake.h"
+#include "mem/wake.h"
 #include "segxfer/agent.h"
 #include "transport/transport.h"
 

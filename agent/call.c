@@ -1,6 +1,6 @@
 /*
  * Cross-thread calls: any thread queues a call under the agent's lock and
- * wakes the loop (wake.h); the loop runs it and finishes it,
+ * wakes the loop (mem/wake.h); the loop runs it and finishes it,
  * possibly much later (when the store answers).  Waiters sleep on the
  * agent's condition variable with a timeout; one that gives up leaves the
  * call to the loop, which releases whatever result nobody will collect.

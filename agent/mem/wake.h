@@ -13,8 +13,8 @@
  * empty (the callback takes the whole queue), as uv_async_send's callers
  * do.
  */
-#ifndef SX_AGENT_WAKE_H
-#define SX_AGENT_WAKE_H
+#ifndef SX_MEM_WAKE_H
+#define SX_MEM_WAKE_H
 
 #include <uv.h>
 
