@@ -130,14 +130,8 @@ static iop *iop_new(cipc_t *t, size_t n) {
       return NULL;
     }
   }
-  uint8_t *slot = o->slot;
-  sx__mem_range *rg = o->rg;
-  size_t cap = o->cap;
-  memset(o, 0, sizeof(*o));
-  o->slot = slot;
-  o->rg = rg;
-  o->cap = cap;
-  o->t = t;
+  /* Everything else starts from zero, as calloc gave it the first time. */
+  *o = (iop){.t = t, .slot = o->slot, .rg = o->rg, .cap = o->cap};
   return o;
 }
 
