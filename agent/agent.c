@@ -420,6 +420,7 @@ static void free_agent(sx_agent *a) {
   free(a->advertise);
   free(a->rdma_devices);
   free(a->labels);
+  sx__wake_release(&a->wake); /* no thread can queue a call any more */
   pthread_mutex_destroy(&a->lock);
   pthread_cond_destroy(&a->cond);
   free(a);
@@ -440,6 +441,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   sx_agent *a = calloc(1, sizeof(*a));
   if (a == NULL)
     return sx__err(SX_ENOMEM, "sx_agent_create");
+  a->wake.fd = -1;
   pthread_mutex_init(&a->lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -467,8 +469,14 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
     rc = sx__err(SX_EIO, "sx_agent_create: uv_loop_init failed");
     goto out_free;
   }
-  uv_async_init(&a->loop, &a->wake, sx__calls_run);
-  a->wake.data = a;
+  if ((rc = sx__wake_init(&a->loop, &a->wake, sx__calls_run)) != 0) {
+    if (a->wake.fd >= 0) {
+      sx__wake_close(&a->wake, NULL); /* the loop has no other handle yet */
+      uv_run(&a->loop, UV_RUN_DEFAULT);
+    }
+    uv_loop_close(&a->loop);
+    goto out_free;
+  }
   uv_timer_init(&a->loop, &a->drain_timer);
   a->drain_timer.data = a;
   uv_timer_init(&a->loop, &a->stop_timer);
@@ -550,8 +558,7 @@ static void close_store_and_handles(sx_agent *a) {
   sx__calls_drain(a);
   if (!uv_is_closing((uv_handle_t *)&a->drain_timer))
     uv_close((uv_handle_t *)&a->drain_timer, NULL);
-  if (!uv_is_closing((uv_handle_t *)&a->wake))
-    uv_close((uv_handle_t *)&a->wake, NULL);
+  sx__wake_close(&a->wake, NULL);
   if (!uv_is_closing((uv_handle_t *)&a->stop_timer))
     uv_close((uv_handle_t *)&a->stop_timer, NULL);
 }

@@ -23,6 +23,7 @@
 #include "internal.h"
 #include "log.h"
 #include "planner.h"
+#include "mem/wake.h"
 #include "segxfer/agent.h"
 #include "transport/transport.h"
 
@@ -65,7 +66,7 @@ void sx__call_finish(sx__call *c, int rc, const char *msg);
 /* Release a call sx__call_wait() finished. */
 void sx__call_free(sx__call *c);
 /* Loop thread: run what is queued (the async handle's callback). */
-void sx__calls_run(uv_async_t *h);
+void sx__calls_run(sx__wake *w);
 /* Loop thread, at shutdown: refuse new calls and run what is queued (every
  * run fails fast once a->shutting_down is set). */
 void sx__calls_drain(sx_agent *a);
@@ -251,7 +252,7 @@ struct sx_agent {
   uv_thread_t thread;      /* as created, for the join */
   uv_thread_t loop_tid;    /* as the loop thread sees itself */
   sx__call shutdown;
-  uv_async_t wake;
+  sx__wake wake;         /* calls queued (call.c) */
   pthread_mutex_t lock;
   pthread_cond_t cond;    /* calls finished, store connected */
   sx__call *calls, **calls_tail; /* lock */

@@ -1,6 +1,6 @@
 /*
  * Cross-thread calls: any thread queues a call under the agent's lock and
- * wakes the loop with uv_async_send(); the loop runs it and finishes it,
+ * wakes the loop (mem/wake.h); the loop runs it and finishes it,
  * possibly much later (when the store answers).  Waiters sleep on the
  * agent's condition variable with a timeout; one that gives up leaves the
  * call to the loop, which releases whatever result nobody will collect.
@@ -38,16 +38,14 @@ static int enqueue(sx_agent *a, sx__call *c, int refs) {
   /* One wake per batch of queued calls: the loop takes the whole queue
    * at once (take_all), so a call queued behind others rides on the wake
    * the first one sent (or is about to send, right after its unlock).
-   * Each wake is a write(2) here and a read(2) on the loop, and with
-   * libuv before 1.45 the loop spins while a sender is inside
-   * uv_async_send(); with many batches in flight this skips most of
-   * them. */
+   * Each wake is a write(2) here and a read(2) on the loop; with many
+   * batches in flight this skips most of them. */
   int first = a->calls == NULL;
   *a->calls_tail = c;
   a->calls_tail = &c->next;
   pthread_mutex_unlock(&a->lock);
   if (first)
-    uv_async_send(&a->wake);
+    sx__wake_send(&a->wake);
   return 0;
 }
 
@@ -130,8 +128,8 @@ static sx__call *take_all(sx_agent *a) {
   return c;
 }
 
-void sx__calls_run(uv_async_t *h) {
-  sx_agent *a = h->data;
+void sx__calls_run(sx__wake *w) {
+  sx_agent *a = (sx_agent *)((char *)w - offsetof(sx_agent, wake));
   sx__call *c = take_all(a);
   while (c) {
     sx__call *next = c->next;

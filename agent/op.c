@@ -19,3 +19,27 @@ void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg) {
   if (--op->pending == 0 && op->done != NULL)
     op->done(op);
 }
+
+void sx__op_xfers_done(sx_op *op, int status, const char *msg) {
+  size_t settled = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < op->n && settled < op->pending; i++) {
+    sx_xfer *x = &op->xfers[i];
+    if (x->status != 1)
+      continue; /* settled before (an abort, a range that failed alone) */
+    x->status = status;
+    bytes += x->length;
+    settled++;
+  }
+  if (settled == 0)
+    return;
+  if (status == 0) {
+    op->bytes += bytes;
+  } else if (op->first_error == 0) {
+    op->first_error = status;
+    snprintf(op->message, sizeof(op->message), "%s", msg ? msg : sx_strerror(status));
+  }
+  op->pending -= settled;
+  if (op->pending == 0 && op->done != NULL)
+    op->done(op);
+}

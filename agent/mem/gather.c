@@ -231,7 +231,7 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
   if (d == NULL)
     return rc;
   rc = 0;
-  if (method == SX__COPY_AUTO)
+  if (method == SX__COPY_AUTO && !(flags & SX__GATHER_ENV_READ))
     method = sx__mem_copy_env();
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; i++)

@@ -88,6 +88,7 @@ typedef struct sx__mem_notifier sx__mem_notifier;
 typedef struct sx__mem_notice {
   struct sx__mem_notice *next;
   void (*fn)(struct sx__mem_notice *n);
+  sx__mem_notifier *nf; /* set by sx__mem_notify: where the host function posts it */
 } sx__mem_notice;
 
 /* Delivers notices on loop (through a uv_async_t: no thread spins). */
@@ -153,6 +154,10 @@ typedef enum sx__mem_copy_method {
 } sx__mem_copy_method;
 
 #define SX__GATHER_SM_OK 1u /* every pointer is device or pinned host memory */
+/* SX__COPY_AUTO means "choose per shape": the caller read SX_GPU_COPY
+ * already (once, with sx__mem_copy_env; getenv per launch was about 2% of
+ * the cuda_ipc reader's loop). */
+#define SX__GATHER_ENV_READ 2u
 #define SX__GATHER_KERNEL_MAX (8u << 20) /* auto: kernel up to this mean range */
 
 /* Queue r[0..n) on s (each r[i].len bytes from src to dst; any kinds the

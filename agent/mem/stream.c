@@ -4,8 +4,9 @@
  * A notice is a host function queued on the stream (cuLaunchHostFunc): the
  * driver runs it on its own thread once the work before it finished.  It
  * makes no CUDA call (the driver forbids that there); it only appends the
- * notice to the notifier's list and wakes the loop through uv_async_send,
- * so completion costs no polling and no spinning core.
+ * notice to the notifier's list and wakes the loop through an eventfd the
+ * loop polls (wake.h: not a uv_async_t, whose libuv 1.44 makes the loop
+ * spin), so completion costs no polling and no spinning core.
  *
  * A host function holds its stream until it returned, so the work queued
  * behind it waits for the driver's thread to wake.  With SX_GPU_NOTICE=event
@@ -21,17 +22,13 @@
 
 #include "internal.h"
 #include "mem_int.h"
+#include "wake.h"
 
 struct sx__mem_notifier {
-  uv_async_t async;
+  sx__wake wake; /* readable while notices wait */
   pthread_mutex_t mu;
   sx__mem_notice *head, **tail; /* mu */
 };
-
-typedef struct notice_arg {
-  sx__mem_notifier *n;
-  sx__mem_notice *note;
-} notice_arg;
 
 static long ipc_open; /* atomic: mappings open now */
 
@@ -54,8 +51,17 @@ struct sx__mem_waiter {
 
 /* ------------------------------------------------------------ notices */
 
-static void deliver(uv_async_t *h) {
-  sx__mem_notifier *n = h->data;
+static void notifier_closed(uv_handle_t *h) {
+  sx__mem_notifier *n = (sx__mem_notifier *)((char *)h - offsetof(sx__mem_notifier, wake.poll));
+  sx__wake_release(&n->wake);
+  pthread_mutex_destroy(&n->mu);
+  free(n);
+}
+
+/* Take the whole list and run it (the wake already drained: a notice
+ * posted after that either is in the list taken here or woke again). */
+static void deliver(sx__wake *w) {
+  sx__mem_notifier *n = (sx__mem_notifier *)((char *)w - offsetof(sx__mem_notifier, wake));
   pthread_mutex_lock(&n->mu);
   sx__mem_notice *list = n->head;
   n->head = NULL;
@@ -72,46 +78,50 @@ int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out) {
   sx__mem_notifier *n = calloc(1, sizeof(*n));
   if (n == NULL)
     return sx__err(SX_ENOMEM, "notifier");
-  if (uv_async_init(loop, &n->async, deliver) != 0) {
-    free(n);
-    return sx__err(SX_EIO, "notifier: uv_async_init failed");
-  }
-  n->async.data = n;
   pthread_mutex_init(&n->mu, NULL);
   n->tail = &n->head;
+  int rc = sx__wake_init(loop, &n->wake, deliver);
+  if (rc != 0) {
+    if (n->wake.fd >= 0) {
+      sx__wake_close(&n->wake, notifier_closed); /* frees n */
+      return rc;
+    }
+    pthread_mutex_destroy(&n->mu);
+    free(n);
+    return rc;
+  }
   *out = n;
   return 0;
-}
-
-static void notifier_closed(uv_handle_t *h) {
-  sx__mem_notifier *n = h->data;
-  pthread_mutex_destroy(&n->mu);
-  free(n);
 }
 
 void sx__mem_notifier_close(sx__mem_notifier *n) {
   if (n == NULL)
     return;
-  deliver(&n->async);
-  uv_close((uv_handle_t *)&n->async, notifier_closed);
+  sx__wake_drain(&n->wake);
+  deliver(&n->wake);
+  sx__wake_close(&n->wake, notifier_closed);
 }
 
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
   note->next = NULL;
   pthread_mutex_lock(&n->mu);
+  /* One wake per list: deliver() takes the whole list, so a notice queued
+   * behind others rides on the wake the first one sent (or is about to
+   * send, right after its unlock).  Each wake is a write(2) here and a
+   * read(2) on the loop (as in call.c's enqueue). */
+  int first = n->head == NULL;
   *n->tail = note;
   n->tail = &note->next;
   pthread_mutex_unlock(&n->mu);
-  uv_async_send(&n->async);
+  if (first)
+    sx__wake_send(&n->wake);
 }
 
-/* The driver's thread: no CUDA calls here. */
+/* The driver's thread: no CUDA calls here.  The notice carries its
+ * notifier, so queueing one allocates nothing. */
 static void CUDA_CB host_fn(void *arg) {
-  notice_arg *a = arg;
-  sx__mem_notifier *n = a->n;
-  sx__mem_notice *note = a->note;
-  free(a);
-  sx__mem_notice_post(n, note);
+  sx__mem_notice *note = arg;
+  sx__mem_notice_post(note->nf, note);
 }
 
 static void *waiter_main(void *arg) {
@@ -231,16 +241,10 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
     return rc;
   if (notice_events() && notify_event(d, s, n, note) == 0)
     return 0;
-  notice_arg *a = malloc(sizeof(*a));
-  if (a == NULL)
-    return sx__err(SX_ENOMEM, "notice");
-  a->n = n;
-  a->note = note;
-  CUresult r = d->LaunchHostFunc(s->s, host_fn, a);
-  if (r != CUDA_SUCCESS) {
-    free(a);
+  note->nf = n;
+  CUresult r = d->LaunchHostFunc(s->s, host_fn, note);
+  if (r != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "queueing a completion notice");
-  }
   return 0;
 }
 

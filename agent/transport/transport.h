@@ -150,6 +150,11 @@ struct sx_op {
 /* Settle xfer idx of op with status (0 or SX_E*); msg (may be NULL) becomes
  * the op's message if this is its first error.  Calls op->done at zero. */
 void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg);
+/* Settle every xfer of op still pending with status, as one
+ * sx__op_xfer_done() each would (bytes counted, the first error kept), but
+ * in one pass and calling op->done once: for a transport whose whole op
+ * ended together (one stream's copies, one notice). */
+void sx__op_xfers_done(sx_op *op, int status, const char *msg);
 
 typedef struct sx_transport_ops {
   const char *name;

@@ -107,10 +107,49 @@ static void list_add(iop **head, iop *o) {
   *head = o;
 }
 
-static void iop_free(iop *o) {
+/* An op of n ranges: one kept from an earlier op when there is one (the
+ * loop posts tens of thousands a second, each with two arrays), else new. */
+static iop *iop_new(cipc_t *t, size_t n) {
+  iop *o = t->spare;
+  if (o != NULL) {
+    t->spare = o->next;
+    t->n_spare--;
+  } else if ((o = calloc(1, sizeof(*o))) == NULL) {
+    return NULL;
+  }
+  if (o->cap < n) {
+    free(o->slot);
+    free(o->rg);
+    o->slot = malloc(n);
+    o->rg = malloc(2 * n * sizeof(sx__mem_range));
+    o->cap = n;
+    if (o->slot == NULL || o->rg == NULL) {
+      free(o->slot);
+      free(o->rg);
+      free(o);
+      return NULL;
+    }
+  }
+  /* Everything else starts from zero, as calloc gave it the first time. */
+  *o = (iop){.t = t, .slot = o->slot, .rg = o->rg, .cap = o->cap};
+  return o;
+}
+
+static void iop_destroy(iop *o) {
   free(o->slot);
-  free(o->src);
+  free(o->rg);
   free(o);
+}
+
+static void iop_free(iop *o) {
+  cipc_t *t = o->t;
+  if (t->n_spare >= IPC_SPARE_OPS || o->cap > IPC_SPARE_RANGES) {
+    iop_destroy(o);
+    return;
+  }
+  o->next = t->spare;
+  t->spare = o;
+  t->n_spare++;
 }
 
 /* Does a copy still running read or write through mapping m? */
@@ -172,7 +211,11 @@ static void slot_done(sx__mem_notice *n) {
   unsigned k = (unsigned)(s - o->slots);
   int st = o->status;
   o->slots_left--;
-  if (p != NULL) {
+  if (p != NULL && o->one) {
+    /* Every range of the op was on this stream: one pass, one done. */
+    s->left = 0;
+    sx__op_xfers_done(o->op, st, NULL); /* done may run: o->op last used here */
+  } else if (p != NULL) {
     for (size_t i = 0; i < o->op->n && s->left > 0; i++) {
       if (o->slot[i] != k)
         continue;
@@ -236,67 +279,97 @@ static void refused_msg(const ipc_peer *p, const ipc_reg *r, const sx_region *R,
 }
 
 /* Every region o needs is known: queue its copies.  Ranges that cannot
- * be copied settle with their error after the others were queued. */
+ * be copied settle with their error after the others were queued.  One
+ * pass over the ranges finds each one's mapping and stream and writes its
+ * copy; an op on one stream (the usual case: all of an op's ranges share
+ * one unless copies are spread) hands that table to the gather as it is. */
 static void run(ipc_peer *p, iop *o) {
   cipc_t *t = p->t;
   sx_op *op = o->op;
   char msg[256] = "";
   int err = 0;
+  size_t n_failed = 0;
   unsigned pick = t->rr_op++;
   list_add(&p->running, o);
   o->slots_left = 1; /* held while queueing */
+  /* Consecutive ranges of one region into one local region share the
+   * mapping and the stream: looked up once for the run of them. */
+  const ipc_reg *last = NULL;
+  const sx_lregion *last_l = NULL;
+  unsigned last_k = 0;
+  uint64_t last_base = 0;
   for (size_t i = 0; i < op->n; i++) {
     sx_xfer *x = &op->xfers[i];
     ipc_reg *r = &p->regs[x->rreg - p->remote->regions];
-    o->slot[i] = 0xff;
-    int rc = r->state == R_READY ? 0 : r->err;
-    int dev = local_device(x);
-    ipc_map *m = NULL;
-    sx__mem_stream *s = NULL;
-    /* Host destinations are copied by the stream of device 0's context. */
-    if (rc == 0 && (rc = map_get(p, r, dev < 0 ? 0 : dev, &m)) == 0)
-      rc = stream_for(t, m->device, pick, &s);
-    if (rc == 0) {
-      unsigned k;
-      for (k = 0; k < o->n_slots && o->slots[k].s != s; k++) {
-      }
-      if (k == o->n_slots && o->n_slots == IPC_SLOTS)
-        rc = sx__err(SX_ELIMIT, "cuda_ipc: one batch uses more than %d streams",
-                     IPC_SLOTS);
-      else {
-        if (k == o->n_slots)
+    unsigned k;
+    int rc = 0;
+    if (r == last && x->lreg == last_l) {
+      k = last_k;
+    } else {
+      rc = r->state == R_READY ? 0 : r->err;
+      int dev = local_device(x);
+      ipc_map *m = NULL;
+      sx__mem_stream *s = NULL;
+      last = NULL;
+      /* Host destinations are copied by the stream of device 0's context. */
+      if (rc == 0 && (rc = map_get(p, r, dev < 0 ? 0 : dev, &m)) == 0)
+        rc = stream_for(t, m->device, pick, &s);
+      if (rc == 0) {
+        for (k = 0; k < o->n_slots && o->slots[k].s != s; k++) {
+        }
+        if (k == o->n_slots && o->n_slots == IPC_SLOTS)
+          rc = sx__err(SX_ELIMIT, "cuda_ipc: one batch uses more than %d streams",
+                       IPC_SLOTS);
+        else if (k == o->n_slots)
           o->slots[o->n_slots++] = (iop_slot){.o = o, .s = s};
-        o->slot[i] = (uint8_t)k;
-        o->slots[k].left++;
+      }
+      if (rc == 0) {
         o->slots[k].host |= dev < 0;
-        o->src[i] = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset + x->roff);
+        last_base = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset);
+        /* Spread copies take a stream per range: nothing to share. */
+        if (!t->spread && x->lreg != NULL) {
+          last = r;
+          last_l = x->lreg;
+          last_k = k;
+        }
       }
     }
-    if (rc != 0 && err == 0) {
-      err = rc;
-      if (r->state != R_READY)
-        refused_msg(p, r, x->rreg, rc, msg, sizeof(msg));
-      else
-        snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    if (rc != 0) {
+      o->slot[i] = 0xff;
+      n_failed++;
+      if (err == 0) {
+        err = rc;
+        if (r->state != R_READY)
+          refused_msg(p, r, x->rreg, rc, msg, sizeof(msg));
+        else
+          snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+      }
+      continue;
     }
+    o->slot[i] = (uint8_t)k;
+    o->slots[k].left++;
+    uint64_t remote = last_base + x->roff, local = (uint64_t)(uintptr_t)x->local;
+    o->rg[i] = p->write ? (sx__mem_range){.dst = remote, .src = local, .len = x->length}
+                        : (sx__mem_range){.dst = local, .src = remote, .len = x->length};
   }
+  o->one = o->n_slots == 1 && n_failed == 0;
   /* Each stream's copies in one call (the gather kernel, or the copy
    * engines: sx__mem_gather chooses), then one notice behind them. */
-  sx__mem_range *rg = (sx__mem_range *)(o->src + op->n);
   for (unsigned k = 0; k < o->n_slots; k++) {
-    size_t c = 0;
-    for (size_t i = 0; i < op->n; i++) {
-      if (o->slot[i] != k)
-        continue;
-      uint64_t local = (uint64_t)(uintptr_t)op->xfers[i].local;
-      rg[c].dst = p->write ? o->src[i] : local; /* o->src: the side in the target */
-      rg[c].src = p->write ? local : o->src[i];
-      rg[c++].len = op->xfers[i].length;
+    const sx__mem_range *rg = o->rg;
+    size_t c = op->n;
+    if (!o->one) {
+      sx__mem_range *part = o->rg + op->n;
+      c = 0;
+      for (size_t i = 0; i < op->n; i++)
+        if (o->slot[i] == k)
+          part[c++] = o->rg[i];
+      rg = part;
     }
     /* Pageable host memory is for the copy engines only. */
     sx__mem_copy_method used = SX__COPY_AUTO;
-    int rc = sx__mem_gather(o->slots[k].s, rg, c, o->slots[k].host ? 0 : SX__GATHER_SM_OK,
-                            SX__COPY_AUTO, &used);
+    unsigned flags = SX__GATHER_ENV_READ | (o->slots[k].host ? 0 : SX__GATHER_SM_OK);
+    int rc = sx__mem_gather(o->slots[k].s, rg, c, flags, t->method, &used);
     if (rc == 0 && !(t->said & 1u << used)) {
       t->said |= 1u << used;
       const char *why = used == SX__COPY_KERNEL ? NULL
@@ -329,7 +402,7 @@ static void run(ipc_peer *p, iop *o) {
     }
   }
   /* Ranges not copied settle now (the op ends with its last range). */
-  for (size_t i = 0; i < op->n && op->pending > 0; i++)
+  for (size_t i = 0; i < op->n && n_failed > 0 && op->pending > 0; i++)
     if (o->slot[i] == 0xff && op->xfers[i].status == 1)
       sx__op_xfer_done(op, i, o->status ? o->status : err ? err : SX_EIO, msg);
   o->slots_left--;
@@ -493,19 +566,18 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   ipc_peer *p = (ipc_peer *)tp;
   if (p->closing)
     return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
-  iop *o = calloc(1, sizeof(*o));
-  if (o == NULL || (o->slot = malloc(op->n)) == NULL ||
-      (o->src = malloc(op->n * 4 * sizeof(uint64_t))) == NULL) {
-    if (o != NULL)
-      free(o->slot);
-    free(o);
+  iop *o = iop_new(p->t, op->n);
+  if (o == NULL)
     return sx__err(SX_ENOMEM, "cuda_ipc: post");
-  }
   o->p = p;
   o->op = op;
-  int again = 0;
+  int again = 0, ready = 1;
+  const ipc_reg *last = NULL;
   for (size_t i = 0; i < op->n; i++) {
     ipc_reg *r = &p->regs[op->xfers[i].rreg - p->remote->regions];
+    if (r == last)
+      continue; /* the same region as the range before: seen */
+    last = r;
     if (r->state == R_FAILED && r->gated) {
       r->state = R_NONE; /* a grant may have come since: ask again */
       again = 1;
@@ -514,11 +586,18 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
       r->state = R_FAILED; /* host memory of the target: not for cuda_ipc */
       r->err = SX_ENOTSUP;
     }
+    ready &= r->state == R_READY || r->state == R_FAILED;
   }
   /* Authorize again first (the target answers in order). */
   if (again && p->wauth_want && p->wauth < 0 && p->state == C_READY &&
       sx__ipc_conn_wauth(p) != 0)
     p->wauth = SX_EDISCONN;
+  /* Every region known (the usual case, once mapped): run now, without
+   * the waiting list and its second pass over the ranges. */
+  if (ready && p->waiting == NULL) {
+    run(p, o);
+    return 0;
+  }
   list_add(&p->waiting, o);
   run_ready(p);
   return 0;
@@ -674,6 +753,7 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ctx = ctx;
   t->loop = ctx->loop;
   sx__mem_copy_method m = sx__mem_copy_env();
+  t->method = m;
   t->spread = m == SX__COPY_BATCH || m == SX__COPY_RANGE;
   sx__host_identity(&t->self);
   *out = &t->base;
@@ -687,7 +767,12 @@ static void ipc_close(sx_transport *base) {
   for (int d = 0; d < IPC_MAX_DEVICES; d++)
     for (int k = 0; k < IPC_STREAMS; k++)
       sx__mem_stream_destroy(t->streams[d][k]);
-  sx__mem_notifier_close(t->nf);
+  sx__mem_notifier_close(t->nf); /* the last notices free their ops */
+  while (t->spare != NULL) {
+    iop *o = t->spare;
+    t->spare = o->next;
+    iop_destroy(o);
+  }
   free(t);
 }
 

@@ -16,6 +16,8 @@
 #define IPC_MAX_DEVICES 64
 #define IPC_SLOTS 8         /* distinct streams one op may use */
 #define IPC_CONNECT_MS 5000
+#define IPC_SPARE_OPS 32    /* ops kept for reuse per transport */
+#define IPC_SPARE_RANGES 1024 /* the largest op whose arrays are kept */
 
 typedef struct cipc_t cipc_t;
 typedef struct iop iop;
@@ -27,8 +29,11 @@ struct cipc_t {
   sx__mem_stream *streams[IPC_MAX_DEVICES][IPC_STREAMS];
   unsigned rr[IPC_MAX_DEVICES];
   unsigned rr_op;          /* the stream of the next op on each device */
+  sx__mem_copy_method method; /* SX_GPU_COPY, read at open */
   int spread;              /* SX_GPU_COPY=batch|range: ranges over the streams */
   unsigned said;           /* copy methods logged so far (bit per method) */
+  iop *spare;              /* ops to reuse (their arrays kept), n_spare of them */
+  unsigned n_spare;
   ipc_peer *peers;
   sx_desc self;            /* host_id and process only */
 };
@@ -75,13 +80,16 @@ typedef struct iop_slot {
 } iop_slot;
 
 struct iop {
-  iop *next, *prev;        /* p->waiting or p->running */
+  iop *next, *prev;        /* p->waiting or p->running (t->spare when free) */
+  cipc_t *t;
   ipc_peer *p;             /* NULL once the peer closed under it */
   sx_op *op;
   int status;              /* abort status: ranges settle with it */
+  int one;                 /* every range copied, on one stream: settle at once */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
-  uint64_t *src;           /* per range: where it is read; then room for
-                            * one stream's ranges (sx__mem_range) */
+  sx__mem_range *rg;       /* per range: its copy; then room for one stream's
+                            * ranges when the op uses several */
+  size_t cap;              /* ranges slot and rg have room for (rg: twice) */
   iop_slot slots[IPC_SLOTS];
   uint32_t n_slots, slots_left;
 };
