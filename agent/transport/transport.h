@@ -122,7 +122,9 @@ typedef struct sx_tctx {
 typedef struct sx_xfer {
   uint8_t *local;
   const sx_lregion *lreg; /* local region holding the destination, or NULL */
-  const sx_region *rreg;  /* in the peer's descriptor (remote addr, rkeys) */
+  const sx_region *rreg;  /* in the batch's segment's descriptor: the peer's
+                           * incarnation, maybe a later generation than the
+                           * one the peer was opened with (remote addr, rkeys) */
   uint64_t roff;
   uint64_t length;
   uint32_t entry_first;   /* batch entries this range serves */

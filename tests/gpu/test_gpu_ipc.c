@@ -38,6 +38,7 @@ static char self[4096]; /* this binary (not /proc/self/exe: under valgrind that 
 
 /* argv: target URL NAME LOCATION LISTEN [ADVERTISE].  Says "ready PORT" when published,
  * then obeys lines on stdin: "unregister SLOT" (answers "done RC MS"),
+ * "grow" (registers one more region: "grown RC ID"),
  * "notice MS" (the next notice within MS ms: "notice KIND TAG TRANSPORT
  * BYTES BLOCK COUNT RUNS READER", or "none RC"), "exit". */
 static int target_main(char **argv) {
@@ -62,6 +63,7 @@ static int target_main(char **argv) {
   fflush(stdout);
   sx_desc_free(&d);
   char line[64];
+  void *extra = NULL;
   while (fgets(line, sizeof(line), stdin) != NULL) {
     int slot;
     if (sscanf(line, "unregister %d", &slot) == 1) {
@@ -82,12 +84,37 @@ static int target_main(char **argv) {
         printf("none %d\n", rc);
       fflush(stdout);
       sx_notice_free(n);
+    } else if (strncmp(line, "grow", 4) == 0) {
+      /* One more region (4 blocks of slot 2), filled with the pattern of
+       * its id: a newer descriptor of this incarnation. */
+      sx__mem_info m;
+      uint32_t id = 0;
+      int rc = sx__mem_parse_location(argv[4], &m);
+      uint8_t *host = malloc(4 * BB);
+      if (rc == 0 && host != NULL && (rc = sx__mem_alloc(m.device, 4 * BB, &extra)) == 0) {
+        sx_region_params rp = {.addr = extra, .length = 4 * BB, .layer_count = 1,
+                               .layer_stride = 4 * BB, .slot = 2, .block_bytes = BB,
+                               .num_blocks = 4, .location = argv[4],
+                               .access = SX_ACCESS_REMOTE_READ};
+        if ((rc = sx_agent_register(a, &rp, &id)) == 0) {
+          sx__pattern_fill(host, 4 * BB, SEED, id, 0);
+          if ((rc = sx__mem_copy(extra, host, 4 * BB)) == 0)
+            rc = sx_agent_publish(a, 0);
+        }
+      }
+      free(host);
+      if (rc != 0)
+        fprintf(stderr, "target: grow: %s\n", sx_errmsg());
+      printf("grown %d %u\n", rc, id);
+      fflush(stdout);
     } else if (strncmp(line, "exit", 4) == 0) {
       break;
     }
   }
   sx_agent_destroy(a);
   gpu_pool_free(&pool);
+  if (extra != NULL)
+    sx__mem_free(extra);
   return 0;
 }
 
@@ -477,6 +504,104 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
     fail_msg("V after K went: %s", res.message);
   assert_int_equal(gpu_pool_verify(&r, seg, SEED, &v, 1), 0);
   sx_segment_close(seg);
+  agent_end(ra);
+  pool_end(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* Segments of one target incarnation opened on different descriptors:
+ * the first before K was unregistered (K, V), the second after (V alone, a
+ * republished generation), the third after a new region was registered.
+ * They share the transport's peer, which knew the first descriptor; the
+ * later ones' batches name regions of their own descriptors, so the peer
+ * must find them by id, not by their place in the first one's table, and
+ * learn the new one.  V reads through all, K is refused, the new region
+ * reads byte-exact. */
+static void test_gpu_ipc_second_generation(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-g", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *s1 = reader_of("ipc-g", "ipc-g-r", &r, &ra);
+  uint64_t gen1 = sx_segment_desc(s1)->generation;
+  target_say(&t, "unregister 0");
+  char line[64];
+  int rc = -1;
+  unsigned long ms = 0;
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  assert_int_equal(sscanf(line, "done %d %lu", &rc, &ms), 2);
+  assert_int_equal(rc, 0);
+  /* The reader's cache learns the new generation (the store's event). */
+  sx_segment *s2 = NULL;
+  for (int i = 0; i < 200; i++) {
+    s2 = open_seg(ra, "ipc-g");
+    if (sx_segment_desc(s2)->generation != gen1)
+      break;
+    sx_segment_close(s2);
+    s2 = NULL;
+    sxt_sleep_ms(25);
+  }
+  assert_non_null(s2);
+  assert_int_equal(sx_segment_desc(s2)->n_regions, 1);
+  assert_int_equal(sx_segment_transport(s2), SX_TRANSPORT_CUDA_IPC);
+  sx_block_read v = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_V, .remote_block = 7,
+                     .local_block = 3, .count = 2};
+  for (int k = 0; k < 2; k++) {
+    sx_segment *seg = k ? s1 : s2;
+    sx_batch_result res = sxt_run_batch(seg, &v, 1, 5000);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("V through segment %d: %s", k + 1, res.message);
+    assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+    assert_int_equal(gpu_pool_verify(&r, seg, SEED, &v, 1), 0);
+  }
+  sx_block_read kk = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_K, .count = 1};
+  sx_batch_result res = sxt_run_batch(s1, &kk, 1, 5000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+  /* A region registered later: only a third descriptor has it, and the
+   * shared peer never knew it. */
+  uint64_t gen2 = sx_segment_desc(s2)->generation;
+  target_say(&t, "grow");
+  unsigned id = 0;
+  assert_non_null(fgets(line, sizeof(line), t.out));
+  assert_int_equal(sscanf(line, "grown %d %u", &rc, &id), 2);
+  assert_int_equal(rc, 0);
+  sx_segment *s3 = NULL;
+  for (int i = 0; i < 200; i++) {
+    s3 = open_seg(ra, "ipc-g");
+    if (sx_segment_desc(s3)->generation != gen2)
+      break;
+    sx_segment_close(s3);
+    s3 = NULL;
+    sxt_sleep_ms(25);
+  }
+  assert_non_null(s3);
+  assert_int_equal(sx_segment_desc(s3)->n_regions, 2);
+  uint8_t *host = malloc(3 * BB);
+  assert_non_null(host);
+  for (int k = 0; k < 2; k++) { /* the second time it is known */
+    memset(host, 0, 3 * BB);
+    sx_range_read rr = {.local = host, .remote_region = id, .offset = 7, .length = 3 * BB};
+    sx_batch *b;
+    sxt_ok(sx_batch_create(s3, NULL, &b));
+    if (sx_batch_add_ranges(b, &rr, 1) != 0)
+      fail_msg("add: %s", sx_errmsg());
+    sxt_ok(sx_batch_submit(b));
+    sxt_ok(sx_batch_wait(b, -1));
+    sxt_ok(sx_batch_result_get(b, &res));
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("the new region through segment 3: %s", res.message);
+    assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+    sx_batch_destroy(b);
+    assert_int_equal(sx__pattern_check(host, 3 * BB, SEED, id, 7, NULL), 0);
+  }
+  free(host);
+  res = sxt_run_batch(s3, &v, 1, 5000);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("V through segment 3: %s", res.message);
+  sx_segment_close(s3);
+  sx_segment_close(s2);
+  sx_segment_close(s1);
   agent_end(ra);
   pool_end(&r);
   assert_int_equal(target_end(&t, 0), 0);
@@ -895,6 +1020,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_target_killed, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_stale_incarnation, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_unregister_while_mapped, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_second_generation, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_record_beyond_mapping, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_revoke_of_unknown_and_repeated_ids, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),

@@ -75,15 +75,63 @@ static int map_get(ipc_peer *p, ipc_reg *r, int device, ipc_map **out) {
     m->next = p->maps;
     p->maps = m;
   }
-  const sx_region *R = &p->remote->regions[r - p->regs];
   uint64_t end;
-  if (!sx__add_ok(r->rec.offset, R->length, &end) || end > m->size)
+  if (!sx__add_ok(r->rec.offset, r->length, &end) || end > m->size)
     return sx__err(SX_EBOUNDS, "%s: region %u (%lu bytes at offset %lu) lies outside the "
-                   "%lu bytes its CUDA IPC handle maps", p->label, R->id,
-                   (unsigned long)R->length, (unsigned long)r->rec.offset,
+                   "%lu bytes its CUDA IPC handle maps", p->label, r->id,
+                   (unsigned long)r->length, (unsigned long)r->rec.offset,
                    (unsigned long)m->size);
   r->map = m;
   *out = m;
+  return 0;
+}
+
+/* ------------------------------------------------------------ regions */
+
+static void reg_init(ipc_reg *r, const sx_region *R) {
+  *r = (ipc_reg){.id = R->id, .addr = R->addr, .length = R->length};
+}
+
+uint32_t sx__ipc_reg_find(const ipc_peer *p, uint32_t id) {
+  uint32_t i = 0;
+  while (i < p->n_regs && p->regs[i].id != id)
+    i++;
+  return i;
+}
+
+/* The index in p->regs of region R of a batch's descriptor.  That is
+ * p->remote itself, the usual case: R's place in it.  A segment opened
+ * later may hold a newer descriptor of the same incarnation (a region
+ * registered or withdrawn since), which shares this peer: its regions are
+ * found by id, and one the peer never knew is added. */
+static int reg_index(ipc_peer *p, const sx_region *R, uint32_t *out) {
+  uintptr_t a = (uintptr_t)R, lo = (uintptr_t)p->remote->regions;
+  if (a >= lo && a < lo + (uintptr_t)p->remote->n_regions * sizeof(sx_region)) {
+    *out = (uint32_t)((a - lo) / sizeof(sx_region));
+    return 0;
+  }
+  uint32_t i = sx__ipc_reg_find(p, R->id);
+  if (i < p->n_regs) {
+    /* An id names one region for the whole incarnation. */
+    if (p->regs[i].addr != R->addr || p->regs[i].length != R->length)
+      return sx__err(SX_EPROTO, "%s: region %u changed place within one incarnation "
+                     "(descriptors disagree); reopen the segment", p->label, R->id);
+    *out = i;
+    return 0;
+  }
+  if (p->n_regs == p->cap_regs) {
+    if (p->cap_regs >= SX__IPC_MAX_REGS)
+      return sx__err(SX_ELIMIT, "%s: more than %u regions seen over this incarnation's "
+                     "descriptors; reopen the segment", p->label, SX__IPC_MAX_REGS);
+    uint32_t cap = p->cap_regs * 2 < SX__IPC_MAX_REGS ? p->cap_regs * 2 : SX__IPC_MAX_REGS;
+    ipc_reg *g = realloc(p->regs, cap * sizeof(ipc_reg));
+    if (g == NULL)
+      return sx__err(SX_ENOMEM, "cuda_ipc: regions");
+    p->regs = g;
+    p->cap_regs = cap;
+  }
+  reg_init(&p->regs[p->n_regs], R);
+  *out = p->n_regs++;
   return 0;
 }
 
@@ -119,24 +167,28 @@ static iop *iop_new(cipc_t *t, size_t n) {
   }
   if (o->cap < n) {
     free(o->slot);
+    free(o->ri);
     free(o->rg);
     o->slot = malloc(n);
+    o->ri = malloc(n * sizeof(uint32_t));
     o->rg = malloc(2 * n * sizeof(sx__mem_range));
     o->cap = n;
-    if (o->slot == NULL || o->rg == NULL) {
+    if (o->slot == NULL || o->ri == NULL || o->rg == NULL) {
       free(o->slot);
+      free(o->ri);
       free(o->rg);
       free(o);
       return NULL;
     }
   }
   /* Everything else starts from zero, as calloc gave it the first time. */
-  *o = (iop){.t = t, .slot = o->slot, .rg = o->rg, .cap = o->cap};
+  *o = (iop){.t = t, .slot = o->slot, .ri = o->ri, .rg = o->rg, .cap = o->cap};
   return o;
 }
 
 static void iop_destroy(iop *o) {
   free(o->slot);
+  free(o->ri);
   free(o->rg);
   free(o);
 }
@@ -157,7 +209,7 @@ static int map_busy(const ipc_peer *p, const ipc_map *m) {
   for (const iop *o = p->running; o != NULL; o = o->next)
     for (size_t i = 0; i < o->op->n; i++)
       if (o->slot[i] != 0xff && o->op->xfers[i].status == 1 &&
-          p->regs[o->op->xfers[i].rreg - p->remote->regions].rec.base == m->base)
+          p->regs[o->ri[i]].rec.base == m->base)
         return 1;
   return 0;
 }
@@ -300,7 +352,7 @@ static void run(ipc_peer *p, iop *o) {
   uint64_t last_base = 0;
   for (size_t i = 0; i < op->n; i++) {
     sx_xfer *x = &op->xfers[i];
-    ipc_reg *r = &p->regs[x->rreg - p->remote->regions];
+    ipc_reg *r = &p->regs[o->ri[i]];
     unsigned k;
     int rc = 0;
     if (r == last && x->lreg == last_l) {
@@ -419,7 +471,7 @@ static void run_ready(ipc_peer *p) {
     next = o->next;
     int ready = 1;
     for (size_t i = 0; i < o->op->n && ready; i++) {
-      int st = p->regs[o->op->xfers[i].rreg - p->remote->regions].state;
+      int st = p->regs[o->ri[i]].state;
       ready = st == R_READY || st == R_FAILED;
     }
     if (ready) {
@@ -446,24 +498,13 @@ static void fail_waiting(ipc_peer *p, int err, const char *msg) {
 
 /* ------------------------------------------------------------ from ipc_conn.c */
 
-/* The index of region id in d, or d->n_regions when d has none (ids come
- * from the wire). */
-static uint32_t region_index(const sx_desc *d, uint32_t id) {
-  uint32_t i = 0;
-  while (i < d->n_regions && d->regions[i].id != id)
-    i++;
-  return i;
-}
-
 void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len) {
-  const sx_desc *d = p->remote;
   for (size_t off = 0; off + SX__IPC_RECORD <= len; off += SX__IPC_RECORD) {
     sx__ipc_record rec;
     sx__ipc_record_decode(body + off, &rec);
-    uint32_t i = region_index(d, rec.region);
-    if (i == d->n_regions)
+    uint32_t i = sx__ipc_reg_find(p, rec.region);
+    if (i == p->n_regs)
       continue; /* not asked: ignore */
-    const sx_region *R = &d->regions[i];
     ipc_reg *r = &p->regs[i];
     if (r->state != R_ASKED)
       continue;
@@ -472,8 +513,8 @@ void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len) {
            : rec.status != 0 ? SX_EPROTO : 0;
     /* Nothing from the wire is trusted: the region must lie inside the
      * allocation, where the descriptor says it is. */
-    if (st == 0 && (!sx__add_ok(rec.offset, R->length, &end) || end > rec.alloc ||
-                    rec.base + rec.offset != R->addr))
+    if (st == 0 && (!sx__add_ok(rec.offset, r->length, &end) || end > rec.alloc ||
+                    rec.base + rec.offset != r->addr))
       st = SX_EBOUNDS;
     /* No write grant covers us: a write is refused (SX_EACCESS); for a
      * read, the region is simply not lent this way (SX_EDENIED). */
@@ -517,20 +558,23 @@ void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status) {
 }
 
 int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
-  /* The target names what it asks back; only regions of its descriptor
-   * can be lent, and each is given back once: unknown and repeated ids
-   * are dropped, so the list stays within n_regions however many frames
-   * come while a copy keeps a region busy. */
-  const sx_desc *d = p->remote;
-  if (p->give == NULL && d->n_regions > 0 &&
-      (p->give = malloc(d->n_regions * sizeof(uint32_t))) == NULL)
-    return SX_ENOMEM;
+  /* The target names what it asks back; only regions we know can be
+   * lent, and each is given back once: unknown and repeated ids are
+   * dropped, so the list stays within n_regs however many frames come
+   * while a copy keeps a region busy. */
+  if (p->cap_give < p->n_regs) {
+    uint32_t *g = realloc(p->give, p->n_regs * sizeof(uint32_t));
+    if (g == NULL)
+      return SX_ENOMEM;
+    p->give = g;
+    p->cap_give = p->n_regs;
+  }
   size_t n = len / 4;
   for (size_t k = 0; k < n; k++) {
     const uint8_t *b = ids + 4 * k;
     uint32_t id = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
-    uint32_t i = region_index(d, id), g = 0;
-    if (i == d->n_regions)
+    uint32_t i = sx__ipc_reg_find(p, id), g = 0;
+    if (i == p->n_regs)
       continue;
     p->regs[i].state = R_NONE; /* asked again if needed: then refused */
     p->regs[i].map = NULL;
@@ -549,7 +593,7 @@ void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {
   for (iop *o = p->running; o != NULL; o = o->next)
     if (o->status == 0)
       o->status = err;
-  for (uint32_t i = 0; i < p->remote->n_regions; i++) {
+  for (uint32_t i = 0; i < p->n_regs; i++) {
     p->regs[i].state = R_NONE;
     p->regs[i].map = NULL;
   }
@@ -572,12 +616,20 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   o->p = p;
   o->op = op;
   int again = 0, ready = 1;
-  const ipc_reg *last = NULL;
+  const sx_region *last = NULL;
   for (size_t i = 0; i < op->n; i++) {
-    ipc_reg *r = &p->regs[op->xfers[i].rreg - p->remote->regions];
-    if (r == last)
+    const sx_region *R = op->xfers[i].rreg;
+    if (R == last) {
+      o->ri[i] = o->ri[i - 1];
       continue; /* the same region as the range before: seen */
-    last = r;
+    }
+    last = R;
+    int rc = reg_index(p, R, &o->ri[i]);
+    if (rc != 0) {
+      iop_free(o);
+      return rc;
+    }
+    ipc_reg *r = &p->regs[o->ri[i]];
     if (r->state == R_FAILED && r->gated) {
       r->state = R_NONE; /* a grant may have come since: ask again */
       again = 1;
@@ -665,6 +717,9 @@ static int ipc_peer_open(sx_transport *base, const sx_desc *remote, sx_tpeer **o
   p->t = t;
   p->remote = remote;
   p->n_regs = remote->n_regions;
+  p->cap_regs = remote->n_regions + 1;
+  for (uint32_t i = 0; i < remote->n_regions; i++)
+    reg_init(&p->regs[i], &remote->regions[i]);
   const char *name = base->ctx->name;
   for (uint32_t i = 0; i < remote->n_regions && name != NULL && name[0]; i++)
     p->wauth_want |= (remote->regions[i].access & SX_ACCESS_REMOTE_WRITE) != 0;

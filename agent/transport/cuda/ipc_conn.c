@@ -106,17 +106,15 @@ int sx__ipc_conn_send(ipc_peer *p, uint64_t id, const uint32_t *ids, uint32_t n)
 
 /* Ask for every region that a waiting op needs and nobody asked for. */
 static void ask(ipc_peer *p) {
-  const sx_desc *d = p->remote;
-  uint32_t *ids = malloc((d->n_regions + 1) * sizeof(uint32_t)), n = 0;
+  uint32_t *ids = malloc((p->n_regs + 1) * sizeof(uint32_t)), n = 0;
   if (ids == NULL)
     return;
   for (iop *o = p->waiting; o != NULL; o = o->next) {
     for (size_t i = 0; i < o->op->n; i++) {
-      const sx_region *R = o->op->xfers[i].rreg;
-      ipc_reg *r = &p->regs[R - d->regions];
+      ipc_reg *r = &p->regs[o->ri[i]];
       if (r->state == R_NONE) {
         r->state = R_ASKED;
-        ids[n++] = R->id;
+        ids[n++] = r->id;
       }
     }
   }
@@ -192,7 +190,7 @@ static void on_frame(ipc_peer *p, const sx__frame *f, const uint8_t *body) {
       }
     } else if (f->status != 0) {
       /* The target refused the whole request (it does not serve cuda_ipc). */
-      for (uint32_t i = 0; i < p->remote->n_regions; i++) {
+      for (uint32_t i = 0; i < p->n_regs; i++) {
         if (p->regs[i].state == R_ASKED) {
           p->regs[i].state = R_FAILED;
           p->regs[i].err = f->status >= SX_ERRNO_MIN ? f->status : SX_EPROTO;

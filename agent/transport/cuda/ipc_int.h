@@ -49,8 +49,12 @@ typedef struct ipc_map {
 
 enum { R_NONE, R_ASKED, R_READY, R_FAILED };
 
-/* What the reader knows of one region of the target's descriptor. */
+/* What the reader knows of one region of the target: its id, place and
+ * size (copied: a region may come from a later descriptor of the same
+ * incarnation than the one the peer was opened with), and its handle. */
 typedef struct ipc_reg {
+  uint32_t id;
+  uint64_t addr, length;
   int state;
   int err;
   int gated;               /* refused for want of a write grant */
@@ -87,6 +91,7 @@ struct iop {
   int status;              /* abort status: ranges settle with it */
   int one;                 /* every range copied, on one stream: settle at once */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
+  uint32_t *ri;            /* per range: its region's index in p->regs */
   sx__mem_range *rg;       /* per range: its copy; then room for one stream's
                             * ranges when the op uses several */
   size_t cap;              /* ranges slot and rg have room for (rg: twice) */
@@ -100,8 +105,13 @@ struct ipc_peer {
   ipc_peer *next, *prev;   /* t->peers */
   const sx_desc *remote;
   char label[160];
-  ipc_reg *regs;           /* by index in remote->regions */
-  uint32_t n_regs;         /* remote->n_regions (remote goes at peer_close) */
+  /* The target's regions: remote's in its order, then those that segments
+   * opened later on a newer descriptor of the same incarnation name
+   * (they share this peer; region ids are never reused in one
+   * incarnation).  Looked up by id (sx__ipc_reg_find). */
+  ipc_reg *regs;
+  uint32_t n_regs, cap_regs;
+  uint32_t cap_give;
   ipc_map *maps;
   iop *waiting, *running;
   int closing;
@@ -135,6 +145,11 @@ int sx__ipc_conn_notice(ipc_peer *p, uint64_t id, const uint8_t *buf, size_t len
 void sx__ipc_conn_close(ipc_peer *p);
 
 /* cuda_ipc.c, called by ipc_conn.c */
+/* Regions of one incarnation a peer keeps track of, at most (each
+ * descriptor's are bounded by decode; these span its generations). */
+#define SX__IPC_MAX_REGS 65536u
+/* The index of region id in p->regs, or p->n_regs when it has none. */
+uint32_t sx__ipc_reg_find(const ipc_peer *p, uint32_t id);
 void sx__ipc_records(ipc_peer *p, const uint8_t *body, size_t len);
 /* The target asks back regions (ids, len bytes): 0, or SX_ENOMEM when
  * they cannot be noted (the caller closes the connection: the target then
