@@ -33,7 +33,8 @@
  * piece nor a copy.  RDMA and device memory read the pieces as ranges.
  */
 typedef struct piece {
-  uint32_t region, block;
+  const sx_region *R; /* in the member's descriptor, which its index holds */
+  uint32_t lregion, block;
   uint64_t roff, laddr, len;
 } piece;
 
@@ -50,6 +51,7 @@ typedef struct mlist {
   size_t ns, caps;
   struct iovec *iov; /* scattered: the spans' pieces, local runs merged */
   size_t capv;
+  int spans;   /* spans are collected: scattered ranges are possible */
   int scatter;
 } mlist;
 
@@ -253,7 +255,11 @@ static int collect_range(void *arg, const sx__prange *pr) {
   mlist *l = &((mlist *)arg)[pr->member];
   if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
     return SX_ENOMEM;
-  l->p[l->np] = (piece){pr->R->id, pr->block, pr->roff, pr->laddr, pr->len};
+  l->p[l->np] = (piece){pr->R, pr->L->id, pr->block, pr->roff, pr->laddr, pr->len};
+  if (!l->spans) {
+    l->np++;
+    return 0;
+  }
   span *last = l->ns ? &l->s[l->ns - 1] : NULL;
   /* A span lands in one local region, and is at most a slice long so that
    * a long one still spreads over the connections. */
@@ -278,9 +284,40 @@ static int local_on_host(const sx_desc *local) {
   return 1;
 }
 
+/*
+ * A range entry per piece, planned straight into the batch: the pieces
+ * come from the expansion, which checked every block id and key, and
+ * their remote regions are those of the segment's own index; so what the
+ * public range path does per range (two region searches on each side,
+ * and a copy of the list) is left to the checks that cannot have been
+ * made yet: the local region, by id in the batch's own snapshot of the
+ * registrations (a region unregistered since the read began is refused),
+ * and the bounds and access of sx__plan_add_xfer.
+ */
+static int add_pieces(sx_batch *b, const mlist *l) {
+  sx__plan *plan;
+  sx__pbatch *pb;
+  int rc = sx__batch_entries(b, 0, "sx_group_read", &plan, &pb);
+  const sx_region *L = NULL;
+  for (size_t i = 0; i < l->np && rc == 0; i++) {
+    const piece *pc = &l->p[i];
+    if (L == NULL || L->id != pc->lregion) {
+      L = sx__rindex_id(plan->local, pc->lregion);
+      if (L == NULL || ((const sx_lregion *)L)->withdrawn)
+        return sx__err(SX_ENOREGION, "entry %zu: local region %u was unregistered", i,
+                       pc->lregion);
+    }
+    if (pc->laddr < L->addr || pc->len > L->length || pc->laddr - L->addr > L->length - pc->len)
+      return sx__err(SX_EBOUNDS, "entry %zu: bytes outside local region %u", i, L->id);
+    rc = sx__plan_add_xfer(plan, pc->R, (const sx_lregion *)L, pc->roff,
+                           (uint8_t *)(uintptr_t)pc->laddr, pc->len);
+  }
+  return rc;
+}
+
 /* The batch entries of member l: a scattered range per span, or a range
  * per piece. */
-static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
+static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
   if (l->scatter) {
     if (l->capv < l->np) {
       free(l->iov);
@@ -308,16 +345,21 @@ static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
     }
     return rc;
   }
-  size_t n = l->np;
-  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
-  if (r == NULL)
-    return sx__err(SX_ENOMEM, "sx_group_read");
-  for (size_t i = 0; i < n; i++)
-    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].region, l->p[i].roff,
-                           l->p[i].len};
-  int rc = sx_batch_add_ranges(b, r, n);
-  free(r);
-  return rc;
+  if (notify) {
+    /* A notifying batch notes its entries as it plans them: the public
+     * path. */
+    size_t n = l->np;
+    sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+    if (r == NULL)
+      return sx__err(SX_ENOMEM, "sx_group_read");
+    for (size_t i = 0; i < n; i++)
+      r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].R->id, l->p[i].roff,
+                             l->p[i].len};
+    int rc = sx_batch_add_ranges(b, r, n);
+    free(r);
+    return rc;
+  }
+  return add_pieces(b, l);
 }
 
 static void mark(uint8_t *bad, uint32_t block) {
@@ -400,6 +442,8 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
   sx_group *g = r->g;
   mlist *l = &g->m[i];
   l->np = l->ns = 0;
+  /* Only TCP into host memory reads scattered ranges. */
+  l->spans = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP;
   *emitted = 0;
   int rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
                          1ull << i, collect_range, g->m);
@@ -412,8 +456,7 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
     return 0;
   /* Scatter where it saves at least half of the requests (else the
    * planner's merging of the ranges does as well). */
-  l->scatter = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
-               l->ns * 2 <= l->np;
+  l->scatter = l->spans && l->ns * 2 <= l->np;
   /* One deadline for the read: each batch gets what is left of it. */
   uint64_t now = sx__mono_ms();
   sx_batch_params bp = r->bp;
@@ -421,7 +464,7 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
   sx_batch *b;
   if ((rc = sx_batch_create(g->segs[i], &bp, &b)) != 0)
     return rc;
-  if ((rc = add_entries(b, g->segs[i], l)) != 0 || (rc = sx_batch_submit(b)) != 0) {
+  if ((rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0)) != 0 || (rc = sx_batch_submit(b)) != 0) {
     sx_batch_destroy(b);
     return rc;
   }

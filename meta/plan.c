@@ -628,8 +628,17 @@ static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *co
         continue;
       }
       uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
+      /* Unit u is unit ql of local block j and unit qr of remote block i
+       * (u / kl, u % kl, u / kr, u % kr), counted rather than divided: two
+       * 64-bit divisions per unit, for every member's pass. */
+      uint64_t j = 0, ql = 0, i = 0, qr = 0;
       for (uint64_t u = 0; u < units; u++) {
-        uint64_t j = u / g->kl, ql = u % g->kl, i = u / g->kr, qr = u % g->kr;
+        if (u > 0) {
+          if (++ql == g->kl)
+            ql = 0, j++;
+          if (++qr == g->kr)
+            qr = 0, i++;
+        }
         uint64_t laddr = lbase + lb[j] * L->block_stride + ql * g->lshift;
         if (g->whole) {
           const sx_region *W = R[0];
