@@ -285,34 +285,53 @@ static int local_on_host(const sx_desc *local) {
 }
 
 /*
- * A range entry per piece, planned straight into the batch: the pieces
- * come from the expansion, which checked every block id and key, and
- * their remote regions are those of the segment's own index; so what the
- * public range path does per range (two region searches on each side,
- * and a copy of the list) is left to the checks that cannot have been
- * made yet: the local region, by id in the batch's own snapshot of the
- * registrations (a region unregistered since the read began is refused),
- * and the bounds and access of sx__plan_add_xfer.
+ * Feeding one member's pieces straight into its batch, as the expansion
+ * makes them: a range entry per piece, numbered in order, with only the
+ * local block kept (l->p[k].block, to report entry k).  The expansion
+ * checked every block id and key, and the remote regions it names are
+ * those of the segment's own index; so what the public range path does per
+ * range (two region searches on each side, a list built and copied) is
+ * left to what cannot have been checked yet: the local region, found by id
+ * in the batch's own snapshot of the registrations (a region unregistered
+ * since the read began is refused), the bounds, and the remote region's
+ * access (sx__plan_add_xfer).  After a failure the expansion runs on,
+ * keeping blocks only, so that the member's failure names all of its own.
  */
-static int add_pieces(sx_batch *b, const mlist *l) {
+typedef struct feed {
+  mlist *l;
   sx__plan *plan;
-  sx__pbatch *pb;
-  int rc = sx__batch_entries(b, 0, "sx_group_read", &plan, &pb);
-  const sx_region *L = NULL;
-  for (size_t i = 0; i < l->np && rc == 0; i++) {
-    const piece *pc = &l->p[i];
-    if (L == NULL || L->id != pc->lregion) {
-      L = sx__rindex_id(plan->local, pc->lregion);
-      if (L == NULL || ((const sx_lregion *)L)->withdrawn)
-        return sx__err(SX_ENOREGION, "entry %zu: local region %u was unregistered", i,
-                       pc->lregion);
+  const sx_region *L; /* the batch's registration of local region lid */
+  uint32_t lid;
+  int rc;
+} feed;
+
+/* One range entry: 0, or the error (said). */
+static int feed_one(feed *f, const sx_region *R, uint32_t lid, uint64_t roff, uint64_t laddr,
+                    uint64_t len) {
+  if (f->L == NULL || f->lid != lid) {
+    f->L = sx__rindex_id(f->plan->local, lid);
+    f->lid = lid;
+    if (f->L == NULL || ((const sx_lregion *)f->L)->withdrawn) {
+      f->L = NULL;
+      return sx__err(SX_ENOREGION, "local region %u was unregistered", lid);
     }
-    if (pc->laddr < L->addr || pc->len > L->length || pc->laddr - L->addr > L->length - pc->len)
-      return sx__err(SX_EBOUNDS, "entry %zu: bytes outside local region %u", i, L->id);
-    rc = sx__plan_add_xfer(plan, pc->R, (const sx_lregion *)L, pc->roff,
-                           (uint8_t *)(uintptr_t)pc->laddr, pc->len);
   }
-  return rc;
+  const sx_region *L = f->L;
+  if (laddr < L->addr || len > L->length || laddr - L->addr > L->length - len)
+    return sx__err(SX_EBOUNDS, "bytes outside local region %u", L->id);
+  return sx__plan_add_xfer(f->plan, R, (const sx_lregion *)L, roff,
+                           (uint8_t *)(uintptr_t)laddr, len);
+}
+
+static int feed_range(void *arg, const sx__prange *pr) {
+  feed *f = arg;
+  mlist *l = f->l;
+  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
+    return SX_ENOMEM;
+  l->p[l->np++].block = pr->block;
+  if (f->rc == 0)
+    f->rc = feed_one(f, pr->R, pr->L->id, pr->roff, pr->laddr, pr->len);
+  return 0;
 }
 
 /* The batch entries of member l: a scattered range per span, or a range
@@ -345,21 +364,27 @@ static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
     }
     return rc;
   }
-  if (notify) {
-    /* A notifying batch notes its entries as it plans them: the public
-     * path. */
-    size_t n = l->np;
-    sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
-    if (r == NULL)
-      return sx__err(SX_ENOMEM, "sx_group_read");
-    for (size_t i = 0; i < n; i++)
-      r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].R->id, l->p[i].roff,
-                             l->p[i].len};
-    int rc = sx_batch_add_ranges(b, r, n);
-    free(r);
+  if (!notify) {
+    /* Collected for a scattered read that did not pay: fed as above. */
+    feed f = {.l = l};
+    sx__pbatch *pb;
+    int rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
+    for (size_t i = 0; i < l->np && rc == 0; i++)
+      rc = feed_one(&f, l->p[i].R, l->p[i].lregion, l->p[i].roff, l->p[i].laddr, l->p[i].len);
     return rc;
   }
-  return add_pieces(b, l);
+  /* A notifying batch notes its entries as it plans them: the public
+   * path. */
+  size_t n = l->np;
+  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
+  if (r == NULL)
+    return sx__err(SX_ENOMEM, "sx_group_read");
+  for (size_t i = 0; i < n; i++)
+    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].R->id, l->p[i].roff,
+                           l->p[i].len};
+  int rc = sx_batch_add_ranges(b, r, n);
+  free(r);
+  return rc;
 }
 
 static void mark(uint8_t *bad, uint32_t block) {
@@ -442,29 +467,43 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
   sx_group *g = r->g;
   mlist *l = &g->m[i];
   l->np = l->ns = 0;
+  l->scatter = 0;
   /* Only TCP into host memory reads scattered ranges. */
   l->spans = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP;
   *emitted = 0;
-  int rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
-                         1ull << i, collect_range, g->m);
-  if (rc == SX_ENOMEM)
-    rc = sx__err(SX_ENOMEM, "expanding the plan");
-  if (rc)
-    return rc;
-  *emitted = 1;
-  if (l->np == 0)
-    return 0;
-  /* Scatter where it saves at least half of the requests (else the
-   * planner's merging of the ranges does as well). */
-  l->scatter = l->spans && l->ns * 2 <= l->np;
   /* One deadline for the read: each batch gets what is left of it. */
   uint64_t now = sx__mono_ms();
   sx_batch_params bp = r->bp;
   bp.timeout_ms = now < r->deadline_ms ? (uint32_t)(r->deadline_ms - now) : 1;
-  sx_batch *b;
-  if ((rc = sx_batch_create(g->segs[i], &bp, &b)) != 0)
-    return rc;
-  if ((rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0)) != 0 || (rc = sx_batch_submit(b)) != 0) {
+  sx_batch *b = NULL;
+  /* Fed as expanded, unless the pieces may become scattered ranges or
+   * the batch notes its entries for a notice. */
+  feed f = {.l = l};
+  int fed = !l->spans && !(bp.flags & SX_BATCH_NOTIFY);
+  sx__pbatch *pb;
+  int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
+  if (rc == 0 && fed)
+    rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
+  if (rc == 0) {
+    rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
+                       1ull << i, fed ? feed_range : collect_range, fed ? (void *)&f
+                                                                        : (void *)g->m);
+    if (rc == SX_ENOMEM)
+      rc = sx__err(SX_ENOMEM, "expanding the plan");
+    *emitted = rc == 0;
+    if (rc == 0)
+      rc = f.rc;
+  }
+  if (rc == 0 && l->np > 0 && !fed) {
+    /* Scatter where it saves at least half of the requests (else the
+     * planner's merging of the ranges does as well). */
+    l->scatter = l->spans && l->ns * 2 <= l->np;
+    if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
+      rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0);
+  }
+  if (rc == 0 && l->np > 0)
+    rc = sx_batch_submit(b);
+  if (rc || l->np == 0) {
     sx_batch_destroy(b);
     return rc;
   }
