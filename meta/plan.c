@@ -628,37 +628,53 @@ static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *co
         continue;
       }
       uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
+      /* What each range needs of the regions, in locals: fn may write
+       * memory, so fields read through pointers would be loaded again for
+       * every range.  rbase[m] is member m's layer in its region. */
+      uint64_t lstride = L->block_stride, lshift = g->lshift, kl = g->kl, kr = g->kr;
+      uint64_t rbase[SX_PLAN_MAX_MEMBERS], rstride[SX_PLAN_MAX_MEMBERS];
+      for (uint32_t m = 0; mask >> m; m++)
+        if (R[m] != NULL) {
+          rbase[m] = (layer - R[m]->layer_first) * R[m]->layer_stride;
+          rstride[m] = R[m]->block_stride;
+        }
+      const sx__piece *pcs = g->whole ? NULL : &p->pieces[g->first];
+      uint32_t npc = g->whole ? 0 : g->n;
+      sx__prange r = {0, R[0], 0, 0, L, L->block_bytes, 0};
       /* Unit u is unit ql of local block j and unit qr of remote block i
        * (u / kl, u % kl, u / kr, u % kr), counted rather than divided: two
        * 64-bit divisions per unit, for every member's pass. */
       uint64_t j = 0, ql = 0, i = 0, qr = 0;
       for (uint64_t u = 0; u < units; u++) {
         if (u > 0) {
-          if (++ql == g->kl)
+          if (++ql == kl)
             ql = 0, j++;
-          if (++qr == g->kr)
+          if (++qr == kr)
             qr = 0, i++;
         }
-        uint64_t laddr = lbase + lb[j] * L->block_stride + ql * g->lshift;
-        if (g->whole) {
-          const sx_region *W = R[0];
-          sx__prange r = {0, W, (layer - W->layer_first) * W->layer_stride +
-                                    rb[i] * W->block_stride,
-                          laddr, L, L->block_bytes, (uint32_t)j};
+        uint64_t laddr = lbase + lb[j] * lstride + ql * lshift;
+        r.block = (uint32_t)j;
+        if (npc == 0) { /* whole: block for block from member 0 */
+          r.member = 0;
+          r.R = R[0];
+          r.roff = rbase[0] + rb[i] * rstride[0];
+          r.laddr = laddr;
+          r.len = L->block_bytes;
           int rc = fn(arg, &r);
           if (rc)
             return rc;
           continue;
         }
-        for (uint32_t q = 0; q < g->n; q++) {
-          const sx__piece *pc = &p->pieces[g->first + q];
-          if (!(members >> pc->member & 1))
+        for (uint32_t q = 0; q < npc; q++) {
+          const sx__piece *pc = &pcs[q];
+          uint32_t m = pc->member;
+          if (!(members >> m & 1))
             continue;
-          const sx_region *W = R[pc->member];
-          sx__prange r = {pc->member, W,
-                          (layer - W->layer_first) * W->layer_stride +
-                              rb[i] * W->block_stride + pc->roff + qr * pc->rshift,
-                          laddr + pc->loff, L, pc->len, (uint32_t)j};
+          r.member = m;
+          r.R = R[m];
+          r.roff = rbase[m] + rb[i] * rstride[m] + pc->roff + qr * pc->rshift;
+          r.laddr = laddr + pc->loff;
+          r.len = pc->len;
           int rc = fn(arg, &r);
           if (rc)
             return rc;
