@@ -3,13 +3,17 @@
  * against this agent's layout once, and read a request's blocks from all of
  * them as one read.
  *
- * A read expands the plan (meta/plan.c) into raw range entries, one batch
- * per member read from, so each member's ranges go through the ordinary
- * batch path: checked against both sides again, merged where contiguous,
- * sliced, posted on that member's transport.  Every batch gets the same
- * deadline and the read waits for all of them; a member that fails (its
- * process restarted: SX_ESTALE, a reset connection) fails its own entries,
- * which map back to the local blocks they were filling.
+ * A read checks the request against the plan first (sx__plan_check: every
+ * block id and key, so a bad request is refused before any byte moves),
+ * then expands the plan (meta/plan.c) member by member into that member's
+ * batch, so each member's ranges go through the batch path: checked against
+ * both sides again, merged where contiguous, sliced, posted on that
+ * member's transport.  A member's batch is submitted as soon as it is
+ * filled, and the next member is planned while its copies run.  Every
+ * batch ends by the same deadline and the read waits for all of them; a
+ * member that fails (its batch could not be made or filled, its process
+ * restarted: SX_ESTALE, a reset connection) fails its own entries, which
+ * map back to the local blocks they were filling.
  */
 #include <fnmatch.h>
 #include <stdio.h>
