@@ -461,7 +461,6 @@ typedef struct gread {
   uint64_t deadline_ms;
   uint8_t *bad;
   sx_batch *b[SX_PLAN_MAX_MEMBERS];
-  uint64_t held; /* members whose batches wait for their submit */
   sx_group_result res;
 } gread;
 
@@ -506,16 +505,13 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
     if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
       rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0);
   }
-  /* A fed member starts now; a collected one (TCP into host memory) when
-   * the others are ready (gread.held). */
-  if (rc == 0 && l->np > 0 && fed)
+  if (rc == 0 && l->np > 0)
     rc = sx_batch_submit(b);
   if (rc || l->np == 0) {
     sx_batch_destroy(b);
     return rc;
   }
   r->b[i] = b;
-  r->held |= fed ? 0 : 1ull << i;
   return 0;
 }
 
@@ -628,13 +624,6 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
     int emitted;
     if ((rc = member_start(&r, i, &emitted)) != 0)
       member_not_started(&r, i, rc, emitted);
-  }
-  for (uint32_t i = 0; i < g->n; i++) {
-    if (!(r.held >> i & 1) || (rc = sx_batch_submit(r.b[i])) == 0)
-      continue;
-    sx_batch_destroy(r.b[i]);
-    r.b[i] = NULL;
-    member_not_started(&r, i, rc, 1);
   }
   for (uint32_t i = 0; i < g->n; i++)
     if (r.b[i] != NULL)
