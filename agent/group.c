@@ -461,13 +461,14 @@ typedef struct gread {
   uint64_t deadline_ms;
   uint8_t *bad;
   sx_batch *b[SX_PLAN_MAX_MEMBERS];
+  uint32_t started; /* batches submitted */
   sx_group_result res;
 } gread;
 
-/* Member i's pieces, batch and submit.  Returns 0 (its batch, if it has
- * pieces, is in r->b[i]) or the error (said); *emitted tells whether its
- * pieces were all collected. */
-static int member_start(gread *r, uint32_t i, int *emitted) {
+/* Member i's pieces and batch.  Returns 0 (its batch, if it has pieces,
+ * is in r->b[i], not submitted) or the error (said); *emitted tells
+ * whether its pieces were all collected. */
+static int member_fill(gread *r, uint32_t i, int *emitted) {
   sx_group *g = r->g;
   mlist *l = &g->m[i];
   l->np = l->ns = 0;
@@ -505,8 +506,6 @@ static int member_start(gread *r, uint32_t i, int *emitted) {
     if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
       rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0);
   }
-  if (rc == 0 && l->np > 0)
-    rc = sx_batch_submit(b);
   if (rc || l->np == 0) {
     sx_batch_destroy(b);
     return rc;
@@ -538,6 +537,18 @@ static void member_not_started(gread *r, uint32_t i, int rc, int emitted) {
   }
   for (size_t k = 0; k < l->np; k++)
     mark(r->bad, l->p[k].block);
+}
+
+/* Submit member i's batch; one that does not start fails its blocks. */
+static void member_submit(gread *r, uint32_t i) {
+  int rc = sx_batch_submit(r->b[i]);
+  if (rc == 0) {
+    r->started++;
+    return;
+  }
+  sx_batch_destroy(r->b[i]);
+  r->b[i] = NULL;
+  member_not_started(r, i, rc, 1);
 }
 
 /* Wait for member i's batch and take its result. */
@@ -620,11 +631,28 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
   r.deadline_ms = sx__mono_ms() + r.bp.timeout_ms;
   r.res.state = SX_BATCH_COMPLETED;
   uint64_t t0 = sx__mono_ns();
+  /* A notifying read fills every member before any starts, so that a
+   * notice that would list too many ranges (SX_ELIMIT) is still refused
+   * before any byte moves. */
+  int hold = notify;
   for (uint32_t i = 0; i < g->n; i++) {
     int emitted;
-    if ((rc = member_start(&r, i, &emitted)) != 0)
+    if ((rc = member_fill(&r, i, &emitted)) != 0) {
+      if (r.started == 0) {
+        /* Nothing moved yet: the read is refused, as a bad request is. */
+        for (uint32_t k = 0; k < g->n; k++)
+          sx_batch_destroy(r.b[k]);
+        free(r.bad);
+        return sx__errwrap(rc, "%s", r.rd[i]->name);
+      }
       member_not_started(&r, i, rc, emitted);
+    } else if (r.b[i] != NULL && !hold) {
+      member_submit(&r, i);
+    }
   }
+  for (uint32_t i = 0; hold && i < g->n; i++)
+    if (r.b[i] != NULL)
+      member_submit(&r, i);
   for (uint32_t i = 0; i < g->n; i++)
     if (r.b[i] != NULL)
       member_end(&r, i);
