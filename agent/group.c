@@ -3,13 +3,17 @@
  * against this agent's layout once, and read a request's blocks from all of
  * them as one read.
  *
- * A read expands the plan (meta/plan.c) into raw range entries, one batch
- * per member read from, so each member's ranges go through the ordinary
- * batch path: checked against both sides again, merged where contiguous,
- * sliced, posted on that member's transport.  Every batch gets the same
- * deadline and the read waits for all of them; a member that fails (its
- * process restarted: SX_ESTALE, a reset connection) fails its own entries,
- * which map back to the local blocks they were filling.
+ * A read checks the request against the plan first (sx__plan_check: every
+ * block id and key, so a bad request is refused before any byte moves),
+ * then expands the plan (meta/plan.c) member by member into that member's
+ * batch, so each member's ranges go through the batch path: checked against
+ * both sides again, merged where contiguous, sliced, posted on that
+ * member's transport.  A member's batch is submitted as soon as it is
+ * filled, and the next member is planned while its copies run.  Every
+ * batch ends by the same deadline and the read waits for all of them; a
+ * member that fails (its batch could not be made or filled, its process
+ * restarted: SX_ESTALE, a reset connection) fails its own entries, which
+ * map back to the local blocks they were filling.
  */
 #include <fnmatch.h>
 #include <stdio.h>
@@ -33,7 +37,8 @@
  * piece nor a copy.  RDMA and device memory read the pieces as ranges.
  */
 typedef struct piece {
-  uint32_t region, block;
+  const sx_region *R; /* in the member's descriptor, which its index holds */
+  uint32_t lregion, block;
   uint64_t roff, laddr, len;
 } piece;
 
@@ -50,6 +55,7 @@ typedef struct mlist {
   size_t ns, caps;
   struct iovec *iov; /* scattered: the spans' pieces, local runs merged */
   size_t capv;
+  int spans;   /* spans are collected: scattered ranges are possible */
   int scatter;
 } mlist;
 
@@ -62,6 +68,15 @@ struct sx_group {
   /* Per member, what a read expands to, kept from read to read: arrays
    * grown afresh would be page-faulted in on every read. */
   mlist *m;
+  /* The snapshot of this agent's layout and regions that reads expand
+   * against, kept while the registrations it was taken under stand: the
+   * same table (held, so its address is never reused by a later one) with
+   * as many regions withdrawn.  Any registration, withdrawal or
+   * unregistration since makes the next read take a new one. */
+  sx__ltable *lt;
+  uint32_t lt_withdrawn;
+  sx_desc local;
+  int host; /* every local region is host memory */
 };
 
 static void mlist_free(mlist *l) {
@@ -73,6 +88,10 @@ static void mlist_free(mlist *l) {
 static void group_free(sx_group *g) {
   for (uint32_t i = 0; g->m && i < g->n; i++)
     mlist_free(&g->m[i]);
+  if (g->lt != NULL) {
+    sx_desc_free(&g->local);
+    sx__ltable_put(g->lt);
+  }
   free(g->m);
   free(g->segs);
   free(g->failed);
@@ -240,7 +259,11 @@ static int collect_range(void *arg, const sx__prange *pr) {
   mlist *l = &((mlist *)arg)[pr->member];
   if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
     return SX_ENOMEM;
-  l->p[l->np] = (piece){pr->R->id, pr->block, pr->roff, pr->laddr, pr->len};
+  l->p[l->np] = (piece){pr->R, pr->L->id, pr->block, pr->roff, pr->laddr, pr->len};
+  if (!l->spans) {
+    l->np++;
+    return 0;
+  }
   span *last = l->ns ? &l->s[l->ns - 1] : NULL;
   /* A span lands in one local region, and is at most a slice long so that
    * a long one still spreads over the connections. */
@@ -265,9 +288,59 @@ static int local_on_host(const sx_desc *local) {
   return 1;
 }
 
+/*
+ * Feeding one member's pieces straight into its batch, as the expansion
+ * makes them: a range entry per piece, numbered in order, with only the
+ * local block kept (l->p[k].block, to report entry k).  The expansion
+ * checked every block id and key, and the remote regions it names are
+ * those of the segment's own index; so what the public range path does per
+ * range (two region searches on each side, a list built and copied) is
+ * left to what cannot have been checked yet: the local region, found by id
+ * in the batch's own snapshot of the registrations (a region unregistered
+ * since the read began is refused), the bounds, and the remote region's
+ * access (sx__plan_add_xfer).  After a failure the expansion runs on,
+ * keeping blocks only, so that the member's failure names all of its own.
+ */
+typedef struct feed {
+  mlist *l;
+  sx__plan *plan;
+  const sx_region *L; /* the batch's registration of local region lid */
+  uint32_t lid;
+  int rc;
+} feed;
+
+/* One range entry: 0, or the error (said). */
+static int feed_one(feed *f, const sx_region *R, uint32_t lid, uint64_t roff, uint64_t laddr,
+                    uint64_t len) {
+  if (f->L == NULL || f->lid != lid) {
+    f->L = sx__rindex_id(f->plan->local, lid);
+    f->lid = lid;
+    if (f->L == NULL || ((const sx_lregion *)f->L)->withdrawn) {
+      f->L = NULL;
+      return sx__err(SX_ENOREGION, "local region %u was unregistered", lid);
+    }
+  }
+  const sx_region *L = f->L;
+  if (laddr < L->addr || len > L->length || laddr - L->addr > L->length - len)
+    return sx__err(SX_EBOUNDS, "bytes outside local region %u", L->id);
+  return sx__plan_add_xfer(f->plan, R, (const sx_lregion *)L, roff,
+                           (uint8_t *)(uintptr_t)laddr, len);
+}
+
+static int feed_range(void *arg, const sx__prange *pr) {
+  feed *f = arg;
+  mlist *l = f->l;
+  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
+    return SX_ENOMEM;
+  l->p[l->np++].block = pr->block;
+  if (f->rc == 0)
+    f->rc = feed_one(f, pr->R, pr->L->id, pr->roff, pr->laddr, pr->len);
+  return 0;
+}
+
 /* The batch entries of member l: a scattered range per span, or a range
  * per piece. */
-static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
+static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
   if (l->scatter) {
     if (l->capv < l->np) {
       free(l->iov);
@@ -295,12 +368,23 @@ static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
     }
     return rc;
   }
+  if (!notify) {
+    /* Collected for a scattered read that did not pay: fed as above. */
+    feed f = {.l = l};
+    sx__pbatch *pb;
+    int rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
+    for (size_t i = 0; i < l->np && rc == 0; i++)
+      rc = feed_one(&f, l->p[i].R, l->p[i].lregion, l->p[i].roff, l->p[i].laddr, l->p[i].len);
+    return rc;
+  }
+  /* A notifying batch notes its entries as it plans them: the public
+   * path. */
   size_t n = l->np;
   sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
   if (r == NULL)
     return sx__err(SX_ENOMEM, "sx_group_read");
   for (size_t i = 0; i < n; i++)
-    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].region, l->p[i].roff,
+    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].R->id, l->p[i].roff,
                            l->p[i].len};
   int rc = sx_batch_add_ranges(b, r, n);
   free(r);
@@ -329,6 +413,191 @@ static int state_rank(sx_batch_state s) {
   return s == SX_BATCH_FAILED ? 3 : s == SX_BATCH_TIMEOUT ? 2 : s == SX_BATCH_CANCELLED ? 1 : 0;
 }
 
+static uint32_t withdrawn_count(const sx__ltable *t) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < t->n; i++)
+    n += __atomic_load_n(&t->v[i]->withdrawn, __ATOMIC_RELAXED) != 0;
+  return n;
+}
+
+/*
+ * g->local up to date with the agent's registrations.  The table is taken
+ * before the snapshot, so the snapshot is of that table or of a later one:
+ * it never holds a region that its key's table lacks, and a table, once
+ * replaced, never comes back.  So a region unregistered (or withdrawn)
+ * since the last read is never written through an old address.
+ */
+static int group_local(sx_group *g) {
+  sx__ltable *t = sx__ltable_get(g->a);
+  uint32_t w = withdrawn_count(t);
+  if (t == g->lt && w == g->lt_withdrawn) {
+    sx__ltable_put(t);
+    return 0;
+  }
+  sx_desc d;
+  int rc = sx__layout_desc(g->a, &d);
+  if (rc) {
+    sx__ltable_put(t);
+    return rc;
+  }
+  if (g->lt != NULL) {
+    sx_desc_free(&g->local);
+    sx__ltable_put(g->lt);
+  }
+  g->local = d;
+  g->lt = t;
+  g->lt_withdrawn = w;
+  g->host = local_on_host(&d);
+  return 0;
+}
+
+/* The state of one read while its members run. */
+typedef struct gread {
+  sx_group *g;
+  const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
+  const uint64_t *rb, *lb;
+  size_t nr, nl;
+  sx_batch_params bp;
+  uint64_t deadline_ms;
+  uint8_t *bad;
+  sx_batch *b[SX_PLAN_MAX_MEMBERS];
+  uint32_t started; /* batches submitted */
+  sx_group_result res;
+} gread;
+
+/* Member i's pieces and batch.  Returns 0 (its batch, if it has pieces,
+ * is in r->b[i], not submitted) or the error (said); *emitted tells
+ * whether its pieces were all collected. */
+static int member_fill(gread *r, uint32_t i, int *emitted) {
+  sx_group *g = r->g;
+  mlist *l = &g->m[i];
+  l->np = l->ns = 0;
+  l->scatter = 0;
+  /* Only TCP into host memory reads scattered ranges. */
+  l->spans = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP;
+  *emitted = 0;
+  /* One deadline for the read: each batch gets what is left of it. */
+  uint64_t now = sx__mono_ms();
+  sx_batch_params bp = r->bp;
+  bp.timeout_ms = now < r->deadline_ms ? (uint32_t)(r->deadline_ms - now) : 1;
+  sx_batch *b = NULL;
+  /* Fed as expanded, unless the pieces may become scattered ranges or
+   * the batch notes its entries for a notice. */
+  feed f = {.l = l};
+  int fed = !l->spans && !(bp.flags & SX_BATCH_NOTIFY);
+  sx__pbatch *pb;
+  int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
+  if (rc == 0 && fed)
+    rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
+  if (rc == 0) {
+    rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
+                       1ull << i, fed ? feed_range : collect_range, fed ? (void *)&f
+                                                                        : (void *)g->m);
+    if (rc == SX_ENOMEM)
+      rc = sx__err(SX_ENOMEM, "expanding the plan");
+    *emitted = rc == 0;
+    if (rc == 0)
+      rc = f.rc;
+  }
+  if (rc == 0 && l->np > 0 && !fed) {
+    /* Scatter where it saves at least half of the requests (else the
+     * planner's merging of the ranges does as well). */
+    l->scatter = l->spans && l->ns * 2 <= l->np;
+    if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
+      rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0);
+  }
+  if (rc || l->np == 0) {
+    sx_batch_destroy(b);
+    return rc;
+  }
+  r->b[i] = b;
+  return 0;
+}
+
+/* Note member i's failure with err and msg as the read's first error if
+ * it is. */
+static void member_error(gread *r, uint32_t i, sx_batch_state st, int err, const char *msg) {
+  if (state_rank(st) > state_rank(r->res.state))
+    r->res.state = st;
+  if (r->res.error == 0) {
+    r->res.error = err;
+    snprintf(r->res.message, sizeof(r->res.message), "%.60s: %.190s", r->rd[i]->name, msg);
+  }
+}
+
+/* Member i did not start: its blocks fail, or every block where its
+ * pieces were not all known. */
+static void member_not_started(gread *r, uint32_t i, int rc, int emitted) {
+  const mlist *l = &r->g->m[i];
+  member_error(r, i, SX_BATCH_FAILED, rc, sx_errmsg());
+  if (!emitted) {
+    for (size_t j = 0; j < r->nl; j++)
+      mark(r->bad, (uint32_t)j);
+    return;
+  }
+  for (size_t k = 0; k < l->np; k++)
+    mark(r->bad, l->p[k].block);
+}
+
+/* Submit member i's batch; one that does not start fails its blocks. */
+static void member_submit(gread *r, uint32_t i) {
+  int rc = sx_batch_submit(r->b[i]);
+  if (rc == 0) {
+    r->started++;
+    return;
+  }
+  sx_batch_destroy(r->b[i]);
+  r->b[i] = NULL;
+  member_not_started(r, i, rc, 1);
+}
+
+/* Wait for member i's batch and take its result. */
+static void member_end(gread *r, uint32_t i) {
+  const mlist *l = &r->g->m[i];
+  sx_batch_result br;
+  /* Each batch ends by the read's deadline, so this wait is bounded. */
+  sx_batch_wait(r->b[i], -1);
+  sx_batch_result_get(r->b[i], &br);
+  r->res.members++;
+  r->res.bytes += br.bytes;
+  r->res.n_ranges += br.n_ranges;
+  if (br.state == SX_BATCH_COMPLETED)
+    return;
+  member_error(r, i, br.state, br.error, br.message);
+  /* Entries are numbered from 0 in the order added (one add call). */
+  for (uint32_t k = 0; k < br.n_failed; k++)
+    mark_entry(r->bad, l, br.failed[k]);
+  if (br.n_failed == 0) /* no list (no memory for it): all of its blocks */
+    for (size_t k = 0; k < l->np; k++)
+      mark(r->bad, l->p[k].block);
+}
+
+/* The failed blocks, by local id in the order given, into g->failed. */
+static int list_failed(sx_group *g, const uint8_t *bad, const uint64_t *lb, size_t nl,
+                       sx_group_result *res) {
+  uint32_t nf = 0;
+  for (size_t j = 0; j < nl; j++)
+    nf += (bad[j / 8] >> (j % 8)) & 1;
+  free(g->failed);
+  g->failed = NULL;
+  if (nf && (g->failed = malloc(nf * sizeof(uint64_t))) == NULL)
+    return sx__err(SX_ENOMEM, "sx_group_read: listing %u failed blocks", nf);
+  for (size_t j = 0, k = 0; j < nl; j++)
+    if ((bad[j / 8] >> (j % 8)) & 1)
+      g->failed[k++] = lb[j];
+  res->n_failed = nf;
+  res->failed = g->failed;
+  return 0;
+}
+
+/*
+ * Everything a request can be refused for is checked first, against the
+ * local snapshot and every member: its block ids and keys.  Then member by
+ * member: its pieces, its batch, submitted at once, so that the first
+ * member's copies run while the next is planned.  A member whose batch
+ * cannot be made, filled or submitted fails only its own blocks; those
+ * already started run on to the one deadline.
+ */
 static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t *lb,
                       size_t nl, uint32_t timeout_ms, int notify, uint64_t tag,
                       sx_group_result *out) {
@@ -339,115 +608,61 @@ static int group_read(sx_group *g, const uint64_t *rb, size_t nr, const uint64_t
   /* It waits for its batches, which the agent thread ends. */
   if (sx__on_loop(g->a))
     return sx__err(SX_EBUSY, "sx_group_read waits: not from the agent thread (a callback)");
-  const sx_desc *rd[SX_PLAN_MAX_MEMBERS];
-  mlist *m = g->m;
-  sx_batch *b[SX_PLAN_MAX_MEMBERS] = {0};
-  uint8_t *bad = calloc(nl / 8 + 1, 1);
-  sx_desc local;
-  int rc = bad ? sx__layout_desc(g->a, &local) : sx__err(SX_ENOMEM, "sx_group_read");
-  if (rc) {
-    free(bad);
-    return rc;
-  }
+  gread r = {.g = g, .rb = rb, .lb = lb, .nr = nr, .nl = nl};
   for (uint32_t i = 0; i < g->n; i++)
-    m[i].np = m[i].ns = 0;
-  for (uint32_t i = 0; i < g->n; i++)
-    rd[i] = sx_segment_desc(g->segs[i]);
+    r.rd[i] = sx_segment_desc(g->segs[i]);
   /* The local snapshot has every region the plan's keys name, or the
-   * expansion refuses: a region unregistered since the open is never
-   * written through an old address. */
-  rc = sx__plan_expand(g->plan, &local, rd, g->n, rb, nr, lb, nl, collect_range, m);
-  int host = local_on_host(&local);
-  sx_desc_free(&local);
-  sx_batch_params bp;
-  sx_batch_params_init(&bp);
-  if (timeout_ms)
-    bp.timeout_ms = timeout_ms;
-  if (notify) {
-    bp.flags |= SX_BATCH_NOTIFY;
-    bp.tag = tag;
-  }
-  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
-    mlist *l = &m[i];
-    if (l->np == 0)
-      continue;
-    /* Scatter where it saves at least half of the requests (else the
-     * planner's merging of the ranges does as well). */
-    l->scatter = host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP &&
-                 l->ns * 2 <= l->np;
-    if ((rc = sx_batch_create(g->segs[i], &bp, &b[i])) == 0 &&
-        (rc = add_entries(b[i], g->segs[i], l)) != 0)
-      rc = sx__errwrap(rc, "%s", rd[i]->name);
-  }
-  sx_group_result res;
-  memset(&res, 0, sizeof(res));
-  res.state = SX_BATCH_COMPLETED;
-  uint64_t t0 = sx__mono_ns();
-  /* Nothing is sent before every member's entries passed their checks. */
-  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
-    if (b[i] == NULL)
-      continue;
-    int src = sx_batch_submit(b[i]);
-    if (src != 0) {
-      /* Not started: its blocks fail; the members already started run on. */
-      sx_batch_destroy(b[i]);
-      b[i] = NULL;
-      for (size_t k = 0; k < m[i].np; k++)
-        mark(bad, m[i].p[k].block);
-      if (res.error == 0) {
-        res.error = src;
-        snprintf(res.message, sizeof(res.message), "%.60s: %.190s", rd[i]->name, sx_errmsg());
-      }
-      res.state = SX_BATCH_FAILED;
-    }
-  }
-  for (uint32_t i = 0; i < g->n && rc == 0; i++) {
-    if (b[i] == NULL)
-      continue;
-    sx_batch_result r;
-    /* Each batch ends by its own deadline (the same for all), so this
-     * wait is bounded. */
-    sx_batch_wait(b[i], -1);
-    sx_batch_result_get(b[i], &r);
-    res.members++;
-    res.bytes += r.bytes;
-    res.n_ranges += r.n_ranges;
-    if (r.state != SX_BATCH_COMPLETED) {
-      if (state_rank(r.state) > state_rank(res.state))
-        res.state = r.state;
-      if (res.error == 0) {
-        res.error = r.error;
-        snprintf(res.message, sizeof(res.message), "%.60s: %.190s", rd[i]->name, r.message);
-      }
-      /* Entries are numbered from 0 in the order added (one add call). */
-      for (uint32_t k = 0; k < r.n_failed; k++)
-        mark_entry(bad, &m[i], r.failed[k]);
-      if (r.n_failed == 0) /* no list (no memory for it): all of its blocks */
-        for (size_t k = 0; k < m[i].np; k++)
-          mark(bad, m[i].p[k].block);
-    }
-  }
-  res.transfer_ns = sx__mono_ns() - t0;
-  for (uint32_t i = 0; i < g->n; i++) {
-    sx_batch_destroy(b[i]);
-  }
-  if (rc == 0) {
-    uint32_t nf = 0;
-    for (size_t j = 0; j < nl; j++)
-      nf += (bad[j / 8] >> (j % 8)) & 1;
-    free(g->failed);
-    g->failed = NULL;
-    if (nf && (g->failed = malloc(nf * sizeof(uint64_t))) == NULL)
-      rc = sx__err(SX_ENOMEM, "sx_group_read: listing %u failed blocks", nf);
-    for (size_t j = 0, k = 0; j < nl && rc == 0; j++)
-      if ((bad[j / 8] >> (j % 8)) & 1)
-        g->failed[k++] = lb[j];
-    res.n_failed = rc == 0 ? nf : 0;
-    res.failed = g->failed;
-  }
-  free(bad);
+   * check refuses: a region unregistered since the open is never written
+   * through an old address. */
+  int rc = group_local(g);
   if (rc == 0)
-    *out = res;
+    rc = sx__plan_check(g->plan, &g->local, r.rd, g->n, rb, nr, lb, nl);
+  if (rc)
+    return rc;
+  if ((r.bad = calloc(nl / 8 + 1, 1)) == NULL)
+    return sx__err(SX_ENOMEM, "sx_group_read");
+  sx_batch_params_init(&r.bp);
+  if (timeout_ms)
+    r.bp.timeout_ms = timeout_ms;
+  if (notify) {
+    r.bp.flags |= SX_BATCH_NOTIFY;
+    r.bp.tag = tag;
+  }
+  r.deadline_ms = sx__mono_ms() + r.bp.timeout_ms;
+  r.res.state = SX_BATCH_COMPLETED;
+  uint64_t t0 = sx__mono_ns();
+  /* A notifying read fills every member before any starts, so that a
+   * notice that would list too many ranges (SX_ELIMIT) is still refused
+   * before any byte moves. */
+  int hold = notify;
+  for (uint32_t i = 0; i < g->n; i++) {
+    int emitted;
+    if ((rc = member_fill(&r, i, &emitted)) != 0) {
+      if (r.started == 0) {
+        /* Nothing moved yet: the read is refused, as a bad request is. */
+        for (uint32_t k = 0; k < g->n; k++)
+          sx_batch_destroy(r.b[k]);
+        free(r.bad);
+        return sx__errwrap(rc, "%s", r.rd[i]->name);
+      }
+      member_not_started(&r, i, rc, emitted);
+    } else if (r.b[i] != NULL && !hold) {
+      member_submit(&r, i);
+    }
+  }
+  for (uint32_t i = 0; hold && i < g->n; i++)
+    if (r.b[i] != NULL)
+      member_submit(&r, i);
+  for (uint32_t i = 0; i < g->n; i++)
+    if (r.b[i] != NULL)
+      member_end(&r, i);
+  r.res.transfer_ns = sx__mono_ns() - t0;
+  for (uint32_t i = 0; i < g->n; i++)
+    sx_batch_destroy(r.b[i]);
+  rc = list_failed(g, r.bad, lb, nl, &r.res);
+  free(r.bad);
+  if (rc == 0)
+    *out = r.res;
   return rc;
 }
 

@@ -117,8 +117,10 @@ void sx__plan_free(sx__plan *p);
 int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n);
 int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n);
 /* One entry: len bytes at roff of remote region R into local, which lies in
- * L (registered memory outside the published table, such as the agent's
- * ping scratch).  The remote side is checked as for range reads. */
+ * L (the caller checked that: registered memory outside the published
+ * table, such as the agent's ping scratch, or a set read's piece inside the
+ * region the batch's own table holds).  The remote side is checked as for
+ * range reads. */
 int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
                       uint64_t roff, uint8_t *local, uint64_t len);
 /* One entry and one range, never merged with another nor sliced: the

@@ -575,88 +575,145 @@ int sx_plan_info_get(const sx_plan *p, sx_plan_info *out) {
 
 /* ------------------------------------------------------------ expansion */
 
-int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
-                    uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
-                    size_t nl, sx__prange_fn fn, void *arg) {
+/* One pass of the expansion over every key: pass 0 checks every key and
+ * block id, pass 1 emits the ranges of the members in `members`. */
+static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                       const uint64_t *rb, size_t nr, const uint64_t *lb, size_t nl,
+                       int pass, uint64_t members, sx__prange_fn fn, void *arg) {
+  char s[16];
+  for (uint32_t ki = 0; ki < p->n_keys; ki++) {
+    const sx__pkey *k = &p->keys[ki];
+    const sx__pgroup *g = &p->groups[k->pg];
+    uint64_t mask = pg_members(p, g);
+    /* A member emitting nothing here needs no lookups (pass 1 of one
+     * member of a pipelined read). */
+    if (pass == 1 && (mask & members) == 0)
+      continue;
+    uint64_t units = (uint64_t)nl * g->kl, runits = (uint64_t)nr * g->kr;
+    if (runits < units)
+      units = runits;
+    for (uint64_t layer = k->layer_first; layer < (uint64_t)k->layer_first + k->layer_count;
+         layer++) {
+      const sx_region *L = sx_desc_find(local, k->group, (uint32_t)layer, k->slot);
+      const sx_region *R[SX_PLAN_MAX_MEMBERS] = {0};
+      if (L == NULL)
+        return sx__err(SX_ENOREGION, "no local region holds group %u layer %lu slot %s "
+                       "any more", k->group, (unsigned long)layer, sx_slot_name(k->slot, s));
+      for (uint32_t i = 0; mask >> i; i++) {
+        if (!(mask >> i & 1))
+          continue;
+        R[i] = sx_desc_find(remotes[i], k->group, (uint32_t)layer, k->slot);
+        if (R[i] == NULL)
+          return sx__err(SX_ENOREGION, "%s has no region for group %u layer %lu slot %s",
+                         remotes[i]->name, k->group, (unsigned long)layer,
+                         sx_slot_name(k->slot, s));
+        if (pass == 0 && g->whole && R[i]->block_bytes != L->block_bytes)
+          return sx__err(SX_EINCOMPAT, "block_bytes differs at group %u layer %lu slot %s: "
+                         "local %lu, %s %lu", k->group, (unsigned long)layer,
+                         sx_slot_name(k->slot, s), (unsigned long)L->block_bytes,
+                         remotes[i]->name, (unsigned long)R[i]->block_bytes);
+        if (pass == 0)
+          for (size_t j = 0; j < nr && (uint64_t)j * g->kr < units; j++)
+            if (rb[j] >= R[i]->num_blocks)
+              return sx__err(SX_EBOUNDS, "remote block %lu is outside %s's region %u "
+                             "(%lu blocks)", (unsigned long)rb[j], remotes[i]->name,
+                             R[i]->id, (unsigned long)R[i]->num_blocks);
+      }
+      if (pass == 0) {
+        for (size_t j = 0; j < nl && (uint64_t)j * g->kl < units; j++)
+          if (lb[j] >= L->num_blocks)
+            return sx__err(SX_EBOUNDS, "local block %lu is outside local region %u "
+                           "(%lu blocks)", (unsigned long)lb[j], L->id,
+                           (unsigned long)L->num_blocks);
+        continue;
+      }
+      uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
+      /* What each range needs of the regions, in locals: fn may write
+       * memory, so fields read through pointers would be loaded again for
+       * every range.  rbase[m] is member m's layer in its region. */
+      uint64_t lstride = L->block_stride, lshift = g->lshift, kl = g->kl, kr = g->kr;
+      uint64_t rbase[SX_PLAN_MAX_MEMBERS], rstride[SX_PLAN_MAX_MEMBERS];
+      for (uint32_t m = 0; mask >> m; m++)
+        if (R[m] != NULL) {
+          rbase[m] = (layer - R[m]->layer_first) * R[m]->layer_stride;
+          rstride[m] = R[m]->block_stride;
+        }
+      const sx__piece *pcs = g->whole ? NULL : &p->pieces[g->first];
+      uint32_t npc = g->whole ? 0 : g->n;
+      sx__prange r = {0, R[0], 0, 0, L, L->block_bytes, 0};
+      /* Unit u is unit ql of local block j and unit qr of remote block i
+       * (u / kl, u % kl, u / kr, u % kr), counted rather than divided: two
+       * 64-bit divisions per unit, for every member's pass. */
+      uint64_t j = 0, ql = 0, i = 0, qr = 0;
+      for (uint64_t u = 0; u < units; u++) {
+        if (u > 0) {
+          if (++ql == kl)
+            ql = 0, j++;
+          if (++qr == kr)
+            qr = 0, i++;
+        }
+        uint64_t laddr = lbase + lb[j] * lstride + ql * lshift;
+        r.block = (uint32_t)j;
+        if (npc == 0) { /* whole: block for block from member 0 */
+          r.member = 0;
+          r.R = R[0];
+          r.roff = rbase[0] + rb[i] * rstride[0];
+          r.laddr = laddr;
+          r.len = L->block_bytes;
+          int rc = fn(arg, &r);
+          if (rc)
+            return rc;
+          continue;
+        }
+        for (uint32_t q = 0; q < npc; q++) {
+          const sx__piece *pc = &pcs[q];
+          uint32_t m = pc->member;
+          if (!(members >> m & 1))
+            continue;
+          r.member = m;
+          r.R = R[m];
+          r.roff = rbase[m] + rb[i] * rstride[m] + pc->roff + qr * pc->rshift;
+          r.laddr = laddr + pc->loff;
+          r.len = pc->len;
+          int rc = fn(arg, &r);
+          if (rc)
+            return rc;
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+static int expand_args(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                       uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                       size_t nl) {
   if (p == NULL || local == NULL || remotes == NULL || (nr && rb == NULL) ||
       (nl && lb == NULL))
     return sx__err(SX_EINVAL, "expanding a plan: NULL argument");
   if (n_remotes != p->n_members)
     return sx__err(SX_EINVAL, "expanding a plan of %u segments with %u", p->n_members,
                    n_remotes);
-  char s[16];
-  /* Pass one: every key and block id, before anything is emitted. */
-  for (int pass = 0; pass < 2; pass++) {
-    for (uint32_t ki = 0; ki < p->n_keys; ki++) {
-      const sx__pkey *k = &p->keys[ki];
-      const sx__pgroup *g = &p->groups[k->pg];
-      uint64_t units = (uint64_t)nl * g->kl, runits = (uint64_t)nr * g->kr;
-      if (runits < units)
-        units = runits;
-      for (uint64_t layer = k->layer_first; layer < (uint64_t)k->layer_first + k->layer_count;
-           layer++) {
-        const sx_region *L = sx_desc_find(local, k->group, (uint32_t)layer, k->slot);
-        const sx_region *R[SX_PLAN_MAX_MEMBERS] = {0};
-        if (L == NULL)
-          return sx__err(SX_ENOREGION, "no local region holds group %u layer %lu slot %s "
-                         "any more", k->group, (unsigned long)layer, sx_slot_name(k->slot, s));
-        uint64_t mask = pg_members(p, g);
-        for (uint32_t i = 0; mask >> i; i++) {
-          if (!(mask >> i & 1))
-            continue;
-          R[i] = sx_desc_find(remotes[i], k->group, (uint32_t)layer, k->slot);
-          if (R[i] == NULL)
-            return sx__err(SX_ENOREGION, "%s has no region for group %u layer %lu slot %s",
-                           remotes[i]->name, k->group, (unsigned long)layer,
-                           sx_slot_name(k->slot, s));
-          if (pass == 0 && g->whole && R[i]->block_bytes != L->block_bytes)
-            return sx__err(SX_EINCOMPAT, "block_bytes differs at group %u layer %lu slot %s: "
-                           "local %lu, %s %lu", k->group, (unsigned long)layer,
-                           sx_slot_name(k->slot, s), (unsigned long)L->block_bytes,
-                           remotes[i]->name, (unsigned long)R[i]->block_bytes);
-          if (pass == 0)
-            for (size_t j = 0; j < nr && (uint64_t)j * g->kr < units; j++)
-              if (rb[j] >= R[i]->num_blocks)
-                return sx__err(SX_EBOUNDS, "remote block %lu is outside %s's region %u "
-                               "(%lu blocks)", (unsigned long)rb[j], remotes[i]->name,
-                               R[i]->id, (unsigned long)R[i]->num_blocks);
-        }
-        if (pass == 0) {
-          for (size_t j = 0; j < nl && (uint64_t)j * g->kl < units; j++)
-            if (lb[j] >= L->num_blocks)
-              return sx__err(SX_EBOUNDS, "local block %lu is outside local region %u "
-                             "(%lu blocks)", (unsigned long)lb[j], L->id,
-                             (unsigned long)L->num_blocks);
-          continue;
-        }
-        uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
-        for (uint64_t u = 0; u < units; u++) {
-          uint64_t j = u / g->kl, ql = u % g->kl, i = u / g->kr, qr = u % g->kr;
-          uint64_t laddr = lbase + lb[j] * L->block_stride + ql * g->lshift;
-          if (g->whole) {
-            const sx_region *W = R[0];
-            sx__prange r = {0, W, (layer - W->layer_first) * W->layer_stride +
-                                      rb[i] * W->block_stride,
-                            laddr, L, L->block_bytes, (uint32_t)j};
-            int rc = fn(arg, &r);
-            if (rc)
-              return rc;
-            continue;
-          }
-          for (uint32_t q = 0; q < g->n; q++) {
-            const sx__piece *pc = &p->pieces[g->first + q];
-            const sx_region *W = R[pc->member];
-            sx__prange r = {pc->member, W,
-                            (layer - W->layer_first) * W->layer_stride +
-                                rb[i] * W->block_stride + pc->roff + qr * pc->rshift,
-                            laddr + pc->loff, L, pc->len, (uint32_t)j};
-            int rc = fn(arg, &r);
-            if (rc)
-              return rc;
-          }
-        }
-      }
-    }
-  }
   return 0;
+}
+
+int sx__plan_check(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                   uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                   size_t nl) {
+  int rc = expand_args(p, local, remotes, n_remotes, rb, nr, lb, nl);
+  return rc ? rc : expand_pass(p, local, remotes, rb, nr, lb, nl, 0, 0, NULL, NULL);
+}
+
+int sx__plan_emit(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                  uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                  size_t nl, uint64_t members, sx__prange_fn fn, void *arg) {
+  int rc = expand_args(p, local, remotes, n_remotes, rb, nr, lb, nl);
+  return rc ? rc : expand_pass(p, local, remotes, rb, nr, lb, nl, 1, members, fn, arg);
+}
+
+int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                    uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                    size_t nl, sx__prange_fn fn, void *arg) {
+  int rc = sx__plan_check(p, local, remotes, n_remotes, rb, nr, lb, nl);
+  return rc ? rc : sx__plan_emit(p, local, remotes, n_remotes, rb, nr, lb, nl, ~0ull, fn, arg);
 }

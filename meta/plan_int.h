@@ -79,5 +79,17 @@ typedef int (*sx__prange_fn)(void *arg, const sx__prange *r);
 int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                     uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
                     size_t nl, sx__prange_fn fn, void *arg);
+/* The expansion's two halves, for a read that starts each member's batch
+ * as soon as it is planned (agent/group.c): sx__plan_check() is the first
+ * pass alone (every check above, nothing emitted), sx__plan_emit() the
+ * second for the members in the bit mask `members` only (bit i: member i),
+ * in the same order, after a check of the same arguments.  Its lookups can
+ * still fail (SX_ENOREGION) if the descriptors changed in between. */
+int sx__plan_check(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                   uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                   size_t nl);
+int sx__plan_emit(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
+                  uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
+                  size_t nl, uint64_t members, sx__prange_fn fn, void *arg);
 
 #endif

@@ -27,6 +27,7 @@ typedef struct rank {
   sx_kv_order order;
   uint32_t tokens, first, count;
   float *mem[2];
+  uint32_t id[2]; /* the regions */
 } rank;
 
 static uint64_t block_elems(const rank *r) { return (uint64_t)r->tokens * r->count * HEAD_DIM; }
@@ -54,7 +55,7 @@ static void fill(rank *r, const uint64_t *table, uint32_t tokens) {
 
 static void rank_start(rank *r, const char *url, const char *name, sx_kv_order order,
                        uint32_t tokens, uint32_t first, uint32_t count, uint32_t tp_rank,
-                       uint32_t tp_size) {
+                       uint32_t tp_size, uint32_t access) {
   memset(r, 0, sizeof(*r));
   r->order = order;
   r->tokens = tokens;
@@ -81,9 +82,8 @@ static void rank_start(rank *r, const char *url, const char *name, sx_kv_order o
     sx_region_params rp = {.addr = r->mem[s], .length = (uint64_t)LAYERS * BLOCKS * bb,
                            .layer_count = LAYERS, .layer_stride = BLOCKS * bb, .slot = s,
                            .block_bytes = bb, .num_blocks = BLOCKS,
-                           .access = SX_ACCESS_REMOTE_READ};
-    uint32_t id;
-    sxt_ok(sx_agent_register(r->a, &rp, &id));
+                           .access = access};
+    sxt_ok(sx_agent_register(r->a, &rp, &r->id[s]));
   }
   if (name)
     sxt_ok(sx_agent_publish(r->a, 0));
@@ -102,21 +102,30 @@ static const uint64_t LB[] = {5, 11, 2, 7, 13, 1, 8, 4}; /* and here */
 
 typedef struct world {
   int scattered;
+  int denied; /* the prefill rank whose regions allow no remote reads, or -1 */
   char url[128];
   rank p[2], d;
 } world;
 
-static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
+static int setup_world(void **state, sx_kv_order pre, uint32_t pre_tokens, int denied) {
   world *w = calloc(1, sizeof(*w));
   sxt_mem_url(w->url, sizeof(w->url), "group");
   w->scattered = pre == SX_KV_NHD;
-  rank_start(&w->p[0], w->url, "pf/tp0", pre, pre_tokens, 0, 2, 0, 2);
-  rank_start(&w->p[1], w->url, "pf/tp1", pre, pre_tokens, 2, 2, 1, 2);
-  fill(&w->p[0], RB, TOKENS);
-  fill(&w->p[1], RB, TOKENS);
-  rank_start(&w->d, w->url, NULL, SX_KV_NHD, 4, 0, HEADS, 0, 1);
+  w->denied = denied;
+  for (int i = 0; i < 2; i++) {
+    char name[16];
+    snprintf(name, sizeof(name), "pf/tp%d", i);
+    rank_start(&w->p[i], w->url, name, pre, pre_tokens, 2u * (uint32_t)i, 2, (uint32_t)i, 2,
+               i == denied ? SX_ACCESS_REMOTE_WRITE : SX_ACCESS_REMOTE_READ);
+    fill(&w->p[i], RB, TOKENS);
+  }
+  rank_start(&w->d, w->url, NULL, SX_KV_NHD, 4, 0, HEADS, 0, 1, SX_ACCESS_REMOTE_READ);
   *state = w;
   return 0;
+}
+
+static int setup_orders(void **state, sx_kv_order pre, uint32_t pre_tokens) {
+  return setup_world(state, pre, pre_tokens, -1);
 }
 
 /* HND blocks of 8 tokens into NHD blocks of 4: pieces read directly. */
@@ -126,6 +135,12 @@ static int setup(void **state) { return setup_orders(state, SX_KV_HND, 8); }
  * piece, but its whole block is contiguous remotely: over TCP one request
  * per remote block, received scattered into the pieces. */
 static int setup_scattered(void **state) { return setup_orders(state, SX_KV_NHD, 8); }
+
+/* HND and NHD sets whose rank 1, or rank 0, serves no reads: its regions
+ * are published for remote writes only. */
+static int setup_denied1(void **state) { return setup_world(state, SX_KV_HND, 8, 1); }
+static int setup_denied1_scattered(void **state) { return setup_world(state, SX_KV_NHD, 8, 1); }
+static int setup_denied0(void **state) { return setup_world(state, SX_KV_HND, 8, 0); }
 
 static int teardown(void **state) {
   world *w = *state;
@@ -356,6 +371,121 @@ static void test_group_member_gone_fails_the_blocks_it_fed(void **state) {
   sx_group_close(g);
 }
 
+/*
+ * A member whose batch cannot be filled (its regions refuse remote reads:
+ * the batch planner says so while the entries are added) after another
+ * member's batch was submitted: the read goes on, the other member's
+ * heads arrive, and every local block the refusing member fed is reported
+ * failed, with its error and name.  With the refusing member first, or
+ * in a notifying read (every member is filled before any starts), nothing
+ * has moved yet when it fails: the read is refused as a bad request is.
+ */
+static void test_group_member_that_cannot_start_fails_its_blocks(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
+  sx_agent_status before, after;
+  int ok = 1 - w->denied;
+  sxt_ok(sx_agent_status_get(w->p[ok].a, &before));
+  sx_group_result r;
+  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
+  if (w->denied == 0) {
+    sxt_rc(sx_group_read(g, RB, 4, LB, 8, 3000, &r), SX_EDENIED);
+    assert_non_null(strstr(sx_errmsg(), "pf/tp0"));
+    assert_non_null(strstr(sx_errmsg(), "does not allow remote reads"));
+    sxt_ok(sx_agent_status_get(w->p[ok].a, &after));
+    assert_int_equal(after.served_reads, before.served_reads);
+    float *zero = calloc(1, size);
+    assert_non_null(zero);
+    for (int s = 0; s < 2; s++)
+      assert_memory_equal(w->d.mem[s], zero, size);
+    free(zero);
+    sx_group_close(g);
+    return;
+  }
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 3000, &r));
+  assert_int_equal(r.state, SX_BATCH_FAILED);
+  assert_int_equal(r.error, SX_EDENIED);
+  assert_non_null(strstr(r.message, "pf/tp1"));
+  assert_int_equal(r.members, 1);
+  /* The other rank's half of every token: its two heads of four. */
+  assert_int_equal(r.bytes, 1ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
+  assert_int_equal(r.n_failed, 8);
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(r.failed[i], LB[i]);
+  sxt_ok(sx_agent_status_get(w->p[ok].a, &after));
+  assert_true(after.served_reads > before.served_reads);
+  /* Byte for byte: the heads of the rank that served are the reference's,
+   * the others were never written. */
+  rank ref = w->d;
+  for (int s = 0; s < 2; s++)
+    assert_non_null(ref.mem[s] = calloc(1, size));
+  fill(&ref, LB, TOKENS);
+  uint32_t h0 = w->p[ok].first;
+  for (uint32_t s = 0; s < 2; s++)
+    for (uint32_t l = 0; l < LAYERS; l++)
+      for (uint64_t b = 0; b < BLOCKS; b++)
+        for (uint32_t t = 0; t < w->d.tokens; t++)
+          for (uint32_t h = 0; h < HEADS; h++)
+            for (uint32_t e = 0; e < HEAD_DIM; e++) {
+              float want = h >= h0 && h < h0 + 2 ? *elem(&ref, s, l, b, t, h, e) : 0.0f;
+              if (*elem(&w->d, s, l, b, t, h, e) != want)
+                fail_msg("slot %u layer %u block %lu token %u head %u: %g, want %g", s, l,
+                         (unsigned long)b, t, h, (double)*elem(&w->d, s, l, b, t, h, e),
+                         (double)want);
+            }
+  for (int s = 0; s < 2; s++)
+    free(ref.mem[s]);
+  /* A notifying read fills every member before any starts (a notice too
+   * large is refused before any byte moves): refused the same way. */
+  sxt_ok(sx_agent_status_get(w->p[ok].a, &before));
+  sxt_rc(sx_group_read_notify(g, RB, 4, LB, 8, 3000, 7, &r), SX_EDENIED);
+  assert_non_null(strstr(sx_errmsg(), "pf/tp1"));
+  sxt_ok(sx_agent_status_get(w->p[ok].a, &after));
+  assert_int_equal(after.served_reads, before.served_reads);
+  sx_group_close(g);
+}
+
+/*
+ * The set keeps its snapshot of the reader's regions from read to read,
+ * but never past a change: after the V region is unregistered the read
+ * is refused (no local region holds the key) and its old memory is not
+ * written; once V is registered again, elsewhere, the next read fills the
+ * new memory.
+ */
+static void test_group_read_follows_the_registrations(void **state) {
+  world *w = *state;
+  sx_group *g = open_pf(w);
+  sx_group_result r;
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  expect_reference(w);
+  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
+  sxt_ok(sx_agent_unregister(w->d.a, w->d.id[1]));
+  memset(w->d.mem[1], 0, size);
+  sxt_rc(sx_group_read(g, RB, 4, LB, 8, 5000, &r), SX_ENOREGION);
+  assert_non_null(strstr(sx_errmsg(), "no local region"));
+  float *zero = calloc(1, size);
+  assert_non_null(zero);
+  assert_memory_equal(w->d.mem[1], zero, size);
+  free(zero);
+  /* V again, in new memory (the old stays unregistered and untouched). */
+  float *old = w->d.mem[1];
+  assert_non_null(w->d.mem[1] = calloc(1, size));
+  uint64_t bb = block_elems(&w->d) * sizeof(float);
+  sx_region_params rp = {.addr = w->d.mem[1], .length = size, .layer_count = LAYERS,
+                         .layer_stride = BLOCKS * bb, .slot = 1, .block_bytes = bb,
+                         .num_blocks = BLOCKS, .access = SX_ACCESS_REMOTE_READ};
+  sxt_ok(sx_agent_register(w->d.a, &rp, &w->d.id[1]));
+  sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
+  assert_int_equal(r.state, SX_BATCH_COMPLETED);
+  expect_reference(w);
+  for (size_t i = 0; i < size / sizeof(float); i++)
+    if (old[i] != 0.0f)
+      fail_msg("the unregistered memory was written at %zu", i);
+  free(old);
+  sx_group_close(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_group_tp2_into_tp1_by_engine_name,
@@ -374,6 +504,14 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_group_member_gone_fails_the_blocks_it_fed, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_that_cannot_start_fails_its_blocks,
+                                      setup_denied1, teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_that_cannot_start_fails_its_blocks,
+                                      setup_denied1_scattered, teardown),
+      cmocka_unit_test_setup_teardown(test_group_member_that_cannot_start_fails_its_blocks,
+                                      setup_denied0, teardown),
+      cmocka_unit_test_setup_teardown(test_group_read_follows_the_registrations,
+                                      setup_scattered, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

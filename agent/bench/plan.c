@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -376,6 +377,13 @@ static int spawn(int argc, char **argv, const char *url, pid_t *pid, int *lifeli
   return -1;
 }
 
+/* The calling thread's CPU time, seconds. */
+static double thread_cpu(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int bx_plan_main(const bx_common *o, int argc, char **argv) {
   cfg c = CFG_DEFAULT;
   int rc = parse(&c, argc, argv);
@@ -440,7 +448,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const char *names[CASES] = {"equal layouts (sx_batch_add_blocks)",
                                      "equal layouts through a plan (sx_group_read)",
                                      "TP=2 -> TP=1 plan (sx_group_read)"};
-  double secs[CASES] = {0}, bytes[CASES] = {0}, cpu[CASES] = {0};
+  double secs[CASES] = {0}, bytes[CASES] = {0}, cpu[CASES] = {0}, caller[CASES] = {0};
+  uint64_t reads[CASES] = {0};
   uint64_t per_read = 2ull * c.layers * c.batch * rd.bb;
   bx_progress_start(o, "plan", (int)(c.rounds * CASES), o->duration * c.rounds * CASES);
   for (uint32_t round = 0; round < c.rounds; round++)
@@ -452,7 +461,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
                 "differ from the source (or the read failed)");
         goto out;
       }
-      double t0 = bx_now(), c0 = bx_cpu_self(), t;
+      double t0 = bx_now(), c0 = bx_cpu_self(), k0 = thread_cpu(), t;
       uint64_t n = 0;
       do {
         if (read_once((kase)k, seg, whole, tp2, &c, rb, lb))
@@ -461,6 +470,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
       } while ((t = bx_now() - t0) < o->duration);
       secs[k] += t;
       cpu[k] += bx_cpu_self() - c0;
+      caller[k] += thread_cpu() - k0;
+      reads[k] += n;
       bytes[k] += (double)n * per_read;
     }
   bx_progress_end();
@@ -469,9 +480,10 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
       {"case", "CASE", NULL}, {"order", "ORDER", NULL}, {"pieces", "PIECES/UNIT", "%.0f"},
       {"gib_s", "GiB/s", "%.3f"}, {"vs_equal", "VS EQUAL", "%.2fx"},
       {"cpu_s_gib", "CPU s/GiB", "%.3f"}, {"cpu_vs_equal", "CPU VS EQUAL", "%.2fx"},
+      {"us_read", "us/READ", "%.0f"}, {"caller_us_read", "CALLER us/READ", "%.1f"},
   };
   bx_table *tb = bx_table_add(rep, "plan", "Reading through a read plan against equal "
-                              "layouts, same bytes, same run", cols, 7);
+                              "layouts, same bytes, same run", cols, 9);
   char b1[32];
   sx_transport_kind tk = sx_segment_transport(seg);
   bx_table_note(tb, "pools on %s; read over %s%s", c.location,
@@ -481,6 +493,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
                                          : " (the sources in a child process)");
   bx_table_note(tb, "CPU: this process's, every thread (%s)",
                 c.device < 0 ? "the sources' agents and the reader's" : "the reader's only");
+  bx_table_note(tb, "us/READ: wall time per read, one at a time; CALLER us/READ: the CPU "
+                "time of the thread that calls (planning, submitting, waking), per read");
   bx_table_note(tb, "request: %u blocks x %u layers x K,V of %s (%u tokens x %u heads x "
                 "%u x bf16), scattered ids; %u rounds of %.1f s per case", c.batch, c.layers,
                 bx_size_name(rd.bb, b1, sizeof(b1)), c.tokens, c.heads, c.head_dim,
@@ -500,6 +514,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
     bx_set_num(row, "vs_equal", rate[k] / rate[EQUAL]);
     bx_set_num(row, "cpu_s_gib", cost[k]);
     bx_set_num(row, "cpu_vs_equal", cost[k] / cost[EQUAL]);
+    bx_set_num(row, "us_read", reads[k] ? secs[k] / (double)reads[k] * 1e6 : 0);
+    bx_set_num(row, "caller_us_read", reads[k] ? caller[k] / (double)reads[k] * 1e6 : 0);
   }
   bx_target(rep, "TP=2 -> TP=1 plan read rate vs equal layouts", rate[TP2] / rate[EQUAL],
             "x", ">=", 0.8, "equal layouts read the same bytes in the same run");

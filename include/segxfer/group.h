@@ -89,12 +89,16 @@ typedef struct sx_group_result {
 /*
  * Read one request: remote_blocks[0..n_remote) are its blocks on every
  * member (a tensor-parallel engine's ranks share one block table),
- * local_blocks[0..n_local) where it goes here, both in token order.  The
- * plan is expanded (every block id checked first: SX_EBOUNDS,
- * SX_ENOREGION, nothing sent), one batch per member read from is
- * submitted, all under one deadline of timeout_ms (0: 30000), and waited
- * for.  Returns 0 when the read ran (whatever its outcome: see
- * out->state and out->failed), or the error that kept it from starting.
+ * local_blocks[0..n_local) where it goes here, both in token order.
+ * Every block id and key is checked first (SX_EBOUNDS, SX_ENOREGION,
+ * nothing sent); then member by member the plan is expanded into one batch
+ * per member read from, submitted as soon as it is filled (the first
+ * member's copies run while the next is planned), all under one deadline
+ * of timeout_ms (0: 30000), and waited for.  A member whose batch cannot
+ * be made or filled (its regions refuse remote reads: SX_EDENIED) refuses
+ * the read if no member has started yet, else fails only its own blocks.
+ * Returns 0 when the read ran (whatever its outcome: see out->state and
+ * out->failed), or the error that kept it from starting.
  */
 SX_EXTERN int sx_group_read(sx_group *g, const uint64_t *remote_blocks, size_t n_remote,
                             const uint64_t *local_blocks, size_t n_local,
@@ -108,7 +112,8 @@ SX_EXTERN int sx_group_read(sx_group *g, const uint64_t *remote_blocks, size_t n
  * batch fails, times out or is cancelled gets none.  The notice lists the
  * member's ranges merged where contiguous: a head slice of token-major (NHD)
  * blocks is one range per token, and more than SX_NOTICE_MAX_ENTRIES of them
- * for one member is refused before anything is sent (SX_ELIMIT).
+ * for one member is refused before anything is sent (SX_ELIMIT): every
+ * member's batch is filled before any is submitted.
  */
 SX_EXTERN int sx_group_read_notify(sx_group *g, const uint64_t *remote_blocks,
                                    size_t n_remote, const uint64_t *local_blocks,
