@@ -239,6 +239,20 @@ static void target_say(target *t, const char *line) {
   fflush(t->in);
 }
 
+/* The target unregisters its pool's region of slot; it must succeed.
+ * Returns how long it took (ms). */
+static unsigned long target_unregister(target *t, int slot) {
+  char line[64];
+  int rc = -1;
+  unsigned long ms = 0;
+  snprintf(line, sizeof(line), "unregister %d", slot);
+  target_say(t, line);
+  assert_non_null(fgets(line, sizeof(line), t->out));
+  assert_int_equal(sscanf(line, "done %d %lu", &rc, &ms), 2);
+  assert_int_equal(rc, 0);
+  return ms;
+}
+
 static int target_end(target *t, int sig) {
   drop_target(t);
   if (sig)
@@ -484,13 +498,7 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
   gpu_pool r;
   sx_segment *seg = reader_of("ipc-u", "ipc-u-r", &r, &ra);
   assert_int_equal(sx__mem_ipc_open_count(), 2);
-  target_say(&t, "unregister 0");
-  char line[64];
-  int rc = -1;
-  unsigned long ms = 0;
-  assert_non_null(fgets(line, sizeof(line), t.out));
-  assert_int_equal(sscanf(line, "done %d %lu", &rc, &ms), 2);
-  assert_int_equal(rc, 0);
+  unsigned long ms = target_unregister(&t, 0);
   assert_true(ms < SX__IPC_REVOKE_MS);
   assert_int_equal(sx__mem_ipc_open_count(), 1);
   sx_block_read k = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_K, .count = 2};
@@ -509,6 +517,20 @@ static void test_gpu_ipc_unregister_while_mapped(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* The segment name opened again once a's cache has a descriptor newer
+ * than generation gen (it learns it from the store's event). */
+static sx_segment *open_newer(sx_agent *a, const char *name, uint64_t gen) {
+  for (int i = 0; i < 200; i++) {
+    sx_segment *s = open_seg(a, name);
+    if (sx_segment_desc(s)->generation != gen)
+      return s;
+    sx_segment_close(s);
+    sxt_sleep_ms(25);
+  }
+  fail_msg("%s: no generation after %lu within 5 s", name, (unsigned long)gen);
+  return NULL;
+}
+
 /* Segments of one target incarnation opened on different descriptors:
  * the first before K was unregistered (K, V), the second after (V alone, a
  * republished generation), the third after a new region was registered.
@@ -525,24 +547,10 @@ static void test_gpu_ipc_second_generation(void **state) {
   gpu_pool r;
   sx_segment *s1 = reader_of("ipc-g", "ipc-g-r", &r, &ra);
   uint64_t gen1 = sx_segment_desc(s1)->generation;
-  target_say(&t, "unregister 0");
+  target_unregister(&t, 0);
   char line[64];
   int rc = -1;
-  unsigned long ms = 0;
-  assert_non_null(fgets(line, sizeof(line), t.out));
-  assert_int_equal(sscanf(line, "done %d %lu", &rc, &ms), 2);
-  assert_int_equal(rc, 0);
-  /* The reader's cache learns the new generation (the store's event). */
-  sx_segment *s2 = NULL;
-  for (int i = 0; i < 200; i++) {
-    s2 = open_seg(ra, "ipc-g");
-    if (sx_segment_desc(s2)->generation != gen1)
-      break;
-    sx_segment_close(s2);
-    s2 = NULL;
-    sxt_sleep_ms(25);
-  }
-  assert_non_null(s2);
+  sx_segment *s2 = open_newer(ra, "ipc-g", gen1);
   assert_int_equal(sx_segment_desc(s2)->n_regions, 1);
   assert_int_equal(sx_segment_transport(s2), SX_TRANSPORT_CUDA_IPC);
   sx_block_read v = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_V, .remote_block = 7,
@@ -566,16 +574,7 @@ static void test_gpu_ipc_second_generation(void **state) {
   assert_non_null(fgets(line, sizeof(line), t.out));
   assert_int_equal(sscanf(line, "grown %d %u", &rc, &id), 2);
   assert_int_equal(rc, 0);
-  sx_segment *s3 = NULL;
-  for (int i = 0; i < 200; i++) {
-    s3 = open_seg(ra, "ipc-g");
-    if (sx_segment_desc(s3)->generation != gen2)
-      break;
-    sx_segment_close(s3);
-    s3 = NULL;
-    sxt_sleep_ms(25);
-  }
-  assert_non_null(s3);
+  sx_segment *s3 = open_newer(ra, "ipc-g", gen2);
   assert_int_equal(sx_segment_desc(s3)->n_regions, 2);
   uint8_t *host = malloc(3 * BB);
   assert_non_null(host);
