@@ -98,8 +98,9 @@ static int snapshot_desc(sx_agent *a, const sx__ltable *t, sx_desc *out) {
   int rc = 0;
   for (uint32_t i = 0; i < a->p.n_labels && rc == 0; i++)
     rc = sx_desc_set_label(&d, a->p.labels[i].key, a->p.labels[i].value);
+  /* Any thread (sx__layout_desc): the loop may be withdrawing one now. */
   for (uint32_t i = 0; i < t->n && rc == 0; i++)
-    if (!t->v[i]->withdrawn)
+    if (!__atomic_load_n(&t->v[i]->withdrawn, __ATOMIC_RELAXED))
       rc = sx_desc_add_region(&d, &t->v[i]->r);
   if (rc) {
     sx_desc_free(&d);
@@ -324,8 +325,9 @@ static void unreg_run(sx__call *c) {
     sx__call_finish(c, SX_ENOREGION, msg);
     return;
   }
-  /* From here the transports refuse new reads of it. */
-  l->withdrawn = 1;
+  /* From here the transports refuse new reads of it.  Atomic: threads
+   * that snapshot the registrations read it (sx__layout_desc). */
+  __atomic_store_n(&l->withdrawn, 1, __ATOMIC_RELAXED);
   u->l = l;
   for (int k = 0; k < SX__TRANSPORT_SLOTS; k++)
     if (a->tr[k] != NULL && a->tr[k]->ops->withdraw)
