@@ -155,7 +155,8 @@ void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg);
 /* Settle every xfer of op still pending with status, as one
  * sx__op_xfer_done() each would (bytes counted, the first error kept), but
  * in one pass and calling op->done once: for a transport whose whole op
- * ended together (one stream's copies, one notice). */
+ * ended together (one stream's copies, one notice), or that fails or
+ * cancels all that is left of it. */
 void sx__op_xfers_done(sx_op *op, int status, const char *msg);
 
 typedef struct sx_transport_ops {

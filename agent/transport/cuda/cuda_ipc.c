@@ -490,9 +490,7 @@ static void fail_waiting(ipc_peer *p, int err, const char *msg) {
     sx_op *op = o->op;
     int st = o->status ? o->status : err;
     iop_free(o);
-    for (size_t i = 0; i < op->n && op->pending > 0; i++)
-      if (op->xfers[i].status == 1)
-        sx__op_xfer_done(op, i, st, msg);
+    sx__op_xfers_done(op, st, msg);
   }
 }
 
@@ -698,9 +696,7 @@ static void ipc_abort(sx_tpeer *tp, sx_op *op, int status) {
     if (o->op == op) {
       list_del(&p->waiting, o);
       iop_free(o);
-      for (size_t i = 0; i < op->n && op->pending > 0; i++)
-        if (op->xfers[i].status == 1)
-          sx__op_xfer_done(op, i, status, NULL);
+      sx__op_xfers_done(op, status, NULL);
       return;
     }
   }
@@ -772,9 +768,7 @@ static void ipc_peer_close(sx_tpeer *tp) {
     if (o->status == 0)
       o->status = SX_ECANCELED;
     o->p = NULL; /* its notices only free it now */
-    for (size_t i = 0; i < o->op->n && o->op->pending > 0; i++)
-      if (o->op->xfers[i].status == 1)
-        sx__op_xfer_done(o->op, i, o->status, msg);
+    sx__op_xfers_done(o->op, o->status, msg);
   }
   p->running = NULL;
   unmap(p, 1);
