@@ -293,6 +293,20 @@ static sx_segment *open_seg(sx_agent *a, const char *name) {
   return s;
 }
 
+/* One batch of n range reads, run to its end (its failed list dropped). */
+static sx_batch_result run_ranges(sx_segment *seg, const sx_range_read *rr, size_t n) {
+  sx_batch *b;
+  sx_batch_result res;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_ok(sx_batch_add_ranges(b, rr, n));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sxt_ok(sx_batch_result_get(b, &res));
+  res.failed = NULL; /* not valid after destroy */
+  sx_batch_destroy(b);
+  return res;
+}
+
 static void read_verify(sx_segment *seg, const gpu_pool *r, uint32_t seed_round,
                         sx_transport_kind want) {
   sx_block_read e[64];
@@ -333,15 +347,7 @@ static void between(const char *tloc, const char *rloc) {
   /* A range into host memory, and a ping (into host memory) too. */
   uint8_t *host = malloc(3 * BB);
   sx_range_read rr = {.local = host, .remote_region = 1, .offset = 5, .length = 3 * BB};
-  sx_batch *b;
-  sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_ok(sx_batch_add_ranges(b, &rr, 1));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  assert_int_equal(res.state, SX_BATCH_COMPLETED);
-  sx_batch_destroy(b);
+  assert_int_equal(run_ranges(seg, &rr, 1).state, SX_BATCH_COMPLETED);
   assert_int_equal(sx__pattern_check(host, 3 * BB, SEED, 1, 5, NULL), 0);
   free(host);
   uint64_t rtt;
@@ -581,17 +587,10 @@ static void test_gpu_ipc_second_generation(void **state) {
   for (int k = 0; k < 2; k++) { /* the second time it is known */
     memset(host, 0, 3 * BB);
     sx_range_read rr = {.local = host, .remote_region = id, .offset = 7, .length = 3 * BB};
-    sx_batch *b;
-    sxt_ok(sx_batch_create(s3, NULL, &b));
-    if (sx_batch_add_ranges(b, &rr, 1) != 0)
-      fail_msg("add: %s", sx_errmsg());
-    sxt_ok(sx_batch_submit(b));
-    sxt_ok(sx_batch_wait(b, -1));
-    sxt_ok(sx_batch_result_get(b, &res));
+    res = run_ranges(s3, &rr, 1);
     if (res.state != SX_BATCH_COMPLETED)
       fail_msg("the new region through segment 3: %s", res.message);
     assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
-    sx_batch_destroy(b);
     assert_int_equal(sx__pattern_check(host, 3 * BB, SEED, id, 7, NULL), 0);
   }
   free(host);
@@ -815,19 +814,6 @@ static uint64_t count_of(sx__mem_copy_method m) {
 static int on_stand_in(void) {
   const char *l = getenv("SX_CUDA_LIBRARY");
   return l != NULL && strstr(l, "libfakecuda") != NULL;
-}
-
-static sx_batch_result run_ranges(sx_segment *seg, const sx_range_read *rr, size_t n) {
-  sx_batch *b;
-  sx_batch_result res;
-  sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_ok(sx_batch_add_ranges(b, rr, n));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, -1));
-  sxt_ok(sx_batch_result_get(b, &res));
-  res.failed = NULL; /* not valid after destroy */
-  sx_batch_destroy(b);
-  return res;
 }
 
 /* Raw ranges at odd offsets and lengths into device memory at an odd
