@@ -315,7 +315,8 @@ static int feed_one(feed *f, const sx_region *R, uint32_t lid, uint64_t roff, ui
   if (f->L == NULL || f->lid != lid) {
     f->L = sx__rindex_id(f->plan->local, lid);
     f->lid = lid;
-    if (f->L == NULL || ((const sx_lregion *)f->L)->withdrawn) {
+    if (f->L == NULL ||
+        __atomic_load_n(&((const sx_lregion *)f->L)->withdrawn, __ATOMIC_RELAXED)) {
       f->L = NULL;
       return sx__err(SX_ENOREGION, "local region %u was unregistered", lid);
     }
