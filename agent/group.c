@@ -51,6 +51,11 @@ typedef struct span {
 typedef struct mlist {
   piece *p;
   size_t np, capp;
+  /* Fed straight into the batch (fed): p is not filled, only blk, the
+   * local block (its index in the request) of each entry. */
+  int fed;
+  uint32_t *blk;
+  size_t capb;
   span *s;
   size_t ns, caps;
   struct iovec *iov; /* scattered: the spans' pieces, local runs merged */
@@ -80,6 +85,7 @@ struct sx_group {
 };
 
 static void mlist_free(mlist *l) {
+  free(l->blk);
   free(l->p);
   free(l->s);
   free(l->iov);
@@ -243,10 +249,13 @@ int sx_group_open(sx_agent *a, const sx_group_params *p, sx_group **out,
 
 /* ------------------------------------------------------------ reading */
 
-static int grow(void **v, size_t *cap, size_t n, size_t size) {
-  if (n < *cap)
+/* Room for `need` items in *v. */
+static int grow(void **v, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap)
     return 0;
-  size_t c = *cap ? *cap * 2 : 256;
+  size_t c = *cap ? *cap : 256;
+  while (c < need)
+    c *= 2;
   void *nv = realloc(*v, c * size);
   if (nv == NULL)
     return sx__err(SX_ENOMEM, "expanding a plan");
@@ -255,11 +264,10 @@ static int grow(void **v, size_t *cap, size_t n, size_t size) {
   return 0;
 }
 
-static int collect_range(void *arg, const sx__prange *pr) {
-  mlist *l = &((mlist *)arg)[pr->member];
-  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
-    return SX_ENOMEM;
-  l->p[l->np] = (piece){pr->R, pr->L->id, pr->block, pr->roff, pr->laddr, pr->len};
+static int collect_range(mlist *l, const sx__prun *run, uint32_t k) {
+  const sx_region *R = run->R;
+  uint64_t roff = run->roff[k], len = run->len[k];
+  l->p[l->np] = (piece){R, run->L->id, run->block[k], roff, run->laddr[k], len};
   if (!l->spans) {
     l->np++;
     return 0;
@@ -267,16 +275,26 @@ static int collect_range(void *arg, const sx__prange *pr) {
   span *last = l->ns ? &l->s[l->ns - 1] : NULL;
   /* A span lands in one local region, and is at most a slice long so that
    * a long one still spreads over the connections. */
-  if (last && last->region == pr->R->id && last->roff + last->len == pr->roff &&
-      last->lregion == pr->L->id && last->len + pr->len <= SX__PLAN_SLICE) {
-    last->len += pr->len;
+  if (last && last->region == R->id && last->roff + last->len == roff &&
+      last->lregion == run->L->id && last->len + len <= SX__PLAN_SLICE) {
+    last->len += len;
     last->n++;
   } else {
-    if (grow((void **)&l->s, &l->caps, l->ns, sizeof(span)))
+    if (grow((void **)&l->s, &l->caps, l->ns + 1, sizeof(span)))
       return SX_ENOMEM;
-    l->s[l->ns++] = (span){pr->R->id, pr->L->id, pr->roff, pr->len, (uint32_t)l->np, 1};
+    l->s[l->ns++] = (span){R->id, run->L->id, roff, len, (uint32_t)l->np, 1};
   }
   l->np++;
+  return 0;
+}
+
+static int collect_run(void *arg, const sx__prun *run) {
+  mlist *l = &((mlist *)arg)[run->member];
+  if (grow((void **)&l->p, &l->capp, l->np + run->n, sizeof(piece)))
+    return SX_ENOMEM;
+  for (uint32_t k = 0; k < run->n; k++)
+    if (collect_range(l, run, k))
+      return SX_ENOMEM;
   return 0;
 }
 
@@ -291,15 +309,16 @@ static int local_on_host(const sx_desc *local) {
 /*
  * Feeding one member's pieces straight into its batch, as the expansion
  * makes them: a range entry per piece, numbered in order, with only the
- * local block kept (l->p[k].block, to report entry k).  The expansion
- * checked every block id and key, and the remote regions it names are
- * those of the segment's own index; so what the public range path does per
- * range (two region searches on each side, a list built and copied) is
- * left to what cannot have been checked yet: the local region, found by id
- * in the batch's own snapshot of the registrations (a region unregistered
- * since the read began is refused), the bounds, and the remote region's
- * access (sx__plan_add_xfer).  After a failure the expansion runs on,
- * keeping blocks only, so that the member's failure names all of its own.
+ * local block kept (l->blk[k], to report entry k).  The expansion checked
+ * every block id and key, and the remote regions it names are those of
+ * the segment's own index; so what the public range path does per range
+ * (two region searches on each side, a list built and copied) is left to
+ * what cannot have been checked yet: the local region, found by id in the
+ * batch's own snapshot of the registrations (a region unregistered since
+ * the read began is refused), the bounds, and the remote region's access
+ * (sx__plan_add_run, once per run of one remote and one local region).
+ * After a failure the expansion runs on, keeping blocks only, so that the
+ * member's failure names all of its own.
  */
 typedef struct feed {
   mlist *l;
@@ -309,34 +328,43 @@ typedef struct feed {
   int rc;
 } feed;
 
-/* One range entry: 0, or the error (said). */
-static int feed_one(feed *f, const sx_region *R, uint32_t lid, uint64_t roff, uint64_t laddr,
-                    uint64_t len) {
-  if (f->L == NULL || f->lid != lid) {
-    f->L = sx__rindex_id(f->plan->local, lid);
-    f->lid = lid;
-    if (f->L == NULL ||
-        __atomic_load_n(&((const sx_lregion *)f->L)->withdrawn, __ATOMIC_RELAXED)) {
-      f->L = NULL;
-      return sx__err(SX_ENOREGION, "local region %u was unregistered", lid);
-    }
+/* f->L: the batch's local region lid, or the error (said). */
+static int feed_local(feed *f, uint32_t lid) {
+  if (f->L != NULL && f->lid == lid)
+    return 0;
+  f->L = sx__rindex_id(f->plan->local, lid);
+  f->lid = lid;
+  if (f->L == NULL ||
+      __atomic_load_n(&((const sx_lregion *)f->L)->withdrawn, __ATOMIC_RELAXED)) {
+    f->L = NULL;
+    return sx__err(SX_ENOREGION, "local region %u was unregistered", lid);
   }
-  const sx_region *L = f->L;
-  if (laddr < L->addr || len > L->length || laddr - L->addr > L->length - len)
-    return sx__err(SX_EBOUNDS, "bytes outside local region %u", L->id);
-  return sx__plan_add_xfer(f->plan, R, (const sx_lregion *)L, roff,
-                           (uint8_t *)(uintptr_t)laddr, len);
+  return 0;
 }
 
-static int feed_range(void *arg, const sx__prange *pr) {
+/* Entries of one remote region R into local region lid. */
+static int feed_ranges(feed *f, const sx_region *R, uint32_t lid, const uint64_t *roff,
+                       const uint64_t *laddr, const uint64_t *len, uint32_t n) {
+  int rc = feed_local(f, lid);
+  return rc ? rc
+            : sx__plan_add_run(f->plan, R, (const sx_lregion *)f->L, roff, laddr, len, n);
+}
+
+static int feed_run(void *arg, const sx__prun *run) {
   feed *f = arg;
   mlist *l = f->l;
-  if (grow((void **)&l->p, &l->capp, l->np, sizeof(piece)))
+  if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
     return SX_ENOMEM;
-  l->p[l->np++].block = pr->block;
+  memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));
+  l->np += run->n;
   if (f->rc == 0)
-    f->rc = feed_one(f, pr->R, pr->L->id, pr->roff, pr->laddr, pr->len);
+    f->rc = feed_ranges(f, run->R, run->L->id, run->roff, run->laddr, run->len, run->n);
   return 0;
+}
+
+/* The local block of member l's entry e (not scattered). */
+static uint32_t entry_block(const mlist *l, size_t e) {
+  return l->fed ? l->blk[e] : l->p[e].block;
 }
 
 /* The batch entries of member l: a scattered range per span, or a range
@@ -375,7 +403,8 @@ static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
     sx__pbatch *pb;
     int rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
     for (size_t i = 0; i < l->np && rc == 0; i++)
-      rc = feed_one(&f, l->p[i].R, l->p[i].lregion, l->p[i].roff, l->p[i].laddr, l->p[i].len);
+      rc = feed_ranges(&f, l->p[i].R, l->p[i].lregion, &l->p[i].roff, &l->p[i].laddr,
+                       &l->p[i].len, 1);
     return rc;
   }
   /* A notifying batch notes its entries as it plans them: the public
@@ -400,7 +429,7 @@ static void mark(uint8_t *bad, uint32_t block) {
 static void mark_entry(uint8_t *bad, const mlist *l, uint32_t e) {
   if (!l->scatter) {
     if (e < l->np)
-      mark(bad, l->p[e].block);
+      mark(bad, entry_block(l, e));
     return;
   }
   if (e < l->ns)
@@ -473,7 +502,7 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   sx_group *g = r->g;
   mlist *l = &g->m[i];
   l->np = l->ns = 0;
-  l->scatter = 0;
+  l->scatter = l->fed = 0;
   /* Only TCP into host memory reads scattered ranges. */
   l->spans = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP;
   *emitted = 0;
@@ -485,15 +514,15 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   /* Fed as expanded, unless the pieces may become scattered ranges or
    * the batch notes its entries for a notice. */
   feed f = {.l = l};
-  int fed = !l->spans && !(bp.flags & SX_BATCH_NOTIFY);
+  int fed = l->fed = !l->spans && !(bp.flags & SX_BATCH_NOTIFY);
   sx__pbatch *pb;
   int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
   if (rc == 0 && fed)
     rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
   if (rc == 0) {
     rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
-                       1ull << i, fed ? feed_range : collect_range, fed ? (void *)&f
-                                                                        : (void *)g->m);
+                       1ull << i, fed ? feed_run : collect_run, fed ? (void *)&f
+                                                                    : (void *)g->m);
     if (rc == SX_ENOMEM)
       rc = sx__err(SX_ENOMEM, "expanding the plan");
     *emitted = rc == 0;
@@ -537,7 +566,7 @@ static void member_not_started(gread *r, uint32_t i, int rc, int emitted) {
     return;
   }
   for (size_t k = 0; k < l->np; k++)
-    mark(r->bad, l->p[k].block);
+    mark(r->bad, entry_block(l, k));
 }
 
 /* Submit member i's batch; one that does not start fails its blocks. */
@@ -570,7 +599,7 @@ static void member_end(gread *r, uint32_t i) {
     mark_entry(r->bad, l, br.failed[k]);
   if (br.n_failed == 0) /* no list (no memory for it): all of its blocks */
     for (size_t k = 0; k < l->np; k++)
-      mark(r->bad, l->p[k].block);
+      mark(r->bad, entry_block(l, k));
 }
 
 /* The failed blocks, by local id in the order given, into g->failed. */

@@ -332,7 +332,7 @@ static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
   }
   while (len > 0) {
     uint64_t piece = len < p->slice ? len : p->slice;
-    if (reserve(p, 1))
+    if (p->n == p->cap && reserve(p, 1))
       return SX_ENOMEM;
     p->x[p->n++] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff,
                              .length = piece, .entry_first = e, .entry_last = e,
@@ -498,6 +498,35 @@ int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
     return sx__err(SX_ENOMEM, "planning entry %u", e);
   }
   p->n_entries++;
+  return 0;
+}
+
+int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
+                     const uint64_t *roff, const uint64_t *local, const uint64_t *len,
+                     uint32_t n) {
+  int rc = add_common(p, n, "sx__plan_add_run");
+  if (rc || (rc = access_check(p, R, p->n_entries)) != 0)
+    return rc;
+  if (reserve(p, n)) {
+    p->broken = SX_ENOMEM;
+    return sx__err(SX_ENOMEM, "planning entry %u", p->n_entries);
+  }
+  p->have_shape = 0;
+  uint64_t rlen = R->length, laddr = L->r.addr, llen = L->r.length;
+  for (uint32_t k = 0; k < n; k++) {
+    uint32_t e = p->n_entries;
+    uint64_t b = len[k];
+    /* Inside both regions, written so that nothing can overflow. */
+    if (b == 0 || b > rlen || roff[k] > rlen - b)
+      return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
+    if (b > llen || local[k] < laddr || local[k] - laddr > llen - b)
+      return sx__err(SX_EBOUNDS, "entry %u: bytes outside local region %u", e, L->r.id);
+    if (emit(p, NONE, R, L, roff[k], (uint8_t *)(uintptr_t)local[k], b, e)) {
+      p->broken = SX_ENOMEM; /* a range longer than a slice needed more room */
+      return sx__err(SX_ENOMEM, "planning entry %u", e);
+    }
+    p->n_entries++;
+  }
   return 0;
 }
 

@@ -123,6 +123,13 @@ int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n);
  * range reads. */
 int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
                       uint64_t roff, uint8_t *local, uint64_t len);
+/* n such entries from R into L (a run of a set read's expansion): entry k
+ * is len[k] bytes at roff[k] of R into local[k].  Each range is checked to
+ * lie inside R and inside L; the access of R once.  Returns 0, or the error
+ * (said) of the first entry that fails, the entries before it added. */
+int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
+                     const uint64_t *roff, const uint64_t *local, const uint64_t *len,
+                     uint32_t n);
 /* One entry and one range, never merged with another nor sliced: the
  * bytes at roff of remote region R (as long as the n pieces of iov
  * together, at most SX__SCATTER_MAX) scattered into the pieces, which must

@@ -575,11 +575,91 @@ int sx_plan_info_get(const sx_plan *p, sx_plan_info *out) {
 
 /* ------------------------------------------------------------ expansion */
 
+/*
+ * The ranges of member m in one (key, layer): for each of the request's
+ * units, m's pieces of it, handed to fn in runs.  lbase is the layer's
+ * start in L, rbase its offset in R.  What each range needs is kept in
+ * locals: fn may write memory, so fields read through pointers would be
+ * loaded again for every range.
+ */
+static int emit_member(const sx_plan *p, const sx__pgroup *g, const sx_region *L,
+                       const sx_region *R, uint32_t m, uint64_t lbase, uint64_t rbase,
+                       const uint64_t *rb, const uint64_t *lb, uint64_t units,
+                       sx__prun_fn fn, void *arg) {
+  uint64_t lstride = L->block_stride, rstride = R->block_stride, lshift = g->lshift;
+  uint64_t kl = g->kl, kr = g->kr;
+  /* A whole group is one piece of block_bytes from member 0. */
+  sx__piece whole = {0, 0, 0, L->block_bytes, 0};
+  const sx__piece *pcs = g->whole ? &whole : &p->pieces[g->first];
+  uint32_t npc = g->whole ? 1 : g->n;
+  sx__prun run;
+  run.member = m;
+  run.R = R;
+  run.L = L;
+  uint32_t n = 0;
+  /* The usual case (whole blocks, head slices of equal block sizes): unit
+   * u is block u on both sides and m has one piece of it. */
+  const sx__piece *one = NULL;
+  uint32_t mine = 0;
+  for (uint32_t q = 0; q < npc; q++)
+    if (pcs[q].member == m && mine++ == 0)
+      one = &pcs[q];
+  if (kl == 1 && kr == 1 && mine == 1) {
+    uint64_t lb0 = lbase + one->loff, rb0 = rbase + one->roff, len = one->len;
+    for (uint64_t u = 0; u < units; u += n) {
+      n = units - u < SX__PRUN_MAX ? (uint32_t)(units - u) : SX__PRUN_MAX;
+      for (uint32_t k = 0; k < n; k++) {
+        run.roff[k] = rb0 + rb[u + k] * rstride;
+        run.laddr[k] = lb0 + lb[u + k] * lstride;
+        run.len[k] = len;
+        run.block[k] = (uint32_t)(u + k);
+      }
+      run.n = n;
+      int rc = fn(arg, &run);
+      if (rc)
+        return rc;
+    }
+    return 0;
+  }
+  /* Unit u is unit ql of local block j and unit qr of remote block i
+   * (u / kl, u % kl, u / kr, u % kr), counted rather than divided. */
+  uint64_t j = 0, ql = 0, i = 0, qr = 0;
+  for (uint64_t u = 0; u < units; u++) {
+    if (u > 0) {
+      if (++ql == kl)
+        ql = 0, j++;
+      if (++qr == kr)
+        qr = 0, i++;
+    }
+    uint64_t laddr = lbase + lb[j] * lstride + ql * lshift;
+    uint64_t roff = rbase + rb[i] * rstride;
+    for (uint32_t q = 0; q < npc; q++) {
+      const sx__piece *pc = &pcs[q];
+      if (pc->member != m)
+        continue;
+      if (n == SX__PRUN_MAX) {
+        run.n = n;
+        int rc = fn(arg, &run);
+        if (rc)
+          return rc;
+        n = 0;
+      }
+      run.roff[n] = roff + pc->roff + qr * pc->rshift;
+      run.laddr[n] = laddr + pc->loff;
+      run.len[n] = pc->len;
+      run.block[n] = (uint32_t)j;
+      n++;
+    }
+  }
+  run.n = n;
+  return n ? fn(arg, &run) : 0;
+}
+
 /* One pass of the expansion over every key: pass 0 checks every key and
  * block id, pass 1 emits the ranges of the members in `members`. */
 static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                        const uint64_t *rb, size_t nr, const uint64_t *lb, size_t nl,
-                       int pass, uint64_t members, sx__prange_fn fn, void *arg) {
+                       int pass, uint64_t members, sx__prun_fn fn, void *arg) {
   char s[16];
   for (uint32_t ki = 0; ki < p->n_keys; ki++) {
     const sx__pkey *k = &p->keys[ki];
@@ -628,57 +708,14 @@ static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *co
         continue;
       }
       uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
-      /* What each range needs of the regions, in locals: fn may write
-       * memory, so fields read through pointers would be loaded again for
-       * every range.  rbase[m] is member m's layer in its region. */
-      uint64_t lstride = L->block_stride, lshift = g->lshift, kl = g->kl, kr = g->kr;
-      uint64_t rbase[SX_PLAN_MAX_MEMBERS], rstride[SX_PLAN_MAX_MEMBERS];
-      for (uint32_t m = 0; mask >> m; m++)
-        if (R[m] != NULL) {
-          rbase[m] = (layer - R[m]->layer_first) * R[m]->layer_stride;
-          rstride[m] = R[m]->block_stride;
-        }
-      const sx__piece *pcs = g->whole ? NULL : &p->pieces[g->first];
-      uint32_t npc = g->whole ? 0 : g->n;
-      sx__prange r = {0, R[0], 0, 0, L, L->block_bytes, 0};
-      /* Unit u is unit ql of local block j and unit qr of remote block i
-       * (u / kl, u % kl, u / kr, u % kr), counted rather than divided: two
-       * 64-bit divisions per unit, for every member's pass. */
-      uint64_t j = 0, ql = 0, i = 0, qr = 0;
-      for (uint64_t u = 0; u < units; u++) {
-        if (u > 0) {
-          if (++ql == kl)
-            ql = 0, j++;
-          if (++qr == kr)
-            qr = 0, i++;
-        }
-        uint64_t laddr = lbase + lb[j] * lstride + ql * lshift;
-        r.block = (uint32_t)j;
-        if (npc == 0) { /* whole: block for block from member 0 */
-          r.member = 0;
-          r.R = R[0];
-          r.roff = rbase[0] + rb[i] * rstride[0];
-          r.laddr = laddr;
-          r.len = L->block_bytes;
-          int rc = fn(arg, &r);
-          if (rc)
-            return rc;
+      for (uint32_t m = 0; mask >> m; m++) {
+        if (!(mask >> m & 1) || !(members >> m & 1))
           continue;
-        }
-        for (uint32_t q = 0; q < npc; q++) {
-          const sx__piece *pc = &pcs[q];
-          uint32_t m = pc->member;
-          if (!(members >> m & 1))
-            continue;
-          r.member = m;
-          r.R = R[m];
-          r.roff = rbase[m] + rb[i] * rstride[m] + pc->roff + qr * pc->rshift;
-          r.laddr = laddr + pc->loff;
-          r.len = pc->len;
-          int rc = fn(arg, &r);
-          if (rc)
-            return rc;
-        }
+        int rc = emit_member(p, g, L, R[m], m, lbase,
+                             (layer - R[m]->layer_first) * R[m]->layer_stride, rb, lb, units,
+                             fn, arg);
+        if (rc)
+          return rc;
       }
     }
   }
@@ -706,14 +743,14 @@ int sx__plan_check(const sx_plan *p, const sx_desc *local, const sx_desc *const 
 
 int sx__plan_emit(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                   uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
-                  size_t nl, uint64_t members, sx__prange_fn fn, void *arg) {
+                  size_t nl, uint64_t members, sx__prun_fn fn, void *arg) {
   int rc = expand_args(p, local, remotes, n_remotes, rb, nr, lb, nl);
   return rc ? rc : expand_pass(p, local, remotes, rb, nr, lb, nl, 1, members, fn, arg);
 }
 
 int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                     uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
-                    size_t nl, sx__prange_fn fn, void *arg) {
+                    size_t nl, sx__prun_fn fn, void *arg) {
   int rc = sx__plan_check(p, local, remotes, n_remotes, rb, nr, lb, nl);
   return rc ? rc : sx__plan_emit(p, local, remotes, n_remotes, rb, nr, lb, nl, ~0ull, fn, arg);
 }

@@ -53,18 +53,22 @@ struct sx_plan {
   uint32_t n_keys, cap_keys;
 };
 
-/* One range of an expanded plan. */
-typedef struct sx__prange {
+/* A run of ranges of an expanded plan: n ranges (at most SX__PRUN_MAX) of
+ * one member, all from remote region R (in remotes[member]) into local
+ * region L; range k is len[k] bytes at roff[k] of R to laddr[k], filling
+ * local block block[k] (an index into the local block list).  Runs, not
+ * single ranges, so that a consumer pays its call, its region lookups and
+ * its checks once per run: a plan read's ranges are many and small. */
+#define SX__PRUN_MAX 64
+typedef struct sx__prun {
   uint32_t member;
-  const sx_region *R;    /* in remotes[member] */
-  uint64_t roff;         /* in R */
-  uint64_t laddr;        /* in the local region L */
-  const sx_region *L;
-  uint64_t len;
-  uint32_t block;        /* index into the local block list */
-} sx__prange;
+  const sx_region *R, *L;
+  uint32_t n;
+  uint64_t roff[SX__PRUN_MAX], laddr[SX__PRUN_MAX], len[SX__PRUN_MAX];
+  uint32_t block[SX__PRUN_MAX];
+} sx__prun;
 
-typedef int (*sx__prange_fn)(void *arg, const sx__prange *r);
+typedef int (*sx__prun_fn)(void *arg, const sx__prun *run);
 
 /*
  * Expand plan p for one request: local blocks lb[0..nl) hold the request's
@@ -73,12 +77,13 @@ typedef int (*sx__prange_fn)(void *arg, const sx__prange *r);
  * its region's num_blocks, every key looked up in `local` and the members
  * (the descriptors the plan was made from, or later ones with the same
  * keys): SX_EBOUNDS, SX_ENOREGION, SX_EINVAL, with nothing emitted.  Then
- * fn runs for every range in order (member runs interleave); its non-zero
- * return stops the expansion and is returned.
+ * fn runs for every run of ranges in order: key by key, layer by layer,
+ * and within a layer member by member, each member's ranges in unit order;
+ * its non-zero return stops the expansion and is returned.
  */
 int sx__plan_expand(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                     uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
-                    size_t nl, sx__prange_fn fn, void *arg);
+                    size_t nl, sx__prun_fn fn, void *arg);
 /* The expansion's two halves, for a read that starts each member's batch
  * as soon as it is planned (agent/group.c): sx__plan_check() is the first
  * pass alone (every check above, nothing emitted), sx__plan_emit() the
@@ -90,6 +95,6 @@ int sx__plan_check(const sx_plan *p, const sx_desc *local, const sx_desc *const 
                    size_t nl);
 int sx__plan_emit(const sx_plan *p, const sx_desc *local, const sx_desc *const *remotes,
                   uint32_t n_remotes, const uint64_t *rb, size_t nr, const uint64_t *lb,
-                  size_t nl, uint64_t members, sx__prange_fn fn, void *arg);
+                  size_t nl, uint64_t members, sx__prun_fn fn, void *arg);
 
 #endif
