@@ -672,6 +672,15 @@ static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *co
     uint64_t units = (uint64_t)nl * g->kl, runits = (uint64_t)nr * g->kr;
     if (runits < units)
       units = runits;
+    /* The blocks the units touch on each side, and the largest id of each:
+     * a layer's check is then one compare (the ids are searched for the
+     * message only when it fails). */
+    size_t nrj = (size_t)((units + g->kr - 1) / g->kr), nlj = (size_t)((units + g->kl - 1) / g->kl);
+    uint64_t rmax = 0, lmax = 0;
+    for (size_t j = 0; pass == 0 && j < nrj; j++)
+      rmax = rb[j] > rmax ? rb[j] : rmax;
+    for (size_t j = 0; pass == 0 && j < nlj; j++)
+      lmax = lb[j] > lmax ? lb[j] : lmax;
     for (uint64_t layer = k->layer_first; layer < (uint64_t)k->layer_first + k->layer_count;
          layer++) {
       const sx_region *L = sx_desc_find(local, k->group, (uint32_t)layer, k->slot);
@@ -692,19 +701,24 @@ static int expand_pass(const sx_plan *p, const sx_desc *local, const sx_desc *co
                          "local %lu, %s %lu", k->group, (unsigned long)layer,
                          sx_slot_name(k->slot, s), (unsigned long)L->block_bytes,
                          remotes[i]->name, (unsigned long)R[i]->block_bytes);
-        if (pass == 0)
-          for (size_t j = 0; j < nr && (uint64_t)j * g->kr < units; j++)
-            if (rb[j] >= R[i]->num_blocks)
-              return sx__err(SX_EBOUNDS, "remote block %lu is outside %s's region %u "
-                             "(%lu blocks)", (unsigned long)rb[j], remotes[i]->name,
-                             R[i]->id, (unsigned long)R[i]->num_blocks);
+        if (pass == 0 && nrj > 0 && rmax >= R[i]->num_blocks) {
+          size_t j = 0;
+          while (rb[j] < R[i]->num_blocks)
+            j++;
+          return sx__err(SX_EBOUNDS, "remote block %lu is outside %s's region %u "
+                         "(%lu blocks)", (unsigned long)rb[j], remotes[i]->name,
+                         R[i]->id, (unsigned long)R[i]->num_blocks);
+        }
       }
       if (pass == 0) {
-        for (size_t j = 0; j < nl && (uint64_t)j * g->kl < units; j++)
-          if (lb[j] >= L->num_blocks)
-            return sx__err(SX_EBOUNDS, "local block %lu is outside local region %u "
-                           "(%lu blocks)", (unsigned long)lb[j], L->id,
-                           (unsigned long)L->num_blocks);
+        if (nlj > 0 && lmax >= L->num_blocks) {
+          size_t j = 0;
+          while (lb[j] < L->num_blocks)
+            j++;
+          return sx__err(SX_EBOUNDS, "local block %lu is outside local region %u "
+                         "(%lu blocks)", (unsigned long)lb[j], L->id,
+                         (unsigned long)L->num_blocks);
+        }
         continue;
       }
       uint64_t lbase = L->addr + (layer - L->layer_first) * L->layer_stride;
