@@ -13,88 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent_fixture.h"
+#include "kv_ranks.h"
 #include "procs.h"
 #include "segxfer/group.h"
-
-#define LAYERS 2
-#define HEADS 4
-#define HEAD_DIM 16
-#define BLOCKS 16
-
-typedef struct rank {
-  sx_agent *a;
-  sx_kv_order order;
-  uint32_t tokens, first, count;
-  float *mem[2];
-  uint32_t id[2]; /* the regions */
-} rank;
-
-static uint64_t block_elems(const rank *r) { return (uint64_t)r->tokens * r->count * HEAD_DIM; }
-
-static float code(uint32_t layer, uint32_t slot, uint32_t pos, uint32_t head, uint32_t e) {
-  return (float)(((((layer * 2 + slot) * 256 + pos) * HEADS + head) * HEAD_DIM + e) + 1);
-}
-
-static float *elem(const rank *r, uint32_t slot, uint32_t layer, uint64_t block, uint32_t t,
-                   uint32_t h, uint32_t e) {
-  uint64_t hh = h - r->first, in = r->order == SX_KV_HND
-                                       ? (hh * r->tokens + t) * HEAD_DIM + e
-                                       : ((uint64_t)t * r->count + hh) * HEAD_DIM + e;
-  return r->mem[slot] + ((uint64_t)layer * BLOCKS + block) * block_elems(r) + in;
-}
-
-static void fill(rank *r, const uint64_t *table, uint32_t tokens) {
-  for (uint32_t s = 0; s < 2; s++)
-    for (uint32_t l = 0; l < LAYERS; l++)
-      for (uint32_t p = 0; p < tokens; p++)
-        for (uint32_t h = r->first; h < r->first + r->count; h++)
-          for (uint32_t e = 0; e < HEAD_DIM; e++)
-            *elem(r, s, l, table[p / r->tokens], p % r->tokens, h, e) = code(l, s, p, h, e);
-}
-
-static void rank_start(rank *r, const char *url, const char *name, sx_kv_order order,
-                       uint32_t tokens, uint32_t first, uint32_t count, uint32_t tp_rank,
-                       uint32_t tp_size, uint32_t access) {
-  memset(r, 0, sizeof(*r));
-  r->order = order;
-  r->tokens = tokens;
-  r->first = first;
-  r->count = count;
-  sx_agent_params p;
-  sxt_params(&p, url, name);
-  strcpy(p.layout.dtype, "fp32");
-  p.transports = SX_TRANSPORTS_TCP;
-  if (name)
-    p.listen = "127.0.0.1:0";
-  p.layout.tp_rank = tp_rank;
-  p.layout.tp_size = tp_size;
-  p.layout.n_blocks = 1;
-  p.layout.blocks[0] = (sx_block_desc){.order = order, .tokens = tokens, .head_first = first,
-                                       .head_count = count, .heads_total = HEADS,
-                                       .head_dim = HEAD_DIM};
-  strcpy(p.layout.blocks[0].dtype, "fp32");
-  sxt_ok(sx_agent_create(&p, &r->a));
-  uint64_t bb = block_elems(r) * sizeof(float);
-  for (uint32_t s = 0; s < 2; s++) {
-    r->mem[s] = calloc((size_t)LAYERS * BLOCKS, bb);
-    assert_non_null(r->mem[s]);
-    sx_region_params rp = {.addr = r->mem[s], .length = (uint64_t)LAYERS * BLOCKS * bb,
-                           .layer_count = LAYERS, .layer_stride = BLOCKS * bb, .slot = s,
-                           .block_bytes = bb, .num_blocks = BLOCKS,
-                           .access = access};
-    sxt_ok(sx_agent_register(r->a, &rp, &r->id[s]));
-  }
-  if (name)
-    sxt_ok(sx_agent_publish(r->a, 0));
-}
-
-static void rank_stop(rank *r) {
-  sx_agent_destroy(r->a);
-  r->a = NULL;
-  free(r->mem[0]);
-  free(r->mem[1]);
-}
 
 static const uint64_t RB[] = {9, 3, 14, 0};       /* the request on the prefill ranks */
 static const uint64_t LB[] = {5, 11, 2, 7, 13, 1, 8, 4}; /* and here */
