@@ -162,7 +162,7 @@ int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan 
   int rc = check_add(b, write, what);
   if (rc == 0) {
     *plan = &b->plan;
-    *pb = b->push;
+    *pb = write ? b->push : b->rnote;
   }
   return rc;
 }

@@ -323,6 +323,7 @@ static int local_on_host(const sx_desc *local) {
 typedef struct feed {
   mlist *l;
   sx__plan *plan;
+  sx__pbatch *note;   /* a notifying read's notice: entries noted as fed */
   const sx_region *L; /* the batch's registration of local region lid */
   uint32_t lid;
   int rc;
@@ -346,8 +347,11 @@ static int feed_local(feed *f, uint32_t lid) {
 static int feed_ranges(feed *f, const sx_region *R, uint32_t lid, const uint64_t *roff,
                        const uint64_t *laddr, const uint64_t *len, uint32_t n) {
   int rc = feed_local(f, lid);
-  return rc ? rc
-            : sx__plan_add_run(f->plan, R, (const sx_lregion *)f->L, roff, laddr, len, n);
+  const sx_lregion *L = (const sx_lregion *)f->L;
+  if (rc == 0)
+    rc = f->note ? sx__pbatch_add_run(f->note, f->plan, R, L, roff, laddr, len, n)
+                 : sx__plan_add_run(f->plan, R, L, roff, laddr, len, n);
+  return rc;
 }
 
 static int feed_run(void *arg, const sx__prun *run) {
@@ -369,7 +373,7 @@ static uint32_t entry_block(const mlist *l, size_t e) {
 
 /* The batch entries of member l: a scattered range per span, or a range
  * per piece. */
-static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
+static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
   if (l->scatter) {
     if (l->capv < l->np) {
       free(l->iov);
@@ -397,27 +401,12 @@ static int add_entries(sx_batch *b, sx_segment *seg, mlist *l, int notify) {
     }
     return rc;
   }
-  if (!notify) {
-    /* Collected for a scattered read that did not pay: fed as above. */
-    feed f = {.l = l};
-    sx__pbatch *pb;
-    int rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
-    for (size_t i = 0; i < l->np && rc == 0; i++)
-      rc = feed_ranges(&f, l->p[i].R, l->p[i].lregion, &l->p[i].roff, &l->p[i].laddr,
-                       &l->p[i].len, 1);
-    return rc;
-  }
-  /* A notifying batch notes its entries as it plans them: the public
-   * path. */
-  size_t n = l->np;
-  sx_range_read *r = malloc((n ? n : 1) * sizeof(*r));
-  if (r == NULL)
-    return sx__err(SX_ENOMEM, "sx_group_read");
-  for (size_t i = 0; i < n; i++)
-    r[i] = (sx_range_read){(void *)(uintptr_t)l->p[i].laddr, l->p[i].R->id, l->p[i].roff,
-                           l->p[i].len};
-  int rc = sx_batch_add_ranges(b, r, n);
-  free(r);
+  /* Collected for a scattered read that did not pay: fed as above. */
+  feed f = {.l = l};
+  int rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &f.note);
+  for (size_t i = 0; i < l->np && rc == 0; i++)
+    rc = feed_ranges(&f, l->p[i].R, l->p[i].lregion, &l->p[i].roff, &l->p[i].laddr,
+                     &l->p[i].len, 1);
   return rc;
 }
 
@@ -511,14 +500,12 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   sx_batch_params bp = r->bp;
   bp.timeout_ms = now < r->deadline_ms ? (uint32_t)(r->deadline_ms - now) : 1;
   sx_batch *b = NULL;
-  /* Fed as expanded, unless the pieces may become scattered ranges or
-   * the batch notes its entries for a notice. */
+  /* Fed as expanded, unless the pieces may become scattered ranges. */
   feed f = {.l = l};
-  int fed = l->fed = !l->spans && !(bp.flags & SX_BATCH_NOTIFY);
-  sx__pbatch *pb;
+  int fed = l->fed = !l->spans;
   int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
   if (rc == 0 && fed)
-    rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &pb);
+    rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &f.note);
   if (rc == 0) {
     rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
                        1ull << i, fed ? feed_run : collect_run, fed ? (void *)&f
@@ -534,7 +521,7 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
      * planner's merging of the ranges does as well). */
     l->scatter = l->spans && l->ns * 2 <= l->np;
     if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
-      rc = add_entries(b, g->segs[i], l, (bp.flags & SX_BATCH_NOTIFY) != 0);
+      rc = add_entries(b, g->segs[i], l);
   }
   if (rc || l->np == 0) {
     sx_batch_destroy(b);

@@ -92,24 +92,36 @@ static int note_blocks(sx__pbatch *pb, const sx_block_write *w, size_t n) {
   return 0;
 }
 
-static int note_ranges(sx__pbatch *pb, const sx_range_write *w, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    sx_notice_range *last = pb->nr ? &pb->r[pb->nr - 1] : NULL;
-    if (last != NULL && last->region == w[i].remote_region &&
-        last->offset + last->length == w[i].offset) {
-      last->length += w[i].length;
-      continue;
-    }
-    if (entries_full(pb))
-      return SX_ELIMIT;
-    sx_notice_range *v = grow(pb->r, pb->nr, &pb->capr, sizeof(*v));
-    if (v == NULL)
-      return SX_ENOMEM;
-    pb->r = v;
-    pb->r[pb->nr++] = (sx_notice_range){.region = w[i].remote_region, .offset = w[i].offset,
-                                        .length = w[i].length};
+/* One remote range, merged with the last one where it continues it. */
+static int note_range(sx__pbatch *pb, uint32_t region, uint64_t offset, uint64_t length) {
+  sx_notice_range *last = pb->nr ? &pb->r[pb->nr - 1] : NULL;
+  if (last != NULL && last->region == region && last->offset + last->length == offset) {
+    last->length += length;
+    return 0;
   }
+  if (entries_full(pb))
+    return SX_ELIMIT;
+  sx_notice_range *v = grow(pb->r, pb->nr, &pb->capr, sizeof(*v));
+  if (v == NULL)
+    return SX_ENOMEM;
+  pb->r = v;
+  pb->r[pb->nr++] = (sx_notice_range){.region = region, .offset = offset, .length = length};
   return 0;
+}
+
+static int note_ranges(sx__pbatch *pb, const sx_range_write *w, size_t n) {
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++)
+    rc = note_range(pb, w[i].remote_region, w[i].offset, w[i].length);
+  return rc;
+}
+
+/* A set read's note failed with rc: said. */
+static int group_note_err(int rc) {
+  if (rc == SX_ELIMIT)
+    return sx__err(SX_ELIMIT, "sx_group_read: the batch's notice would list more than %u "
+                   "entries (after merging); split the batch", SX_NOTICE_MAX_ENTRIES);
+  return sx__err(rc, "sx_group_read");
 }
 
 /* ------------------------------------------------------------ add */
@@ -216,13 +228,20 @@ int sx__pbatch_add_scatter(sx__pbatch *pb, sx__plan *plan, const sx_region *R, u
     w.length += iov[i].iov_len;
   pmark m = mark(pb);
   int rc = note_ranges(pb, &w, 1);
-  if (rc == SX_ELIMIT)
-    rc = sx__err(SX_ELIMIT, "sx_group_read: the batch's notice would list more than %u "
-                 "entries (after merging); split the batch", SX_NOTICE_MAX_ENTRIES);
-  else if (rc)
-    rc = sx__err(rc, "sx_group_read");
-  else
-    rc = sx__plan_add_scatter(plan, R, roff, iov, n);
+  rc = rc ? group_note_err(rc) : sx__plan_add_scatter(plan, R, roff, iov, n);
+  if (rc)
+    undo(pb, &m);
+  return rc;
+}
+
+int sx__pbatch_add_run(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
+                       const sx_lregion *L, const uint64_t *roff, const uint64_t *local,
+                       const uint64_t *len, uint32_t n) {
+  pmark m = mark(pb);
+  int rc = 0;
+  for (uint32_t k = 0; k < n && rc == 0; k++)
+    rc = note_range(pb, R->id, roff[k], len[k]);
+  rc = rc ? group_note_err(rc) : sx__plan_add_run(plan, R, L, roff, local, len, n);
   if (rc)
     undo(pb, &m);
   return rc;

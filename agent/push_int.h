@@ -93,8 +93,16 @@ int sx__pbatch_add_reads(sx__pbatch *pb, struct sx__plan *plan, int blocks, cons
  * pb, then planned (sx__plan_add_scatter); all or nothing (push_batch.c). */
 int sx__pbatch_add_scatter(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
                            uint64_t roff, const struct iovec *iov, uint32_t n);
-/* batch.c: the plan and notice list of batch b if it takes entries of this
- * direction now (state NEW), else the error. */
+/* A run of one-range entries of a notifying set read (sx__plan_add_run):
+ * their remote bytes noted in pb, then planned.  On failure the notes are
+ * undone, but ranges before the failing one may stay planned: the set
+ * read discards the batch. */
+int sx__pbatch_add_run(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
+                       const sx_lregion *L, const uint64_t *roff, const uint64_t *local,
+                       const uint64_t *len, uint32_t n);
+/* batch.c: the plan and notice list of batch b (a write batch's, or a
+ * notifying read batch's read notice; NULL for other reads) if it takes
+ * entries of this direction now (state NEW), else the error. */
 struct sx__plan;
 int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
                       sx__pbatch **pb);
