@@ -10,7 +10,9 @@
  * and rank).  Byte for byte against a reference written in the decode
  * layout; then with one rank gone, and with one rank whose regions refuse
  * remote reads, the read must name exactly the local blocks that rank fed,
- * in the order given, while the other rank's heads still arrive.
+ * in the order given, while the other rank's heads still arrive.  A
+ * notifying read notes what it feeds: each rank gets its notice; with a
+ * refusing rank it is refused before any byte moves.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +134,36 @@ static void test_gpu_group_hnd_into_nhd(void **state) {
   read_orders(SX_KV_NHD, 4);
 }
 
+/* A notifying read (what the vLLM and SGLang connectors call) notes each
+ * fed range's remote bytes: each rank gets one notice with the tag, its
+ * ranges summing to its bytes, all of them the read's bytes. */
+static void test_gpu_group_read_notify(void **state) {
+  (void)state;
+  world *w = world_new(SX_KV_NHD, 4, -1);
+  sx_group *g = open_pf(w);
+  sx_group_result r;
+  sxt_ok(sx_group_read_notify(g, RB, 4, LB, w->nl, 5000, 0x5e7ull, &r));
+  if (r.state != SX_BATCH_COMPLETED)
+    fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
+  expect_heads(w, 0xf);
+  uint64_t bytes = 0;
+  for (int i = 0; i < 2; i++) {
+    sx_notice *n;
+    sxt_ok(sx_agent_notice_next(w->p[i].a, 0, &n));
+    assert_int_equal(n->kind, SX_NOTICE_READ);
+    assert_int_equal(n->tag, 0x5e7ull);
+    uint64_t sum = 0;
+    for (uint32_t k = 0; k < n->n_ranges; k++)
+      sum += n->ranges[k].length;
+    assert_int_equal(sum, n->bytes);
+    bytes += n->bytes;
+    sx_notice_free(n);
+  }
+  assert_int_equal(bytes, r.bytes);
+  sx_group_close(g);
+  world_free(w);
+}
+
 /* Rank 1's regions refuse remote reads: its batch fails while it is
  * filled, after rank 0's was submitted.  Rank 0's heads arrive, rank 1's
  * stay zero, and every block is reported failed with rank 1's error. */
@@ -147,6 +179,14 @@ static void test_gpu_group_member_refusing_fails_its_blocks(void **state) {
   assert_int_equal(r.members, 1);
   assert_int_equal(r.bytes, 1ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
   expect_heads(w, 0x3);
+  /* A notifying read fills every member before any starts: refused, and
+   * rank 0 served nothing for it. */
+  sx_agent_status before, after;
+  sxt_ok(sx_agent_status_get(w->p[0].a, &before));
+  sxt_rc(sx_group_read_notify(g, RB, 4, LB, w->nl, 3000, 9, &r), SX_EDENIED);
+  assert_non_null(strstr(sx_errmsg(), "pf/tp1"));
+  sxt_ok(sx_agent_status_get(w->p[0].a, &after));
+  assert_int_equal(after.served_reads, before.served_reads);
   sx_group_close(g);
   world_free(w);
 }
@@ -164,6 +204,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_group_hnd_into_hnd),
       cmocka_unit_test(test_gpu_group_hnd_into_nhd),
+      cmocka_unit_test(test_gpu_group_read_notify),
       cmocka_unit_test(test_gpu_group_member_refusing_fails_its_blocks),
   };
   return cmocka_run_group_tests(tests, need_gpu, NULL);
