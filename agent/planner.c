@@ -14,6 +14,8 @@
 #define NONE SIZE_MAX
 /* The most ranges sx__plan_add_blocks() makes room for up front (64 KiB). */
 #define PRERESERVE_MAX 1024u
+/* The most (slot, layer) positions of a shape kept (p->sc). */
+#define SHAPE_MAX 4096u
 
 /* ------------------------------------------------------------ index */
 
@@ -198,9 +200,12 @@ void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *loca
 void sx__plan_free(sx__plan *p) {
   free(p->x);
   free(p->pos);
+  free(p->sc);
   p->x = NULL;
   p->pos = NULL;
-  p->n = p->cap = p->pos_cap = 0;
+  p->sc = NULL;
+  p->n = p->cap = p->pos_cap = p->sc_n = p->sc_cap = 0;
+  p->sc_valid = 0;
 }
 
 static int reserve(sx__plan *p, size_t extra) {
@@ -347,10 +352,7 @@ static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
 }
 
 /* Prepare the per-(slot, layer) merge positions for entry r's shape. */
-static int set_shape(sx__plan *p, const sx_block_read *r) {
-  if (p->have_shape && p->sh_group == r->group && p->sh_layer_first == r->layer_first &&
-      p->sh_layer_count == r->layer_count && p->sh_slots == r->slots)
-    return 0;
+static int shape_reset(sx__plan *p, const sx_block_read *r) {
   size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
   if (need > p->pos_cap) {
     size_t *pos = realloc(p->pos, need * sizeof(*pos));
@@ -367,6 +369,13 @@ static int set_shape(sx__plan *p, const sx_block_read *r) {
   p->sh_layer_count = r->layer_count;
   p->sh_slots = r->slots;
   return 0;
+}
+
+static inline int set_shape(sx__plan *p, const sx_block_read *r) {
+  if (p->have_shape && p->sh_group == r->group && p->sh_layer_first == r->layer_first &&
+      p->sh_layer_count == r->layer_count && p->sh_slots == r->slots)
+    return 0;
+  return shape_reset(p, r);
 }
 
 /* Pass two for a block entry that passed check_block(). */
@@ -413,6 +422,104 @@ static int emit_block(sx__plan *p, const sx_block_read *r, uint32_t e) {
   return 0;
 }
 
+/*
+ * The positions of entry r's shape (its group, layers and slots) into
+ * p->sc, unless they are there already.  0; SX_ENOMEM; or -1 where the
+ * shape has a position no region pair serves as check_block() requires
+ * (missing, access, block_bytes), or too many positions to keep: the
+ * caller then goes the long way, whose checks say what is wrong.  The
+ * entry's own fields were checked (non-zero counts, no overflow).
+ */
+static int shape_fill(sx__plan *p, const sx_block_read *r) {
+  p->sc_valid = 0;
+  size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
+  if (need > SHAPE_MAX)
+    return -1;
+  if (need > p->sc_cap) {
+    sx__ppos *sc = realloc(p->sc, need * sizeof(*sc));
+    if (sc == NULL)
+      return SX_ENOMEM;
+    p->sc = sc;
+    p->sc_cap = need;
+  }
+  uint32_t access = p->write ? SX_ACCESS_REMOTE_WRITE : SX_ACCESS_REMOTE_READ;
+  uint64_t rmin = UINT64_MAX, lmin = UINT64_MAX, end = (uint64_t)r->layer_first + r->layer_count;
+  size_t j = 0;
+  for (uint64_t mask = r->slots; mask; mask &= mask - 1) {
+    uint32_t slot = (uint32_t)__builtin_ctzll(mask);
+    for (uint64_t layer = r->layer_first; layer < end; layer++, j++) {
+      const sx_region *R = sx__rindex_key(p->remote, r->group, (uint32_t)layer, slot);
+      const sx_region *L = sx__rindex_key(p->local, r->group, (uint32_t)layer, slot);
+      if (R == NULL || L == NULL || !(R->access & access) || R->block_bytes != L->block_bytes)
+        return -1;
+      uint64_t bb = R->block_bytes;
+      p->sc[j] = (sx__ppos){.R = R, .L = (const sx_lregion *)L,
+                            .rbase = (layer - R->layer_first) * R->layer_stride,
+                            .rstride = R->block_stride,
+                            .lbase = L->addr + (layer - L->layer_first) * L->layer_stride,
+                            .lstride = L->block_stride, .bb = bb,
+                            .dense = R->block_stride == bb && L->block_stride == bb};
+      rmin = R->num_blocks < rmin ? R->num_blocks : rmin;
+      lmin = L->num_blocks < lmin ? L->num_blocks : lmin;
+    }
+  }
+  p->sc_n = need;
+  p->sc_rblocks = rmin;
+  p->sc_lblocks = lmin;
+  p->sc_group = r->group;
+  p->sc_layer_first = r->layer_first;
+  p->sc_layer_count = r->layer_count;
+  p->sc_slots = r->slots;
+  p->sc_valid = 1;
+  return 0;
+}
+
+static inline int shape_load(sx__plan *p, const sx_block_read *r) {
+  if (p->sc_valid && p->sc_group == r->group && p->sc_layer_first == r->layer_first &&
+      p->sc_layer_count == r->layer_count && p->sc_slots == r->slots)
+    return 0;
+  return shape_fill(p, r);
+}
+
+/* check_block() through the shape's positions: only the block ids are
+ * compared per entry; anything else (or a failure) goes the long way,
+ * which names what is wrong. */
+static int check_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
+  if (r->layer_count == 0 || r->slots == 0 || r->count == 0 ||
+      r->layer_first > UINT32_MAX - (r->layer_count - 1))
+    return check_block(p, r, e);
+  int rc = shape_load(p, r);
+  if (rc == SX_ENOMEM)
+    return sx__err(SX_ENOMEM, "planning entry %u", e);
+  if (rc == 0 && r->count <= p->sc_rblocks && r->remote_block <= p->sc_rblocks - r->count &&
+      r->count <= p->sc_lblocks && r->local_block <= p->sc_lblocks - r->count)
+    return 0;
+  return check_block(p, r, e);
+}
+
+/* emit_block() through the shape's positions (entry r passed check_entry,
+ * so its shape loads unless it has too many positions). */
+static int emit_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
+  if (shape_load(p, r) != 0)
+    return emit_block(p, r, e);
+  if (set_shape(p, r))
+    return SX_ENOMEM;
+  for (size_t j = 0; j < p->sc_n; j++) {
+    const sx__ppos *q = &p->sc[j];
+    uint64_t roff = q->rbase + r->remote_block * q->rstride;
+    uint8_t *local = (uint8_t *)(uintptr_t)(q->lbase + r->local_block * q->lstride);
+    if (q->dense) {
+      if (emit(p, j, q->R, q->L, roff, local, r->count * q->bb, e))
+        return SX_ENOMEM;
+      continue;
+    }
+    for (uint64_t b = 0; b < r->count; b++)
+      if (emit(p, j, q->R, q->L, roff + b * q->rstride, local + b * q->lstride, q->bb, e))
+        return SX_ENOMEM;
+  }
+  return 0;
+}
+
 static int add_common(sx__plan *p, size_t n, const char *what) {
   if (p->broken)
     return sx__err(p->broken, "the batch ran out of memory while planning");
@@ -427,7 +534,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   if (rc)
     return rc;
   for (size_t i = 0; i < n; i++)
-    if ((rc = check_block(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
+    if ((rc = check_entry(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
       return rc;
   /* Each (slot, layer) of an entry is a range unless it extends the one
    * before: room for that many at once rather than by doubling (a realloc
@@ -439,7 +546,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
     want += (size_t)r[i].layer_count * (size_t)__builtin_popcountll(r[i].slots);
   (void)reserve(p, want < PRERESERVE_MAX ? want : PRERESERVE_MAX);
   for (size_t i = 0; i < n; i++) {
-    if (emit_block(p, &r[i], p->n_entries + (uint32_t)i)) {
+    if (emit_entry(p, &r[i], p->n_entries + (uint32_t)i)) {
       p->broken = SX_ENOMEM;
       return sx__err(SX_ENOMEM, "planning entry %zu", p->n_entries + i);
     }

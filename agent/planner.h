@@ -82,6 +82,16 @@ const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t l
 /* The longest scattered range (the TCP target serves reads of up to 64 MiB). */
 #define SX__SCATTER_MAX (64u << 20)
 
+/* Where one (slot, layer) of a block entry's shape reads and lands. */
+typedef struct sx__ppos {
+  const sx_region *R;
+  const sx_lregion *L;
+  uint64_t rbase, rstride; /* the layer's offset in R; a block's */
+  uint64_t lbase, lstride; /* the layer's address in L; a block's */
+  uint64_t bb;             /* block_bytes, the same on both sides */
+  int dense;               /* blocks back to back on both sides */
+} sx__ppos;
+
 typedef struct sx__plan {
   const sx__rindex *remote;
   const sx__rindex *local; /* its regions are sx_lregion.r */
@@ -101,6 +111,15 @@ typedef struct sx__plan {
   uint64_t sh_slots;
   size_t *pos;
   size_t pos_cap;
+  /* The regions of every (slot, layer) of the last shape checked, and the
+   * fewest blocks any of them holds on each side: entries of one shape
+   * (an engine's are all alike) look nothing up again. */
+  int sc_valid;
+  uint32_t sc_group, sc_layer_first, sc_layer_count;
+  uint64_t sc_slots;
+  sx__ppos *sc;
+  size_t sc_n, sc_cap;
+  uint64_t sc_rblocks, sc_lblocks;
 } sx__plan;
 
 void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *local,

@@ -249,6 +249,60 @@ static void test_planner_call_is_all_or_nothing(void **state) {
   sides_free(&s);
 }
 
+/*
+ * Entries of one shape are looked up once (the planner keeps the shape's
+ * regions): each entry's block ids are still checked, so one bad entry
+ * among many of its shape refuses the call by its number; and entries
+ * whose shapes alternate each get their own regions and offsets.
+ */
+static void test_planner_shape_kept_but_every_entry_checked(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 4, 1, 0, 4096, 64, 32); /* remote: a region per layer */
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r[100];
+  for (uint32_t i = 0; i < 100; i++)
+    r[i] = blk(0, 4, KV, (i * 7) % 64, (i * 5) % 32, 1);
+  r[57].local_block = 32;
+  sxt_rc(sx__plan_add_blocks(&p, r, 100), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "entry 57"));
+  assert_int_equal(p.n, 0);
+  r[57].local_block = 31;
+  r[58].remote_block = 64;
+  sxt_rc(sx__plan_add_blocks(&p, r, 100), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "entry 58"));
+  assert_int_equal(p.n_entries, 0);
+  /* Alternating shapes: (layers 0-3, K and V) and (layer 2, V). */
+  for (uint32_t i = 0; i < 100; i++)
+    r[i] = i % 2 ? blk(2, 1, 1ull << SX_SLOT_V, (i * 7) % 64, (i * 5) % 32, 1)
+                 : blk(0, 4, KV, (i * 7) % 64, (i * 5) % 32, 1);
+  sxt_ok(sx__plan_add_blocks(&p, r, 100));
+  assert_int_equal(p.n, 50 * 8 + 50);
+  size_t k = 0;
+  for (uint32_t i = 0; i < 100; i++) {
+    const sx_block_read *e = &r[i];
+    for (uint64_t m = e->slots; m; m &= m - 1) {
+      uint32_t slot = (uint32_t)__builtin_ctzll(m);
+      for (uint32_t l = e->layer_first; l < e->layer_first + e->layer_count; l++, k++) {
+        const sx_region *R = sx__rindex_key(&s.rix, 0, l, slot);
+        const sx_region *L = sx__rindex_key(&s.lix, 0, l, slot);
+        const sx_xfer *x = &p.x[k];
+        assert_ptr_equal(x->rreg, R);
+        assert_ptr_equal(x->lreg, (const sx_lregion *)L);
+        assert_int_equal(x->roff, (l - R->layer_first) * R->layer_stride +
+                                      e->remote_block * R->block_stride);
+        assert_ptr_equal(x->local, (uint8_t *)(uintptr_t)(L->addr + (l - L->layer_first) *
+                                   L->layer_stride + e->local_block * L->block_stride));
+        assert_int_equal(x->length, 4096);
+        assert_int_equal(x->entry_first, i);
+      }
+    }
+  }
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 static void test_planner_rejects_missing_keys_denied_and_bad_entries(void **state) {
   (void)state;
   sides s;
@@ -488,6 +542,7 @@ int main(void) {
       cmocka_unit_test(test_planner_slices_large_ranges),
       cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
       cmocka_unit_test(test_planner_call_is_all_or_nothing),
+      cmocka_unit_test(test_planner_shape_kept_but_every_entry_checked),
       cmocka_unit_test(test_planner_rejects_missing_keys_denied_and_bad_entries),
       cmocka_unit_test(test_planner_range_bounds_and_overflow),
       cmocka_unit_test(test_planner_empty_batch),
