@@ -351,6 +351,15 @@ static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
   return 0;
 }
 
+static inline sx__bshape shape_of(const sx_block_read *r) {
+  return (sx__bshape){r->group, r->layer_first, r->layer_count, r->slots};
+}
+
+static inline int shape_is(const sx__bshape *k, const sx_block_read *r) {
+  return k->group == r->group && k->layer_first == r->layer_first &&
+         k->layer_count == r->layer_count && k->slots == r->slots;
+}
+
 /* Prepare the per-(slot, layer) merge positions for entry r's shape. */
 static int shape_reset(sx__plan *p, const sx_block_read *r) {
   size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
@@ -364,16 +373,12 @@ static int shape_reset(sx__plan *p, const sx_block_read *r) {
   for (size_t i = 0; i < need; i++)
     p->pos[i] = NONE;
   p->have_shape = 1;
-  p->sh_group = r->group;
-  p->sh_layer_first = r->layer_first;
-  p->sh_layer_count = r->layer_count;
-  p->sh_slots = r->slots;
+  p->sh = shape_of(r);
   return 0;
 }
 
 static inline int set_shape(sx__plan *p, const sx_block_read *r) {
-  if (p->have_shape && p->sh_group == r->group && p->sh_layer_first == r->layer_first &&
-      p->sh_layer_count == r->layer_count && p->sh_slots == r->slots)
+  if (p->have_shape && shape_is(&p->sh, r))
     return 0;
   return shape_reset(p, r);
 }
@@ -466,17 +471,13 @@ static int shape_fill(sx__plan *p, const sx_block_read *r) {
   p->sc_n = need;
   p->sc_rblocks = rmin;
   p->sc_lblocks = lmin;
-  p->sc_group = r->group;
-  p->sc_layer_first = r->layer_first;
-  p->sc_layer_count = r->layer_count;
-  p->sc_slots = r->slots;
+  p->sc_shape = shape_of(r);
   p->sc_valid = 1;
   return 0;
 }
 
 static inline int shape_load(sx__plan *p, const sx_block_read *r) {
-  if (p->sc_valid && p->sc_group == r->group && p->sc_layer_first == r->layer_first &&
-      p->sc_layer_count == r->layer_count && p->sc_slots == r->slots)
+  if (p->sc_valid && shape_is(&p->sc_shape, r))
     return 0;
   return shape_fill(p, r);
 }

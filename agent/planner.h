@@ -82,6 +82,13 @@ const sx_region *sx__rindex_addr(const sx__rindex *ix, uint64_t addr, uint64_t l
 /* The longest scattered range (the TCP target serves reads of up to 64 MiB). */
 #define SX__SCATTER_MAX (64u << 20)
 
+/* A block entry's shape: what the (slot, layer) positions of its ranges
+ * depend on. */
+typedef struct sx__bshape {
+  uint32_t group, layer_first, layer_count;
+  uint64_t slots;
+} sx__bshape;
+
 /* Where one (slot, layer) of a block entry's shape reads and lands. */
 typedef struct sx__ppos {
   const sx_region *R;
@@ -107,16 +114,14 @@ typedef struct sx__plan {
   /* Merging across entries: the shape of the last block entry and, per
    * (slot, layer) of it, the index of the range it last extended. */
   int have_shape;
-  uint32_t sh_group, sh_layer_first, sh_layer_count;
-  uint64_t sh_slots;
+  sx__bshape sh;
   size_t *pos;
   size_t pos_cap;
   /* The regions of every (slot, layer) of the last shape checked, and the
    * fewest blocks any of them holds on each side: entries of one shape
    * (an engine's are all alike) look nothing up again. */
   int sc_valid;
-  uint32_t sc_group, sc_layer_first, sc_layer_count;
-  uint64_t sc_slots;
+  sx__bshape sc_shape;
   sx__ppos *sc;
   size_t sc_n, sc_cap;
   uint64_t sc_rblocks, sc_lblocks;

@@ -73,32 +73,12 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void expect_reference(const world *w) {
-  rank ref = w->d;
-  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
-  for (int s = 0; s < 2; s++)
-    assert_non_null(ref.mem[s] = calloc(1, size));
-  fill(&ref, LB, TOKENS);
-  /* The request's 29 tokens fill 8 local blocks of 4 (the last has 1);
-   * the rest of the remote blocks' last unit is zeros on both sides. */
-  for (int s = 0; s < 2; s++) {
-    assert_memory_equal(ref.mem[s], w->d.mem[s], size);
-    free(ref.mem[s]);
-  }
-}
+/* The request's 29 tokens fill 8 local blocks of 4 (the last has 1); the
+ * rest of the remote blocks' last unit is zeros on both sides. */
+static void expect_reference(world *w) { expect_heads(&w->d, LB, TOKENS, 0xf); }
 
 /* The set of both prefill ranks, by engine name and tp size. */
-static sx_group *open_pf(const world *w) {
-  sx_group_params gp;
-  sx_group_params_init(&gp);
-  gp.engine = "pf";
-  gp.tp_size = 2;
-  sx_group *g;
-  sx_mismatch m;
-  sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
-  assert_int_equal(m.kind, SX_MISMATCH_NONE);
-  return g;
-}
+static sx_group *open_pf(const world *w) { return ranks_open(w->d.a, "pf", 2); }
 
 static void test_group_tp2_into_tp1_by_engine_name(void **state) {
   world *w = *state;
@@ -152,7 +132,7 @@ static void test_group_read_notify_tells_each_member(void **state) {
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
   for (int i = 0; i < 2; i++)
     sxt_rc(sx_agent_notice_next(w->p[i].a, 0, &n), SX_ETIMEDOUT);
-  memset(w->d.mem[0], 0, (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float));
+  memset(w->d.mem[0], 0, rank_bytes(&w->d));
   sxt_ok(sx_group_read_notify(g, RB, 4, LB, 8, 5000, 0xfeedf00dull, &r));
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
@@ -160,21 +140,10 @@ static void test_group_read_notify_tells_each_member(void **state) {
   if (w->scattered)
     assert_true(r.n_ranges <= 32);
   expect_reference(w);
+  /* Each notice was accepted before the read completed. */
   uint64_t bytes = 0;
-  for (int i = 0; i < 2; i++) {
-    /* The notice was accepted before the read completed. */
-    sxt_ok(sx_agent_notice_next(w->p[i].a, 0, &n));
-    assert_int_equal(n->kind, SX_NOTICE_READ);
-    assert_int_equal(n->tag, 0xfeedf00dull);
-    assert_true(n->n_ranges > 0);
-    uint64_t sum = 0;
-    for (uint32_t k = 0; k < n->n_ranges; k++)
-      sum += n->ranges[k].length;
-    assert_int_equal(sum, n->bytes);
-    bytes += n->bytes;
-    sx_notice_free(n);
-    sxt_rc(sx_agent_notice_next(w->p[i].a, 0, &n), SX_ETIMEDOUT);
-  }
+  for (int i = 0; i < 2; i++)
+    bytes += take_read_notice(w->p[i].a, 0xfeedf00dull);
   assert_int_equal(bytes, r.bytes);
   sx_group_close(g);
 }
@@ -308,7 +277,7 @@ static void test_group_member_that_cannot_start_fails_its_blocks(void **state) {
   int ok = 1 - w->denied;
   sxt_ok(sx_agent_status_get(w->p[ok].a, &before));
   sx_group_result r;
-  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
+  size_t size = rank_bytes(&w->d);
   if (w->denied == 0) {
     sxt_rc(sx_group_read(g, RB, 4, LB, 8, 3000, &r), SX_EDENIED);
     assert_non_null(strstr(sx_errmsg(), "pf/tp0"));
@@ -337,25 +306,7 @@ static void test_group_member_that_cannot_start_fails_its_blocks(void **state) {
   assert_true(after.served_reads > before.served_reads);
   /* Byte for byte: the heads of the rank that served are the reference's,
    * the others were never written. */
-  rank ref = w->d;
-  for (int s = 0; s < 2; s++)
-    assert_non_null(ref.mem[s] = calloc(1, size));
-  fill(&ref, LB, TOKENS);
-  uint32_t h0 = w->p[ok].first;
-  for (uint32_t s = 0; s < 2; s++)
-    for (uint32_t l = 0; l < LAYERS; l++)
-      for (uint64_t b = 0; b < BLOCKS; b++)
-        for (uint32_t t = 0; t < w->d.tokens; t++)
-          for (uint32_t h = 0; h < HEADS; h++)
-            for (uint32_t e = 0; e < HEAD_DIM; e++) {
-              float want = h >= h0 && h < h0 + 2 ? *elem(&ref, s, l, b, t, h, e) : 0.0f;
-              if (*elem(&w->d, s, l, b, t, h, e) != want)
-                fail_msg("slot %u layer %u block %lu token %u head %u: %g, want %g", s, l,
-                         (unsigned long)b, t, h, (double)*elem(&w->d, s, l, b, t, h, e),
-                         (double)want);
-            }
-  for (int s = 0; s < 2; s++)
-    free(ref.mem[s]);
+  expect_heads(&w->d, LB, TOKENS, 3u << w->p[ok].first);
   /* A notifying read fills every member before any starts (a notice too
    * large is refused before any byte moves): refused the same way. */
   sxt_ok(sx_agent_status_get(w->p[ok].a, &before));
@@ -380,7 +331,7 @@ static void test_group_read_follows_the_registrations(void **state) {
   sxt_ok(sx_group_read(g, RB, 4, LB, 8, 5000, &r));
   assert_int_equal(r.state, SX_BATCH_COMPLETED);
   expect_reference(w);
-  size_t size = (size_t)LAYERS * BLOCKS * block_elems(&w->d) * sizeof(float);
+  size_t size = rank_bytes(&w->d);
   sxt_ok(sx_agent_unregister(w->d.a, w->d.id[1]));
   memset(w->d.mem[1], 0, size);
   sxt_rc(sx_group_read(g, RB, 4, LB, 8, 5000, &r), SX_ENOREGION);

@@ -59,41 +59,7 @@ static void world_free(world *w) {
   free(w);
 }
 
-static sx_group *open_pf(const world *w) {
-  sx_group_params gp;
-  sx_group_params_init(&gp);
-  gp.engine = "pf";
-  gp.tp_size = 2;
-  sx_group *g;
-  sx_mismatch m;
-  sxt_ok(sx_group_open(w->d.a, &gp, &g, &m));
-  assert_int_equal(m.kind, SX_MISMATCH_NONE);
-  return g;
-}
-
-/* The decode pool, copied back, holds the request's codes for the heads
- * of `heads` (bit h: head h) and zeros everywhere else. */
-static void expect_heads(world *w, unsigned heads) {
-  rank_pull(&w->d);
-  rank ref = w->d;
-  for (int s = 0; s < 2; s++)
-    assert_non_null(ref.mem[s] = calloc(1, rank_bytes(&w->d)));
-  fill(&ref, LB, TOKENS);
-  for (uint32_t s = 0; s < 2; s++)
-    for (uint32_t l = 0; l < LAYERS; l++)
-      for (uint64_t b = 0; b < BLOCKS; b++)
-        for (uint32_t t = 0; t < w->d.tokens; t++)
-          for (uint32_t h = 0; h < HEADS; h++)
-            for (uint32_t e = 0; e < HEAD_DIM; e++) {
-              float want = heads >> h & 1 ? *elem(&ref, s, l, b, t, h, e) : 0.0f;
-              if (*elem(&w->d, s, l, b, t, h, e) != want)
-                fail_msg("slot %u layer %u block %lu token %u head %u: %g, want %g", s, l,
-                         (unsigned long)b, t, h, (double)*elem(&w->d, s, l, b, t, h, e),
-                         (double)want);
-            }
-  for (int s = 0; s < 2; s++)
-    free(ref.mem[s]);
-}
+static sx_group *open_pf(const world *w) { return ranks_open(w->d.a, "pf", 2); }
 
 /* Every local block of the request failed, named in the order given. */
 static void expect_all_failed(const world *w, const sx_group_result *r) {
@@ -113,7 +79,7 @@ static void read_orders(sx_kv_order order, uint32_t tokens) {
   assert_int_equal(r.n_failed, 0);
   assert_int_equal(r.members, 2);
   assert_int_equal(r.bytes, 2ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
-  expect_heads(w, 0xf);
+  expect_heads(&w->d, LB, TOKENS, 0xf);
   /* Rank 1 restarts (its listener and incarnation gone): every local
    * block had heads 2-3 from it. */
   rank_stop(&w->p[1]);
@@ -145,20 +111,10 @@ static void test_gpu_group_read_notify(void **state) {
   sxt_ok(sx_group_read_notify(g, RB, 4, LB, w->nl, 5000, 0x5e7ull, &r));
   if (r.state != SX_BATCH_COMPLETED)
     fail_msg("%s: %s", sx_batch_state_name(r.state), r.message);
-  expect_heads(w, 0xf);
+  expect_heads(&w->d, LB, TOKENS, 0xf);
   uint64_t bytes = 0;
-  for (int i = 0; i < 2; i++) {
-    sx_notice *n;
-    sxt_ok(sx_agent_notice_next(w->p[i].a, 0, &n));
-    assert_int_equal(n->kind, SX_NOTICE_READ);
-    assert_int_equal(n->tag, 0x5e7ull);
-    uint64_t sum = 0;
-    for (uint32_t k = 0; k < n->n_ranges; k++)
-      sum += n->ranges[k].length;
-    assert_int_equal(sum, n->bytes);
-    bytes += n->bytes;
-    sx_notice_free(n);
-  }
+  for (int i = 0; i < 2; i++)
+    bytes += take_read_notice(w->p[i].a, 0x5e7ull);
   assert_int_equal(bytes, r.bytes);
   sx_group_close(g);
   world_free(w);
@@ -178,7 +134,7 @@ static void test_gpu_group_member_refusing_fails_its_blocks(void **state) {
   assert_non_null(strstr(r.message, "pf/tp1"));
   assert_int_equal(r.members, 1);
   assert_int_equal(r.bytes, 1ull * LAYERS * 32 * HEADS * HEAD_DIM * sizeof(float));
-  expect_heads(w, 0x3);
+  expect_heads(&w->d, LB, TOKENS, 0x3);
   /* A notifying read fills every member before any starts: refused, and
    * rank 0 served nothing for it. */
   sx_agent_status before, after;

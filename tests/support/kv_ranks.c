@@ -102,3 +102,53 @@ void rank_stop(rank *r) {
     r->dev[s] = NULL;
   }
 }
+
+sx_group *ranks_open(sx_agent *a, const char *engine, uint32_t tp_size) {
+  sx_group_params gp;
+  sx_group_params_init(&gp);
+  gp.engine = engine;
+  gp.tp_size = tp_size;
+  sx_group *g;
+  sx_mismatch m;
+  sxt_ok(sx_group_open(a, &gp, &g, &m));
+  assert_int_equal(m.kind, SX_MISMATCH_NONE);
+  return g;
+}
+
+void expect_heads(rank *d, const uint64_t *lb, uint32_t tokens, unsigned heads) {
+  rank_pull(d);
+  rank ref = *d;
+  for (int s = 0; s < 2; s++)
+    assert_non_null(ref.mem[s] = calloc(1, rank_bytes(d)));
+  fill(&ref, lb, tokens);
+  for (uint32_t s = 0; s < 2; s++)
+    for (uint32_t l = 0; l < LAYERS; l++)
+      for (uint64_t b = 0; b < BLOCKS; b++)
+        for (uint32_t t = 0; t < d->tokens; t++)
+          for (uint32_t h = d->first; h < d->first + d->count; h++)
+            for (uint32_t e = 0; e < HEAD_DIM; e++) {
+              float want = heads >> h & 1 ? *elem(&ref, s, l, b, t, h, e) : 0.0f;
+              if (*elem(d, s, l, b, t, h, e) != want)
+                fail_msg("slot %u layer %u block %lu token %u head %u: %g, want %g", s, l,
+                         (unsigned long)b, t, h, (double)*elem(d, s, l, b, t, h, e),
+                         (double)want);
+            }
+  for (int s = 0; s < 2; s++)
+    free(ref.mem[s]);
+}
+
+uint64_t take_read_notice(sx_agent *a, uint64_t tag) {
+  sx_notice *n;
+  sxt_ok(sx_agent_notice_next(a, 0, &n));
+  assert_int_equal(n->kind, SX_NOTICE_READ);
+  assert_int_equal(n->tag, tag);
+  assert_true(n->n_ranges > 0);
+  uint64_t sum = 0;
+  for (uint32_t k = 0; k < n->n_ranges; k++)
+    sum += n->ranges[k].length;
+  assert_int_equal(sum, n->bytes);
+  uint64_t bytes = n->bytes;
+  sx_notice_free(n);
+  sxt_rc(sx_agent_notice_next(a, 0, &n), SX_ETIMEDOUT);
+  return bytes;
+}

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "agent_fixture.h"
+#include "segxfer/group.h"
 
 #define LAYERS 2
 #define HEADS 4
@@ -50,5 +51,16 @@ void rank_start_at(rank *r, const char *url, const char *name, sx_kv_order order
 /* Device memory copied into r->mem (nothing for host memory). */
 void rank_pull(rank *r);
 void rank_stop(rank *r);
+/* The set <engine>/tp0 .. tp(tp_size-1), opened from a's agent; it must fit
+ * (no mismatch). */
+sx_group *ranks_open(sx_agent *a, const char *engine, uint32_t tp_size);
+/* d's pool (pulled from device memory first) holds the codes of `tokens`
+ * tokens whose local blocks are lb[0..) for the heads of `heads` (bit h:
+ * head h), and zeros everywhere else: else the test fails, naming the
+ * first element that differs. */
+void expect_heads(rank *d, const uint64_t *lb, uint32_t tokens, unsigned heads);
+/* The one read notice waiting at a's agent: of `tag`, with ranges that add
+ * up to its bytes (and no other notice after it).  Returns its bytes. */
+uint64_t take_read_notice(sx_agent *a, uint64_t tag);
 
 #endif
