@@ -625,7 +625,9 @@ int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
     uint32_t e = p->n_entries;
     uint64_t b = len[k];
     /* Inside both regions, written so that nothing can overflow. */
-    if (b == 0 || b > rlen || roff[k] > rlen - b)
+    if (b == 0)
+      return sx__err(SX_EINVAL, "entry %u: length is 0", e);
+    if (b > rlen || roff[k] > rlen - b)
       return sx__err(SX_EBOUNDS, "entry %u: bytes outside remote region %u", e, R->id);
     if (b > llen || local[k] < laddr || local[k] - laddr > llen - b)
       return sx__err(SX_EBOUNDS, "entry %u: bytes outside local region %u", e, L->r.id);

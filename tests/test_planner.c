@@ -365,6 +365,50 @@ static void test_planner_range_bounds_and_overflow(void **state) {
   sides_free(&s);
 }
 
+/* A run of one-range entries (a set read's): each range inside the remote
+ * and the local region, hostile values included, the remote access
+ * checked; entries before a bad one stay, numbered in order. */
+static void test_planner_run_checks_each_range(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  const sx_region *R = &s.remote.regions[0];
+  const sx_lregion *L = &s.lregs[0];
+  uint64_t la = L->r.addr, rl = R->length, ll = L->r.length;
+  uint64_t roff[3] = {0, 8192, rl - 4096}, loc[3] = {la, la + 4096, la + ll - 4096};
+  uint64_t len[3] = {4096, 4096, 4096};
+  sxt_ok(sx__plan_add_run(&p, R, L, roff, loc, len, 3));
+  assert_int_equal(p.n_entries, 3);
+  assert_int_equal(p.bytes, 3 * 4096);
+  struct {
+    uint64_t roff, local, len;
+    int rc;
+    const char *msg;
+  } bad[] = {{rl - 4095, la, 4096, SX_EBOUNDS, "remote region"},
+             {UINT64_MAX - 10, la, 4096, SX_EBOUNDS, "remote region"},
+             {0, la, rl + 1, SX_EBOUNDS, "remote region"},
+             {0, la, 0, SX_EINVAL, "length is 0"},
+             {0, la + ll - 4095, 4096, SX_EBOUNDS, "local region"},
+             {0, la - 1, 4096, SX_EBOUNDS, "local region"},
+             {0, UINT64_MAX - 10, 4096, SX_EBOUNDS, "local region"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    uint64_t ro[2] = {0, bad[i].roff}, lo[2] = {la, bad[i].local}, ln[2] = {8, bad[i].len};
+    uint32_t before = p.n_entries;
+    sxt_rc(sx__plan_add_run(&p, R, L, ro, lo, ln, 2), bad[i].rc);
+    assert_non_null(strstr(sx_errmsg(), bad[i].msg));
+    assert_int_equal(p.n_entries, before + 1); /* the good one before it stays */
+    char want[32];
+    snprintf(want, sizeof(want), "entry %u", before + 1);
+    assert_non_null(strstr(sx_errmsg(), want));
+  }
+  s.remote.regions[0].access = 0;
+  sxt_rc(sx__plan_add_run(&p, R, L, roff, loc, len, 1), SX_EDENIED);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 static void test_planner_empty_batch(void **state) {
   (void)state;
   sides s;
@@ -543,6 +587,7 @@ int main(void) {
       cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
       cmocka_unit_test(test_planner_call_is_all_or_nothing),
       cmocka_unit_test(test_planner_shape_kept_but_every_entry_checked),
+      cmocka_unit_test(test_planner_run_checks_each_range),
       cmocka_unit_test(test_planner_rejects_missing_keys_denied_and_bad_entries),
       cmocka_unit_test(test_planner_range_bounds_and_overflow),
       cmocka_unit_test(test_planner_empty_batch),
