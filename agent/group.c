@@ -264,10 +264,9 @@ static int grow(void **v, size_t *cap, size_t need, size_t size) {
   return 0;
 }
 
-static int collect_range(mlist *l, const sx__prun *run, uint32_t k) {
-  const sx_region *R = run->R;
-  uint64_t roff = run->roff[k], len = run->len[k];
-  l->p[l->np] = (piece){R, run->L->id, run->block[k], roff, run->laddr[k], len};
+static int collect_range(mlist *l, const sx_region *R, uint32_t lid, uint32_t block,
+                         uint64_t roff, uint64_t laddr, uint64_t len) {
+  l->p[l->np] = (piece){R, lid, block, roff, laddr, len};
   if (!l->spans) {
     l->np++;
     return 0;
@@ -276,25 +275,28 @@ static int collect_range(mlist *l, const sx__prun *run, uint32_t k) {
   /* A span lands in one local region, and is at most a slice long so that
    * a long one still spreads over the connections. */
   if (last && last->region == R->id && last->roff + last->len == roff &&
-      last->lregion == run->L->id && last->len + len <= SX__PLAN_SLICE) {
+      last->lregion == lid && last->len + len <= SX__PLAN_SLICE) {
     last->len += len;
     last->n++;
   } else {
     if (grow((void **)&l->s, &l->caps, l->ns + 1, sizeof(span)))
       return SX_ENOMEM;
-    l->s[l->ns++] = (span){R->id, run->L->id, roff, len, (uint32_t)l->np, 1};
+    l->s[l->ns++] = (span){R->id, lid, roff, len, (uint32_t)l->np, 1};
   }
   l->np++;
   return 0;
 }
 
+/* Collected piece by piece (a strided range's pieces each). */
 static int collect_run(void *arg, const sx__prun *run) {
   mlist *l = &((mlist *)arg)[run->member];
-  if (grow((void **)&l->p, &l->capp, l->np + run->n, sizeof(piece)))
+  if (grow((void **)&l->p, &l->capp, l->np + (size_t)run->n * run->count, sizeof(piece)))
     return SX_ENOMEM;
   for (uint32_t k = 0; k < run->n; k++)
-    if (collect_range(l, run, k))
-      return SX_ENOMEM;
+    for (uint32_t i = 0; i < run->count; i++)
+      if (collect_range(l, run->R, run->L->id, run->block[k], run->roff[k] + i * run->rstride,
+                        run->laddr[k] + i * run->lstride, run->len[k]))
+        return SX_ENOMEM;
   return 0;
 }
 
@@ -354,9 +356,33 @@ static int feed_ranges(feed *f, const sx_region *R, uint32_t lid, const uint64_t
   return rc;
 }
 
+/* A strided run's pieces, each an entry of its own. */
+static int feed_pieces(feed *f, const sx__prun *run) {
+  mlist *l = f->l;
+  if (grow((void **)&l->blk, &l->capb, l->np + (size_t)run->n * run->count, sizeof(*l->blk)))
+    return SX_ENOMEM;
+  uint64_t ro[SX__PRUN_MAX], la[SX__PRUN_MAX], ln[SX__PRUN_MAX];
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < run->n; k++)
+    for (uint32_t i = 0; i < run->count; i++) {
+      ro[n] = run->roff[k] + i * run->rstride;
+      la[n] = run->laddr[k] + i * run->lstride;
+      ln[n++] = run->len[k];
+      l->blk[l->np++] = run->block[k];
+      if (n == SX__PRUN_MAX || (k + 1 == run->n && i + 1 == run->count)) {
+        if (f->rc == 0)
+          f->rc = feed_ranges(f, run->R, run->L->id, ro, la, ln, n);
+        n = 0;
+      }
+    }
+  return 0;
+}
+
 static int feed_run(void *arg, const sx__prun *run) {
   feed *f = arg;
   mlist *l = f->l;
+  if (run->count > 1)
+    return feed_pieces(f, run);
   if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
     return SX_ENOMEM;
   memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));

@@ -575,6 +575,39 @@ int sx_plan_info_get(const sx_plan *p, sx_plan_info *out) {
 
 /* ------------------------------------------------------------ expansion */
 
+/* Do member m's pieces (at least two, in order) follow each other at one
+ * remote and one local stride, each at least the pieces' one length, and
+ * with one unit shift?  The strides into *rstride, *lstride. */
+static int strided(const sx__piece *pcs, uint32_t npc, uint32_t m, uint64_t *rstride,
+                   uint64_t *lstride) {
+  const sx__piece *prev = NULL;
+  uint64_t rs = 0, ls = 0;
+  uint32_t k = 0;
+  for (uint32_t q = 0; q < npc; q++) {
+    const sx__piece *pc = &pcs[q];
+    if (pc->member != m)
+      continue;
+    if (prev != NULL) {
+      if (pc->len != prev->len || pc->rshift != prev->rshift || pc->roff < prev->roff ||
+          pc->loff < prev->loff)
+        return 0;
+      uint64_t dr = pc->roff - prev->roff, dl = pc->loff - prev->loff;
+      if (k == 1) {
+        rs = dr;
+        ls = dl;
+      }
+      if (dr != rs || dl != ls || dr < pc->len || dl < pc->len || dr > UINT32_MAX ||
+          dl > UINT32_MAX)
+        return 0;
+    }
+    prev = pc;
+    k++;
+  }
+  *rstride = rs;
+  *lstride = ls;
+  return k >= 2;
+}
+
 /*
  * The ranges of member m in one (key, layer): for each of the request's
  * units, m's pieces of it, handed to fn in runs.  lbase is the layer's
@@ -604,6 +637,8 @@ static int emit_member(const sx_plan *p, const sx__pgroup *g, const sx_region *L
   for (uint32_t q = 0; q < npc; q++)
     if (pcs[q].member == m && mine++ == 0)
       one = &pcs[q];
+  run.count = 1;
+  run.rstride = run.lstride = 0;
   if (kl == 1 && kr == 1 && mine == 1) {
     uint64_t lb0 = lbase + one->loff, rb0 = rbase + one->roff, len = one->len;
     for (uint64_t u = 0; u < units; u += n) {
@@ -621,6 +656,10 @@ static int emit_member(const sx_plan *p, const sx__pgroup *g, const sx_region *L
     }
     return 0;
   }
+  /* m's pieces of a unit at fixed strides on both sides (a token-major
+   * split: one per token) are one strided range per unit. */
+  if (mine >= 2 && strided(pcs, npc, m, &run.rstride, &run.lstride))
+    run.count = mine;
   /* Unit u is unit ql of local block j and unit qr of remote block i
    * (u / kl, u % kl, u / kr, u % kr), counted rather than divided. */
   uint64_t j = 0, ql = 0, i = 0, qr = 0;
@@ -649,6 +688,8 @@ static int emit_member(const sx_plan *p, const sx__pgroup *g, const sx_region *L
       run.len[n] = pc->len;
       run.block[n] = (uint32_t)j;
       n++;
+      if (run.count > 1)
+        break; /* the unit's pieces are this strided range */
     }
   }
   run.n = n;

@@ -58,12 +58,19 @@ struct sx_plan {
  * region L; range k is len[k] bytes at roff[k] of R to laddr[k], filling
  * local block block[k] (an index into the local block list).  Runs, not
  * single ranges, so that a consumer pays its call, its region lookups and
- * its checks once per run: a plan read's ranges are many and small. */
+ * its checks once per run: a plan read's ranges are many and small.
+ *
+ * With count > 1 each range stands for count pieces of len[k] bytes, piece
+ * i at roff[k] + i * rstride into laddr[k] + i * lstride (a token-major
+ * split: a member's piece of every token of a unit, at fixed strides on
+ * both sides, neither below the piece length). */
 #define SX__PRUN_MAX 64
 typedef struct sx__prun {
   uint32_t member;
   const sx_region *R, *L;
   uint32_t n;
+  uint32_t count;
+  uint64_t rstride, lstride;
   uint64_t roff[SX__PRUN_MAX], laddr[SX__PRUN_MAX], len[SX__PRUN_MAX];
   uint32_t block[SX__PRUN_MAX];
 } sx__prun;

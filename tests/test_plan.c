@@ -146,11 +146,13 @@ static void fill(side *s, const uint64_t *table, uint32_t n) {
 static int copy_run(void *arg, const sx__prun *r) {
   uint64_t *bytes = arg;
   assert_true(r->n > 0 && r->n <= SX__PRUN_MAX);
-  for (uint32_t k = 0; k < r->n; k++) {
-    memcpy((void *)(uintptr_t)r->laddr[k], (const uint8_t *)(uintptr_t)r->R->addr + r->roff[k],
-           r->len[k]);
-    *bytes += r->len[k];
-  }
+  assert_true(r->count >= 1);
+  for (uint32_t k = 0; k < r->n; k++)
+    for (uint32_t i = 0; i < r->count; i++) {
+      memcpy((void *)(uintptr_t)(r->laddr[k] + i * r->lstride),
+             (const uint8_t *)(uintptr_t)r->R->addr + r->roff[k] + i * r->rstride, r->len[k]);
+      *bytes += r->len[k];
+    }
   return 0;
 }
 

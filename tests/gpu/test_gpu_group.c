@@ -32,9 +32,10 @@ typedef struct world {
   rank p[2], d;
 } world;
 
-/* Prefill ranks in host memory; rank `denied` (or none: -1) allows remote
- * writes only.  The decode rank in cuda:0 memory, `order` with `tokens`. */
-static world *world_new(sx_kv_order order, uint32_t tokens, int denied) {
+/* Prefill ranks in host memory, `pre` order, blocks of 8 tokens; rank
+ * `denied` (or none: -1) allows remote writes only.  The decode rank in
+ * cuda:0 memory, `order` with `tokens`. */
+static world *world_new(sx_kv_order pre, sx_kv_order order, uint32_t tokens, int denied) {
   static int seq;
   world *w = calloc(1, sizeof(*w));
   assert_non_null(w);
@@ -42,7 +43,7 @@ static world *world_new(sx_kv_order order, uint32_t tokens, int denied) {
   for (int i = 0; i < 2; i++) {
     char name[16];
     snprintf(name, sizeof(name), "pf/tp%d", i);
-    rank_start(&w->p[i], w->url, name, SX_KV_HND, 8, 2u * (uint32_t)i, 2, (uint32_t)i, 2,
+    rank_start(&w->p[i], w->url, name, pre, 8, 2u * (uint32_t)i, 2, (uint32_t)i, 2,
                i == denied ? SX_ACCESS_REMOTE_WRITE : SX_ACCESS_REMOTE_READ);
     fill(&w->p[i], RB, TOKENS);
   }
@@ -69,8 +70,8 @@ static void expect_all_failed(const world *w, const sx_group_result *r) {
     assert_int_equal(r->failed[i], LB[i]);
 }
 
-static void read_orders(sx_kv_order order, uint32_t tokens) {
-  world *w = world_new(order, tokens, -1);
+static void read_orders(sx_kv_order pre, sx_kv_order order, uint32_t tokens) {
+  world *w = world_new(pre, order, tokens, -1);
   sx_group *g = open_pf(w);
   sx_group_result r;
   sxt_ok(sx_group_read(g, RB, 4, LB, w->nl, 5000, &r));
@@ -92,12 +93,19 @@ static void read_orders(sx_kv_order order, uint32_t tokens) {
 
 static void test_gpu_group_hnd_into_hnd(void **state) {
   (void)state;
-  read_orders(SX_KV_HND, 8);
+  read_orders(SX_KV_HND, SX_KV_HND, 8);
 }
 
 static void test_gpu_group_hnd_into_nhd(void **state) {
   (void)state;
-  read_orders(SX_KV_NHD, 4);
+  read_orders(SX_KV_HND, SX_KV_NHD, 4);
+}
+
+/* Token-major on both sides: each rank's piece of every token (its two
+ * heads of a token row), at fixed strides, one strided range per unit. */
+static void test_gpu_group_nhd_into_nhd(void **state) {
+  (void)state;
+  read_orders(SX_KV_NHD, SX_KV_NHD, 4);
 }
 
 /* A notifying read (what the vLLM and SGLang connectors call) notes each
@@ -105,7 +113,7 @@ static void test_gpu_group_hnd_into_nhd(void **state) {
  * ranges summing to its bytes, all of them the read's bytes. */
 static void test_gpu_group_read_notify(void **state) {
   (void)state;
-  world *w = world_new(SX_KV_NHD, 4, -1);
+  world *w = world_new(SX_KV_NHD, SX_KV_NHD, 4, -1);
   sx_group *g = open_pf(w);
   sx_group_result r;
   sxt_ok(sx_group_read_notify(g, RB, 4, LB, w->nl, 5000, 0x5e7ull, &r));
@@ -125,7 +133,7 @@ static void test_gpu_group_read_notify(void **state) {
  * stay zero, and every block is reported failed with rank 1's error. */
 static void test_gpu_group_member_refusing_fails_its_blocks(void **state) {
   (void)state;
-  world *w = world_new(SX_KV_HND, 8, 1);
+  world *w = world_new(SX_KV_HND, SX_KV_HND, 8, 1);
   sx_group *g = open_pf(w);
   sx_group_result r;
   sxt_ok(sx_group_read(g, RB, 4, LB, w->nl, 3000, &r));
@@ -160,6 +168,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gpu_group_hnd_into_hnd),
       cmocka_unit_test(test_gpu_group_hnd_into_nhd),
+      cmocka_unit_test(test_gpu_group_nhd_into_nhd),
       cmocka_unit_test(test_gpu_group_read_notify),
       cmocka_unit_test(test_gpu_group_member_refusing_fails_its_blocks),
   };
