@@ -599,7 +599,7 @@ static void test_planner_strided_checks_its_pieces(void **state) {
   sxt_rc(sx__plan_add_strided(&p, R, L, 0, UINT64_MAX / 2, l0, 2048, 1024, 3), SX_EOVERFLOW);
   sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, UINT64_MAX / 2, 1024, 3),
          SX_EOVERFLOW);
-  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1ull << 32, l0, 1ull << 32, 1ull << 32,
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1ull << 33, l0, 1ull << 33, 1ull << 33,
                               UINT32_MAX), SX_EOVERFLOW);
   /* A region that allows no remote reads. */
   s.remote.regions[0].access = 0;
