@@ -214,27 +214,36 @@ static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
   return launch_table(d, f, s, t, np);
 }
 
-/* Pieces of strided copy r per table entry: as many as PIECE holds, or
- * one (cut further at PIECE) when a piece alone is that long. */
-static uint64_t per_entry(const sx__mem_strided *r) {
-  return r->len >= PIECE ? 1 : PIECE / r->len;
+/* Pieces of len bytes per table entry: as many as PIECE holds, or one
+ * (cut further at PIECE) when a piece alone is that long.  A request's
+ * runs mostly share one piece length: the division is made once for it. */
+typedef struct per_cache {
+  uint64_t len, per;
+} per_cache;
+
+static uint64_t per_entry(per_cache *c, uint64_t len) {
+  if (len != c->len) {
+    c->len = len;
+    c->per = len >= PIECE ? 1 : PIECE / len;
+  }
+  return c->per;
 }
 
-/* The table entries of strided copy r. */
-static uint64_t entries_of(const sx__mem_strided *r) {
+/* The table entries of strided copy r (per: its pieces per entry). */
+static uint64_t entries_of(const sx__mem_strided *r, uint64_t per) {
   if (r->len == 0 || r->count == 0)
     return 0;
   if (r->len >= PIECE)
     return r->count * ((r->len + PIECE - 1) / PIECE);
-  uint64_t per = per_entry(r);
-  return (r->count + per - 1) / per;
+  return r->count <= per ? 1 : (r->count + per - 1) / per;
 }
 
 static int launch_strided(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
                           const sx__mem_strided *rg, size_t n) {
   size_t np = 0;
+  per_cache pc = {0, 0};
   for (size_t i = 0; i < n; i++)
-    np += entries_of(&rg[i]);
+    np += rg[i].len == 0 ? 0 : entries_of(&rg[i], per_entry(&pc, rg[i].len));
   if (np == 0)
     return 0;
   slot *t = NULL;
@@ -247,7 +256,11 @@ static int launch_strided(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s
     const sx__mem_strided *r = &rg[i];
     if (r->len == 0)
       continue;
-    uint64_t per = per_entry(r);
+    uint64_t per = per_entry(&pc, r->len);
+    if (r->len < PIECE && r->count <= per) {
+      tb[k++] = *r; /* the whole run in one entry: the usual case */
+      continue;
+    }
     for (uint64_t q = 0; q < r->count; q += per) {
       uint64_t dst = r->dst + q * r->dstride, src = r->src + q * r->sstride;
       if (r->len < PIECE) {

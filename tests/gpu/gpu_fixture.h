@@ -7,6 +7,8 @@
 #define SXT_GPU_FIXTURE_H
 
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "agent_fixture.h"
 #include "mem/mem.h"
@@ -22,6 +24,15 @@ typedef struct gpu_pool {
 
 /* Number of CUDA devices (0 when none: the caller skips). */
 int gpu_devices(void);
+/* Does the suite run on the host-memory stand-in driver
+ * (tests/gpu/fake_cuda.c, named by SX_CUDA_LIBRARY)? */
+int gpu_on_stand_in(void);
+/* The memory layer's gathers by method m in this process so far. */
+uint64_t gpu_copy_count(sx__mem_copy_method m);
+/* Run path (this test binary) with argv (NULL-terminated) as a helper
+ * process whose stdin and stdout are pipes: *in writes to it, *out reads
+ * from it.  Its pid; asserts. */
+pid_t gpu_spawn(const char *path, const char *const argv[], FILE **in, FILE **out);
 
 /* An agent (listening on 127.0.0.1 when name is not NULL); staging_bytes 0
  * keeps the default. */

@@ -80,23 +80,8 @@ static struct {
 } held;
 
 static void target_start(target *t, const char *name, const char *location) {
-  int to[2], from[2];
-  assert_int_equal(pipe(to), 0);
-  assert_int_equal(pipe(from), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    execl(self, "test_gpu_stride", "target", url, name, location, (char *)NULL);
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  *t = (target){pid, fdopen(to[1], "w"), fdopen(from[0], "r")};
+  const char *argv[] = {"test_gpu_stride", "target", url, name, location, NULL};
+  t->pid = gpu_spawn(self, argv, &t->in, &t->out);
   held.t = *t;
   char line[64];
   if (fgets(line, sizeof(line), t->out) == NULL || strncmp(line, "ready", 5) != 0)
@@ -266,17 +251,6 @@ static uint32_t read_shapes(reader *r) {
   return res.n_ranges;
 }
 
-static uint64_t count_of(sx__mem_copy_method m) {
-  uint64_t c[4];
-  sx__mem_copy_counts(c);
-  return c[m];
-}
-
-static int on_stand_in(void) {
-  const char *l = getenv("SX_CUDA_LIBRARY");
-  return l != NULL && strstr(l, "libfakecuda") != NULL;
-}
-
 /* ------------------------------------------------------------ tests */
 
 /* Each method forced, and auto, into GPU memory: byte for byte, by the
@@ -312,11 +286,11 @@ static void test_gpu_stride_every_method(void **state) {
       if (o != m && !(m == SX__COPY_BATCH && o == SX__COPY_RANGE))
         assert_int_equal(after[o], before[o]);
     /* Into pageable host memory: the copy engines only. */
-    uint64_t k0 = count_of(SX__COPY_KERNEL);
+    uint64_t k0 = gpu_copy_count(SX__COPY_KERNEL);
     reader_open(&r, "stride-t", "stride-h", "cpu");
     read_shapes(&r);
     reader_close(&r);
-    assert_int_equal(count_of(SX__COPY_KERNEL), k0);
+    assert_int_equal(gpu_copy_count(SX__COPY_KERNEL), k0);
   }
   unsetenv("SX_GPU_COPY");
   assert_int_equal(target_end(&t), 0);
@@ -372,7 +346,7 @@ static void test_gpu_stride_refused(void **state) {
  * and closing the segment closes the mappings. */
 static void test_gpu_stride_deadline(void **state) {
   (void)state;
-  if (!on_stand_in())
+  if (!gpu_on_stand_in())
     skip();
   target t;
   target_start(&t, "stride-d", "cuda:0");
