@@ -13,6 +13,22 @@ int gpu_devices(void) {
   return sx__mem_cuda_devices(&n) == 0 ? n : 0;
 }
 
+int gpu_store_setup(sxt_redis *r, char *url, size_t size, const char *who, const char *ns) {
+  if (gpu_devices() == 0) {
+    fprintf(stderr, "%s: no CUDA device: %s\n", who, sx_errmsg());
+    return -1;
+  }
+  sxt_redis_opts o = {.notify = "Kx"};
+  if (sxt_redis_start(r, &o) != 0) {
+    fprintf(stderr, "%s: cannot start redis-server\n", who);
+    return -1;
+  }
+  char q[64];
+  snprintf(q, sizeof(q), "namespace=%s", ns);
+  sxt_redis_url(r, url, size, q);
+  return 0;
+}
+
 int gpu_on_stand_in(void) {
   const char *lib = getenv("SX_CUDA_LIBRARY");
   return lib != NULL && strstr(lib, "fakecuda") != NULL;

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "agent_fixture.h"
+#include "redis_harness.h"
 #include "mem/mem.h"
 
 typedef struct gpu_pool {
@@ -24,6 +25,11 @@ typedef struct gpu_pool {
 
 /* Number of CUDA devices (0 when none: the caller skips). */
 int gpu_devices(void);
+/* A test binary's group setup: a CUDA device, a redis-server r (keyspace
+ * notifications on) and its URL with namespace ns into url.  0, or -1
+ * with the reason on stderr (who: the binary's name). */
+int gpu_store_setup(sxt_redis *r, char *url, size_t size, const char *who,
+                    const char *ns);
 /* Does the suite run on the host-memory stand-in driver
  * (tests/gpu/fake_cuda.c, named by SX_CUDA_LIBRARY)? */
 int gpu_on_stand_in(void);

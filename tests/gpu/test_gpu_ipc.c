@@ -900,17 +900,7 @@ static void test_gpu_ipc_batch_refused(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  if (gpu_devices() == 0) {
-    fprintf(stderr, "test_gpu_ipc: no CUDA device: %s\n", sx_errmsg());
-    return -1;
-  }
-  sxt_redis_opts o = {.notify = "Kx"};
-  if (sxt_redis_start(&redis, &o) != 0) {
-    fprintf(stderr, "test_gpu_ipc: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=gpu");
-  return 0;
+  return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_ipc", "gpu");
 }
 
 /* After each test: end what a failed one left (see held), and check that

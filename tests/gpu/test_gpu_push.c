@@ -707,18 +707,8 @@ static void test_gpu_push_tcp_producer_killed(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  if (gpu_devices() == 0) {
-    fprintf(stderr, "test_gpu_push: no CUDA device: %s\n", sx_errmsg());
-    return -1;
-  }
-  sxt_redis_opts o = {.notify = "Kx"};
-  if (sxt_redis_start(&redis, &o) != 0) {
-    fprintf(stderr, "test_gpu_push: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=gpupush");
   setenv("FAKE_CUDA_DELAY_US", FAKE_DELAY, 1);
-  return 0;
+  return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_push", "gpupush");
 }
 
 static int teardown(void **state) {

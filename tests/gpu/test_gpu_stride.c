@@ -367,17 +367,7 @@ static void test_gpu_stride_deadline(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  if (gpu_devices() == 0) {
-    fprintf(stderr, "test_gpu_stride: no CUDA device: %s\n", sx_errmsg());
-    return -1;
-  }
-  sxt_redis_opts o = {.notify = "Kx"};
-  if (sxt_redis_start(&redis, &o) != 0) {
-    fprintf(stderr, "test_gpu_stride: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=stride");
-  return 0;
+  return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_stride", "stride");
 }
 
 static int test_teardown(void **state) {
