@@ -29,6 +29,22 @@ int gpu_store_setup(sxt_redis *r, char *url, size_t size, const char *who, const
   return 0;
 }
 
+sx_agent *gpu_target_publish(const sx_agent_params *p, gpu_pool *pool, const char *location,
+                             uint32_t layers, uint64_t blocks, uint64_t block_bytes,
+                             uint64_t seed) {
+  sx_agent *a;
+  if (sx_agent_create(p, &a) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return NULL;
+  }
+  gpu_pool_make(pool, a, location, layers, blocks, block_bytes, seed);
+  if (sx_agent_publish(a, 0) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return NULL;
+  }
+  return a;
+}
+
 int gpu_on_stand_in(void) {
   const char *lib = getenv("SX_CUDA_LIBRARY");
   return lib != NULL && strstr(lib, "fakecuda") != NULL;

@@ -44,6 +44,12 @@ pid_t gpu_spawn(const char *path, const char *const argv[], FILE **in, FILE **ou
  * keeps the default. */
 sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
                     unsigned transports);
+/* A target process's agent (params p) with a pool of layers x blocks x
+ * block_bytes at location filled with the pattern of seed, published.
+ * NULL, said on stderr, when it cannot be. */
+sx_agent *gpu_target_publish(const sx_agent_params *p, gpu_pool *pool, const char *location,
+                             uint32_t layers, uint64_t blocks, uint64_t block_bytes,
+                             uint64_t seed);
 /* Register K and V of layers x blocks x block_bytes at location; fill them
  * with the pattern of seed when seed != 0 (else zeros). */
 void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,

@@ -46,17 +46,10 @@ static int target_main(char **argv) {
   sxt_params(&p, argv[2], argv[3]);
   p.listen = argv[5];
   p.advertise = argv[6]; /* NULL when not given */
-  sx_agent *a;
-  if (sx_agent_create(&p, &a) != 0) {
-    fprintf(stderr, "target: %s\n", sx_errmsg());
-    return 1;
-  }
   gpu_pool pool;
-  gpu_pool_make(&pool, a, argv[4], LAYERS, TBLOCKS, BB, SEED);
-  if (sx_agent_publish(a, 0) != 0) {
-    fprintf(stderr, "target: %s\n", sx_errmsg());
+  sx_agent *a = gpu_target_publish(&p, &pool, argv[4], LAYERS, TBLOCKS, BB, SEED);
+  if (a == NULL)
     return 1;
-  }
   sx_desc d;
   sx_agent_descriptor(a, &d);
   printf("ready %u\n", sxt_tcp_port(&d));
