@@ -102,20 +102,26 @@ typedef struct reader {
   uint32_t rid[2]; /* the target's region ids (K, V) */
 } reader;
 
-static void reader_open(reader *r, const char *tname, const char *rname, const char *location) {
+static void reader_open_via(reader *r, const char *tname, const char *rname,
+                            const char *location, unsigned transports,
+                            sx_transport_kind want) {
   memset(r, 0, sizeof(*r));
-  r->a = held.a = gpu_agent(url, rname, 0, 0);
+  r->a = held.a = gpu_agent(url, rname, 0, transports);
   gpu_pool_make(&r->pool, r->a, location, LAYERS, BLOCKS, BB, 0);
   held.pool = r->pool;
   r->len = (uint64_t)LAYERS * BLOCKS * BB;
   for (int s = 0; s < 2; s++)
     assert_non_null(r->want[s] = calloc(1, r->len));
   sxt_ok(sx_segment_open(r->a, tname, 5000, &r->seg));
-  assert_int_equal(sx_segment_transport(r->seg), SX_TRANSPORT_CUDA_IPC);
+  assert_int_equal(sx_segment_transport(r->seg), want);
   const sx_desc *d = sx_segment_desc(r->seg);
   assert_int_equal(d->n_regions, 2);
   for (int s = 0; s < 2; s++)
     r->rid[d->regions[s].slot] = d->regions[s].id;
+}
+
+static void reader_open(reader *r, const char *tname, const char *rname, const char *location) {
+  reader_open_via(r, tname, rname, location, 0, SX_TRANSPORT_CUDA_IPC);
 }
 
 static void reader_close(reader *r) {
@@ -214,7 +220,7 @@ static void reader_check(const reader *r) {
  * path), pieces longer than a kernel table entry, a run of pieces longer
  * than one, and plain ranges beside them.  Returns the batch's ranges.
  */
-static uint32_t read_shapes(reader *r) {
+static uint32_t read_shapes(reader *r, sx_transport_kind want) {
   filling f;
   fill_start(&f, r, 10000);
   static const uint64_t rblocks[] = {3, 4, 5, 6, 40, 7};
@@ -238,7 +244,7 @@ static uint32_t read_shapes(reader *r) {
   sx_batch_result res = fill_run(&f);
   if (res.state != SX_BATCH_COMPLETED)
     fail_msg("batch: %s (%s)", sx_batch_state_name(res.state), res.message);
-  assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+  assert_int_equal(res.transport, want);
   assert_true(res.bytes == f.bytes);
   reader_check(r);
   return res.n_ranges;
@@ -262,7 +268,7 @@ static void test_gpu_stride_every_method(void **state) {
     sx__mem_copy_counts(before);
     reader r;
     reader_open(&r, "stride-t", "stride-r", "cuda:0");
-    uint32_t ranges = read_shapes(&r);
+    uint32_t ranges = read_shapes(&r, SX_TRANSPORT_CUDA_IPC);
     sx__mem_copy_counts(after);
     reader_close(&r);
     print_message("SX_GPU_COPY=%s: %u ranges; kernel %lu, batch %lu, range %lu gathers\n",
@@ -281,7 +287,7 @@ static void test_gpu_stride_every_method(void **state) {
     /* Into pageable host memory: the copy engines only. */
     uint64_t k0 = gpu_copy_count(SX__COPY_KERNEL);
     reader_open(&r, "stride-t", "stride-h", "cpu");
-    read_shapes(&r);
+    read_shapes(&r, SX_TRANSPORT_CUDA_IPC);
     reader_close(&r);
     assert_int_equal(gpu_copy_count(SX__COPY_KERNEL), k0);
   }
@@ -298,7 +304,24 @@ static void test_gpu_stride_two_gpus(void **state) {
   target_start(&t, "stride-t1", "cuda:1");
   reader r;
   reader_open(&r, "stride-t1", "stride-r1", "cuda:0");
-  read_shapes(&r);
+  read_shapes(&r, SX_TRANSPORT_CUDA_IPC);
+  reader_close(&r);
+  assert_int_equal(target_end(&t), 0);
+}
+
+/* A transport that does not take strided xfers (TCP, here from GPU memory
+ * through the target's staging) gets the pieces as the plain ranges it
+ * always did (the planner's merging only: the NHD pieces are 1 KiB
+ * apart locally, so one range each), and reads them byte for byte. */
+static void test_gpu_stride_tcp_gets_ranges(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "stride-tcp", "cuda:0");
+  reader r;
+  reader_open_via(&r, "stride-tcp", "stride-rt", "cpu", SX_TRANSPORTS_TCP, SX_TRANSPORT_TCP);
+  /* NHD: 2 layers x 2 slots x 2 members x 6 blocks x 16 pieces; the odd
+   * shapes' 50 + 300 + 2 + 200 pieces; 2 plain ranges. */
+  assert_int_equal(read_shapes(&r, SX_TRANSPORT_TCP), LAYERS * 2 * 2 * 6 * 16 + 552 + 2);
   reader_close(&r);
   assert_int_equal(target_end(&t), 0);
 }
@@ -395,6 +418,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_gpu_stride_every_method, test_teardown),
       cmocka_unit_test_teardown(test_gpu_stride_two_gpus, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_stride_tcp_gets_ranges, test_teardown),
       cmocka_unit_test_teardown(test_gpu_stride_refused, test_teardown),
       cmocka_unit_test_teardown(test_gpu_stride_deadline, test_teardown),
   };
