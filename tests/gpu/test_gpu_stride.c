@@ -250,6 +250,21 @@ static uint32_t read_shapes(reader *r, sx_transport_kind want) {
   return res.n_ranges;
 }
 
+/* A target at tloc and one reader at rloc (over transports, 0: the
+ * default; the segment must go over want) reading every shape once: the
+ * batch's ranges. */
+static uint32_t one_read(const char *tloc, const char *rloc, unsigned transports,
+                         sx_transport_kind want) {
+  target t;
+  target_start(&t, "stride-1", tloc);
+  reader r;
+  reader_open_via(&r, "stride-1", "stride-r1", rloc, transports, want);
+  uint32_t ranges = read_shapes(&r, want);
+  reader_close(&r);
+  assert_int_equal(target_end(&t), 0);
+  return ranges;
+}
+
 /* ------------------------------------------------------------ tests */
 
 /* Each method forced, and auto, into GPU memory: byte for byte, by the
@@ -300,13 +315,7 @@ static void test_gpu_stride_two_gpus(void **state) {
   (void)state;
   if (gpu_devices() < 2)
     skip();
-  target t;
-  target_start(&t, "stride-t1", "cuda:1");
-  reader r;
-  reader_open(&r, "stride-t1", "stride-r1", "cuda:0");
-  read_shapes(&r, SX_TRANSPORT_CUDA_IPC);
-  reader_close(&r);
-  assert_int_equal(target_end(&t), 0);
+  one_read("cuda:1", "cuda:0", 0, SX_TRANSPORT_CUDA_IPC);
 }
 
 /* A transport that does not take strided xfers (TCP, here from GPU memory
@@ -315,15 +324,10 @@ static void test_gpu_stride_two_gpus(void **state) {
  * apart locally, so one range each), and reads them byte for byte. */
 static void test_gpu_stride_tcp_gets_ranges(void **state) {
   (void)state;
-  target t;
-  target_start(&t, "stride-tcp", "cuda:0");
-  reader r;
-  reader_open_via(&r, "stride-tcp", "stride-rt", "cpu", SX_TRANSPORTS_TCP, SX_TRANSPORT_TCP);
   /* NHD: 2 layers x 2 slots x 2 members x 6 blocks x 16 pieces; the odd
    * shapes' 50 + 300 + 2 + 200 pieces; 2 plain ranges. */
-  assert_int_equal(read_shapes(&r, SX_TRANSPORT_TCP), LAYERS * 2 * 2 * 6 * 16 + 552 + 2);
-  reader_close(&r);
-  assert_int_equal(target_end(&t), 0);
+  assert_int_equal(one_read("cuda:0", "cpu", SX_TRANSPORTS_TCP, SX_TRANSPORT_TCP),
+                   LAYERS * 2 * 2 * 6 * 16 + 552 + 2);
 }
 
 /* Bad strides and pieces outside either region are refused with a
