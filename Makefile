@@ -109,7 +109,8 @@ TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))
 DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 # The GPU suite (tests/gpu/): run by make test-gpu where a CUDA device is;
 # make test runs it too, or prints why it skipped.
-GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push test_gpu_dmabuf test_gpu_group
+GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push test_gpu_dmabuf test_gpu_stride \
+               test_gpu_group
 GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 

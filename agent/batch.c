@@ -125,6 +125,9 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   sx__plan_init(&b->plan, &s->ix, &b->lt->ix, b->a->p.slice_bytes,
                 s->kind == SX_TRANSPORT_RDMA);
   b->plan.write = b->push != NULL;
+  /* Strided pieces stay one xfer only for a transport that copies them so. */
+  const sx_transport *tr = b->a->tr[s->kind];
+  b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
   pthread_mutex_init(&b->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

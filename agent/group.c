@@ -356,25 +356,25 @@ static int feed_ranges(feed *f, const sx_region *R, uint32_t lid, const uint64_t
   return rc;
 }
 
-/* A strided run's pieces, each an entry of its own. */
-static int feed_pieces(feed *f, const sx__prun *run) {
+/* A strided run: each range an entry of its own, one strided xfer where
+ * the transport takes them (sx__plan_add_strided cuts it into its pieces
+ * where not). */
+static int feed_strided(feed *f, const sx__prun *run) {
   mlist *l = f->l;
-  if (grow((void **)&l->blk, &l->capb, l->np + (size_t)run->n * run->count, sizeof(*l->blk)))
+  if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
     return SX_ENOMEM;
-  uint64_t ro[SX__PRUN_MAX], la[SX__PRUN_MAX], ln[SX__PRUN_MAX];
-  uint32_t n = 0;
-  for (uint32_t k = 0; k < run->n; k++)
-    for (uint32_t i = 0; i < run->count; i++) {
-      ro[n] = run->roff[k] + i * run->rstride;
-      la[n] = run->laddr[k] + i * run->lstride;
-      ln[n++] = run->len[k];
-      l->blk[l->np++] = run->block[k];
-      if (n == SX__PRUN_MAX || (k + 1 == run->n && i + 1 == run->count)) {
-        if (f->rc == 0)
-          f->rc = feed_ranges(f, run->R, run->L->id, ro, la, ln, n);
-        n = 0;
-      }
-    }
+  memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));
+  l->np += run->n;
+  if (f->rc == 0)
+    f->rc = feed_local(f, run->L->id);
+  const sx_lregion *L = (const sx_lregion *)f->L;
+  for (uint32_t k = 0; k < run->n && f->rc == 0; k++)
+    f->rc = f->note ? sx__pbatch_add_strided(f->note, f->plan, run->R, L, run->roff[k],
+                                             run->rstride, run->laddr[k], run->lstride,
+                                             run->len[k], run->count)
+                    : sx__plan_add_strided(f->plan, run->R, L, run->roff[k], run->rstride,
+                                           (uint8_t *)(uintptr_t)run->laddr[k], run->lstride,
+                                           run->len[k], run->count);
   return 0;
 }
 
@@ -382,7 +382,7 @@ static int feed_run(void *arg, const sx__prun *run) {
   feed *f = arg;
   mlist *l = f->l;
   if (run->count > 1)
-    return feed_pieces(f, run);
+    return feed_strided(f, run);
   if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
     return SX_ENOMEM;
   memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));

@@ -311,7 +311,7 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
 /* Does range x continue with (R, L, roff, local)? */
 static int continues(const sx_xfer *x, const sx_region *R, const sx_lregion *L,
                      uint64_t roff, uint8_t *local) {
-  return x->iov == NULL && x->rreg == R && x->lreg == L && x->roff + x->length == roff &&
+  return x->shape == SX__XFER_RANGE && x->rreg == R && x->lreg == L && x->roff + x->length == roff &&
          x->local + x->length == local;
 }
 
@@ -690,7 +690,96 @@ int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
   p->bytes += len;
   p->x[p->n++] = (sx_xfer){.local = iov[0].iov_base, .lreg = L, .rreg = R, .roff = roff,
                            .length = len, .entry_first = e, .entry_last = e, .status = 1,
-                           .n_iov = n, .iov = iov};
+                           .n_iov = n, .shape = SX__XFER_SCATTER, .iov = iov};
+  p->n_entries++;
+  return 0;
+}
+
+/* ------------------------------------------------------------ strided ranges */
+
+/* Can the strided range of count pieces of len (strides lstride, rstride)
+ * at (roff, local) extend x, a strided range of the same shape that ends
+ * where it begins, within the slice size and the piece limit? */
+static int stride_continues(const sx__plan *p, const sx_xfer *x, const sx_region *R,
+                            const sx_lregion *L, uint64_t roff, uint64_t rstride,
+                            const uint8_t *local, uint64_t lstride, uint64_t len,
+                            uint32_t count) {
+  if (x->shape != SX__XFER_STRIDED || x->rreg != R || x->lreg != L ||
+      x->st.rstride != rstride || x->st.lstride != lstride || x->length / x->n_iov != len)
+    return 0;
+  uint64_t n = x->n_iov;
+  return n + count < SX__STRIDED_MAX && x->length + (uint64_t)count * len <= p->slice &&
+         x->roff + n * rstride == roff && x->local + n * lstride == local;
+}
+
+int sx__plan_add_strided(sx__plan *p, const sx_region *R, const sx_lregion *L, uint64_t roff,
+                         uint64_t rstride, uint8_t *local, uint64_t lstride, uint64_t len,
+                         uint32_t count) {
+  int rc = add_common(p, 1, "sx__plan_add_strided");
+  if (rc)
+    return rc;
+  uint32_t e = p->n_entries;
+  if (len == 0 || count == 0 || local == NULL || L == NULL)
+    return sx__err(SX_EINVAL, "entry %u: no pieces (local or its region NULL, length or "
+                   "count 0)", e);
+  if (count > 1 && (lstride < len || rstride < len))
+    return sx__err(SX_EINVAL, "entry %u: pieces of %lu bytes overlap at a %s stride of %lu",
+                   e, (unsigned long)len, lstride < len ? "local" : "remote",
+                   (unsigned long)(lstride < len ? lstride : rstride));
+  if (access_check(p, R, e))
+    return SX_EDENIED;
+  /* The last piece starts at (count - 1) * stride past the first: each
+   * end computed without overflow, and checked with the first's. */
+  uint64_t total, rlast, rend, lbase = (uint64_t)(uintptr_t)local, llast, lend;
+  uint64_t k = count - 1;
+  if (__builtin_mul_overflow(len, (uint64_t)count, &total) ||
+      __builtin_mul_overflow(k, rstride, &rlast) || !sx__add_ok(roff, rlast, &rlast) ||
+      !sx__add_ok(rlast, len, &rend) || __builtin_mul_overflow(k, lstride, &llast) ||
+      !sx__add_ok(lbase, llast, &llast) || !sx__add_ok(llast, len, &lend))
+    return sx__err(SX_EOVERFLOW, "entry %u: %u pieces of %lu bytes at strides %lu (remote) "
+                   "and %lu (local) overflow 64 bits", e, count, (unsigned long)len,
+                   (unsigned long)rstride, (unsigned long)lstride);
+  if (roff + len > R->length || rend > R->length)
+    return sx__err(SX_EBOUNDS, "entry %u: pieces at bytes %lu..%lu outside remote region %u "
+                   "(%lu bytes)", e, (unsigned long)roff, (unsigned long)rend, R->id,
+                   (unsigned long)R->length);
+  if (lbase < L->r.addr || lend > L->r.addr + L->r.length)
+    return sx__err(SX_EBOUNDS, "entry %u: pieces at 0x%lx..0x%lx outside local region %u "
+                   "(0x%lx, %lu bytes)", e, (unsigned long)lbase, (unsigned long)lend,
+                   L->r.id, (unsigned long)L->r.addr, (unsigned long)L->r.length);
+  p->have_shape = 0;
+  /* One strided xfer where the transport takes it and it is not simply
+   * one contiguous run; else the pieces as ranges, merged and sliced as
+   * emit() does, so such a transport sees what it saw before. */
+  int strided = p->strided && count > 1 && !(lstride == len && rstride == len) &&
+                count < SX__STRIDED_MAX && lstride <= UINT32_MAX && rstride <= UINT32_MAX;
+  if (!strided) {
+    for (uint64_t i = 0; i < count; i++)
+      if (emit(p, NONE, R, L, roff + i * rstride, local + i * lstride, len, e)) {
+        p->broken = SX_ENOMEM;
+        return sx__err(SX_ENOMEM, "planning entry %u", e);
+      }
+    p->n_entries++;
+    return 0;
+  }
+  p->bytes += total;
+  sx_xfer *x = p->n ? &p->x[p->n - 1] : NULL;
+  if (x != NULL &&
+      stride_continues(p, x, R, L, roff, rstride, local, lstride, len, count)) {
+    x->n_iov += count;
+    x->length += total;
+    x->entry_last = e;
+    p->n_entries++;
+    return 0;
+  }
+  if (reserve(p, 1)) {
+    p->broken = SX_ENOMEM;
+    return sx__err(SX_ENOMEM, "planning entry %u", e);
+  }
+  p->x[p->n++] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff,
+                           .length = total, .entry_first = e, .entry_last = e,
+                           .status = 1, .n_iov = count, .shape = SX__XFER_STRIDED,
+                           .st = {(uint32_t)lstride, (uint32_t)rstride}};
   p->n_entries++;
   return 0;
 }

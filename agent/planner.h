@@ -106,6 +106,8 @@ typedef struct sx__plan {
   int need_lreg;           /* raw range destinations must be registered */
   int write;               /* push: local is the source, the remote region
                             * must allow remote writes (set after init) */
+  int strided;             /* the transport takes strided xfers (its ops have
+                            * SX__TR_STRIDED; set after init) */
   sx_xfer *x;              /* the ranges so far */
   size_t n, cap;
   uint64_t bytes;          /* sum of the ranges' lengths */
@@ -162,5 +164,19 @@ int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
  * batch ends. */
 int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
                          const struct iovec *iov, uint32_t n);
+/* The most pieces of one strided xfer (sx_xfer.n_iov is 30 bits). */
+#define SX__STRIDED_MAX (1u << 30)
+/* One entry of count pieces of len bytes: piece k from roff + k * rstride
+ * of remote region R into local + k * lstride, inside local region L (the
+ * caller found L; every piece is checked against it and against R, first
+ * and last, overflow-safe; pieces may not overlap: each stride is at least
+ * len unless count is 1).  Where the plan's transport takes strided xfers
+ * (p->strided) it is one xfer (extending the last one where it continues
+ * it at the same strides, up to the slice size), else count ranges,
+ * merged and sliced as block pieces are.  Read plans of token-major
+ * caches (per-token pieces at a fixed local stride) come this way. */
+int sx__plan_add_strided(sx__plan *p, const sx_region *R, const sx_lregion *L, uint64_t roff,
+                         uint64_t rstride, uint8_t *local, uint64_t lstride, uint64_t len,
+                         uint32_t count);
 
 #endif

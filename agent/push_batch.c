@@ -234,6 +234,21 @@ int sx__pbatch_add_scatter(sx__pbatch *pb, sx__plan *plan, const sx_region *R, u
   return rc;
 }
 
+int sx__pbatch_add_strided(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
+                           const sx_lregion *L, uint64_t roff, uint64_t rstride,
+                           uint64_t local, uint64_t lstride, uint64_t len, uint32_t count) {
+  pmark m = mark(pb);
+  int rc = 0;
+  for (uint32_t k = 0; k < count && rc == 0; k++)
+    rc = note_range(pb, R->id, roff + k * rstride, len);
+  rc = rc ? group_note_err(rc)
+          : sx__plan_add_strided(plan, R, L, roff, rstride, (uint8_t *)(uintptr_t)local, lstride,
+                                 len, count);
+  if (rc)
+    undo(pb, &m);
+  return rc;
+}
+
 int sx__pbatch_add_run(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
                        const sx_lregion *L, const uint64_t *roff, const uint64_t *local,
                        const uint64_t *len, uint32_t n) {

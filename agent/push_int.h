@@ -100,6 +100,11 @@ int sx__pbatch_add_scatter(sx__pbatch *pb, struct sx__plan *plan, const sx_regio
 int sx__pbatch_add_run(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
                        const sx_lregion *L, const uint64_t *roff, const uint64_t *local,
                        const uint64_t *len, uint32_t n);
+/* One strided entry of a notifying set read (sx__plan_add_strided): its
+ * pieces' remote bytes noted in pb, then planned; all or nothing. */
+int sx__pbatch_add_strided(sx__pbatch *pb, struct sx__plan *plan, const sx_region *R,
+                           const sx_lregion *L, uint64_t roff, uint64_t rstride,
+                           uint64_t local, uint64_t lstride, uint64_t len, uint32_t count);
 /* batch.c: the plan and notice list of batch b (a write batch's, or a
  * notifying read batch's read notice; NULL for other reads) if it takes
  * entries of this direction now (state NEW), else the error. */

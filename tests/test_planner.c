@@ -576,6 +576,139 @@ static void test_planner_scatter_checks_its_pieces(void **state) {
   sides_free(&s);
 }
 
+/* Strided pieces (read plans of token-major caches): one xfer where the
+ * transport takes them, extended by a call that continues it at the same
+ * strides up to the slice size; a contiguous run or a single piece is a
+ * plain range. */
+static void test_planner_strided_is_one_xfer_where_taken(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 32768, 64, 64);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 64 << 10, 0);
+  p.strided = 1;
+  const sx_region *R = sx__rindex_id(&s.rix, 0);
+  const sx_lregion *L = &s.lregs[0];
+  uint8_t *l0 = (uint8_t *)(uintptr_t)L->r.addr;
+  /* Block 0's 16 pieces of 1 KiB: remote contiguous, local every 2 KiB. */
+  sxt_ok(sx__plan_add_strided(&p, R, L, 0, 1024, l0 + 1024, 2048, 1024, 16));
+  assert_int_equal(p.n, 1);
+  assert_int_equal(p.x[0].shape, SX__XFER_STRIDED);
+  assert_int_equal(p.x[0].n_iov, 16);
+  assert_int_equal(p.x[0].length, 16384);
+  assert_int_equal(p.x[0].st.lstride, 2048);
+  assert_int_equal(p.x[0].st.rstride, 1024);
+  assert_ptr_equal(p.x[0].local, l0 + 1024);
+  assert_ptr_equal(p.x[0].lreg, L);
+  /* Block 1 continues it on both sides: the same xfer, two entries. */
+  sxt_ok(sx__plan_add_strided(&p, R, L, 16384, 1024, l0 + 1024 + 32768, 2048, 1024, 16));
+  assert_int_equal(p.n, 1);
+  assert_int_equal(p.x[0].n_iov, 32);
+  assert_int_equal(p.x[0].entry_first, 0);
+  assert_int_equal(p.x[0].entry_last, 1);
+  /* Up to the slice (64 KiB): two more blocks fill it, a fifth starts anew. */
+  for (uint64_t b = 2; b < 5; b++)
+    sxt_ok(sx__plan_add_strided(&p, R, L, b * 16384, 1024, l0 + 1024 + b * 32768, 2048,
+                                1024, 16));
+  assert_int_equal(p.n, 2);
+  assert_int_equal(p.x[0].n_iov, 64);
+  assert_int_equal(p.x[1].n_iov, 16);
+  assert_int_equal(p.x[1].entry_first, 4);
+  /* Another stride does not continue it. */
+  sxt_ok(sx__plan_add_strided(&p, R, L, 5 * 16384, 2048, l0 + 1024 + 5 * 32768, 2048, 1024,
+                              8));
+  assert_int_equal(p.n, 3);
+  /* Contiguous on both sides, or a single piece: plain ranges. */
+  sxt_ok(sx__plan_add_strided(&p, R, L, 1 << 20, 512, l0 + (1 << 20), 512, 512, 8));
+  assert_int_equal(p.n, 4);
+  assert_int_equal(p.x[3].shape, SX__XFER_RANGE);
+  assert_int_equal(p.x[3].length, 4096);
+  sxt_ok(sx__plan_add_strided(&p, R, L, 1 << 21, 9999, l0 + (1 << 21), 9999, 100, 1));
+  assert_int_equal(p.n, 5);
+  assert_int_equal(p.x[4].shape, SX__XFER_RANGE);
+  assert_int_equal(p.x[4].length, 100);
+  assert_int_equal(p.n_entries, 8);
+  assert_int_equal(p.bytes, 5 * 16384 + 8 * 1024 + 4096 + 100);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+/* Where the transport does not take them (TCP, RDMA) the same calls give
+ * the plain ranges emit() makes: merged where contiguous, sliced. */
+static void test_planner_strided_is_ranges_elsewhere(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 32768, 64, 64);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 4096, 0);
+  const sx_region *R = sx__rindex_id(&s.rix, 0);
+  const sx_lregion *L = &s.lregs[0];
+  uint8_t *l0 = (uint8_t *)(uintptr_t)L->r.addr;
+  sxt_ok(sx__plan_add_strided(&p, R, L, 0, 1024, l0 + 1024, 2048, 1024, 16));
+  assert_int_equal(p.n, 16);
+  for (size_t i = 0; i < 16; i++) {
+    assert_int_equal(p.x[i].shape, SX__XFER_RANGE);
+    assert_null(p.x[i].iov);
+    assert_int_equal(p.x[i].roff, i * 1024);
+    assert_ptr_equal(p.x[i].local, l0 + 1024 + i * 2048);
+    assert_int_equal(p.x[i].length, 1024);
+    assert_int_equal(p.x[i].entry_first, 0);
+  }
+  /* Contiguous pieces merge (into slices of 4 KiB), as block pieces do. */
+  sxt_ok(sx__plan_add_strided(&p, R, L, 1 << 20, 1024, l0 + (1 << 20), 1024, 1024, 10));
+  assert_int_equal(p.n, 19);
+  assert_int_equal(p.x[16].length, 4096);
+  assert_int_equal(p.x[18].length, 2048);
+  assert_int_equal(p.x[18].entry_last, 1);
+  assert_int_equal(p.n_entries, 2);
+  assert_int_equal(p.bytes, 26 * 1024);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
+/* Every piece is checked, first and last, without overflow; a refused
+ * call adds nothing. */
+static void test_planner_strided_checks_its_pieces(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  p.strided = 1;
+  const sx_region *R = sx__rindex_id(&s.rix, 0);
+  const sx_lregion *L = &s.lregs[0];
+  uint8_t *l0 = (uint8_t *)(uintptr_t)L->r.addr;
+  uint64_t rlen = R->length, llen = L->r.length;
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, 2048, 1024, 0), SX_EINVAL);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, 2048, 0, 4), SX_EINVAL);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, NULL, 2048, 1024, 4), SX_EINVAL);
+  sxt_rc(sx__plan_add_strided(&p, R, NULL, 0, 1024, l0, 2048, 1024, 4), SX_EINVAL);
+  /* Overlapping pieces on either side. */
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, 1000, 1024, 4), SX_EINVAL);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 0, l0, 2048, 1024, 4), SX_EINVAL);
+  /* The last piece past the remote region, then past the local one; the
+   * first in place each time. */
+  sxt_rc(sx__plan_add_strided(&p, R, L, rlen - 4096, 2048, l0, 1024, 1024, 3), SX_EBOUNDS);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0 + llen - 4096, 2048, 1024, 3),
+         SX_EBOUNDS);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0 - 1024, 2048, 1024, 2), SX_EBOUNDS);
+  sxt_rc(sx__plan_add_strided(&p, R, L, rlen, 1024, l0, 2048, 1, 1), SX_EBOUNDS);
+  /* Strides whose products wrap 64 bits. */
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, UINT64_MAX / 2, l0, 2048, 1024, 3), SX_EOVERFLOW);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, UINT64_MAX / 2, 1024, 3),
+         SX_EOVERFLOW);
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1ull << 33, l0, 1ull << 33, 1ull << 33,
+                              UINT32_MAX), SX_EOVERFLOW);
+  /* A region that allows no remote reads. */
+  s.remote.regions[0].access = 0;
+  sxt_rc(sx__plan_add_strided(&p, R, L, 0, 1024, l0, 2048, 1024, 2), SX_EDENIED);
+  assert_int_equal(p.n, 0);
+  assert_int_equal(p.n_entries, 0);
+  assert_int_equal(p.bytes, 0);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rindex_finds_by_key_id_and_addr),
@@ -592,6 +725,9 @@ int main(void) {
       cmocka_unit_test(test_planner_range_bounds_and_overflow),
       cmocka_unit_test(test_planner_empty_batch),
       cmocka_unit_test(test_planner_scatter_checks_its_pieces),
+      cmocka_unit_test(test_planner_strided_is_one_xfer_where_taken),
+      cmocka_unit_test(test_planner_strided_is_ranges_elsewhere),
+      cmocka_unit_test(test_planner_strided_checks_its_pieces),
       cmocka_unit_test(test_planner_huge_batch_is_fast),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -200,6 +200,10 @@ extern const char bx_codec_help[], bx_meta_help[], bx_read_help[], bx_target_hel
 /* Read plans against equal layouts (plan.c). */
 int bx_plan_main(const bx_common *o, int argc, char **argv);
 extern const char bx_plan_help[];
+/* strided.c: a read plan's token pieces copied as ranges, as strided
+ * ranges and as whole runs (the memory layer, one GPU or two). */
+int bx_strided_main(const bx_common *o, int argc, char **argv);
+extern const char bx_strided_help[];
 /* Its sources' process with --location cuda:N (plan.c). */
 int bx_plan_target_main(const bx_common *o, int argc, char **argv);
 extern const char bx_plan_target_help[];

@@ -36,6 +36,8 @@ static const char usage_text[] =
     "           against a raw TCP stream (or ib_read_bw) between the same processes\n"
     "  plan     a TP=2 -> TP=1 read plan (two segments of half the KV heads into\n"
     "           one reader) against equal layouts on the same bytes (tcp)\n"
+    "  strided  a token-major plan's pieces copied on a GPU as ranges and as\n"
+    "           strided ranges, against the same bytes as whole ranges\n"
     "  target   the far end of `read` (it spawns it; not for direct use)\n"
     "\n"
     "options of every mode:\n"
@@ -77,6 +79,7 @@ static const mode modes[] = {
     {"meta", bx_meta_main, bx_meta_help},
     {"read", bx_read_main, bx_read_help},
     {"plan", bx_plan_main, bx_plan_help},
+    {"strided", bx_strided_main, bx_strided_help},
     {"target", bx_target_main, bx_target_help},
     {"gpu-target", bx_gpu_target_main, bx_gpu_target_help},
     {"plan-target", bx_plan_target_main, bx_plan_target_help},

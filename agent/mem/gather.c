@@ -25,7 +25,7 @@
 #include "mem_int.h"
 
 #define MAX_DEVICES 64
-#define PIECE (64u << 10) /* bytes one thread block copies at a time */
+#define PIECE SX__GATHER_PIECE /* bytes one thread block copies at a time */
 #define THREADS 256       /* as gather.cu's __launch_bounds__ */
 #define MAX_GRID 65535u   /* blocks stride over longer tables */
 #define RING_SLOTS 32 /* launches in flight per stream before the host waits */
@@ -35,9 +35,12 @@ typedef struct piece {
   uint64_t dst, src, len; /* as gather.cu's sx_piece */
 } piece;
 
+/* As gather.cu's sx_spiece: count pieces of len, count * len <= PIECE. */
+typedef sx__mem_strided spiece;
+
 typedef struct slot {
-  piece *table; /* pinned */
-  size_t cap;   /* pieces */
+  void *table;  /* pinned: pieces or strided pieces */
+  size_t cap;   /* bytes */
   CUevent done; /* recorded behind the launch that reads table */
   int busy;
 } slot;
@@ -50,6 +53,7 @@ struct sx__gather_ring {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int kstate[MAX_DEVICES];        /* mu: 0 untried, 1 loaded, -1 failed */
 static CUfunction kfn[MAX_DEVICES];    /* mu */
+static CUfunction kfn_strided[MAX_DEVICES]; /* mu: the same module's sx_gather_strided */
 static char kerr[MAX_DEVICES][200];    /* mu: why it failed */
 static uint64_t counts[4];             /* atomic */
 static int batch_broken;               /* atomic: the batch call failed once */
@@ -79,8 +83,9 @@ void sx__mem_copy_counts(uint64_t out[4]) {
     out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
 }
 
-/* The kernel of device (its context current), or NULL. */
-static CUfunction kernel(const sx__cuda_drv *d, int device) {
+/* The kernel of device (its context current), or NULL; strided: its
+ * strided entry point. */
+static CUfunction kernel(const sx__cuda_drv *d, int device, int strided) {
   if (device < 0 || device >= MAX_DEVICES)
     return NULL;
   pthread_mutex_lock(&mu);
@@ -96,6 +101,10 @@ static CUfunction kernel(const sx__cuda_drv *d, int device) {
         what = "finding sx_gather in it";
         r = d->ModuleGetFunction(&kfn[device], m, "sx_gather");
       }
+      if (r == CUDA_SUCCESS) {
+        what = "finding sx_gather_strided in it";
+        r = d->ModuleGetFunction(&kfn_strided[device], m, "sx_gather_strided");
+      }
     }
     const char *s = NULL;
     if (r != CUDA_SUCCESS && (d->GetErrorString == NULL ||
@@ -108,7 +117,7 @@ static CUfunction kernel(const sx__cuda_drv *d, int device) {
      * keeps it; it is a few kilobytes). */
     kstate[device] = r == CUDA_SUCCESS ? 1 : -1;
   }
-  CUfunction f = kstate[device] == 1 ? kfn[device] : NULL;
+  CUfunction f = kstate[device] != 1 ? NULL : strided ? kfn_strided[device] : kfn[device];
   pthread_mutex_unlock(&mu);
   return f;
 }
@@ -118,7 +127,7 @@ const char *sx__mem_kernel_error(int device) {
   const sx__cuda_drv *d = sx__cuda_get(device, &rc);
   if (d == NULL)
     return sx_errmsg();
-  if (kernel(d, device) != NULL)
+  if (kernel(d, device, 0) != NULL)
     return NULL;
   pthread_mutex_lock(&mu);
   const char *e = device >= 0 && device < MAX_DEVICES ? kerr[device] : "no such device";
@@ -138,8 +147,8 @@ void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r) {
   free(r);
 }
 
-/* The next table of s with room for n pieces, free to write. */
-static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t n, slot **out) {
+/* The next table of s with room for bytes, free to write. */
+static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t bytes, slot **out) {
   if (s->ring == NULL && (s->ring = calloc(1, sizeof(*s->ring))) == NULL)
     return sx__err(SX_ENOMEM, "gather tables");
   slot *t = &s->ring->slots[s->ring->next++ % RING_SLOTS];
@@ -149,16 +158,16 @@ static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t n, slot **
   t->busy = 0;
   if (t->done == NULL && (r = d->EventCreate(&t->done, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "creating an event");
-  if (t->cap < n) {
-    size_t cap = TABLE_MIN / sizeof(piece);
-    while (cap < n)
+  if (t->cap < bytes) {
+    size_t cap = TABLE_MIN;
+    while (cap < bytes)
       cap *= 2;
     if (t->table != NULL)
       d->MemFreeHost(t->table);
     t->table = NULL;
     t->cap = 0;
     void *p;
-    if ((r = d->MemHostAlloc(&p, cap * sizeof(piece), CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
+    if ((r = d->MemHostAlloc(&p, cap, CU_MEMHOSTALLOC_PORTABLE)) != CUDA_SUCCESS)
       return sx__cuda_err(d, r, "allocating a gather table");
     t->table = p;
     t->cap = cap;
@@ -167,22 +176,9 @@ static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t n, slot **
   return 0;
 }
 
-static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
-                  const sx__mem_range *rg, size_t n) {
-  size_t np = 0;
-  for (size_t i = 0; i < n; i++)
-    np += rg[i].len == 0 ? 0 : (rg[i].len + PIECE - 1) / PIECE;
-  if (np == 0)
-    return 0;
-  slot *t = NULL;
-  int rc = table_get(d, s, np, &t);
-  if (rc)
-    return rc;
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++)
-    for (uint64_t off = 0; off < rg[i].len; off += PIECE)
-      t->table[k++] = (piece){rg[i].dst + off, rg[i].src + off,
-                              rg[i].len - off < PIECE ? rg[i].len - off : PIECE};
+/* Launch f over the np entries written into t. */
+static int launch_table(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s, slot *t,
+                        size_t np) {
   uint64_t table = (uint64_t)(uintptr_t)t->table, count = np;
   void *params[] = {&table, &count};
   unsigned grid = np < MAX_GRID ? (unsigned)np : MAX_GRID;
@@ -198,7 +194,91 @@ static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
   return 0;
 }
 
+static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
+                  const sx__mem_range *rg, size_t n) {
+  size_t np = 0;
+  for (size_t i = 0; i < n; i++)
+    np += rg[i].len == 0 ? 0 : (rg[i].len + PIECE - 1) / PIECE;
+  if (np == 0)
+    return 0;
+  slot *t = NULL;
+  int rc = table_get(d, s, np * sizeof(piece), &t);
+  if (rc)
+    return rc;
+  piece *tb = t->table;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t off = 0; off < rg[i].len; off += PIECE)
+      tb[k++] = (piece){rg[i].dst + off, rg[i].src + off,
+                        rg[i].len - off < PIECE ? rg[i].len - off : PIECE};
+  return launch_table(d, f, s, t, np);
+}
+
+/* Pieces of len bytes per table entry: as many as PIECE holds, or one
+ * (cut further at PIECE) when a piece alone is that long.  A request's
+ * runs mostly share one piece length: the division is made once for it. */
+typedef struct per_cache {
+  uint64_t len, per;
+} per_cache;
+
+static uint64_t per_entry(per_cache *c, uint64_t len) {
+  if (len != c->len) {
+    c->len = len;
+    c->per = len >= PIECE ? 1 : PIECE / len;
+  }
+  return c->per;
+}
+
+/* The table entries of strided copy r (per: its pieces per entry). */
+static uint64_t entries_of(const sx__mem_strided *r, uint64_t per) {
+  if (r->len == 0 || r->count == 0)
+    return 0;
+  if (r->len >= PIECE)
+    return r->count * ((r->len + PIECE - 1) / PIECE);
+  return r->count <= per ? 1 : (r->count + per - 1) / per;
+}
+
+static int launch_strided(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
+                          const sx__mem_strided *rg, size_t n) {
+  size_t np = 0;
+  per_cache pc = {0, 0};
+  for (size_t i = 0; i < n; i++)
+    np += rg[i].len == 0 ? 0 : entries_of(&rg[i], per_entry(&pc, rg[i].len));
+  if (np == 0)
+    return 0;
+  slot *t = NULL;
+  int rc = table_get(d, s, np * sizeof(spiece), &t);
+  if (rc)
+    return rc;
+  spiece *tb = t->table;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    const sx__mem_strided *r = &rg[i];
+    if (r->len == 0)
+      continue;
+    uint64_t per = per_entry(&pc, r->len);
+    if (r->len < PIECE && r->count <= per) {
+      tb[k++] = *r; /* the whole run in one entry: the usual case */
+      continue;
+    }
+    for (uint64_t q = 0; q < r->count; q += per) {
+      uint64_t dst = r->dst + q * r->dstride, src = r->src + q * r->sstride;
+      if (r->len < PIECE) {
+        uint64_t c = r->count - q < per ? r->count - q : per;
+        tb[k++] = (spiece){dst, src, r->len, c, r->dstride, r->sstride};
+        continue;
+      }
+      for (uint64_t off = 0; off < r->len; off += PIECE)
+        tb[k++] = (spiece){dst + off, src + off, r->len - off < PIECE ? r->len - off : PIECE,
+                           1, 0, 0};
+    }
+  }
+  return launch_table(d, f, s, t, np);
+}
+
 static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *rg, size_t n) {
+  if (n == 0)
+    return 0;
   uint64_t *a = malloc(n * 2 * sizeof(uint64_t));
   size_t *len = malloc(n * sizeof(size_t));
   int rc = -1;
@@ -224,6 +304,26 @@ static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *
   return rc; /* 1: refused by the driver; -1: no memory (single copies, this once) */
 }
 
+/* The method that runs n copies (ranges or pieces) of bytes in all, and
+ * the kernel (strided: its strided entry) when it is the kernel. */
+static sx__mem_copy_method choose(const sx__cuda_drv *d, int device, uint64_t n,
+                                  uint64_t bytes, unsigned flags, sx__mem_copy_method method,
+                                  int strided, CUfunction *f) {
+  if (method == SX__COPY_AUTO && !(flags & SX__GATHER_ENV_READ))
+    method = sx__mem_copy_env();
+  if (method == SX__COPY_AUTO)
+    method = n <= 1 ? SX__COPY_RANGE
+             : bytes / n <= SX__GATHER_KERNEL_MAX ? SX__COPY_KERNEL : SX__COPY_BATCH;
+  *f = NULL;
+  if (method == SX__COPY_KERNEL &&
+      (!(flags & SX__GATHER_SM_OK) || (*f = kernel(d, device, strided)) == NULL))
+    method = SX__COPY_BATCH;
+  if (method == SX__COPY_BATCH &&
+      (n <= 1 || d->MemcpyBatchAsync == NULL || __atomic_load_n(&batch_broken, __ATOMIC_RELAXED)))
+    method = SX__COPY_RANGE;
+  return method;
+}
+
 int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigned flags,
                    sx__mem_copy_method method, sx__mem_copy_method *used) {
   int rc;
@@ -231,21 +331,11 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
   if (d == NULL)
     return rc;
   rc = 0;
-  if (method == SX__COPY_AUTO && !(flags & SX__GATHER_ENV_READ))
-    method = sx__mem_copy_env();
   uint64_t bytes = 0;
   for (size_t i = 0; i < n; i++)
     bytes += rg[i].len;
-  if (method == SX__COPY_AUTO)
-    method = n <= 1 ? SX__COPY_RANGE
-             : bytes / n <= SX__GATHER_KERNEL_MAX ? SX__COPY_KERNEL : SX__COPY_BATCH;
-  CUfunction f = NULL;
-  if (method == SX__COPY_KERNEL &&
-      (!(flags & SX__GATHER_SM_OK) || (f = kernel(d, s->device)) == NULL))
-    method = SX__COPY_BATCH;
-  if (method == SX__COPY_BATCH &&
-      (n <= 1 || d->MemcpyBatchAsync == NULL || __atomic_load_n(&batch_broken, __ATOMIC_RELAXED)))
-    method = SX__COPY_RANGE;
+  CUfunction f;
+  method = choose(d, s->device, n, bytes, flags, method, 0, &f);
   if (method == SX__COPY_KERNEL) {
     rc = launch(d, f, s, rg, n);
   } else if (method == SX__COPY_BATCH) {
@@ -265,6 +355,73 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
         rc = sx__cuda_err(d, r, "queueing a copy");
     }
   }
+  if (method != SX__COPY_BATCH || rc == 0)
+    __atomic_add_fetch(&counts[method], 1, __ATOMIC_RELAXED);
+  if (used != NULL)
+    *used = method;
+  return rc;
+}
+
+/* Queue every piece of rg[0..n) as a copy of its own. */
+static int pieces_one_by_one(const sx__cuda_drv *d, sx__mem_stream *s,
+                             const sx__mem_strided *rg, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    for (uint64_t k = 0; k < rg[i].count; k++) {
+      CUresult r = d->MemcpyAsync((CUdeviceptr)(rg[i].dst + k * rg[i].dstride),
+                                  (CUdeviceptr)(rg[i].src + k * rg[i].sstride),
+                                  (size_t)rg[i].len, s->s);
+      if (r != CUDA_SUCCESS)
+        return sx__cuda_err(d, r, "queueing a copy");
+    }
+  }
+  return 0;
+}
+
+/* Every piece of rg[0..n) (np in all) as one batch call: 0, 1 refused by
+ * the driver, -1 no memory. */
+static int pieces_batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_strided *rg,
+                        size_t n, uint64_t np) {
+  if (np > SIZE_MAX / sizeof(sx__mem_range))
+    return -1;
+  sx__mem_range *v = malloc((size_t)np * sizeof(*v));
+  if (v == NULL)
+    return -1;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t q = 0; q < rg[i].count; q++)
+      v[k++] = (sx__mem_range){rg[i].dst + q * rg[i].dstride, rg[i].src + q * rg[i].sstride,
+                               rg[i].len};
+  int rc = batch(d, s, v, k);
+  free(v);
+  return rc;
+}
+
+int sx__mem_gather_strided(sx__mem_stream *s, const sx__mem_strided *rg, size_t n,
+                           unsigned flags, sx__mem_copy_method method,
+                           sx__mem_copy_method *used) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
+  if (d == NULL)
+    return rc;
+  uint64_t pieces = 0, bytes = 0;
+  for (size_t i = 0; i < n; i++) {
+    pieces += rg[i].count;
+    bytes += rg[i].count * rg[i].len;
+  }
+  CUfunction f;
+  method = choose(d, s->device, pieces, bytes, flags, method, 1, &f);
+  rc = 0;
+  if (method == SX__COPY_KERNEL) {
+    rc = launch_strided(d, f, s, rg, n);
+  } else if (method == SX__COPY_BATCH) {
+    int b = pieces_batch(d, s, rg, n, pieces);
+    if (b == 1)
+      __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
+    if (b != 0)
+      method = SX__COPY_RANGE;
+  }
+  if (method == SX__COPY_RANGE)
+    rc = pieces_one_by_one(d, s, rg, n);
   if (method != SX__COPY_BATCH || rc == 0)
     __atomic_add_fetch(&counts[method], 1, __ATOMIC_RELAXED);
   if (used != NULL)

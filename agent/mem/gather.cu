@@ -13,6 +13,12 @@
  * this GPU's memory, a peer GPU's (an IPC mapping or peer access: loads and
  * stores go over NVLink) or pinned host memory (the table itself is pinned
  * host memory, read in place).
+ *
+ * sx_gather_strided takes a table of strided pieces instead: count pieces
+ * of len bytes, piece k from src + k * sstride to dst + k * dstride, which
+ * one thread block copies whole (the host keeps count * len within
+ * SX__GATHER_PIECE), so a token-major read plan's per-token pieces cost
+ * one table entry per 64 KiB rather than one thread block per piece.
  */
 struct sx_piece {
   unsigned long long dst, src, len;
@@ -57,5 +63,58 @@ sx_gather(const sx_piece *__restrict__ table, unsigned long long n) {
     unsigned char *d = (unsigned char *)dst;
     for (unsigned long long k = done + threadIdx.x; k < len; k += THREADS)
       d[k] = s[k];
+  }
+}
+
+struct sx_spiece {
+  unsigned long long dst, src, len, count, dstride, sstride;
+};
+
+/* The pieces of one strided entry as T-sized elements (len, both
+ * addresses and both strides are multiples of sizeof(T)): element i of the
+ * whole is element i % per of piece i / per, UNROLL loads in flight per
+ * thread.  Indexes are 32 bits: an entry holds at most 64 KiB. */
+template <typename T>
+__device__ void copy_strided(unsigned char *dst, const unsigned char *src, unsigned per,
+                             unsigned total, unsigned long long dstride,
+                             unsigned long long sstride) {
+  unsigned k = threadIdx.x;
+  for (; k + (UNROLL - 1) * THREADS < total; k += UNROLL * THREADS) {
+    T v[UNROLL];
+    unsigned q[UNROLL], w[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+      q[u] = (k + u * THREADS) / per;
+      w[u] = k + u * THREADS - q[u] * per;
+      v[u] = ((const T *)(src + q[u] * sstride))[w[u]];
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+      ((T *)(dst + q[u] * dstride))[w[u]] = v[u];
+  }
+  for (; k < total; k += THREADS) {
+    const unsigned q = k / per, w = k - q * per;
+    ((T *)(dst + q * dstride))[w] = ((const T *)(src + q * sstride))[w];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+sx_gather_strided(const sx_spiece *__restrict__ table, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x) {
+    const sx_spiece p = table[i];
+    unsigned char *d = (unsigned char *)p.dst;
+    const unsigned char *s = (const unsigned char *)p.src;
+    const unsigned long long all = p.dst | p.src | p.len | p.dstride | p.sstride;
+    const unsigned c = (unsigned)p.count;
+    if ((all & 15) == 0) {
+      const unsigned per = (unsigned)(p.len / 16);
+      copy_strided<uint4>(d, s, per, per * c, p.dstride, p.sstride);
+    } else if ((all & 3) == 0) {
+      const unsigned per = (unsigned)(p.len / 4);
+      copy_strided<unsigned>(d, s, per, per * c, p.dstride, p.sstride);
+    } else {
+      const unsigned per = (unsigned)p.len;
+      copy_strided<unsigned char>(d, s, per, per * c, p.dstride, p.sstride);
+    }
   }
 }

@@ -159,12 +159,27 @@ typedef enum sx__mem_copy_method {
  * the cuda_ipc reader's loop). */
 #define SX__GATHER_ENV_READ 2u
 #define SX__GATHER_KERNEL_MAX (8u << 20) /* auto: kernel up to this mean range */
+#define SX__GATHER_PIECE (64u << 10)     /* bytes one thread block copies at a time */
 
 /* Queue r[0..n) on s (each r[i].len bytes from src to dst; any kinds the
  * method reaches).  *used (may be NULL): the method that ran.  0, or an
  * error (some copies may have been queued: they still run). */
 int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *r, size_t n, unsigned flags,
                    sx__mem_copy_method method, sx__mem_copy_method *used);
+/* A strided copy: count pieces of len bytes, piece k from src + k * sstride
+ * to dst + k * dstride (no piece overlapping another on either side). */
+typedef struct sx__mem_strided {
+  uint64_t dst, src, len, count, dstride, sstride;
+} sx__mem_strided;
+
+/* The same as sx__mem_gather for n strided copies: the kernel copies each
+ * as a few table entries of up to SX__GATHER_PIECE bytes (a second entry
+ * point of the same module, sx_gather_strided), batch passes every piece
+ * to one cuMemcpyBatchAsync, range queues a cuMemcpyAsync per piece.  Auto
+ * chooses as sx__mem_gather does, counting pieces as ranges. */
+int sx__mem_gather_strided(sx__mem_stream *s, const sx__mem_strided *r, size_t n,
+                           unsigned flags, sx__mem_copy_method method,
+                           sx__mem_copy_method *used);
 /* SX_GPU_COPY as a method (SX__COPY_AUTO when unset, or unknown: said once
  * on stderr). */
 sx__mem_copy_method sx__mem_copy_env(void);

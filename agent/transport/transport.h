@@ -110,15 +110,35 @@ typedef struct sx_tctx {
   unsigned n_conn_handlers;
 } sx_tctx;
 
+/* What an sx_xfer stands for: which member of its union is live. */
+enum {
+  SX__XFER_RANGE = 0,   /* one contiguous range */
+  SX__XFER_SCATTER = 1, /* iov: one remote range into a list of pieces */
+  SX__XFER_STRIDED = 2, /* st: n_iov pieces at a fixed stride on both sides */
+};
+
 /* One range to read: length bytes at roff of remote region rreg into local.
  *
- * A scattered range (iov != NULL, a read into host memory over TCP only)
- * lands in n_iov destinations instead, in order, whose lengths add up to
- * length; local is then the first of them.  It is one request on the wire
- * whose reply the reader receives straight into the pieces (readv), so a
- * remote block that a read plan cuts into per-token pieces costs neither a
- * request per piece nor a copy.  The list belongs to whoever added the
- * range and lives until the op ends. */
+ * A scattered range (shape SX__XFER_SCATTER, iov != NULL; a read into host
+ * memory over TCP only) lands in n_iov destinations instead, in order,
+ * whose lengths add up to length; local is then the first of them.  It is
+ * one request on the wire whose reply the reader receives straight into
+ * the pieces (readv), so a remote block that a read plan cuts into
+ * per-token pieces costs neither a request per piece nor a copy.  The list
+ * belongs to whoever added the range and lives until the op ends.
+ *
+ * A strided range (shape SX__XFER_STRIDED) stands for n_iov pieces (at
+ * least 2) of length / n_iov bytes each: piece k at roff + k * st.rstride
+ * of rreg into local + k * st.lstride.  Neither stride is below the piece
+ * length (no piece overlaps another), and every piece lies inside both
+ * regions (the planner checked the first and the last).  Only transports
+ * whose ops have SX__TR_STRIDED get them (cuda_ipc: one gather table entry
+ * copies them all); for the others the planner emits the pieces as plain
+ * ranges, so a transport without the bit may go on testing iov != NULL for
+ * a scattered range.  Like any xfer it settles once, for all its pieces.
+ *
+ * n_iov fits in 30 bits: a scattered range holds at most SX__SCATTER_MAX
+ * bytes in non-empty pieces, a strided one is cut below 2^30 pieces. */
 typedef struct sx_xfer {
   uint8_t *local;
   const sx_lregion *lreg; /* local region holding the destination, or NULL */
@@ -126,13 +146,21 @@ typedef struct sx_xfer {
                            * incarnation, maybe a later generation than the
                            * one the peer was opened with (remote addr, rkeys) */
   uint64_t roff;
-  uint64_t length;
+  uint64_t length;        /* every byte it moves (all pieces) */
   uint32_t entry_first;   /* batch entries this range serves */
   uint32_t entry_last;
   int status;             /* 1 while pending, then 0 or SX_E* */
-  uint32_t n_iov;
-  const struct iovec *iov;
+  uint32_t n_iov : 30;    /* pieces: of iov (scattered) or strided */
+  uint32_t shape : 2;     /* SX__XFER_* */
+  union {
+    const struct iovec *iov;   /* SX__XFER_SCATTER */
+    struct {
+      uint32_t lstride, rstride;
+    } st;                      /* SX__XFER_STRIDED */
+  };
 } sx_xfer;
+
+_Static_assert(sizeof(sx_xfer) == 64, "sx_xfer stays one cache line");
 
 typedef struct sx_op sx_op;
 struct sx_op {
@@ -159,9 +187,13 @@ void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg);
  * cancels all that is left of it. */
 void sx__op_xfers_done(sx_op *op, int status, const char *msg);
 
+/* sx_transport_ops.caps */
+#define SX__TR_STRIDED 1u /* post() takes strided xfers (SX__XFER_STRIDED) */
+
 typedef struct sx_transport_ops {
   const char *name;
   sx_transport_kind kind;
+  unsigned caps;          /* SX__TR_*: what post() takes beyond plain ranges */
   /* Start serving (listeners).  SX_ENODEV when the transport cannot run
    * here (no RDMA device): the agent then goes on without it. */
   int (*open)(const sx_tctx *ctx, sx_transport **out);

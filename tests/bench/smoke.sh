@@ -33,6 +33,13 @@ run write "$bin" read --op write --sizes 4K,64K --batches 1,8 --conns 1,2 --dura
 run plan-nhd "$bin" plan --order NHD --layers 2 --batch 16 --rounds 1 --duration 0.1 \
   --csv "$out/plan.csv" --quiet
 run plan-hnd "$bin" plan --order HND --layers 2 --batch 16 --rounds 1 --duration 0.1 --quiet
+# The strided copy of a plan's pieces on the host-memory stand-in driver
+# (each case's bytes checked; nothing about CUDA).
+fake=$build/tests/gpu/libfakecuda.so
+if [ -f "$fake" ]; then
+  run strided env SX_CUDA_LIBRARY="$fake" "$bin" strided --runs 64 --rounds 1 --duration 0.05 \
+    --quiet
+fi
 run meta "$bin" meta --duration 0.1 --conc 1,4 --ls 200 --fleet 100 --lease-ms 900 \
   --csv "$out/meta.csv" --quiet
 # The scale-out figure's method (issue 24): a search over fleet sizes on one

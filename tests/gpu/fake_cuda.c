@@ -15,11 +15,12 @@
  * FAKE_CUDA_DELAY_US slows every asynchronous copy down, FAKE_CUDA_PCI
  * gives the devices' PCI addresses (the RDMA transport's NIC choice).
  *
- * The memory layer's gather kernel "runs" too: cuModuleLoadData accepts
- * only a PTX image with an entry sx_gather, and its launch is done on the
- * stream's thread by copying each piece of the table the kernel would
- * read (dst, src, len; agent/mem/gather.cu), read when the launch runs,
- * as the GPU reads it.  Events are markers in a stream's queue.
+ * The memory layer's gather kernels "run" too: cuModuleLoadData accepts
+ * only a PTX image with the entries sx_gather and sx_gather_strided, and a
+ * launch is done on the stream's thread by copying each piece of the table
+ * the kernel would read (sx_gather: dst, src, len; sx_gather_strided: dst,
+ * src, len, count, dstride, sstride; agent/mem/gather.cu), read when the
+ * launch runs, as the GPU reads it.  Events are markers in a stream's queue.
  * FAKE_CUDA_NO_BATCH=1 makes the batch copy refuse (as a driver whose
  * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load.
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
@@ -64,6 +65,7 @@ typedef struct op {
   void *arg;
   const uint64_t *table; /* a gather launch: n pieces of (dst, src, len) */
   uint64_t n;
+  int strided;           /* ... or of (dst, src, len, count, dstride, sstride) */
   struct event *ev;      /* an event record */
 } op;
 
@@ -230,6 +232,21 @@ EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t len) {
 
 /* ------------------------------------------------------------ streams */
 
+/* One entry of sx_gather_strided: what the kernel would copy.  The
+ * kernel indexes an entry's elements with 32 bits, so the host keeps an
+ * entry within 64 KiB (agent/mem/gather.c): a larger one is the host's bug,
+ * which a GPU would copy wrongly, so it stops the process here. */
+static void strided_piece(const uint64_t *e) {
+  uint64_t dst = e[0], src = e[1], len = e[2], count = e[3], ds = e[4], ss = e[5];
+  if (count == 0 || len == 0 || (count > 1 && len * count > (64u << 10))) {
+    fprintf(stderr, "fake_cuda: a strided gather entry of %lu pieces of %lu bytes\n",
+            (unsigned long)count, (unsigned long)len);
+    abort();
+  }
+  for (uint64_t k = 0; k < count; k++)
+    memmove((void *)(uintptr_t)(dst + k * ds), (const void *)(uintptr_t)(src + k * ss), len);
+}
+
 static void *worker(void *arg) {
   stream *s = arg;
   const char *e = getenv("FAKE_CUDA_DELAY_US");
@@ -253,6 +270,11 @@ static void *worker(void *arg) {
       o->ev->reached++;
       pthread_cond_broadcast(&o->ev->cv);
       pthread_mutex_unlock(&o->ev->mu);
+    } else if (o->table != NULL && o->strided) {
+      if (delay)
+        usleep((useconds_t)delay);
+      for (uint64_t i = 0; i < o->n && !no_copy; i++)
+        strided_piece(o->table + 6 * i);
     } else if (o->table != NULL) {
       if (delay)
         usleep((useconds_t)delay);
@@ -412,7 +434,7 @@ EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size
 
 /* ------------------------------------------------------------ the gather kernel */
 
-static int module_token, function_token;
+static int module_token, function_token, strided_token;
 
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   const char *no = getenv("FAKE_CUDA_NO_KERNEL");
@@ -423,27 +445,31 @@ EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     ptx++;
   if (strncmp(ptx, ".version ", 9) != 0)
     return CUDA_ERROR_INVALID_IMAGE;
-  if (strstr(ptx, ".entry sx_gather(") == NULL)
+  if (strstr(ptx, ".entry sx_gather(") == NULL || strstr(ptx, ".entry sx_gather_strided(") == NULL)
     return CUDA_ERROR_INVALID_PTX;
   *m = (CUmodule)&module_token;
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-  if (m != (CUmodule)&module_token || strcmp(name, "sx_gather") != 0)
+  if (m != (CUmodule)&module_token ||
+      (strcmp(name, "sx_gather") != 0 && strcmp(name, "sx_gather_strided") != 0))
     return CUDA_ERROR_NOT_FOUND;
-  *f = (CUfunction)&function_token;
+  *f = strcmp(name, "sx_gather") == 0 ? (CUfunction)&function_token
+                                      : (CUfunction)&strided_token;
   return CUDA_SUCCESS;
 }
 
-/* sx_gather(const sx_piece *table, unsigned long long n): the parameters
- * are read now (as the driver copies them at launch), the table when the
- * launch runs.  The table must be memory the kernel may read: pinned host
- * or device memory. */
+/* sx_gather(const sx_piece *table, unsigned long long n), and
+ * sx_gather_strided the same with its table: the parameters are read now
+ * (as the driver copies them at launch), the table when the launch runs.
+ * The table must be memory the kernel may read: pinned host or device
+ * memory. */
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                CUstream h, void **params, void **extra) {
-  if (f != (CUfunction)&function_token || params == NULL || extra != NULL || gx == 0 ||
+  int strided = f == (CUfunction)&strided_token;
+  if ((f != (CUfunction)&function_token && !strided) || params == NULL || extra != NULL || gx == 0 ||
       gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0)
     return CUDA_ERROR_INVALID_VALUE;
   uint64_t table, n;
@@ -451,13 +477,14 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
   memcpy(&n, params[1], sizeof(n));
   pthread_mutex_lock(&mu);
   alloc *a = find((uintptr_t)table);
-  int ok = a != NULL && table + n * 24 <= a->base + a->size;
+  int ok = a != NULL && table + n * (strided ? 48 : 24) <= a->base + a->size;
   pthread_mutex_unlock(&mu);
   if (!ok)
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   op *o = calloc(1, sizeof(*o));
   o->table = (const uint64_t *)(uintptr_t)table;
   o->n = n;
+  o->strided = strided;
   return enqueue(h, o);
 }
 

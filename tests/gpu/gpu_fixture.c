@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu_fixture.h"
 #include "internal.h"
@@ -10,6 +11,71 @@
 int gpu_devices(void) {
   int n = 0;
   return sx__mem_cuda_devices(&n) == 0 ? n : 0;
+}
+
+int gpu_store_setup(sxt_redis *r, char *url, size_t size, const char *who, const char *ns) {
+  if (gpu_devices() == 0) {
+    fprintf(stderr, "%s: no CUDA device: %s\n", who, sx_errmsg());
+    return -1;
+  }
+  sxt_redis_opts o = {.notify = "Kx"};
+  if (sxt_redis_start(r, &o) != 0) {
+    fprintf(stderr, "%s: cannot start redis-server\n", who);
+    return -1;
+  }
+  char q[64];
+  snprintf(q, sizeof(q), "namespace=%s", ns);
+  sxt_redis_url(r, url, size, q);
+  return 0;
+}
+
+sx_agent *gpu_target_publish(const sx_agent_params *p, gpu_pool *pool, const char *location,
+                             uint32_t layers, uint64_t blocks, uint64_t block_bytes,
+                             uint64_t seed) {
+  sx_agent *a;
+  if (sx_agent_create(p, &a) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return NULL;
+  }
+  gpu_pool_make(pool, a, location, layers, blocks, block_bytes, seed);
+  if (sx_agent_publish(a, 0) != 0) {
+    fprintf(stderr, "target: %s\n", sx_errmsg());
+    return NULL;
+  }
+  return a;
+}
+
+int gpu_on_stand_in(void) {
+  const char *lib = getenv("SX_CUDA_LIBRARY");
+  return lib != NULL && strstr(lib, "fakecuda") != NULL;
+}
+
+uint64_t gpu_copy_count(sx__mem_copy_method m) {
+  uint64_t c[4];
+  sx__mem_copy_counts(c);
+  return c[m];
+}
+
+pid_t gpu_spawn(const char *path, const char *const argv[], FILE **in, FILE **out) {
+  int to[2], from[2];
+  assert_int_equal(pipe(to), 0);
+  assert_int_equal(pipe(from), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(to[0], 0);
+    dup2(from[1], 1);
+    close(to[1]);
+    close(from[0]);
+    execv(path, (char *const *)argv); /* execv does not write them */
+    _exit(127);
+  }
+  close(to[0]);
+  close(from[1]);
+  *in = fdopen(to[1], "w");
+  *out = fdopen(from[0], "r");
+  return pid;
 }
 
 sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,

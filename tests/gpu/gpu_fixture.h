@@ -7,8 +7,11 @@
 #define SXT_GPU_FIXTURE_H
 
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "agent_fixture.h"
+#include "redis_harness.h"
 #include "mem/mem.h"
 
 typedef struct gpu_pool {
@@ -22,11 +25,31 @@ typedef struct gpu_pool {
 
 /* Number of CUDA devices (0 when none: the caller skips). */
 int gpu_devices(void);
+/* A test binary's group setup: a CUDA device, a redis-server r (keyspace
+ * notifications on) and its URL with namespace ns into url.  0, or -1
+ * with the reason on stderr (who: the binary's name). */
+int gpu_store_setup(sxt_redis *r, char *url, size_t size, const char *who,
+                    const char *ns);
+/* Does the suite run on the host-memory stand-in driver
+ * (tests/gpu/fake_cuda.c, named by SX_CUDA_LIBRARY)? */
+int gpu_on_stand_in(void);
+/* The memory layer's gathers by method m in this process so far. */
+uint64_t gpu_copy_count(sx__mem_copy_method m);
+/* Run path (this test binary) with argv (NULL-terminated) as a helper
+ * process whose stdin and stdout are pipes: *in writes to it, *out reads
+ * from it.  Its pid; asserts. */
+pid_t gpu_spawn(const char *path, const char *const argv[], FILE **in, FILE **out);
 
 /* An agent (listening on 127.0.0.1 when name is not NULL); staging_bytes 0
  * keeps the default. */
 sx_agent *gpu_agent(const char *url, const char *name, uint64_t staging_bytes,
                     unsigned transports);
+/* A target process's agent (params p) with a pool of layers x blocks x
+ * block_bytes at location filled with the pattern of seed, published.
+ * NULL, said on stderr, when it cannot be. */
+sx_agent *gpu_target_publish(const sx_agent_params *p, gpu_pool *pool, const char *location,
+                             uint32_t layers, uint64_t blocks, uint64_t block_bytes,
+                             uint64_t seed);
 /* Register K and V of layers x blocks x block_bytes at location; fill them
  * with the pattern of seed when seed != 0 (else zeros). */
 void gpu_pool_make(gpu_pool *p, sx_agent *a, const char *location, uint32_t layers,

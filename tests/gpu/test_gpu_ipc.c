@@ -46,17 +46,10 @@ static int target_main(char **argv) {
   sxt_params(&p, argv[2], argv[3]);
   p.listen = argv[5];
   p.advertise = argv[6]; /* NULL when not given */
-  sx_agent *a;
-  if (sx_agent_create(&p, &a) != 0) {
-    fprintf(stderr, "target: %s\n", sx_errmsg());
-    return 1;
-  }
   gpu_pool pool;
-  gpu_pool_make(&pool, a, argv[4], LAYERS, TBLOCKS, BB, SEED);
-  if (sx_agent_publish(a, 0) != 0) {
-    fprintf(stderr, "target: %s\n", sx_errmsg());
+  sx_agent *a = gpu_target_publish(&p, &pool, argv[4], LAYERS, TBLOCKS, BB, SEED);
+  if (a == NULL)
     return 1;
-  }
   sx_desc d;
   sx_agent_descriptor(a, &d);
   printf("ready %u\n", sxt_tcp_port(&d));
@@ -201,26 +194,9 @@ static void drop_target(const target *t) {
 
 static void target_start_adv(target *t, const char *name, const char *location,
                              const char *listen, const char *advertise) {
-  int to[2], from[2];
-  assert_int_equal(pipe(to), 0);
-  assert_int_equal(pipe(from), 0);
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    execl(self, "test_gpu_ipc", "target", url, name, location,
-          listen ? listen : "127.0.0.1:0", advertise, (char *)NULL);
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  t->pid = pid;
-  t->in = fdopen(to[1], "w");
-  t->out = fdopen(from[0], "r");
+  const char *argv[] = {"test_gpu_ipc", "target", url, name, location,
+                  listen ? listen : "127.0.0.1:0", advertise, NULL};
+  t->pid = gpu_spawn(self, argv, &t->in, &t->out);
   hold_target(t); /* before it may fail to start */
   char line[64];
   unsigned port = 0;
@@ -805,17 +781,6 @@ static void test_gpu_ipc_reader_destroyed_while_notice_waits(void **state) {
 
 /* ------------------------------------------------------------ copy methods */
 
-static uint64_t count_of(sx__mem_copy_method m) {
-  uint64_t c[4];
-  sx__mem_copy_counts(c);
-  return c[m];
-}
-
-static int on_stand_in(void) {
-  const char *l = getenv("SX_CUDA_LIBRARY");
-  return l != NULL && strstr(l, "libfakecuda") != NULL;
-}
-
 /* Raw ranges at odd offsets and lengths into device memory at an odd
  * address, and into host memory: byte for byte.  Returns the gathers of
  * kernel that ran for the host one (the kernel must not touch pageable
@@ -836,7 +801,7 @@ static uint64_t odd_ranges(sx_segment *seg, gpu_pool *r) {
   assert_int_equal(sx__pattern_check(back, 2 * BB + 3, SEED, k, 5, NULL), 0);
   sxt_ok(sx__mem_copy(back, r->mem[1] + 4096, BB - 1));
   assert_int_equal(sx__pattern_check(back, BB - 1, SEED, v, 16 * 3, NULL), 0);
-  uint64_t k0 = count_of(SX__COPY_KERNEL);
+  uint64_t k0 = gpu_copy_count(SX__COPY_KERNEL);
   sx_range_read hr[2] = {
       {.local = host, .remote_region = k, .offset = 3, .length = BB},
       {.local = host + BB, .remote_region = v, .offset = 0, .length = 2 * BB + 3}};
@@ -846,7 +811,7 @@ static uint64_t odd_ranges(sx_segment *seg, gpu_pool *r) {
   assert_int_equal(sx__pattern_check(host + BB, 2 * BB + 3, SEED, v, 0, NULL), 0);
   free(host);
   free(back);
-  return count_of(SX__COPY_KERNEL) - k0;
+  return gpu_copy_count(SX__COPY_KERNEL) - k0;
 }
 
 /* Each method forced with SX_GPU_COPY (and auto) reads byte for byte, and
@@ -902,7 +867,7 @@ static void test_gpu_ipc_copy_methods(void **state) {
  * refuse it; last, since the refusal is remembered by the process. */
 static void test_gpu_ipc_batch_refused(void **state) {
   (void)state;
-  if (!on_stand_in())
+  if (!gpu_on_stand_in())
     skip();
   setenv("SX_GPU_COPY", "batch", 1);
   setenv("FAKE_CUDA_NO_BATCH", "1", 1);
@@ -928,17 +893,7 @@ static void test_gpu_ipc_batch_refused(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  if (gpu_devices() == 0) {
-    fprintf(stderr, "test_gpu_ipc: no CUDA device: %s\n", sx_errmsg());
-    return -1;
-  }
-  sxt_redis_opts o = {.notify = "Kx"};
-  if (sxt_redis_start(&redis, &o) != 0) {
-    fprintf(stderr, "test_gpu_ipc: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=gpu");
-  return 0;
+  return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_ipc", "gpu");
 }
 
 /* After each test: end what a failed one left (see held), and check that

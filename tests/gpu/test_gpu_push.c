@@ -45,11 +45,6 @@ static char self[4096];
  * a notice sent before its copies ended would be seen (no effect on a GPU). */
 #define FAKE_DELAY "200"
 
-static int on_stand_in(void) {
-  const char *lib = getenv("SX_CUDA_LIBRARY");
-  return lib != NULL && strstr(lib, "fakecuda") != NULL;
-}
-
 /* A batch's tag says what it writes, so the notice callback can check it:
  * seq << 48 | src << 32 | dst << 16 | count (blocks of every layer, K and V). */
 static uint64_t tag_of(uint64_t seq, uint64_t src, uint64_t dst, uint64_t count) {
@@ -209,27 +204,10 @@ typedef struct producer {
 
 static void producer_start(producer *p, const char *name, const char *location,
                            unsigned transports) {
-  int to[2], from[2];
-  assert_int_equal(pipe(to), 0);
-  assert_int_equal(pipe(from), 0);
   char tr[16];
   snprintf(tr, sizeof(tr), "%u", transports);
-  fflush(NULL);
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    dup2(to[0], 0);
-    dup2(from[1], 1);
-    close(to[1]);
-    close(from[0]);
-    execl(self, "test_gpu_push", "producer", url, name, location, tr, (char *)NULL);
-    _exit(127);
-  }
-  close(to[0]);
-  close(from[1]);
-  p->pid = pid;
-  p->in = fdopen(to[1], "w");
-  p->out = fdopen(from[0], "r");
+  const char *argv[] = {"test_gpu_push", "producer", url, name, location, tr, NULL};
+  p->pid = gpu_spawn(self, argv, &p->in, &p->out);
   char line[64];
   if (fgets(line, sizeof(line), p->out) == NULL ||
       sscanf(line, "ready %u %u", &p->id[0], &p->id[1]) != 2)
@@ -467,7 +445,7 @@ static void test_gpu_push_tcp_revoke_in_flight(void **state) {
   free(before);
   free(after);
   /* On a GPU it may have ended first; slowed down, it cannot have. */
-  if (on_stand_in()) {
+  if (gpu_on_stand_in()) {
     assert_int_equal(r.state, SX_BATCH_FAILED);
     assert_int_equal(r.error, SX_EACCESS);
   }
@@ -652,7 +630,7 @@ static void test_gpu_push_ipc_revoke_in_flight(void **state) {
   assert_memory_equal(before, after, 2ull * LAYERS * BLOCKS * BB);
   free(before);
   free(after);
-  if (on_stand_in()) {
+  if (gpu_on_stand_in()) {
     assert_int_equal(st, SX_BATCH_FAILED);
     assert_int_equal(err, SX_EACCESS);
   }
@@ -729,18 +707,8 @@ static void test_gpu_push_tcp_producer_killed(void **state) {
 
 static int setup(void **state) {
   (void)state;
-  if (gpu_devices() == 0) {
-    fprintf(stderr, "test_gpu_push: no CUDA device: %s\n", sx_errmsg());
-    return -1;
-  }
-  sxt_redis_opts o = {.notify = "Kx"};
-  if (sxt_redis_start(&redis, &o) != 0) {
-    fprintf(stderr, "test_gpu_push: cannot start redis-server\n");
-    return -1;
-  }
-  sxt_redis_url(&redis, url, sizeof(url), "namespace=gpupush");
   setenv("FAKE_CUDA_DELAY_US", FAKE_DELAY, 1);
-  return 0;
+  return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_push", "gpupush");
 }
 
 static int teardown(void **state) {

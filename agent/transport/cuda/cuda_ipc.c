@@ -182,11 +182,25 @@ static iop *iop_new(cipc_t *t, size_t n) {
     }
   }
   /* Everything else starts from zero, as calloc gave it the first time. */
-  *o = (iop){.t = t, .slot = o->slot, .ri = o->ri, .rg = o->rg, .cap = o->cap};
+  *o = (iop){.t = t, .slot = o->slot, .ri = o->ri, .rg = o->rg, .cap = o->cap,
+             .srg = o->srg, .scap = o->scap};
   return o;
 }
 
+/* Room in o->srg for ns strided ranges (and their per-stream copies). */
+static int iop_strided(iop *o, size_t ns) {
+  if (o->scap >= ns)
+    return 0;
+  free(o->srg);
+  o->scap = 0;
+  if ((o->srg = malloc(2 * ns * sizeof(sx__mem_strided))) == NULL)
+    return SX_ENOMEM;
+  o->scap = ns;
+  return 0;
+}
+
 static void iop_destroy(iop *o) {
+  free(o->srg);
   free(o->slot);
   free(o->ri);
   free(o->rg);
@@ -195,7 +209,7 @@ static void iop_destroy(iop *o) {
 
 static void iop_free(iop *o) {
   cipc_t *t = o->t;
-  if (t->n_spare >= IPC_SPARE_OPS || o->cap > IPC_SPARE_RANGES) {
+  if (t->n_spare >= IPC_SPARE_OPS || o->cap > IPC_SPARE_RANGES || o->scap > IPC_SPARE_RANGES) {
     iop_destroy(o);
     return;
   }
@@ -350,6 +364,7 @@ static void run(ipc_peer *p, iop *o) {
   const sx_lregion *last_l = NULL;
   unsigned last_k = 0;
   uint64_t last_base = 0;
+  size_t js = 0; /* strided ranges written */
   for (size_t i = 0; i < op->n; i++) {
     sx_xfer *x = &op->xfers[i];
     ipc_reg *r = &p->regs[o->ri[i]];
@@ -389,6 +404,8 @@ static void run(ipc_peer *p, iop *o) {
     if (rc != 0) {
       o->slot[i] = 0xff;
       n_failed++;
+      if (x->shape == SX__XFER_STRIDED)
+        o->srg[js++] = (sx__mem_strided){0}; /* keeps srg in op order */
       if (err == 0) {
         err = rc;
         if (r->state != R_READY)
@@ -401,27 +418,45 @@ static void run(ipc_peer *p, iop *o) {
     o->slot[i] = (uint8_t)k;
     o->slots[k].left++;
     uint64_t remote = last_base + x->roff, local = (uint64_t)(uintptr_t)x->local;
+    if (x->shape == SX__XFER_STRIDED) {
+      /* Its pieces are one copy of the strided kind: one table entry per
+       * 64 KiB of them for the kernel. */
+      uint64_t rs = x->st.rstride, ls = x->st.lstride, len = x->length / x->n_iov;
+      o->srg[js++] = p->write ? (sx__mem_strided){remote, local, len, x->n_iov, rs, ls}
+                              : (sx__mem_strided){local, remote, len, x->n_iov, ls, rs};
+      continue;
+    }
     o->rg[i] = p->write ? (sx__mem_range){.dst = remote, .src = local, .len = x->length}
                         : (sx__mem_range){.dst = local, .src = remote, .len = x->length};
   }
-  o->one = o->n_slots == 1 && n_failed == 0;
+  o->one = o->n_slots == 1 && n_failed == 0 && o->n_strided == 0;
   /* Each stream's copies in one call (the gather kernel, or the copy
    * engines: sx__mem_gather chooses), then one notice behind them. */
   for (unsigned k = 0; k < o->n_slots; k++) {
     const sx__mem_range *rg = o->rg;
-    size_t c = op->n;
+    size_t c = op->n, cs = 0;
+    sx__mem_strided *spart = o->n_strided ? o->srg + o->n_strided : NULL;
     if (!o->one) {
       sx__mem_range *part = o->rg + op->n;
       c = 0;
-      for (size_t i = 0; i < op->n; i++)
-        if (o->slot[i] == k)
+      for (size_t i = 0, j = 0; i < op->n; i++) {
+        int strided = op->xfers[i].shape == SX__XFER_STRIDED;
+        if (o->slot[i] == k && strided)
+          spart[cs++] = o->srg[j];
+        else if (o->slot[i] == k)
           part[c++] = o->rg[i];
+        j += strided;
+      }
       rg = part;
     }
     /* Pageable host memory is for the copy engines only. */
     sx__mem_copy_method used = SX__COPY_AUTO;
     unsigned flags = SX__GATHER_ENV_READ | (o->slots[k].host ? 0 : SX__GATHER_SM_OK);
-    int rc = sx__mem_gather(o->slots[k].s, rg, c, flags, t->method, &used);
+    /* Plain ranges and strided ones are two gathers on the stream, both
+     * before its notice. */
+    int rc = c > 0 ? sx__mem_gather(o->slots[k].s, rg, c, flags, t->method, &used) : 0;
+    if (rc == 0 && cs > 0)
+      rc = sx__mem_gather_strided(o->slots[k].s, spart, cs, flags, t->method, &used);
     if (rc == 0 && !(t->said & 1u << used)) {
       t->said |= 1u << used;
       const char *why = used == SX__COPY_KERNEL ? NULL
@@ -617,6 +652,7 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   const sx_region *last = NULL;
   for (size_t i = 0; i < op->n; i++) {
     const sx_region *R = op->xfers[i].rreg;
+    o->n_strided += op->xfers[i].shape == SX__XFER_STRIDED;
     if (R == last) {
       o->ri[i] = o->ri[i - 1];
       continue; /* the same region as the range before: seen */
@@ -637,6 +673,10 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
       r->err = SX_ENOTSUP;
     }
     ready &= r->state == R_READY || r->state == R_FAILED;
+  }
+  if (o->n_strided > 0 && iop_strided(o, o->n_strided) != 0) {
+    iop_free(o);
+    return sx__err(SX_ENOMEM, "cuda_ipc: post");
   }
   /* Authorize again first (the target answers in order). */
   if (again && p->wauth_want && p->wauth < 0 && p->state == C_READY &&
@@ -867,6 +907,7 @@ static int ipc_usable(sx_transport *base, const sx_desc *remote) {
 const sx_transport_ops sx__cuda_ipc_ops = {
     .name = "cuda_ipc",
     .kind = SX_TRANSPORT_CUDA_IPC,
+    .caps = SX__TR_STRIDED, /* run() hands them to the gather whole */
     .open = ipc_open,
     .close = ipc_close,
     .pack = ipc_pack,

@@ -95,6 +95,11 @@ struct iop {
   sx__mem_range *rg;       /* per range: its copy; then room for one stream's
                             * ranges when the op uses several */
   size_t cap;              /* ranges slot and rg have room for (rg: twice) */
+  /* The strided ranges (SX__XFER_STRIDED), in op order: their copies
+   * (srg[j] for the j-th), then room for one stream's; NULL until an op
+   * has one. */
+  sx__mem_strided *srg;
+  size_t n_strided, scap;  /* of the op; room in srg (twice) */
   iop_slot slots[IPC_SLOTS];
   uint32_t n_slots, slots_left;
 };
