@@ -360,35 +360,29 @@ static int feed_ranges(feed *f, const sx_region *R, uint32_t lid, const uint64_t
  * the transport takes them (sx__plan_add_strided cuts it into its pieces
  * where not). */
 static int feed_strided(feed *f, const sx__prun *run) {
-  mlist *l = f->l;
-  if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
-    return SX_ENOMEM;
-  memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));
-  l->np += run->n;
-  if (f->rc == 0)
-    f->rc = feed_local(f, run->L->id);
+  int rc = feed_local(f, run->L->id);
   const sx_lregion *L = (const sx_lregion *)f->L;
-  for (uint32_t k = 0; k < run->n && f->rc == 0; k++)
-    f->rc = f->note ? sx__pbatch_add_strided(f->note, f->plan, run->R, L, run->roff[k],
-                                             run->rstride, run->laddr[k], run->lstride,
-                                             run->len[k], run->count)
-                    : sx__plan_add_strided(f->plan, run->R, L, run->roff[k], run->rstride,
-                                           (uint8_t *)(uintptr_t)run->laddr[k], run->lstride,
-                                           run->len[k], run->count);
-  return 0;
+  for (uint32_t k = 0; k < run->n && rc == 0; k++)
+    rc = f->note ? sx__pbatch_add_strided(f->note, f->plan, run->R, L, run->roff[k],
+                                          run->rstride, run->laddr[k], run->lstride,
+                                          run->len[k], run->count)
+                 : sx__plan_add_strided(f->plan, run->R, L, run->roff[k], run->rstride,
+                                        (uint8_t *)(uintptr_t)run->laddr[k], run->lstride,
+                                        run->len[k], run->count);
+  return rc;
 }
 
 static int feed_run(void *arg, const sx__prun *run) {
   feed *f = arg;
   mlist *l = f->l;
-  if (run->count > 1)
-    return feed_strided(f, run);
   if (grow((void **)&l->blk, &l->capb, l->np + run->n, sizeof(*l->blk)))
     return SX_ENOMEM;
   memcpy(l->blk + l->np, run->block, run->n * sizeof(*l->blk));
   l->np += run->n;
   if (f->rc == 0)
-    f->rc = feed_ranges(f, run->R, run->L->id, run->roff, run->laddr, run->len, run->n);
+    f->rc = run->count > 1
+                ? feed_strided(f, run)
+                : feed_ranges(f, run->R, run->L->id, run->roff, run->laddr, run->len, run->n);
   return 0;
 }
 
