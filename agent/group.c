@@ -310,8 +310,9 @@ static int local_on_host(const sx_desc *local) {
 
 /*
  * Feeding one member's pieces straight into its batch, as the expansion
- * makes them: a range entry per piece, numbered in order, with only the
- * local block kept (l->blk[k], to report entry k).  The expansion checked
+ * makes them: an entry per piece (or per strided range: a member's token
+ * pieces of one unit), numbered in order, with only the local block kept
+ * (l->blk[k], to report entry k).  The expansion checked
  * every block id and key, and the remote regions it names are those of
  * the segment's own index; so what the public range path does per range
  * (two region searches on each side, a list built and copied) is left to
