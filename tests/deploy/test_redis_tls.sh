@@ -62,7 +62,9 @@ for _ in $(seq 100); do
 done
 [ $ok = 1 ] || fail "redis-server with tls-port did not answer over TLS"
 
-# tunnel NAME CHECKHOST: the docs' client configuration, on a free port.
+# tunnel NAME CHECKHOST: the docs' client configuration, on a free port
+# (into $port).  Not in a command substitution: its subshell would keep the
+# stunnel's pid from the cleanup, which would leave it running.
 tunnel() {
   port=$(free_port)
   cat >"$1.conf" <<EOC
@@ -83,10 +85,11 @@ EOC
       2>/dev/null && break
     sleep 0.1
   done
-  echo "$port"
 }
-good=$(tunnel good redis.test)
-bad=$(tunnel bad other.test)
+tunnel good redis.test
+good=$port
+tunnel bad other.test
+bad=$port
 url="redis://:tls-secret@127.0.0.1:$good?namespace=tls&connect_timeout_ms=3000"
 
 "$build/bin/sx-agent" --name tls-pool --metadata "$url" --listen 127.0.0.1:0 \
