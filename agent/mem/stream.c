@@ -50,9 +50,10 @@ enum { NOTICE_POLL, NOTICE_HOST, NOTICE_EVENT };
 
 /* Poll mode's timer: the first poll this long after a notice was queued
  * with none outstanding (or after one came due), each empty poll doubling
- * it up to the cap.  A 128-range request takes 20-60 us on a GPU. */
+ * it up to the cap.  A 128-range request takes 20-60 us on a GPU.
+ * SX_GPU_POLL_US sets the first interval (1 to POLL_MAX_US). */
 #define POLL_MIN_US 4
-#define POLL_MAX_US 1000
+#define POLL_MAX_US 250
 #define POLL_STUCK 8 /* streams remembered per poll as not done yet */
 
 /* SX_GPU_NOTICE=poll: one outstanding notice (n->polled), or a spare
@@ -78,6 +79,7 @@ struct sx__mem_notifier {
   uv_check_t check;
   uv_poll_t tpoll;
   int tfd;
+  unsigned min_us;              /* the first interval (SX_GPU_POLL_US) */
   unsigned next_us;             /* loop: the timer's next interval */
   int timer_polled;             /* loop: the timer polled in this iteration */
   int handles;                  /* loop: uv handles not closed yet */
@@ -206,11 +208,11 @@ static void poll_and_rearm(sx__mem_notifier *n, int from_timer) {
   int got = poll_events(n);
   int left = __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) > 0;
   if (!left) {
-    n->next_us = POLL_MIN_US;
+    n->next_us = n->min_us;
     return;
   }
   if (got) {
-    n->next_us = POLL_MIN_US;
+    n->next_us = n->min_us;
     arm(n, n->next_us);
   } else if (from_timer) {
     n->next_us = n->next_us * 2 > POLL_MAX_US ? POLL_MAX_US : n->next_us * 2;
@@ -256,7 +258,10 @@ static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
   uv_check_init(loop, &n->check);
   n->check.data = n;
   n->handles++;
-  n->next_us = POLL_MIN_US;
+  const char *e = getenv("SX_GPU_POLL_US");
+  long us = e != NULL ? strtol(e, NULL, 10) : 0;
+  n->min_us = us >= 1 && us <= POLL_MAX_US ? (unsigned)us : POLL_MIN_US;
+  n->next_us = n->min_us;
   n->ptail = &n->polled;
   if (uv_poll_start(&n->tpoll, UV_READABLE, on_timer) != 0 ||
       uv_check_start(&n->check, on_check) != 0)
@@ -496,7 +501,7 @@ static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifie
   /* The timer runs while any are outstanding: started by the first (a
    * timerfd may be armed from any thread). */
   if (first)
-    arm(n, POLL_MIN_US);
+    arm(n, n->min_us);
   return 0;
 }
 
