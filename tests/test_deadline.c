@@ -33,17 +33,22 @@ static void on_fire(sx__dl_item *it) {
   x->order = fired_count++;
 }
 
+/* A loop with deadlines on it, and the items cleared. */
+static void open_dl(uv_loop_t *loop, sx__dl *d) {
+  uv_loop_init(loop);
+  sx__dl_init(loop, d);
+  memset(items, 0, sizeof(items));
+}
+
 /* Fires in order, never early; removed ones never fire; the heap's places
  * stay right through removals from its middle. */
 static void test_deadline_order(void **state) {
   (void)state;
   uv_loop_t loop;
-  uv_loop_init(&loop);
   sx__dl d;
-  sx__dl_init(&loop, &d);
+  open_dl(&loop, &d);
   cur = &d;
   fired_count = 0;
-  memset(items, 0, sizeof(items));
   srand(7);
   uv_update_time(&loop);
   for (int i = 0; i < N; i++) {
@@ -93,12 +98,10 @@ static void chain_fire(sx__dl_item *it) {
 static void test_deadline_changed_by_a_fire(void **state) {
   (void)state;
   uv_loop_t loop;
-  uv_loop_init(&loop);
   sx__dl d;
-  sx__dl_init(&loop, &d);
+  open_dl(&loop, &d);
   chain_d = &d;
   chain_step = 0;
-  memset(items, 0, sizeof(items));
   for (int i = 0; i < 4; i++)
     items[i].order = -1;
   sx__dl_item_init(&items[0].it, chain_fire);

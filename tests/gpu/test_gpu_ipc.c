@@ -330,6 +330,13 @@ static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
   return seg;
 }
 
+/* Close what reader_of opened. */
+static void reader_end(sx_segment *seg, sx_agent *ra, gpu_pool *r) {
+  sx_segment_close(seg);
+  agent_end(ra);
+  pool_end(r);
+}
+
 /* ------------------------------------------------------------ tests */
 
 static void between(const char *tloc, const char *rloc) {
@@ -932,17 +939,17 @@ static void notices_by(const char *how, int want) {
   target_start(&t, "ipc-q", "cuda:0", NULL);
   uint64_t before[3], after[3];
   sx__mem_notice_counts(before);
-  gpu_pool r;
-  sx_agent *ra;
-  sx_segment *seg = reader_of("ipc-q", "ipc-qr", &r, &ra);
-  for (uint32_t round = 2; round <= 3; round++) {
-    read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
-    read_overlapped(seg, &r, round + 10);
+  {
+    gpu_pool r;
+    sx_agent *ra;
+    sx_segment *seg = reader_of("ipc-q", "ipc-qr", &r, &ra);
+    for (uint32_t round = 2; round <= 3; round++) {
+      read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+      read_overlapped(seg, &r, round + 10);
+    }
+    reader_end(seg, ra, &r);
   }
   sx__mem_notice_counts(after);
-  sx_segment_close(seg);
-  agent_end(ra);
-  pool_end(&r);
   unsetenv("FAKE_CUDA_DELAY_US");
   unsetenv("SX_GPU_NOTICE");
   print_message("SX_GPU_NOTICE=%s: polled %lu, host functions %lu, waited events %lu\n",
@@ -1008,9 +1015,7 @@ static void test_gpu_ipc_batch_refused(void **state) {
   sx__mem_copy_counts(after);
   assert_int_equal(after[SX__COPY_BATCH], before[SX__COPY_BATCH]);
   assert_true(after[SX__COPY_RANGE] - before[SX__COPY_RANGE] >= 3);
-  sx_segment_close(seg);
-  agent_end(ra);
-  pool_end(&r);
+  reader_end(seg, ra, &r);
   unsetenv("SX_GPU_COPY");
   unsetenv("FAKE_CUDA_NO_BATCH");
   assert_int_equal(target_end(&t, 0), 0);
