@@ -481,6 +481,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
   a->drain_timer.data = a;
   uv_timer_init(&a->loop, &a->stop_timer);
   a->stop_timer.data = a;
+  sx__batches_init(a);
   uv_timer_init(&a->loop, &a->lease.timer);
   a->lease.timer.data = a;
   a->lease.timer_init = 1;
@@ -556,6 +557,7 @@ static void close_store_and_handles(sx_agent *a) {
   sx__backend_close(a->backend);
   a->backend = NULL;
   sx__calls_drain(a);
+  sx__batches_close(a);
   if (!uv_is_closing((uv_handle_t *)&a->drain_timer))
     uv_close((uv_handle_t *)&a->drain_timer, NULL);
   sx__wake_close(&a->wake, NULL);

@@ -23,6 +23,7 @@
 #include "internal.h"
 #include "log.h"
 #include "planner.h"
+#include "deadline.h"
 #include "mem/wake.h"
 #include "segxfer/agent.h"
 #include "transport/transport.h"
@@ -171,6 +172,10 @@ void sx__peer_failed(sx_agent *a, sx__rpeer *p, int err, const char *msg);
 /* ------------------------------------------------------------ batches */
 
 void sx__batches_abort(sx_agent *a, int status);
+/* Loop thread: open the batches' deadline timer and end queue; close them
+ * (ends still queued are published now, later ones at once). */
+void sx__batches_init(sx_agent *a);
+void sx__batches_close(sx_agent *a);
 /* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
 int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
 /* Add one scattered range (see sx__plan_add_scatter), noted in a notifying
@@ -288,6 +293,12 @@ struct sx_agent {
   sx__rpeer *peers;
   sx_segment *segments;
   struct sx_batch *running;
+  /* batch.c: the running batches' deadlines, and the ended batches whose
+   * end is published at the loop's next turn (pub_idle runs then). */
+  sx__dl deadlines;
+  uv_idle_t pub_idle;
+  struct sx_batch *pub_head, **pub_tail;
+  int pub_open;           /* pub_idle open: ends wait for it */
   int shutting_down;      /* loop thread: destroy has begun */
   struct sx__push *push;  /* grants and notices (push_int.h) */
 };

@@ -1,12 +1,14 @@
 /*
  * Batches.  Entries are planned on the caller's thread at add time; submit
- * queues the batch to the loop, which starts its deadline timer and posts
- * its ranges to the segment's transport peer.  The transport settles every
+ * queues the batch to the loop, which adds its deadline to the agent's
+ * (deadline.h: one heap and one timer for all batches) and posts its
+ * ranges to the segment's transport peer.  The transport settles every
  * range once (sx__op_xfer_done); at zero the batch ends: its result is
- * computed, its timer closed, then (on the timer's close callback) the user
- * callback runs, waiters wake and the eventfd turns readable.  A deadline
- * or a cancel asks the transport to abort the rest, which it settles only
- * once nothing can write the destinations any more.
+ * computed, its deadline dropped, then at the loop's next turn (pub_idle,
+ * outside the transport's call stack: the callback may free the batch)
+ * the user callback runs, waiters wake and the eventfd turns readable.  A
+ * deadline or a cancel asks the transport to abort the rest, which it
+ * settles only once nothing can write the destinations any more.
  *
  * Memory: a batch is freed by whoever is last of the user (destroy) and the
  * loop (the end, and cancel/submit calls still queued): `queued` counts
@@ -50,7 +52,8 @@ struct sx_batch {
   int in_list;          /* in a->running */
   sx_batch_state reason; /* TIMEOUT or CANCELLED when that ended it early */
   sx_op op;
-  uv_timer_t timer;
+  sx__dl_item deadline;  /* in a->deadlines while running */
+  struct sx_batch *pub_next; /* a->pub_head: the end waits to be published */
   uint64_t submit_ns, post_ns;
   sx_batch *rnext, *rprev; /* a->running */
   sx_batch_result res;
@@ -245,9 +248,8 @@ static void unlink_running(sx_batch *b) {
   b->in_list = 0;
 }
 
-/* The timer is closed: now the end is visible to everyone. */
-static void publish_end(uv_handle_t *h) {
-  sx_batch *b = h->data;
+/* The end is visible to everyone from here. */
+static void publish_end(sx_batch *b) {
   pthread_mutex_lock(&b->mu);
   b->ended = 1;
   b->state = b->res.state;
@@ -266,6 +268,54 @@ static void publish_end(uv_handle_t *h) {
   pthread_mutex_unlock(&b->mu);
   if (free_now)
     batch_free(b);
+}
+
+/* The loop's next turn: publish the ends queued since (a callback may
+ * queue more: they restart the idle handle). */
+static void publish_queued(uv_idle_t *h) {
+  sx_agent *a = h->data;
+  sx_batch *b = a->pub_head;
+  a->pub_head = NULL;
+  a->pub_tail = &a->pub_head;
+  uv_idle_stop(h);
+  while (b != NULL) {
+    sx_batch *next = b->pub_next;
+    publish_end(b); /* may free b */
+    b = next;
+  }
+}
+
+/* Publish b's end at the loop's next turn (at once once the agent closed
+ * its queue: shutdown, on a fresh stack). */
+static void publish_later(sx_batch *b) {
+  sx_agent *a = b->a;
+  if (!a->pub_open) {
+    publish_end(b);
+    return;
+  }
+  b->pub_next = NULL;
+  if (a->pub_head == NULL)
+    uv_idle_start(&a->pub_idle, publish_queued);
+  *a->pub_tail = b;
+  a->pub_tail = &b->pub_next;
+}
+
+void sx__batches_init(sx_agent *a) {
+  sx__dl_init(&a->loop, &a->deadlines);
+  uv_idle_init(&a->loop, &a->pub_idle);
+  a->pub_idle.data = a;
+  a->pub_head = NULL;
+  a->pub_tail = &a->pub_head;
+  a->pub_open = 1;
+}
+
+void sx__batches_close(sx_agent *a) {
+  if (!a->pub_open)
+    return;
+  publish_queued(&a->pub_idle);
+  a->pub_open = 0;
+  uv_close((uv_handle_t *)&a->pub_idle, NULL);
+  sx__dl_close(&a->deadlines);
 }
 
 /* Mark the entries of failed ranges (they may cover several entries each). */
@@ -332,7 +382,8 @@ static void finish(sx_batch *b) {
   if (r->error && r->error != SX_ECANCELED && r->error != SX_ESHUTDOWN &&
       !a->shutting_down && b->s->peer != NULL && !(b->push != NULL && r->error == SX_EACCESS))
     sx__peer_failed(a, b->s->peer, r->error, r->message);
-  uv_close((uv_handle_t *)&b->timer, publish_end);
+  sx__dl_remove(&a->deadlines, &b->deadline);
+  publish_later(b);
 }
 
 /* A write batch's (or a notifying read batch's) notice settled: that is
@@ -416,8 +467,8 @@ static void abort_op(sx_batch *b, int status) {
     ntp->t->ops->abort(ntp, &b->op, status);
 }
 
-static void expired(uv_timer_t *t) {
-  sx_batch *b = t->data;
+static void expired(sx__dl_item *it) {
+  sx_batch *b = (sx_batch *)((char *)it - offsetof(sx_batch, deadline));
   if (!b->running)
     return;
   b->reason = SX_BATCH_TIMEOUT;
@@ -443,8 +494,7 @@ static void submit_run(sx__call *c) {
   sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, submit_call));
   sx_agent *a = b->a;
   int cancel = dequeued(b); /* never frees here: the batch has not ended */
-  uv_timer_init(&a->loop, &b->timer);
-  b->timer.data = b;
+  sx__dl_item_init(&b->deadline, expired);
   b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
                   .done = op_done, .owner = b, .noticed = op_noticed};
   sx__rpeer *peer = b->s->peer;
@@ -480,10 +530,13 @@ static void submit_run(sx__call *c) {
   }
   uint64_t elapsed_ms = (sx__mono_ns() - b->submit_ns) / 1000000u;
   uint64_t left = elapsed_ms < b->p.timeout_ms ? b->p.timeout_ms - elapsed_ms : 0;
-  /* Timers count from the loop's cached time, which is as old as this loop
-   * iteration: refresh it, or a busy iteration ends the batch early. */
+  /* Deadlines count from the loop's cached time, which is as old as this
+   * loop iteration: refresh it, or a busy iteration ends the batch early. */
   uv_update_time(&a->loop);
-  uv_timer_start(&b->timer, expired, left, 0);
+  if ((rc = sx__dl_add(&a->deadlines, &b->deadline, left)) != 0) {
+    end_now(b, rc, sx_errmsg());
+    return;
+  }
   sx_transport *t = a->tr[b->s->kind];
   sx_tpeer **tpp = b->push != NULL ? &peer->wtp : &peer->tp;
   if (*tpp == NULL &&

@@ -17,14 +17,18 @@
 #define MAX_DEVICES 64
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static int state;            /* mu: 0 not tried, 1 loaded, < 0 the load error */
+/* mu: 0 not tried, 1 loaded, < 0 the load error.  Stored with release
+ * and read with acquire outside mu by sx__cuda_get's fast path. */
+static int state;
 static char load_msg[256];   /* mu: why it failed */
 static sx__cuda_drv real;
 static const sx__cuda_drv *fake;
 static const char *libname = "libcuda.so.1";
 static void *lib;
 static int n_devices;
-static CUcontext ctx[MAX_DEVICES]; /* mu: retained primary contexts */
+/* Retained primary contexts: written under mu (release), read without it
+ * by sx__cuda_get's fast path (acquire). */
+static CUcontext ctx[MAX_DEVICES];
 /* mu: the process's count of objects ever loaded when the driver was last
  * found not loaded (0: not known); see sx__mem_query. */
 static unsigned long long absent_at;
@@ -32,7 +36,7 @@ static unsigned long long absent_at;
 void sx__mem_cuda_use(const sx__cuda_drv *f) {
   pthread_mutex_lock(&mu);
   fake = f;
-  state = 0;
+  __atomic_store_n(&state, 0, __ATOMIC_RELEASE);
   absent_at = 0;
   memset(ctx, 0, sizeof(ctx));
   pthread_mutex_unlock(&mu);
@@ -41,7 +45,7 @@ void sx__mem_cuda_use(const sx__cuda_drv *f) {
 void sx__mem_cuda_library(const char *name) {
   pthread_mutex_lock(&mu);
   libname = name;
-  state = 0;
+  __atomic_store_n(&state, 0, __ATOMIC_RELEASE);
   absent_at = 0;
   memset(ctx, 0, sizeof(ctx));
   pthread_mutex_unlock(&mu);
@@ -108,6 +112,7 @@ static int load(void) {
       OPT(EventRecord, "cuEventRecord"),
       OPT(EventSynchronize, "cuEventSynchronize"),
       OPT(EventDestroy, "cuEventDestroy_v2"),
+      OPT(EventQuery, "cuEventQuery"),
       OPT(CtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
       OPT(DeviceGetAttribute, "cuDeviceGetAttribute"),
       OPT(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange"),
@@ -149,14 +154,39 @@ static int start(const sx__cuda_drv *d) {
   return 0;
 }
 
-const sx__cuda_drv *sx__cuda_get(int device, int *err) {
-  pthread_mutex_lock(&mu);
+/* The driver loaded and device's context retained: the table, with the
+ * context made current, and no lock (every launch and notice asks; the
+ * load and the retain happen once, under mu, and publish with release).
+ * NULL when the slow path must run. */
+static const sx__cuda_drv *get_fast(int device, int *err) {
+  if (__atomic_load_n(&state, __ATOMIC_ACQUIRE) != 1 || device >= n_devices)
+    return NULL;
+  CUcontext c = NULL;
+  if (device >= 0 && (c = __atomic_load_n(&ctx[device], __ATOMIC_ACQUIRE)) == NULL)
+    return NULL;
   const sx__cuda_drv *d = fake ? fake : &real;
+  if (c != NULL) {
+    CUresult r = d->CtxSetCurrent(c);
+    if (r != CUDA_SUCCESS) {
+      *err = sx__cuda_err(d, r, "making the primary context current");
+      return NULL;
+    }
+  }
+  *err = 0;
+  return d;
+}
+
+const sx__cuda_drv *sx__cuda_get(int device, int *err) {
+  const sx__cuda_drv *d = get_fast(device, err);
+  if (d != NULL)
+    return d;
+  pthread_mutex_lock(&mu);
+  d = fake ? fake : &real;
   if (state == 0) {
     int rc = fake ? 0 : load();
     if (rc == 0)
       rc = start(d);
-    state = rc ? rc : 1;
+    __atomic_store_n(&state, rc ? rc : 1, __ATOMIC_RELEASE);
   }
   int rc = state < 0 ? state : 0;
   const char *why = load_msg;
@@ -177,7 +207,7 @@ const sx__cuda_drv *sx__cuda_get(int device, int *err) {
       *err = sx__cuda_err(d, r, "retaining the primary context");
       return NULL;
     }
-    ctx[device] = c;
+    __atomic_store_n(&ctx[device], c, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&mu);
   if (rc) {

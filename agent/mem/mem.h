@@ -91,7 +91,8 @@ typedef struct sx__mem_notice {
   sx__mem_notifier *nf; /* set by sx__mem_notify: where the host function posts it */
 } sx__mem_notice;
 
-/* Delivers notices on loop (through a uv_async_t: no thread spins). */
+/* Delivers notices on loop (loop thread, or before the loop runs);
+ * reads SX_GPU_NOTICE. */
 int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out);
 /* Close it (loop thread).  Every stream that queued notices for it must be
  * destroyed first (so every notice has fired); notices not delivered yet
@@ -107,13 +108,17 @@ int sx__mem_stream_device(const sx__mem_stream *s);
  * pinned for the copy to overlap). */
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len);
 /* Queue note behind the work on s.  0, or an error (note will not run).
- * By a host function on the stream (default), or with SX_GPU_NOTICE=event
- * by an event that a thread of the stream's own waits for (the stream is
- * not held while the notice is delivered; see stream.c). */
+ * As n was created (SX_GPU_NOTICE, see stream.c): by an event the loop
+ * polls (poll, the default), by a host function on the stream (host, and
+ * where the driver lacks events), or by an event that a thread of the
+ * stream's own waits for (event). */
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note);
 /* Deliver note on n's loop in a later iteration (any thread): for work
  * that must not run inside the current call stack. */
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
+/* Tests: the notices queued so far in this process, by how: [0] polled
+ * events, [1] host functions (also the fallback), [2] waited events. */
+void sx__mem_notice_counts(uint64_t out[3]);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
 

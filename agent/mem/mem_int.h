@@ -53,6 +53,7 @@ typedef struct sx__cuda_drv {
   CUresult (*EventRecord)(CUevent e, CUstream s);
   CUresult (*EventSynchronize)(CUevent e);
   CUresult (*EventDestroy)(CUevent e);
+  CUresult (*EventQuery)(CUevent e); /* polled notices (stream.c) */
   CUresult (*CtxEnablePeerAccess)(CUcontext peer, unsigned flags);
   /* Optional (NULL where missing): GPUDirect RDMA through dma-buf
    * (dmabuf.c). */

@@ -1,36 +1,92 @@
 /*
  * Streams, completion notices and IPC handles (see mem.h).
  *
- * A notice is a host function queued on the stream (cuLaunchHostFunc): the
- * driver runs it on its own thread once the work before it finished.  It
- * makes no CUDA call (the driver forbids that there); it only appends the
- * notice to the notifier's list and wakes the loop through an eventfd the
- * loop polls (wake.h: not a uv_async_t, whose libuv 1.44 makes the loop
- * spin), so completion costs no polling and no spinning core.
+ * A notice runs on the notifier's loop once the work queued on its stream
+ * before it has finished.  Three ways, chosen per notifier when it is
+ * created (SX_GPU_NOTICE=poll|host|event; poll by default, host where the
+ * driver lacks what poll needs):
  *
- * A host function holds its stream until it returned, so the work queued
- * behind it waits for the driver's thread to wake.  With SX_GPU_NOTICE=event
- * a notice is an event recorded on the stream instead (blocking sync: the
- * waiting thread sleeps until the GPU signals it) and a thread of the
- * stream's own waits for its events in order and posts their notices: the
- * stream runs on meanwhile.
+ * - poll: an event (CU_EVENT_DISABLE_TIMING) recorded behind the work,
+ *   which the loop itself asks with cuEventQuery: after each loop
+ *   iteration (a uv_check handle: whatever woke the loop, the notices that
+ *   came due meanwhile go with it) and, only while some are outstanding,
+ *   on a timerfd whose interval starts at POLL_MIN_US and doubles on each
+ *   poll that finds nothing, up to POLL_MAX_US.  No driver thread and no
+ *   wake per notice: with host functions every completion crossed two
+ *   threads the driver runs (its event handler and its host-function
+ *   thread) and an eventfd before the loop saw it, and those threads were
+ *   as busy as the loop itself at 8 requests in flight.  Nothing runs when
+ *   nothing is outstanding.
+ * - host: a host function queued on the stream (cuLaunchHostFunc): the
+ *   driver runs it on its own thread once the work before it finished.  It
+ *   makes no CUDA call (the driver forbids that there); it only appends the
+ *   notice to the notifier's list and wakes the loop through an eventfd the
+ *   loop polls (wake.h: not a uv_async_t, whose libuv 1.44 makes the loop
+ *   spin).  A host function holds its stream until it returned, so the
+ *   work queued behind it waits for the driver's thread to wake.
+ * - event: an event recorded on the stream (blocking sync: the waiting
+ *   thread sleeps until the GPU signals it) and a thread of the stream's
+ *   own waits for its events in order and posts their notices: the stream
+ *   runs on meanwhile.
+ *
+ * An event passes only once everything queued before it on its stream has
+ * completed, so a polled notice is as exact as a host function: a range
+ * settles only after its bytes landed.
  */
 #ifdef SX_HAVE_CUDA
+#include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "mem_int.h"
 #include "wake.h"
 
+enum { NOTICE_POLL, NOTICE_HOST, NOTICE_EVENT };
+
+/* Poll mode's timer: the first poll this long after a notice was queued
+ * with none outstanding (or after one came due), each empty poll doubling
+ * it up to the cap.  A 128-range request takes 20-60 us on a GPU.
+ * SX_GPU_POLL_US sets the first interval (1 to POLL_MAX_US). */
+#define POLL_MIN_US 4
+#define POLL_MAX_US 250
+#define POLL_STUCK 8 /* streams remembered per poll as not done yet */
+
+/* SX_GPU_NOTICE=poll: one outstanding notice (n->polled), or a spare
+ * event of device (n->spare). */
+typedef struct poll_item {
+  struct poll_item *next;
+  CUevent ev;
+  CUstream s;
+  int device;
+  sx__mem_notice *note;
+} poll_item;
+
 struct sx__mem_notifier {
   sx__wake wake; /* readable while notices wait */
   pthread_mutex_t mu;
   sx__mem_notice *head, **tail; /* mu */
+  int mode;                     /* NOTICE_* */
+  /* Poll mode (tfd >= 0 once its handles are open). */
+  const sx__cuda_drv *d;        /* set by the first polled notice */
+  poll_item *polled, **ptail;   /* mu: outstanding, in the order queued */
+  poll_item *spare;             /* mu */
+  long n_polled;                /* atomic: items on polled */
+  uv_check_t check;
+  uv_poll_t tpoll;
+  int tfd;
+  unsigned min_us;              /* the first interval (SX_GPU_POLL_US) */
+  unsigned next_us;             /* loop: the timer's next interval */
+  int timer_polled;             /* loop: the timer polled in this iteration */
+  int handles;                  /* loop: uv handles not closed yet */
 };
 
 static long ipc_open; /* atomic: mappings open now */
+static uint64_t notice_counts[3]; /* atomic: notices queued, by NOTICE_* */
 
 /* SX_GPU_NOTICE=event: a stream's notices by events and a thread. */
 typedef struct wait_item {
@@ -51,9 +107,15 @@ struct sx__mem_waiter {
 
 /* ------------------------------------------------------------ notices */
 
+/* Each of the notifier's handles (h->data is the notifier) closes here;
+ * the last frees it. */
 static void notifier_closed(uv_handle_t *h) {
-  sx__mem_notifier *n = (sx__mem_notifier *)((char *)h - offsetof(sx__mem_notifier, wake.poll));
+  sx__mem_notifier *n = h->data;
+  if (--n->handles > 0)
+    return;
   sx__wake_release(&n->wake);
+  if (n->tfd >= 0)
+    close(n->tfd);
   pthread_mutex_destroy(&n->mu);
   free(n);
 }
@@ -74,16 +136,160 @@ static void deliver(sx__wake *w) {
   }
 }
 
+/* SX_GPU_NOTICE, read for each notifier (tests force each way). */
+static int notice_mode(void) {
+  const char *e = getenv("SX_GPU_NOTICE");
+  if (e == NULL || *e == '\0' || strcmp(e, "poll") == 0)
+    return NOTICE_POLL;
+  if (strcmp(e, "host") == 0)
+    return NOTICE_HOST;
+  if (strcmp(e, "event") == 0)
+    return NOTICE_EVENT;
+  static int said;
+  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    fprintf(stderr, "segxfer: SX_GPU_NOTICE=%s is not poll, host or event: polling\n", e);
+  return NOTICE_POLL;
+}
+
+static void arm(sx__mem_notifier *n, unsigned us) {
+  struct itimerspec its = {.it_value = {.tv_sec = 0, .tv_nsec = (long)us * 1000}};
+  timerfd_settime(n->tfd, 0, &its, NULL); /* cannot fail with these arguments */
+}
+
+/* Loop thread: deliver the polled notices whose events passed; 1 if any
+ * did.  Events of one stream pass in order, so a stream found not done
+ * is not asked again in this pass. */
+static int poll_events(sx__mem_notifier *n) {
+  if (__atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) == 0)
+    return 0;
+  CUstream stuck[POLL_STUCK];
+  int n_stuck = 0;
+  long got = 0;
+  sx__mem_notice *done = NULL, **dtail = &done;
+  pthread_mutex_lock(&n->mu);
+  poll_item **pp = &n->polled;
+  while (*pp != NULL) {
+    poll_item *it = *pp;
+    int k = 0;
+    while (k < n_stuck && stuck[k] != it->s)
+      k++;
+    /* Any answer but "not ready" ends the wait: the event passed, or the
+     * stream is broken and never will (its notice comes, as the event
+     * way's waiter posts one; the op's own status says what failed). */
+    if (k < n_stuck || n->d->EventQuery(it->ev) == CUDA_ERROR_NOT_READY) {
+      if (k == n_stuck && n_stuck < POLL_STUCK)
+        stuck[n_stuck++] = it->s;
+      pp = &it->next;
+      continue;
+    }
+    *pp = it->next;
+    *dtail = it->note;
+    dtail = &it->note->next;
+    it->note = NULL;
+    it->next = n->spare;
+    n->spare = it;
+    got++;
+  }
+  n->ptail = pp;
+  __atomic_sub_fetch(&n->n_polled, got, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&n->mu);
+  *dtail = NULL;
+  while (done != NULL) {
+    sx__mem_notice *note = done;
+    done = note->next;
+    note->fn(note); /* may queue more notices: n->mu is not held */
+  }
+  return got > 0;
+}
+
+/* Loop thread: poll, then time the next poll while any are outstanding
+ * (a notice queued with none outstanding arms the timer itself). */
+static void poll_and_rearm(sx__mem_notifier *n, int from_timer) {
+  int got = poll_events(n);
+  int left = __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) > 0;
+  if (!left) {
+    n->next_us = n->min_us;
+    return;
+  }
+  if (got) {
+    n->next_us = n->min_us;
+    arm(n, n->next_us);
+  } else if (from_timer) {
+    n->next_us = n->next_us * 2 > POLL_MAX_US ? POLL_MAX_US : n->next_us * 2;
+    arm(n, n->next_us);
+  }
+}
+
+static void on_timer(uv_poll_t *h, int status, int events) {
+  (void)status, (void)events;
+  sx__mem_notifier *n = h->data;
+  uint64_t v;
+  ssize_t r;
+  while ((r = read(n->tfd, &v, sizeof(v))) < 0 && errno == EINTR) {
+  }
+  (void)r; /* EAGAIN: a re-arm cleared it */
+  n->timer_polled = 1;
+  poll_and_rearm(n, 1);
+}
+
+/* After each loop iteration: the notices that came due while the loop was
+ * busy go now, with no timer wake (none when the timer just polled). */
+static void on_check(uv_check_t *h) {
+  sx__mem_notifier *n = h->data;
+  if (n->timer_polled) {
+    n->timer_polled = 0;
+    return;
+  }
+  poll_and_rearm(n, 0);
+}
+
+/* Loop thread: open poll mode's timer and handles; 0, or -1 (the
+ * notifier then uses host functions). */
+static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
+  if ((n->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0)
+    return -1;
+  if (uv_poll_init(loop, &n->tpoll, n->tfd) != 0) {
+    close(n->tfd);
+    n->tfd = -1;
+    return -1;
+  }
+  n->tpoll.data = n;
+  n->handles++;
+  uv_check_init(loop, &n->check);
+  n->check.data = n;
+  n->handles++;
+  const char *e = getenv("SX_GPU_POLL_US");
+  long us = e != NULL ? strtol(e, NULL, 10) : 0;
+  n->min_us = us >= 1 && us <= POLL_MAX_US ? (unsigned)us : POLL_MIN_US;
+  n->next_us = n->min_us;
+  n->ptail = &n->polled;
+  if (uv_poll_start(&n->tpoll, UV_READABLE, on_timer) != 0 ||
+      uv_check_start(&n->check, on_check) != 0)
+    return -1; /* handles open: the caller closes them */
+  return 0;
+}
+
 int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out) {
   sx__mem_notifier *n = calloc(1, sizeof(*n));
   if (n == NULL)
     return sx__err(SX_ENOMEM, "notifier");
   pthread_mutex_init(&n->mu, NULL);
   n->tail = &n->head;
+  n->tfd = -1;
+  n->mode = notice_mode();
   int rc = sx__wake_init(loop, &n->wake, deliver);
+  n->wake.poll.data = n;
+  if (n->wake.fd >= 0)
+    n->handles++;
+  if (rc == 0 && n->mode == NOTICE_POLL && poll_open(loop, n) != 0) {
+    if (n->tfd >= 0)
+      rc = sx__err(SX_EIO, "notifier: cannot poll its timer");
+    else
+      n->mode = NOTICE_HOST; /* no timerfd: host functions, as before */
+  }
   if (rc != 0) {
-    if (n->wake.fd >= 0) {
-      sx__wake_close(&n->wake, notifier_closed); /* frees n */
+    if (n->handles > 0) {
+      sx__mem_notifier_close(n); /* frees n once its handles closed */
       return rc;
     }
     pthread_mutex_destroy(&n->mu);
@@ -99,7 +305,33 @@ void sx__mem_notifier_close(sx__mem_notifier *n) {
     return;
   sx__wake_drain(&n->wake);
   deliver(&n->wake);
-  sx__wake_close(&n->wake, notifier_closed);
+  if (n->tfd >= 0) {
+    /* Every stream that queued notices here was destroyed (synchronised)
+     * first: every event has passed, so every notice goes now. */
+    pthread_mutex_lock(&n->mu);
+    poll_item *list = n->polled;
+    n->polled = NULL;
+    n->ptail = &n->polled;
+    __atomic_store_n(&n->n_polled, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&n->mu);
+    while (list != NULL) {
+      poll_item *it = list;
+      list = it->next;
+      it->note->fn(it->note);
+      it->next = n->spare;
+      n->spare = it;
+    }
+    while (n->spare != NULL) {
+      poll_item *it = n->spare;
+      n->spare = it->next;
+      n->d->EventDestroy(it->ev);
+      free(it);
+    }
+    uv_close((uv_handle_t *)&n->tpoll, notifier_closed);
+    uv_close((uv_handle_t *)&n->check, notifier_closed);
+  }
+  if (n->wake.fd >= 0)
+    sx__wake_close(&n->wake, notifier_closed);
 }
 
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
@@ -150,15 +382,6 @@ static void *waiter_main(void *arg) {
   }
   pthread_mutex_unlock(&w->mu);
   return NULL;
-}
-
-static int notice_events(void) {
-  static int mode = -1; /* 0 host functions, 1 events */
-  if (mode < 0) {
-    const char *e = getenv("SX_GPU_NOTICE");
-    mode = e != NULL && strcmp(e, "event") == 0;
-  }
-  return mode;
 }
 
 /* Queue note behind s as an event its waiter thread waits for: 0, or 1
@@ -234,18 +457,77 @@ static void waiter_stop(const sx__cuda_drv *d, struct sx__mem_waiter *w) {
   free(w);
 }
 
+/* Queue note behind s as an event the loop polls: 0, or 1 when that
+ * cannot be done (a host function then). */
+static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifier *n,
+                       sx__mem_notice *note) {
+  if (d->EventCreate == NULL || d->EventRecord == NULL || d->EventQuery == NULL ||
+      d->EventDestroy == NULL)
+    return 1;
+  /* A spare event of the stream's device (an event records only on
+   * streams of its own context). */
+  pthread_mutex_lock(&n->mu);
+  n->d = d;
+  poll_item **pp = &n->spare;
+  while (*pp != NULL && (*pp)->device != s->device)
+    pp = &(*pp)->next;
+  poll_item *it = *pp;
+  if (it != NULL)
+    *pp = it->next;
+  pthread_mutex_unlock(&n->mu);
+  if (it == NULL) {
+    if ((it = calloc(1, sizeof(*it))) == NULL)
+      return 1;
+    if (d->EventCreate(&it->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      free(it);
+      return 1;
+    }
+    it->device = s->device;
+  }
+  if (d->EventRecord(it->ev, s->s) != CUDA_SUCCESS) {
+    d->EventDestroy(it->ev);
+    free(it);
+    return 1;
+  }
+  it->s = s->s;
+  it->note = note;
+  it->next = NULL;
+  pthread_mutex_lock(&n->mu);
+  int first = n->polled == NULL;
+  *n->ptail = it;
+  n->ptail = &it->next;
+  __atomic_add_fetch(&n->n_polled, 1, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&n->mu);
+  /* The timer runs while any are outstanding: started by the first (a
+   * timerfd may be armed from any thread). */
+  if (first)
+    arm(n, n->min_us);
+  return 0;
+}
+
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;
-  if (notice_events() && notify_event(d, s, n, note) == 0)
+  int how = NOTICE_HOST;
+  if (n->mode == NOTICE_POLL && notify_poll(d, s, n, note) == 0)
+    how = NOTICE_POLL;
+  else if (n->mode == NOTICE_EVENT && notify_event(d, s, n, note) == 0)
+    how = NOTICE_EVENT;
+  __atomic_add_fetch(&notice_counts[how], 1, __ATOMIC_RELAXED);
+  if (how != NOTICE_HOST)
     return 0;
   note->nf = n;
   CUresult r = d->LaunchHostFunc(s->s, host_fn, note);
   if (r != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "queueing a completion notice");
   return 0;
+}
+
+void sx__mem_notice_counts(uint64_t out[3]) {
+  for (int i = 0; i < 3; i++)
+    out[i] = __atomic_load_n(&notice_counts[i], __ATOMIC_RELAXED);
 }
 
 /* ------------------------------------------------------------ streams */

@@ -22,7 +22,9 @@
  * src, len, count, dstride, sstride; agent/mem/gather.cu), read when the
  * launch runs, as the GPU reads it.  Events are markers in a stream's queue.
  * FAKE_CUDA_NO_BATCH=1 makes the batch copy refuse (as a driver whose
- * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load.
+ * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load,
+ * FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse (a driver without
+ * events: notices fall back to host functions, gathers to the copies).
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
  * launches only keep their order): for profiling segxfer's own CPU cost
  * per batch, never for tests.
@@ -490,6 +492,9 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
 
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
   (void)flags;
+  const char *no = getenv("FAKE_CUDA_NO_EVENTS");
+  if (no != NULL && strcmp(no, "1") == 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
   event *ev = calloc(1, sizeof(*ev));
   pthread_mutex_init(&ev->mu, NULL);
   pthread_cond_init(&ev->cv, NULL);
@@ -514,6 +519,14 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     pthread_cond_wait(&ev->cv, &ev->mu);
   pthread_mutex_unlock(&ev->mu);
   return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventQuery(CUevent e) {
+  event *ev = (event *)e;
+  pthread_mutex_lock(&ev->mu);
+  int done = ev->reached >= ev->recorded;
+  pthread_mutex_unlock(&ev->mu);
+  return done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 EXPORT CUresult cuEventDestroy_v2(CUevent e) {

@@ -306,6 +306,13 @@ static sx_segment *reader_of(const char *tname, const char *rname, gpu_pool *r,
   return seg;
 }
 
+/* Close what reader_of opened. */
+static void reader_end(sx_segment *seg, sx_agent *ra, gpu_pool *r) {
+  sx_segment_close(seg);
+  agent_end(ra);
+  pool_end(r);
+}
+
 /* ------------------------------------------------------------ tests */
 
 static void between(const char *tloc, const char *rloc) {
@@ -862,6 +869,96 @@ static void test_gpu_ipc_copy_methods(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* ------------------------------------------------------------ notices */
+
+/* 8 batches of 8 blocks submitted together (several notices outstanding
+ * on several streams), each checked byte for byte as soon as its wait
+ * returned: a notice delivered before its copies ended shows as wrong
+ * bytes (on the stand-in every launch is slowed down for that). */
+static void read_overlapped(sx_segment *seg, const gpu_pool *r, uint32_t seed_round) {
+  sx_block_read e[64];
+  gpu_entries(e, 64, LAYERS, TBLOCKS, r->blocks, 1, seed_round);
+  sx_batch *b[8];
+  for (int k = 0; k < 8; k++)
+    b[k] = sxt_batch_submit(seg, e + 8 * k, 8, 10000);
+  for (int k = 0; k < 8; k++) {
+    sx_batch_result res = sxt_batch_finish(b[k]);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("batch %d: %s (%s)", k, sx_batch_state_name(res.state), res.message);
+    assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+    assert_int_equal(gpu_pool_verify(r, seg, SEED, e + 8 * k, 8), 0);
+  }
+}
+
+/* Reads with the notices forced one way (SX_GPU_NOTICE, read when the
+ * reader's agent opens cuda_ipc): byte for byte, and that way is the one
+ * that ran (want: the index into sx__mem_notice_counts). */
+static void notices_by(const char *how, int want) {
+  if (how != NULL)
+    setenv("SX_GPU_NOTICE", how, 1);
+  else
+    unsetenv("SX_GPU_NOTICE");
+  if (on_stand_in())
+    setenv("FAKE_CUDA_DELAY_US", "2000", 1); /* read when a stream starts */
+  target t;
+  target_start(&t, "ipc-q", "cuda:0", NULL);
+  uint64_t before[3], after[3];
+  sx__mem_notice_counts(before);
+  {
+    gpu_pool r;
+    sx_agent *ra;
+    sx_segment *seg = reader_of("ipc-q", "ipc-qr", &r, &ra);
+    for (uint32_t round = 2; round <= 3; round++) {
+      read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+      read_overlapped(seg, &r, round + 10);
+    }
+    reader_end(seg, ra, &r);
+  }
+  sx__mem_notice_counts(after);
+  unsetenv("FAKE_CUDA_DELAY_US");
+  unsetenv("SX_GPU_NOTICE");
+  print_message("SX_GPU_NOTICE=%s: polled %lu, host functions %lu, waited events %lu\n",
+                how ? how : "(unset)", (unsigned long)(after[0] - before[0]),
+                (unsigned long)(after[1] - before[1]), (unsigned long)(after[2] - before[2]));
+  for (int m = 0; m < 3; m++) {
+    if (m == want)
+      assert_true(after[m] - before[m] >= 19); /* 1 + 2 x (1 + 8) batches, one notice each */
+    else
+      assert_int_equal(after[m] - before[m], 0);
+  }
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+static void test_gpu_ipc_notice_poll(void **state) {
+  (void)state;
+  notices_by(NULL, 0); /* the default */
+  notices_by("poll", 0);
+}
+
+static void test_gpu_ipc_notice_host(void **state) {
+  (void)state;
+  notices_by("host", 1);
+}
+
+static void test_gpu_ipc_notice_event(void **state) {
+  (void)state;
+  notices_by("event", 2);
+}
+
+/* A driver without events (only the stand-in can refuse them): polling
+ * falls back to host functions, byte for byte.  The gather kernel needs
+ * events too, so the copies go by the batch call. */
+static void test_gpu_ipc_notice_poll_fallback(void **state) {
+  (void)state;
+  if (!on_stand_in())
+    skip();
+  setenv("SX_GPU_COPY", "batch", 1);
+  setenv("FAKE_CUDA_NO_EVENTS", "1", 1);
+  notices_by("poll", 1);
+  unsetenv("FAKE_CUDA_NO_EVENTS");
+  unsetenv("SX_GPU_COPY");
+}
+
 /* A driver that refuses the batch call (as one without it): batches go
  * as single copies from then on, byte for byte.  Only the stand-in can
  * refuse it; last, since the refusal is remembered by the process. */
@@ -883,9 +980,7 @@ static void test_gpu_ipc_batch_refused(void **state) {
   sx__mem_copy_counts(after);
   assert_int_equal(after[SX__COPY_BATCH], before[SX__COPY_BATCH]);
   assert_true(after[SX__COPY_RANGE] - before[SX__COPY_RANGE] >= 3);
-  sx_segment_close(seg);
-  agent_end(ra);
-  pool_end(&r);
+  reader_end(seg, ra, &r);
   unsetenv("SX_GPU_COPY");
   unsetenv("FAKE_CUDA_NO_BATCH");
   assert_int_equal(target_end(&t, 0), 0);
@@ -929,6 +1024,9 @@ static int test_teardown(void **state) {
   }
   unsetenv("SX_GPU_COPY"); /* what the copy-method tests set */
   unsetenv("FAKE_CUDA_NO_BATCH");
+  unsetenv("SX_GPU_NOTICE"); /* what the notice tests set */
+  unsetenv("FAKE_CUDA_DELAY_US");
+  unsetenv("FAKE_CUDA_NO_EVENTS");
   if (agents + targets + relays > 0)
     print_message("teardown: ended %d agents, %d targets and %d relays the test left\n",
                   agents, targets, relays);
@@ -966,6 +1064,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_poll, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_host, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_event, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_poll_fallback, test_teardown),
       /* Last: the refusal stays. */
       cmocka_unit_test_teardown(test_gpu_ipc_batch_refused, test_teardown),
   };
