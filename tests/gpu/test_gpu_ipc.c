@@ -898,7 +898,7 @@ static void notices_by(const char *how, int want) {
     setenv("SX_GPU_NOTICE", how, 1);
   else
     unsetenv("SX_GPU_NOTICE");
-  if (on_stand_in())
+  if (gpu_on_stand_in())
     setenv("FAKE_CUDA_DELAY_US", "2000", 1); /* read when a stream starts */
   target t;
   target_start(&t, "ipc-q", "cuda:0", NULL);
@@ -950,7 +950,7 @@ static void test_gpu_ipc_notice_event(void **state) {
  * events too, so the copies go by the batch call. */
 static void test_gpu_ipc_notice_poll_fallback(void **state) {
   (void)state;
-  if (!on_stand_in())
+  if (!gpu_on_stand_in())
     skip();
   setenv("SX_GPU_COPY", "batch", 1);
   setenv("FAKE_CUDA_NO_EVENTS", "1", 1);
