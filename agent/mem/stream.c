@@ -259,8 +259,13 @@ static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
   n->check.data = n;
   n->handles++;
   const char *e = getenv("SX_GPU_POLL_US");
-  long us = e != NULL ? strtol(e, NULL, 10) : 0;
-  n->min_us = us >= 1 && us <= POLL_MAX_US ? (unsigned)us : POLL_MIN_US;
+  char *end = NULL;
+  long us = e != NULL ? strtol(e, &end, 10) : 0;
+  int ok = e != NULL && end != e && *end == '\0' && us >= 1 && us <= POLL_MAX_US;
+  if (e != NULL && !ok)
+    fprintf(stderr, "segxfer: SX_GPU_POLL_US=%s is not a whole number of 1..%u: %u us\n", e,
+            POLL_MAX_US, POLL_MIN_US);
+  n->min_us = ok ? (unsigned)us : POLL_MIN_US;
   n->next_us = n->min_us;
   n->ptail = &n->polled;
   if (uv_poll_start(&n->tpoll, UV_READABLE, on_timer) != 0 ||
