@@ -176,7 +176,7 @@ void sx__batches_abort(sx_agent *a, int status);
  * (ends still queued are published now, later ones at once). */
 void sx__batches_init(sx_agent *a);
 void sx__batches_close(sx_agent *a);
-/* Add one range into the agent's scratch memory (see sx__plan_add_xfer). */
+/* Add one range into the agent's scratch memory (see sx__plan_add_run). */
 int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64_t len);
 /* Add one scattered range (see sx__plan_add_scatter), noted in a notifying
  * batch's notice as the remote range it reads; TCP batches only. */

@@ -198,7 +198,8 @@ int sx__batch_add_scratch(sx_batch *b, const sx_region *R, uint64_t roff, uint64
                    sizeof(a->scratch_buf));
   int rc = b->rnote != NULL ? sx__err(SX_EINVAL, "a notifying batch reads no scratch")
                             : check_add(b, 0, "sx__batch_add_scratch");
-  return rc ? rc : sx__plan_add_xfer(&b->plan, R, &a->scratch.l, roff, a->scratch_buf, len);
+  uint64_t local = (uint64_t)(uintptr_t)a->scratch_buf;
+  return rc ? rc : sx__plan_add_run(&b->plan, R, &a->scratch.l, &roff, &local, &len, 1);
 }
 
 int sx__batch_add_scatter(sx_batch *b, const sx_region *R, uint64_t roff,

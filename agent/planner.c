@@ -590,25 +590,6 @@ static int check_xfer(const sx__plan *p, const sx_region *R, uint64_t roff, uint
   return 0;
 }
 
-int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
-                      uint64_t roff, uint8_t *local, uint64_t len) {
-  int rc = add_common(p, 1, "sx__plan_add_xfer");
-  if (rc)
-    return rc;
-  uint32_t e = p->n_entries;
-  if (len == 0 || local == NULL)
-    return sx__err(SX_EINVAL, "entry %u: local is NULL or length is 0", e);
-  if ((rc = check_xfer(p, R, roff, len, e)) != 0)
-    return rc;
-  p->have_shape = 0;
-  if (emit(p, NONE, R, L, roff, local, len, e)) {
-    p->broken = SX_ENOMEM;
-    return sx__err(SX_ENOMEM, "planning entry %u", e);
-  }
-  p->n_entries++;
-  return 0;
-}
-
 int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
                      const uint64_t *roff, const uint64_t *local, const uint64_t *len,
                      uint32_t n) {

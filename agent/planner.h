@@ -142,17 +142,12 @@ void sx__plan_free(sx__plan *p);
  */
 int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n);
 int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n);
-/* One entry: len bytes at roff of remote region R into local, which lies in
- * L (the caller checked that: registered memory outside the published
- * table, such as the agent's ping scratch, or a set read's piece inside the
- * region the batch's own table holds).  The remote side is checked as for
- * range reads. */
-int sx__plan_add_xfer(sx__plan *p, const sx_region *R, const sx_lregion *L,
-                      uint64_t roff, uint8_t *local, uint64_t len);
-/* n such entries from R into L (a run of a set read's expansion): entry k
- * is len[k] bytes at roff[k] of R into local[k].  Each range is checked to
- * lie inside R and inside L; the access of R once.  Returns 0, or the error
- * (said) of the first entry that fails, the entries before it added. */
+/* n one-range entries from remote region R into local region L (a run of
+ * a set read's expansion, or one range into the agent's ping scratch, which
+ * is registered outside the published table): entry k is len[k] bytes at
+ * roff[k] of R into local[k].  Each range is checked to lie inside R and
+ * inside L; the access of R once.  Returns 0, or the error (said) of the
+ * first entry that fails, the entries before it added. */
 int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
                      const uint64_t *roff, const uint64_t *local, const uint64_t *len,
                      uint32_t n);
