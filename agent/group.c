@@ -28,8 +28,8 @@
 
 /*
  * What one member gives, collected from the expansion: pieces (remote
- * region and offset, local address, length, the local block they fill),
- * and the same pieces grouped into spans that are contiguous on the remote
+ * region and offset, local address, length; the local block each fills
+ * in mlist.blk), and the same pieces grouped into spans that are contiguous on the remote
  * side.  A token-major cache split by heads cuts a piece per token, while
  * the remote rank's blocks are whole: over TCP into host memory each span
  * is one request whose reply the reader receives straight into the pieces
@@ -38,7 +38,7 @@
  */
 typedef struct piece {
   const sx_region *R; /* in the member's descriptor, which its index holds */
-  uint32_t lregion, block;
+  uint32_t lregion;
   uint64_t roff, laddr, len;
 } piece;
 
@@ -49,11 +49,10 @@ typedef struct span {
 } span;
 
 typedef struct mlist {
-  piece *p;
+  piece *p; /* collected (not when fed straight into the batch) */
   size_t np, capp;
-  /* Fed straight into the batch (fed): p is not filled, only blk, the
-   * local block (its index in the request) of each entry. */
-  int fed;
+  /* The local block (its index in the request) of each piece, collected
+   * or fed: np of them. */
   uint32_t *blk;
   size_t capb;
   span *s;
@@ -266,7 +265,8 @@ static int grow(void **v, size_t *cap, size_t need, size_t size) {
 
 static int collect_range(mlist *l, const sx_region *R, uint32_t lid, uint32_t block,
                          uint64_t roff, uint64_t laddr, uint64_t len) {
-  l->p[l->np] = (piece){R, lid, block, roff, laddr, len};
+  l->p[l->np] = (piece){R, lid, roff, laddr, len};
+  l->blk[l->np] = block;
   if (!l->spans) {
     l->np++;
     return 0;
@@ -290,7 +290,9 @@ static int collect_range(mlist *l, const sx_region *R, uint32_t lid, uint32_t bl
 /* Collected piece by piece (a strided range's pieces each). */
 static int collect_run(void *arg, const sx__prun *run) {
   mlist *l = &((mlist *)arg)[run->member];
-  if (grow((void **)&l->p, &l->capp, l->np + (size_t)run->n * run->count, sizeof(piece)))
+  size_t need = l->np + (size_t)run->n * run->count;
+  if (grow((void **)&l->p, &l->capp, need, sizeof(piece)) ||
+      grow((void **)&l->blk, &l->capb, need, sizeof(*l->blk)))
     return SX_ENOMEM;
   for (uint32_t k = 0; k < run->n; k++)
     for (uint32_t i = 0; i < run->count; i++)
@@ -387,11 +389,6 @@ static int feed_run(void *arg, const sx__prun *run) {
   return 0;
 }
 
-/* The local block of member l's entry e (not scattered). */
-static uint32_t entry_block(const mlist *l, size_t e) {
-  return l->fed ? l->blk[e] : l->p[e].block;
-}
-
 /* The batch entries of member l: a scattered range per span, or a range
  * per piece. */
 static int add_entries(sx_batch *b, sx_segment *seg, mlist *l) {
@@ -439,12 +436,12 @@ static void mark(uint8_t *bad, uint32_t block) {
 static void mark_entry(uint8_t *bad, const mlist *l, uint32_t e) {
   if (!l->scatter) {
     if (e < l->np)
-      mark(bad, entry_block(l, e));
+      mark(bad, l->blk[e]);
     return;
   }
   if (e < l->ns)
     for (uint32_t k = 0; k < l->s[e].n; k++)
-      mark(bad, l->p[l->s[e].first + k].block);
+      mark(bad, l->blk[l->s[e].first + k]);
 }
 
 static int state_rank(sx_batch_state s) {
@@ -512,7 +509,7 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   sx_group *g = r->g;
   mlist *l = &g->m[i];
   l->np = l->ns = 0;
-  l->scatter = l->fed = 0;
+  l->scatter = 0;
   /* Only TCP into host memory reads scattered ranges. */
   l->spans = g->host && sx_segment_transport(g->segs[i]) == SX_TRANSPORT_TCP;
   *emitted = 0;
@@ -523,7 +520,7 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   sx_batch *b = NULL;
   /* Fed as expanded, unless the pieces may become scattered ranges. */
   feed f = {.l = l};
-  int fed = l->fed = !l->spans;
+  int fed = !l->spans;
   int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
   if (rc == 0 && fed)
     rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &f.note);
@@ -574,7 +571,7 @@ static void member_not_started(gread *r, uint32_t i, int rc, int emitted) {
     return;
   }
   for (size_t k = 0; k < l->np; k++)
-    mark(r->bad, entry_block(l, k));
+    mark(r->bad, l->blk[k]);
 }
 
 /* Submit member i's batch; one that does not start fails its blocks. */
@@ -607,7 +604,7 @@ static void member_end(gread *r, uint32_t i) {
     mark_entry(r->bad, l, br.failed[k]);
   if (br.n_failed == 0) /* no list (no memory for it): all of its blocks */
     for (size_t k = 0; k < l->np; k++)
-      mark(r->bad, entry_block(l, k));
+      mark(r->bad, l->blk[k]);
 }
 
 /* The failed blocks, by local id in the order given, into g->failed. */
