@@ -303,6 +303,36 @@ static void test_planner_shape_kept_but_every_entry_checked(void **state) {
   sides_free(&s);
 }
 
+/* A shape of more (slot, layer) positions than the planner keeps (2 x 2100
+ * here) goes the long way, with the same checks and the same ranges. */
+static void test_planner_shape_too_large_to_keep(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2100, 0, 0, 64, 4, 4);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r = blk(0, 2100, KV, 3, 4, 1);
+  sxt_rc(sx__plan_add_blocks(&p, &r, 1), SX_EBOUNDS); /* local block 4 of 4 */
+  assert_non_null(strstr(sx_errmsg(), "local blocks"));
+  r.local_block = 2;
+  sxt_ok(sx__plan_add_blocks(&p, &r, 1));
+  assert_int_equal(p.n, 2 * 2100);
+  size_t k = 0;
+  for (uint64_t m = KV; m; m &= m - 1)
+    for (uint32_t l = 0; l < 2100; l++, k++) {
+      uint32_t slot = (uint32_t)__builtin_ctzll(m);
+      const sx_region *R = sx__rindex_key(&s.rix, 0, l, slot);
+      const sx_region *L = sx__rindex_key(&s.lix, 0, l, slot);
+      assert_ptr_equal(p.x[k].rreg, R);
+      assert_int_equal(p.x[k].roff, (l - R->layer_first) * R->layer_stride + 3 * R->block_stride);
+      assert_ptr_equal(p.x[k].local, (uint8_t *)(uintptr_t)(L->addr + (l - L->layer_first) *
+                                     L->layer_stride + 2 * L->block_stride));
+      assert_int_equal(p.x[k].length, 64);
+    }
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 static void test_planner_rejects_missing_keys_denied_and_bad_entries(void **state) {
   (void)state;
   sides s;
@@ -720,6 +750,7 @@ int main(void) {
       cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
       cmocka_unit_test(test_planner_call_is_all_or_nothing),
       cmocka_unit_test(test_planner_shape_kept_but_every_entry_checked),
+      cmocka_unit_test(test_planner_shape_too_large_to_keep),
       cmocka_unit_test(test_planner_run_checks_each_range),
       cmocka_unit_test(test_planner_rejects_missing_keys_denied_and_bad_entries),
       cmocka_unit_test(test_planner_range_bounds_and_overflow),
