@@ -55,17 +55,19 @@ void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
  * cover a 1 MiB range of 4 KiB pieces). */
 #define READV_PIECES 256
 /*
- * Receive what the socket holds of r's scattered payload straight into its
- * pieces, with readv() into up to READV_PIECES of them at a time (libuv
- * reads into one buffer per system call).  (Through a buffer and copied
- * out, with cached or streaming stores, measured no cheaper: small pieces
- * cost about twice per byte what one buffer does either way.)  When another
- * reply is due on c, the same call asks for its header too (into c->hdr,
- * c->hgot saying how much came), which saves a system call per request;
- * nothing past that header is asked for.  Reading the descriptor here, on
- * the loop thread inside the read callback, is safe: libuv's next read of
- * it just finds it empty (EAGAIN).  0, or -1 when the connection failed
- * (sx__tcp_c_fail() has run: r is settled).
+ * Receive what the socket holds of r's payload straight into its
+ * destination (a scattered one into its pieces, up to READV_PIECES of them
+ * at a time) with readv(): libuv reads into one buffer per system call.
+ * (Scattered pieces through a buffer and copied out, with cached or
+ * streaming stores, measured no cheaper: small pieces cost about twice per
+ * byte what one buffer does either way.)  When another reply is due on c,
+ * the same call asks for its header too (into c->hdr, c->hgot saying how
+ * much came), which saves a system call per request: a reply then costs
+ * one readv() where libuv needs two (header, payload).  Nothing past that
+ * header is asked for.  Reading the descriptor here, on the loop thread
+ * inside the read callback, is safe: libuv's next read of it just finds it
+ * empty (EAGAIN).  0, or -1 when the connection failed (sx__tcp_c_fail()
+ * has run: r is settled).
  */
 static int c_readv(cconn *c, treq *r) {
   const sx_xfer *x = &r->op->xfers[r->idx];
@@ -73,22 +75,27 @@ static int c_readv(cconn *c, treq *r) {
   uv_os_fd_t fd;
   char msg[512];
   if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
-    return 0; /* libuv's reads carry on, one piece at a time */
-  while (c->pgot < r->len && c->vi < x->n_iov) {
+    return 0; /* libuv's reads carry on */
+  while (c->pgot < r->len) {
     uint64_t left = r->len - c->pgot, more = 0;
     struct iovec v[READV_PIECES + 1];
     int n = 0;
     uint32_t i = c->vi;
-    for (; i < x->n_iov && n < READV_PIECES; i++)
-      v[n++] = x->iov[i];
-    v[0].iov_base = (char *)v[0].iov_base + c->voff;
-    v[0].iov_len -= c->voff;
-    if (i == x->n_iov && ahead)
+    if (x->iov == NULL) {
+      v[n++] = (struct iovec){x->local + c->pgot, (size_t)left};
+    } else {
+      for (; i < x->n_iov && n < READV_PIECES; i++)
+        v[n++] = x->iov[i];
+      v[0].iov_base = (char *)v[0].iov_base + c->voff;
+      v[0].iov_len -= c->voff;
+    }
+    if ((x->iov == NULL || i == x->n_iov) && ahead)
       v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
     ssize_t got = readv(fd, v, n);
     if (got > 0) {
       more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-      sx__tcp_c_advance(c, x, (uint64_t)got - more);
+      if (x->iov != NULL)
+        sx__tcp_c_advance(c, x, (uint64_t)got - more);
       c->pgot += (uint64_t)got - more;
       c->hgot = (size_t)more;
       continue;
@@ -106,15 +113,14 @@ static int c_readv(cconn *c, treq *r) {
 
 static void c_header(cconn *c);
 
-/* Take in scattered payloads while the socket has them: the head's, then,
- * where its read brought the next header whole, that reply's, and so on.
- * Anything else (a plain payload, half a header) is left to libuv's
+/* Take in payloads while the socket has them: the head's, then, where its
+ * read brought the next header whole, that reply's, and so on.  Anything
+ * else (an aborted request's payload, half a header) is left to libuv's
  * reads. */
-static void c_scattered(cconn *c) {
+static void c_payloads(cconn *c) {
   while (c->state != C_CLOSING && !c->rx_away && c->in_payload && c->count > 0) {
     treq *r = &c->ring[c->head];
-    if (r->aborted || r->op->xfers[r->idx].iov == NULL || c_readv(c, r) != 0 ||
-        c->pgot < r->len)
+    if (r->aborted || c_readv(c, r) != 0 || c->pgot < r->len)
       return;
     c->in_payload = 0;
     sx__tcp_c_complete_head(c, 0, NULL);
@@ -222,15 +228,15 @@ void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
       sx__tcp_c_refill(c);
       return;
     }
-    c_scattered(c);
+    c_payloads(c);
     return;
   }
   c->hgot += (size_t)nread;
   if (c->hgot < SX__FRAME_HDR)
     return;
   c_header(c);
-  /* A scattered payload may be waiting already: take it in now rather
-   * than one piece through libuv first. */
-  c_scattered(c);
+  /* The payload may be waiting already: take it in now, with the next
+   * header, rather than through libuv first. */
+  c_payloads(c);
 }
 
