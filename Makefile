@@ -101,7 +101,7 @@ UNIT_TESTS  := test_errors test_codec test_layout test_plan test_group test_url 
                test_frame test_cache test_agent test_agent_lifecycle test_stats test_rdma \
                test_push test_push_tcp test_batch_ids test_mem test_desc_host test_frame_ipc \
                test_read_notice test_cluster_slots test_rdma_stage test_desc_nic test_rdma_nic \
-               test_tcp_window test_tcp_scatter test_tcp_threads test_op test_deadline
+               test_tcp_window test_tcp_scatter test_tcp_threads test_tcp_readv test_op test_deadline
 INTEG_TESTS := test_store_redis test_store_sentinel test_store_cluster test_store_index test_store_etcd test_sxctl test_e2e_agent test_metrics \
                test_faults test_faults_store test_faults_net test_security test_e2e_push
 TEST_BINS   := $(addprefix $(BUILD)/tests/,$(UNIT_TESTS) $(INTEG_TESTS))

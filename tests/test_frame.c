@@ -107,6 +107,60 @@ static void test_frame_rejects_bad_headers(void **state) {
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
 }
 
+static void test_readv_frames_and_ranges(void **state) {
+  (void)state;
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame g, f = {.type = SX__FRAME_READV, .id = 3, .length = SX__READV_ENTRY};
+  for (uint64_t n = 1; n <= SX__READV_MAX; n++) {
+    f.length = n * SX__READV_ENTRY;
+    sx__frame_encode(&f, b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+    assert_int_equal(g.type, SX__FRAME_READV);
+    assert_true(g.length == n * SX__READV_ENTRY);
+  }
+  /* No ranges, too many, part of one; a region, an offset or a status in
+   * the header. */
+  static const sx__frame bad[] = {
+      {.type = SX__FRAME_READV, .length = 0},
+      {.type = SX__FRAME_READV, .length = SX__READV_ENTRY * (SX__READV_MAX + 1)},
+      {.type = SX__FRAME_READV, .length = SX__READV_ENTRY + 8},
+      {.type = SX__FRAME_READV, .length = UINT64_MAX},
+      {.type = SX__FRAME_READV, .length = SX__READV_ENTRY, .region = 1},
+      {.type = SX__FRAME_READV, .length = SX__READV_ENTRY, .offset = 1},
+      {.type = SX__FRAME_READV, .length = SX__READV_ENTRY, .status = SX_EIO},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    sx__frame_encode(&bad[i], b);
+    assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX_EPROTO);
+  }
+  /* A refusal names the range in `region`; HELLO_REPLY's features. */
+  f = (sx__frame){.type = SX__FRAME_READ_REPLY, .id = 3, .status = SX_EBOUNDS, .region = 5};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+  assert_int_equal(g.region, 5);
+  f = (sx__frame){.type = SX__FRAME_HELLO_REPLY, .offset = SX__FEAT_READV};
+  sx__frame_encode(&f, b);
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+  assert_true(g.offset == SX__FEAT_READV);
+
+  /* A range: big-endian, a zero field that must stay 0, no empty range. */
+  uint8_t e[SX__READV_ENTRY];
+  sx__range r = {0x01020304u, 0x1112131415161718ull, 0x2122232425262728ull}, q;
+  sx__range_encode(&r, e);
+  static const uint8_t want[SX__READV_ENTRY] = {
+      1,    2,    3,    4,    0,    0,    0,    0,    0x11, 0x12, 0x13, 0x14,
+      0x15, 0x16, 0x17, 0x18, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28};
+  assert_memory_equal(e, want, sizeof(want));
+  assert_int_equal(sx__range_decode(e, &q), 0);
+  assert_int_equal(q.region, r.region);
+  assert_true(q.offset == r.offset && q.length == r.length);
+  e[6] = 1;
+  assert_int_equal(sx__range_decode(e, &q), SX_EPROTO);
+  r.length = 0;
+  sx__range_encode(&r, e);
+  assert_int_equal(sx__range_decode(e, &q), SX_EPROTO);
+}
+
 static void test_hello_round_trip(void **state) {
   (void)state;
   sx__hello h, g;
@@ -167,6 +221,7 @@ int main(void) {
       cmocka_unit_test(test_frame_round_trip_and_byte_order),
       cmocka_unit_test(test_frame_needs_a_whole_header),
       cmocka_unit_test(test_frame_rejects_bad_headers),
+      cmocka_unit_test(test_readv_frames_and_ranges),
       cmocka_unit_test(test_hello_round_trip),
       cmocka_unit_test(test_hello_rejects_inconsistent_bodies),
   };

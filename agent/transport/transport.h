@@ -267,7 +267,7 @@ extern const sx_transport_ops sx__tcp_ops;
 extern const sx_transport_ops sx__rdma_ops;
 extern const sx_transport_ops sx__cuda_ipc_ops;
 /* Their handlers on the control connection (transport/conn/conn.h). */
-extern const struct sx__conn_handler sx__tcp_read_frames, sx__tcp_push_frames,
-    sx__ipc_frames;
+extern const struct sx__conn_handler sx__tcp_read_frames, sx__tcp_readv_frames,
+    sx__tcp_push_frames, sx__ipc_frames;
 
 #endif

@@ -231,8 +231,8 @@ static int recv_all(int fd, void *p, size_t n) {
   return 0;
 }
 
-int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
-                   const char *name) {
+int sxt_wire_hello_features(int fd, const uint8_t *incarnation, const uint8_t *token,
+                            const char *name, uint64_t *features) {
   uint8_t buf[SX__FRAME_HDR + SX__HELLO_MAX];
   sx__hello h;
   memcpy(h.incarnation, incarnation, SX_INCARNATION_LEN);
@@ -249,7 +249,14 @@ int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
   sx__frame g;
   assert_int_equal(sx__frame_decode(rep, sizeof(rep), &g), SX__FRAME_HDR);
   assert_int_equal(g.type, SX__FRAME_HELLO_REPLY);
+  if (features != NULL)
+    *features = g.offset;
   return g.status;
+}
+
+int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
+                   const char *name) {
+  return sxt_wire_hello_features(fd, incarnation, token, name, NULL);
 }
 
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
@@ -268,6 +275,31 @@ int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_
     return g.status;
   assert_true(g.length == length);
   return recv_all(fd, buf, (size_t)length) ? 1 : 0;
+}
+
+int sxt_wire_readv(int fd, uint64_t id, const sx__range *r, uint32_t n, uint8_t *buf,
+                   uint32_t *index) {
+  uint8_t b[SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY];
+  assert_true(n >= 1 && n <= SX__READV_MAX);
+  sx__frame f = {.type = SX__FRAME_READV, .id = id, .length = (uint64_t)n * SX__READV_ENTRY};
+  sx__frame_encode(&f, b);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    sx__range_encode(&r[i], b + SX__FRAME_HDR + i * SX__READV_ENTRY);
+    total += r[i].length;
+  }
+  if (send_all(fd, b, SX__FRAME_HDR + (size_t)n * SX__READV_ENTRY) ||
+      recv_all(fd, b, SX__FRAME_HDR))
+    return 1;
+  sx__frame g;
+  assert_int_equal(sx__frame_decode(b, SX__FRAME_HDR, &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, SX__FRAME_READ_REPLY);
+  assert_true(g.id == id);
+  *index = g.region;
+  if (g.status != 0)
+    return g.status;
+  assert_true(g.length == total);
+  return recv_all(fd, buf, (size_t)total) ? 1 : 0;
 }
 
 int sxt_wire_closed(int fd) {

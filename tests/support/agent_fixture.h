@@ -11,6 +11,7 @@
 
 #include "segxfer/agent.h"
 #include "sxtest.h"
+#include "transport/conn/frame.h"
 
 /* The pool shape every fixture agent uses. */
 #define SXT_LAYERS 4
@@ -80,10 +81,18 @@ int sxt_wire_connect(uint16_t port);
  * closed without a reply. */
 int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
                    const char *name);
+/* The same, also giving HELLO_REPLY's feature bits (SX__FEAT_*). */
+int sxt_wire_hello_features(int fd, const uint8_t *incarnation, const uint8_t *token,
+                            const char *name, uint64_t *features);
 /* Send one READ and receive its reply: the status (payload into buf, which
  * must hold length bytes), or 1 on a closed connection. */
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
                   uint8_t *buf);
+/* Send one READV of ranges r[0..n) and receive its reply: the status
+ * (payload into buf, which must hold their sum; *index: the reply's
+ * `region`, the range refused), or 1 on a closed connection. */
+int sxt_wire_readv(int fd, uint64_t id, const sx__range *r, uint32_t n, uint8_t *buf,
+                   uint32_t *index);
 /* Send or receive exactly n bytes: 0, or -1 when the connection failed. */
 int sxt_wire_send(int fd, const void *p, size_t n);
 int sxt_wire_recv(int fd, void *p, size_t n);

@@ -31,6 +31,7 @@ typedef struct reply {
   sx_lregion *l; /* NULL for a reply without payload */
   uint8_t *payload;
   uint64_t len;
+  int more; /* a further piece of the payload of the reply before (no header) */
 } reply;
 
 struct sx__conn {
@@ -401,8 +402,10 @@ static int s_flush(sx__conn *c, int close_after) {
   unsigned nb = 0;
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < n; i++) {
-    memcpy(w->hdrs + i * SX__FRAME_HDR, c->hdr[i], SX__FRAME_HDR);
-    bufs[nb++] = uv_buf_init((char *)w->hdrs + i * SX__FRAME_HDR, SX__FRAME_HDR);
+    if (!c->rep[i].more) {
+      memcpy(w->hdrs + i * SX__FRAME_HDR, c->hdr[i], SX__FRAME_HDR);
+      bufs[nb++] = uv_buf_init((char *)w->hdrs + i * SX__FRAME_HDR, SX__FRAME_HDR);
+    }
     w->lregs[i] = c->rep[i].l;
     if (c->rep[i].l != NULL) {
       bufs[nb].base = (char *)c->rep[i].payload;
@@ -432,12 +435,20 @@ static int s_flush(sx__conn *c, int close_after) {
   return 0;
 }
 
+/* Queue f (its length set here) and, with status 0 and l, len payload
+ * bytes at payload. */
+static void s_reply_frame(sx__conn *c, sx__frame *f, sx_lregion *l, uint8_t *payload,
+                          uint64_t len) {
+  f->length = f->status ? 0 : len;
+  sx__frame_encode(f, c->hdr[c->nrep]);
+  c->rep[c->nrep] = (reply){f->status ? NULL : l, payload, len, 0};
+  c->nrep++;
+}
+
 static void s_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregion *l,
                     uint8_t *payload, uint64_t len) {
-  sx__frame f = {.type = type, .id = id, .status = status, .length = status ? 0 : len};
-  sx__frame_encode(&f, c->hdr[c->nrep]);
-  c->rep[c->nrep] = (reply){status ? NULL : l, payload, len};
-  c->nrep++;
+  sx__frame f = {.type = type, .id = id, .status = status};
+  s_reply_frame(c, &f, l, payload, len);
 }
 
 /* The handshake: the incarnation the reader expects and the access token
@@ -465,7 +476,10 @@ static void s_hello(sx__conn *c, const sx__frame *f, const uint8_t *body) {
     if (same >= SX__CONN_PER_READER)
       status = SX_ELIMIT;
   }
-  s_reply(c, f->id, SX__FRAME_HELLO_REPLY, status, NULL, NULL, 0);
+  /* What we serve beyond every version's frames. */
+  sx__frame r = {.type = SX__FRAME_HELLO_REPLY, .id = f->id, .status = status,
+                 .offset = status == 0 && s->by_type[SX__FRAME_READV] ? SX__FEAT_READV : 0};
+  s_reply_frame(c, &r, NULL, NULL, 0);
   if (status != 0) {
     x->log(x->agent, SX_LOG_WARN, "tcp: refused reader %s from %s: %s", c->reader,
            c->peer, status == SX_ESTALE ? "it expects another incarnation (ours "
@@ -692,6 +706,27 @@ void sx__conn_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregi
   if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
     return;
   s_reply(c, id, type, status, l, payload, len);
+}
+
+void sx__conn_reply_ranges(sx__conn *c, uint64_t id, int status, uint32_t index,
+                           const sx__conn_piece *pc, uint32_t n) {
+  if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
+    return;
+  uint64_t total = 0;
+  for (uint32_t i = 0; status == 0 && i < n; i++)
+    total += pc[i].len;
+  sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = id, .status = status,
+                 .region = status ? index : 0};
+  s_reply_frame(c, &f, status || n == 0 ? NULL : pc[0].l, status || n == 0 ? NULL : pc[0].payload,
+                total);
+  if (status != 0 || n == 0)
+    return;
+  c->rep[c->nrep - 1].len = pc[0].len;
+  for (uint32_t i = 1; i < n; i++) {
+    if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
+      return;
+    c->rep[c->nrep++] = (reply){pc[i].l, pc[i].payload, pc[i].len, 1};
+  }
 }
 
 int sx__conn_flush(sx__conn *c) { return s_flush(c, 0); }

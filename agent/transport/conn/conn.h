@@ -143,6 +143,17 @@ int sx__conn_write_allowed(const sx__conn *c);
  * written).  Replies go out in order, SX__CONN_REPLIES per write. */
 void sx__conn_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregion *l,
                     uint8_t *payload, uint64_t len);
+/* One range of a READV's reply: len bytes at payload, in l. */
+typedef struct sx__conn_piece {
+  sx_lregion *l;
+  uint8_t *payload;
+  uint64_t len;
+} sx__conn_piece;
+/* Queue the READ_REPLY to a READV: with status 0, one header and the n
+ * pieces' bytes (each counted in its region's inflight until written);
+ * else the refusal, naming the index of the range refused. */
+void sx__conn_reply_ranges(sx__conn *c, uint64_t id, int status, uint32_t index,
+                           const sx__conn_piece *pc, uint32_t n);
 /* Send what is queued now: 0, or < 0 when the connection is lost. */
 int sx__conn_flush(sx__conn *c);
 /* Send buf (malloc()ed, len bytes; freed here) after the replies

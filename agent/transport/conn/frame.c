@@ -73,6 +73,11 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
     if (f.length != 0)
       return SX_EPROTO;
     break;
+  case SX__FRAME_READV:
+    if (f.status != 0 || f.region != 0 || f.offset != 0 || f.length == 0 ||
+        f.length % SX__READV_ENTRY != 0 || f.length > SX__READV_ENTRY * SX__READV_MAX)
+      return SX_EPROTO;
+    break;
   case SX__FRAME_READ_REPLY:
     if (f.status != 0 && f.length != 0)
       return SX_EPROTO;
@@ -113,6 +118,20 @@ int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
   }
   *out = f;
   return SX__FRAME_HDR;
+}
+
+void sx__range_encode(const sx__range *r, uint8_t out[SX__READV_ENTRY]) {
+  put32(out, r->region);
+  put32(out + 4, 0);
+  put64(out + 8, r->offset);
+  put64(out + 16, r->length);
+}
+
+int sx__range_decode(const uint8_t in[SX__READV_ENTRY], sx__range *out) {
+  if (get32(in + 4) != 0 || get64(in + 16) == 0)
+    return SX_EPROTO;
+  *out = (sx__range){get32(in), get64(in + 8), get64(in + 16)};
+  return 0;
 }
 
 int sx__hello_encode(const sx__hello *h, uint8_t *out, size_t cap) {

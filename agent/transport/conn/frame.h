@@ -76,6 +76,28 @@
  *                   kind 1 (read) naming the reader as it said in HELLO,
  *                   answered by NOTICE_REPLY
  *
+ * A reader may gather ranges into one request (the target said it can:
+ * HELLO_REPLY's `offset` has SX__FEAT_READV set; a target from before
+ * sends 0 there, and a reader from before ignores it):
+ *
+ *  14 READV         body (length: n * SX__READV_ENTRY bytes, 1 <= n <=
+ *                   SX__READV_MAX; region and offset 0): n ranges of
+ *
+ *                      0  4  region   id
+ *                      4  4  zero
+ *                      8  8  offset   in the region
+ *                     16  8  length   bytes asked (> 0)
+ *
+ *                   answered by one READ_REPLY whose payload is the n
+ *                   ranges' bytes in order (length their sum), or, when
+ *                   the target refuses any of them, with that status, no
+ *                   payload and `region` the index of the first range it
+ *                   refused (a READ's refusal has 0 there)
+ *
+ * READV serves host memory only: the target refuses a range of GPU
+ * memory in one with SX_EINVAL (READs of GPU memory go out through its
+ * staging).
+ *
  * Replies never carry a body.
  *
  * These are pure functions over byte buffers (no I/O, no allocation), so a
@@ -109,9 +131,23 @@ typedef enum sx__frame_type {
   SX__FRAME_NOTICE = 11,
   SX__FRAME_NOTICE_REPLY = 12,
   SX__FRAME_RNOTICE = 13,
+  SX__FRAME_READV = 14,
 } sx__frame_type;
 
-#define SX__FRAME_TYPE_MAX SX__FRAME_RNOTICE /* the highest type in use */
+#define SX__FRAME_TYPE_MAX SX__FRAME_READV /* the highest type in use */
+
+/* HELLO_REPLY's `offset` (status 0): what the target serves beyond the
+ * frames every version does. */
+#define SX__FEAT_READV 1u
+
+#define SX__READV_MAX 16   /* ranges in one READV */
+#define SX__READV_ENTRY 24 /* bytes per range in its body */
+
+typedef struct sx__range {
+  uint32_t region;
+  uint64_t offset;
+  uint64_t length;
+} sx__range;
 
 #define SX__IPC_MAX_IDS 1024 /* region ids in one IPC frame */
 #define SX__IPC_RECORD 96    /* bytes per region in an IPC_REPLY */
@@ -146,6 +182,12 @@ void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]);
  * SX_EVERSION for another version.  *out is written only on success.
  */
 int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
+
+/* Encode range r as READV body entry out. */
+void sx__range_encode(const sx__range *r, uint8_t out[SX__READV_ENTRY]);
+/* Parse READV body entry in: 0, or SX_EPROTO (the zero field is not 0, or
+ * the length is 0). */
+int sx__range_decode(const uint8_t in[SX__READV_ENTRY], sx__range *out);
 
 /* Encode a HELLO body into out (SX__HELLO_MAX bytes suffice); returns its
  * length, or SX_ENAME when the name is too long. */

@@ -19,13 +19,15 @@ static int c_live(const cconn *c) {
          c->state == C_WAUTH;
 }
 
-/* Settle what a ring entry or a queued entry carries: an xfer, or (push)
- * the op's notice. */
-static void settle(sx_op *op, size_t idx, int status, const char *msg) {
-  if (idx == NOTICE_IDX)
-    op->noticed(op, status, msg);
-  else
-    sx__op_xfer_done(op, idx, status, msg);
+/* Settle what a ring entry carries: its xfers, or (push) the op's
+ * notice. */
+static void settle(const treq *r, int status, const char *msg) {
+  if (r->idx == NOTICE_IDX) {
+    r->op->noticed(r->op, status, msg);
+    return;
+  }
+  for (uint32_t i = 0; i < r->n; i++)
+    sx__op_xfer_done(r->op, r->idx + i, status, msg);
 }
 
 static void p_maybe_free(tpeer *p) {
@@ -80,7 +82,7 @@ void sx__tcp_c_complete_head(cconn *c, int status, const char *msg) {
   c->count--;
   c->inflight_bytes -= r.len;
   if (!r.aborted)
-    settle(r.op, r.idx, status, msg);
+    settle(&r, status, msg);
   if (c->p->q != NULL)
     schedule_pump(c->p);
 }
@@ -142,6 +144,7 @@ void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f) {
   tpeer *p = c->p;
   if (f->status == 0) {
     c->state = C_READY;
+    c->readv = !p->write && (f->offset & SX__FEAT_READV) != 0;
     uv_timer_stop(&c->timer);
     if (p->q != NULL)
       schedule_pump(p);
@@ -219,6 +222,7 @@ static void c_start(cconn *c) {
   c->wseq = c->wseq_done = 0;
   c->rx_away = 0;
   c->rx_ready = 0;
+  c->readv = 0;
   uv_timer_start(&c->timer, c_timeout, CONNECT_TIMEOUT_MS, 0);
   int rc = uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&p->sa, c_connected);
   if (rc != 0) {
@@ -325,7 +329,7 @@ static void c_flush(cconn *c) {
   c->w = NULL;
   w->req.data = c;
   c->wseq++;
-  uv_buf_t b = uv_buf_init((char *)w->data, w->n * SX__FRAME_HDR);
+  uv_buf_t b = uv_buf_init((char *)w->data, w->used);
   int rc = w->nb > 0 ? uv_write(&w->req, (uv_stream_t *)&c->h, w->bufs, w->nb, c_written)
                      : uv_write(&w->req, (uv_stream_t *)&c->h, &b, 1, c_written);
   if (rc != 0) {
@@ -339,7 +343,7 @@ static void c_flush(cconn *c) {
 
 static cwrite *c_gather(cconn *c) {
   if (c->w == NULL && (c->w = malloc(sizeof(cwrite))) != NULL) {
-    c->w->n = c->w->nb = 0;
+    c->w->used = c->w->nb = 0;
     c->w->owned = NULL;
   }
   return c->w;
@@ -358,7 +362,8 @@ static int c_send_notice(cconn *c, pend *q) {
   if (c->state != C_READY || c_gather(c) == NULL)
     return -1;
   treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
-  *r = (treq){.op = q->op, .idx = NOTICE_IDX, .id = c->next_id++, .wseq = c->wseq + 1};
+  *r = (treq){.op = q->op, .idx = NOTICE_IDX, .n = 1, .id = c->next_id++,
+              .wseq = c->wseq + 1};
   c->count++;
   sx__tcp_rx_added(c);
   sx__frame f = {.type = p_notice_type(c->p), .id = r->id, .length = q->nlen - SX__FRAME_HDR};
@@ -376,6 +381,32 @@ static void p_pop(tpeer *p) {
   if (p->q == NULL)
     p->q_tail = &p->q;
   free(q);
+}
+
+/* Host memory, where READV serves (GPU memory goes through staging). */
+static int r_host(const sx_region *r) { return strcmp(r->location, "cpu") == 0; }
+
+/* How many of q's ranges from x on one READV takes: those that follow x
+ * in the op, plain, at most READV_RANGE bytes each, of x's region (a
+ * target refuses a READV whole; what it refuses, a withdrawn region or
+ * one it stopped serving, is the region's, so no range fails for another
+ * region's sake), up to SX__READV_MAX of them and READV_BYTES in all.
+ * 1: a READ. */
+static uint32_t c_ranges(const pend *q, const sx_xfer *x) {
+  if (x->iov != NULL || x->length > READV_RANGE || !r_host(x->rreg))
+    return 1;
+  size_t left = q->op->n - q->next_idx;
+  uint64_t bytes = x->length;
+  uint32_t n = 1;
+  while (n < SX__READV_MAX && n < left) {
+    const sx_xfer *y = &x[n];
+    if (y->rreg != x->rreg || y->iov != NULL || y->length > READV_RANGE ||
+        bytes + y->length > READV_BYTES)
+      break;
+    bytes += y->length;
+    n++;
+  }
+  return n;
 }
 
 /* Hand queued ranges to ready connections, round-robin, within windows. */
@@ -398,24 +429,40 @@ static void p_pump(tpeer *p) {
       sx_xfer *x = &q->op->xfers[q->next_idx];
       if (c_gather(c) == NULL)
         continue; /* try the others; the rest waits for a later pump */
+      uint32_t n = c->readv ? c_ranges(q, x) : 1;
+      uint64_t len = x->length;
+      for (uint32_t k = 1; k < n; k++)
+        len += x[k].length;
       treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
-      *r = (treq){.op = q->op, .idx = q->next_idx, .id = c->next_id++,
-                  .len = x->length, .wseq = c->wseq + 1};
+      *r = (treq){.op = q->op, .idx = q->next_idx, .n = n, .id = c->next_id++,
+                  .len = len, .wseq = c->wseq + 1};
       c->count++;
       sx__tcp_rx_added(c);
-      c->inflight_bytes += x->length;
-      sx__frame f = {.type = p->write ? SX__FRAME_WRITE : SX__FRAME_READ, .id = r->id,
-                     .region = x->rreg->id, .offset = x->roff, .length = x->length};
-      uint8_t *hdr = c->w->data + (size_t)c->w->n * SX__FRAME_HDR;
-      sx__frame_encode(&f, hdr);
-      c->w->n++;
+      c->inflight_bytes += len;
+      uint8_t *hdr = c->w->data + c->w->used;
+      if (n > 1) {
+        sx__frame f = {.type = SX__FRAME_READV, .id = r->id,
+                       .length = (uint64_t)n * SX__READV_ENTRY};
+        sx__frame_encode(&f, hdr);
+        for (uint32_t k = 0; k < n; k++) {
+          sx__range e = {x[k].rreg->id, x[k].roff, x[k].length};
+          sx__range_encode(&e, hdr + SX__FRAME_HDR + k * SX__READV_ENTRY);
+        }
+        c->w->used += SX__FRAME_HDR + n * SX__READV_ENTRY;
+      } else {
+        sx__frame f = {.type = p->write ? SX__FRAME_WRITE : SX__FRAME_READ, .id = r->id,
+                       .region = x->rreg->id, .offset = x->roff, .length = x->length};
+        sx__frame_encode(&f, hdr);
+        c->w->used += SX__FRAME_HDR;
+      }
       if (p->write) {
         /* The payload goes straight from the source. */
         c->w->bufs[c->w->nb++] = uv_buf_init((char *)hdr, SX__FRAME_HDR);
         c->w->bufs[c->w->nb++] = uv_buf_init((char *)x->local, (unsigned)x->length);
       }
       progress = 1;
-      if (++q->next_idx == q->op->n)
+      q->next_idx += n;
+      if (q->next_idx == q->op->n)
         p_pop(p);
     }
     if (!progress || p->q == NULL)
@@ -586,7 +633,7 @@ void sx__tcp_abort(sx_tpeer *base, sx_op *op, int status) {
       if (r->op == op && !r->aborted) {
         unsent |= p->write && r->wseq > c->wseq_done;
         r->aborted = 1;
-        settle(op, r->idx, status, NULL);
+        settle(r, status, NULL);
       }
     }
     if (unsent) {

@@ -8,6 +8,7 @@
 #define SX_TCP_READ_INT_H
 
 #include <stdatomic.h>
+#include <sys/uio.h>
 
 #include "tcp_int.h"
 #include "transport/conn/xpool.h"
@@ -22,17 +23,28 @@ enum { C_IDLE, C_CONNECTING, C_HELLO, C_READY, C_CLOSING, C_WAUTH };
 typedef struct treq {
   sx_op *op;
   size_t idx;
+  uint32_t n;   /* xfers idx .. idx + n - 1 (a READV when n > 1) */
   uint64_t id;
-  uint64_t len;
+  uint64_t len; /* payload bytes: their sum */
   int aborted; /* the op gave up on it: drain its payload */
   uint64_t wseq; /* push: the cwrite carrying it (its payload is read
                   * from the source until that write completes) */
 } treq;
 
+/* A READV gathers ranges each at most READV_RANGE bytes of one region
+ * and one op, READV_BYTES at most in all: small enough that its reply is
+ * received on the loop (below TCP_THREAD_BYTES), large enough that a
+ * reply's fixed costs (a request, a header, a system call each side) stop
+ * counting for 16 KiB blocks.  Larger ranges go one per READ. */
+#define READV_RANGE (64u << 10)
+#define READV_BYTES (256u << 10)
+/* The most bytes of requests one pump writes on a connection. */
+#define CWRITE_BYTES (WINDOW_REQS * (SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY))
+
 typedef struct cwrite {
   uv_write_t req;
-  uint32_t n;
-  uint8_t data[WINDOW_REQS * SX__FRAME_HDR];
+  uint32_t used; /* bytes of data */
+  uint8_t data[CWRITE_BYTES];
   /* Push: WRITE headers alternate with their payload; a NOTICE owns its
    * header and body in `owned`. */
   uint32_t nb;
@@ -47,6 +59,7 @@ struct cconn {
   uv_write_t hello_wr;
   tpeer *p;
   int state;
+  int readv; /* the target serves READV (said in HELLO_REPLY) */
   treq ring[WINDOW_REQS];
   uint32_t head, count;
   uint64_t inflight_bytes;
@@ -55,7 +68,7 @@ struct cconn {
   size_t hgot;
   int in_payload;
   uint64_t pgot;
-  uint32_t vi;   /* a scattered payload: the piece being filled */
+  uint32_t vi;   /* the payload's piece being filled (sx__tcp_r_piece) */
   uint64_t voff; /* and the bytes of it that arrived */
   uint8_t hello[SX__FRAME_HDR + SX__HELLO_MAX + SX__FRAME_HDR + SX__WAUTH_BODY];
   cwrite *w; /* requests gathered by the current pump */
@@ -105,6 +118,20 @@ struct tpeer {
   int write; /* push: connections authorize as producer and carry writes */
 };
 
+/* The pieces r's payload lands in, in order: a scattered range's, a
+ * READV's ranges, or the one range. */
+static inline uint32_t sx__tcp_r_pieces(const treq *r) {
+  const sx_xfer *x = &r->op->xfers[r->idx];
+  return x->iov != NULL ? x->n_iov : r->n;
+}
+
+static inline struct iovec sx__tcp_r_piece(const treq *r, uint32_t i) {
+  const sx_xfer *x = &r->op->xfers[r->idx];
+  if (x->iov != NULL)
+    return x->iov[i];
+  return (struct iovec){x[i].local, (size_t)x[i].length};
+}
+
 /* tcp_read.c: fail everything in flight on c (and, with no live connection
  * left, what its peer has queued); settle the oldest request in flight;
  * act on the target's answer to HELLO (or WAUTH). */
@@ -116,12 +143,12 @@ void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f);
 void sx__tcp_c_refill(cconn *c);
 
 /* tcp_reply.c: the connection's libuv read callbacks; n more bytes of the
- * head's scattered payload arrived (move to the piece they end in); the
+ * head's payload arrived (move to the piece they end in); the
  * loop has the receive side back from a worker: act on a header it left
  * (one it does not take), then read on. */
 void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf);
 void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
-void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n);
+void sx__tcp_c_advance(cconn *c, const treq *r, uint64_t n);
 void sx__tcp_c_resume(cconn *c);
 
 /* tcp_rx.c: lend c's receive side to a data-mover thread when the payload

@@ -21,26 +21,23 @@ void sx__tcp_c_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     return;
   }
   treq *r = &c->ring[c->head];
-  uint64_t left = r->len - c->pgot;
-  const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
   if (r->aborted) {
+    uint64_t left = r->len - c->pgot;
     buf->base = (char *)c->p->t->scratch;
     buf->len = left < SCRATCH_BYTES ? (size_t)left : SCRATCH_BYTES;
-  } else if (x->iov != NULL) {
-    buf->base = (char *)x->iov[c->vi].iov_base + c->voff;
-    buf->len = (size_t)(x->iov[c->vi].iov_len - c->voff);
-  } else {
-    buf->base = (char *)r->op->xfers[r->idx].local + c->pgot;
-    buf->len = (size_t)left;
+    return;
   }
+  struct iovec v = sx__tcp_r_piece(r, c->vi);
+  buf->base = (char *)v.iov_base + c->voff;
+  buf->len = v.iov_len - c->voff;
 }
 
-/* n more bytes of a scattered payload arrived where sx__tcp_c_alloc(),
- * c_readv() or a data-mover thread put them: move to the piece they end
- * in. */
-void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
-  while (n > 0 && c->vi < x->n_iov) {
-    uint64_t room = x->iov[c->vi].iov_len - c->voff;
+/* n more bytes of r's payload arrived where sx__tcp_c_alloc(), c_readv()
+ * or a data-mover thread put them: move to the piece they end in. */
+void sx__tcp_c_advance(cconn *c, const treq *r, uint64_t n) {
+  uint32_t pieces = sx__tcp_r_pieces(r);
+  while (n > 0 && c->vi < pieces) {
+    uint64_t room = sx__tcp_r_piece(r, c->vi).iov_len - c->voff;
     if (n < room) {
       c->voff += n;
       return;
@@ -70,32 +67,27 @@ void sx__tcp_c_advance(cconn *c, const sx_xfer *x, uint64_t n) {
  * has run: r is settled).
  */
 static int c_readv(cconn *c, treq *r) {
-  const sx_xfer *x = &r->op->xfers[r->idx];
+  uint32_t pieces = sx__tcp_r_pieces(r);
   uint64_t ahead = c->count > 1 ? SX__FRAME_HDR : 0; /* the next header */
   uv_os_fd_t fd;
   char msg[512];
   if (uv_fileno((const uv_handle_t *)&c->h, &fd) != 0)
-    return 0; /* libuv's reads carry on */
-  while (c->pgot < r->len) {
+    return 0; /* libuv's reads carry on, one piece at a time */
+  while (c->pgot < r->len && c->vi < pieces) {
     uint64_t left = r->len - c->pgot, more = 0;
     struct iovec v[READV_PIECES + 1];
     int n = 0;
     uint32_t i = c->vi;
-    if (x->iov == NULL) {
-      v[n++] = (struct iovec){x->local + c->pgot, (size_t)left};
-    } else {
-      for (; i < x->n_iov && n < READV_PIECES; i++)
-        v[n++] = x->iov[i];
-      v[0].iov_base = (char *)v[0].iov_base + c->voff;
-      v[0].iov_len -= c->voff;
-    }
-    if ((x->iov == NULL || i == x->n_iov) && ahead)
+    for (; i < pieces && n < READV_PIECES; i++)
+      v[n++] = sx__tcp_r_piece(r, i);
+    v[0].iov_base = (char *)v[0].iov_base + c->voff;
+    v[0].iov_len -= c->voff;
+    if (i == pieces && ahead)
       v[n++] = (struct iovec){c->hdr, SX__FRAME_HDR};
     ssize_t got = readv(fd, v, n);
     if (got > 0) {
       more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-      if (x->iov != NULL)
-        sx__tcp_c_advance(c, x, (uint64_t)got - more);
+      sx__tcp_c_advance(c, r, (uint64_t)got - more);
       c->pgot += (uint64_t)got - more;
       c->hgot = (size_t)more;
       continue;
@@ -169,7 +161,10 @@ static void c_header(cconn *c) {
   }
   if (f.status != 0) {
     int err = f.status >= SX_ERRNO_MIN ? f.status : SX_EPROTO;
-    const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx];
+    /* A READV's refusal names the range refused (the first one refused
+     * fails its request's ranges with it: they are of one region). */
+    uint32_t k = f.region < r->n ? f.region : 0;
+    const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx + k];
     if (x != NULL)
       snprintf(msg, sizeof(msg), "%s refused a %s of region %u bytes %lu..+%lu: %s", p->label,
                p->write ? "write" : "read", x->rreg->id, (unsigned long)x->roff,
@@ -219,9 +214,8 @@ void sx__tcp_c_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   if (c->in_payload) {
     treq *r = &c->ring[c->head];
     c->pgot += (uint64_t)nread;
-    const sx_xfer *x = r->aborted ? NULL : &r->op->xfers[r->idx];
-    if (x != NULL && x->iov != NULL)
-      sx__tcp_c_advance(c, x, (uint64_t)nread);
+    if (!r->aborted)
+      sx__tcp_c_advance(c, r, (uint64_t)nread);
     if (c->pgot == r->len) {
       c->in_payload = 0;
       sx__tcp_c_complete_head(c, 0, NULL);

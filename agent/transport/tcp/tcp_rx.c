@@ -47,7 +47,7 @@ static int rx_expected(const cconn *c, const treq *r) {
   sx__frame f;
   return sx__frame_decode(c->hdr, SX__FRAME_HDR, &f) == SX__FRAME_HDR &&
          f.type == SX__FRAME_READ_REPLY && f.status == 0 && f.id == r->id &&
-         f.length == r->len && !r->aborted && r->idx != NOTICE_IDX;
+         f.length == r->len && !r->aborted && r->idx != NOTICE_IDX && r->n == 1;
 }
 
 /* Worker: the iovecs for the rest of r's payload (at most RX_CHUNK
@@ -133,15 +133,13 @@ static void rx_run(sx__xjob *j) {
       }
     } else {
       const treq *r = &c->ring[c->rx_pos];
-      const sx_xfer *x = &r->op->xfers[r->idx];
       struct iovec v[RX_PIECES + 1];
       int n = rx_iov(c, r, v);
       got = readv(c->rx_fd, v, n);
       if (got > 0) {
         uint64_t left = r->len - c->pgot;
         uint64_t more = (uint64_t)got > left ? (uint64_t)got - left : 0;
-        if (x->iov != NULL)
-          sx__tcp_c_advance(c, x, (uint64_t)got - more);
+        sx__tcp_c_advance(c, r, (uint64_t)got - more);
         c->pgot += (uint64_t)got - more;
         c->hgot = (size_t)more;
         if (c->pgot == r->len) {
@@ -227,7 +225,7 @@ int sx__tcp_rx_lend(cconn *c) {
     return 0;
   const treq *r = &c->ring[c->head];
   sx__conn_server *s = &p->t->srv;
-  if (r->aborted || r->idx == NOTICE_IDX || r->len - c->pgot < s->pool_min ||
+  if (r->aborted || r->idx == NOTICE_IDX || r->n > 1 || r->len - c->pgot < s->pool_min ||
       s->pool_threads == 0)
     return 0;
   if (!rx_engaged(p->t)) {

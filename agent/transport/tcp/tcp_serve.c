@@ -12,31 +12,41 @@
 #include "tcp_int.h"
 #include "tcp_stage.h"
 
-/* Why READ f of region l (NULL: none) is refused, or 0. */
-static int s_refusal(const sx__frame *f, const sx_lregion *l) {
+/* Why a read of length bytes at offset of region l (NULL: none) is
+ * refused, or 0. */
+static int s_refusal(uint64_t offset, uint64_t length, const sx_lregion *l) {
   uint64_t end;
   if (l == NULL)
     return SX_ENOREGION;
   if (!(l->r.access & SX_ACCESS_REMOTE_READ))
     return SX_EDENIED;
-  if (f->length == 0)
+  if (length == 0)
     return SX_EINVAL;
-  if (f->length > MAX_READ)
+  if (length > MAX_READ)
     return SX_ELIMIT;
-  if (!sx__add_ok(f->offset, f->length, &end) || end > l->r.length)
+  if (!sx__add_ok(offset, length, &end) || end > l->r.length)
     return SX_EBOUNDS;
   return 0;
+}
+
+/* Say that a read from region id was refused with st (a debug line, and
+ * counted for metrics). */
+static void s_refused(sx__conn *c, const sx_tctx *x, uint32_t id, uint64_t offset,
+                      uint64_t length, int st) {
+  x->log(x->agent, SX_LOG_DEBUG, "tcp: refused read from %s: region %u offset %lu length "
+         "%lu: %s", sx__conn_reader(c), id, (unsigned long)offset, (unsigned long)length,
+         sx_err_name(st));
+  x->served(x->agent, SX_TRANSPORT_TCP, 0, st);
 }
 
 /* Is READ f of region l one we serve?  0 or the refusal, counted for
  * metrics either way. */
 static int s_check(sx__conn *c, const sx_tctx *x, const sx__frame *f, const sx_lregion *l) {
-  int st = s_refusal(f, l);
+  int st = s_refusal(f->offset, f->length, l);
   if (st != 0)
-    x->log(x->agent, SX_LOG_DEBUG, "tcp: refused read from %s: region %u offset %lu "
-           "length %lu: %s", sx__conn_reader(c), f->region, (unsigned long)f->offset,
-           (unsigned long)f->length, sx_err_name(st));
-  x->served(x->agent, SX_TRANSPORT_TCP, st ? 0 : f->length, st);
+    s_refused(c, x, f->region, f->offset, f->length, st);
+  else
+    x->served(x->agent, SX_TRANSPORT_TCP, f->length, 0);
   return st;
 }
 
@@ -63,7 +73,7 @@ static int s_serve(sx__conn *c, void **slot, const sx__frame *f, uint8_t *buf, s
            sx__frame_decode(buf + used, avail - used, &g) == SX__FRAME_HDR &&
            g.type == SX__FRAME_READ && g.length <= room - total) {
       sx_lregion *gl = x->find_region(x->agent, g.region);
-      if (s_refusal(&g, gl) != 0 || gl->mem.kind != SX__MEM_CUDA ||
+      if (s_refusal(g.offset, g.length, gl) != 0 || gl->mem.kind != SX__MEM_CUDA ||
           gl->mem.device != l->mem.device)
         break;
       s_check(c, x, &g, gl);
@@ -79,6 +89,42 @@ static int s_serve(sx__conn *c, void **slot, const sx__frame *f, uint8_t *buf, s
   return SX__FRAME_HDR;
 }
 
+/* A READV: its ranges of host memory answered in one reply, or refused
+ * together (naming the first range refused) when any one is refused. */
+static int s_serve_ranges(sx__conn *c, void **slot, const sx__frame *f, uint8_t *buf,
+                          size_t avail) {
+  (void)slot;
+  if (avail < SX__FRAME_HDR + f->length)
+    return 0;
+  tcp_t *t = sx__tcp_of(sx__conn_server_of(c));
+  const sx_tctx *x = sx__tcp_ctx(t);
+  uint32_t n = (uint32_t)(f->length / SX__READV_ENTRY);
+  sx__conn_piece pc[SX__READV_MAX];
+  sx_lregion *l = NULL;
+  for (uint32_t i = 0; i < n; i++) {
+    sx__range r;
+    if (sx__range_decode(buf + SX__FRAME_HDR + (size_t)i * SX__READV_ENTRY, &r) != 0) {
+      sx__conn_violation(c, "malformed READV range");
+      return -1;
+    }
+    if (l == NULL || l->r.id != r.region)
+      l = x->find_region(x->agent, r.region);
+    int st = s_refusal(r.offset, r.length, l);
+    if (st == 0 && l->mem.kind == SX__MEM_CUDA)
+      st = SX_EINVAL; /* GPU memory goes out through staging, READ by READ */
+    if (st != 0) {
+      s_refused(c, x, r.region, r.offset, r.length, st);
+      sx__conn_reply_ranges(c, f->id, st, i, NULL, 0);
+      return (int)(SX__FRAME_HDR + f->length);
+    }
+    pc[i] = (sx__conn_piece){l, (uint8_t *)(uintptr_t)(l->r.addr + r.offset), r.length};
+  }
+  for (uint32_t i = 0; i < n; i++)
+    x->served(x->agent, SX_TRANSPORT_TCP, pc[i].len, 0);
+  sx__conn_reply_ranges(c, f->id, 0, 0, pc, n);
+  return (int)(SX__FRAME_HDR + f->length);
+}
+
 static int s_staging(const void *slot) { return slot != NULL; }
 
 static void s_detach(void *slot) { sx__tcp_stage_detach(slot); }
@@ -88,6 +134,15 @@ const sx__conn_handler sx__tcp_read_frames = {
     .first = SX__FRAME_READ,
     .last = SX__FRAME_READ,
     .frame = s_serve,
+    .holds = s_staging,
+    .close = s_detach,
+};
+
+const sx__conn_handler sx__tcp_readv_frames = {
+    .slot = SX__CONN_READ,
+    .first = SX__FRAME_READV,
+    .last = SX__FRAME_READV,
+    .frame = s_serve_ranges,
     .holds = s_staging,
     .close = s_detach,
 };
