@@ -387,21 +387,25 @@ static void p_pop(tpeer *p) {
 static int r_host(const sx_region *r) { return strcmp(r->location, "cpu") == 0; }
 
 /* How many of q's ranges from x on one READV takes: those that follow x
- * in the op, plain, at most READV_RANGE bytes each, of x's region (a
- * target refuses a READV whole; what it refuses, a withdrawn region or
- * one it stopped serving, is the region's, so no range fails for another
- * region's sake), up to SX__READV_MAX of them and READV_BYTES in all.
- * 1: a READ. */
+ * in the op, plain, of host memory, at most READV_RANGE bytes each, up to
+ * SX__READV_MAX of them and READV_BYTES in all, and either all of x's
+ * region or all serving x's batch entries.  A target refuses a READV
+ * whole, so that no entry fails for another's sake: what a target refuses
+ * (a withdrawn region, one it stopped serving) is the region's, and an
+ * entry fails with any of its ranges anyway.  1: a READ. */
 static uint32_t c_ranges(const pend *q, const sx_xfer *x) {
   if (x->iov != NULL || x->length > READV_RANGE || !r_host(x->rreg))
     return 1;
   size_t left = q->op->n - q->next_idx;
   uint64_t bytes = x->length;
   uint32_t n = 1;
+  int region = 1, entries = 1; /* what the ranges so far share */
   while (n < SX__READV_MAX && n < left) {
     const sx_xfer *y = &x[n];
-    if (y->rreg != x->rreg || y->iov != NULL || y->length > READV_RANGE ||
-        bytes + y->length > READV_BYTES)
+    region &= y->rreg == x->rreg;
+    entries &= y->entry_first == x->entry_first && y->entry_last == x->entry_last;
+    if (!(region || entries) || y->iov != NULL || y->length > READV_RANGE ||
+        bytes + y->length > READV_BYTES || (y->rreg != x->rreg && !r_host(y->rreg)))
       break;
     bytes += y->length;
     n++;

@@ -31,8 +31,9 @@ typedef struct treq {
                   * from the source until that write completes) */
 } treq;
 
-/* A READV gathers ranges each at most READV_RANGE bytes of one region
- * and one op, READV_BYTES at most in all: small enough that its reply is
+/* A READV gathers ranges of one op, each at most READV_RANGE bytes,
+ * READV_BYTES at most in all (which ranges: c_ranges() in tcp_read.c):
+ * small enough that its reply is
  * received on the loop (below TCP_THREAD_BYTES), large enough that a
  * reply's fixed costs (a request, a header, a system call each side) stop
  * counting for 16 KiB blocks.  Larger ranges go one per READ. */

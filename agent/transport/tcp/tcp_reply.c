@@ -161,8 +161,9 @@ static void c_header(cconn *c) {
   }
   if (f.status != 0) {
     int err = f.status >= SX_ERRNO_MIN ? f.status : SX_EPROTO;
-    /* A READV's refusal names the range refused (the first one refused
-     * fails its request's ranges with it: they are of one region). */
+    /* A READV's refusal names the range refused; its other ranges fail
+     * with it (they are of one region, or serve the same entries: see
+     * c_ranges() in tcp_read.c). */
     uint32_t k = f.region < r->n ? f.region : 0;
     const sx_xfer *x = r->aborted || r->idx == NOTICE_IDX ? NULL : &r->op->xfers[r->idx + k];
     if (x != NULL)
