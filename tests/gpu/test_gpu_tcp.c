@@ -494,6 +494,80 @@ static void test_gpu_tcp_many_requests_one_connection(void **state) {
   fast_copies();
 }
 
+/* One reply of a frame sent on fd: its header (type READ_REPLY, id) and,
+ * with status 0, len bytes that match the pattern for ranges r[0..n). */
+static int wire_reply(int fd, uint64_t id, const sx__range *r, uint32_t n, uint32_t *index) {
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame g;
+  sxt_ok(sxt_wire_recv(fd, b, sizeof(b)));
+  assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);
+  assert_int_equal(g.type, SX__FRAME_READ_REPLY);
+  assert_true(g.id == id);
+  *index = g.region;
+  if (g.status != 0)
+    return g.status;
+  for (uint32_t i = 0; i < n; i++) {
+    uint8_t *buf = malloc((size_t)r[i].length);
+    assert_non_null(buf);
+    sxt_ok(sxt_wire_recv(fd, buf, (size_t)r[i].length));
+    assert_int_equal(sx__pattern_check(buf, r[i].length, SEED, r[i].region, r[i].offset, NULL),
+                     0);
+    free(buf);
+  }
+  return 0;
+}
+
+/* READV serves host memory only: a range of GPU memory in one is refused
+ * (SX_EINVAL, naming it); READVs of host memory between staged READs of
+ * GPU memory are answered in order, byte for byte. */
+static void test_gpu_tcp_readv_host_only_and_in_order(void **state) {
+  (void)state;
+  slow_copies(300);
+  wire_target w;
+  wire_target_start(&w, 1u << 20, 256, 4096);
+  int fd = wire_open(&w);
+  sx__range hv[3] = {{w.host_id, 4096, 5000}, {w.host_id, 100, 77}, {w.host_id, 65536, 16384}};
+  sx__range bad[2] = {{w.host_id, 0, 64}, {w.t.id[0], 0, 64}};
+  uint8_t body[SX__FRAME_HDR + 3 * SX__READV_ENTRY];
+  uint32_t index = 9;
+  /* READ (GPU, staged), READV (host), READ (GPU), READV (host and GPU):
+   * all sent before any reply is read. */
+  sx__range g0 = {w.t.id[0], 12345, 300000}, g1 = {w.t.id[1], 8, 4096};
+  sx__frame f = {.type = SX__FRAME_READ, .id = 1, .region = g0.region, .offset = g0.offset,
+                 .length = g0.length};
+  sx__frame_encode(&f, body);
+  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR));
+  f = (sx__frame){.type = SX__FRAME_READV, .id = 2, .length = 3 * SX__READV_ENTRY};
+  sx__frame_encode(&f, body);
+  for (uint32_t i = 0; i < 3; i++)
+    sx__range_encode(&hv[i], body + SX__FRAME_HDR + i * SX__READV_ENTRY);
+  sxt_ok(sxt_wire_send(fd, body, sizeof(body)));
+  f = (sx__frame){.type = SX__FRAME_READ, .id = 3, .region = g1.region, .offset = g1.offset,
+                  .length = g1.length};
+  sx__frame_encode(&f, body);
+  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR));
+  f = (sx__frame){.type = SX__FRAME_READV, .id = 4, .length = 2 * SX__READV_ENTRY};
+  sx__frame_encode(&f, body);
+  for (uint32_t i = 0; i < 2; i++)
+    sx__range_encode(&bad[i], body + SX__FRAME_HDR + i * SX__READV_ENTRY);
+  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR + 2 * SX__READV_ENTRY));
+  sxt_ok(wire_reply(fd, 1, &g0, 1, &index));
+  sxt_ok(wire_reply(fd, 2, hv, 3, &index));
+  sxt_ok(wire_reply(fd, 3, &g1, 1, &index));
+  assert_int_equal(wire_reply(fd, 4, bad, 2, &index), SX_EINVAL);
+  assert_int_equal(index, 1);
+  /* The connection serves on. */
+  uint8_t *got = malloc(5000 + 77 + 16384);
+  assert_non_null(got);
+  sxt_ok(sxt_wire_readv(fd, 5, hv, 3, got, &index));
+  assert_int_equal(sx__pattern_check(got, 5000, SEED, w.host_id, 4096, NULL), 0);
+  assert_int_equal(sx__pattern_check(got + 5077, 16384, SEED, w.host_id, 65536, NULL), 0);
+  free(got);
+  close(fd);
+  wire_target_stop(&w);
+  fast_copies();
+}
+
 /* A reader that closes while replies are staged (one part-way out): every
  * chunk comes back (the next connection gets all of the small pool), the
  * region's reads are over (unregister returns), nothing leaks. */
@@ -718,6 +792,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
       cmocka_unit_test(test_gpu_tcp_many_requests_one_connection),
       cmocka_unit_test(test_gpu_tcp_group_across_devices_and_refusals),
+      cmocka_unit_test(test_gpu_tcp_readv_host_only_and_in_order),
       cmocka_unit_test(test_gpu_tcp_reader_closes_with_replies_staged),
       cmocka_unit_test(test_gpu_tcp_several_readers_small_staging),
       cmocka_unit_test(test_gpu_tcp_unregister_with_replies_staged),
