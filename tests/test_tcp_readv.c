@@ -57,6 +57,41 @@ static void test_readv_target_serves_ranges_in_one_reply(void **state) {
     at += r[i].length;
   }
 
+  /* Pipelined: 40 READVs of 16 ranges sent before any reply is read,
+   * so that the target's reply writes (SX__CONN_REPLIES entries each)
+   * end in the middle of READVs. */
+  enum { NV = 40 };
+  uint8_t *reqs = malloc(NV * (SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY));
+  assert_non_null(reqs);
+  size_t at_req = 0;
+  for (uint32_t v = 0; v < NV; v++) {
+    sx__frame f = {.type = SX__FRAME_READV, .id = 100 + v,
+                   .length = SX__READV_MAX * SX__READV_ENTRY};
+    sx__frame_encode(&f, reqs + at_req);
+    at_req += SX__FRAME_HDR;
+    for (uint32_t i = 0; i < SX__READV_MAX; i++, at_req += SX__READV_ENTRY) {
+      sx__range e = {t.id[(v + i) % 2], (uint64_t)v * 4096 + i * 97, 1 + (v * 7 + i) % 50};
+      sx__range_encode(&e, reqs + at_req);
+    }
+  }
+  sxt_ok(sxt_wire_send(fd, reqs, at_req));
+  free(reqs);
+  for (uint32_t v = 0; v < NV; v++) {
+    uint8_t h[SX__FRAME_HDR];
+    sx__frame g;
+    sxt_ok(sxt_wire_recv(fd, h, sizeof(h)));
+    assert_int_equal(sx__frame_decode(h, sizeof(h), &g), SX__FRAME_HDR);
+    assert_true(g.type == SX__FRAME_READ_REPLY && g.id == 100 + v && g.status == 0);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < SX__READV_MAX; i++) {
+      uint64_t off = (uint64_t)v * 4096 + i * 97, n = 1 + (v * 7 + i) % 50;
+      sxt_ok(sxt_wire_recv(fd, buf, (size_t)n));
+      assert_int_equal(sx__pattern_check(buf, n, 7, t.id[(v + i) % 2], off, NULL), 0);
+      sum += n;
+    }
+    assert_true(g.length == sum);
+  }
+
   /* A refusal names the first range refused; nothing else is sent. */
   r[0] = (sx__range){t.id[0], 0, 64};
   r[1] = (sx__range){t.id[1], len - 10, 11};
