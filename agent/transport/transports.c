@@ -22,7 +22,7 @@ const unsigned sx__n_transports = sizeof(sx__transports) / sizeof(sx__transports
  * connection through the transport context, so neither transport names
  * the other. */
 const struct sx__conn_handler *const sx__conn_handlers[] = {
-    &sx__tcp_read_frames, /* READ */
+    &sx__tcp_read_frames,  /* READ (owns the slot READV shares: first) */
     &sx__tcp_readv_frames, /* READV */
     &sx__tcp_push_frames, /* WAUTH .. NOTICE_REPLY */
     &sx__ipc_frames,      /* IPC */

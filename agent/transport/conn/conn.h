@@ -50,7 +50,9 @@ typedef struct sx__conn_server sx__conn_server;
 enum { SX__CONN_READ, SX__CONN_PUSH, SX__CONN_IPC, SX__CONN_SLOTS };
 
 /* Frames of types [first, last] after HELLO go to frame(); the other ops
- * may be NULL.  slot is the handler's state on that connection. */
+ * may be NULL.  slot is the handler's state on that connection.  Handlers
+ * may share a slot (TCP's READ and READV): the first one listed owns the
+ * slot's other ops. */
 typedef struct sx__conn_handler {
   unsigned slot;
   uint8_t first, last;

@@ -138,11 +138,11 @@ const sx__conn_handler sx__tcp_read_frames = {
     .close = s_detach,
 };
 
+/* READV shares READ's slot: the slot's other ops (holding the connection
+ * while a staged reply goes out, closing) are READ's handler's above. */
 const sx__conn_handler sx__tcp_readv_frames = {
     .slot = SX__CONN_READ,
     .first = SX__FRAME_READV,
     .last = SX__FRAME_READV,
     .frame = s_serve_ranges,
-    .holds = s_staging,
-    .close = s_detach,
 };
