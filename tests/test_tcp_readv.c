@@ -61,20 +61,19 @@ static void test_readv_target_serves_ranges_in_one_reply(void **state) {
    * so that the target's reply writes (SX__CONN_REPLIES entries each)
    * end in the middle of READVs. */
   enum { NV = 40 };
-  uint8_t *reqs = malloc(NV * (SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY));
+  size_t one = SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY;
+  uint8_t *reqs = malloc(NV * one);
   assert_non_null(reqs);
-  size_t at_req = 0;
   for (uint32_t v = 0; v < NV; v++) {
     sx__frame f = {.type = SX__FRAME_READV, .id = 100 + v,
                    .length = SX__READV_MAX * SX__READV_ENTRY};
-    sx__frame_encode(&f, reqs + at_req);
-    at_req += SX__FRAME_HDR;
-    for (uint32_t i = 0; i < SX__READV_MAX; i++, at_req += SX__READV_ENTRY) {
+    sx__frame_encode(&f, reqs + v * one);
+    for (uint32_t i = 0; i < SX__READV_MAX; i++) {
       sx__range e = {t.id[(v + i) % 2], (uint64_t)v * 4096 + i * 97, 1 + (v * 7 + i) % 50};
-      sx__range_encode(&e, reqs + at_req);
+      sx__range_encode(&e, reqs + v * one + SX__FRAME_HDR + i * SX__READV_ENTRY);
     }
   }
-  sxt_ok(sxt_wire_send(fd, reqs, at_req));
+  sxt_ok(sxt_wire_send(fd, reqs, NV * one)); /* in one write: parsed together */
   free(reqs);
   for (uint32_t v = 0; v < NV; v++) {
     uint8_t h[SX__FRAME_HDR];

@@ -528,29 +528,14 @@ static void test_gpu_tcp_readv_host_only_and_in_order(void **state) {
   int fd = wire_open(&w);
   sx__range hv[3] = {{w.host_id, 4096, 5000}, {w.host_id, 100, 77}, {w.host_id, 65536, 16384}};
   sx__range bad[2] = {{w.host_id, 0, 64}, {w.t.id[0], 0, 64}};
-  uint8_t body[SX__FRAME_HDR + 3 * SX__READV_ENTRY];
   uint32_t index = 9;
   /* READ (GPU, staged), READV (host), READ (GPU), READV (host and GPU):
    * all sent before any reply is read. */
   sx__range g0 = {w.t.id[0], 12345, 300000}, g1 = {w.t.id[1], 8, 4096};
-  sx__frame f = {.type = SX__FRAME_READ, .id = 1, .region = g0.region, .offset = g0.offset,
-                 .length = g0.length};
-  sx__frame_encode(&f, body);
-  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR));
-  f = (sx__frame){.type = SX__FRAME_READV, .id = 2, .length = 3 * SX__READV_ENTRY};
-  sx__frame_encode(&f, body);
-  for (uint32_t i = 0; i < 3; i++)
-    sx__range_encode(&hv[i], body + SX__FRAME_HDR + i * SX__READV_ENTRY);
-  sxt_ok(sxt_wire_send(fd, body, sizeof(body)));
-  f = (sx__frame){.type = SX__FRAME_READ, .id = 3, .region = g1.region, .offset = g1.offset,
-                  .length = g1.length};
-  sx__frame_encode(&f, body);
-  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR));
-  f = (sx__frame){.type = SX__FRAME_READV, .id = 4, .length = 2 * SX__READV_ENTRY};
-  sx__frame_encode(&f, body);
-  for (uint32_t i = 0; i < 2; i++)
-    sx__range_encode(&bad[i], body + SX__FRAME_HDR + i * SX__READV_ENTRY);
-  sxt_ok(sxt_wire_send(fd, body, SX__FRAME_HDR + 2 * SX__READV_ENTRY));
+  sxt_ok(sxt_wire_send_read(fd, 1, &g0));
+  sxt_ok(sxt_wire_send_readv(fd, 2, hv, 3));
+  sxt_ok(sxt_wire_send_read(fd, 3, &g1));
+  sxt_ok(sxt_wire_send_readv(fd, 4, bad, 2));
   sxt_ok(wire_reply(fd, 1, &g0, 1, &index));
   sxt_ok(wire_reply(fd, 2, hv, 3, &index));
   sxt_ok(wire_reply(fd, 3, &g1, 1, &index));

@@ -277,19 +277,31 @@ int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_
   return recv_all(fd, buf, (size_t)length) ? 1 : 0;
 }
 
-int sxt_wire_readv(int fd, uint64_t id, const sx__range *r, uint32_t n, uint8_t *buf,
-                   uint32_t *index) {
+int sxt_wire_send_read(int fd, uint64_t id, const sx__range *r) {
+  uint8_t b[SX__FRAME_HDR];
+  sx__frame f = {.type = SX__FRAME_READ, .id = id, .region = r->region, .offset = r->offset,
+                 .length = r->length};
+  sx__frame_encode(&f, b);
+  return send_all(fd, b, sizeof(b));
+}
+
+int sxt_wire_send_readv(int fd, uint64_t id, const sx__range *r, uint32_t n) {
   uint8_t b[SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY];
   assert_true(n >= 1 && n <= SX__READV_MAX);
   sx__frame f = {.type = SX__FRAME_READV, .id = id, .length = (uint64_t)n * SX__READV_ENTRY};
   sx__frame_encode(&f, b);
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < n; i++) {
+  for (uint32_t i = 0; i < n; i++)
     sx__range_encode(&r[i], b + SX__FRAME_HDR + i * SX__READV_ENTRY);
+  return send_all(fd, b, SX__FRAME_HDR + (size_t)n * SX__READV_ENTRY);
+}
+
+int sxt_wire_readv(int fd, uint64_t id, const sx__range *r, uint32_t n, uint8_t *buf,
+                   uint32_t *index) {
+  uint8_t b[SX__FRAME_HDR];
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++)
     total += r[i].length;
-  }
-  if (send_all(fd, b, SX__FRAME_HDR + (size_t)n * SX__READV_ENTRY) ||
-      recv_all(fd, b, SX__FRAME_HDR))
+  if (sxt_wire_send_readv(fd, id, r, n) || recv_all(fd, b, SX__FRAME_HDR))
     return 1;
   sx__frame g;
   assert_int_equal(sx__frame_decode(b, SX__FRAME_HDR, &g), SX__FRAME_HDR);
