@@ -262,10 +262,8 @@ int sxt_wire_hello(int fd, const uint8_t *incarnation, const uint8_t *token,
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
                   uint8_t *buf) {
   uint8_t b[SX__FRAME_HDR];
-  sx__frame f = {.type = SX__FRAME_READ, .id = id, .region = region, .offset = offset,
-                 .length = length};
-  sx__frame_encode(&f, b);
-  if (send_all(fd, b, sizeof(b)) || recv_all(fd, b, sizeof(b)))
+  sx__range r = {region, offset, length};
+  if (sxt_wire_send_read(fd, id, &r) || recv_all(fd, b, sizeof(b)))
     return 1;
   sx__frame g;
   assert_int_equal(sx__frame_decode(b, sizeof(b), &g), SX__FRAME_HDR);

@@ -435,11 +435,10 @@ static int s_flush(sx__conn *c, int close_after) {
   return 0;
 }
 
-/* Queue f (its length set here) and, with status 0 and l, len payload
- * bytes at payload. */
-static void s_reply_frame(sx__conn *c, sx__frame *f, sx_lregion *l, uint8_t *payload,
+/* Queue header f and, with status 0 and l, len payload bytes at payload
+ * (all of f->length, or a READV's first piece of it). */
+static void s_reply_frame(sx__conn *c, const sx__frame *f, sx_lregion *l, uint8_t *payload,
                           uint64_t len) {
-  f->length = f->status ? 0 : len;
   sx__frame_encode(f, c->hdr[c->nrep]);
   c->rep[c->nrep] = (reply){f->status ? NULL : l, payload, len, 0};
   c->nrep++;
@@ -447,7 +446,7 @@ static void s_reply_frame(sx__conn *c, sx__frame *f, sx_lregion *l, uint8_t *pay
 
 static void s_reply(sx__conn *c, uint64_t id, uint8_t type, int status, sx_lregion *l,
                     uint8_t *payload, uint64_t len) {
-  sx__frame f = {.type = type, .id = id, .status = status};
+  sx__frame f = {.type = type, .id = id, .status = status, .length = status ? 0 : len};
   s_reply_frame(c, &f, l, payload, len);
 }
 
@@ -712,16 +711,15 @@ void sx__conn_reply_ranges(sx__conn *c, uint64_t id, int status, uint32_t index,
                            const sx__conn_piece *pc, uint32_t n) {
   if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
     return;
-  uint64_t total = 0;
-  for (uint32_t i = 0; status == 0 && i < n; i++)
-    total += pc[i].len;
-  sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = id, .status = status,
-                 .region = status ? index : 0};
-  s_reply_frame(c, &f, status || n == 0 ? NULL : pc[0].l, status || n == 0 ? NULL : pc[0].payload,
-                total);
-  if (status != 0 || n == 0)
+  sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = id, .status = status};
+  if (status != 0) {
+    f.region = index;
+    s_reply_frame(c, &f, NULL, NULL, 0);
     return;
-  c->rep[c->nrep - 1].len = pc[0].len;
+  }
+  for (uint32_t i = 0; i < n; i++)
+    f.length += pc[i].len;
+  s_reply_frame(c, &f, pc[0].l, pc[0].payload, pc[0].len);
   for (uint32_t i = 1; i < n; i++) {
     if (c->nrep == SX__CONN_REPLIES && s_flush(c, 0) != 0)
       return;

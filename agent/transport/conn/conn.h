@@ -152,8 +152,8 @@ typedef struct sx__conn_piece {
   uint64_t len;
 } sx__conn_piece;
 /* Queue the READ_REPLY to a READV: with status 0, one header and the n
- * pieces' bytes (each counted in its region's inflight until written);
- * else the refusal, naming the index of the range refused. */
+ * (>= 1) pieces' bytes (each counted in its region's inflight until
+ * written); else the refusal, naming the index of the range refused. */
 void sx__conn_reply_ranges(sx__conn *c, uint64_t id, int status, uint32_t index,
                            const sx__conn_piece *pc, uint32_t n);
 /* Send what is queued now: 0, or < 0 when the connection is lost. */
