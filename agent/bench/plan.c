@@ -11,14 +11,17 @@
  *   whole   a set of "full" alone through sx_group_read (the plan path with
  *           one piece per block)
  *   tp2     the set {tp0, tp1} through sx_group_read: the TP=2 -> TP=1 plan
- * After each read the local blocks are compared with the source, so every
- * figure is of bytes that arrived right.  The target: tp2 at >= 0.8x equal.
+ * The first read of each case is compared with the source byte for byte,
+ * so every figure is of bytes that arrive right.  With --depth N, N threads
+ * read at once, each through its own sets into its own blocks (an engine
+ * loading several requests).  The target: tp2 at >= 0.8x equal.
  *
  * With --location cuda:N every pool is GPU memory and the sources live in
  * a child process (`sx-bench plan-target`, a Redis store between them),
  * because cuda_ipc reads another process's memory: the reader reads over
  * cuda_ipc, or with --transport tcp over TCP through its staging.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +35,8 @@
 
 const char bx_plan_help[] =
     "usage: sx-bench plan [--order HND|NHD] [--tokens N] [--heads N] [--head-dim N]\n"
-    "                     [--layers N] [--batch N] [--rounds N] [--location cpu|cuda:N]\n"
+    "                     [--layers N] [--batch N] [--depth N] [--rounds N]\n"
+    "                     [--location cpu|cuda:N]\n"
     "                     [--transport cuda_ipc|tcp] [--metadata URL] [common options]\n"
     "\n"
     "Read one request's blocks from a TP=2 prefill (two segments, half the KV\n"
@@ -49,6 +53,9 @@ const char bx_plan_help[] =
     "  --head-dim N     (default 128; bf16)\n"
     "  --layers N       (default 8)\n"
     "  --batch N        blocks per read (default 64)\n"
+    "  --depth N        reads in flight, each from a thread of its own (its own\n"
+    "                   sets, its own blocks on both sides; default 1; depth x\n"
+    "                   batch <= 256)\n"
     "  --rounds N       rounds of the three cases (default 3)\n"
     "  --location L     where every pool is: cpu (default: agents in this process,\n"
     "                   TCP) or cuda:N (the sources in a child process; the reader\n"
@@ -70,7 +77,7 @@ typedef struct side {
 
 typedef struct cfg {
   sx_kv_order order;
-  uint32_t tokens, heads, head_dim, layers, batch, rounds;
+  uint32_t tokens, heads, head_dim, layers, batch, depth, rounds;
   const char *location; /* "cpu" or "cuda:N" */
   int device;           /* N, or -1 */
   int tcp;              /* cuda:N read over TCP staging instead of cuda_ipc */
@@ -213,6 +220,13 @@ static int clear(side *r, const cfg *c, uint8_t *host) {
 
 typedef enum { EQUAL, WHOLE, TP2, CASES } kase;
 
+/* The calling thread's CPU time, seconds. */
+static double thread_cpu(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Read the request once the case's way; 0 or -1 (said). */
 static int read_once(kase k, sx_segment *full, sx_group *whole, sx_group *tp2, const cfg *c,
                      const uint64_t *rb, const uint64_t *lb) {
@@ -247,6 +261,58 @@ static int read_once(kase k, sx_segment *full, sx_group *whole, sx_group *tp2, c
   return 0;
 }
 
+enum { DEPTH_MAX = BLOCKS };
+
+/* One of --depth readers: its own sets and its own blocks on both sides
+ * (rb, lb: --batch of them), reading one request after another. */
+typedef struct worker {
+  kase k;
+  sx_segment *seg;
+  sx_group *whole, *tp2;
+  const cfg *c;
+  const uint64_t *rb, *lb;
+  double until;     /* bx_now() to stop at */
+  uint64_t n;       /* reads done */
+  double cpu;       /* its thread's CPU seconds */
+  int rc;
+  pthread_t tid;
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  double k0 = thread_cpu();
+  do {
+    if ((w->rc = read_once(w->k, w->seg, w->whole, w->tp2, w->c, w->rb, w->lb)) != 0)
+      break;
+    w->n++;
+  } while (bx_now() < w->until);
+  w->cpu = thread_cpu() - k0;
+  return NULL;
+}
+
+/* Run the case on every worker at once for duration seconds (the first on
+ * this thread); 0, or -1 when a read failed (said). */
+static int run_workers(worker *w, uint32_t depth, kase k, double duration) {
+  double until = bx_now() + duration;
+  uint32_t started = 1;
+  for (uint32_t i = 0; i < depth; i++)
+    w[i].k = k, w[i].until = until, w[i].n = 0, w[i].rc = 0;
+  for (; started < depth; started++)
+    if (pthread_create(&w[started].tid, NULL, worker_main, &w[started]) != 0) {
+      fprintf(stderr, "sx-bench plan: cannot start a reading thread\n");
+      w[0].rc = -1;
+      break;
+    }
+  if (w[0].rc == 0)
+    worker_main(&w[0]);
+  int rc = w[0].rc;
+  for (uint32_t i = 1; i < started; i++) {
+    pthread_join(w[i].tid, NULL);
+    rc |= w[i].rc;
+  }
+  return rc ? -1 : 0;
+}
+
 static int parse(cfg *c, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     uint64_t v = 0;
@@ -277,16 +343,17 @@ static int parse(cfg *c, int argc, char **argv) {
                     : strcmp(a, "--head-dim") == 0 ? &c->head_dim
                     : strcmp(a, "--layers") == 0 ? &c->layers
                     : strcmp(a, "--batch") == 0 ? &c->batch
+                    : strcmp(a, "--depth") == 0 ? &c->depth
                     : strcmp(a, "--rounds") == 0 ? &c->rounds : NULL;
     if (dst == NULL || i + 1 >= argc || bx_parse_size(argv[++i], &v) || v == 0 ||
         v > 65536)
       goto bad;
     *dst = (uint32_t)v;
   }
-  if (c->heads % 2 || c->batch > BLOCKS || c->layers > 64 || c->heads > 256 ||
-      (uint64_t)c->tokens * c->heads * c->head_dim * 2 > (4u << 20)) {
-    fprintf(stderr, "sx-bench plan: heads must be even, batch <= %d, layers <= 64, heads "
-            "<= 256 and a block at most 4 MiB\n", BLOCKS);
+  if (c->heads % 2 || (uint64_t)c->batch * c->depth > BLOCKS || c->layers > 64 ||
+      c->heads > 256 || (uint64_t)c->tokens * c->heads * c->head_dim * 2 > (4u << 20)) {
+    fprintf(stderr, "sx-bench plan: heads must be even, depth x batch <= %d, layers <= 64, "
+            "heads <= 256 and a block at most 4 MiB\n", BLOCKS);
     return BX_USAGE;
   }
   sx__mem_info m;
@@ -301,7 +368,7 @@ bad:
   return BX_USAGE;
 }
 
-#define CFG_DEFAULT {SX_KV_HND, 16, 8, 128, 8, 64, 3, "cpu", -1, 0, NULL}
+#define CFG_DEFAULT {SX_KV_HND, 16, 8, 128, 8, 64, 1, 3, "cpu", -1, 0, NULL}
 
 /* The three sources (full, tp0, tp1), filled and published: 0 or -1. */
 static int sources_start(side src[3], const cfg *c, const char *url) {
@@ -377,13 +444,6 @@ static int spawn(int argc, char **argv, const char *url, pid_t *pid, int *lifeli
   return -1;
 }
 
-/* The calling thread's CPU time, seconds. */
-static double thread_cpu(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int bx_plan_main(const bx_common *o, int argc, char **argv) {
   cfg c = CFG_DEFAULT;
   int rc = parse(&c, argc, argv);
@@ -405,7 +465,8 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   side src[3], rd = {0};
   memset(src, 0, sizeof(src));
   sx_segment *seg = NULL;
-  sx_group *whole = NULL, *tp2 = NULL;
+  worker w[DEPTH_MAX];
+  memset(w, 0, sizeof(w));
   bx_report *rep = NULL;
   uint8_t *host = NULL;
   rc = BX_FAIL;
@@ -423,16 +484,20 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   gp.names = one;
   gp.n_names = 1;
   sx_mismatch m;
-  if (sx_segment_open(rd.a, "bench/full", 5000, &seg) || sx_group_open(rd.a, &gp, &whole, &m)) {
+  if (sx_segment_open(rd.a, "bench/full", 5000, &seg) != 0) {
     fprintf(stderr, "sx-bench plan: opening: %s\n", sx_errmsg());
     goto out;
   }
-  gp.names = NULL;
-  gp.engine = "bench/pf";
-  gp.tp_size = 2;
-  if (sx_group_open(rd.a, &gp, &tp2, &m)) {
-    fprintf(stderr, "sx-bench plan: opening the TP=2 set: %s\n", sx_errmsg());
-    goto out;
+  /* Sets read one request at a time: each reader has its own. */
+  for (uint32_t i = 0; i < c.depth; i++) {
+    sx_group_params tp = gp;
+    tp.names = NULL;
+    tp.engine = "bench/pf";
+    tp.tp_size = 2;
+    if (sx_group_open(rd.a, &gp, &w[i].whole, &m) || sx_group_open(rd.a, &tp, &w[i].tp2, &m)) {
+      fprintf(stderr, "sx-bench plan: opening the sets: %s\n", sx_errmsg());
+      goto out;
+    }
   }
   /* A scattered request: a fixed shuffle of the blocks on each side. */
   uint64_t rb[BLOCKS], lb[BLOCKS], x = 0x9e3779b97f4a7c15ull;
@@ -448,6 +513,12 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   static const char *names[CASES] = {"equal layouts (sx_batch_add_blocks)",
                                      "equal layouts through a plan (sx_group_read)",
                                      "TP=2 -> TP=1 plan (sx_group_read)"};
+  for (uint32_t i = 0; i < c.depth; i++) {
+    w[i].seg = seg;
+    w[i].c = &c;
+    w[i].rb = rb + (size_t)i * c.batch;
+    w[i].lb = lb + (size_t)i * c.batch;
+  }
   double secs[CASES] = {0}, bytes[CASES] = {0}, cpu[CASES] = {0}, caller[CASES] = {0};
   uint64_t reads[CASES] = {0};
   uint64_t per_read = 2ull * c.layers * c.batch * rd.bb;
@@ -455,24 +526,25 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   for (uint32_t round = 0; round < c.rounds; round++)
     for (int k = 0; k < CASES; k++) {
       bx_progress("round %u: %s", round + 1, names[k]);
-      if (clear(&rd, &c, host) || read_once((kase)k, seg, whole, tp2, &c, rb, lb) ||
-          verify(&rd, &c, rb, lb, host)) {
+      int bad = clear(&rd, &c, host);
+      for (uint32_t i = 0; i < c.depth && !bad; i++)
+        bad = read_once((kase)k, seg, w[i].whole, w[i].tp2, &c, w[i].rb, w[i].lb) ||
+              verify(&rd, &c, w[i].rb, w[i].lb, host);
+      if (bad) {
         fprintf(stderr, "sx-bench plan: %s: %s\n", names[k], "the blocks that arrived "
                 "differ from the source (or the read failed)");
         goto out;
       }
-      double t0 = bx_now(), c0 = bx_cpu_self(), k0 = thread_cpu(), t;
-      uint64_t n = 0;
-      do {
-        if (read_once((kase)k, seg, whole, tp2, &c, rb, lb))
-          goto out;
-        n++;
-      } while ((t = bx_now() - t0) < o->duration);
-      secs[k] += t;
+      double t0 = bx_now(), c0 = bx_cpu_self();
+      if (run_workers(w, c.depth, (kase)k, o->duration))
+        goto out;
+      secs[k] += bx_now() - t0;
       cpu[k] += bx_cpu_self() - c0;
-      caller[k] += thread_cpu() - k0;
-      reads[k] += n;
-      bytes[k] += (double)n * per_read;
+      for (uint32_t i = 0; i < c.depth; i++) {
+        caller[k] += w[i].cpu;
+        reads[k] += w[i].n;
+        bytes[k] += (double)w[i].n * per_read;
+      }
     }
   bx_progress_end();
   rep = bx_report_new("plan", o);
@@ -493,13 +565,14 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
                                          : " (the sources in a child process)");
   bx_table_note(tb, "CPU: this process's, every thread (%s)",
                 c.device < 0 ? "the sources' agents and the reader's" : "the reader's only");
-  bx_table_note(tb, "us/READ: wall time per read, one at a time; CALLER us/READ: the CPU "
-                "time of the thread that calls (planning, submitting, waking), per read");
+  bx_table_note(tb, "us/READ: wall time per read (%u in flight, from as many threads); "
+                "CALLER us/READ: the CPU time of the threads that call (planning, submitting, "
+                "waking), per read", c.depth);
   bx_table_note(tb, "request: %u blocks x %u layers x K,V of %s (%u tokens x %u heads x "
                 "%u x bf16), scattered ids; %u rounds of %.1f s per case", c.batch, c.layers,
                 bx_size_name(rd.bb, b1, sizeof(b1)), c.tokens, c.heads, c.head_dim,
                 c.rounds, o->duration);
-  const sx_plan *plans[CASES] = {NULL, sx_group_plan(whole), sx_group_plan(tp2)};
+  const sx_plan *plans[CASES] = {NULL, sx_group_plan(w[0].whole), sx_group_plan(w[0].tp2)};
   double rate[CASES], cost[CASES];
   for (int k = 0; k < CASES; k++) {
     sx_plan_info info = {0};
@@ -514,7 +587,7 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
     bx_set_num(row, "vs_equal", rate[k] / rate[EQUAL]);
     bx_set_num(row, "cpu_s_gib", cost[k]);
     bx_set_num(row, "cpu_vs_equal", cost[k] / cost[EQUAL]);
-    bx_set_num(row, "us_read", reads[k] ? secs[k] / (double)reads[k] * 1e6 : 0);
+    bx_set_num(row, "us_read", reads[k] ? secs[k] * c.depth / (double)reads[k] * 1e6 : 0);
     bx_set_num(row, "caller_us_read", reads[k] ? caller[k] / (double)reads[k] * 1e6 : 0);
   }
   bx_target(rep, "TP=2 -> TP=1 plan read rate vs equal layouts", rate[TP2] / rate[EQUAL],
@@ -522,8 +595,10 @@ int bx_plan_main(const bx_common *o, int argc, char **argv) {
   rc = bx_report_emit(rep, NULL) == 0 ? BX_OK : BX_FAIL;
 out:
   bx_report_free(rep);
-  sx_group_close(whole);
-  sx_group_close(tp2);
+  for (uint32_t i = 0; i < c.depth; i++) {
+    sx_group_close(w[i].whole);
+    sx_group_close(w[i].tp2);
+  }
   sx_segment_close(seg);
   if (rd.a)
     side_stop(&rd);

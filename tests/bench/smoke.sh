@@ -32,7 +32,7 @@ run write "$bin" read --op write --sizes 4K,64K --batches 1,8 --conns 1,2 --dura
 # difference fails the run); NHD takes the scattered receive path.
 run plan-nhd "$bin" plan --order NHD --layers 2 --batch 16 --rounds 1 --duration 0.1 \
   --csv "$out/plan.csv" --quiet
-run plan-hnd "$bin" plan --order HND --layers 2 --batch 16 --rounds 1 --duration 0.1 --quiet
+run plan-hnd "$bin" plan --order HND --layers 2 --batch 16 --depth 2 --rounds 1 --duration 0.1 --quiet
 # The strided copy of a plan's pieces on the host-memory stand-in driver
 # (each case's bytes checked; nothing about CUDA).
 fake=$build/tests/gpu/libfakecuda.so
