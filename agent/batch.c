@@ -36,7 +36,6 @@ struct sx_batch {
   sx__pbatch *rnote; /* SX_BATCH_NOTIFY read batches: the read notice's entries */
   sx_tpeer *tp;     /* loop thread: where the batch was posted */
   sx_tpeer *ntp;    /* loop thread: where its read notice went, if not tp */
-  int fanin;        /* sx__batch_fanin(): its op's fanin */
 
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -163,8 +162,6 @@ static int check_add(sx_batch *b, int write, const char *what) {
 }
 
 int sx__batch_is_write(const sx_batch *b) { return b->push != NULL; }
-
-void sx__batch_fanin(sx_batch *b) { b->fanin = 1; }
 
 int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan **plan,
                       sx__pbatch **pb) {
@@ -500,7 +497,7 @@ static void submit_run(sx__call *c) {
   int cancel = dequeued(b); /* never frees here: the batch has not ended */
   sx__dl_item_init(&b->deadline, expired);
   b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
-                  .done = op_done, .owner = b, .noticed = op_noticed, .fanin = b->fanin};
+                  .done = op_done, .owner = b, .noticed = op_noticed};
   sx__rpeer *peer = b->s->peer;
   if (a->shutting_down) {
     end_now(b, SX_ESHUTDOWN, "the agent is shutting down");

@@ -524,8 +524,6 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
   int rc = fed ? sx_batch_create(g->segs[i], &bp, &b) : 0;
   if (rc == 0 && fed)
     rc = sx__batch_entries(b, 0, "sx_group_read", &f.plan, &f.note);
-  if (rc == 0 && fed && g->n > 1)
-    sx__batch_fanin(b);
   if (rc == 0) {
     rc = sx__plan_emit(g->plan, &g->local, r->rd, g->n, r->rb, r->nr, r->lb, r->nl,
                        1ull << i, fed ? feed_run : collect_run, fed ? (void *)&f
@@ -540,11 +538,8 @@ static int member_fill(gread *r, uint32_t i, int *emitted) {
     /* Scatter where it saves at least half of the requests (else the
      * planner's merging of the ranges does as well). */
     l->scatter = l->spans && l->ns * 2 <= l->np;
-    if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0) {
-      if (g->n > 1)
-        sx__batch_fanin(b);
+    if ((rc = sx_batch_create(g->segs[i], &bp, &b)) == 0)
       rc = add_entries(b, g->segs[i], l);
-    }
   }
   if (rc || l->np == 0) {
     sx_batch_destroy(b);

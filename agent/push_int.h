@@ -18,7 +18,6 @@
 typedef struct sx_agent sx_agent;
 typedef struct sx__grant sx__grant;
 typedef struct sx__nq sx__nq;
-struct sx__plan;
 
 /* Incarnation -> name, learnt from the store for RDMA producers (their
  * connect request has no room for a name). */
@@ -114,8 +113,5 @@ int sx__batch_entries(sx_batch *b, int write, const char *what, struct sx__plan 
                       sx__pbatch **pb);
 /* batch.c: whether b is a write batch (SX_BATCH_WRITE); fixed at creation. */
 int sx__batch_is_write(const sx_batch *b);
-/* b (not submitted yet) is one of several batches that read one request
- * from several targets at once (sx_group_read): sx_op.fanin. */
-void sx__batch_fanin(sx_batch *b);
 
 #endif

@@ -13,7 +13,6 @@
  * belongs; a refused READV fails exactly the entries whose ranges it held;
  * a target that does not say READV gets READs only.
  */
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,7 +24,6 @@
 #include "agent_fixture.h"
 #include "internal.h"
 #include "pattern.h"
-#include "push_int.h"
 #include "push_fixture.h"
 #include "transport/conn/frame.h"
 #include "transport/tcp/tcp_read_int.h"
@@ -168,143 +166,89 @@ typedef struct fake {
   /* The blocks of K ranges in refused requests. */
   atomic_int n_refused;
   uint64_t refused_blocks[FAKE_MAX_RANGES];
-  /* hold: answer nothing until no request came for HOLD_MS, then all of
-   * them; held and held_bytes: the requests and bytes asked for by then. */
-  atomic_int hold;
-  atomic_int held;
-  atomic_ullong held_bytes;
 } fake;
-
-#define HOLD_MS 300
-#define HOLD_MAX 64
 
 static uint64_t block_of(const fake *fk, uint64_t off) {
   return (off % fk->layer_stride) / SXT_BLOCK;
 }
 
-/* One request read from the reader, and the reply it gets. */
-typedef struct freq {
-  sx__frame f, r;
-  sx__range rg[SX__READV_MAX];
-  uint32_t n;
-} freq;
-
-/* Read the next request into q (HELLO is answered here too, as a reply
- * with no ranges).  0, or -1 when the connection ended or broke. */
-static int fake_recv(fake *fk, freq *q) {
-  static uint8_t buf[SX__FRAME_HDR + SX__HELLO_MAX + SX__READV_MAX * SX__READV_ENTRY];
-  sx__frame f;
-  if (sxt_wire_recv(fk->fd, buf, SX__FRAME_HDR) ||
-      sx__frame_decode(buf, SX__FRAME_HDR, &f) != SX__FRAME_HDR)
-    return -1;
-  q->f = f;
-  q->n = 0;
-  q->r = (sx__frame){.id = f.id, .type = SX__FRAME_READ_REPLY};
-  if (f.type == SX__FRAME_HELLO) {
-    if (sxt_wire_recv(fk->fd, buf, (size_t)f.length))
-      return -1;
-    q->r.type = SX__FRAME_HELLO_REPLY;
-    q->r.offset = fk->readv ? SX__FEAT_READV : 0;
-  } else if (f.type == SX__FRAME_READ) {
-    atomic_fetch_add(&fk->reads, 1);
-    q->rg[q->n++] = (sx__range){f.region, f.offset, f.length};
-  } else if (f.type == SX__FRAME_READV) {
-    atomic_fetch_add(&fk->readvs, 1);
-    if (sxt_wire_recv(fk->fd, buf, (size_t)f.length))
-      return -1;
-    uint64_t total = 0;
-    for (; q->n < f.length / SX__READV_ENTRY; q->n++) {
-      if (sx__range_decode(buf + q->n * SX__READV_ENTRY, &q->rg[q->n]) != 0)
-        return -1;
-      total += q->rg[q->n].length;
-      if (q->rg[q->n].length > READV_RANGE)
-        atomic_fetch_add(&fk->broken, 1);
-    }
-    if (!fk->readv || q->n < 2 || total > READV_BYTES)
-      atomic_fetch_add(&fk->broken, 1);
-    /* Ranges of more than one region serve one entry: here, one
-     * block (or one run of blocks, the first at the same offset). */
-    int one_region = 1, one_block = 1;
-    for (uint32_t i = 1; i < q->n; i++) {
-      one_region &= q->rg[i].region == q->rg[0].region;
-      one_block &= block_of(fk, q->rg[i].offset) == block_of(fk, q->rg[0].offset);
-    }
-    if (!one_region)
-      atomic_fetch_add(one_block ? &fk->mixed : &fk->broken, 1);
-  } else {
-    return -1;
-  }
-  atomic_fetch_add(&fk->ranges, (int)q->n);
-  return 0;
-}
-
-/* Answer q: its ranges' bytes, or the refusal.  0 or -1. */
-static int fake_answer(fake *fk, freq *q) {
-  static uint8_t buf[SX__FRAME_HDR];
-  static uint8_t payload[1 << 20];
-  sx__frame r = q->r;
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < q->n; i++) {
-    if (q->rg[i].region == 0 && (int64_t)block_of(fk, q->rg[i].offset) == fk->refuse_block &&
-        q->rg[i].offset / fk->layer_stride == REFUSE_LAYER && r.status == 0) {
-      r.status = SX_EIO;
-      r.region = i;
-    }
-    total += q->rg[i].length;
-  }
-  if (r.status != 0) {
-    for (uint32_t i = 0; i < q->n; i++) {
-      int k = atomic_fetch_add(&fk->n_refused, 1);
-      if (q->rg[i].region == 0 && k < FAKE_MAX_RANGES)
-        fk->refused_blocks[k] = block_of(fk, q->rg[i].offset);
-      else
-        atomic_fetch_sub(&fk->n_refused, 1);
-    }
-  } else if (q->n > 0) {
-    if (total > sizeof(payload))
-      return -1;
-    uint64_t at = 0;
-    for (uint32_t i = 0; i < q->n; i++)
-      for (uint64_t k = 0; k < q->rg[i].length; k++)
-        payload[at++] = byte_at(q->rg[i].region, q->rg[i].offset + k);
-    r.length = total;
-  }
-  sx__frame_encode(&r, buf);
-  if (sxt_wire_send(fk->fd, buf, SX__FRAME_HDR) ||
-      (r.length && sxt_wire_send(fk->fd, payload, (size_t)r.length)))
-    return -1;
-  return 0;
-}
-
 static void *fake_main(void *arg) {
   fake *fk = arg;
   fk->fd = accept(fk->lfd, NULL, NULL);
-  static freq q[HOLD_MAX];
-  uint32_t n = 0;
+  static uint8_t buf[SX__FRAME_HDR + SX__HELLO_MAX + SX__READV_MAX * SX__READV_ENTRY];
+  static uint8_t payload[1 << 20];
   for (;;) {
-    /* Holding: the reader's requests so far are all it sends unanswered. */
-    if (atomic_load(&fk->hold) && n > 0) {
-      struct pollfd pf = {.fd = fk->fd, .events = POLLIN};
-      if (poll(&pf, 1, HOLD_MS) == 0 || n == HOLD_MAX) {
-        for (uint32_t i = 0; i < n; i++)
-          if (fake_answer(fk, &q[i]))
-            return NULL;
-        n = 0;
-        atomic_store(&fk->hold, 0);
-        continue;
-      }
-    }
-    if (fake_recv(fk, &q[n]))
+    sx__frame f, r;
+    if (sxt_wire_recv(fk->fd, buf, SX__FRAME_HDR) ||
+        sx__frame_decode(buf, SX__FRAME_HDR, &f) != SX__FRAME_HDR)
       return NULL;
-    if (atomic_load(&fk->hold) && q[n].f.type != SX__FRAME_HELLO) {
-      atomic_fetch_add(&fk->held, 1);
-      atomic_fetch_add(&fk->held_bytes, q[n].f.type == SX__FRAME_READ ? q[n].f.length : 0);
-      for (uint32_t i = 0; q[n].f.type == SX__FRAME_READV && i < q[n].n; i++)
-        atomic_fetch_add(&fk->held_bytes, q[n].rg[i].length);
-      n++;
-      continue;
+    sx__range rg[SX__READV_MAX];
+    uint32_t n = 0;
+    r = (sx__frame){.id = f.id, .type = SX__FRAME_READ_REPLY};
+    if (f.type == SX__FRAME_HELLO) {
+      if (sxt_wire_recv(fk->fd, buf, (size_t)f.length))
+        return NULL;
+      r.type = SX__FRAME_HELLO_REPLY;
+      r.offset = fk->readv ? SX__FEAT_READV : 0;
+    } else if (f.type == SX__FRAME_READ) {
+      atomic_fetch_add(&fk->reads, 1);
+      rg[n++] = (sx__range){f.region, f.offset, f.length};
+    } else if (f.type == SX__FRAME_READV) {
+      atomic_fetch_add(&fk->readvs, 1);
+      if (sxt_wire_recv(fk->fd, buf, (size_t)f.length))
+        return NULL;
+      uint64_t total = 0;
+      for (; n < f.length / SX__READV_ENTRY; n++) {
+        if (sx__range_decode(buf + n * SX__READV_ENTRY, &rg[n]) != 0)
+          return NULL;
+        total += rg[n].length;
+        if (rg[n].length > READV_RANGE)
+          atomic_fetch_add(&fk->broken, 1);
+      }
+      if (!fk->readv || n < 2 || total > READV_BYTES)
+        atomic_fetch_add(&fk->broken, 1);
+      /* Ranges of more than one region serve one entry: here, one
+       * block (or one run of blocks, the first at the same offset). */
+      int one_region = 1, one_block = 1;
+      for (uint32_t i = 1; i < n; i++) {
+        one_region &= rg[i].region == rg[0].region;
+        one_block &= block_of(fk, rg[i].offset) == block_of(fk, rg[0].offset);
+      }
+      if (!one_region)
+        atomic_fetch_add(one_block ? &fk->mixed : &fk->broken, 1);
+    } else {
+      return NULL;
     }
-    if (fake_answer(fk, &q[n]))
+    atomic_fetch_add(&fk->ranges, (int)n);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      if (rg[i].region == 0 && (int64_t)block_of(fk, rg[i].offset) == fk->refuse_block &&
+          rg[i].offset / fk->layer_stride == REFUSE_LAYER && r.status == 0) {
+        r.status = SX_EIO;
+        r.region = i;
+      }
+      total += rg[i].length;
+    }
+    if (r.status != 0) {
+      for (uint32_t i = 0; i < n; i++) {
+        int k = atomic_fetch_add(&fk->n_refused, 1);
+        if (rg[i].region == 0 && k < FAKE_MAX_RANGES)
+          fk->refused_blocks[k] = block_of(fk, rg[i].offset);
+        else
+          atomic_fetch_sub(&fk->n_refused, 1);
+      }
+    } else if (n > 0) {
+      if (total > sizeof(payload))
+        return NULL;
+      uint64_t at = 0;
+      for (uint32_t i = 0; i < n; i++)
+        for (uint64_t k = 0; k < rg[i].length; k++)
+          payload[at++] = byte_at(rg[i].region, rg[i].offset + k);
+      r.length = total;
+    }
+    sx__frame_encode(&r, buf);
+    if (sxt_wire_send(fk->fd, buf, SX__FRAME_HDR) ||
+        (r.length && sxt_wire_send(fk->fd, payload, (size_t)r.length)))
       return NULL;
   }
 }
@@ -474,57 +418,12 @@ static void test_readv_not_sent_to_a_target_that_does_not_say_it(void **state) {
   rig_stop(&g);
 }
 
-/* Read e with the fake holding its answers until the reader stops asking;
- * fanin: as one of a set's batches (sx__batch_fanin, as sx_group_read
- * makes them).  Returns the bytes asked for by then. */
-static uint64_t held_read(rig *g, const sx_block_read *e, int fanin) {
-  atomic_store(&g->fk.held, 0);
-  atomic_store(&g->fk.held_bytes, 0);
-  atomic_store(&g->fk.hold, 1);
-  sx_batch *b;
-  sxt_ok(sx_batch_create(g->seg, NULL, &b));
-  if (fanin)
-    sx__batch_fanin(b);
-  sxt_ok(sx_batch_add_blocks(b, e, 1));
-  sxt_ok(sx_batch_submit(b));
-  sxt_ok(sx_batch_wait(b, 10000));
-  sx_batch_result res;
-  sxt_ok(sx_batch_result_get(b, &res));
-  assert_int_equal(res.state, SX_BATCH_COMPLETED);
-  sx_batch_destroy(b);
-  assert_int_equal(landed(g, e), 0);
-  return atomic_load(&g->fk.held_bytes);
-}
-
-/* A fan-in read between host memory keeps two requests, and at least
- * FANIN_BYTES, in flight a connection (p_window() in tcp_read.c); any
- * other read the whole window. */
-static void test_readv_fanin_window(void **state) {
-  (void)state;
-  rig g;
-  rig_start(&g, 1);
-  /* 32 contiguous blocks: 8 READs of 128 KiB, 1 MiB in all. */
-  const uint64_t one = SXT_READER_BLOCKS * SXT_BLOCK, all = 2 * SXT_LAYERS * one;
-  sx_block_read e = {.layer_count = SXT_LAYERS, .slots = SXT_KV, .remote_block = 7,
-                     .local_block = 0, .count = SXT_READER_BLOCKS};
-  assert_int_equal(held_read(&g, &e, 0), all);
-  assert_int_equal(atomic_load(&g.fk.held), 2 * SXT_LAYERS);
-  memset(g.r.mem[0], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
-  memset(g.r.mem[1], 0, SXT_LAYERS * SXT_READER_BLOCKS * SXT_BLOCK);
-  e.remote_block = 20;
-  assert_int_equal(held_read(&g, &e, 1), FANIN_BYTES);
-  assert_int_equal(atomic_load(&g.fk.held), FANIN_BYTES / one);
-  assert_int_equal(atomic_load(&g.fk.reads), 4 * SXT_LAYERS);
-  rig_stop(&g);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_readv_target_serves_ranges_in_one_reply),
       cmocka_unit_test(test_readv_reader_gathers_small_ranges),
       cmocka_unit_test(test_readv_refusal_fails_the_entries_it_held),
       cmocka_unit_test(test_readv_not_sent_to_a_target_that_does_not_say_it),
-      cmocka_unit_test(test_readv_fanin_window),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

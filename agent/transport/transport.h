@@ -175,10 +175,6 @@ struct sx_op {
   /* Push: the op's notice (sx_transport_ops.notify) settled with status
    * 0 (the consumer accepted it) or an error and msg. */
   void (*noticed)(sx_op *op, int status, const char *msg);
-  /* One of the ops that read one request from several targets at once
-   * (sx_group_read): a transport keeps less of it in flight (TCP: two
-   * requests a connection, tcp_read.c). */
-  int fanin;
 };
 
 /* Settle xfer idx of op with status (0 or SX_E*); msg (may be NULL) becomes

@@ -28,7 +28,6 @@
 /* Reader side. */
 #define WINDOW_REQS 64              /* requests in flight per connection */
 #define WINDOW_BYTES (16u << 20)    /* bytes in flight per connection */
-#define FANIN_BYTES (512u << 10)    /* at least, for fan-in reads (tcp_read.c) */
 #define CONNECT_TIMEOUT_MS 5000     /* connect + hello */
 #define SCRATCH_BYTES 65536         /* drain for aborted payload */
 /* Target side. */

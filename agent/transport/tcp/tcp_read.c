@@ -413,45 +413,16 @@ static uint32_t c_ranges(const pend *q, const sx_xfer *x) {
   return n;
 }
 
-/*
- * The bytes a connection may have in flight before it takes the next
- * request of op, which reads x.  A fan-in read (one request from several
- * targets at once, sx_group_read) between host memory on both sides keeps
- * two requests, and at least FANIN_BYTES, a connection: the targets
- * together can send faster than the one reader receives, and what it has
- * not taken yet only queues up in socket buffers.  On a host whose cores
- * the targets share with the reader (2 cores: the TP=2 -> TP=1 plan in
- * sx-bench) they ran megabytes ahead in bursts while the reader waited for
- * a core, then finished each read early while it drained alone: 0.72-0.97x
- * equal layouts with the whole window, 0.86-1.18x with this
- * (docs/benchmarks.md).  Everything else keeps the whole window: one
- * target alone (the same small window cost its reads 12% more CPU per
- * byte there), GPU memory on either side (staged: a copy per request on
- * the way to hide), push.
- */
-static uint64_t p_window(const tpeer *p, const sx_op *op, const sx_xfer *x) {
-  if (!op->fanin || p->write || !r_host(x->rreg) ||
-      (x->lreg != NULL && x->lreg->mem.kind == SX__MEM_CUDA))
-    return WINDOW_BYTES;
-  uint64_t w = 2 * x->length > FANIN_BYTES ? 2 * x->length : FANIN_BYTES;
-  return w < WINDOW_BYTES ? w : WINDOW_BYTES;
-}
-
 /* Hand queued ranges to ready connections, round-robin, within windows. */
 static void p_pump(tpeer *p) {
-  p->pumps++;
   for (;;) {
     int progress = 0;
     for (uint32_t i = 0; i < p->n_conns && p->q != NULL; i++) {
       cconn *c = &p->conns[i];
-      pend *q = p->q;
-      uint64_t w = q->notice ? WINDOW_BYTES : p_window(p, q->op, &q->op->xfers[q->next_idx]);
-      /* A window smaller than the whole one refills once half of it is
-       * free, and then fully: small requests would otherwise go out one
-       * at a time, a system call and a wakeup of the target each. */
-      if (c->state != C_READY || c->count >= WINDOW_REQS || c->inflight_bytes >= w ||
-          (w < WINDOW_BYTES && c->inflight_bytes > w / 2 && c->filled != p->pumps))
+      if (c->state != C_READY || c->count >= WINDOW_REQS ||
+          c->inflight_bytes >= WINDOW_BYTES)
         continue;
+      pend *q = p->q;
       if (q->notice != NULL) {
         if (c_send_notice(c, q) == 0) {
           p_pop(p);
@@ -466,7 +437,6 @@ static void p_pump(tpeer *p) {
       uint64_t len = x->length;
       for (uint32_t k = 1; k < n; k++)
         len += x[k].length;
-      c->filled = p->pumps;
       treq *r = &c->ring[(c->head + c->count) % WINDOW_REQS];
       *r = (treq){.op = q->op, .idx = q->next_idx, .n = n, .id = c->next_id++,
                   .len = len, .wseq = c->wseq + 1};

@@ -64,7 +64,6 @@ struct cconn {
   treq ring[WINDOW_REQS];
   uint32_t head, count;
   uint64_t inflight_bytes;
-  uint32_t filled; /* the p->pumps that last gave it a request */
   uint64_t next_id;
   uint8_t hdr[SX__FRAME_HDR];
   size_t hgot;
@@ -118,7 +117,6 @@ struct tpeer {
   int closing;
   int handles;
   int write; /* push: connections authorize as producer and carry writes */
-  uint32_t pumps; /* p_pump() calls (cconn.filled) */
 };
 
 /* The pieces r's payload lands in, in order: a scattered range's, a
