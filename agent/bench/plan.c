@@ -314,7 +314,8 @@ static int run_workers(worker *w, uint32_t depth, kase k, double duration) {
 }
 
 static int parse(cfg *c, int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
+  int i = 1;
+  for (; i < argc; i++) {
     uint64_t v = 0;
     const char *a = argv[i];
     if (strcmp(a, "--order") == 0 && i + 1 < argc) {
@@ -364,7 +365,8 @@ static int parse(cfg *c, int argc, char **argv) {
   c->device = m.kind == SX__MEM_CUDA ? m.device : -1;
   return 0;
 bad:
-  fprintf(stderr, "sx-bench plan: bad option near '%s' (sx-bench plan --help)\n", argv[argc - 1]);
+  fprintf(stderr, "sx-bench plan: bad option near '%s' (sx-bench plan --help)\n",
+          argv[i < argc ? i : argc - 1]);
   return BX_USAGE;
 }
 
