@@ -64,14 +64,12 @@ static void test_readv_target_serves_ranges_in_one_reply(void **state) {
   size_t one = SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY;
   uint8_t *reqs = malloc(NV * one);
   assert_non_null(reqs);
+  sx__range pv[NV][SX__READV_MAX];
   for (uint32_t v = 0; v < NV; v++) {
-    sx__frame f = {.type = SX__FRAME_READV, .id = 100 + v,
-                   .length = SX__READV_MAX * SX__READV_ENTRY};
-    sx__frame_encode(&f, reqs + v * one);
-    for (uint32_t i = 0; i < SX__READV_MAX; i++) {
-      sx__range e = {t.id[(v + i) % 2], (uint64_t)v * 4096 + i * 97, 1 + (v * 7 + i) % 50};
-      sx__range_encode(&e, reqs + v * one + SX__FRAME_HDR + i * SX__READV_ENTRY);
-    }
+    for (uint32_t i = 0; i < SX__READV_MAX; i++)
+      pv[v][i] = (sx__range){t.id[(v + i) % 2], (uint64_t)v * 4096 + i * 97,
+                             1 + (v * 7 + i) % 50};
+    assert_int_equal(sxt_wire_readv_encode(reqs + v * one, 100 + v, pv[v], SX__READV_MAX), one);
   }
   sxt_ok(sxt_wire_send(fd, reqs, NV * one)); /* in one write: parsed together */
   free(reqs);
@@ -83,10 +81,10 @@ static void test_readv_target_serves_ranges_in_one_reply(void **state) {
     assert_true(g.type == SX__FRAME_READ_REPLY && g.id == 100 + v && g.status == 0);
     uint64_t sum = 0;
     for (uint32_t i = 0; i < SX__READV_MAX; i++) {
-      uint64_t off = (uint64_t)v * 4096 + i * 97, n = 1 + (v * 7 + i) % 50;
-      sxt_ok(sxt_wire_recv(fd, buf, (size_t)n));
-      assert_int_equal(sx__pattern_check(buf, n, 7, t.id[(v + i) % 2], off, NULL), 0);
-      sum += n;
+      const sx__range *e = &pv[v][i];
+      sxt_ok(sxt_wire_recv(fd, buf, (size_t)e->length));
+      assert_int_equal(sx__pattern_check(buf, e->length, 7, e->region, e->offset, NULL), 0);
+      sum += e->length;
     }
     assert_true(g.length == sum);
   }

@@ -283,14 +283,18 @@ int sxt_wire_send_read(int fd, uint64_t id, const sx__range *r) {
   return send_all(fd, b, sizeof(b));
 }
 
-int sxt_wire_send_readv(int fd, uint64_t id, const sx__range *r, uint32_t n) {
-  uint8_t b[SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY];
+size_t sxt_wire_readv_encode(uint8_t *b, uint64_t id, const sx__range *r, uint32_t n) {
   assert_true(n >= 1 && n <= SX__READV_MAX);
   sx__frame f = {.type = SX__FRAME_READV, .id = id, .length = (uint64_t)n * SX__READV_ENTRY};
   sx__frame_encode(&f, b);
   for (uint32_t i = 0; i < n; i++)
     sx__range_encode(&r[i], b + SX__FRAME_HDR + i * SX__READV_ENTRY);
-  return send_all(fd, b, SX__FRAME_HDR + (size_t)n * SX__READV_ENTRY);
+  return SX__FRAME_HDR + (size_t)n * SX__READV_ENTRY;
+}
+
+int sxt_wire_send_readv(int fd, uint64_t id, const sx__range *r, uint32_t n) {
+  uint8_t b[SX__FRAME_HDR + SX__READV_MAX * SX__READV_ENTRY];
+  return send_all(fd, b, sxt_wire_readv_encode(b, id, r, n));
 }
 
 int sxt_wire_readv(int fd, uint64_t id, const sx__range *r, uint32_t n, uint8_t *buf,

@@ -88,6 +88,9 @@ int sxt_wire_hello_features(int fd, const uint8_t *incarnation, const uint8_t *t
  * must hold length bytes), or 1 on a closed connection. */
 int sxt_wire_read(int fd, uint64_t id, uint32_t region, uint64_t offset, uint64_t length,
                   uint8_t *buf);
+/* One READV of ranges r[0..n) (1 <= n <= SX__READV_MAX) into b: its
+ * size. */
+size_t sxt_wire_readv_encode(uint8_t *b, uint64_t id, const sx__range *r, uint32_t n);
 /* Send one READ of range r / one READV of ranges r[0..n): 0 or -1. */
 int sxt_wire_send_read(int fd, uint64_t id, const sx__range *r);
 int sxt_wire_send_readv(int fd, uint64_t id, const sx__range *r, uint32_t n);
