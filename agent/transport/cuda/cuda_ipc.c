@@ -467,13 +467,18 @@ static void run(ipc_peer *p, iop *o) {
                        why ? "; " : "", why ? why : "");
     }
     if (rc != 0) {
-      /* Copies of it may have been queued: they end before the notice. */
+      /* Copies of it may have been queued: they end before the notice,
+       * which settles the stream's ranges with this error and message. */
       if (err == 0) {
         err = rc;
         snprintf(msg, sizeof(msg), "%s", sx_errmsg());
       }
       if (o->status == 0)
         o->status = rc;
+      if (op->first_error == 0) {
+        op->first_error = rc;
+        snprintf(op->message, sizeof(op->message), "%s: %s", p->label, msg);
+      }
     }
   }
   /* One notice per stream used, behind its copies. */
