@@ -510,7 +510,8 @@ static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifie
   return 0;
 }
 
-int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+/* Queue note behind s now, on this thread. */
+static int notify_now(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
@@ -530,6 +531,36 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
   return 0;
 }
 
+/* The launcher's thread: a notice queued by sx__mem_notify.  It carries
+ * the error of a launch before it that failed; one that cannot be queued
+ * at all comes once the stream's work ended, with that error. */
+static void notice_job(sx__mem_job *j) {
+  sx__mem_stream *s = j->s;
+  sx__mem_notice *note = j->b;
+  note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
+  int rc = notify_now(s, j->a, note);
+  if (rc == 0)
+    return;
+  int e;
+  const sx__cuda_drv *d = sx__cuda_get(s->device, &e);
+  if (d != NULL)
+    d->StreamSynchronize(s->s);
+  if (note->status == 0)
+    note->status = rc;
+  sx__mem_notice_post(j->a, note);
+}
+
+int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+  note->status = 0;
+  if (sx__mem_deferred(s)) {
+    if (sx__mem_launcher_queue(s, notice_job, n, note, 0) == 0)
+      return 0;
+    sx__mem_launcher_drain(s); /* no memory for the job: in order, here */
+    note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
+  }
+  return notify_now(s, n, note);
+}
+
 void sx__mem_notice_counts(uint64_t out[3]) {
   for (int i = 0; i < 3; i++)
     out[i] = __atomic_load_n(&notice_counts[i], __ATOMIC_RELAXED);
@@ -538,6 +569,10 @@ void sx__mem_notice_counts(uint64_t out[3]) {
 /* ------------------------------------------------------------ streams */
 
 int sx__mem_stream_create(int device, sx__mem_stream **out) {
+  return sx__mem_stream_create_on(device, NULL, out);
+}
+
+int sx__mem_stream_create_on(int device, sx__mem_launcher *l, sx__mem_stream **out) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(device, &rc);
   if (d == NULL)
@@ -546,6 +581,7 @@ int sx__mem_stream_create(int device, sx__mem_stream **out) {
   if (s == NULL)
     return sx__err(SX_ENOMEM, "stream");
   s->device = device;
+  s->l = l;
   CUresult r = d->StreamCreate(&s->s, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) {
     free(s);
@@ -559,6 +595,7 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
   int rc;
   if (s == NULL)
     return;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d != NULL) {
     d->StreamSynchronize(s->s);
@@ -571,8 +608,15 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
 
 int sx__mem_stream_device(const sx__mem_stream *s) { return s->device; }
 
+void sx__mem_stream_defer(sx__mem_stream *s, int on) { s->defer = on && s->l != NULL; }
+
+long sx__mem_notifier_pending(sx__mem_notifier *n) {
+  return __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE);
+}
+
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len) {
   int rc;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;
@@ -583,6 +627,7 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
 
 int sx__mem_stream_sync(sx__mem_stream *s) {
   int rc;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;

@@ -25,6 +25,8 @@
  * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load,
  * FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse (a driver without
  * events: notices fall back to host functions, gathers to the copies).
+ * FAKE_CUDA_FAIL_LAUNCH=1 makes every kernel launch fail (as a driver
+ * whose launch is refused: the batch must fail, not complete).
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
  * launches only keep their order): for profiling segxfer's own CPU cost
  * per batch, never for tests.
@@ -471,6 +473,9 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
                                unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                CUstream h, void **params, void **extra) {
   int strided = f == (CUfunction)&strided_token;
+  const char *fail = getenv("FAKE_CUDA_FAIL_LAUNCH");
+  if (fail != NULL && strcmp(fail, "1") == 0)
+    return CUDA_ERROR_LAUNCH_FAILED;
   if ((f != (CUfunction)&function_token && !strided) || params == NULL || extra != NULL || gx == 0 ||
       gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0)
     return CUDA_ERROR_INVALID_VALUE;

@@ -183,16 +183,21 @@ void relay_stop(relay *r) {
   close(r->lfd);
 }
 
-void relay_start(relay *r, uint16_t port, uint64_t shift) {
+int relay_start(relay *r, uint16_t port, uint64_t shift) {
   memset(r, 0, sizeof(*r));
   r->port = port;
   r->shift = shift;
   r->lfd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(r->lfd >= 0);
   int one = 1;
   setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port),
                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  assert_int_equal(bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  if (bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    close(r->lfd);
+    return -1; /* the port is taken on 127.0.0.1 */
+  }
   assert_int_equal(listen(r->lfd, 8), 0);
   assert_int_equal(pthread_create(&r->th, NULL, relay_main, r), 0);
+  return 0;
 }

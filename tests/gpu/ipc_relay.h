@@ -31,8 +31,10 @@ typedef struct relay {
   uint32_t given[64];
 } relay;
 
-/* Listen on 127.0.0.1:port and relay each connection to 127.0.0.2:port. */
-void relay_start(relay *r, uint16_t port, uint64_t shift);
+/* Listen on 127.0.0.1:port and relay each connection to 127.0.0.2:port:
+ * 0, or -1 when port is taken on 127.0.0.1 (the target's port was chosen
+ * on 127.0.0.2, where it was free). */
+int relay_start(relay *r, uint16_t port, uint64_t shift);
 /* Stop the thread; every connection it relayed closes. */
 void relay_stop(relay *r);
 

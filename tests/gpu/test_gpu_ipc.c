@@ -603,8 +603,17 @@ typedef struct relayed {
 static void relayed_start(relayed *x, const char *name, uint64_t shift) {
   char rname[64];
   snprintf(rname, sizeof(rname), "%s-r", name);
-  target_start_adv(&x->t, name, "cuda:0", "127.0.0.2:0", "127.0.0.1");
-  relay_start(&x->rl, x->t.port, shift);
+  /* The target's port is free on 127.0.0.2; the relay needs it on
+   * 127.0.0.1 too, where a connection may hold it: another target then. */
+  int tries = 0;
+  for (;;) {
+    target_start_adv(&x->t, name, "cuda:0", "127.0.0.2:0", "127.0.0.1");
+    if (relay_start(&x->rl, x->t.port, shift) == 0)
+      break;
+    assert_int_equal(target_end(&x->t, 0), 0);
+    if (++tries == 5)
+      fail_msg("no port free on both 127.0.0.1 and 127.0.0.2 in 5 tries");
+  }
   held.relay = &x->rl;
   x->ra = agent_new(rname, 0);
   pool_make(&x->r, x->ra, "cuda:0", 64, 0);
@@ -869,6 +878,40 @@ static void test_gpu_ipc_copy_methods(void **state) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+/* A launch the driver refuses (only the stand-in can be made to) fails
+ * its batch, whether the launcher's thread made it (SX_GPU_LAUNCHER=1: the
+ * error reaches the batch through the notice behind it) or the loop did
+ * (0), and the next batch reads every byte again. */
+static void test_gpu_ipc_launch_refused(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  static const char *const ways[] = {"1", "0"};
+  for (int w = 0; w < 2; w++) {
+    setenv("SX_GPU_LAUNCHER", ways[w], 1);
+    target t;
+    target_start(&t, "ipc-l", "cuda:0", NULL);
+    gpu_pool r;
+    sx_agent *ra;
+    sx_segment *seg = reader_of("ipc-l", "ipc-lr", &r, &ra);
+    setenv("FAKE_CUDA_FAIL_LAUNCH", "1", 1);
+    sx_block_read e[64];
+    gpu_entries(e, 64, LAYERS, TBLOCKS, r.blocks, 1, 5);
+    sx_batch_result res = sxt_run_batch(seg, e, 64, 10000);
+    unsetenv("FAKE_CUDA_FAIL_LAUNCH");
+    print_message("SX_GPU_LAUNCHER=%s, launches refused: %s (%s)\n", ways[w],
+                  sx_batch_state_name(res.state), res.message);
+    assert_int_equal(res.state, SX_BATCH_FAILED);
+    assert_true(res.error != 0);
+    assert_true(res.n_failed > 0);
+    for (uint32_t round = 6; round <= 7; round++)
+      read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+    reader_end(seg, ra, &r);
+    assert_int_equal(target_end(&t, 0), 0);
+    unsetenv("SX_GPU_LAUNCHER");
+  }
+}
+
 /* ------------------------------------------------------------ notices */
 
 /* 8 batches of 8 blocks submitted together (several notices outstanding
@@ -1064,6 +1107,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_launch_refused, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_poll, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_host, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_event, test_teardown),
