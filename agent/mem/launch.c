@@ -28,6 +28,14 @@
 
 #define SPIN_NS 50000 /* empty-queue spinning before the thread sleeps */
 
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
 struct sx__mem_launcher {
   pthread_t th;
   pthread_mutex_t mu;
@@ -48,10 +56,15 @@ static void *launcher_main(void *arg) {
   for (;;) {
     if (l->head == NULL && !l->stop) {
       pthread_mutex_unlock(&l->mu);
-      for (uint64_t t0 = mono_ns(); mono_ns() - t0 < SPIN_NS;)
-        if (__atomic_load_n(&l->head, __ATOMIC_RELAXED) != NULL ||
-            __atomic_load_n(&l->stop, __ATOMIC_RELAXED))
+      /* The clock read once per 64 looks at the queue. */
+      uint64_t t0 = mono_ns();
+      for (unsigned i = 1; __atomic_load_n(&l->head, __ATOMIC_RELAXED) == NULL &&
+                           !__atomic_load_n(&l->stop, __ATOMIC_RELAXED);
+           i++) {
+        cpu_relax();
+        if (i % 64 == 0 && mono_ns() - t0 >= SPIN_NS)
           break;
+      }
       pthread_mutex_lock(&l->mu);
       while (l->head == NULL && !l->stop) {
         l->sleeping = 1;

@@ -63,6 +63,7 @@ typedef struct poll_item {
   CUevent ev;
   CUstream s;
   int device;
+  int passed; /* loop: found passed by this poll */
   sx__mem_notice *note;
 } poll_item;
 
@@ -162,23 +163,44 @@ static void arm(sx__mem_notifier *n, unsigned us) {
 static int poll_events(sx__mem_notifier *n) {
   if (__atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) == 0)
     return 0;
+  /* The items queued so far, first to last.  Only this thread takes items
+   * off and others append behind the last, so these stay put while the
+   * driver is asked without the lock (a notice queued meanwhile does not
+   * wait for the queries). */
+  pthread_mutex_lock(&n->mu);
+  const sx__cuda_drv *d = n->d;
+  poll_item *first = n->polled, *last = first;
+  for (poll_item *it = first; it != NULL; it = it->next)
+    last = it;
+  pthread_mutex_unlock(&n->mu);
+  if (first == NULL)
+    return 0;
   CUstream stuck[POLL_STUCK];
   int n_stuck = 0;
   long got = 0;
-  sx__mem_notice *done = NULL, **dtail = &done;
-  pthread_mutex_lock(&n->mu);
-  poll_item **pp = &n->polled;
-  while (*pp != NULL) {
-    poll_item *it = *pp;
+  for (poll_item *it = first;; it = it->next) {
     int k = 0;
     while (k < n_stuck && stuck[k] != it->s)
       k++;
     /* Any answer but "not ready" ends the wait: the event passed, or the
      * stream is broken and never will (its notice comes, as the event
      * way's waiter posts one; the op's own status says what failed). */
-    if (k < n_stuck || n->d->EventQuery(it->ev) == CUDA_ERROR_NOT_READY) {
-      if (k == n_stuck && n_stuck < POLL_STUCK)
-        stuck[n_stuck++] = it->s;
+    it->passed = k == n_stuck && d->EventQuery(it->ev) != CUDA_ERROR_NOT_READY;
+    if (it->passed)
+      got++;
+    else if (k == n_stuck && n_stuck < POLL_STUCK)
+      stuck[n_stuck++] = it->s;
+    if (it == last)
+      break;
+  }
+  if (got == 0)
+    return 0;
+  sx__mem_notice *done = NULL, **dtail = &done;
+  pthread_mutex_lock(&n->mu);
+  poll_item **pp = &n->polled;
+  while (*pp != NULL) {
+    poll_item *it = *pp;
+    if (!it->passed) {
       pp = &it->next;
       continue;
     }
@@ -186,9 +208,9 @@ static int poll_events(sx__mem_notifier *n) {
     *dtail = it->note;
     dtail = &it->note->next;
     it->note = NULL;
+    it->passed = 0;
     it->next = n->spare;
     n->spare = it;
-    got++;
   }
   n->ptail = pp;
   __atomic_sub_fetch(&n->n_polled, got, __ATOMIC_RELEASE);
@@ -199,7 +221,7 @@ static int poll_events(sx__mem_notifier *n) {
     done = note->next;
     note->fn(note); /* may queue more notices: n->mu is not held */
   }
-  return got > 0;
+  return 1;
 }
 
 /* Loop thread: poll, then time the next poll while any are outstanding
@@ -258,6 +280,7 @@ static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
   uv_check_init(loop, &n->check);
   n->check.data = n;
   n->handles++;
+
   const char *e = getenv("SX_GPU_POLL_US");
   char *end = NULL;
   long us = e != NULL ? strtol(e, &end, 10) : 0;

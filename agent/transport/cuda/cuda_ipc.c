@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "ipc_int.h"
@@ -850,8 +851,10 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ctx = ctx;
   t->loop = ctx->loop;
   /* The driver calls of reads on a thread beside the loop (launch.c):
-   * SX_GPU_LAUNCHER=auto (the default) while others are in flight, 1
-   * always, 0 never. */
+   * SX_GPU_LAUNCHER=auto (the default) for reads that start while others
+   * are in flight, on hosts of 8 CPUs and more (the thread spins a while
+   * after each call: on fewer it would take the loop's core); 1 always; 0
+   * never. */
   const char *e = getenv("SX_GPU_LAUNCHER");
   t->launch_mode = e == NULL || *e == '\0' || strcmp(e, "auto") == 0 ? 2
                    : strcmp(e, "1") == 0                              ? 1
@@ -861,6 +864,8 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
     fprintf(stderr, "segxfer: SX_GPU_LAUNCHER=%s is not auto, 1 or 0: auto\n", e);
     t->launch_mode = 2;
   }
+  if (t->launch_mode == 2 && sysconf(_SC_NPROCESSORS_ONLN) < 8)
+    t->launch_mode = 0;
   if (t->launch_mode != 0 && (rc = sx__mem_launcher_create(&t->launcher)) != 0) {
     sx__mem_notifier_close(t->nf);
     free(t);
