@@ -12,10 +12,14 @@
  * recorded behind each launch says when its table may be written again, so
  * the host only waits when RING_SLOTS launches are still queued on that one
  * stream.  The stream orders everything else: copies and notices queued
- * after a launch start after it ended.
+ * after a launch start after it ended.  On a stream with a launcher
+ * (launch.c) the caller writes the table and the launcher's thread makes
+ * the launch and records the event; every other call on the stream waits
+ * until its queued launches were made.
  */
 #ifdef SX_HAVE_CUDA
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,11 +42,15 @@ typedef struct piece {
 /* As gather.cu's sx_spiece: count pieces of len, count * len <= PIECE. */
 typedef sx__mem_strided spiece;
 
+/* A table's state (atomic): free to write; queued for the launcher;
+ * launched with done recorded behind it (free once done passed). */
+enum { SLOT_FREE, SLOT_QUEUED, SLOT_RECORDED };
+
 typedef struct slot {
   void *table;  /* pinned: pieces or strided pieces */
   size_t cap;   /* bytes */
   CUevent done; /* recorded behind the launch that reads table */
-  int busy;
+  int state;    /* atomic: SLOT_* */
 } slot;
 
 struct sx__gather_ring {
@@ -153,9 +161,14 @@ static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t bytes, slo
     return sx__err(SX_ENOMEM, "gather tables");
   slot *t = &s->ring->slots[s->ring->next++ % RING_SLOTS];
   CUresult r;
-  if (t->busy && (r = d->EventSynchronize(t->done)) != CUDA_SUCCESS)
+  int st;
+  /* Queued RING_SLOTS launches ago and not made yet: only a launcher far
+   * behind leaves one so. */
+  while ((st = __atomic_load_n(&t->state, __ATOMIC_ACQUIRE)) == SLOT_QUEUED)
+    sched_yield();
+  if (st == SLOT_RECORDED && (r = d->EventSynchronize(t->done)) != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "waiting for a gather launch");
-  t->busy = 0;
+  __atomic_store_n(&t->state, SLOT_FREE, __ATOMIC_RELAXED);
   if (t->done == NULL && (r = d->EventCreate(&t->done, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "creating an event");
   if (t->cap < bytes) {
@@ -176,22 +189,50 @@ static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t bytes, slo
   return 0;
 }
 
-/* Launch f over the np entries written into t. */
-static int launch_table(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s, slot *t,
-                        size_t np) {
+/* Launch f over the np entries written into t, now. */
+static int launch_now(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s, slot *t,
+                      size_t np) {
   uint64_t table = (uint64_t)(uintptr_t)t->table, count = np;
   void *params[] = {&table, &count};
   unsigned grid = np < MAX_GRID ? (unsigned)np : MAX_GRID;
   CUresult r = d->LaunchKernel(f, grid, 1, 1, THREADS, 1, 1, 0, s->s, params, NULL);
-  if (r != CUDA_SUCCESS)
+  if (r != CUDA_SUCCESS) {
+    __atomic_store_n(&t->state, SLOT_FREE, __ATOMIC_RELEASE);
     return sx__cuda_err(d, r, "launching the gather kernel");
+  }
   if ((r = d->EventRecord(t->done, s->s)) != CUDA_SUCCESS) {
     /* Not known when the table is free: wait for it now. */
     d->StreamSynchronize(s->s);
+    __atomic_store_n(&t->state, SLOT_FREE, __ATOMIC_RELEASE);
     return 0;
   }
-  t->busy = 1;
+  __atomic_store_n(&t->state, SLOT_RECORDED, __ATOMIC_RELEASE);
   return 0;
+}
+
+/* The launcher's thread: a launch queued by launch_table. */
+static void launch_job(sx__mem_job *j) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(j->s->device, &rc);
+  if (d != NULL)
+    rc = launch_now(d, (CUfunction)j->b, j->s, j->a, (size_t)j->x);
+  else
+    __atomic_store_n(&((slot *)j->a)->state, SLOT_FREE, __ATOMIC_RELEASE);
+  if (rc != 0)
+    sx__mem_stream_fail(j->s, rc);
+}
+
+/* Launch f over the np entries written into t: by s's launcher when it has
+ * one (its failure then reaches the next notice), else now. */
+static int launch_table(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s, slot *t,
+                        size_t np) {
+  if (sx__mem_deferred(s)) {
+    __atomic_store_n(&t->state, SLOT_QUEUED, __ATOMIC_RELEASE);
+    if (sx__mem_launcher_queue(s, launch_job, t, (void *)f, np) == 0)
+      return 0;
+    sx__mem_launcher_drain(s); /* no memory for the job: in order, here */
+  }
+  return launch_now(d, f, s, t, np);
 }
 
 static int launch(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
@@ -339,6 +380,7 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
   if (method == SX__COPY_KERNEL) {
     rc = launch(d, f, s, rg, n);
   } else if (method == SX__COPY_BATCH) {
+    sx__mem_launcher_drain(s);
     int b = batch(d, s, rg, n);
     /* Refused (an older driver's rules): single copies from now on. */
     if (b == 1)
@@ -348,6 +390,7 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *rg, size_t n, unsigne
   }
   if (method == SX__COPY_RANGE) {
     rc = 0;
+    sx__mem_launcher_drain(s);
     for (size_t i = 0; i < n && rc == 0; i++) {
       CUresult r = d->MemcpyAsync((CUdeviceptr)rg[i].dst, (CUdeviceptr)rg[i].src,
                                   (size_t)rg[i].len, s->s);
@@ -414,14 +457,17 @@ int sx__mem_gather_strided(sx__mem_stream *s, const sx__mem_strided *rg, size_t 
   if (method == SX__COPY_KERNEL) {
     rc = launch_strided(d, f, s, rg, n);
   } else if (method == SX__COPY_BATCH) {
+    sx__mem_launcher_drain(s);
     int b = pieces_batch(d, s, rg, n, pieces);
     if (b == 1)
       __atomic_store_n(&batch_broken, 1, __ATOMIC_RELAXED);
     if (b != 0)
       method = SX__COPY_RANGE;
   }
-  if (method == SX__COPY_RANGE)
+  if (method == SX__COPY_RANGE) {
+    sx__mem_launcher_drain(s);
     rc = pieces_one_by_one(d, s, rg, n);
+  }
   if (method != SX__COPY_BATCH || rc == 0)
     __atomic_add_fetch(&counts[method], 1, __ATOMIC_RELAXED);
   if (used != NULL)

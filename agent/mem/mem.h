@@ -82,6 +82,7 @@ void sx__mem_host_free(void *p);
 
 typedef struct sx__mem_stream sx__mem_stream;
 typedef struct sx__mem_notifier sx__mem_notifier;
+typedef struct sx__mem_launcher sx__mem_launcher;
 
 /* A notice queued behind the work on a stream; fn runs on the notifier's
  * loop once everything queued on the stream before it has finished. */
@@ -89,6 +90,9 @@ typedef struct sx__mem_notice {
   struct sx__mem_notice *next;
   void (*fn)(struct sx__mem_notice *n);
   sx__mem_notifier *nf; /* set by sx__mem_notify: where the host function posts it */
+  /* 0, or the error of work queued before it through a launcher that
+   * failed (set by the memory layer; fn reads it). */
+  int status;
 } sx__mem_notice;
 
 /* Delivers notices on loop (loop thread, or before the loop runs);
@@ -101,6 +105,19 @@ void sx__mem_notifier_close(sx__mem_notifier *n);
 
 /* A non-blocking stream on device's primary context. */
 int sx__mem_stream_create(int device, sx__mem_stream **out);
+/* A thread that makes the gather launches and notices of the streams
+ * created on it (launch.c): the caller only writes the tables and queues.
+ * Destroy it after its streams. */
+int sx__mem_launcher_create(sx__mem_launcher **out);
+void sx__mem_launcher_destroy(sx__mem_launcher *l);
+/* A stream whose gather launches and notices may go through l (NULL: made
+ * by the caller, as sx__mem_stream_create).  A launch that fails there
+ * reaches the next notice on the stream as its status. */
+int sx__mem_stream_create_on(int device, sx__mem_launcher *l, sx__mem_stream **out);
+/* The owner's choice for the calls it makes next on s: through its
+ * launcher (on), or itself (off; still queued while earlier ones wait
+ * there, to keep their order).  Off when created. */
+void sx__mem_stream_defer(sx__mem_stream *s, int on);
 /* Wait for the stream's work, then destroy it.  NULL is a no-op. */
 void sx__mem_stream_destroy(sx__mem_stream *s);
 int sx__mem_stream_device(const sx__mem_stream *s);
@@ -116,6 +133,8 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
 /* Deliver note on n's loop in a later iteration (any thread): for work
  * that must not run inside the current call stack. */
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
+/* Notices queued on n and not delivered yet (poll mode; 0 otherwise). */
+long sx__mem_notifier_pending(sx__mem_notifier *n);
 /* Tests: the notices queued so far in this process, by how: [0] polled
  * events, [1] host functions (also the fallback), [2] waited events. */
 void sx__mem_notice_counts(uint64_t out[3]);

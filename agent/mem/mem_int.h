@@ -66,13 +66,43 @@ typedef struct sx__cuda_drv {
 } sx__cuda_drv;
 
 /* A stream (stream.c); ring: the gather kernel's piece tables on it
- * (gather.c), NULL until its first launch. */
+ * (gather.c), NULL until its first launch.  With a launcher (l), its
+ * launches and notices are queued to the launcher's thread (queued: jobs
+ * not made yet), and err keeps the first job that failed for the next
+ * notice. */
 struct sx__mem_stream {
   CUstream s;
   int device;
   struct sx__gather_ring *ring;
   struct sx__mem_waiter *w; /* stream.c: event notices' thread, or NULL */
+  sx__mem_launcher *l;
+  long queued; /* atomic */
+  int err;     /* atomic */
+  int defer;   /* the owner's: queue to l now (sx__mem_stream_defer) */
 };
+
+/* launch.c: one job, made on the launcher's thread by run(j). */
+typedef struct sx__mem_job {
+  struct sx__mem_job *next;
+  void (*run)(struct sx__mem_job *j);
+  sx__mem_stream *s;
+  void *a, *b;
+  uint64_t x;
+} sx__mem_job;
+/* Does a call on s go to its launcher?  When the owner asked for it, or
+ * while jobs of s are queued there (a call made now would pass them). */
+static inline int sx__mem_deferred(const sx__mem_stream *s) {
+  return s->l != NULL && (s->defer || __atomic_load_n(&s->queued, __ATOMIC_ACQUIRE) > 0);
+}
+/* Queue run(a, b, x) for s's launcher: 0, or -1 (no memory: the caller
+ * drains s and makes the call itself). */
+int sx__mem_launcher_queue(sx__mem_stream *s, void (*run)(sx__mem_job *j), void *a, void *b,
+                           uint64_t x);
+/* Wait until every job queued for s was made (any thread but the
+ * launcher's): before a call made on s directly.  No-op without one. */
+void sx__mem_launcher_drain(sx__mem_stream *s);
+/* Launcher thread: a job of s failed with err (the first one counts). */
+void sx__mem_stream_fail(sx__mem_stream *s, int err);
 /* gather.c: free a stream's tables (its work has ended). */
 void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r);
 /* The retained primary context of device (NULL if not retained yet). */

@@ -60,6 +60,20 @@ int sx__mem_stream_create(int device, sx__mem_stream **out) {
   (void)device, (void)out;
   return no_cuda("stream");
 }
+int sx__mem_stream_create_on(int device, sx__mem_launcher *l, sx__mem_stream **out) {
+  (void)device, (void)l, (void)out;
+  return no_cuda("stream");
+}
+int sx__mem_launcher_create(sx__mem_launcher **out) {
+  (void)out;
+  return no_cuda("launcher");
+}
+void sx__mem_launcher_destroy(sx__mem_launcher *l) { (void)l; }
+void sx__mem_stream_defer(sx__mem_stream *s, int on) { (void)s, (void)on; }
+long sx__mem_notifier_pending(sx__mem_notifier *n) {
+  (void)n;
+  return 0;
+}
 void sx__mem_stream_destroy(sx__mem_stream *s) { (void)s; }
 int sx__mem_stream_device(const sx__mem_stream *s) {
   (void)s;

@@ -63,6 +63,7 @@ typedef struct poll_item {
   CUevent ev;
   CUstream s;
   int device;
+  int passed; /* loop: found passed by this poll */
   sx__mem_notice *note;
 } poll_item;
 
@@ -162,23 +163,44 @@ static void arm(sx__mem_notifier *n, unsigned us) {
 static int poll_events(sx__mem_notifier *n) {
   if (__atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) == 0)
     return 0;
+  /* The items queued so far, first to last.  Only this thread takes items
+   * off and others append behind the last, so these stay put while the
+   * driver is asked without the lock (a notice queued meanwhile does not
+   * wait for the queries). */
+  pthread_mutex_lock(&n->mu);
+  const sx__cuda_drv *d = n->d;
+  poll_item *first = n->polled, *last = first;
+  for (poll_item *it = first; it != NULL; it = it->next)
+    last = it;
+  pthread_mutex_unlock(&n->mu);
+  if (first == NULL)
+    return 0;
   CUstream stuck[POLL_STUCK];
   int n_stuck = 0;
   long got = 0;
-  sx__mem_notice *done = NULL, **dtail = &done;
-  pthread_mutex_lock(&n->mu);
-  poll_item **pp = &n->polled;
-  while (*pp != NULL) {
-    poll_item *it = *pp;
+  for (poll_item *it = first;; it = it->next) {
     int k = 0;
     while (k < n_stuck && stuck[k] != it->s)
       k++;
     /* Any answer but "not ready" ends the wait: the event passed, or the
      * stream is broken and never will (its notice comes, as the event
      * way's waiter posts one; the op's own status says what failed). */
-    if (k < n_stuck || n->d->EventQuery(it->ev) == CUDA_ERROR_NOT_READY) {
-      if (k == n_stuck && n_stuck < POLL_STUCK)
-        stuck[n_stuck++] = it->s;
+    it->passed = k == n_stuck && d->EventQuery(it->ev) != CUDA_ERROR_NOT_READY;
+    if (it->passed)
+      got++;
+    else if (k == n_stuck && n_stuck < POLL_STUCK)
+      stuck[n_stuck++] = it->s;
+    if (it == last)
+      break;
+  }
+  if (got == 0)
+    return 0;
+  sx__mem_notice *done = NULL, **dtail = &done;
+  pthread_mutex_lock(&n->mu);
+  poll_item **pp = &n->polled;
+  while (*pp != NULL) {
+    poll_item *it = *pp;
+    if (!it->passed) {
       pp = &it->next;
       continue;
     }
@@ -186,9 +208,9 @@ static int poll_events(sx__mem_notifier *n) {
     *dtail = it->note;
     dtail = &it->note->next;
     it->note = NULL;
+    it->passed = 0;
     it->next = n->spare;
     n->spare = it;
-    got++;
   }
   n->ptail = pp;
   __atomic_sub_fetch(&n->n_polled, got, __ATOMIC_RELEASE);
@@ -199,7 +221,7 @@ static int poll_events(sx__mem_notifier *n) {
     done = note->next;
     note->fn(note); /* may queue more notices: n->mu is not held */
   }
-  return got > 0;
+  return 1;
 }
 
 /* Loop thread: poll, then time the next poll while any are outstanding
@@ -258,6 +280,7 @@ static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
   uv_check_init(loop, &n->check);
   n->check.data = n;
   n->handles++;
+
   const char *e = getenv("SX_GPU_POLL_US");
   char *end = NULL;
   long us = e != NULL ? strtol(e, &end, 10) : 0;
@@ -510,7 +533,8 @@ static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifie
   return 0;
 }
 
-int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+/* Queue note behind s now, on this thread. */
+static int notify_now(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
@@ -530,6 +554,36 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
   return 0;
 }
 
+/* The launcher's thread: a notice queued by sx__mem_notify.  It carries
+ * the error of a launch before it that failed; one that cannot be queued
+ * at all comes once the stream's work ended, with that error. */
+static void notice_job(sx__mem_job *j) {
+  sx__mem_stream *s = j->s;
+  sx__mem_notice *note = j->b;
+  note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
+  int rc = notify_now(s, j->a, note);
+  if (rc == 0)
+    return;
+  int e;
+  const sx__cuda_drv *d = sx__cuda_get(s->device, &e);
+  if (d != NULL)
+    d->StreamSynchronize(s->s);
+  if (note->status == 0)
+    note->status = rc;
+  sx__mem_notice_post(j->a, note);
+}
+
+int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+  note->status = 0;
+  if (sx__mem_deferred(s)) {
+    if (sx__mem_launcher_queue(s, notice_job, n, note, 0) == 0)
+      return 0;
+    sx__mem_launcher_drain(s); /* no memory for the job: in order, here */
+    note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
+  }
+  return notify_now(s, n, note);
+}
+
 void sx__mem_notice_counts(uint64_t out[3]) {
   for (int i = 0; i < 3; i++)
     out[i] = __atomic_load_n(&notice_counts[i], __ATOMIC_RELAXED);
@@ -538,6 +592,10 @@ void sx__mem_notice_counts(uint64_t out[3]) {
 /* ------------------------------------------------------------ streams */
 
 int sx__mem_stream_create(int device, sx__mem_stream **out) {
+  return sx__mem_stream_create_on(device, NULL, out);
+}
+
+int sx__mem_stream_create_on(int device, sx__mem_launcher *l, sx__mem_stream **out) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(device, &rc);
   if (d == NULL)
@@ -546,6 +604,7 @@ int sx__mem_stream_create(int device, sx__mem_stream **out) {
   if (s == NULL)
     return sx__err(SX_ENOMEM, "stream");
   s->device = device;
+  s->l = l;
   CUresult r = d->StreamCreate(&s->s, CU_STREAM_NON_BLOCKING);
   if (r != CUDA_SUCCESS) {
     free(s);
@@ -559,6 +618,7 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
   int rc;
   if (s == NULL)
     return;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d != NULL) {
     d->StreamSynchronize(s->s);
@@ -571,8 +631,15 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
 
 int sx__mem_stream_device(const sx__mem_stream *s) { return s->device; }
 
+void sx__mem_stream_defer(sx__mem_stream *s, int on) { s->defer = on && s->l != NULL; }
+
+long sx__mem_notifier_pending(sx__mem_notifier *n) {
+  return __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE);
+}
+
 int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len) {
   int rc;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;
@@ -583,6 +650,7 @@ int sx__mem_copy_async(sx__mem_stream *s, void *dst, const void *src, size_t len
 
 int sx__mem_stream_sync(sx__mem_stream *s) {
   int rc;
+  sx__mem_launcher_drain(s);
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;

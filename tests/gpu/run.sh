@@ -17,6 +17,9 @@ suite() { # $1: what it runs on
   # shellcheck disable=SC2046  # one argument per test binary
   "$here/../run-tests.sh" "$build" gpu $(cd "$build/tests" && ls -1 gpu/test_gpu_* 2>/dev/null)
   rc=$?
+  # cuda_ipc again with every read's driver calls on the launcher's thread
+  # (by default only reads that start while others are in flight go there).
+  SX_GPU_LAUNCHER=1 "$here/../run-tests.sh" "$build" "gpu, SX_GPU_LAUNCHER=1" gpu/test_gpu_ipc gpu/test_gpu_push || rc=1
   if "$here/programs.sh" "$build" >"$build/test-logs/gpu/programs.log" 2>&1; then
     echo "  PASS  gpu/programs.sh"
   else

@@ -879,31 +879,39 @@ static void test_gpu_ipc_copy_methods(void **state) {
 }
 
 /* A launch the driver refuses (only the stand-in can be made to) fails
- * its batch (the error comes from the launch, on the loop, and settles
- * every range of the op), and the next batch reads every byte again. */
+ * its batch with a message that says so, whether the launcher's thread
+ * made it (SX_GPU_LAUNCHER=1: the error reaches the batch through the
+ * notice behind it) or the loop did (0), and the next batch reads every
+ * byte again. */
 static void test_gpu_ipc_launch_refused(void **state) {
   (void)state;
   if (!gpu_on_stand_in())
     skip();
-  target t;
-  target_start(&t, "ipc-l", "cuda:0", NULL);
-  gpu_pool r;
-  sx_agent *ra;
-  sx_segment *seg = reader_of("ipc-l", "ipc-lr", &r, &ra);
-  setenv("FAKE_CUDA_FAIL_LAUNCH", "1", 1);
-  sx_block_read e[64];
-  gpu_entries(e, 64, LAYERS, TBLOCKS, r.blocks, 1, 5);
-  sx_batch_result res = sxt_run_batch(seg, e, 64, 10000);
-  unsetenv("FAKE_CUDA_FAIL_LAUNCH");
-  print_message("launches refused: %s (%s)\n", sx_batch_state_name(res.state), res.message);
-  assert_int_equal(res.state, SX_BATCH_FAILED);
-  assert_true(res.error != 0);
-  assert_int_equal(res.n_failed, 64);
-  assert_non_null(strstr(res.message, "launching the gather kernel"));
-  for (uint32_t round = 6; round <= 7; round++)
-    read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
-  reader_end(seg, ra, &r);
-  assert_int_equal(target_end(&t, 0), 0);
+  static const char *const ways[] = {"1", "0"};
+  for (int w = 0; w < 2; w++) {
+    setenv("SX_GPU_LAUNCHER", ways[w], 1);
+    target t;
+    target_start(&t, "ipc-l", "cuda:0", NULL);
+    gpu_pool r;
+    sx_agent *ra;
+    sx_segment *seg = reader_of("ipc-l", "ipc-lr", &r, &ra);
+    setenv("FAKE_CUDA_FAIL_LAUNCH", "1", 1);
+    sx_block_read e[64];
+    gpu_entries(e, 64, LAYERS, TBLOCKS, r.blocks, 1, 5);
+    sx_batch_result res = sxt_run_batch(seg, e, 64, 10000);
+    unsetenv("FAKE_CUDA_FAIL_LAUNCH");
+    print_message("SX_GPU_LAUNCHER=%s, launches refused: %s (%s)\n", ways[w],
+                  sx_batch_state_name(res.state), res.message);
+    assert_int_equal(res.state, SX_BATCH_FAILED);
+    assert_true(res.error != 0);
+    assert_int_equal(res.n_failed, 64);
+    assert_non_null(strstr(res.message, "gather kernel"));
+    for (uint32_t round = 6; round <= 7; round++)
+      read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
+    reader_end(seg, ra, &r);
+    assert_int_equal(target_end(&t, 0), 0);
+    unsetenv("SX_GPU_LAUNCHER");
+  }
 }
 
 /* ------------------------------------------------------------ notices */

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "ipc_int.h"
@@ -275,6 +276,15 @@ static void slot_done(sx__mem_notice *n) {
   iop *o = s->o;
   ipc_peer *p = o->p;
   unsigned k = (unsigned)(s - o->slots);
+  if (o->status == 0 && n->status != 0) {
+    /* A launch before it failed on the launcher's thread. */
+    o->status = n->status;
+    if (p != NULL && o->op->first_error == 0) {
+      o->op->first_error = n->status;
+      snprintf(o->op->message, sizeof(o->op->message), "%s: launching the gather kernel "
+               "(launcher thread): %s", p->label, sx_strerror(n->status));
+    }
+  }
   int st = o->status;
   o->slots_left--;
   if (p != NULL && o->one) {
@@ -319,7 +329,7 @@ static int stream_for(cipc_t *t, int device, unsigned pick, sx__mem_stream **out
     pick = t->rr[device]++;
   sx__mem_stream **s = &t->streams[device][pick % IPC_STREAMS];
   if (*s == NULL) {
-    int rc = sx__mem_stream_create(device, s);
+    int rc = sx__mem_stream_create_on(device, t->launcher, s);
     if (rc)
       return rc;
   }
@@ -430,9 +440,15 @@ static void run(ipc_peer *p, iop *o) {
                         : (sx__mem_range){.dst = local, .src = remote, .len = x->length};
   }
   o->one = o->n_slots == 1 && n_failed == 0 && o->n_strided == 0;
+  /* The launcher makes the driver calls while other reads are in flight
+   * (the loop is busy: it plans this one meanwhile); alone, the loop makes
+   * them itself, sparing a read the hand-over (SX_GPU_LAUNCHER). */
+  int defer = t->launch_mode == 1 ||
+              (t->launch_mode == 2 && sx__mem_notifier_pending(t->nf) > 0);
   /* Each stream's copies in one call (the gather kernel, or the copy
    * engines: sx__mem_gather chooses), then one notice behind them. */
   for (unsigned k = 0; k < o->n_slots; k++) {
+    sx__mem_stream_defer(o->slots[k].s, defer);
     const sx__mem_range *rg = o->rg;
     size_t c = op->n, cs = 0;
     sx__mem_strided *spart = o->n_strided ? o->srg + o->n_strided : NULL;
@@ -846,6 +862,27 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
   t->base.ops = &sx__cuda_ipc_ops;
   t->base.ctx = ctx;
   t->loop = ctx->loop;
+  /* The driver calls of reads on a thread beside the loop (launch.c):
+   * SX_GPU_LAUNCHER=auto (the default) for reads that start while others
+   * are in flight, on hosts of 8 CPUs and more (the thread spins a while
+   * after each call: on fewer it would take the loop's core); 1 always; 0
+   * never. */
+  const char *e = getenv("SX_GPU_LAUNCHER");
+  t->launch_mode = e == NULL || *e == '\0' || strcmp(e, "auto") == 0 ? 2
+                   : strcmp(e, "1") == 0                              ? 1
+                   : strcmp(e, "0") == 0                              ? 0
+                                                                      : -1;
+  if (t->launch_mode < 0) {
+    fprintf(stderr, "segxfer: SX_GPU_LAUNCHER=%s is not auto, 1 or 0: auto\n", e);
+    t->launch_mode = 2;
+  }
+  if (t->launch_mode == 2 && sysconf(_SC_NPROCESSORS_ONLN) < 8)
+    t->launch_mode = 0;
+  if (t->launch_mode != 0 && (rc = sx__mem_launcher_create(&t->launcher)) != 0) {
+    sx__mem_notifier_close(t->nf);
+    free(t);
+    return rc;
+  }
   sx__mem_copy_method m = sx__mem_copy_env();
   t->method = m;
   t->spread = m == SX__COPY_BATCH || m == SX__COPY_RANGE;
@@ -861,6 +898,7 @@ static void ipc_close(sx_transport *base) {
   for (int d = 0; d < IPC_MAX_DEVICES; d++)
     for (int k = 0; k < IPC_STREAMS; k++)
       sx__mem_stream_destroy(t->streams[d][k]);
+  sx__mem_launcher_destroy(t->launcher); /* its streams are gone */
   sx__mem_notifier_close(t->nf); /* the last notices free their ops */
   while (t->spare != NULL) {
     iop *o = t->spare;

@@ -26,6 +26,8 @@ struct cipc_t {
   sx_transport base;
   uv_loop_t *loop;
   sx__mem_notifier *nf;
+  sx__mem_launcher *launcher; /* makes the streams' launches and notices, or NULL */
+  int launch_mode;         /* SX_GPU_LAUNCHER: 0 never, 1 always, 2 auto */
   sx__mem_stream *streams[IPC_MAX_DEVICES][IPC_STREAMS];
   unsigned rr[IPC_MAX_DEVICES];
   unsigned rr_op;          /* the stream of the next op on each device */
