@@ -71,9 +71,14 @@ static int check_notice(void *arg, const sx_notice *n) {
   if (n->tag >> 63)
     return 0; /* raw ranges: checked by the test itself */
   sx_block_write w = kv_write_tag(n->tag);
+  /* Set by the test's thread (set_pid) before the producer writes: the
+   * order reaches this thread through the sockets, which ThreadSanitizer
+   * cannot see, so the ids are atomic. */
+  uint32_t pid[2] = {__atomic_load_n(&c->pid[0], __ATOMIC_ACQUIRE),
+                     __atomic_load_n(&c->pid[1], __ATOMIC_ACQUIRE)};
   int ok = n->n_blocks == 1 && n->n_ranges == 0 && n->blocks[0].block == w.remote_block &&
            n->blocks[0].count == w.count &&
-           gpu_pool_check_written(&c->pool, c->pid, BLOCKS, SEED, w.local_block,
+           gpu_pool_check_written(&c->pool, pid, BLOCKS, SEED, w.local_block,
                                   w.remote_block, w.count) == 0;
   if (!ok)
     print_error("notice tag %lx came before its bytes (or is wrong)\n", (unsigned long)n->tag);
@@ -89,6 +94,12 @@ static void consumer_start(consumer *c, const char *name, const char *location,
   gpu_pool_make_access(&c->pool, c->a, location, LAYERS, BLOCKS, BB, 0, access);
   sxt_ok(sx_agent_notice_cb(c->a, check_notice, c));
   sxt_ok(sx_agent_publish(c->a, 0));
+}
+
+/* The producer's region ids, for the consumer's notice callback. */
+static void set_pid(consumer *c, const uint32_t id[2]) {
+  for (int s = 0; s < 2; s++)
+    __atomic_store_n(&c->pid[s], id[s], __ATOMIC_RELEASE);
 }
 
 static void consumer_stop(consumer *c) {
@@ -266,7 +277,7 @@ static void pair_start(pair *x, const char *ploc, const char *cloc, uint32_t acc
   x->pa = gpu_agent(url, "push-p", STAGING, SX_TRANSPORTS_TCP);
   gpu_pool_make(&x->p, x->pa, ploc, LAYERS, BLOCKS, BB, SEED);
   sxt_ok(sx_agent_publish(x->pa, 0));
-  memcpy(x->c.pid, x->p.id, sizeof(x->c.pid));
+  set_pid(&x->c, x->p.id);
   if (grant)
     sxt_ok(sx_agent_grant_write(x->c.a, "push-p", NULL));
   sxt_ok(sx_segment_open(x->pa, "push-c", 5000, &x->seg));
@@ -532,7 +543,7 @@ static void ipc_between(const char *ploc, const char *cloc) {
   sxt_ok(sx_agent_grant_write(c.a, "ipc-p", NULL));
   producer p;
   producer_start(&p, "ipc-p", ploc, 0);
-  memcpy(c.pid, p.id, sizeof(c.pid));
+  set_pid(&c, p.id);
   ipc_write_ok(&c, &p, "ipc-p", tag_of(1, 3, 90, 1));
   ipc_write_ok(&c, &p, "ipc-p", tag_of(2, 17, 5, 9));
   assert_int_equal(gpu_pool_zero(&c.pool, 91, 5), 0);
@@ -567,7 +578,7 @@ static void test_gpu_push_ipc_refused_and_revoked(void **state) {
   consumer_start(&c, "ipc-c", "cuda:0", 0, SXT_RW);
   producer p;
   producer_start(&p, "ipc-r", "cuda:0", 0);
-  memcpy(c.pid, p.id, sizeof(c.pid));
+  set_pid(&c, p.id);
   answer a = producer_do(&p, "write ipc-c %lx", (unsigned long)tag_of(1, 4, 10, 6));
   assert_int_equal(a.state, SX_BATCH_FAILED);
   assert_int_equal(a.error, SX_EACCESS);
@@ -611,7 +622,7 @@ static void test_gpu_push_ipc_revoke_in_flight(void **state) {
   sxt_ok(sx_agent_grant_write(c.a, "ipc-f", NULL));
   producer p;
   producer_start(&p, "ipc-f", "cuda:0", 0);
-  memcpy(c.pid, p.id, sizeof(c.pid));
+  set_pid(&c, p.id);
   ipc_write_ok(&c, &p, "ipc-f", tag_of(1, 0, 0, 1)); /* mapped now */
   /* Every block: on the stand-in, the copies take 40 ms or more. */
   fprintf(p.in, "write ipc-c %lx\n", (unsigned long)tag_of(2, 0, 0, BLOCKS));
@@ -661,7 +672,7 @@ static void producer_killed(unsigned transports, sx_transport_kind via) {
   sxt_ok(sx_agent_grant_write(c.a, pname, NULL));
   producer p;
   producer_start(&p, pname, "cuda:0", transports);
-  memcpy(c.pid, p.id, sizeof(c.pid));
+  set_pid(&c, p.id);
   fprintf(p.in, "loop %s\n", cname);
   fflush(p.in);
   int seen = 0;
