@@ -390,12 +390,8 @@ static void finish(sx_batch *b) {
 /* A write batch's (or a notifying read batch's) notice settled: that is
  * its end. */
 static void op_noticed(sx_op *op, int status, const char *msg) {
-  sx_batch *b = op->owner;
-  if (status != 0 && op->first_error == 0) {
-    op->first_error = status;
-    snprintf(op->message, sizeof(op->message), "%s", msg ? msg : sx_strerror(status));
-  }
-  finish(b);
+  sx__op_error(op, status, msg);
+  finish(op->owner);
 }
 
 /* Loop thread, at submit: where a notifying read batch over RDMA will send

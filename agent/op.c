@@ -5,15 +5,20 @@
 
 #include "transport/transport.h"
 
-/* n ranges of bytes settled with status: count them, keep the first error,
- * run done at zero. */
-static void settled(sx_op *op, size_t n, uint64_t bytes, int status, const char *msg) {
-  if (status == 0) {
-    op->bytes += bytes;
-  } else if (op->first_error == 0) {
+void sx__op_error(sx_op *op, int status, const char *msg) {
+  if (status != 0 && op->first_error == 0) {
     op->first_error = status;
     snprintf(op->message, sizeof(op->message), "%s", msg ? msg : sx_strerror(status));
   }
+}
+
+/* n ranges of bytes settled with status: count them, keep the first error,
+ * run done at zero. */
+static void settled(sx_op *op, size_t n, uint64_t bytes, int status, const char *msg) {
+  if (status == 0)
+    op->bytes += bytes;
+  else
+    sx__op_error(op, status, msg);
   op->pending -= n;
   if (op->pending == 0 && op->done != NULL)
     op->done(op);

@@ -21,7 +21,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "internal.h"
 #include "mem_int.h"
@@ -44,12 +43,6 @@ struct sx__mem_launcher {
   int sleeping, stop;                /* mu (stop also atomically) */
 };
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void *launcher_main(void *arg) {
   sx__mem_launcher *l = arg;
   pthread_mutex_lock(&l->mu);
@@ -57,12 +50,12 @@ static void *launcher_main(void *arg) {
     if (l->head == NULL && !l->stop) {
       pthread_mutex_unlock(&l->mu);
       /* The clock read once per 64 looks at the queue. */
-      uint64_t t0 = mono_ns();
+      uint64_t t0 = sx__mono_ns();
       for (unsigned i = 1; __atomic_load_n(&l->head, __ATOMIC_RELAXED) == NULL &&
                            !__atomic_load_n(&l->stop, __ATOMIC_RELAXED);
            i++) {
         cpu_relax();
-        if (i % 64 == 0 && mono_ns() - t0 >= SPIN_NS)
+        if (i % 64 == 0 && sx__mono_ns() - t0 >= SPIN_NS)
           break;
       }
       pthread_mutex_lock(&l->mu);

@@ -280,7 +280,6 @@ static int poll_open(uv_loop_t *loop, sx__mem_notifier *n) {
   uv_check_init(loop, &n->check);
   n->check.data = n;
   n->handles++;
-
   const char *e = getenv("SX_GPU_POLL_US");
   char *end = NULL;
   long us = e != NULL ? strtol(e, &end, 10) : 0;
@@ -631,7 +630,7 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
 
 int sx__mem_stream_device(const sx__mem_stream *s) { return s->device; }
 
-void sx__mem_stream_defer(sx__mem_stream *s, int on) { s->defer = on && s->l != NULL; }
+void sx__mem_stream_defer(sx__mem_stream *s, int on) { s->defer = on; }
 
 long sx__mem_notifier_pending(sx__mem_notifier *n) {
   return __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE);

@@ -180,6 +180,9 @@ struct sx_op {
 /* Settle xfer idx of op with status (0 or SX_E*); msg (may be NULL) becomes
  * the op's message if this is its first error.  Calls op->done at zero. */
 void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg);
+/* Keep status (SX_E*; 0 is ignored) and msg (NULL: its name) as the op's
+ * error if it has none yet, without settling anything. */
+void sx__op_error(sx_op *op, int status, const char *msg);
 /* Settle every xfer of op still pending with status, as one
  * sx__op_xfer_done() each would (bytes counted, the first error kept), but
  * in one pass and calling op->done once: for a transport whose whole op

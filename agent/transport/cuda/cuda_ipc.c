@@ -279,10 +279,11 @@ static void slot_done(sx__mem_notice *n) {
   if (o->status == 0 && n->status != 0) {
     /* A launch before it failed on the launcher's thread. */
     o->status = n->status;
-    if (p != NULL && o->op->first_error == 0) {
-      o->op->first_error = n->status;
-      snprintf(o->op->message, sizeof(o->op->message), "%s: launching the gather kernel "
-               "(launcher thread): %s", p->label, sx_strerror(n->status));
+    if (p != NULL) {
+      char msg[256];
+      snprintf(msg, sizeof(msg), "%s: launching the gather kernel (launcher thread): %s",
+               p->label, sx_strerror(n->status));
+      sx__op_error(o->op, n->status, msg);
     }
   }
   int st = o->status;
@@ -491,10 +492,9 @@ static void run(ipc_peer *p, iop *o) {
       }
       if (o->status == 0)
         o->status = rc;
-      if (op->first_error == 0) {
-        op->first_error = rc;
-        snprintf(op->message, sizeof(op->message), "%s: %s", p->label, msg);
-      }
+      char what[sizeof(msg) + 128];
+      snprintf(what, sizeof(what), "%s: %s", p->label, msg);
+      sx__op_error(op, rc, what);
     }
   }
   /* One notice per stream used, behind its copies. */
