@@ -5,6 +5,7 @@
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -610,6 +611,9 @@ void sx_agent_destroy(sx_agent *a) {
   a->shutdown.run = shutdown_run;
   a->shutdown.embedded = 1;
   sx__call_post(a, &a->shutdown);
+  pthread_mutex_lock(&a->lock);
+  a->joining = 1; /* sx_agent_stats_get stops asking for the thread's CPU clock */
+  pthread_mutex_unlock(&a->lock);
   uv_thread_join(&a->thread);
   if (uv_loop_close(&a->loop) != 0)
     sx__log(a, SX_LOG_ERROR, "agent stopped with libuv handles still open (a bug)");

@@ -256,6 +256,7 @@ struct sx_agent {
   uv_loop_t loop;
   uv_thread_t thread;      /* as created, for the join */
   uv_thread_t loop_tid;    /* as the loop thread sees itself */
+  int joining;             /* lock: sx_agent_destroy is joining the loop thread */
   sx__call shutdown;
   sx__wake wake;         /* calls queued (call.c) */
   pthread_mutex_t lock;

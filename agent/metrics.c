@@ -191,6 +191,10 @@ static void render(FILE *f, sx_agent *a, const sx_agent_stats *s) {
   gauge(f, "segxfer_regions", "Registered regions.", s->regions);
   gauge(f, "segxfer_region_bytes", "Bytes in registered regions.", s->region_bytes);
   render_push(f, s);
+  family(f, "segxfer_loop_cpu_seconds_total", "counter",
+         "CPU time of the agent's own thread (its event loop); a rate near 1 means it is "
+         "the bottleneck.");
+  fprintf(f, "segxfer_loop_cpu_seconds_total %.6f\n", (double)s->loop_cpu_ns / 1e9);
   counter(f, "segxfer_rdma_gpu_unreachable_pairs_total",
           "(RDMA device, GPU) pairs whose loopback RDMA READ of GPU memory failed at first "
           "use although registration succeeded; each is staged from then on (docs/gpu.md).",

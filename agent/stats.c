@@ -4,6 +4,7 @@
  * sx_agent_stats_get().  The Prometheus rendering is in metrics.c.
  */
 #include <stdio.h>
+#include <time.h>
 #include <string.h>
 
 #include "agent_int.h"
@@ -131,6 +132,12 @@ int sx_agent_stats_get(sx_agent *a, sx_agent_stats *out, size_t size) {
   s.regions = lt ? lt->n : 0;
   for (uint32_t i = 0; lt && i < lt->n; i++)
     s.region_bytes += lt->v[i]->r.length;
+  /* Under the lock: sx_agent_destroy joins the thread only after saying so. */
+  clockid_t cid;
+  struct timespec ts;
+  if (!a->joining && pthread_getcpuclockid(a->thread, &cid) == 0 &&
+      clock_gettime(cid, &ts) == 0)
+    s.loop_cpu_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
   pthread_mutex_unlock(&a->lock);
   for (unsigned k = 0; k < SX_MAX_DEVICES; k++)
     if (__atomic_load_n(&c->nic_named[k], __ATOMIC_ACQUIRE))

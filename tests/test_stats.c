@@ -107,6 +107,13 @@ static void test_stats_count_batches_bytes_and_latency(void **state) {
   sxt_ok(sx_agent_status_get(t.a, &st));
   assert_int_equal(st.served_bytes, want_bytes);
   assert_int_equal(st.served_reads, ts.served_reads[SX_TRANSPORT_TCP]);
+  /* The reader's own thread ran those batches: its CPU clock moved, and
+   * it is a part of the process's, read after it. */
+  uint64_t loop_ns = stats(r.a).loop_cpu_ns;
+  struct timespec pt;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &pt);
+  assert_true(s.loop_cpu_ns > 0 && s.loop_cpu_ns <= loop_ns);
+  assert_true(loop_ns <= (uint64_t)pt.tv_sec * 1000000000u + (uint64_t)pt.tv_nsec);
 
   /* The same numbers in the Prometheus text. */
   char *text;
@@ -122,6 +129,8 @@ static void test_stats_count_batches_bytes_and_latency(void **state) {
   assert_true(sample(text, "segxfer_cache_misses_total") == 1);
   assert_true(sample(text, "segxfer_cache_hits_total") == 1);
   assert_true(sample(text, "segxfer_open_segments") >= 1);
+  assert_true(sample(text, "segxfer_loop_cpu_seconds_total") > 0);
+  assert_true(strstr(text, "# TYPE segxfer_loop_cpu_seconds_total counter\n") != NULL);
   assert_true(text[len - 1] == '\n');
   /* Buckets are cumulative: never decreasing. */
   double prev = 0;

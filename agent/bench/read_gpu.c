@@ -201,6 +201,7 @@ typedef struct mres {
   double post_us, end_us; /* p50: submit to posted, submit to ended (loop thread) */
   uint64_t methods[4]; /* gathers per copy method in this process */
   double caller_us, other_us; /* CPU per request: the submitting thread, the rest */
+  double loop_us; /* CPU per request of the reader agent's own thread (its loop) */
 } mres;
 
 /* Reads for secs with depth requests in flight: adds the window's bytes,
@@ -211,6 +212,7 @@ typedef struct macc {
   bx_lat lat, post, end;
   uint64_t methods[4];
   uint64_t caller_ns, proc_ns; /* CPU time of the submitting thread, of the process */
+  uint64_t loop_ns;             /* of the reader agent's own thread */
 } macc;
 
 static uint64_t cpu_ns(clockid_t c) {
@@ -219,7 +221,13 @@ static uint64_t cpu_ns(clockid_t c) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
+/* CPU time of the agent's own thread (its loop), ns. */
+static uint64_t loop_ns(sx_agent *a) {
+  sx_agent_stats st;
+  return sx_agent_stats_get(a, &st, sizeof(st)) == 0 ? st.loop_cpu_ns : 0;
+}
+
+static int measure(run *R, sx_agent *a, sx_segment *seg, int g, double secs, macc *acc) {
   const gopts *o = R->o;
   uint64_t size = o->sizes[g], bytes = 0, reqs = 0;
   sx_batch *b[64] = {0};
@@ -227,7 +235,7 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
   sx_block_read *e = malloc(o->batch * sizeof(*e));
   double t0 = 0, t_end = 0;
   int ok = e != NULL, warm = 0;
-  uint64_t k = 0, m0[4], m1[4], c0 = 0, c1 = 0, p0 = 0, p1 = 0;
+  uint64_t k = 0, m0[4], m1[4], c0 = 0, c1 = 0, p0 = 0, p1 = 0, l0 = 0, l1 = 0;
   for (double start = bx_now(); ok;) {
     uint64_t slot = k % o->depth;
     if (b[slot] != NULL) {
@@ -255,11 +263,13 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
         sx__mem_copy_counts(m0);
         c0 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
         p0 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
+        l0 = loop_ns(a);
       } else if (warm && now - t0 >= secs) {
         t_end = now;
         sx__mem_copy_counts(m1);
         c1 = cpu_ns(CLOCK_THREAD_CPUTIME_ID);
         p1 = cpu_ns(CLOCK_PROCESS_CPUTIME_ID);
+        l1 = loop_ns(a);
         break;
       }
     }
@@ -282,6 +292,7 @@ static int measure(run *R, sx_segment *seg, int g, double secs, macc *acc) {
   acc->secs += t_end - t0;
   acc->caller_ns += c1 - c0;
   acc->proc_ns += p1 - p0;
+  acc->loop_ns += l1 > l0 ? l1 - l0 : 0;
   for (int m = 0; m < 4; m++)
     acc->methods[m] += m1[m] - m0[m];
   return 0;
@@ -298,6 +309,7 @@ static mres macc_result(macc *a) {
   if (a->reqs > 0 && a->proc_ns > 0) {
     r.caller_us = (double)a->caller_ns / 1e3 / (double)a->reqs;
     r.other_us = (double)(a->proc_ns - a->caller_ns) / 1e3 / (double)a->reqs;
+    r.loop_us = (double)a->loop_ns / 1e3 / (double)a->reqs;
   }
   return r;
 }
@@ -467,7 +479,8 @@ static const bx_col cols[] = {
     {"gb_s", "GB/S", "%.2f"},         {"p50_ms", "P50 MS", "%.3f"},
     {"p99_ms", "P99 MS", "%.3f"},     {"post_us", "POSTED US", "%.0f"},
     {"end_us", "ENDED US", "%.0f"},   {"caller_cpu_us", "CALLER CPU US", "%.1f"},
-    {"other_cpu_us", "OTHER CPU US", "%.1f"}, {"method", "COPIES BY", NULL},
+    {"other_cpu_us", "OTHER CPU US", "%.1f"}, {"loop_cpu_us", "LOOP CPU US", "%.1f"},
+    {"method", "COPIES BY", NULL},
     {"baseline", "BASELINE", NULL},   {"baseline_gb_s", "BASELINE GB/S", "%.2f"},
     {"ratio", "VS BASELINE", "%.2fx"},
 };
@@ -511,6 +524,8 @@ static void row(bx_table *t, const char *tr, const char *path, uint64_t size,
   if (v->caller_us > 0) {
     bx_set_num(r, "caller_cpu_us", v->caller_us);
     bx_set_num(r, "other_cpu_us", v->other_us);
+    if (v->loop_us > 0)
+      bx_set_num(r, "loop_cpu_us", v->loop_us);
   }
   if (method == NULL) {
     methods_str(v->methods, ms, sizeof(ms));
@@ -573,10 +588,10 @@ static int staged_vs_host(run *R, gopts *o, bx_table *t, bx_report *rep, double 
       bx_progress("%s staged, %llu-byte blocks, %llu per request", tr,
                   (unsigned long long)o->sizes[g], (unsigned long long)o->batch);
       macc v = {0}, hb = {0};
-      int ok = measure(R, hs->seg, g, secs / 2, &hb) == 0 &&
-               measure(R, gs->seg, g, secs, &v) == 0 &&
+      int ok = measure(R, hs->a, hs->seg, g, secs / 2, &hb) == 0 &&
+               measure(R, gs->a, gs->seg, g, secs, &v) == 0 &&
                check(R, gs->seg, g, gs->mem[g], last) == 0 &&
-               measure(R, hs->seg, g, secs / 2, &hb) == 0 &&
+               measure(R, hs->a, hs->seg, g, secs / 2, &hb) == 0 &&
                check(R, hs->seg, g, hs->mem[g], last) == 0;
       mres mv = macc_result(&v), mh = macc_result(&hb);
       if (!ok)
@@ -752,7 +767,8 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
   bx_table_note(t, "CALLER CPU US, OTHER CPU US: CPU time per request of the thread that "
                 "submits and waits (create, add, submit, wait, destroy), and of the rest of "
                 "the reader's process (the agent's loop, the driver's threads), over the "
-                "measured window");
+                "measured window; LOOP CPU US: of that, the agent's own thread (its loop; "
+                "x REQ/S = the share of its time it was busy)");
   bx_table_note(t, "COPIES BY: the memory layer's gathers that ran in this process, the "
                 "reader (SX_GPU_COPY=%s; staged tcp and rdma: into device memory from the "
                 "staging chunks)", sx__mem_copy_name(sx__mem_copy_env()));
@@ -781,7 +797,7 @@ int bx_read_gpu_main(const bx_common *co, int argc, char **argv) {
         int ok = 1;
         for (uint64_t r = 0; r < o.rounds && ok; r++)
           ok = base_copy(&R, g, tl.device, rl.device, slice, SX__COPY_KERNEL, &kb) == 0 &&
-               measure(&R, gs.seg, g, slice, &v) == 0 &&
+               measure(&R, gs.a, gs.seg, g, slice, &v) == 0 &&
                base_copy(&R, g, tl.device, rl.device, slice / 2, SX__COPY_RANGE, &cb) == 0;
         mres mv = macc_result(&v), mk = macc_result(&kb), mc = macc_result(&cb);
         if (!ok || check(&R, gs.seg, g, gs.mem[g], last) != 0)

@@ -344,6 +344,11 @@ typedef struct sx_agent_stats {
   char rdma_devices[SX_MAX_DEVICES][SX_TAG_MAX + 1];
   uint64_t rdma_device_wrs[SX_MAX_DEVICES];
   uint64_t rdma_device_bytes[SX_MAX_DEVICES];
+
+  /* CPU time the agent's own thread (its event loop: the store, the
+   * transports' posts and completions) has used, in ns: its rate says how
+   * busy it is.  0 where the clock cannot be read. */
+  uint64_t loop_cpu_ns;
 } sx_agent_stats;
 
 /*
