@@ -41,6 +41,15 @@ uint64_t sx__wall_ms(void);
 uint64_t sx__mono_ms(void);
 uint64_t sx__mono_ns(void);
 
+/* One turn of a spin-wait (the CPU's pause hint). */
+static inline void sx__cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* Fill buf with random bytes from the kernel.  0 or SX_EIO. */
 int sx__random(void *buf, size_t len);
 

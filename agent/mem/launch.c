@@ -27,14 +27,6 @@
 
 #define SPIN_NS 50000 /* empty-queue spinning before the thread sleeps */
 
-#if defined(__x86_64__) || defined(__i386__)
-#define cpu_relax() __builtin_ia32_pause()
-#elif defined(__aarch64__)
-#define cpu_relax() __asm__ __volatile__("yield")
-#else
-#define cpu_relax() ((void)0)
-#endif
-
 struct sx__mem_launcher {
   pthread_t th;
   pthread_mutex_t mu;
@@ -45,6 +37,7 @@ struct sx__mem_launcher {
 
 static void *launcher_main(void *arg) {
   sx__mem_launcher *l = arg;
+  pthread_setname_np(pthread_self(), "sx-launch");
   pthread_mutex_lock(&l->mu);
   for (;;) {
     if (l->head == NULL && !l->stop) {
@@ -54,7 +47,7 @@ static void *launcher_main(void *arg) {
       for (unsigned i = 1; __atomic_load_n(&l->head, __ATOMIC_RELAXED) == NULL &&
                            !__atomic_load_n(&l->stop, __ATOMIC_RELAXED);
            i++) {
-        cpu_relax();
+        sx__cpu_relax();
         if (i % 64 == 0 && sx__mono_ns() - t0 >= SPIN_NS)
           break;
       }

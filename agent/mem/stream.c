@@ -386,6 +386,7 @@ static void CUDA_CB host_fn(void *arg) {
 static void *waiter_main(void *arg) {
   struct sx__mem_waiter *w = arg;
   int rc;
+  pthread_setname_np(pthread_self(), "sx-cuwait");
   const sx__cuda_drv *d = sx__cuda_get(w->device, &rc);
   pthread_mutex_lock(&w->mu);
   for (;;) {

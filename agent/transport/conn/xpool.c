@@ -67,6 +67,7 @@ static void listed(sx__xpool *p, sx__xjob *j) {
 static void *worker_main(void *arg) {
   xworker *w = arg;
   sx__xpool *p = w->p;
+  pthread_setname_np(pthread_self(), "sx-mover");
   pthread_mutex_lock(&p->mu);
   for (;;) {
     while (!p->quit && p->q == NULL) {
