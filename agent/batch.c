@@ -41,7 +41,8 @@ struct sx_batch {
   pthread_cond_t cv;
   sx_batch_state state; /* mu */
   int ended;            /* mu: the result is readable */
-  int settled;          /* mu: the callback returned */
+  int settled;          /* mu (written atomically, read so by a spinning wait): the
+                         * callback returned */
   int queued;           /* mu: submit/cancel calls in the loop's queue */
   int cancel_req;       /* mu */
   int free_when_done;   /* mu: destroyed on the agent thread while running */
@@ -258,7 +259,7 @@ static void publish_end(sx_batch *b) {
   if (b->p.cb != NULL)
     b->p.cb(b, b->p.cb_arg);
   pthread_mutex_lock(&b->mu);
-  b->settled = 1;
+  __atomic_store_n(&b->settled, 1, __ATOMIC_RELEASE);
   if (b->efd >= 0) {
     uint64_t one = 1;
     ssize_t w = write(b->efd, &one, sizeof(one));
@@ -641,6 +642,35 @@ int sx_batch_cancel(sx_batch *b) {
 
 /* ------------------------------------------------------------ waiting */
 
+/* How long sx_batch_wait spins before it sleeps, ns: SX_WAIT_SPIN_US, by
+ * default WAIT_SPIN_US on hosts of 8 or more CPUs and none on smaller ones
+ * (a spinning caller there takes the core the agent's loop needs).  A
+ * batch that ends within it is seen without the sleep and its wake-up
+ * (tens of microseconds on a virtual machine), and the loop's broadcast
+ * finds nobody to wake. */
+#define WAIT_SPIN_US 50
+#define WAIT_SPIN_MAX_US 10000
+
+static uint64_t wait_spin_ns(void) {
+  static int64_t cached = -1;
+  int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v >= 0)
+    return (uint64_t)v;
+  const char *e = getenv("SX_WAIT_SPIN_US");
+  char *end = NULL;
+  long us = e != NULL ? strtol(e, &end, 10) : -1;
+  if (e != NULL && *e != '\0' && !(end != e && *end == '\0' && us >= 0 && us <= WAIT_SPIN_MAX_US)) {
+    fprintf(stderr, "segxfer: SX_WAIT_SPIN_US=%s is not a whole number of 0..%d: the "
+            "default\n", e, WAIT_SPIN_MAX_US);
+    us = -1;
+  }
+  if (e == NULL || *e == '\0' || us < 0)
+    us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? WAIT_SPIN_US : 0;
+  /* Racing first calls agree: each stores the same value. */
+  __atomic_store_n(&cached, (int64_t)us * 1000, __ATOMIC_RELAXED);
+  return (uint64_t)us * 1000;
+}
+
 int sx_batch_wait(sx_batch *b, int timeout_ms) {
   if (b == NULL)
     return sx__err(SX_EINVAL, "sx_batch_wait: NULL batch");
@@ -653,6 +683,20 @@ int sx_batch_wait(sx_batch *b, int timeout_ms) {
   if (b->state == SX_BATCH_NEW) {
     pthread_mutex_unlock(&b->mu);
     return sx__err(SX_EINVAL, "sx_batch_wait: the batch was never submitted");
+  }
+  uint64_t spin = b->settled || timeout_ms == 0 ? 0 : wait_spin_ns();
+  if (timeout_ms > 0 && spin > (uint64_t)timeout_ms * 1000000u)
+    spin = (uint64_t)timeout_ms * 1000000u;
+  if (spin > 0) {
+    pthread_mutex_unlock(&b->mu);
+    /* The clock read once per 64 looks. */
+    uint64_t t0 = sx__mono_ns();
+    for (unsigned i = 1; !__atomic_load_n(&b->settled, __ATOMIC_ACQUIRE); i++) {
+      sx__cpu_relax();
+      if (i % 64 == 0 && sx__mono_ns() - t0 >= spin)
+        break;
+    }
+    pthread_mutex_lock(&b->mu);
   }
   while (!b->settled) {
     if (timeout_ms < 0)
