@@ -117,8 +117,9 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
  * that must not run inside the current call stack. */
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
 /* Tests: the notices queued so far in this process, by how: [0] polled
- * events, [1] host functions (also the fallback), [2] waited events. */
-void sx__mem_notice_counts(uint64_t out[3]);
+ * events, [1] host functions (also the fallback), [2] waited events,
+ * [3] polled flags. */
+void sx__mem_notice_counts(uint64_t out[4]);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
 

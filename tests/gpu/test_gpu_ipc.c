@@ -902,7 +902,7 @@ static void notices_by(const char *how, int want) {
     setenv("FAKE_CUDA_DELAY_US", "2000", 1); /* read when a stream starts */
   target t;
   target_start(&t, "ipc-q", "cuda:0", NULL);
-  uint64_t before[3], after[3];
+  uint64_t before[4], after[4];
   sx__mem_notice_counts(before);
   {
     gpu_pool r;
@@ -917,10 +917,11 @@ static void notices_by(const char *how, int want) {
   sx__mem_notice_counts(after);
   unsetenv("FAKE_CUDA_DELAY_US");
   unsetenv("SX_GPU_NOTICE");
-  print_message("SX_GPU_NOTICE=%s: polled %lu, host functions %lu, waited events %lu\n",
-                how ? how : "(unset)", (unsigned long)(after[0] - before[0]),
+  print_message("SX_GPU_NOTICE=%s: polled flags %lu, polled events %lu, host functions %lu, "
+                "waited events %lu\n", how ? how : "(unset)",
+                (unsigned long)(after[3] - before[3]), (unsigned long)(after[0] - before[0]),
                 (unsigned long)(after[1] - before[1]), (unsigned long)(after[2] - before[2]));
-  for (int m = 0; m < 3; m++) {
+  for (int m = 0; m < 4; m++) {
     if (m == want)
       assert_true(after[m] - before[m] >= 19); /* 1 + 2 x (1 + 8) batches, one notice each */
     else
@@ -929,10 +930,39 @@ static void notices_by(const char *how, int want) {
   assert_int_equal(target_end(&t, 0), 0);
 }
 
+static void test_gpu_ipc_notice_flag(void **state) {
+  (void)state;
+  notices_by(NULL, 3); /* the default */
+  notices_by("flag", 3);
+}
+
 static void test_gpu_ipc_notice_poll(void **state) {
   (void)state;
-  notices_by(NULL, 0); /* the default */
   notices_by("poll", 0);
+}
+
+/* A driver that refuses stream memory operations (only the stand-in can
+ * be made to): flags fall back to polled events, byte for byte. */
+static void test_gpu_ipc_notice_flag_fallback(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  setenv("FAKE_CUDA_NO_MEMOPS", "1", 1);
+  notices_by("flag", 0);
+  unsetenv("FAKE_CUDA_NO_MEMOPS");
+}
+
+/* A stream that never writes its flags (one that broke before it got
+ * there; the stand-in accepts the writes and drops them): every notice
+ * still comes, once the stream is idle (cuStreamQuery), and the bytes
+ * are there. */
+static void test_gpu_ipc_notice_flag_lost(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  setenv("FAKE_CUDA_LOSE_WRITES", "1", 1);
+  notices_by("flag", 3);
+  unsetenv("FAKE_CUDA_LOSE_WRITES");
 }
 
 static void test_gpu_ipc_notice_host(void **state) {
@@ -946,8 +976,9 @@ static void test_gpu_ipc_notice_event(void **state) {
 }
 
 /* A driver without events (only the stand-in can refuse them): polling
- * falls back to host functions, byte for byte.  The gather kernel needs
- * events too, so the copies go by the batch call. */
+ * falls back to host functions, byte for byte, and so do flags where the
+ * driver refuses them too.  The gather kernel needs events too, so the
+ * copies go by the batch call. */
 static void test_gpu_ipc_notice_poll_fallback(void **state) {
   (void)state;
   if (!gpu_on_stand_in())
@@ -955,6 +986,9 @@ static void test_gpu_ipc_notice_poll_fallback(void **state) {
   setenv("SX_GPU_COPY", "batch", 1);
   setenv("FAKE_CUDA_NO_EVENTS", "1", 1);
   notices_by("poll", 1);
+  setenv("FAKE_CUDA_NO_MEMOPS", "1", 1);
+  notices_by("flag", 1);
+  unsetenv("FAKE_CUDA_NO_MEMOPS");
   unsetenv("FAKE_CUDA_NO_EVENTS");
   unsetenv("SX_GPU_COPY");
 }
@@ -1064,6 +1098,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_fallback, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_lost, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_poll, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_host, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_event, test_teardown),
