@@ -113,6 +113,8 @@ static int load(void) {
       OPT(EventSynchronize, "cuEventSynchronize"),
       OPT(EventDestroy, "cuEventDestroy_v2"),
       OPT(EventQuery, "cuEventQuery"),
+      OPT(StreamWriteValue64, "cuStreamWriteValue64_v2"),
+      OPT(StreamQuery, "cuStreamQuery"),
       OPT(CtxEnablePeerAccess, "cuCtxEnablePeerAccess"),
       OPT(DeviceGetAttribute, "cuDeviceGetAttribute"),
       OPT(MemGetHandleForAddressRange, "cuMemGetHandleForAddressRange"),

@@ -136,8 +136,9 @@ void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note);
 /* Notices queued on n and not delivered yet (poll mode; 0 otherwise). */
 long sx__mem_notifier_pending(sx__mem_notifier *n);
 /* Tests: the notices queued so far in this process, by how: [0] polled
- * events, [1] host functions (also the fallback), [2] waited events. */
-void sx__mem_notice_counts(uint64_t out[3]);
+ * events, [1] host functions (also the fallback), [2] waited events,
+ * [3] polled flags. */
+void sx__mem_notice_counts(uint64_t out[4]);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
 

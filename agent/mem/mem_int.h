@@ -54,6 +54,10 @@ typedef struct sx__cuda_drv {
   CUresult (*EventSynchronize)(CUevent e);
   CUresult (*EventDestroy)(CUevent e);
   CUresult (*EventQuery)(CUevent e); /* polled notices (stream.c) */
+  /* Optional (NULL where missing: notices polled by events): flagged
+   * notices (stream.c), a word the stream writes behind its work. */
+  CUresult (*StreamWriteValue64)(CUstream s, CUdeviceptr addr, cuuint64_t v, unsigned flags);
+  CUresult (*StreamQuery)(CUstream s);
   CUresult (*CtxEnablePeerAccess)(CUcontext peer, unsigned flags);
   /* Optional (NULL where missing): GPUDirect RDMA through dma-buf
    * (dmabuf.c). */

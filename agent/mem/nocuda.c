@@ -109,7 +109,7 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
 void sx__mem_notice_post(sx__mem_notifier *n, sx__mem_notice *note) {
   (void)n, (void)note;
 }
-void sx__mem_notice_counts(uint64_t out[3]) { out[0] = out[1] = out[2] = 0; }
+void sx__mem_notice_counts(uint64_t out[4]) { out[0] = out[1] = out[2] = out[3] = 0; }
 int sx__mem_stream_sync(sx__mem_stream *s) {
   (void)s;
   return no_cuda("stream");

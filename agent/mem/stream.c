@@ -2,11 +2,26 @@
  * Streams, completion notices and IPC handles (see mem.h).
  *
  * A notice runs on the notifier's loop once the work queued on its stream
- * before it has finished.  Three ways, chosen per notifier when it is
- * created (SX_GPU_NOTICE=poll|host|event; poll by default, host where the
- * driver lacks what poll needs):
+ * before it has finished.  Ways, chosen per notifier when it is created
+ * (SX_GPU_NOTICE=auto|poll|flag|host|event; auto by default; host where
+ * the driver lacks what the others need):
  *
- * - poll: an event (CU_EVENT_DISABLE_TIMING) recorded behind the work,
+ * - auto: polled (below), by a flag for each notice the launcher thread
+ *   queues and by an event for each the loop queues itself.  A flag costs
+ *   its queuer 2.5 us and the loop a load; an event costs its queuer
+ *   0.2-0.3 us and the loop 1.4-1.6 us to ask (H200,
+ *   tests/gpu/drv_cost.c).  The launcher works while the loop would be
+ *   busy (sx__mem_deferred), so the loop, the busiest thread at 8 reads
+ *   in flight, is spared the driver where it can be.
+ * - flag: every notice by a flag.  The stream writes the notice's number
+ *   into a word of pinned memory behind the work (cuStreamWriteValue64,
+ *   which fences the work's writes before it), and the loop compares
+ *   that word with the number.  A stream that broke never writes its
+ *   word: once a poll of the timer has found nothing for FLAG_CHECK_US,
+ *   the streams still waited for are asked (cuStreamQuery), and one that
+ *   is idle or broken delivers its notices.  Without stream memory
+ *   operations (the driver refuses the write), events.
+ * - poll: every notice by an event (CU_EVENT_DISABLE_TIMING) recorded behind the work,
  *   which the loop itself asks with cuEventQuery: after each loop
  *   iteration (a uv_check handle: whatever woke the loop, the notices that
  *   came due meanwhile go with it) and, only while some are outstanding,
@@ -29,9 +44,9 @@
  *   own waits for its events in order and posts their notices: the stream
  *   runs on meanwhile.
  *
- * An event passes only once everything queued before it on its stream has
- * completed, so a polled notice is as exact as a host function: a range
- * settles only after its bytes landed.
+ * An event passes, and a flag is written, only once everything queued
+ * before it on its stream has completed, so a polled notice is as exact as
+ * a host function: a range settles only after its bytes landed.
  */
 #ifdef SX_HAVE_CUDA
 #include <errno.h>
@@ -46,7 +61,10 @@
 #include "mem_int.h"
 #include "wake.h"
 
-enum { NOTICE_POLL, NOTICE_HOST, NOTICE_EVENT };
+/* As sx__mem_notice_counts() counts them. */
+enum { NOTICE_POLL, NOTICE_HOST, NOTICE_EVENT, NOTICE_FLAG, NOTICE_WAYS };
+/* Which polled notices are flags (the others are events). */
+enum { FLAGS_NONE, FLAGS_LAUNCHER, FLAGS_ALL };
 
 /* Poll mode's timer: the first poll this long after a notice was queued
  * with none outstanding (or after one came due), each empty poll doubling
@@ -55,11 +73,18 @@ enum { NOTICE_POLL, NOTICE_HOST, NOTICE_EVENT };
 #define POLL_MIN_US 4
 #define POLL_MAX_US 250
 #define POLL_STUCK 8 /* streams remembered per poll as not done yet */
+/* Flags: an empty timer poll this long after the last delivery asks the
+ * driver about the streams still waited for. */
+#define FLAG_CHECK_US 64
+#define FLAG_WORDS 512 /* streams one notifier tells by flags */
 
-/* SX_GPU_NOTICE=poll: one outstanding notice (n->polled), or a spare
- * event of device (n->spare). */
+/* SX_GPU_NOTICE=flag|poll: one outstanding notice (n->polled), or a
+ * spare (n->spare).  Passed once *flag >= seq (flag), or once ev passed
+ * (poll; ev is of device). */
 typedef struct poll_item {
   struct poll_item *next;
+  const uint64_t *flag;
+  uint64_t seq;
   CUevent ev;
   CUstream s;
   int device;
@@ -67,12 +92,23 @@ typedef struct poll_item {
   sx__mem_notice *note;
 } poll_item;
 
+/* The stream that writes a flag word, and the number it wrote last. */
+typedef struct flag_slot {
+  CUstream s;
+  uint64_t seq;
+} flag_slot;
+
 struct sx__mem_notifier {
   sx__wake wake; /* readable while notices wait */
   pthread_mutex_t mu;
   sx__mem_notice *head, **tail; /* mu */
-  int mode;                     /* NOTICE_* */
-  /* Poll mode (tfd >= 0 once its handles are open). */
+  int mode;                     /* NOTICE_POLL (auto, poll, flag), _HOST or _EVENT */
+  int flags;                    /* FLAGS_*: which polled notices are flags */
+  /* Flags: words[i] is written by the stream of slots[i] (mu). */
+  uint64_t *words;              /* pinned, FLAG_WORDS; NULL until the first */
+  flag_slot *slots;
+  int n_slots, flags_off;
+  /* Poll and flag modes (tfd >= 0 once their handles are open). */
   const sx__cuda_drv *d;        /* set by the first polled notice */
   poll_item *polled, **ptail;   /* mu: outstanding, in the order queued */
   poll_item *spare;             /* mu */
@@ -82,12 +118,13 @@ struct sx__mem_notifier {
   int tfd;
   unsigned min_us;              /* the first interval (SX_GPU_POLL_US) */
   unsigned next_us;             /* loop: the timer's next interval */
+  unsigned idle_us;             /* loop: timer polls since one found some */
   int timer_polled;             /* loop: the timer polled in this iteration */
   int handles;                  /* loop: uv handles not closed yet */
 };
 
 static long ipc_open; /* atomic: mappings open now */
-static uint64_t notice_counts[3]; /* atomic: notices queued, by NOTICE_* */
+static uint64_t notice_counts[NOTICE_WAYS]; /* atomic: notices queued, by NOTICE_* */
 
 /* SX_GPU_NOTICE=event: a stream's notices by events and a thread. */
 typedef struct wait_item {
@@ -117,6 +154,9 @@ static void notifier_closed(uv_handle_t *h) {
   sx__wake_release(&n->wake);
   if (n->tfd >= 0)
     close(n->tfd);
+  if (n->words != NULL)
+    n->d->MemFreeHost(n->words); /* its streams were destroyed: nothing writes */
+  free(n->slots);
   pthread_mutex_destroy(&n->mu);
   free(n);
 }
@@ -137,18 +177,27 @@ static void deliver(sx__wake *w) {
   }
 }
 
-/* SX_GPU_NOTICE, read for each notifier (tests force each way). */
-static int notice_mode(void) {
+/* SX_GPU_NOTICE, read for each notifier (tests force each way): the mode,
+ * and for polled ones which notices are flags. */
+static int notice_mode(int *flags) {
   const char *e = getenv("SX_GPU_NOTICE");
-  if (e == NULL || *e == '\0' || strcmp(e, "poll") == 0)
+  *flags = FLAGS_NONE;
+  if (e != NULL && strcmp(e, "poll") == 0)
     return NOTICE_POLL;
-  if (strcmp(e, "host") == 0)
+  if (e != NULL && strcmp(e, "flag") == 0) {
+    *flags = FLAGS_ALL;
+    return NOTICE_POLL;
+  }
+  if (e != NULL && strcmp(e, "host") == 0)
     return NOTICE_HOST;
-  if (strcmp(e, "event") == 0)
+  if (e != NULL && strcmp(e, "event") == 0)
     return NOTICE_EVENT;
   static int said;
-  if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
-    fprintf(stderr, "segxfer: SX_GPU_NOTICE=%s is not poll, host or event: polling\n", e);
+  if (e != NULL && *e != '\0' && strcmp(e, "auto") != 0 &&
+      !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+    fprintf(stderr, "segxfer: SX_GPU_NOTICE=%s is not auto, poll, flag, host or event: "
+            "auto\n", e);
+  *flags = FLAGS_LAUNCHER;
   return NOTICE_POLL;
 }
 
@@ -157,10 +206,22 @@ static void arm(sx__mem_notifier *n, unsigned us) {
   timerfd_settime(n->tfd, 0, &its, NULL); /* cannot fail with these arguments */
 }
 
-/* Loop thread: deliver the polled notices whose events passed; 1 if any
- * did.  Events of one stream pass in order, so a stream found not done
- * is not asked again in this pass. */
-static int poll_events(sx__mem_notifier *n) {
+/* Has it passed?  A flag: its word says so, or (ask: the timer found
+ * nothing for a while) the driver says its stream is idle or broken, and
+ * then it never will.  An event: any answer but "not ready" (passed, or
+ * the stream is broken and never will: its notice comes, as the event
+ * way's waiter posts one; the op's own status says what failed). */
+static int passed(const sx__cuda_drv *d, const poll_item *it, int ask) {
+  if (it->flag != NULL)
+    return __atomic_load_n(it->flag, __ATOMIC_ACQUIRE) >= it->seq ||
+           (ask && d->StreamQuery(it->s) != CUDA_ERROR_NOT_READY);
+  return d->EventQuery(it->ev) != CUDA_ERROR_NOT_READY;
+}
+
+/* Loop thread: deliver the polled notices that passed; 1 if any did.
+ * Notices of one stream pass in order, so a stream found not done is not
+ * asked again in this pass. */
+static int poll_events(sx__mem_notifier *n, int ask) {
   if (__atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) == 0)
     return 0;
   /* The items queued so far, first to last.  Only this thread takes items
@@ -182,10 +243,7 @@ static int poll_events(sx__mem_notifier *n) {
     int k = 0;
     while (k < n_stuck && stuck[k] != it->s)
       k++;
-    /* Any answer but "not ready" ends the wait: the event passed, or the
-     * stream is broken and never will (its notice comes, as the event
-     * way's waiter posts one; the op's own status says what failed). */
-    it->passed = k == n_stuck && d->EventQuery(it->ev) != CUDA_ERROR_NOT_READY;
+    it->passed = k == n_stuck && passed(d, it, ask);
     if (it->passed)
       got++;
     else if (k == n_stuck && n_stuck < POLL_STUCK)
@@ -227,8 +285,10 @@ static int poll_events(sx__mem_notifier *n) {
 /* Loop thread: poll, then time the next poll while any are outstanding
  * (a notice queued with none outstanding arms the timer itself). */
 static void poll_and_rearm(sx__mem_notifier *n, int from_timer) {
-  int got = poll_events(n);
+  int got = poll_events(n, from_timer && n->idle_us >= FLAG_CHECK_US);
   int left = __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE) > 0;
+  if (got || !left)
+    n->idle_us = 0;
   if (!left) {
     n->next_us = n->min_us;
     return;
@@ -237,6 +297,7 @@ static void poll_and_rearm(sx__mem_notifier *n, int from_timer) {
     n->next_us = n->min_us;
     arm(n, n->next_us);
   } else if (from_timer) {
+    n->idle_us += n->next_us;
     n->next_us = n->next_us * 2 > POLL_MAX_US ? POLL_MAX_US : n->next_us * 2;
     arm(n, n->next_us);
   }
@@ -303,7 +364,7 @@ int sx__mem_notifier_create(uv_loop_t *loop, sx__mem_notifier **out) {
   pthread_mutex_init(&n->mu, NULL);
   n->tail = &n->head;
   n->tfd = -1;
-  n->mode = notice_mode();
+  n->mode = notice_mode(&n->flags);
   int rc = sx__wake_init(loop, &n->wake, deliver);
   n->wake.poll.data = n;
   if (n->wake.fd >= 0)
@@ -351,7 +412,8 @@ void sx__mem_notifier_close(sx__mem_notifier *n) {
     while (n->spare != NULL) {
       poll_item *it = n->spare;
       n->spare = it->next;
-      n->d->EventDestroy(it->ev);
+      if (it->ev != NULL)
+        n->d->EventDestroy(it->ev);
       free(it);
     }
     uv_close((uv_handle_t *)&n->tpoll, notifier_closed);
@@ -485,6 +547,26 @@ static void waiter_stop(const sx__cuda_drv *d, struct sx__mem_waiter *w) {
   free(w);
 }
 
+/* mu held: queue it as outstanding; 1 if it is the first (the caller
+ * then starts the timer, after unlocking). */
+static int poll_queue(sx__mem_notifier *n, poll_item *it, sx__mem_notice *note, CUstream s) {
+  it->s = s;
+  it->note = note;
+  it->next = NULL;
+  int first = n->polled == NULL;
+  *n->ptail = it;
+  n->ptail = &it->next;
+  __atomic_add_fetch(&n->n_polled, 1, __ATOMIC_RELEASE);
+  return first;
+}
+
+/* The timer runs while any are outstanding: started by the first (a
+ * timerfd may be armed from any thread). */
+static void poll_started(sx__mem_notifier *n, int first) {
+  if (first)
+    arm(n, n->min_us);
+}
+
 /* Queue note behind s as an event the loop polls: 0, or 1 when that
  * cannot be done (a host function then). */
 static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifier *n,
@@ -517,30 +599,97 @@ static int notify_poll(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifie
     free(it);
     return 1;
   }
-  it->s = s->s;
-  it->note = note;
-  it->next = NULL;
+  it->flag = NULL; /* a spare may have served a flag before */
   pthread_mutex_lock(&n->mu);
-  int first = n->polled == NULL;
-  *n->ptail = it;
-  n->ptail = &it->next;
-  __atomic_add_fetch(&n->n_polled, 1, __ATOMIC_RELEASE);
+  int first = poll_queue(n, it, note, s->s);
   pthread_mutex_unlock(&n->mu);
-  /* The timer runs while any are outstanding: started by the first (a
-   * timerfd may be armed from any thread). */
-  if (first)
-    arm(n, n->min_us);
+  poll_started(n, first);
   return 0;
 }
 
-/* Queue note behind s now, on this thread. */
-static int notify_now(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
+/* mu held: the word stream s writes its flags into, or -1 (none left, or
+ * no pinned memory: events then). */
+static int flag_word(sx__mem_notifier *n, const sx__cuda_drv *d, CUstream s) {
+  for (int k = 0; k < n->n_slots; k++)
+    if (n->slots[k].s == s)
+      return k;
+  if (n->words == NULL) {
+    void *p;
+    if (d->MemHostAlloc(&p, FLAG_WORDS * sizeof(uint64_t), CU_MEMHOSTALLOC_PORTABLE) !=
+        CUDA_SUCCESS)
+      return -1;
+    if ((n->slots = calloc(FLAG_WORDS, sizeof(flag_slot))) == NULL) {
+      d->MemFreeHost(p);
+      return -1;
+    }
+    memset(p, 0, FLAG_WORDS * sizeof(uint64_t));
+    n->words = p;
+  }
+  if (n->n_slots == FLAG_WORDS)
+    return -1;
+  /* A stream destroyed and its handle given to a new one goes on with the
+   * numbers where they were: the word never goes back. */
+  n->slots[n->n_slots] = (flag_slot){s, 0};
+  return n->n_slots++;
+}
+
+/* Queue note behind s as a flag the loop polls: 0, or 1 when that cannot
+ * be done (events then).  The driver is asked without n->mu (a write
+ * costs microseconds, and the loop takes mu to poll): a stream's notices
+ * are queued by one thread at a time, in order, so its numbers reach its
+ * word in order. */
+static int notify_flag(const sx__cuda_drv *d, sx__mem_stream *s, sx__mem_notifier *n,
+                       sx__mem_notice *note) {
+  if (d->StreamWriteValue64 == NULL || d->StreamQuery == NULL || d->MemHostAlloc == NULL)
+    return 1;
+  pthread_mutex_lock(&n->mu);
+  n->d = d;
+  int k = n->flags_off ? -1 : flag_word(n, d, s->s);
+  poll_item *it = k < 0 ? NULL : n->spare;
+  if (it != NULL)
+    n->spare = it->next;
+  uint64_t seq = k < 0 ? 0 : n->slots[k].seq + 1;
+  uint64_t *word = k < 0 ? NULL : &n->words[k];
+  pthread_mutex_unlock(&n->mu);
+  if (k >= 0 && it == NULL && (it = calloc(1, sizeof(*it))) != NULL)
+    it->device = -1; /* no event: never a spare for notify_poll */
+  if (it == NULL)
+    return 1;
+  CUresult r = d->StreamWriteValue64(s->s, (CUdeviceptr)(uintptr_t)word, seq,
+                                     CU_STREAM_WRITE_VALUE_DEFAULT);
+  pthread_mutex_lock(&n->mu);
+  int first = 0;
+  if (r == CUDA_SUCCESS) {
+    n->slots[k].seq = seq;
+    it->flag = word;
+    it->seq = seq;
+    first = poll_queue(n, it, note, s->s);
+  } else {
+    it->next = n->spare;
+    n->spare = it;
+    /* The driver or device has no stream memory operations. */
+    if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)
+      n->flags_off = 1;
+  }
+  pthread_mutex_unlock(&n->mu);
+  poll_started(n, first);
+  return r == CUDA_SUCCESS ? 0 : 1;
+}
+
+/* Queue note behind s now, on this thread (the launcher's when
+ * launcher is set). */
+static int notify_now(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note,
+                      int launcher) {
   int rc;
   const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
   if (d == NULL)
     return rc;
   int how = NOTICE_HOST;
-  if (n->mode == NOTICE_POLL && notify_poll(d, s, n, note) == 0)
+  int flag = n->mode == NOTICE_POLL && (n->flags == FLAGS_ALL ||
+                                        (n->flags == FLAGS_LAUNCHER && launcher));
+  if (flag && notify_flag(d, s, n, note) == 0)
+    how = NOTICE_FLAG;
+  else if (n->mode == NOTICE_POLL && notify_poll(d, s, n, note) == 0)
     how = NOTICE_POLL;
   else if (n->mode == NOTICE_EVENT && notify_event(d, s, n, note) == 0)
     how = NOTICE_EVENT;
@@ -561,7 +710,7 @@ static void notice_job(sx__mem_job *j) {
   sx__mem_stream *s = j->s;
   sx__mem_notice *note = j->b;
   note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
-  int rc = notify_now(s, j->a, note);
+  int rc = notify_now(s, j->a, note, 1);
   if (rc == 0)
     return;
   int e;
@@ -581,11 +730,11 @@ int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note)
     sx__mem_launcher_drain(s); /* no memory for the job: in order, here */
     note->status = __atomic_exchange_n(&s->err, 0, __ATOMIC_ACQ_REL);
   }
-  return notify_now(s, n, note);
+  return notify_now(s, n, note, 0);
 }
 
-void sx__mem_notice_counts(uint64_t out[3]) {
-  for (int i = 0; i < 3; i++)
+void sx__mem_notice_counts(uint64_t out[4]) {
+  for (int i = 0; i < NOTICE_WAYS; i++)
     out[i] = __atomic_load_n(&notice_counts[i], __ATOMIC_RELAXED);
 }
 

@@ -27,6 +27,9 @@
  * events: notices fall back to host functions, gathers to the copies).
  * FAKE_CUDA_FAIL_LAUNCH=1 makes every kernel launch fail (as a driver
  * whose launch is refused: the batch must fail, not complete).
+ * FAKE_CUDA_NO_MEMOPS=1 refuses cuStreamWriteValue64 (notices are polled
+ * by events then), FAKE_CUDA_LOSE_WRITES=1 accepts it and never writes
+ * (a stream that broke first: the notice must come all the same).
  * FAKE_CUDA_NO_COPY=1 moves no bytes at all (asynchronous copies and
  * launches only keep their order): for profiling segxfer's own CPU cost
  * per batch, never for tests.
@@ -71,6 +74,8 @@ typedef struct op {
   uint64_t n;
   int strided;           /* ... or of (dst, src, len, count, dstride, sstride) */
   struct event *ev;      /* an event record */
+  uint64_t *word;        /* a cuStreamWriteValue64: value stored at word */
+  uint64_t value;
 } op;
 
 typedef struct event {
@@ -269,7 +274,9 @@ static void *worker(void *arg) {
       s->tail = &s->head;
     s->busy = 1;
     pthread_mutex_unlock(&s->mu);
-    if (o->ev != NULL) {
+    if (o->word != NULL) {
+      __atomic_store_n(o->word, o->value, __ATOMIC_RELEASE);
+    } else if (o->ev != NULL) {
       pthread_mutex_lock(&o->ev->mu);
       o->ev->reached++;
       pthread_cond_broadcast(&o->ev->cv);
@@ -333,6 +340,33 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) {
     pthread_cond_wait(&s->cv, &s->mu);
   pthread_mutex_unlock(&s->mu);
   return CUDA_SUCCESS;
+}
+
+/* Not ready while anything is queued or running. */
+EXPORT CUresult cuStreamQuery(CUstream h) {
+  stream *s = (stream *)h;
+  pthread_mutex_lock(&s->mu);
+  int idle = s->head == NULL && !s->busy;
+  pthread_mutex_unlock(&s->mu);
+  return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+/* FAKE_CUDA_NO_MEMOPS=1: refused, as by a driver or device without stream
+ * memory operations; FAKE_CUDA_LOSE_WRITES=1: accepted but never written,
+ * as by a stream that broke before it got there. */
+EXPORT CUresult cuStreamWriteValue64_v2(CUstream h, CUdeviceptr addr, cuuint64_t v,
+                                        unsigned flags) {
+  const char *no = getenv("FAKE_CUDA_NO_MEMOPS"), *lose = getenv("FAKE_CUDA_LOSE_WRITES");
+  if (no != NULL && strcmp(no, "1") == 0)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  if (flags != 0 || addr == 0 || addr % 8 != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (lose != NULL && strcmp(lose, "1") == 0)
+    return CUDA_SUCCESS;
+  op *o = calloc(1, sizeof(*o));
+  o->word = (uint64_t *)(uintptr_t)addr;
+  o->value = v;
+  return enqueue(h, o);
 }
 
 EXPORT CUresult cuStreamDestroy_v2(CUstream h) {

@@ -888,6 +888,9 @@ static void test_gpu_ipc_launch_refused(void **state) {
   if (!gpu_on_stand_in())
     skip();
   static const char *const ways[] = {"1", "0"};
+  /* The suite's own setting (run.sh runs it again with 1) goes back after. */
+  const char *was = getenv("SX_GPU_LAUNCHER");
+  char *saved = was != NULL ? strdup(was) : NULL;
   for (int w = 0; w < 2; w++) {
     setenv("SX_GPU_LAUNCHER", ways[w], 1);
     target t;
@@ -910,8 +913,12 @@ static void test_gpu_ipc_launch_refused(void **state) {
       read_verify(seg, &r, round, SX_TRANSPORT_CUDA_IPC);
     reader_end(seg, ra, &r);
     assert_int_equal(target_end(&t, 0), 0);
-    unsetenv("SX_GPU_LAUNCHER");
   }
+  if (saved != NULL)
+    setenv("SX_GPU_LAUNCHER", saved, 1);
+  else
+    unsetenv("SX_GPU_LAUNCHER");
+  free(saved);
 }
 
 /* ------------------------------------------------------------ notices */
@@ -938,6 +945,11 @@ static void read_overlapped(sx_segment *seg, const gpu_pool *r, uint32_t seed_ro
 /* Reads with the notices forced one way (SX_GPU_NOTICE, read when the
  * reader's agent opens cuda_ipc): byte for byte, and that way is the one
  * that ran (want: the index into sx__mem_notice_counts). */
+/* sx__mem_notice_counts()'s ways, as bits of notices_by's want. */
+enum { BY_EVENT_POLL = 1, BY_HOST = 2, BY_EVENT_WAIT = 4, BY_FLAG = 8 };
+
+/* Batches read with SX_GPU_NOTICE=how (NULL: unset, the default): every
+ * notice went one of the ways in want, and none another. */
 static void notices_by(const char *how, int want) {
   if (how != NULL)
     setenv("SX_GPU_NOTICE", how, 1);
@@ -947,7 +959,7 @@ static void notices_by(const char *how, int want) {
     setenv("FAKE_CUDA_DELAY_US", "2000", 1); /* read when a stream starts */
   target t;
   target_start(&t, "ipc-q", "cuda:0", NULL);
-  uint64_t before[3], after[3];
+  uint64_t before[4], after[4];
   sx__mem_notice_counts(before);
   {
     gpu_pool r;
@@ -962,44 +974,91 @@ static void notices_by(const char *how, int want) {
   sx__mem_notice_counts(after);
   unsetenv("FAKE_CUDA_DELAY_US");
   unsetenv("SX_GPU_NOTICE");
-  print_message("SX_GPU_NOTICE=%s: polled %lu, host functions %lu, waited events %lu\n",
-                how ? how : "(unset)", (unsigned long)(after[0] - before[0]),
+  print_message("SX_GPU_NOTICE=%s: polled flags %lu, polled events %lu, host functions %lu, "
+                "waited events %lu\n", how ? how : "(unset)",
+                (unsigned long)(after[3] - before[3]), (unsigned long)(after[0] - before[0]),
                 (unsigned long)(after[1] - before[1]), (unsigned long)(after[2] - before[2]));
-  for (int m = 0; m < 3; m++) {
-    if (m == want)
-      assert_true(after[m] - before[m] >= 19); /* 1 + 2 x (1 + 8) batches, one notice each */
+  uint64_t wanted = 0;
+  for (int m = 0; m < 4; m++) {
+    if (want & 1 << m)
+      wanted += after[m] - before[m];
     else
       assert_int_equal(after[m] - before[m], 0);
   }
+  assert_true(wanted >= 19); /* 1 + 2 x (1 + 8) batches, one notice each */
   assert_int_equal(target_end(&t, 0), 0);
+}
+
+static void test_gpu_ipc_notice_flag(void **state) {
+  (void)state;
+  /* The default (auto): flags for the notices the launcher queues, events
+   * for those the loop queues (SX_GPU_LAUNCHER: 1 every read's, 0 none,
+   * auto some on hosts of 8 or more CPUs). */
+  const char *l = getenv("SX_GPU_LAUNCHER");
+  int launcher = l != NULL && strcmp(l, "1") == 0   ? 1
+                 : l != NULL && strcmp(l, "0") == 0 ? 0
+                 : sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2
+                                                      : 0;
+  notices_by(NULL, launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL
+                                                           : BY_FLAG | BY_EVENT_POLL);
+  notices_by("auto", launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL
+                                                             : BY_FLAG | BY_EVENT_POLL);
+  notices_by("flag", BY_FLAG);
 }
 
 static void test_gpu_ipc_notice_poll(void **state) {
   (void)state;
-  notices_by(NULL, 0); /* the default */
-  notices_by("poll", 0);
+  notices_by("poll", BY_EVENT_POLL);
+}
+
+/* A driver that refuses stream memory operations (only the stand-in can
+ * be made to): flags fall back to polled events, byte for byte. */
+static void test_gpu_ipc_notice_flag_fallback(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  setenv("FAKE_CUDA_NO_MEMOPS", "1", 1);
+  notices_by("flag", BY_EVENT_POLL);
+  unsetenv("FAKE_CUDA_NO_MEMOPS");
+}
+
+/* A stream that never writes its flags (one that broke before it got
+ * there; the stand-in accepts the writes and drops them): every notice
+ * still comes, once the stream is idle (cuStreamQuery), and the bytes
+ * are there. */
+static void test_gpu_ipc_notice_flag_lost(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  setenv("FAKE_CUDA_LOSE_WRITES", "1", 1);
+  notices_by("flag", BY_FLAG);
+  unsetenv("FAKE_CUDA_LOSE_WRITES");
 }
 
 static void test_gpu_ipc_notice_host(void **state) {
   (void)state;
-  notices_by("host", 1);
+  notices_by("host", BY_HOST);
 }
 
 static void test_gpu_ipc_notice_event(void **state) {
   (void)state;
-  notices_by("event", 2);
+  notices_by("event", BY_EVENT_WAIT);
 }
 
 /* A driver without events (only the stand-in can refuse them): polling
- * falls back to host functions, byte for byte.  The gather kernel needs
- * events too, so the copies go by the batch call. */
+ * falls back to host functions, byte for byte, and so do flags where the
+ * driver refuses them too.  The gather kernel needs events too, so the
+ * copies go by the batch call. */
 static void test_gpu_ipc_notice_poll_fallback(void **state) {
   (void)state;
   if (!gpu_on_stand_in())
     skip();
   setenv("SX_GPU_COPY", "batch", 1);
   setenv("FAKE_CUDA_NO_EVENTS", "1", 1);
-  notices_by("poll", 1);
+  notices_by("poll", BY_HOST);
+  setenv("FAKE_CUDA_NO_MEMOPS", "1", 1);
+  notices_by("flag", BY_HOST);
+  unsetenv("FAKE_CUDA_NO_MEMOPS");
   unsetenv("FAKE_CUDA_NO_EVENTS");
   unsetenv("SX_GPU_COPY");
 }
@@ -1110,6 +1169,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_launch_refused, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_fallback, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_lost, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_poll, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_host, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_event, test_teardown),
