@@ -478,6 +478,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
     uv_loop_close(&a->loop);
     goto out_free;
   }
+  sx__calls_open(a);
   uv_timer_init(&a->loop, &a->drain_timer);
   a->drain_timer.data = a;
   uv_timer_init(&a->loop, &a->stop_timer);
@@ -562,6 +563,7 @@ static void close_store_and_handles(sx_agent *a) {
   if (!uv_is_closing((uv_handle_t *)&a->drain_timer))
     uv_close((uv_handle_t *)&a->drain_timer, NULL);
   sx__wake_close(&a->wake, NULL);
+  sx__calls_close(a);
   if (!uv_is_closing((uv_handle_t *)&a->stop_timer))
     uv_close((uv_handle_t *)&a->stop_timer, NULL);
 }

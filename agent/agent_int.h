@@ -68,6 +68,11 @@ void sx__call_finish(sx__call *c, int rc, const char *msg);
 void sx__call_free(sx__call *c);
 /* Loop thread: run what is queued (the async handle's callback). */
 void sx__calls_run(sx__wake *w);
+/* Loop thread (or before it runs), after the wake: the handles that let
+ * a caller skip the wake while the loop is busy; sx__calls_close closes
+ * them (beside sx__wake_close). */
+void sx__calls_open(sx_agent *a);
+void sx__calls_close(sx_agent *a);
 /* Loop thread, at shutdown: refuse new calls and run what is queued (every
  * run fails fast once a->shutting_down is set). */
 void sx__calls_drain(sx_agent *a);
@@ -259,6 +264,10 @@ struct sx_agent {
   int joining;             /* lock: sx_agent_destroy is joining the loop thread */
   sx__call shutdown;
   sx__wake wake;         /* calls queued (call.c) */
+  uv_prepare_t calls_prep; /* call.c: the loop is about to poll... */
+  uv_check_t calls_check;  /* ...and polled */
+  int loop_sleepy;         /* atomic: the loop may block in its poll: a
+                            * caller queueing a call must wake it */
   pthread_mutex_t lock;
   pthread_cond_t cond;    /* calls finished, store connected */
   sx__call *calls, **calls_tail; /* lock */

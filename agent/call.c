@@ -1,7 +1,11 @@
 /*
  * Cross-thread calls: any thread queues a call under the agent's lock and
- * wakes the loop (mem/wake.h); the loop runs it and finishes it,
- * possibly much later (when the store answers).  Waiters sleep on the
+ * wakes the loop (mem/wake.h) if it may be asleep; the loop runs it and
+ * finishes it, possibly much later (when the store answers).  A busy loop
+ * is not woken: it takes the calls queued meanwhile just before it polls
+ * (a uv_prepare handle), after saying that from then on callers must wake
+ * it, so each busy turn spares the caller a write(2) and the loop an
+ * epoll event and a read(2).  Waiters sleep on the
  * agent's condition variable with a timeout; one that gives up leaves the
  * call to the loop, which releases whatever result nobody will collect.
  */
@@ -44,7 +48,10 @@ static int enqueue(sx_agent *a, sx__call *c, int refs) {
   *a->calls_tail = c;
   a->calls_tail = &c->next;
   pthread_mutex_unlock(&a->lock);
-  if (first)
+  /* With the store to loop_sleepy and the lock in calls_prepare: either
+   * the loop sees this call there, or this sees that it may sleep. */
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (first && __atomic_load_n(&a->loop_sleepy, __ATOMIC_RELAXED))
     sx__wake_send(&a->wake);
   return 0;
 }
@@ -136,6 +143,44 @@ void sx__calls_run(sx__wake *w) {
     c->run(c); /* each run fails fast once a->shutting_down is set */
     c = next;
   }
+}
+
+/* Before the loop polls (and may block): from now on callers wake it; the
+ * calls they queued without (the loop was busy) run now. */
+static void calls_prepare(uv_prepare_t *h) {
+  sx_agent *a = h->data;
+  __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_RELAXED);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  pthread_mutex_lock(&a->lock);
+  int queued = a->calls != NULL;
+  pthread_mutex_unlock(&a->lock);
+  if (queued)
+    sx__calls_run(&a->wake);
+}
+
+/* The poll returned: the loop is busy until its next calls_prepare. */
+static void calls_checked(uv_check_t *h) {
+  sx_agent *a = h->data;
+  __atomic_store_n(&a->loop_sleepy, 0, __ATOMIC_RELAXED);
+}
+
+void sx__calls_open(sx_agent *a) {
+  __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_RELAXED); /* until the first turn */
+  uv_prepare_init(&a->loop, &a->calls_prep);
+  a->calls_prep.data = a;
+  uv_prepare_start(&a->calls_prep, calls_prepare);
+  uv_check_init(&a->loop, &a->calls_check);
+  a->calls_check.data = a;
+  uv_check_start(&a->calls_check, calls_checked);
+}
+
+void sx__calls_close(sx_agent *a) {
+  /* Callers wake the loop again until the agent stops taking calls. */
+  __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_SEQ_CST);
+  if (!uv_is_closing((uv_handle_t *)&a->calls_prep))
+    uv_close((uv_handle_t *)&a->calls_prep, NULL);
+  if (!uv_is_closing((uv_handle_t *)&a->calls_check))
+    uv_close((uv_handle_t *)&a->calls_check, NULL);
 }
 
 void sx__calls_drain(sx_agent *a) {
