@@ -51,11 +51,14 @@ typedef struct slot {
   size_t cap;   /* bytes */
   CUevent done; /* recorded behind the launch that reads table */
   int state;    /* atomic: SLOT_* */
+  uint64_t no;  /* the ring's count when it was taken last */
 } slot;
 
+/* The owner's (the thread that queues on the stream). */
 struct sx__gather_ring {
   slot slots[RING_SLOTS];
-  unsigned next;
+  uint64_t next;      /* tables taken so far */
+  uint64_t done_upto; /* those taken before this count have been read */
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -159,16 +162,20 @@ void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r) {
 static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t bytes, slot **out) {
   if (s->ring == NULL && (s->ring = calloc(1, sizeof(*s->ring))) == NULL)
     return sx__err(SX_ENOMEM, "gather tables");
-  slot *t = &s->ring->slots[s->ring->next++ % RING_SLOTS];
+  uint64_t no = s->ring->next++;
+  slot *t = &s->ring->slots[no % RING_SLOTS];
   CUresult r;
   int st;
   /* Queued RING_SLOTS launches ago and not made yet: only a launcher far
    * behind leaves one so. */
   while ((st = __atomic_load_n(&t->state, __ATOMIC_ACQUIRE)) == SLOT_QUEUED)
     sched_yield();
-  if (st == SLOT_RECORDED && (r = d->EventSynchronize(t->done)) != CUDA_SUCCESS)
+  /* A notice behind its launch passed (sx__mem_stream_passed): read. */
+  if (st == SLOT_RECORDED && t->no >= s->ring->done_upto &&
+      (r = d->EventSynchronize(t->done)) != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "waiting for a gather launch");
   __atomic_store_n(&t->state, SLOT_FREE, __ATOMIC_RELAXED);
+  t->no = no;
   if (t->done == NULL && (r = d->EventCreate(&t->done, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS)
     return sx__cuda_err(d, r, "creating an event");
   if (t->cap < bytes) {
@@ -187,6 +194,13 @@ static int table_get(const sx__cuda_drv *d, sx__mem_stream *s, size_t bytes, slo
   }
   *out = t;
   return 0;
+}
+
+uint64_t sx__gather_ring_mark(const struct sx__gather_ring *r) { return r ? r->next : 0; }
+
+void sx__gather_ring_passed(struct sx__gather_ring *r, uint64_t mark) {
+  if (r != NULL && mark > r->done_upto)
+    r->done_upto = mark;
 }
 
 /* Launch f over the np entries written into t, now. */

@@ -109,6 +109,10 @@ void sx__mem_launcher_drain(sx__mem_stream *s);
 void sx__mem_stream_fail(sx__mem_stream *s, int err);
 /* gather.c: free a stream's tables (its work has ended). */
 void sx__gather_ring_free(const sx__cuda_drv *d, struct sx__gather_ring *r);
+/* The ring's count of tables taken (0 without a ring), and: those taken
+ * before mark have been read (their launches finished). */
+uint64_t sx__gather_ring_mark(const struct sx__gather_ring *r);
+void sx__gather_ring_passed(struct sx__gather_ring *r, uint64_t mark);
 /* The retained primary context of device (NULL if not retained yet). */
 CUcontext sx__cuda_ctx(int device);
 

@@ -70,6 +70,9 @@ int sx__mem_launcher_create(sx__mem_launcher **out) {
 }
 void sx__mem_launcher_destroy(sx__mem_launcher *l) { (void)l; }
 void sx__mem_stream_defer(sx__mem_stream *s, int on) { (void)s, (void)on; }
+void sx__mem_stream_passed(sx__mem_stream *s, const sx__mem_notice *note) {
+  (void)s, (void)note;
+}
 long sx__mem_notifier_pending(sx__mem_notifier *n) {
   (void)n;
   return 0;

@@ -724,6 +724,7 @@ static void notice_job(sx__mem_job *j) {
 
 int sx__mem_notify(sx__mem_stream *s, sx__mem_notifier *n, sx__mem_notice *note) {
   note->status = 0;
+  note->mark = sx__gather_ring_mark(s->ring);
   if (sx__mem_deferred(s)) {
     if (sx__mem_launcher_queue(s, notice_job, n, note, 0) == 0)
       return 0;
@@ -781,6 +782,10 @@ void sx__mem_stream_destroy(sx__mem_stream *s) {
 int sx__mem_stream_device(const sx__mem_stream *s) { return s->device; }
 
 void sx__mem_stream_defer(sx__mem_stream *s, int on) { s->defer = on; }
+
+void sx__mem_stream_passed(sx__mem_stream *s, const sx__mem_notice *note) {
+  sx__gather_ring_passed(s->ring, note->mark);
+}
 
 long sx__mem_notifier_pending(sx__mem_notifier *n) {
   return __atomic_load_n(&n->n_polled, __ATOMIC_ACQUIRE);

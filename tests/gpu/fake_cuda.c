@@ -551,12 +551,23 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
   return enqueue(h, o);
 }
 
-EXPORT CUresult cuEventSynchronize(CUevent e) {
-  event *ev = (event *)e;
+static void event_wait(event *ev) {
   pthread_mutex_lock(&ev->mu);
   while (ev->reached < ev->recorded)
     pthread_cond_wait(&ev->cv, &ev->mu);
   pthread_mutex_unlock(&ev->mu);
+}
+
+static unsigned long event_syncs; /* atomic: cuEventSynchronize calls */
+
+/* Tests (dlsym): how often this process called cuEventSynchronize. */
+EXPORT unsigned long fake_cuda_event_syncs(void) {
+  return __atomic_load_n(&event_syncs, __ATOMIC_RELAXED);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+  __atomic_add_fetch(&event_syncs, 1, __ATOMIC_RELAXED);
+  event_wait((event *)e);
   return CUDA_SUCCESS;
 }
 
@@ -570,7 +581,7 @@ EXPORT CUresult cuEventQuery(CUevent e) {
 
 EXPORT CUresult cuEventDestroy_v2(CUevent e) {
   event *ev = (event *)e;
-  cuEventSynchronize(e);
+  event_wait(ev);
   pthread_mutex_destroy(&ev->mu);
   pthread_cond_destroy(&ev->cv);
   free(ev);

@@ -11,6 +11,7 @@
  */
 #include <signal.h>
 #include <stdatomic.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -942,6 +943,45 @@ static void read_overlapped(sx_segment *seg, const gpu_pool *r, uint32_t seed_ro
   }
 }
 
+/* A gather table is written again once the notice behind the launch that
+ * read it passed, without asking the driver about the launch's own event:
+ * 40 x 8 batches in flight (each stream's ring of 32 tables goes round
+ * more than twice), every one checked byte for byte while later ones may
+ * still be launching; on the stand-in every launch is slowed to 2 ms, so
+ * a table written too early would copy the wrong blocks.  The stand-in
+ * counts the reader's cuEventSynchronize calls: none. */
+static void test_gpu_ipc_tables_reused_by_notices(void **state) {
+  (void)state;
+  if (!gpu_on_stand_in())
+    skip();
+  void *h = dlopen(getenv("SX_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+  unsigned long (*syncs)(void) = NULL;
+  if (h != NULL)
+    *(void **)&syncs = dlsym(h, "fake_cuda_event_syncs");
+  assert_non_null(syncs);
+  setenv("FAKE_CUDA_DELAY_US", "2000", 1); /* read when a stream starts */
+  target t;
+  target_start(&t, "ipc-tb", "cuda:0", NULL);
+  gpu_pool r;
+  sx_agent *ra;
+  sx_segment *seg = reader_of("ipc-tb", "ipc-tbr", &r, &ra);
+  read_verify(seg, &r, 2, SX_TRANSPORT_CUDA_IPC); /* the first maps */
+  uint64_t k0 = gpu_copy_count(SX__COPY_KERNEL);
+  unsigned long s0 = syncs();
+  for (uint32_t round = 0; round < 40; round++)
+    read_overlapped(seg, &r, 100 + round);
+  unsigned long waited = syncs() - s0;
+  uint64_t gathers = gpu_copy_count(SX__COPY_KERNEL) - k0;
+  print_message("%lu gathers, %lu cuEventSynchronize calls\n", (unsigned long)gathers, waited);
+  reader_end(seg, ra, &r);
+  unsetenv("FAKE_CUDA_DELAY_US");
+  assert_int_equal(target_end(&t, 0), 0);
+  assert_int_equal(gathers, 320);
+  assert_int_equal(waited, 0);
+  if (h != NULL)
+    dlclose(h);
+}
+
 /* Reads with the notices forced one way (SX_GPU_NOTICE, read when the
  * reader's agent opens cuda_ipc): byte for byte, and that way is the one
  * that ran (want: the index into sx__mem_notice_counts). */
@@ -1169,6 +1209,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_reader_destroyed_while_notice_waits, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_launch_refused, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_tables_reused_by_notices, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_fallback, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_lost, test_teardown),

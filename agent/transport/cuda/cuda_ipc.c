@@ -288,6 +288,8 @@ static void slot_done(sx__mem_notice *n) {
   }
   int st = o->status;
   o->slots_left--;
+  if (p != NULL) /* the peer's streams live while it does */
+    sx__mem_stream_passed(s->s, n);
   if (p != NULL && o->one) {
     /* Every range of the op was on this stream: one pass, one done. */
     s->left = 0;
