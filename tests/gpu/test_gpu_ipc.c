@@ -1039,10 +1039,9 @@ static void test_gpu_ipc_notice_flag(void **state) {
                  : l != NULL && strcmp(l, "0") == 0 ? 0
                  : sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2
                                                       : 0;
-  notices_by(NULL, launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL
-                                                           : BY_FLAG | BY_EVENT_POLL);
-  notices_by("auto", launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL
-                                                             : BY_FLAG | BY_EVENT_POLL);
+  int want = launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL : BY_FLAG | BY_EVENT_POLL;
+  notices_by(NULL, want);
+  notices_by("auto", want);
   notices_by("flag", BY_FLAG);
 }
 
@@ -1051,15 +1050,20 @@ static void test_gpu_ipc_notice_poll(void **state) {
   notices_by("poll", BY_EVENT_POLL);
 }
 
+/* notices_by with the stand-in's switch fake set (skipped on a GPU). */
+static void notices_on_stand_in(const char *fake, const char *how, int want) {
+  if (!gpu_on_stand_in())
+    skip();
+  setenv(fake, "1", 1);
+  notices_by(how, want);
+  unsetenv(fake);
+}
+
 /* A driver that refuses stream memory operations (only the stand-in can
  * be made to): flags fall back to polled events, byte for byte. */
 static void test_gpu_ipc_notice_flag_fallback(void **state) {
   (void)state;
-  if (!gpu_on_stand_in())
-    skip();
-  setenv("FAKE_CUDA_NO_MEMOPS", "1", 1);
-  notices_by("flag", BY_EVENT_POLL);
-  unsetenv("FAKE_CUDA_NO_MEMOPS");
+  notices_on_stand_in("FAKE_CUDA_NO_MEMOPS", "flag", BY_EVENT_POLL);
 }
 
 /* A stream that never writes its flags (one that broke before it got
@@ -1068,11 +1072,7 @@ static void test_gpu_ipc_notice_flag_fallback(void **state) {
  * are there. */
 static void test_gpu_ipc_notice_flag_lost(void **state) {
   (void)state;
-  if (!gpu_on_stand_in())
-    skip();
-  setenv("FAKE_CUDA_LOSE_WRITES", "1", 1);
-  notices_by("flag", BY_FLAG);
-  unsetenv("FAKE_CUDA_LOSE_WRITES");
+  notices_on_stand_in("FAKE_CUDA_LOSE_WRITES", "flag", BY_FLAG);
 }
 
 static void test_gpu_ipc_notice_host(void **state) {
