@@ -492,6 +492,68 @@ static void test_agent_thread_survives_writes_to_broken_sockets(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* ------------------------------------------------------------ calls */
+
+typedef struct submitter {
+  sx_segment *seg;
+  int n, ok;
+} submitter;
+
+/* n batches of one block, each submitted alone and waited for 2 s at
+ * most: a submit that waits for a wake that never comes sits until the
+ * lease timer's next turn (seconds) and fails the wait. */
+static void *submit_one_at_a_time(void *arg) {
+  submitter *s = arg;
+  sx_block_read e = {.layer_count = 1, .slots = SXT_KV, .count = 1};
+  for (int i = 0; i < s->n; i++) {
+    sx_batch *b;
+    if (sx_batch_create(s->seg, NULL, &b) != 0)
+      return NULL;
+    e.remote_block = e.local_block = (uint64_t)i % 8;
+    sx_batch_result res = {.state = SX_BATCH_FAILED};
+    int waited = sx_batch_add_blocks(b, &e, 1) == 0 && sx_batch_submit(b) == 0 &&
+                 sx_batch_wait(b, 2000) == 0;
+    if (waited)
+      sx_batch_result_get(b, &res);
+    sx_batch_destroy(b);
+    if (res.state != SX_BATCH_COMPLETED)
+      return NULL;
+    s->ok++;
+  }
+  return NULL;
+}
+
+/* A caller wakes the loop only while it may sleep (call.c): a busy loop
+ * takes the calls queued meanwhile just before it polls.  Every batch
+ * reaches the loop, from one thread (the loop mostly asleep between
+ * batches) and from four at once (mostly busy). */
+static void test_agent_calls_reach_a_busy_or_sleeping_loop(void **state) {
+  (void)state;
+  char url[64];
+  new_url(url, sizeof(url));
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-c", NULL, 8);
+  sxt_reader_start(&r, url, "decode-c");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-c", 1000, &seg));
+  submitter one = {.seg = seg, .n = 3000};
+  submit_one_at_a_time(&one);
+  assert_int_equal(one.ok, one.n);
+  submitter many[4];
+  pthread_t th[4];
+  for (int k = 0; k < 4; k++) {
+    many[k] = (submitter){.seg = seg, .n = 750};
+    assert_int_equal(pthread_create(&th[k], NULL, submit_one_at_a_time, &many[k]), 0);
+  }
+  for (int k = 0; k < 4; k++) {
+    pthread_join(th[k], NULL);
+    assert_int_equal(many[k].ok, many[k].n);
+  }
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
 /* ------------------------------------------------------------ deadlines */
 
 /* A "target" that accepts connections (the kernel does) and never answers. */
@@ -839,6 +901,7 @@ int main(void) {
   setenv("SX_WAIT_SPIN_US", "2000", 0);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_agent_pattern_seed_parse),
+      cmocka_unit_test(test_agent_calls_reach_a_busy_or_sleeping_loop),
       cmocka_unit_test(test_agent_publish_open_check_and_read),
       cmocka_unit_test(test_agent_cache_flushed_when_the_watch_is_set_up_again),
       cmocka_unit_test(test_agent_range_reads_callback_and_eventfd),
