@@ -329,7 +329,7 @@ static int collect_failed(sx_batch *b) {
   uint32_t count = 0;
   for (size_t i = 0; i < b->op.n; i++) {
     const sx_xfer *x = &b->op.xfers[i];
-    if (x->status == 0 || b->op.all_ok)
+    if (x->status == 0)
       continue;
     for (uint32_t e = x->entry_first; e <= x->entry_last && e < n; e++) {
       if (!(bits[e / 8] & (1u << (e % 8)))) {

@@ -26,19 +26,10 @@ static void settled(sx_op *op, size_t n, uint64_t bytes, int status, const char 
 
 void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg) {
   sx_xfer *x = &op->xfers[idx];
-  if (x->status != 1 || op->all_ok)
+  if (x->status != 1)
     return; /* already settled: a late completion after an abort */
   x->status = status;
   settled(op, 1, x->length, status, msg);
-}
-
-void sx__op_all_done(sx_op *op, uint64_t bytes) {
-  if (op->pending != op->n) {
-    sx__op_xfers_done(op, 0, NULL);
-    return;
-  }
-  op->all_ok = 1;
-  settled(op, op->n, bytes, 0, NULL);
 }
 
 void sx__op_xfers_done(sx_op *op, int status, const char *msg) {

@@ -1,6 +1,5 @@
 /*
- * Batch completion as a counter (agent/op.c): sx__op_xfers_done (and
- * sx__op_all_done, the same for an op whose ranges all succeeded), which
+ * Batch completion as a counter (agent/op.c): sx__op_xfers_done, which
  * cuda_ipc uses to settle a whole op whose copies ended together, settles
  * exactly what one sx__op_xfer_done per pending range would: ranges
  * settled before keep their status and are not counted again, bytes count
@@ -56,41 +55,6 @@ static void test_all_succeed(void **state) {
   assert_int_equal(a.op.first_error, 0);
 }
 
-/* sx__op_all_done: the same end without touching each range (the
- * statuses stay as they were), and nothing settles twice after it. */
-static void test_all_done_without_a_pass(void **state) {
-  (void)state;
-  fixture a, b;
-  setup(&a);
-  setup(&b);
-  sx__op_all_done(&a.op, 8 * 100 + 28);
-  settle_each(&b, 0, NULL);
-  assert_int_equal(a.done, 1);
-  assert_int_equal(a.op.pending, 0);
-  assert_int_equal(a.op.bytes, b.op.bytes);
-  assert_int_equal(a.op.first_error, 0);
-  assert_true(a.op.all_ok);
-  for (int i = 0; i < N; i++)
-    assert_int_equal(a.x[i].status, 1); /* not written */
-  sx__op_xfer_done(&a.op, 3, SX_EIO, "late");
-  sx__op_xfers_done(&a.op, SX_EIO, "late");
-  sx__op_all_done(&a.op, 1);
-  assert_int_equal(a.done, 1);
-  assert_int_equal(a.op.pending, 0);
-  assert_int_equal(a.op.bytes, b.op.bytes);
-  assert_int_equal(a.op.first_error, 0);
-  /* Some settled before: as sx__op_xfers_done (range 5 counted once). */
-  fixture c;
-  setup(&c);
-  sx__op_xfer_done(&c.op, 5, 0, NULL);
-  sx__op_all_done(&c.op, 8 * 100 + 28);
-  assert_int_equal(c.done, 1);
-  assert_false(c.op.all_ok);
-  assert_int_equal(c.op.bytes, 8 * 100 + 28);
-  for (int i = 0; i < N; i++)
-    assert_int_equal(c.x[i].status, 0);
-}
-
 static void test_some_settled_before(void **state) {
   (void)state;
   fixture f;
@@ -132,7 +96,6 @@ static void test_error_sticks(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_succeed),
-      cmocka_unit_test(test_all_done_without_a_pass),
       cmocka_unit_test(test_some_settled_before),
       cmocka_unit_test(test_error_sticks),
   };

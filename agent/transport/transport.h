@@ -172,8 +172,6 @@ struct sx_op {
   char message[256];
   void (*done)(sx_op *op); /* once, when pending reaches 0 */
   void *owner;
-  int all_ok; /* settled by sx__op_all_done: every xfer succeeded, their
-               * statuses were not written */
   /* Push: the op's notice (sx_transport_ops.notify) settled with status
    * 0 (the consumer accepted it) or an error and msg. */
   void (*noticed)(sx_op *op, int status, const char *msg);
@@ -191,12 +189,6 @@ void sx__op_error(sx_op *op, int status, const char *msg);
  * ended together (one stream's copies, one notice), or that fails or
  * cancels all that is left of it. */
 void sx__op_xfers_done(sx_op *op, int status, const char *msg);
-/* Every xfer of op, none settled before, succeeded together, bytes in
- * all: settle them without writing each one's status (a pass that misses
- * the cache on large ops; op->all_ok says so, and nothing reads the
- * statuses of an op that ended).  Falls back to sx__op_xfers_done when
- * some were settled before. */
-void sx__op_all_done(sx_op *op, uint64_t bytes);
 
 /* sx_transport_ops.caps */
 #define SX__TR_STRIDED 1u /* post() takes strided xfers (SX__XFER_STRIDED) */

@@ -293,11 +293,7 @@ static void slot_done(sx__mem_notice *n) {
   if (p != NULL && o->one) {
     /* Every range of the op was on this stream: one pass, one done. */
     s->left = 0;
-    /* done may run: o->op last used here */
-    if (st == 0)
-      sx__op_all_done(o->op, o->bytes); /* no pass over the ranges */
-    else
-      sx__op_xfers_done(o->op, st, NULL);
+    sx__op_xfers_done(o->op, st, NULL); /* done may run: o->op last used here */
   } else if (p != NULL) {
     for (size_t i = 0; i < o->op->n && s->left > 0; i++) {
       if (o->slot[i] != k)
@@ -680,7 +676,6 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   for (size_t i = 0; i < op->n; i++) {
     const sx_region *R = op->xfers[i].rreg;
     o->n_strided += op->xfers[i].shape == SX__XFER_STRIDED;
-    o->bytes += op->xfers[i].length;
     if (R == last) {
       o->ri[i] = o->ri[i - 1];
       continue; /* the same region as the range before: seen */

@@ -92,7 +92,6 @@ struct iop {
   sx_op *op;
   int status;              /* abort status: ranges settle with it */
   int one;                 /* every range copied, on one stream: settle at once */
-  uint64_t bytes;          /* of all the op's ranges (ipc_post) */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
   uint32_t *ri;            /* per range: its region's index in p->regs */
   sx__mem_range *rg;       /* per range: its copy; then room for one stream's
