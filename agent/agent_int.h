@@ -266,6 +266,7 @@ struct sx_agent {
   sx__wake wake;         /* calls queued (call.c) */
   uv_prepare_t calls_prep; /* call.c: the loop is about to poll... */
   uv_check_t calls_check;  /* ...and polled */
+  uv_idle_t calls_idle;    /* keeps that poll from blocking after calls ran */
   int loop_sleepy;         /* atomic: the loop may block in its poll: a
                             * caller queueing a call must wake it */
   pthread_mutex_t lock;

@@ -145,8 +145,14 @@ void sx__calls_run(sx__wake *w) {
   }
 }
 
+static void calls_idle(uv_idle_t *h) { (void)h; }
+
 /* Before the loop polls (and may block): from now on callers wake it; the
- * calls they queued without (the loop was busy) run now. */
+ * calls they queued without (the loop was busy) run now.  What they start
+ * may be finished by other phase handles that already ran in this turn (a
+ * store command is written by the store's check or prepare handle), so
+ * the poll after them must not block: the idle handle makes it return at
+ * once, and the check phase follows. */
 static void calls_prepare(uv_prepare_t *h) {
   sx_agent *a = h->data;
   __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_RELAXED);
@@ -154,14 +160,17 @@ static void calls_prepare(uv_prepare_t *h) {
   pthread_mutex_lock(&a->lock);
   int queued = a->calls != NULL;
   pthread_mutex_unlock(&a->lock);
-  if (queued)
+  if (queued) {
     sx__calls_run(&a->wake);
+    uv_idle_start(&a->calls_idle, calls_idle);
+  }
 }
 
 /* The poll returned: the loop is busy until its next calls_prepare. */
 static void calls_checked(uv_check_t *h) {
   sx_agent *a = h->data;
   __atomic_store_n(&a->loop_sleepy, 0, __ATOMIC_RELAXED);
+  uv_idle_stop(&a->calls_idle);
 }
 
 void sx__calls_open(sx_agent *a) {
@@ -172,6 +181,7 @@ void sx__calls_open(sx_agent *a) {
   uv_check_init(&a->loop, &a->calls_check);
   a->calls_check.data = a;
   uv_check_start(&a->calls_check, calls_checked);
+  uv_idle_init(&a->loop, &a->calls_idle);
 }
 
 void sx__calls_close(sx_agent *a) {
@@ -181,6 +191,8 @@ void sx__calls_close(sx_agent *a) {
     uv_close((uv_handle_t *)&a->calls_prep, NULL);
   if (!uv_is_closing((uv_handle_t *)&a->calls_check))
     uv_close((uv_handle_t *)&a->calls_check, NULL);
+  if (!uv_is_closing((uv_handle_t *)&a->calls_idle))
+    uv_close((uv_handle_t *)&a->calls_idle, NULL);
 }
 
 void sx__calls_drain(sx_agent *a) {

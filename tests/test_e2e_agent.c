@@ -142,6 +142,94 @@ static void test_e2e_random_blocks_are_byte_exact(void **state) {
   assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
 }
 
+/* Holds the reader's loop in a batch callback until the test says. */
+typedef struct holder {
+  int in, release; /* atomic */
+} holder;
+
+static void hold_loop(sx_batch *b, void *arg) {
+  (void)b;
+  holder *h = arg;
+  __atomic_store_n(&h->in, 1, __ATOMIC_RELEASE);
+  while (!__atomic_load_n(&h->release, __ATOMIC_ACQUIRE))
+    usleep(1000);
+}
+
+typedef struct opener {
+  sx_agent *a;
+  const char *name;
+  int rc;
+  double ms;
+} opener;
+
+static void *open_named(void *arg) {
+  opener *o = arg;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  sx_segment *s = NULL;
+  o->rc = sx_segment_open(o->a, o->name, 5000, &s);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  o->ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+  sx_segment_close(s);
+  return NULL;
+}
+
+/* A call queued while the agent's loop is busy runs just before the loop
+ * polls (agent/call.c), and a store command it queues must go out then,
+ * not when the poll's next timer fires (the store's 2 s timeout: "get: no
+ * answer").  The reader's loop is held in a batch callback while another
+ * thread opens a segment it has not opened yet (a store read); once
+ * released, the open ends at once. */
+static void test_e2e_open_queued_while_the_loop_is_busy(void **state) {
+  (void)state;
+  SXT_NEED_REDIS(&env);
+  char name[64];
+  next_name(name, sizeof(name), "pool");
+  sxt_pool p;
+  pool_start(&p, name, NULL, 77, 0, 3000);
+  sxt_pool q[5];
+  char qname[5][64];
+  for (int k = 0; k < 5; k++) {
+    next_name(qname[k], sizeof(qname[k]), "pool");
+    pool_start(&q[k], qname[k], NULL, 78, 0, 3000);
+  }
+  rd r;
+  reader_start(&r, "e2e-reader-busy");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, name, 5000, &seg));
+  for (int round = 0; round < 5; round++) {
+    holder h = {0};
+    sx_batch_params bp;
+    sx_batch_params_init(&bp);
+    bp.cb = hold_loop;
+    bp.cb_arg = &h;
+    sx_batch *b;
+    sx_block_read e = {.layer_count = 1, .slots = 1, .count = 1};
+    sxt_ok(sx_batch_create(seg, &bp, &b));
+    sxt_ok(sx_batch_add_blocks(b, &e, 1));
+    sxt_ok(sx_batch_submit(b));
+    while (!__atomic_load_n(&h.in, __ATOMIC_ACQUIRE))
+      usleep(1000);
+    opener o = {.a = r.a, .name = qname[round]};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, open_named, &o), 0);
+    usleep(50000); /* the open is queued behind the busy loop */
+    __atomic_store_n(&h.release, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    sxt_ok(sx_batch_wait(b, 10000));
+    sx_batch_destroy(b);
+    print_message("round %d: open of %s: %s in %.0f ms (the loop held 50 ms of them)\n",
+                  round, qname[round], o.rc ? sx_err_name(o.rc) : "ok", o.ms);
+    assert_int_equal(o.rc, 0);
+    assert_true(o.ms < 1000);
+  }
+  sx_segment_close(seg);
+  reader_stop(&r);
+  assert_int_equal(sxt_pool_stop(&p, SIGTERM), 0);
+  for (int k = 0; k < 5; k++)
+    assert_int_equal(sxt_pool_stop(&q[k], SIGTERM), 0);
+}
+
 static void test_e2e_two_reader_processes_in_parallel(void **state) {
   (void)state;
   SXT_NEED_REDIS(&env);
@@ -671,6 +759,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_e2e_random_blocks_are_byte_exact),
       cmocka_unit_test(test_e2e_two_reader_processes_in_parallel),
+      cmocka_unit_test(test_e2e_open_queued_while_the_loop_is_busy),
       cmocka_unit_test(test_e2e_crafted_requests_are_rejected_and_serving_goes_on),
       cmocka_unit_test(test_e2e_target_killed_during_a_batch),
       cmocka_unit_test(test_e2e_stopped_target_times_out_then_recovers),

@@ -30,7 +30,8 @@ typedef struct rc_glue {
    * them failing with EEXIST).  Only a socket that cannot take everything
    * falls back to polling for writability.  (A command queued by another
    * prepare callback after this one ran waits for the check phase, after
-   * the loop's poll; nothing in segxfer queues commands from one.)
+   * the loop's poll: the agent's calls_prepare, which runs calls that
+   * queue commands, makes that poll return at once.)
    */
   uv_check_t flush_check;
   uv_prepare_t flush_prep;
