@@ -417,6 +417,17 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   }
 }
 
+/* Why a slot failed when its stage QP went away (msg says how): for a
+ * write, that the consumer dropped the QP, whichever came first, the
+ * flushed work or the disconnect. */
+static const char *qp_lost(const rdma_sreader *r, const char *msg, char *buf, size_t cap) {
+  if (!r->write)
+    return msg;
+  snprintf(buf, cap, "%s; the consumer dropped a staged write's QP (its write grant was "
+           "revoked, or it stopped or failed)", msg);
+  return buf;
+}
+
 void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc) {
   rdma_peer *p = c->p;
   rdma_sreader *r = p->sr;
@@ -424,11 +435,13 @@ void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc) {
   uint32_t idx = (uint32_t)wc->wr_id & 0xffffu;
   if (r == NULL || idx >= NSLOTS)
     return;
-  char msg[256] = "";
+  char msg[sizeof(c->msg) + 128] = "";
   int st = 0;
   if (wc->status == IBV_WC_WR_FLUSH_ERR) {
     st = c->reason != 0 ? c->reason : SX_EDISCONN;
-    snprintf(msg, sizeof(msg), "%s", c->msg[0] ? c->msg : "the stage QP went to error");
+    char lost[sizeof(msg)];
+    snprintf(msg, sizeof(msg), "%s",
+             qp_lost(r, c->msg[0] ? c->msg : "the stage QP went to error", lost, sizeof(lost)));
     if (c->state == RC_UP)
       sx__rdma_conn_teardown(c, SX_EDISCONN, 0, "stage QP to '%.64s' at %s went to error",
                              p->name, p->where);
@@ -457,12 +470,7 @@ void sx__rdma_s_conn_down(rdma_conn *c) {
     return;
   int st = c->reason != 0 ? c->reason : SX_EDISCONN;
   char wmsg[sizeof(c->msg) + 128];
-  const char *msg = c->msg[0] ? c->msg : "the stage QP is gone";
-  if (r->write) { /* say what it means for a write */
-    snprintf(wmsg, sizeof(wmsg), "%s; the consumer dropped a staged write's QP (its write "
-             "grant was revoked, or it stopped or failed)", msg);
-    msg = wmsg;
-  }
+  const char *msg = qp_lost(r, c->msg[0] ? c->msg : "the stage QP is gone", wmsg, sizeof(wmsg));
   for (uint32_t i = 0; i < NSLOTS; i++) {
     sslot *sl = &r->slots[i];
     /* Copies out of the ring go on without the QP. */
