@@ -269,6 +269,7 @@ struct sx_agent {
   uv_idle_t calls_idle;    /* keeps that poll from blocking after calls ran */
   int loop_sleepy;         /* atomic: the loop may block in its poll: a
                             * caller queueing a call must wake it */
+  int calls_pending;       /* atomic (written under lock): calls is not empty */
   pthread_mutex_t lock;
   pthread_cond_t cond;    /* calls finished, store connected */
   sx__call *calls, **calls_tail; /* lock */

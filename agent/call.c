@@ -47,11 +47,12 @@ static int enqueue(sx_agent *a, sx__call *c, int refs) {
   int first = a->calls == NULL;
   *a->calls_tail = c;
   a->calls_tail = &c->next;
+  /* Sequentially consistent, as calls_prepare's store of loop_sleepy and
+   * load of calls_pending: either the loop sees this call there, or this
+   * sees that it may sleep. */
+  __atomic_store_n(&a->calls_pending, 1, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&a->lock);
-  /* With the store to loop_sleepy and the lock in calls_prepare: either
-   * the loop sees this call there, or this sees that it may sleep. */
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (first && __atomic_load_n(&a->loop_sleepy, __ATOMIC_RELAXED))
+  if (first && __atomic_load_n(&a->loop_sleepy, __ATOMIC_SEQ_CST))
     sx__wake_send(&a->wake);
   return 0;
 }
@@ -131,6 +132,7 @@ static sx__call *take_all(sx_agent *a) {
   sx__call *c = a->calls;
   a->calls = NULL;
   a->calls_tail = &a->calls;
+  __atomic_store_n(&a->calls_pending, 0, __ATOMIC_SEQ_CST);
   pthread_mutex_unlock(&a->lock);
   return c;
 }
@@ -155,12 +157,8 @@ static void calls_idle(uv_idle_t *h) { (void)h; }
  * once, and the check phase follows. */
 static void calls_prepare(uv_prepare_t *h) {
   sx_agent *a = h->data;
-  __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_RELAXED);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  pthread_mutex_lock(&a->lock);
-  int queued = a->calls != NULL;
-  pthread_mutex_unlock(&a->lock);
-  if (queued) {
+  __atomic_store_n(&a->loop_sleepy, 1, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&a->calls_pending, __ATOMIC_SEQ_CST)) {
     sx__calls_run(&a->wake);
     uv_idle_start(&a->calls_idle, calls_idle);
   }
