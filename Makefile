@@ -390,10 +390,14 @@ $(BUILD)/tests/gpu/%: $(BUILD)/obj/tests/gpu/%.o $(BUILD)/obj/tests/gpu/gpu_fixt
 $(BUILD)/tests/gpu/test_gpu_ipc: $(BUILD)/obj/tests/gpu/ipc_relay.o
 
 # The host-memory stand-in for libcuda.so.1 (tests/gpu/fake_cuda.c).
+# Under ThreadSanitizer the stand-in is instrumented too: its streams'
+# threads publish what they did by release stores (the flag words of
+# SX_GPU_NOTICE=auto), which an uninstrumented library would hide.
 $(BUILD)/tests/gpu/libfakecuda.so: tests/gpu/fake_cuda.c
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)$(CC) -std=c11 $(OPT) -Wall -Wextra -Werror -fPIC -shared \
-	  -fvisibility=hidden $(HAVE_CUDA) -o $@ $< -lpthread
+	  -fvisibility=hidden $(if $(filter thread,$(SANITIZE)),-fsanitize=thread) $(HAVE_CUDA) \
+	  -o $@ $< -lpthread
 
 # sx-rdma-test is the tests/rdma/sx_rdma_*.c files (sx_rdma_test.h lists them).
 $(RDMA_PAYLOAD)/sx-rdma-test: $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tests/rdma/sx_rdma_*.c)) $(STATIC)
