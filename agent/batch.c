@@ -656,16 +656,13 @@ static uint64_t wait_spin_ns(void) {
   int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
   if (v >= 0)
     return (uint64_t)v;
-  const char *e = getenv("SX_WAIT_SPIN_US");
-  char *end = NULL;
-  long us = e != NULL ? strtol(e, &end, 10) : -1;
-  if (e != NULL && *e != '\0' && !(end != e && *end == '\0' && us >= 0 && us <= WAIT_SPIN_MAX_US)) {
+  long us;
+  int bad;
+  if (!sx__env_long("SX_WAIT_SPIN_US", 0, WAIT_SPIN_MAX_US, &us, &bad))
+    us = sx__spin_host() ? WAIT_SPIN_US : 0;
+  if (bad)
     fprintf(stderr, "segxfer: SX_WAIT_SPIN_US=%s is not a whole number of 0..%d: the "
-            "default\n", e, WAIT_SPIN_MAX_US);
-    us = -1;
-  }
-  if (e == NULL || *e == '\0' || us < 0)
-    us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? WAIT_SPIN_US : 0;
+            "default\n", getenv("SX_WAIT_SPIN_US"), WAIT_SPIN_MAX_US);
   /* Racing first calls agree: each stores the same value. */
   __atomic_store_n(&cached, (int64_t)us * 1000, __ATOMIC_RELAXED);
   return (uint64_t)us * 1000;

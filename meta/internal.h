@@ -41,6 +41,15 @@ uint64_t sx__wall_ms(void);
 uint64_t sx__mono_ms(void);
 uint64_t sx__mono_ns(void);
 
+/* The environment variable name as a number lo..hi: 1 and *out; 0 when it
+ * is unset or empty, or (then *bad is 1) not such a number. */
+int sx__env_long(const char *name, long lo, long hi, long *out, int *bad);
+
+/* Whether a thread may spin-wait beside the agent's loop by default: on
+ * hosts of 8 or more online CPUs (on fewer, a spinning thread takes the
+ * core the loop needs). */
+int sx__spin_host(void);
+
 /* One turn of a spin-wait (the CPU's pause hint). */
 static inline void sx__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -1,8 +1,10 @@
 /* Clocks, randomness and small string helpers used across the library. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -19,6 +21,23 @@ uint64_t sx__mono_ns(void) {
 }
 
 uint64_t sx__mono_ms(void) { return sx__mono_ns() / 1000000u; }
+
+int sx__env_long(const char *name, long lo, long hi, long *out, int *bad) {
+  const char *env = getenv(name);
+  *bad = 0;
+  if (env == NULL || *env == '\0')
+    return 0;
+  char *end;
+  long v = strtol(env, &end, 10);
+  if (*end != '\0' || v < lo || v > hi) {
+    *bad = 1;
+    return 0;
+  }
+  *out = v;
+  return 1;
+}
+
+int sx__spin_host(void) { return sysconf(_SC_NPROCESSORS_ONLN) >= 8; }
 
 int sx__random(void *buf, size_t len) {
   uint8_t *p = buf;

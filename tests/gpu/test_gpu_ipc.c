@@ -1033,12 +1033,12 @@ static void test_gpu_ipc_notice_flag(void **state) {
   (void)state;
   /* The default (auto): flags for the notices the launcher queues, events
    * for those the loop queues (SX_GPU_LAUNCHER: 1 every read's, 0 none,
-   * auto some on hosts of 8 or more CPUs). */
+   * auto some where the host may spin: sx__spin_host). */
   const char *l = getenv("SX_GPU_LAUNCHER");
   int launcher = l != NULL && strcmp(l, "1") == 0   ? 1
                  : l != NULL && strcmp(l, "0") == 0 ? 0
-                 : sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 2
-                                                      : 0;
+                 : sx__spin_host()                  ? 2
+                                                    : 0;
   int want = launcher == 1 ? BY_FLAG : launcher == 0 ? BY_EVENT_POLL : BY_FLAG | BY_EVENT_POLL;
   notices_by(NULL, want);
   notices_by("auto", want);

@@ -3,6 +3,7 @@
  * connections against a threshold, with a hold so that it does not flap.
  */
 #include "engage.h"
+#include "internal.h"
 #include "xpool.h"
 
 static atomic_ulong kept[SX__XJOB_KINDS];
@@ -37,6 +38,6 @@ uint64_t sx__engage_kept(unsigned kind) {
 
 uint32_t sx__engage_conns(int *bad) {
   long v;
-  return sx__xpool_env("SX_TCP_THREAD_CONNS", 1, 1024, &v, bad) ? (uint32_t)v
+  return sx__env_long("SX_TCP_THREAD_CONNS", 1, 1024, &v, bad) ? (uint32_t)v
                                                                  : SX__ENGAGE_CONNS;
 }

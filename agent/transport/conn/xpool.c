@@ -282,24 +282,9 @@ void sx__xpool_progress(sx__xjob *j) {
   uv_async_send(&p->async);
 }
 
-int sx__xpool_env(const char *name, long lo, long hi, long *out, int *bad) {
-  const char *env = getenv(name);
-  *bad = 0;
-  if (env == NULL || *env == '\0')
-    return 0;
-  char *end;
-  long v = strtol(env, &end, 10);
-  if (*end != '\0' || v < lo || v > hi) {
-    *bad = 1;
-    return 0;
-  }
-  *out = v;
-  return 1;
-}
-
 unsigned sx__xpool_size(int32_t param, int *bad) {
   long v;
-  if (sx__xpool_env("SX_TCP_THREADS", 0, 64, &v, bad))
+  if (sx__env_long("SX_TCP_THREADS", 0, 64, &v, bad))
     return (unsigned)v;
   if (param >= 0)
     return param > 64 ? 64 : (unsigned)param;

@@ -89,8 +89,5 @@ uint64_t sx__xpool_runs(unsigned kind);
  * pool (everything on the loop thread).  *bad is set to 1 when the
  * environment value was not 0..64 (then ignored). */
 unsigned sx__xpool_size(int32_t param, int *bad);
-/* The environment variable name as a number lo..hi: 1 and *out; 0 when it
- * is unset or empty, or (then *bad is 1) not such a number. */
-int sx__xpool_env(const char *name, long lo, long hi, long *out, int *bad);
 
 #endif

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "internal.h"
 #include "ipc_int.h"
@@ -878,7 +877,7 @@ static int ipc_open(const sx_tctx *ctx, sx_transport **out) {
     fprintf(stderr, "segxfer: SX_GPU_LAUNCHER=%s is not auto, 1 or 0: auto\n", e);
     t->launch_mode = 2;
   }
-  if (t->launch_mode == 2 && sysconf(_SC_NPROCESSORS_ONLN) < 8)
+  if (t->launch_mode == 2 && !sx__spin_host())
     t->launch_mode = 0;
   if (t->launch_mode != 0 && (rc = sx__mem_launcher_create(&t->launcher)) != 0) {
     sx__mem_notifier_close(t->nf);
