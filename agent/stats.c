@@ -4,8 +4,8 @@
  * sx_agent_stats_get().  The Prometheus rendering is in metrics.c.
  */
 #include <stdio.h>
-#include <time.h>
 #include <string.h>
+#include <time.h>
 
 #include "agent_int.h"
 

@@ -417,14 +417,14 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   }
 }
 
-/* Why a slot failed when its stage QP went away (msg says how): for a
- * write, that the consumer dropped the QP, whichever came first, the
- * flushed work or the disconnect. */
+/* Why a slot failed when its stage QP went away (msg says how), into buf:
+ * for a write, that the consumer dropped the QP, whichever came first,
+ * the flushed work or the disconnect. */
 static const char *qp_lost(const rdma_sreader *r, const char *msg, char *buf, size_t cap) {
-  if (!r->write)
-    return msg;
-  snprintf(buf, cap, "%s; the consumer dropped a staged write's QP (its write grant was "
-           "revoked, or it stopped or failed)", msg);
+  snprintf(buf, cap, "%s%s", msg,
+           r->write ? "; the consumer dropped a staged write's QP (its write grant was "
+                      "revoked, or it stopped or failed)"
+                    : "");
   return buf;
 }
 
@@ -439,9 +439,7 @@ void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc) {
   int st = 0;
   if (wc->status == IBV_WC_WR_FLUSH_ERR) {
     st = c->reason != 0 ? c->reason : SX_EDISCONN;
-    char lost[sizeof(msg)];
-    snprintf(msg, sizeof(msg), "%s",
-             qp_lost(r, c->msg[0] ? c->msg : "the stage QP went to error", lost, sizeof(lost)));
+    qp_lost(r, c->msg[0] ? c->msg : "the stage QP went to error", msg, sizeof(msg));
     if (c->state == RC_UP)
       sx__rdma_conn_teardown(c, SX_EDISCONN, 0, "stage QP to '%.64s' at %s went to error",
                              p->name, p->where);
