@@ -982,14 +982,12 @@ static void test_gpu_ipc_tables_reused_by_notices(void **state) {
     dlclose(h);
 }
 
-/* Reads with the notices forced one way (SX_GPU_NOTICE, read when the
- * reader's agent opens cuda_ipc): byte for byte, and that way is the one
- * that ran (want: the index into sx__mem_notice_counts). */
 /* sx__mem_notice_counts()'s ways, as bits of notices_by's want. */
 enum { BY_EVENT_POLL = 1, BY_HOST = 2, BY_EVENT_WAIT = 4, BY_FLAG = 8 };
 
-/* Batches read with SX_GPU_NOTICE=how (NULL: unset, the default): every
- * notice went one of the ways in want, and none another. */
+/* Reads with SX_GPU_NOTICE=how (NULL: unset, the default; read when the
+ * reader's agent opens cuda_ipc): byte for byte, and every notice went one
+ * of the ways in want, none another. */
 static void notices_by(const char *how, int want) {
   if (how != NULL)
     setenv("SX_GPU_NOTICE", how, 1);
