@@ -17,6 +17,13 @@
 /* The most (slot, layer) positions of a shape kept (p->sc). */
 #define SHAPE_MAX 4096u
 
+/* Slots in a mask.  Most entries name one, and the build targets the x86-64
+ * baseline, which has no popcnt instruction: libgcc's loop runs only for
+ * masks of several bits. */
+static inline size_t slot_count(uint64_t slots) {
+  return slots & (slots - 1) ? (size_t)__builtin_popcountll(slots) : (size_t)(slots != 0);
+}
+
 /* ------------------------------------------------------------ index */
 
 static int key_cmp(const void *a, const void *b) {
@@ -351,6 +358,31 @@ static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
   return 0;
 }
 
+/* emit() where the range fits whole: it extends the range position j
+ * last extended, or is a new range in room already reserved.  Anything
+ * else (a cut at the slice size, no room, a raw range) goes to emit(),
+ * which starts from the same plan.  Inline: an engine's request is
+ * hundreds of one-block ranges, and the call was a tenth of planning. */
+static inline int emit_whole(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
+                             uint64_t roff, uint8_t *local, uint64_t len, uint32_t e) {
+  size_t k = p->pos[j];
+  if (k != NONE && continues(&p->x[k], R, L, roff, local)) {
+    if (len > p->slice || p->x[k].length > p->slice - len)
+      return emit(p, j, R, L, roff, local, len, e); /* fills it up, goes on in new ones */
+    p->x[k].length += len;
+    p->x[k].entry_last = e;
+    p->bytes += len;
+    return 0;
+  }
+  if (len > p->slice || p->n == p->cap)
+    return emit(p, j, R, L, roff, local, len, e);
+  p->x[p->n] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff, .length = len,
+                         .entry_first = e, .entry_last = e, .status = 1};
+  p->pos[j] = p->n++;
+  p->bytes += len;
+  return 0;
+}
+
 static inline sx__bshape shape_of(const sx_block_read *r) {
   return (sx__bshape){r->group, r->layer_first, r->layer_count, r->slots};
 }
@@ -362,7 +394,7 @@ static inline int shape_is(const sx__bshape *k, const sx_block_read *r) {
 
 /* Prepare the per-(slot, layer) merge positions for entry r's shape. */
 static int shape_reset(sx__plan *p, const sx_block_read *r) {
-  size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
+  size_t need = (size_t)r->layer_count * slot_count(r->slots);
   if (need > p->pos_cap) {
     size_t *pos = realloc(p->pos, need * sizeof(*pos));
     if (pos == NULL)
@@ -437,7 +469,7 @@ static int emit_block(sx__plan *p, const sx_block_read *r, uint32_t e) {
  */
 static int shape_fill(sx__plan *p, const sx_block_read *r) {
   p->sc_valid = 0;
-  size_t need = (size_t)r->layer_count * (size_t)__builtin_popcountll(r->slots);
+  size_t need = (size_t)r->layer_count * slot_count(r->slots);
   if (need > SHAPE_MAX)
     return -1;
   if (need > p->sc_cap) {
@@ -510,15 +542,26 @@ static int emit_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
     uint64_t roff = q->rbase + r->remote_block * q->rstride;
     uint8_t *local = (uint8_t *)(uintptr_t)(q->lbase + r->local_block * q->lstride);
     if (q->dense) {
-      if (emit(p, j, q->R, q->L, roff, local, r->count * q->bb, e))
+      if (emit_whole(p, j, q->R, q->L, roff, local, r->count * q->bb, e))
         return SX_ENOMEM;
       continue;
     }
     for (uint64_t b = 0; b < r->count; b++)
-      if (emit(p, j, q->R, q->L, roff + b * q->rstride, local + b * q->lstride, q->bb, e))
+      if (emit_whole(p, j, q->R, q->L, roff + b * q->rstride, local + b * q->lstride, q->bb,
+                     e))
         return SX_ENOMEM;
   }
   return 0;
+}
+
+/* Does entry r have the shape whose positions are loaded, with its blocks
+ * inside every region of it?  What check_entry() accepts without a call,
+ * for the run of like entries an engine sends.  count - 1 wraps for a
+ * count of 0, which then fails. */
+static inline int entry_fits(const sx__plan *p, const sx_block_read *r) {
+  return p->sc_valid && shape_is(&p->sc_shape, r) && r->count - 1 < p->sc_rblocks &&
+         r->remote_block <= p->sc_rblocks - r->count && r->count <= p->sc_lblocks &&
+         r->local_block <= p->sc_lblocks - r->count;
 }
 
 static int add_common(sx__plan *p, size_t n, const char *what) {
@@ -535,7 +578,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   if (rc)
     return rc;
   for (size_t i = 0; i < n; i++)
-    if ((rc = check_entry(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
+    if (!entry_fits(p, &r[i]) && (rc = check_entry(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
       return rc;
   /* Each (slot, layer) of an entry is a range unless it extends the one
    * before: room for that many at once rather than by doubling (a realloc
@@ -544,7 +587,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
    * reported, by emit(). */
   size_t want = 0;
   for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
-    want += (size_t)r[i].layer_count * (size_t)__builtin_popcountll(r[i].slots);
+    want += (size_t)r[i].layer_count * slot_count(r[i].slots);
   (void)reserve(p, want < PRERESERVE_MAX ? want : PRERESERVE_MAX);
   for (size_t i = 0; i < n; i++) {
     if (emit_entry(p, &r[i], p->n_entries + (uint32_t)i)) {

@@ -202,6 +202,33 @@ static void test_planner_slices_large_ranges(void **state) {
   sides_free(&s);
 }
 
+/* Entries of one shape, each continuing the one before, fill a range up
+ * to the slice size and go on in the next. */
+static void test_planner_slices_ranges_merged_across_entries(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 1, 0, 0, 4096, 16, 16);
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 3 * 4096, 0);
+  sx_block_read r[5];
+  for (uint32_t i = 0; i < 5; i++)
+    r[i] = blk(0, 1, 1ull << SX_SLOT_K, 2 * i, 2 * i, 2);
+  sxt_ok(sx__plan_add_blocks(&p, r, 5));
+  static const uint64_t blocks[] = {3, 3, 3, 1}, first[] = {0, 1, 3, 4}, last[] = {1, 2, 4, 4};
+  assert_int_equal(p.n, 4);
+  uint64_t off = 0;
+  for (size_t i = 0; i < p.n; i++) {
+    assert_int_equal(p.x[i].roff, off);
+    assert_int_equal(p.x[i].length, blocks[i] * 4096);
+    assert_int_equal(p.x[i].entry_first, first[i]);
+    assert_int_equal(p.x[i].entry_last, last[i]);
+    off += p.x[i].length;
+  }
+  assert_int_equal(p.bytes, 10 * 4096);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 static void test_planner_rejects_out_of_range_blocks(void **state) {
   (void)state;
   sides s;
@@ -273,6 +300,17 @@ static void test_planner_shape_kept_but_every_entry_checked(void **state) {
   sxt_rc(sx__plan_add_blocks(&p, r, 100), SX_EBOUNDS);
   assert_non_null(strstr(sx_errmsg(), "entry 58"));
   assert_int_equal(p.n_entries, 0);
+  /* A count of 0, and blocks whose end wraps, amid entries of the shape. */
+  r[58].remote_block = 63;
+  r[59].count = 0;
+  sxt_rc(sx__plan_add_blocks(&p, r, 100), SX_EINVAL);
+  assert_non_null(strstr(sx_errmsg(), "entry 59"));
+  r[59].count = 1;
+  r[60].remote_block = UINT64_MAX;
+  r[60].count = 2;
+  sxt_rc(sx__plan_add_blocks(&p, r, 100), SX_EBOUNDS);
+  assert_non_null(strstr(sx_errmsg(), "entry 60"));
+  assert_int_equal(p.n, 0);
   /* Alternating shapes: (layers 0-3, K and V) and (layer 2, V). */
   for (uint32_t i = 0; i < 100; i++)
     r[i] = i % 2 ? blk(2, 1, 1ull << SX_SLOT_V, (i * 7) % 64, (i * 5) % 32, 1)
@@ -747,6 +785,7 @@ int main(void) {
       cmocka_unit_test(test_planner_merges_across_entries_of_one_shape),
       cmocka_unit_test(test_planner_no_merge_when_one_side_is_not_contiguous),
       cmocka_unit_test(test_planner_slices_large_ranges),
+      cmocka_unit_test(test_planner_slices_ranges_merged_across_entries),
       cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
       cmocka_unit_test(test_planner_call_is_all_or_nothing),
       cmocka_unit_test(test_planner_shape_kept_but_every_entry_checked),
