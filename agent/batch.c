@@ -494,7 +494,9 @@ static void submit_run(sx__call *c) {
   int cancel = dequeued(b); /* never frees here: the batch has not ended */
   sx__dl_item_init(&b->deadline, expired);
   b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
-                  .done = op_done, .owner = b, .noticed = op_noticed};
+                  .rregs = b->plan.rr, .n_rregs = b->plan.rr_over ? 0 : b->plan.n_rr,
+                  .n_strided = b->plan.n_strided, .done = op_done, .owner = b,
+                  .noticed = op_noticed};
   sx__rpeer *peer = b->s->peer;
   if (a->shutting_down) {
     end_now(b, SX_ESHUTDOWN, "the agent is shutting down");

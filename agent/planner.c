@@ -315,6 +315,25 @@ static int check_range(const sx__plan *p, const sx_range_read *r, uint32_t e) {
   return 0;
 }
 
+/* Remember R among the plan's remote regions (see sx__plan.rr).  Each new
+ * range comes through rreg_note(), whose inline test skips the search for
+ * the region of the range before (most of a request's). */
+static void rreg_add(sx__plan *p, const sx_region *R) {
+  p->rr_last = R;
+  for (uint32_t i = 0; i < p->n_rr; i++)
+    if (p->rr[i] == R)
+      return;
+  if (p->n_rr == SX__OP_RREGS)
+    p->rr_over = 1;
+  else
+    p->rr[p->n_rr++] = R;
+}
+
+static inline void rreg_note(sx__plan *p, const sx_region *R) {
+  if (R != p->rr_last)
+    rreg_add(p, R);
+}
+
 /* Does range x continue with (R, L, roff, local)? */
 static int continues(const sx_xfer *x, const sx_region *R, const sx_lregion *L,
                      uint64_t roff, uint8_t *local) {
@@ -342,6 +361,7 @@ static int emit(sx__plan *p, size_t j, const sx_region *R, const sx_lregion *L,
     if (len == 0)
       return 0;
   }
+  rreg_note(p, R);
   while (len > 0) {
     uint64_t piece = len < p->slice ? len : p->slice;
     if (p->n == p->cap && reserve(p, 1))
@@ -376,6 +396,7 @@ static inline int emit_whole(sx__plan *p, size_t j, const sx_region *R, const sx
   }
   if (len > p->slice || p->n == p->cap)
     return emit(p, j, R, L, roff, local, len, e);
+  rreg_note(p, R);
   p->x[p->n] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff, .length = len,
                          .entry_first = e, .entry_last = e, .status = 1};
   p->pos[j] = p->n++;
@@ -712,6 +733,7 @@ int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
   }
   p->have_shape = 0;
   p->bytes += len;
+  rreg_note(p, R);
   p->x[p->n++] = (sx_xfer){.local = iov[0].iov_base, .lreg = L, .rreg = R, .roff = roff,
                            .length = len, .entry_first = e, .entry_last = e, .status = 1,
                            .n_iov = n, .shape = SX__XFER_SCATTER, .iov = iov};
@@ -800,6 +822,8 @@ int sx__plan_add_strided(sx__plan *p, const sx_region *R, const sx_lregion *L, u
     p->broken = SX_ENOMEM;
     return sx__err(SX_ENOMEM, "planning entry %u", e);
   }
+  rreg_note(p, R);
+  p->n_strided++;
   p->x[p->n++] = (sx_xfer){.local = local, .lreg = L, .rreg = R, .roff = roff,
                            .length = total, .entry_first = e, .entry_last = e,
                            .status = 1, .n_iov = count, .shape = SX__XFER_STRIDED,

@@ -127,6 +127,14 @@ typedef struct sx__plan {
   sx__ppos *sc;
   size_t sc_n, sc_cap;
   uint64_t sc_rblocks, sc_lblocks;
+  /* The remote regions of the ranges so far, each once (for sx_op.rregs),
+   * unless there were more than SX__OP_RREGS (rr_over); the region of
+   * the last range added; how many ranges are strided. */
+  const sx_region *rr[SX__OP_RREGS];
+  uint32_t n_rr;
+  int rr_over;
+  const sx_region *rr_last;
+  uint32_t n_strided;
 } sx__plan;
 
 void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *local,

@@ -229,6 +229,62 @@ static void test_planner_slices_ranges_merged_across_entries(void **state) {
   sides_free(&s);
 }
 
+/* Is every range's remote region in the plan's list (sx_op.rregs), each
+ * listed once? */
+static void assert_rregs_listed(const sx__plan *p) {
+  for (uint32_t i = 0; i < p->n_rr; i++)
+    for (uint32_t j = i + 1; j < p->n_rr; j++)
+      assert_ptr_not_equal(p->rr[i], p->rr[j]);
+  for (size_t i = 0; i < p->n; i++) {
+    uint32_t j = 0;
+    while (j < p->n_rr && p->rr[j] != p->x[i].rreg)
+      j++;
+    assert_true(j < p->n_rr);
+  }
+}
+
+/* The plan lists the remote regions its ranges read (for transports that
+ * set up per region), up to SX__OP_RREGS; past that it says it has no
+ * list. */
+static void test_planner_lists_remote_regions(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 8, 1, 0, 4096, 64, 64); /* remote: a region per layer and slot */
+  sx__plan p;
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read r[40];
+  for (uint32_t i = 0; i < 40; i++) /* layers 0-3, then 2-5: 12 regions */
+    r[i] = blk(i < 20 ? 0 : 2, 4, KV, (i * 7) % 64, i, 1);
+  sxt_ok(sx__plan_add_blocks(&p, r, 40));
+  assert_int_equal(p.n_rr, 12);
+  assert_false(p.rr_over);
+  assert_rregs_listed(&p);
+  /* Raw ranges of regions listed and not listed yet. */
+  sx_range_read rr[2] = {{.local = s.mem, .remote_region = 0, .offset = 0, .length = 64},
+                         {.local = s.mem, .remote_region = 15, .offset = 0, .length = 64}};
+  sxt_ok(sx__plan_add_ranges(&p, rr, 2));
+  assert_int_equal(p.n_rr, 13);
+  assert_rregs_listed(&p);
+  /* All 8 layers, K and V: 16 regions, the most listed. */
+  sx_block_read all = blk(0, 8, KV, 0, 0, 1);
+  sxt_ok(sx__plan_add_blocks(&p, &all, 1));
+  assert_int_equal(p.n_rr, SX__OP_RREGS);
+  assert_false(p.rr_over);
+  assert_rregs_listed(&p);
+  assert_int_equal(p.n_strided, 0);
+  sx__plan_free(&p);
+  sides_free(&s);
+  /* 80 layers: more regions than listed. */
+  sides_init(&s, 80, 1, 0, 4096, 64, 64);
+  sx__plan_init(&p, &s.rix, &s.lix, 0, 0);
+  sx_block_read many = blk(0, 80, KV, 3, 3, 1);
+  sxt_ok(sx__plan_add_blocks(&p, &many, 1));
+  assert_int_equal(p.n, 160);
+  assert_true(p.rr_over);
+  sx__plan_free(&p);
+  sides_free(&s);
+}
+
 static void test_planner_rejects_out_of_range_blocks(void **state) {
   (void)state;
   sides s;
@@ -697,6 +753,9 @@ static void test_planner_strided_is_one_xfer_where_taken(void **state) {
   assert_int_equal(p.x[4].length, 100);
   assert_int_equal(p.n_entries, 8);
   assert_int_equal(p.bytes, 5 * 16384 + 8 * 1024 + 4096 + 100);
+  assert_int_equal(p.n_strided, 3); /* what a transport is told (sx_op.n_strided) */
+  assert_int_equal(p.n_rr, 1);
+  assert_ptr_equal(p.rr[0], R);
   sx__plan_free(&p);
   sides_free(&s);
 }
@@ -786,6 +845,7 @@ int main(void) {
       cmocka_unit_test(test_planner_no_merge_when_one_side_is_not_contiguous),
       cmocka_unit_test(test_planner_slices_large_ranges),
       cmocka_unit_test(test_planner_slices_ranges_merged_across_entries),
+      cmocka_unit_test(test_planner_lists_remote_regions),
       cmocka_unit_test(test_planner_rejects_out_of_range_blocks),
       cmocka_unit_test(test_planner_call_is_all_or_nothing),
       cmocka_unit_test(test_planner_shape_kept_but_every_entry_checked),

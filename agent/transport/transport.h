@@ -162,10 +162,20 @@ typedef struct sx_xfer {
 
 _Static_assert(sizeof(sx_xfer) == 64, "sx_xfer stays one cache line");
 
+/* The most remote regions an op lists (sx_op.rregs). */
+#define SX__OP_RREGS 16u
+
 typedef struct sx_op sx_op;
 struct sx_op {
   sx_xfer *xfers;
   size_t n;
+  /* From the planner, where it kept them: every remote region the xfers
+   * read, each once (n_rregs of them; 0 when it did not keep the list:
+   * more than SX__OP_RREGS), and how many xfers are strided.  A transport
+   * that sets up per region may look at these instead of every xfer. */
+  const sx_region *const *rregs;
+  uint32_t n_rregs;
+  uint32_t n_strided;
   size_t pending;   /* xfers not settled yet */
   uint64_t bytes;   /* bytes that arrived */
   int first_error;

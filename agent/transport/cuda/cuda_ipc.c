@@ -377,13 +377,28 @@ static void run(ipc_peer *p, iop *o) {
   unsigned last_k = 0;
   uint64_t last_base = 0;
   size_t js = 0; /* strided ranges written */
+  const sx_region *late_R = NULL; /* ri_late: the region of the range before */
+  uint32_t late_ri = 0;
   for (size_t i = 0; i < op->n; i++) {
     sx_xfer *x = &op->xfers[i];
-    ipc_reg *r = &p->regs[o->ri[i]];
-    unsigned k;
+    if (o->ri_late) {
+      if (x->rreg != late_R) {
+        uint32_t j = 0;
+        while (j < op->n_rregs && op->rregs[j] != x->rreg)
+          j++;
+        late_R = x->rreg;
+        late_ri = j < op->n_rregs ? o->rix[j] : UINT32_MAX;
+      }
+      o->ri[i] = late_ri;
+    }
+    ipc_reg *r = o->ri[i] < p->n_regs ? &p->regs[o->ri[i]] : NULL;
+    unsigned k = 0;
     int rc = 0;
-    if (r == last && x->lreg == last_l) {
+    if (r != NULL && r == last && x->lreg == last_l) {
       k = last_k;
+    } else if (r == NULL) {
+      rc = sx__err(SX_EPROTO, "cuda_ipc: a range reads region %u, which its batch's plan "
+                   "did not list (a bug)", x->rreg->id);
     } else {
       rc = r->state == R_READY ? 0 : r->err;
       int dev = local_device(x);
@@ -420,7 +435,7 @@ static void run(ipc_peer *p, iop *o) {
         o->srg[js++] = (sx__mem_strided){0}; /* keeps srg in op order */
       if (err == 0) {
         err = rc;
-        if (r->state != R_READY)
+        if (r != NULL && r->state != R_READY)
           refused_msg(p, r, x->rreg, rc, msg, sizeof(msg));
         else
           snprintf(msg, sizeof(msg), "%s", sx_errmsg());
@@ -661,6 +676,28 @@ void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {
 
 /* ------------------------------------------------------------ ops table */
 
+/* Region R of an op being posted: its index in p->regs into *idx; *ready
+ * cleared unless R is known (mapped, or failed).  A region refused for
+ * want of a write grant is asked again (*again set); one in the target's
+ * host memory fails now.  0, or the error of reg_index(). */
+static int post_region(ipc_peer *p, const sx_region *R, uint32_t *idx, int *ready,
+                       int *again) {
+  int rc = reg_index(p, R, idx);
+  if (rc != 0)
+    return rc;
+  ipc_reg *r = &p->regs[*idx];
+  if (r->state == R_FAILED && r->gated) {
+    r->state = R_NONE; /* a grant may have come since: ask again */
+    *again = 1;
+  }
+  if (r->state == R_NONE && strncmp(R->location, "cuda:", 5) != 0) {
+    r->state = R_FAILED; /* host memory of the target: not for cuda_ipc */
+    r->err = SX_ENOTSUP;
+  }
+  *ready &= r->state == R_READY || r->state == R_FAILED;
+  return 0;
+}
+
 static int ipc_post(sx_tpeer *tp, sx_op *op) {
   ipc_peer *p = (ipc_peer *)tp;
   if (p->closing)
@@ -670,31 +707,36 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
     return sx__err(SX_ENOMEM, "cuda_ipc: post");
   o->p = p;
   o->op = op;
-  int again = 0, ready = 1;
+  int again = 0, ready = 1, rc = 0;
+  if (op->n_rregs > 0) {
+    /* The planner listed the op's regions: one look at each, not one per
+     * range; run() then finds each range's index in the same pass that
+     * writes its copy (a pass less over ranges another thread wrote). */
+    for (uint32_t j = 0; j < op->n_rregs && rc == 0; j++)
+      rc = post_region(p, op->rregs[j], &o->rix[j], &ready, &again);
+    o->n_strided = op->n_strided;
+    o->ri_late = rc == 0 && ready && p->waiting == NULL;
+  }
+  /* Else each range's region, also for an op that waits (ask() and
+   * run_ready() read ri). */
   const sx_region *last = NULL;
-  for (size_t i = 0; i < op->n; i++) {
+  for (size_t i = 0; i < op->n && !o->ri_late && rc == 0; i++) {
     const sx_region *R = op->xfers[i].rreg;
+    if (i == 0) {
+      ready = 1;
+      o->n_strided = 0;
+    }
     o->n_strided += op->xfers[i].shape == SX__XFER_STRIDED;
     if (R == last) {
       o->ri[i] = o->ri[i - 1];
       continue; /* the same region as the range before: seen */
     }
     last = R;
-    int rc = reg_index(p, R, &o->ri[i]);
-    if (rc != 0) {
-      iop_free(o);
-      return rc;
-    }
-    ipc_reg *r = &p->regs[o->ri[i]];
-    if (r->state == R_FAILED && r->gated) {
-      r->state = R_NONE; /* a grant may have come since: ask again */
-      again = 1;
-    }
-    if (r->state == R_NONE && strncmp(op->xfers[i].rreg->location, "cuda:", 5) != 0) {
-      r->state = R_FAILED; /* host memory of the target: not for cuda_ipc */
-      r->err = SX_ENOTSUP;
-    }
-    ready &= r->state == R_READY || r->state == R_FAILED;
+    rc = post_region(p, R, &o->ri[i], &ready, &again);
+  }
+  if (rc != 0) {
+    iop_free(o);
+    return rc;
   }
   if (o->n_strided > 0 && iop_strided(o, o->n_strided) != 0) {
     iop_free(o);

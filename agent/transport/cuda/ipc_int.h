@@ -93,7 +93,10 @@ struct iop {
   int status;              /* abort status: ranges settle with it */
   int one;                 /* every range copied, on one stream: settle at once */
   uint8_t *slot;           /* per range: its slot, or 0xff (not copied) */
-  uint32_t *ri;            /* per range: its region's index in p->regs */
+  uint32_t *ri;            /* per range: its region's index in p->regs
+                            * (UINT32_MAX: none, the range fails) */
+  int ri_late;             /* ri is written by run(), from rix */
+  uint32_t rix[SX__OP_RREGS]; /* the index of each of op->rregs */
   sx__mem_range *rg;       /* per range: its copy; then room for one stream's
                             * ranges when the op uses several */
   size_t cap;              /* ranges slot and rg have room for (rg: twice) */
