@@ -183,13 +183,20 @@ static uint64_t next(run *R) {
 
 /* A request into local slot k: batch random remote blocks, or, in the
  * engine shape, the same number from each of layers x kv tensors (equal
- * slices of the pool); local blocks are distinct. */
+ * slices of the pool); local blocks are distinct.  It costs both sides
+ * the same, on the thread that submits, so it stays cheap: no division
+ * per block (two took about 10 us of a 1024-block request on an H200
+ * host), a random block by the high half of a 128-bit product. */
 static void entries(run *R, int g, uint64_t k, sx_block_read *e) {
   const gopts *o = R->o;
   uint64_t tensors = o->layers ? o->layers * o->kv : 1, per = o->batch / tensors;
-  uint64_t area = R->tblocks[g] / tensors;
-  for (uint64_t i = 0; i < o->batch; i++) {
-    uint64_t t = i / per, b = t * area + next(R) % area;
+  uint64_t area = R->tblocks[g] / tensors, base = 0, left = per;
+  for (uint64_t i = 0; i < o->batch; i++, left--) {
+    if (left == 0) {
+      base += area; /* the next tensor */
+      left = per;
+    }
+    uint64_t b = base + (uint64_t)(((unsigned __int128)next(R) * area) >> 64);
     e[i] = (sx_block_read){.group = (uint32_t)g, .layer_count = 1, .slots = 1,
                            .remote_block = b, .local_block = k * o->batch + i, .count = 1};
   }
