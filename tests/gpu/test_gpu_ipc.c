@@ -39,7 +39,8 @@ static char self[4096]; /* this binary (not /proc/self/exe: under valgrind that 
 
 /* argv: target URL NAME LOCATION LISTEN [ADVERTISE].  Says "ready PORT" when published,
  * then obeys lines on stdin: "unregister SLOT" (answers "done RC MS"),
- * "grow" (registers one more region: "grown RC ID"),
+ * "grow [SLOT]" (registers one more region, of slot 2 unless given:
+ * "grown RC ID"),
  * "notice MS" (the next notice within MS ms: "notice KIND TAG TRANSPORT
  * BYTES BLOCK COUNT RUNS READER", or "none RC"), "exit". */
 static int target_main(char **argv) {
@@ -57,7 +58,8 @@ static int target_main(char **argv) {
   fflush(stdout);
   sx_desc_free(&d);
   char line[64];
-  void *extra = NULL;
+  void *extra[32] = {0};
+  int n_extra = 0;
   while (fgets(line, sizeof(line), stdin) != NULL) {
     int slot;
     if (sscanf(line, "unregister %d", &slot) == 1) {
@@ -79,20 +81,24 @@ static int target_main(char **argv) {
       fflush(stdout);
       sx_notice_free(n);
     } else if (strncmp(line, "grow", 4) == 0) {
-      /* One more region (4 blocks of slot 2), filled with the pattern of
-       * its id: a newer descriptor of this incarnation. */
+      /* One more region (4 blocks of slot 2 or the one given), filled
+       * with the pattern of its id: a newer descriptor of this
+       * incarnation. */
       sx__mem_info m;
-      uint32_t id = 0;
-      int rc = sx__mem_parse_location(argv[4], &m);
+      uint32_t id = 0, gslot = 2;
+      sscanf(line, "grow %u", &gslot);
+      int rc = n_extra == 32 ? SX_ELIMIT : sx__mem_parse_location(argv[4], &m);
       uint8_t *host = malloc(4 * BB);
-      if (rc == 0 && host != NULL && (rc = sx__mem_alloc(m.device, 4 * BB, &extra)) == 0) {
-        sx_region_params rp = {.addr = extra, .length = 4 * BB, .layer_count = 1,
-                               .layer_stride = 4 * BB, .slot = 2, .block_bytes = BB,
+      void **mem = &extra[n_extra];
+      if (rc == 0 && host != NULL && (rc = sx__mem_alloc(m.device, 4 * BB, mem)) == 0) {
+        n_extra++;
+        sx_region_params rp = {.addr = *mem, .length = 4 * BB, .layer_count = 1,
+                               .layer_stride = 4 * BB, .slot = gslot, .block_bytes = BB,
                                .num_blocks = 4, .location = argv[4],
                                .access = SX_ACCESS_REMOTE_READ};
         if ((rc = sx_agent_register(a, &rp, &id)) == 0) {
           sx__pattern_fill(host, 4 * BB, SEED, id, 0);
-          if ((rc = sx__mem_copy(extra, host, 4 * BB)) == 0)
+          if ((rc = sx__mem_copy(*mem, host, 4 * BB)) == 0)
             rc = sx_agent_publish(a, 0);
         }
       }
@@ -107,8 +113,8 @@ static int target_main(char **argv) {
   }
   sx_agent_destroy(a);
   gpu_pool_free(&pool);
-  if (extra != NULL)
-    sx__mem_free(extra);
+  for (int i = 0; i < n_extra; i++)
+    sx__mem_free(extra[i]);
   return 0;
 }
 
@@ -583,6 +589,75 @@ static void test_gpu_ipc_second_generation(void **state) {
     fail_msg("V through segment 3: %s", res.message);
   sx_segment_close(s3);
   sx_segment_close(s2);
+  sx_segment_close(s1);
+  agent_end(ra);
+  pool_end(&r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* One batch reads a range of each of n regions (ids[k], 3 blocks at
+ * offset 11 + k) into host memory; every byte is checked. */
+static void read_regions(sx_segment *seg, const uint32_t *ids, size_t n) {
+  uint64_t len = 3 * BB;
+  uint8_t *host = calloc(n, len);
+  sx_range_read rr[32];
+  assert_non_null(host);
+  assert_true(n <= 32);
+  for (size_t k = 0; k < n; k++)
+    rr[k] = (sx_range_read){.local = host + k * len, .remote_region = ids[k],
+                            .offset = 11 + k, .length = len};
+  sx_batch_result res = run_ranges(seg, rr, n);
+  if (res.state != SX_BATCH_COMPLETED)
+    fail_msg("%zu regions: %s", n, res.message);
+  assert_int_equal(res.transport, SX_TRANSPORT_CUDA_IPC);
+  for (size_t k = 0; k < n; k++)
+    if (sx__pattern_check(host + k * len, len, SEED, ids[k], 11 + k, NULL) != 0)
+      fail_msg("%zu regions: the range of region %u is wrong", n, ids[k]);
+  free(host);
+}
+
+/* A batch over more regions than its plan lists for the transport (16:
+ * cuda_ipc then looks at every range, as for an op that waits) and one
+ * over fewer (it looks at each listed region once and finds each range's
+ * in the pass that writes its copy): each read twice, so that the second
+ * finds every region mapped, and byte-exact. */
+static void test_gpu_ipc_batch_over_many_regions(void **state) {
+  (void)state;
+  target t;
+  target_start(&t, "ipc-m", "cuda:0", NULL);
+  sx_agent *ra;
+  gpu_pool r;
+  sx_segment *s1 = reader_of("ipc-m", "ipc-m-r", &r, &ra);
+  uint32_t ids[20];
+  char line[64];
+  for (int k = 0; k < 18; k++) {
+    char cmd[32];
+    unsigned id;
+    snprintf(cmd, sizeof(cmd), "grow %d", 2 + k);
+    target_say(&t, cmd);
+    int rc = -1;
+    assert_non_null(fgets(line, sizeof(line), t.out));
+    assert_int_equal(sscanf(line, "grown %d %u", &rc, &id), 2);
+    assert_int_equal(rc, 0);
+  }
+  sx_segment *s = NULL;
+  for (int i = 0; i < 200 && s == NULL; i++) {
+    s = open_seg(ra, "ipc-m");
+    if (sx_segment_desc(s)->n_regions != 20) {
+      sx_segment_close(s);
+      s = NULL;
+      sxt_sleep_ms(25);
+    }
+  }
+  if (s == NULL)
+    fail_msg("no descriptor of 20 regions within 5 s");
+  for (int k = 0; k < 20; k++) /* K, V and the 18 new ones */
+    ids[k] = sx_segment_desc(s)->regions[k].id;
+  for (int round = 0; round < 2; round++) {
+    read_regions(s, ids, 20);
+    read_regions(s, ids + 4, 12);
+  }
+  sx_segment_close(s);
   sx_segment_close(s1);
   agent_end(ra);
   pool_end(&r);
@@ -1201,6 +1276,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_stale_incarnation, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_unregister_while_mapped, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_second_generation, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_batch_over_many_regions, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_record_beyond_mapping, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_revoke_of_unknown_and_repeated_ids, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_read_notice, test_teardown),
