@@ -535,6 +535,16 @@ static inline int shape_load(sx__plan *p, const sx_block_read *r) {
   return shape_fill(p, r);
 }
 
+/* Does entry r have the shape whose positions are loaded, with its blocks
+ * inside every region of it?  Inline, so that the run of like entries an
+ * engine sends is checked without a call.  count - 1 wraps for a count of
+ * 0, which then fails. */
+static inline int entry_fits(const sx__plan *p, const sx_block_read *r) {
+  return p->sc_valid && shape_is(&p->sc_shape, r) && r->count - 1 < p->sc_rblocks &&
+         r->remote_block <= p->sc_rblocks - r->count && r->count <= p->sc_lblocks &&
+         r->local_block <= p->sc_lblocks - r->count;
+}
+
 /* check_block() through the shape's positions: only the block ids are
  * compared per entry; anything else (or a failure) goes the long way,
  * which names what is wrong. */
@@ -545,8 +555,7 @@ static int check_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
   int rc = shape_load(p, r);
   if (rc == SX_ENOMEM)
     return sx__err(SX_ENOMEM, "planning entry %u", e);
-  if (rc == 0 && r->count <= p->sc_rblocks && r->remote_block <= p->sc_rblocks - r->count &&
-      r->count <= p->sc_lblocks && r->local_block <= p->sc_lblocks - r->count)
+  if (rc == 0 && entry_fits(p, r))
     return 0;
   return check_block(p, r, e);
 }
@@ -573,16 +582,6 @@ static int emit_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
         return SX_ENOMEM;
   }
   return 0;
-}
-
-/* Does entry r have the shape whose positions are loaded, with its blocks
- * inside every region of it?  What check_entry() accepts without a call,
- * for the run of like entries an engine sends.  count - 1 wraps for a
- * count of 0, which then fails. */
-static inline int entry_fits(const sx__plan *p, const sx_block_read *r) {
-  return p->sc_valid && shape_is(&p->sc_shape, r) && r->count - 1 < p->sc_rblocks &&
-         r->remote_block <= p->sc_rblocks - r->count && r->count <= p->sc_lblocks &&
-         r->local_block <= p->sc_lblocks - r->count;
 }
 
 static int add_common(sx__plan *p, size_t n, const char *what) {
