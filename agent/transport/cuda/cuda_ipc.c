@@ -724,22 +724,22 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
     o->n_strided = op->n_strided;
     o->ri_late = rc == 0 && ready && p->waiting == NULL;
   }
-  /* Else each range's region, also for an op that waits (ask() and
-   * run_ready() read ri). */
-  const sx_region *last = NULL;
-  for (size_t i = 0; i < op->n && !o->ri_late && rc == 0; i++) {
-    const sx_region *R = op->xfers[i].rreg;
-    if (i == 0) {
-      ready = 1;
-      o->n_strided = 0;
+  if (!o->ri_late && rc == 0) {
+    /* Else each range's region, also for an op that waits (ask() and
+     * run_ready() read ri). */
+    const sx_region *last = NULL;
+    ready = 1;
+    o->n_strided = 0;
+    for (size_t i = 0; i < op->n && rc == 0; i++) {
+      const sx_region *R = op->xfers[i].rreg;
+      o->n_strided += op->xfers[i].shape == SX__XFER_STRIDED;
+      if (R == last) {
+        o->ri[i] = o->ri[i - 1];
+        continue; /* the same region as the range before: seen */
+      }
+      last = R;
+      rc = post_region(p, R, &o->ri[i], &ready, &again);
     }
-    o->n_strided += op->xfers[i].shape == SX__XFER_STRIDED;
-    if (R == last) {
-      o->ri[i] = o->ri[i - 1];
-      continue; /* the same region as the range before: seen */
-    }
-    last = R;
-    rc = post_region(p, R, &o->ri[i], &ready, &again);
   }
   if (rc != 0) {
     iop_free(o);
