@@ -7,8 +7,8 @@
  * while staged reads run; many staged requests queued on one connection
  * (in order, byte for byte, mixed with host and refused reads), several
  * readers on a small staging budget, a reader closing and a target
- * unregistering while replies are staged.  Needs a CUDA device (make
- * test-gpu).
+ * unregistering while replies are staged; the target's staged replies
+ * sent by its data-mover threads.  Needs a CUDA device (make test-gpu).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -21,6 +21,7 @@
 #include "pattern.h"
 #include "procs.h"
 #include "transport/conn/frame.h"
+#include "transport/conn/xpool.h"
 
 #define SEED 0x5eed6a11u
 
@@ -265,6 +266,31 @@ static void test_gpu_tcp_small_staging_large_blocks(void **state) {
   staged("cuda:0", "cuda:0", bb, 1u << 20, 8, 2);
   staged("cuda:0", "cpu", bb, 1u << 20, 8, 1);
   staged("cpu", "cuda:0", bb, 1u << 20, 8, 1);
+}
+
+/* The target's staged replies go to its data-mover threads, as large
+ * reply writes from host memory do: threads forced on (2 per agent, from
+ * 64 KiB, engaged from one busy connection), 1 MiB blocks GPU->GPU and
+ * blocks larger than a chunk GPU->host, byte for byte, and the threads
+ * sent (every read is of the target's GPU pool, so every reply is a
+ * staged one). */
+static void test_gpu_tcp_staged_replies_on_threads(void **state) {
+  (void)state;
+  setenv("SX_TCP_THREADS", "2", 1);
+  setenv("SX_TCP_THREAD_BYTES", "65536", 1);
+  setenv("SX_TCP_THREAD_CONNS", "1", 1);
+  uint64_t tx = sx__xpool_runs(SX__XJOB_SEND);
+  staged("cuda:0", "cuda:0", 1u << 20, 0, 16, 2);
+  uint64_t tx1 = sx__xpool_runs(SX__XJOB_SEND);
+  staged("cuda:0", "cpu", (3u << 19) + 4096, 1u << 20, 8, 1);
+  uint64_t tx2 = sx__xpool_runs(SX__XJOB_SEND);
+  unsetenv("SX_TCP_THREADS");
+  unsetenv("SX_TCP_THREAD_BYTES");
+  unsetenv("SX_TCP_THREAD_CONNS");
+  print_message("staged reply writes sent by threads: %lu, %lu\n", (unsigned long)(tx1 - tx),
+                (unsigned long)(tx2 - tx1));
+  assert_true(tx1 > tx);
+  assert_true(tx2 > tx1);
 }
 
 /* Two GPUs, when there are: target on one, reader on the other. */
@@ -774,6 +800,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_small_blocks_in_groups),
       cmocka_unit_test(test_gpu_tcp_small_staging_large_blocks),
       cmocka_unit_test(test_gpu_tcp_two_gpus),
+      cmocka_unit_test(test_gpu_tcp_staged_replies_on_threads),
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
       cmocka_unit_test(test_gpu_tcp_many_requests_one_connection),
       cmocka_unit_test(test_gpu_tcp_group_across_devices_and_refusals),

@@ -52,12 +52,14 @@ struct sx__conn {
   reply rep[SX__CONN_REPLIES];
   uint8_t hdr[SX__CONN_REPLIES][SX__FRAME_HDR];
   void *slot[SX__CONN_SLOTS];    /* each handler's state, NULL until used */
-  /* A reply write lent to a data-mover thread (tx_*: see tx_lend), and
+  /* A large write lent to a data-mover thread (tx_*: see tx_lend), and
    * the writes held behind it meanwhile, in order. */
   sx__xjob tx;
-  swrite *tx_w;
+  uv_write_t *tx_req;            /* the lent write; NULL: none */
+  uv_write_cb tx_cb;
+  struct iovec *tx_iov;          /* a copy of its buffers, sent from */
   int tx_fd, tx_errno;
-  unsigned tx_i, tx_n;           /* tx_w->iov: the next one to send, all */
+  unsigned tx_i, tx_n;           /* tx_iov: the next one to send, all */
   held *held, **held_tail;
 };
 
@@ -69,7 +71,6 @@ struct swrite {
   uint64_t bytes;     /* payload bytes */
   sx_lregion **lregs; /* n, inside this allocation */
   uint8_t *hdrs;      /* n * SX__FRAME_HDR, inside this allocation */
-  struct iovec *iov;  /* a data-mover thread's copy of the buffers, or NULL */
 };
 
 static const sx__conn_handler *slot_handler(const sx__conn_server *s, unsigned k) {
@@ -197,7 +198,6 @@ static void s_written(uv_write_t *req, int status) {
   c->queued -= w->n;
   c->wbytes -= w->bytes;
   int close_after = w->close_after;
-  free(w->iov);
   free(w);
   if (c->closing && !close_after)
     return;
@@ -222,13 +222,13 @@ static void s_written(uv_write_t *req, int status) {
 
 static sx__conn *tx_conn(sx__xjob *j) { return (sx__conn *)((char *)j - offsetof(sx__conn, tx)); }
 
-/* Worker: send the lent write (each region's inflight holds it), until it
+/* Worker: send the lent write (its owner keeps the bytes), until it
  * is out, the socket fails, or the pool wants the thread back while the
  * socket is full (a reader that does not read holds no thread others
  * need; the loop sends the rest). */
 static void tx_run(sx__xjob *j) {
   sx__conn *c = tx_conn(j);
-  struct iovec *iov = c->tx_w->iov;
+  struct iovec *iov = c->tx_iov;
   c->tx_errno = 0;
   while (c->tx_i < c->tx_n && !atomic_load(&j->stop)) {
     struct iovec v[TX_PIECES];
@@ -259,16 +259,17 @@ static void tx_run(sx__xjob *j) {
   }
 }
 
-static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb);
+static int tx_lend(sx__conn *c, uv_write_t *req, uv_write_cb cb, const uv_buf_t *bufs,
+                   unsigned nb);
 
 /* Issue held writes in order, until one is lent to a thread again. */
 static void tx_drain(sx__conn *c) {
-  while (c->held != NULL && c->tx_w == NULL && !c->closing) {
+  while (c->held != NULL && c->tx_req == NULL && !c->closing) {
     held *h = c->held;
     c->held = h->next;
     if (c->held == NULL)
       c->held_tail = &c->held;
-    if (!(h->big && tx_lend(c, (swrite *)h->req, h->bufs, h->n))) {
+    if (!(h->big && tx_lend(c, h->req, h->cb, h->bufs, h->n))) {
       int rc = uv_write(h->req, (uv_stream_t *)&c->h, h->bufs, h->n, h->cb);
       if (rc != 0)
         h->cb(h->req, rc); /* its callback sees the broken connection */
@@ -281,21 +282,30 @@ static void tx_drain(sx__conn *c) {
  * sends; then the writes held behind it go. */
 static void tx_notify(sx__xjob *j, int finished) {
   sx__conn *c = tx_conn(j);
-  swrite *w = c->tx_w;
+  uv_write_t *req = c->tx_req;
+  struct iovec *iov = c->tx_iov;
   (void)finished; /* a write reports only its end */
-  c->tx_w = NULL;
+  c->tx_req = NULL;
+  c->tx_iov = NULL;
   int st = c->tx_errno ? uv_translate_sys_error(c->tx_errno) : 0;
   if (st == 0 && c->tx_i < c->tx_n) {
+    /* uv_write() copies the list. */
     unsigned n = c->tx_n - c->tx_i;
-    uv_buf_t rest[2 * SX__CONN_REPLIES];
-    for (unsigned i = 0; i < n; i++)
-      rest[i] = uv_buf_init(w->iov[c->tx_i + i].iov_base, (unsigned)w->iov[c->tx_i + i].iov_len);
-    st = uv_write(&w->req, (uv_stream_t *)&c->h, rest, n, s_written);
+    uv_buf_t some[2 * SX__CONN_REPLIES], *rest = some;
+    if (n > sizeof(some) / sizeof(some[0]) && (rest = malloc(n * sizeof(*rest))) == NULL)
+      st = UV_ENOMEM;
+    for (unsigned i = 0; rest != NULL && i < n; i++)
+      rest[i] = uv_buf_init(iov[c->tx_i + i].iov_base, (unsigned)iov[c->tx_i + i].iov_len);
+    if (rest != NULL)
+      st = uv_write(req, (uv_stream_t *)&c->h, rest, n, c->tx_cb);
+    if (rest != some)
+      free(rest);
     if (st == 0)
-      w = NULL;
+      req = NULL;
   }
-  if (w != NULL)
-    s_written(&w->req, st);
+  free(iov);
+  if (req != NULL)
+    c->tx_cb(req, st);
   tx_drain(c);
 }
 
@@ -313,20 +323,22 @@ static int tx_engaged(sx__conn *c) {
   return 0;
 }
 
-/* Lend w (buffers bufs) to a data-mover thread when the threads are
- * engaged and one may send it now: nothing written before it is still
- * queued in libuv.  1 if lent. */
-static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb) {
+/* Lend the write req (buffers bufs, cb when done) to a data-mover thread
+ * when the threads are engaged and one may send it now: nothing written
+ * before it is still queued in libuv.  1 if lent. */
+static int tx_lend(sx__conn *c, uv_write_t *req, uv_write_cb cb, const uv_buf_t *bufs,
+                   unsigned nb) {
   sx__xpool *pool;
   uv_os_fd_t fd;
-  if (c->closing || !tx_engaged(c) || (pool = sx__conn_pool(c->s)) == NULL || c->tx_w != NULL ||
-      uv_stream_get_write_queue_size((uv_stream_t *)&c->h) != 0 ||
+  if (c->closing || !tx_engaged(c) || (pool = sx__conn_pool(c->s)) == NULL ||
+      c->tx_req != NULL || uv_stream_get_write_queue_size((uv_stream_t *)&c->h) != 0 ||
       uv_fileno((const uv_handle_t *)&c->h, &fd) != 0 ||
-      (w->iov = malloc(nb * sizeof(*w->iov))) == NULL)
+      (c->tx_iov = malloc(nb * sizeof(*c->tx_iov))) == NULL)
     return 0;
   for (unsigned i = 0; i < nb; i++)
-    w->iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
-  c->tx_w = w;
+    c->tx_iov[i] = (struct iovec){bufs[i].base, bufs[i].len};
+  c->tx_req = req;
+  c->tx_cb = cb;
   c->tx_fd = fd;
   c->tx_i = 0;
   c->tx_n = nb;
@@ -340,11 +352,13 @@ static int tx_lend(sx__conn *c, swrite *w, const uv_buf_t *bufs, unsigned nb) {
 /* Closing: the thread stops before the descriptor closes; the lent write
  * and the held ones end cancelled, as libuv ends its queued ones. */
 static void tx_cancel(sx__conn *c) {
-  if (c->tx_w != NULL) {
+  if (c->tx_req != NULL) {
     sx__xpool_reclaim(&c->tx);
-    swrite *w = c->tx_w;
-    c->tx_w = NULL;
-    s_written(&w->req, UV_ECANCELED);
+    uv_write_t *req = c->tx_req;
+    free(c->tx_iov);
+    c->tx_req = NULL;
+    c->tx_iov = NULL;
+    c->tx_cb(req, UV_ECANCELED);
   }
   while (c->held != NULL) {
     held *h = c->held;
@@ -359,7 +373,7 @@ static void tx_cancel(sx__conn *c) {
  * a thread may send when its turn comes). */
 static int s_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
                    uv_write_cb cb, int big) {
-  if (c->tx_w == NULL && c->held == NULL)
+  if (c->tx_req == NULL && c->held == NULL)
     return uv_write(req, (uv_stream_t *)&c->h, bufs, n, cb);
   if (c->closing)
     return UV_ECANCELED;
@@ -375,9 +389,28 @@ static int s_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned 
   return 0;
 }
 
-int sx__conn_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
-                   uv_write_cb cb) {
-  return s_write(c, req, bufs, n, cb, 0);
+static void w_written(uv_write_t *req, int status) {
+  sx__conn_wreq *w = (sx__conn_wreq *)((char *)req - offsetof(sx__conn_wreq, req));
+  w->c->wbytes -= w->bytes;
+  w->cb(w, status);
+}
+
+int sx__conn_write(sx__conn *c, sx__conn_wreq *w, const uv_buf_t *bufs, unsigned n,
+                   sx__conn_wcb cb) {
+  uint64_t bytes = 0;
+  for (unsigned i = 0; i < n; i++)
+    bytes += bufs[i].len;
+  int big = c->s->pool_threads > 0 && bytes >= c->s->pool_min;
+  w->c = c;
+  w->cb = cb;
+  w->bytes = big ? bytes : 0; /* counted while queued, as reply writes are */
+  c->wbytes += w->bytes;
+  if (big && c->held == NULL && tx_lend(c, &w->req, w_written, bufs, n))
+    return 0;
+  int rc = s_write(c, &w->req, bufs, n, w_written, big);
+  if (rc != 0)
+    c->wbytes -= w->bytes;
+  return rc;
 }
 
 /* Send the replies gathered so far in one write: on a data-mover thread
@@ -398,7 +431,6 @@ static int s_flush(sx__conn *c, int close_after) {
   w->close_after = close_after;
   w->lregs = (sx_lregion **)(w + 1);
   w->hdrs = (uint8_t *)(w->lregs + n);
-  w->iov = NULL;
   unsigned nb = 0;
   uint64_t bytes = 0;
   for (uint32_t i = 0; i < n; i++) {
@@ -419,7 +451,7 @@ static int s_flush(sx__conn *c, int close_after) {
   w->bytes = bytes;
   c->wbytes += bytes;
   int big = !close_after && c->s->pool_threads > 0 && bytes >= c->s->pool_min;
-  if (big && c->held == NULL && tx_lend(c, w, bufs, nb))
+  if (big && c->held == NULL && tx_lend(c, &w->req, s_written, bufs, nb))
     return 0;
   int rc = s_write(c, &w->req, bufs, nb, s_written, big);
   if (rc != 0) {

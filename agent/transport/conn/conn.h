@@ -21,7 +21,7 @@
  * connection in a slot (NULL until its first frame there).
  *
  * Everything runs on the agent's loop thread, except the sending of a
- * reply write lent to a data-mover thread (conn.c, tx_lend).
+ * large write lent to a data-mover thread (conn.c, tx_lend).
  */
 #ifndef SX_CONN_H
 #define SX_CONN_H
@@ -172,8 +172,20 @@ void sx__conn_wresume(sx__conn *c);
 /* Write bufs on c after everything written so far (uv_write's contract:
  * cb runs once, with UV_ECANCELED when the connection closes first):
  * staging's replies go out through here, so that they queue behind a
- * reply a data-mover thread is sending. */
-int sx__conn_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
-                   uv_write_cb cb);
+ * reply a data-mover thread is sending, and a large one (pool_min bytes
+ * and more) goes to a data-mover thread itself when reply writes do.  The
+ * bytes stay the caller's until cb. */
+typedef struct sx__conn_wreq sx__conn_wreq;
+typedef void (*sx__conn_wcb)(sx__conn_wreq *w, int status);
+struct sx__conn_wreq {
+  void *data;      /* the caller's */
+  /* conn.c's */
+  uv_write_t req;
+  sx__conn *c;
+  uint64_t bytes;  /* counted in the connection's queued payload */
+  sx__conn_wcb cb;
+};
+int sx__conn_write(sx__conn *c, sx__conn_wreq *w, const uv_buf_t *bufs, unsigned n,
+                   sx__conn_wcb cb);
 
 #endif

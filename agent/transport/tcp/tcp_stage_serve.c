@@ -46,7 +46,7 @@ typedef struct gpart {
 
 typedef struct schunk {
   sx__mem_notice note;
-  uv_write_t wr;
+  sx__conn_wreq wr;
   sx__tcp_sreply *r;
   void *chunk;
   size_t len;
@@ -86,7 +86,7 @@ static void r_fail(sx__tcp_sreply *r, int err) {
     sx__conn_resume(c, SX__CONN_READ, err);
 }
 
-static void written(uv_write_t *req, int status) {
+static void written(sx__conn_wreq *req, int status) {
   schunk *sc = req->data;
   sx__tcp_sreply *r = sc->r;
   (void)status; /* a failed write is the connection's end: conn.c sees it */
