@@ -5,7 +5,8 @@
  * that work waits for chunks, blocks larger than a chunk, range reads into
  * unregistered device memory, a deadline in the middle, and unregister
  * while staged reads run; many staged requests queued on one connection
- * (in order, byte for byte, mixed with host and refused reads), several
+ * (in order, byte for byte, mixed with host and refused reads), READVs of
+ * GPU memory (one reply through several chunks) and of host memory, several
  * readers on a small staging budget, a reader closing and a target
  * unregistering while replies are staged; the target's staged replies
  * sent by its data-mover threads.  Needs a CUDA device (make test-gpu).
@@ -532,6 +533,10 @@ static int wire_reply(int fd, uint64_t id, const sx__range *r, uint32_t n, uint3
   *index = g.region;
   if (g.status != 0)
     return g.status;
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < n; i++)
+    sum += r[i].length;
+  assert_true(g.length == sum);
   for (uint32_t i = 0; i < n; i++) {
     uint8_t *buf = malloc((size_t)r[i].length);
     assert_non_null(buf);
@@ -543,10 +548,13 @@ static int wire_reply(int fd, uint64_t id, const sx__range *r, uint32_t n, uint3
   return 0;
 }
 
-/* READV serves host memory only: a range of GPU memory in one is refused
- * (SX_EINVAL, naming it); READVs of host memory between staged READs of
- * GPU memory are answered in order, byte for byte. */
-static void test_gpu_tcp_readv_host_only_and_in_order(void **state) {
+/* READVs of host memory and READVs of GPU memory (staged, one reply: one
+ * longer than a chunk, its chunks cut inside ranges; small ones grouped
+ * with small READs into one chunk) between staged READs of GPU memory are
+ * answered in order, byte for byte; a READV that mixes
+ * host and GPU memory is refused (SX_EINVAL, naming the first range of
+ * other memory than the first's), and the connection serves on. */
+static void test_gpu_tcp_readv_host_and_gpu_in_order(void **state) {
   (void)state;
   slow_copies(300);
   wire_target w;
@@ -554,19 +562,49 @@ static void test_gpu_tcp_readv_host_only_and_in_order(void **state) {
   int fd = wire_open(&w);
   sx__range hv[3] = {{w.host_id, 4096, 5000}, {w.host_id, 100, 77}, {w.host_id, 65536, 16384}};
   sx__range bad[2] = {{w.host_id, 0, 64}, {w.t.id[0], 0, 64}};
+  sx__range bad2[3] = {{w.t.id[0], 0, 64}, {w.t.id[1], 64, 64}, {w.host_id, 0, 64}};
+  /* 1 MiB of staging: chunks of 256 KiB, so gv (263 KiB) takes two, the
+   * second starting inside its third range. */
+  sx__range gv[4] = {{w.t.id[0], 12345, 200000}, {w.t.id[1], 8, 4096},
+                     {w.t.id[0], 777, 65536}, {w.t.id[1], 300001, 3}};
+  sx__range gs[2] = {{w.t.id[1], 4096, 100}, {w.t.id[0], 1, 5000}};
+  /* Small READs and READVs of GPU memory that go in one group, then one
+   * READV that does not fit the rest of its chunk. */
+  sx__range s8 = {w.t.id[0], 999, 3000}, s10 = {w.t.id[1], 70000, 1};
+  sx__range s9[3] = {{w.t.id[1], 5, 7000}, {w.t.id[0], 123456, 20000}, {w.t.id[1], 0, 1}};
+  sx__range s11[2] = {{w.t.id[0], 65536, 4096}, {w.t.id[0], 4096, 65536}};
+  sx__range s12[2] = {{w.t.id[0], 0, 255000}, {w.t.id[1], 5, 10}};
   uint32_t index = 9;
-  /* READ (GPU, staged), READV (host), READ (GPU), READV (host and GPU):
-   * all sent before any reply is read. */
+  /* READ (GPU, staged), READV (host), READ (GPU), READV (host and GPU),
+   * READV (GPU), READV (GPU then host), READV (GPU), then READ, READV,
+   * READ, READV, READV (GPU): all sent before any reply is read. */
   sx__range g0 = {w.t.id[0], 12345, 300000}, g1 = {w.t.id[1], 8, 4096};
   sxt_ok(sxt_wire_send_read(fd, 1, &g0));
   sxt_ok(sxt_wire_send_readv(fd, 2, hv, 3));
   sxt_ok(sxt_wire_send_read(fd, 3, &g1));
   sxt_ok(sxt_wire_send_readv(fd, 4, bad, 2));
+  sxt_ok(sxt_wire_send_readv(fd, 5, gv, 4));
+  sxt_ok(sxt_wire_send_readv(fd, 6, bad2, 3));
+  sxt_ok(sxt_wire_send_readv(fd, 7, gs, 2));
+  sxt_ok(sxt_wire_send_read(fd, 8, &s8));
+  sxt_ok(sxt_wire_send_readv(fd, 9, s9, 3));
+  sxt_ok(sxt_wire_send_read(fd, 10, &s10));
+  sxt_ok(sxt_wire_send_readv(fd, 11, s11, 2));
+  sxt_ok(sxt_wire_send_readv(fd, 12, s12, 2));
   sxt_ok(wire_reply(fd, 1, &g0, 1, &index));
   sxt_ok(wire_reply(fd, 2, hv, 3, &index));
   sxt_ok(wire_reply(fd, 3, &g1, 1, &index));
   assert_int_equal(wire_reply(fd, 4, bad, 2, &index), SX_EINVAL);
   assert_int_equal(index, 1);
+  sxt_ok(wire_reply(fd, 5, gv, 4, &index));
+  assert_int_equal(wire_reply(fd, 6, bad2, 3, &index), SX_EINVAL);
+  assert_int_equal(index, 2);
+  sxt_ok(wire_reply(fd, 7, gs, 2, &index));
+  sxt_ok(wire_reply(fd, 8, &s8, 1, &index));
+  sxt_ok(wire_reply(fd, 9, s9, 3, &index));
+  sxt_ok(wire_reply(fd, 10, &s10, 1, &index));
+  sxt_ok(wire_reply(fd, 11, s11, 2, &index));
+  sxt_ok(wire_reply(fd, 12, s12, 2, &index));
   /* The connection serves on. */
   uint8_t *got = malloc(5000 + 77 + 16384);
   assert_non_null(got);
@@ -804,7 +842,7 @@ int main(void) {
       cmocka_unit_test(test_gpu_tcp_deadline_and_unregister),
       cmocka_unit_test(test_gpu_tcp_many_requests_one_connection),
       cmocka_unit_test(test_gpu_tcp_group_across_devices_and_refusals),
-      cmocka_unit_test(test_gpu_tcp_readv_host_only_and_in_order),
+      cmocka_unit_test(test_gpu_tcp_readv_host_and_gpu_in_order),
       cmocka_unit_test(test_gpu_tcp_reader_closes_with_replies_staged),
       cmocka_unit_test(test_gpu_tcp_several_readers_small_staging),
       cmocka_unit_test(test_gpu_tcp_unregister_with_replies_staged),

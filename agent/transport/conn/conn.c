@@ -509,7 +509,9 @@ static void s_hello(sx__conn *c, const sx__frame *f, const uint8_t *body) {
   }
   /* What we serve beyond every version's frames. */
   sx__frame r = {.type = SX__FRAME_HELLO_REPLY, .id = f->id, .status = status,
-                 .offset = status == 0 && s->by_type[SX__FRAME_READV] ? SX__FEAT_READV : 0};
+                 .offset = status == 0 && s->by_type[SX__FRAME_READV]
+                               ? SX__FEAT_READV | SX__FEAT_READV_GPU
+                               : 0};
   s_reply_frame(c, &r, NULL, NULL, 0);
   if (status != 0) {
     x->log(x->agent, SX_LOG_WARN, "tcp: refused reader %s from %s: %s", c->reader,

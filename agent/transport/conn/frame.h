@@ -94,9 +94,11 @@
  *                   payload and `region` the index of the first range it
  *                   refused (a READ's refusal has 0 there)
  *
- * READV serves host memory only: the target refuses a range of GPU
- * memory in one with SX_EINVAL (READs of GPU memory go out through its
- * staging).
+ * A READV's ranges are all of host memory, or (where the target also set
+ * SX__FEAT_READV_GPU) all of GPU memory of one device, which its staging
+ * sends; the target refuses with SX_EINVAL a range of other memory than
+ * the first range's (and, before SX__FEAT_READV_GPU, any range of GPU
+ * memory).
  *
  * Replies never carry a body.
  *
@@ -139,6 +141,7 @@ typedef enum sx__frame_type {
 /* HELLO_REPLY's `offset` (status 0): what the target serves beyond the
  * frames every version does. */
 #define SX__FEAT_READV 1u
+#define SX__FEAT_READV_GPU 2u /* READVs of GPU memory (of one device) too */
 
 #define SX__READV_MAX 16   /* ranges in one READV */
 #define SX__READV_ENTRY 24 /* bytes per range in its body */

@@ -145,6 +145,7 @@ void sx__tcp_c_hello_reply(cconn *c, const sx__frame *f) {
   if (f->status == 0) {
     c->state = C_READY;
     c->readv = !p->write && (f->offset & SX__FEAT_READV) != 0;
+    c->readv_gpu = c->readv && (f->offset & SX__FEAT_READV_GPU) != 0;
     uv_timer_stop(&c->timer);
     if (p->q != NULL)
       schedule_pump(p);
@@ -223,6 +224,7 @@ static void c_start(cconn *c) {
   c->rx_away = 0;
   c->rx_ready = 0;
   c->readv = 0;
+  c->readv_gpu = 0;
   uv_timer_start(&c->timer, c_timeout, CONNECT_TIMEOUT_MS, 0);
   int rc = uv_tcp_connect(&c->creq, &c->h, (struct sockaddr *)&p->sa, c_connected);
   if (rc != 0) {
@@ -383,18 +385,21 @@ static void p_pop(tpeer *p) {
   free(q);
 }
 
-/* Host memory, where READV serves (GPU memory goes through staging). */
+/* Host memory (GPU memory goes through the target's staging: a READV of it
+ * takes ranges of one device). */
 static int r_host(const sx_region *r) { return strcmp(r->location, "cpu") == 0; }
 
 /* How many of q's ranges from x on one READV takes: those that follow x
- * in the op, plain, of host memory, at most READV_RANGE bytes each, up to
- * SX__READV_MAX of them and READV_BYTES in all, and either all of x's
- * region or all serving x's batch entries.  A target refuses a READV
+ * in the op, plain, at most READV_RANGE bytes each, up to SX__READV_MAX
+ * of them and READV_BYTES in all, either all of x's region or all serving
+ * x's batch entries, and all of host memory or (where the target serves
+ * that: gpu) all of the GPU of x's region.  A target refuses a READV
  * whole, so that no entry fails for another's sake: what a target refuses
  * (a withdrawn region, one it stopped serving) is the region's, and an
  * entry fails with any of its ranges anyway.  1: a READ. */
-static uint32_t c_ranges(const pend *q, const sx_xfer *x) {
-  if (x->iov != NULL || x->length > READV_RANGE || !r_host(x->rreg))
+static uint32_t c_ranges(const pend *q, const sx_xfer *x, int gpu) {
+  int host = r_host(x->rreg);
+  if (x->iov != NULL || x->length > READV_RANGE || !(host || gpu))
     return 1;
   size_t left = q->op->n - q->next_idx;
   uint64_t bytes = x->length;
@@ -405,7 +410,8 @@ static uint32_t c_ranges(const pend *q, const sx_xfer *x) {
     region &= y->rreg == x->rreg;
     entries &= y->entry_first == x->entry_first && y->entry_last == x->entry_last;
     if (!(region || entries) || y->iov != NULL || y->length > READV_RANGE ||
-        bytes + y->length > READV_BYTES || (y->rreg != x->rreg && !r_host(y->rreg)))
+        bytes + y->length > READV_BYTES ||
+        (y->rreg != x->rreg && strcmp(y->rreg->location, x->rreg->location) != 0))
       break;
     bytes += y->length;
     n++;
@@ -433,7 +439,7 @@ static void p_pump(tpeer *p) {
       sx_xfer *x = &q->op->xfers[q->next_idx];
       if (c_gather(c) == NULL)
         continue; /* try the others; the rest waits for a later pump */
-      uint32_t n = c->readv ? c_ranges(q, x) : 1;
+      uint32_t n = c->readv ? c_ranges(q, x, c->readv_gpu) : 1;
       uint64_t len = x->length;
       for (uint32_t k = 1; k < n; k++)
         len += x[k].length;

@@ -60,7 +60,8 @@ struct cconn {
   uv_write_t hello_wr;
   tpeer *p;
   int state;
-  int readv; /* the target serves READV (said in HELLO_REPLY) */
+  int readv;     /* the target serves READV (said in HELLO_REPLY), */
+  int readv_gpu; /* of GPU memory too */
   treq ring[WINDOW_REQS];
   uint32_t head, count;
   uint64_t inflight_bytes;

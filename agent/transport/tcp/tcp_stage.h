@@ -9,7 +9,8 @@
  *   finished, so the copy of chunk n+1 overlaps the send of chunk n.  READs
  *   of one GPU already received behind it (up to SX__STAGE_GROUP, one chunk
  *   in all) are answered with it: one gather launch fills one chunk, one
- *   write sends every reply.  The connection parses no further request
+ *   write sends every reply (a READV of GPU memory is one such reply, of
+ *   several ranges).  The connection parses no further request
  *   until every chunk of that reply is queued (replies go out in order),
  *   and the regions' `inflight` holds until the last chunk has left, so
  *   unregister waits for it.
@@ -46,22 +47,28 @@ int sx__tcp_stage_post(sx_tpeer *p, sx_op *op);
 void sx__tcp_stage_abort(sx_tpeer *p, sx_op *op, int status);
 void sx__tcp_stage_peer_close(sx_tpeer *p);
 
-/* One READ of GPU memory to answer: [off, off+len) of region l. */
+/* A range of GPU memory to send: [off, off+len) of region l, in a reply
+ * to request id.  head: the first range of that reply (a READ's only one,
+ * or a READV's first); the ranges that follow it up to the next head are
+ * its. */
 typedef struct sx__tcp_sread {
   uint64_t id;
   sx_lregion *l;
   uint64_t off, len;
+  int head;
 } sx__tcp_sread;
 
-#define SX__STAGE_GROUP 64 /* READs one staged reply may answer together */
+#define SX__STAGE_GROUP 64 /* ranges one staged reply may answer together */
 
-/* Target side: answer the n READs rd (in order) on connection c.  n > 1 (several READs that were waiting behind the first, all of
- * GPU memory of one device, together at most sx__tcp_stage_group_bytes):
- * one gather (the memory layer's kernel) fills one pinned chunk with all
- * of them and one write sends their replies.  *slot (c's SX__CONN_READ
- * slot) is set to the reply in progress; c parses no further request
- * until sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply
- * is queued, or at once (with an error) when staging is impossible. */
+/* Target side: answer the requests whose ranges rd are (n of them, in
+ * order, rd[0] a head) on connection c, all of GPU memory of one device.
+ * Several replies (that were waiting behind the first) fit one chunk in
+ * all (sx__tcp_stage_group_bytes): one gather (the memory layer's kernel)
+ * fills it and one write sends them.  One reply alone goes through as
+ * many chunks as it takes.  *slot (c's SX__CONN_READ slot) is set to the
+ * reply in progress; c parses no further request until
+ * sx__conn_resume(c, SX__CONN_READ, ...), which runs when the reply is
+ * queued, or at once (with an error) when staging is impossible. */
 void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread *rd,
                          size_t n);
 /* How many bytes READs answered together may have (one chunk), or 0

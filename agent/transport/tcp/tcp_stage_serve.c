@@ -8,7 +8,10 @@
  * Small READs that arrived together (a reader's batch of small blocks) are
  * answered as a group: one gather launch copies all of them into one
  * chunk, one notice, one write of every reply; so a 32 KiB block no
- * longer pays a device copy, a notice and a write of its own.
+ * longer pays a device copy, a notice and a write of its own.  READVs of
+ * GPU memory go in groups the same way (a reply each, with the bytes of
+ * its ranges one after the other); one that a chunk does not hold alone
+ * goes through as many chunks as it takes, a gather each.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,25 +25,25 @@ struct sx__tcp_sreply {
   sx__tcp_stage *st;
   sx__conn *c;         /* NULL once detached or resumed */
   sx__conn *h;         /* written to; NULL once detached */
-  sx_lregion *l;
-  const uint8_t *src;  /* the region's bytes being read (device memory) */
-  uint64_t len, issued, written;
+  uint64_t len, issued, written; /* bytes of all the parts */
   uint32_t refs;       /* copies and writes in flight */
   int failed;
   sx__mem_stream *stream;
   sx__stage_wait wait;
   int waiting;
   void *ready;         /* a chunk a waiter was handed */
-  uint8_t hdr[SX__FRAME_HDR];
-  size_t n;            /* > 1: a group (below), answered from one chunk */
+  size_t n;            /* parts, */
+  size_t replies;      /* of so many replies (> 1: all in one chunk) */
   struct gpart *parts;
 };
 
-/* One READ of a group: its header and where its bytes are. */
+/* One range to send: where its bytes are, and the header of its reply
+ * when one starts with it. */
 typedef struct gpart {
   sx_lregion *l;
-  const uint8_t *src;
+  const uint8_t *src;  /* device memory */
   uint64_t len;
+  int head;
   uint8_t hdr[SX__FRAME_HDR];
 } gpart;
 
@@ -62,11 +65,8 @@ static void r_maybe_free(sx__tcp_sreply *r) {
   if (r->ready != NULL)
     sx__stage_chunk_put(st, SX__STAGE_SERVE, r->ready);
   /* No copy reads the regions any more. */
-  if (r->n > 1)
-    for (size_t i = 0; i < r->n; i++)
-      r->parts[i].l->inflight--;
-  else
-    r->l->inflight--;
+  for (size_t i = 0; i < r->n; i++)
+    r->parts[i].l->inflight--;
   free(r->parts);
   free(r);
   sx__stage_release(st);
@@ -109,17 +109,19 @@ static void copied(sx__mem_notice *n) {
   }
   uv_buf_t two[2], *b = two;
   unsigned nb = 0;
-  if (r->n > 1 && (b = malloc(2 * r->n * sizeof(*b))) != NULL) {
-    /* A group: every reply's header, then its bytes from the chunk. */
+  if (r->replies > 1) {
+    /* Replies in one chunk: each reply's header, then its bytes. */
     size_t at = 0;
-    for (size_t i = 0; i < r->n; i++) {
-      b[nb++] = uv_buf_init((char *)r->parts[i].hdr, SX__FRAME_HDR);
+    b = malloc((r->n + r->replies) * sizeof(*b));
+    for (size_t i = 0; b != NULL && i < r->n; i++) {
+      if (r->parts[i].head)
+        b[nb++] = uv_buf_init((char *)r->parts[i].hdr, SX__FRAME_HDR);
       b[nb++] = uv_buf_init((char *)sc->chunk + at, (unsigned)r->parts[i].len);
       at += r->parts[i].len;
     }
-  } else if (r->n <= 1) {
+  } else {
     if (sc->first)
-      b[nb++] = uv_buf_init((char *)r->hdr, SX__FRAME_HDR);
+      b[nb++] = uv_buf_init((char *)r->parts[0].hdr, SX__FRAME_HDR);
     b[nb++] = uv_buf_init(sc->chunk, (unsigned)sc->len);
   }
   sc->wr.data = sc;
@@ -151,18 +153,25 @@ static void chunk_ready(sx__stage_wait *w, void *chunk) {
   r_maybe_free(r);
 }
 
-/* A group's READs into one chunk, one after the other: one gather. */
-static int group_copy(sx__tcp_sreply *r, void *chunk) {
+/* Bytes [from, from + len) of the parts, one after the other, into chunk:
+ * one gather (several replies fit one chunk; one may take several). */
+static int group_copy(sx__tcp_sreply *r, void *chunk, uint64_t from, uint64_t len) {
   sx__mem_range *rg = malloc(r->n * sizeof(*rg));
   if (rg == NULL)
     return sx__err(SX_ENOMEM, "tcp: staging");
-  uint64_t at = (uint64_t)(uintptr_t)chunk;
-  for (size_t i = 0; i < r->n; i++) {
-    rg[i] = (sx__mem_range){at, (uint64_t)(uintptr_t)r->parts[i].src, r->parts[i].len};
-    at += r->parts[i].len;
+  uint64_t at = 0, end = from + len, dst = (uint64_t)(uintptr_t)chunk;
+  size_t k = 0;
+  for (size_t i = 0; i < r->n && at < end; i++) {
+    uint64_t a = at, b = at + r->parts[i].len;
+    at = b;
+    if (b <= from)
+      continue;
+    uint64_t s0 = a < from ? from : a, e0 = b < end ? b : end;
+    rg[k++] = (sx__mem_range){dst + (s0 - from),
+                              (uint64_t)(uintptr_t)(r->parts[i].src + (s0 - a)), e0 - s0};
   }
   /* Device memory to pinned memory: the kernel may touch both. */
-  int rc = sx__mem_gather(r->stream, rg, r->n, SX__GATHER_SM_OK, SX__COPY_AUTO, NULL);
+  int rc = sx__mem_gather(r->stream, rg, k, SX__GATHER_SM_OK, SX__COPY_AUTO, NULL);
   free(rg);
   return rc;
 }
@@ -192,15 +201,15 @@ static void issue(sx__tcp_sreply *r) {
     *sc = (schunk){.r = r, .chunk = chunk, .len = left < csize ? (size_t)left : csize,
                    .first = r->issued == 0, .note.fn = copied};
     if (r->n > 1)
-      rc = group_copy(r, chunk);
+      rc = group_copy(r, chunk, r->issued, sc->len);
     else
-      rc = sx__mem_copy_async(r->stream, chunk, r->src + r->issued, sc->len);
+      rc = sx__mem_copy_async(r->stream, chunk, r->parts[0].src + r->issued, sc->len);
     if (rc == 0 && (rc = sx__mem_notify(r->stream, sx__stage_notifier(r->st),
                                         &sc->note)) != 0)
       sx__mem_stream_sync(r->stream); /* the chunk is free only after the copy */
     if (rc != 0) {
       const sx_tctx *x = sx__stage_ctx(r->st);
-      x->log(x->agent, SX_LOG_ERROR, "tcp: staging region %u: %s", r->l->r.id,
+      x->log(x->agent, SX_LOG_ERROR, "tcp: staging region %u: %s", r->parts[0].l->r.id,
              sx_errmsg());
       sx__stage_chunk_put(r->st, SX__STAGE_SERVE, chunk);
       free(sc);
@@ -223,7 +232,7 @@ void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread
   sx_lregion *l = rd[0].l;
   int rc = sx__tcp_stage_get(t, &st);
   sx__tcp_sreply *r = rc == 0 ? calloc(1, sizeof(*r)) : NULL;
-  if (rc == 0 && (r == NULL || (n > 1 && (r->parts = calloc(n, sizeof(gpart))) == NULL)))
+  if (rc == 0 && (r == NULL || (r->parts = calloc(n, sizeof(gpart))) == NULL))
     rc = sx__err(SX_ENOMEM, "tcp: staging");
   if (rc == 0)
     rc = sx__stage_stream(st, SX__STAGE_SERVE, l->mem.device, &r->stream);
@@ -240,23 +249,39 @@ void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread
   r->st = st;
   r->c = c;
   r->h = c;
-  r->l = l;
   r->n = n;
   for (size_t i = 0; i < n; i++) {
     const uint8_t *src = (const uint8_t *)(uintptr_t)(rd[i].l->r.addr + rd[i].off);
-    sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = rd[i].id, .length = rd[i].len};
-    if (n > 1) {
-      r->parts[i] = (gpart){.l = rd[i].l, .src = src, .len = rd[i].len};
+    r->parts[i] = (gpart){.l = rd[i].l, .src = src, .len = rd[i].len, .head = i == 0 || rd[i].head};
+    if (r->parts[i].head) {
+      /* The reply's header: its ranges' bytes in all. */
+      uint64_t len = rd[i].len;
+      for (size_t k = i + 1; k < n && !rd[k].head; k++)
+        len += rd[k].len;
+      sx__frame f = {.type = SX__FRAME_READ_REPLY, .id = rd[i].id, .length = len};
       sx__frame_encode(&f, r->parts[i].hdr);
-    } else {
-      r->src = src;
-      sx__frame_encode(&f, r->hdr);
+      r->replies++;
     }
     r->len += rd[i].len;
     rd[i].l->inflight++;
   }
+  if (r->replies > 1 && r->len > sx__stage_chunk_size(st)) {
+    /* The caller groups only what one chunk holds. */
+    r->failed = 1;
+    rc = sx__err(SX_EPROTO, "tcp: a staged group of %zu replies is larger than a chunk (a bug)",
+                 r->replies);
+  }
   sx__stage_hold(st);
   *slot = r;
+  if (rc != 0) {
+    const sx_tctx *x = sx__tcp_ctx(t);
+    x->log(x->agent, SX_LOG_ERROR, "%s", sx_errmsg());
+    r->c = NULL;
+    r->h = NULL;
+    sx__conn_resume(c, SX__CONN_READ, rc);
+    r_maybe_free(r);
+    return;
+  }
   issue(r);
   /* A failure inside issue() already resumed (closed) the connection. */
   if (r->failed)
