@@ -23,6 +23,7 @@
 #include "procs.h"
 #include "transport/conn/frame.h"
 #include "transport/conn/xpool.h"
+#include "transport/tcp/tcp_stage.h"
 
 #define SEED 0x5eed6a11u
 
@@ -271,27 +272,38 @@ static void test_gpu_tcp_small_staging_large_blocks(void **state) {
 
 /* The target's staged replies go to its data-mover threads, as large
  * reply writes from host memory do: threads forced on (2 per agent, from
- * 64 KiB, engaged from one busy connection), 1 MiB blocks GPU->GPU and
+ * 32 KiB, engaged from one busy connection), 1 MiB blocks GPU->GPU and
  * blocks larger than a chunk GPU->host, byte for byte, and the threads
  * sent (every read is of the target's GPU pool, so every reply is a
- * staged one). */
+ * staged one).  16 KiB blocks: the reader asks for them in READVs (an
+ * entry's four ranges, 64 KiB, in one reply), so the threads receive the
+ * replies; a reply per block (16 KiB) would stay on the loop. */
 static void test_gpu_tcp_staged_replies_on_threads(void **state) {
   (void)state;
   setenv("SX_TCP_THREADS", "2", 1);
-  setenv("SX_TCP_THREAD_BYTES", "65536", 1);
+  setenv("SX_TCP_THREAD_BYTES", "32768", 1);
   setenv("SX_TCP_THREAD_CONNS", "1", 1);
   uint64_t tx = sx__xpool_runs(SX__XJOB_SEND);
   staged("cuda:0", "cuda:0", 1u << 20, 0, 16, 2);
   uint64_t tx1 = sx__xpool_runs(SX__XJOB_SEND);
   staged("cuda:0", "cpu", (3u << 19) + 4096, 1u << 20, 8, 1);
   uint64_t tx2 = sx__xpool_runs(SX__XJOB_SEND);
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), rv = sx__tcp_stage_readvs();
+  staged("cuda:0", "cuda:0", 16384, 0, 64, 2);
+  uint64_t rx1 = sx__xpool_runs(SX__XJOB_RECV), rv1 = sx__tcp_stage_readvs();
   unsetenv("SX_TCP_THREADS");
   unsetenv("SX_TCP_THREAD_BYTES");
   unsetenv("SX_TCP_THREAD_CONNS");
-  print_message("staged reply writes sent by threads: %lu, %lu\n", (unsigned long)(tx1 - tx),
-                (unsigned long)(tx2 - tx1));
+  print_message("staged reply writes sent by threads: %lu, %lu; 16 KiB blocks: %lu READVs, "
+                "the threads received %lu times\n", (unsigned long)(tx1 - tx),
+                (unsigned long)(tx2 - tx1), (unsigned long)(rv1 - rv), (unsigned long)(rx1 - rx));
   assert_true(tx1 > tx);
   assert_true(tx2 > tx1);
+  /* 64 entries of four ranges each, three rounds: about a READV per
+   * entry (ranges of neighbouring blocks merge); none where readers send
+   * a READ per range. */
+  assert_true(rv1 - rv >= 64);
+  assert_true(rx1 > rx);
 }
 
 /* Two GPUs, when there are: target on one, reader on the other. */

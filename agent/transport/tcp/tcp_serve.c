@@ -12,6 +12,11 @@
 #include "tcp_int.h"
 #include "tcp_stage.h"
 
+/* READVs of GPU memory answered through staging, in this process. */
+static uint64_t readvs_staged;
+
+uint64_t sx__tcp_stage_readvs(void) { return __atomic_load_n(&readvs_staged, __ATOMIC_RELAXED); }
+
 /* Why a read of length bytes at offset of region l (NULL: none) is
  * refused, or 0. */
 static int s_refusal(uint64_t offset, uint64_t length, const sx_lregion *l) {
@@ -83,6 +88,8 @@ static size_t s_take(const sx_tctx *x, const sx__frame *g, const uint8_t *p, siz
       return 0;
     total += v[i].length;
   }
+  if (g->type == SX__FRAME_READV)
+    __atomic_add_fetch(&readvs_staged, 1, __ATOMIC_RELAXED);
   for (uint32_t i = 0; i < k; i++) {
     x->served(x->agent, SX_TRANSPORT_TCP, v[i].length, 0);
     rd[(*n)++] = (sx__tcp_sread){g->id, ls[i], v[i].offset, v[i].length, i == 0};
@@ -173,8 +180,10 @@ static int s_serve_ranges(sx__conn *c, void **slot, const sx__frame *f, uint8_t 
   }
   for (uint32_t i = 0; i < n; i++)
     x->served(x->agent, SX_TRANSPORT_TCP, pc[i].len, 0);
-  if (where >= 0)
+  if (where >= 0) {
+    __atomic_add_fetch(&readvs_staged, 1, __ATOMIC_RELAXED);
     return s_stage(c, slot, rd, n, buf, SX__FRAME_HDR + f->length, avail);
+  }
   sx__conn_reply_ranges(c, f->id, 0, 0, pc, n);
   return (int)(SX__FRAME_HDR + f->length);
 }

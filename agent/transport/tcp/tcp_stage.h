@@ -74,6 +74,9 @@ void sx__tcp_stage_reply(tcp_t *t, sx__conn *c, void **slot, const sx__tcp_sread
 /* How many bytes READs answered together may have (one chunk), or 0
  * when no staging can be had. */
 uint64_t sx__tcp_stage_group_bytes(tcp_t *t);
+/* READVs of GPU memory answered through staging, in this process (tests
+ * check that readers send them). */
+uint64_t sx__tcp_stage_readvs(void);
 /* c is closing: write nothing more for r, resume nothing. */
 void sx__tcp_stage_detach(sx__tcp_sreply *r);
 
