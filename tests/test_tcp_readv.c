@@ -12,6 +12,9 @@
  * above READV_RANGE), large ones as READs, and every byte lands where it
  * belongs; a refused READV fails exactly the entries whose ranges it held;
  * a target that does not say READV gets READs only.
+ *
+ * Both, with data-mover threads forced on: READV replies above the
+ * threshold are received by the reader's threads, byte for byte.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -26,6 +29,7 @@
 #include "pattern.h"
 #include "push_fixture.h"
 #include "transport/conn/frame.h"
+#include "transport/conn/xpool.h"
 #include "transport/tcp/tcp_read_int.h"
 
 /* ------------------------------------------------------------ the target */
@@ -416,12 +420,53 @@ static void test_readv_not_sent_to_a_target_that_does_not_say_it(void **state) {
   rig_stop(&g);
 }
 
+/* ------------------------------------------------- with the threads on */
+
+/* Scattered single blocks: each entry's eight 4 KiB ranges (K and V of
+ * every layer) in one READV of 32 KiB, above the threshold (16 KiB), so
+ * the reader's threads receive the replies (a READ's 4 KiB reply never
+ * goes to them); four connections, engaged from one busy one; every byte
+ * checked, three rounds. */
+static void test_readv_replies_received_by_threads(void **state) {
+  (void)state;
+  setenv("SX_TCP_THREADS", "2", 1);
+  setenv("SX_TCP_THREAD_BYTES", "16384", 1);
+  setenv("SX_TCP_THREAD_CONNS", "1", 1);
+  char url[64];
+  sxt_mem_url(url, sizeof(url), "readv-threads");
+  sxt_agent t, r;
+  sxt_target_start(&t, url, "prefill-0", NULL, 7);
+  sxt_reader_start(&r, url, "decode-0");
+  unsetenv("SX_TCP_THREADS");
+  unsetenv("SX_TCP_THREAD_BYTES");
+  unsetenv("SX_TCP_THREAD_CONNS");
+  sx_segment *seg;
+  sxt_ok(sx_segment_open(r.a, "prefill-0", 2000, &seg));
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV);
+  sx_block_read e[SXT_READER_BLOCKS];
+  for (uint32_t round = 0; round < 3; round++) {
+    for (uint32_t i = 0; i < SXT_READER_BLOCKS; i++)
+      e[i] = (sx_block_read){.layer_count = SXT_LAYERS, .slots = SXT_KV,
+                             .remote_block = (i * 37 + round * 11) % SXT_TARGET_BLOCKS,
+                             .local_block = i, .count = 1};
+    sx_batch_result res = sxt_run_batch(seg, e, SXT_READER_BLOCKS, 5000);
+    assert_int_equal(res.state, SX_BATCH_COMPLETED);
+    for (uint32_t i = 0; i < SXT_READER_BLOCKS; i++)
+      assert_int_equal(sxt_verify_blocks(&r, seg, 7, &e[i]), 0);
+  }
+  assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
+  sx_segment_close(seg);
+  sxt_agent_stop(&r);
+  sxt_agent_stop(&t);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_readv_target_serves_ranges_in_one_reply),
       cmocka_unit_test(test_readv_reader_gathers_small_ranges),
       cmocka_unit_test(test_readv_refusal_fails_the_entries_it_held),
       cmocka_unit_test(test_readv_not_sent_to_a_target_that_does_not_say_it),
+      cmocka_unit_test(test_readv_replies_received_by_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,9 @@
  * When a reply's payload of at least the agent's threshold begins (its
  * header parsed on the loop, tcp_reply.c), the loop stops reading the
  * socket and lends the receive side to the pool.  The worker receives that
- * payload straight into its destination (pieces, for a scattered range),
- * and goes on with the replies behind it while requests are in flight:
+ * payload straight into its destination (pieces, for a scattered range or
+ * a READV's ranges), and goes on with the replies behind it while requests
+ * are in flight:
  * each header is checked against the ring entry it answers, and anything
  * but a successful reply of the expected length (an error reply, a
  * notice's reply, a request the loop aborted) is left for the loop, as is
@@ -47,30 +48,27 @@ static int rx_expected(const cconn *c, const treq *r) {
   sx__frame f;
   return sx__frame_decode(c->hdr, SX__FRAME_HDR, &f) == SX__FRAME_HDR &&
          f.type == SX__FRAME_READ_REPLY && f.status == 0 && f.id == r->id &&
-         f.length == r->len && !r->aborted && r->idx != NOTICE_IDX && r->n == 1;
+         f.length == r->len && !r->aborted && r->idx != NOTICE_IDX;
 }
 
 /* Worker: the iovecs for the rest of r's payload (at most RX_CHUNK
  * bytes), and the next reply's header when another is due and the chunk
  * reaches the payload's end.  Returns their number. */
 static int rx_iov(cconn *c, const treq *r, struct iovec *v) {
-  const sx_xfer *x = &r->op->xfers[r->idx];
   uint64_t room = r->len - c->pgot;
   if (room > RX_CHUNK)
     room = RX_CHUNK;
   int n = 0;
-  if (x->iov == NULL) {
-    v[n++] = (struct iovec){x->local + c->pgot, (size_t)room};
-  } else {
-    uint64_t off = c->voff;
-    for (uint32_t i = c->vi; i < x->n_iov && n < RX_PIECES && room > 0; i++) {
-      uint64_t len = x->iov[i].iov_len - off;
-      if (len > room)
-        len = room;
-      v[n++] = (struct iovec){(char *)x->iov[i].iov_base + off, (size_t)len};
-      room -= len;
-      off = 0;
-    }
+  uint64_t off = c->voff;
+  uint32_t pieces = sx__tcp_r_pieces(r);
+  for (uint32_t i = c->vi; i < pieces && n < RX_PIECES && room > 0; i++) {
+    struct iovec p = sx__tcp_r_piece(r, i);
+    uint64_t len = p.iov_len - off;
+    if (len > room)
+      len = room;
+    v[n++] = (struct iovec){(char *)p.iov_base + off, (size_t)len};
+    room -= len;
+    off = 0;
   }
   uint64_t asked = 0;
   for (int i = 0; i < n; i++)
@@ -225,7 +223,7 @@ int sx__tcp_rx_lend(cconn *c) {
     return 0;
   const treq *r = &c->ring[c->head];
   sx__conn_server *s = &p->t->srv;
-  if (r->aborted || r->idx == NOTICE_IDX || r->n > 1 || r->len - c->pgot < s->pool_min ||
+  if (r->aborted || r->idx == NOTICE_IDX || r->len - c->pgot < s->pool_min ||
       s->pool_threads == 0)
     return 0;
   if (!rx_engaged(p->t)) {
