@@ -772,6 +772,11 @@ int sx__rdma_s_post_wrs(rdma_conn *c, struct ibv_send_wr *wrs, uint32_t n, sslot
 void sx__rdma_s_post_request(rdma_conn *c, sslot *sl);
 /* Give a slot back: each piece settles with status. */
 void sx__rdma_s_slot_release(sslot *sl, int status, const char *msg);
+/* Why a slot failed when its stage QP went away (msg says how), into buf
+ * (cap bytes): for a write, that the consumer dropped the QP, whichever
+ * noticed it first (the flushed work, the disconnect, the end of a
+ * fill).  Returns buf. */
+const char *sx__rdma_s_qp_lost(const rdma_sreader *r, const char *msg, char *buf, size_t cap);
 
 /* Can RDMA carry the GPU memory of this segment and of ours?  1 without
  * GPU memory, or unless the tier is off (reads and writes stage GPU

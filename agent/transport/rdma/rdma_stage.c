@@ -417,10 +417,7 @@ static void on_reply(rdma_conn *c, uint32_t buf, uint32_t len) {
   }
 }
 
-/* Why a slot failed when its stage QP went away (msg says how), into buf:
- * for a write, that the consumer dropped the QP, whichever came first,
- * the flushed work or the disconnect. */
-static const char *qp_lost(const rdma_sreader *r, const char *msg, char *buf, size_t cap) {
+const char *sx__rdma_s_qp_lost(const rdma_sreader *r, const char *msg, char *buf, size_t cap) {
   snprintf(buf, cap, "%s%s", msg,
            r->write ? "; the consumer dropped a staged write's QP (its write grant was "
                       "revoked, or it stopped or failed)"
@@ -439,7 +436,7 @@ void sx__rdma_s_wc(rdma_conn *c, const struct ibv_wc *wc) {
   int st = 0;
   if (wc->status == IBV_WC_WR_FLUSH_ERR) {
     st = c->reason != 0 ? c->reason : SX_EDISCONN;
-    qp_lost(r, c->msg[0] ? c->msg : "the stage QP went to error", msg, sizeof(msg));
+    sx__rdma_s_qp_lost(r, c->msg[0] ? c->msg : "the stage QP went to error", msg, sizeof(msg));
     if (c->state == RC_UP)
       sx__rdma_conn_teardown(c, SX_EDISCONN, 0, "stage QP to '%.64s' at %s went to error",
                              p->name, p->where);
@@ -468,7 +465,8 @@ void sx__rdma_s_conn_down(rdma_conn *c) {
     return;
   int st = c->reason != 0 ? c->reason : SX_EDISCONN;
   char wmsg[sizeof(c->msg) + 128];
-  const char *msg = qp_lost(r, c->msg[0] ? c->msg : "the stage QP is gone", wmsg, sizeof(wmsg));
+  const char *msg =
+      sx__rdma_s_qp_lost(r, c->msg[0] ? c->msg : "the stage QP is gone", wmsg, sizeof(wmsg));
   for (uint32_t i = 0; i < NSLOTS; i++) {
     sslot *sl = &r->slots[i];
     /* Copies out of the ring go on without the QP. */

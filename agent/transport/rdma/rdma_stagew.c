@@ -52,10 +52,16 @@ static void filled(sslot *sl, int status, const char *msg) {
     return;
   }
   if (c == NULL || sp->closing || c->state != RC_UP) {
-    sx__rdma_s_slot_release(sl, c != NULL && c->reason != 0 ? c->reason : SX_EDISCONN,
-                            c != NULL && c->msg[0] ? c->msg
-                                                   : "the stage QP went down while a staged "
-                                                     "write was being copied into its slot");
+    /* The QP went while the slot was being filled: say what that means
+     * for a write, as when its work is flushed or the disconnect comes
+     * first (unless our own side is closing). */
+    char wmsg[sizeof(c->msg) + 128];
+    const char *why = c != NULL && c->msg[0] ? c->msg
+                                             : "the stage QP went down while a staged write "
+                                               "was being copied into its slot";
+    if (sp != NULL && !sp->closing)
+      why = sx__rdma_s_qp_lost(sl->r, why, wmsg, sizeof(wmsg));
+    sx__rdma_s_slot_release(sl, c != NULL && c->reason != 0 ? c->reason : SX_EDISCONN, why);
     return;
   }
   sx__rdma_s_post_request(c, sl);
