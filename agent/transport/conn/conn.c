@@ -22,7 +22,7 @@ typedef struct held {
   struct held *next;
   uv_write_t *req;
   uv_write_cb cb;
-  int big;          /* a reply write that a data-mover thread may send */
+  int big;          /* a write that a data-mover thread may send */
   unsigned n;
   uv_buf_t bufs[];
 } held;
@@ -369,10 +369,18 @@ static void tx_cancel(sx__conn *c) {
   c->held_tail = &c->held;
 }
 
-/* Write on c in order: behind a lent write, held (big: a reply write that
- * a thread may send when its turn comes). */
+/* Is a write of bytes payload bytes one for the data-mover threads? */
+static int s_big(const sx__conn *c, uint64_t bytes) {
+  return c->s->pool_threads > 0 && bytes >= c->s->pool_min;
+}
+
+/* Write on c in order.  big (s_big): lent to a data-mover thread when
+ * nothing waits before it and the threads are engaged (tx_lend), else
+ * held behind a lent write, for a thread when its turn comes. */
 static int s_write(sx__conn *c, uv_write_t *req, const uv_buf_t *bufs, unsigned n,
                    uv_write_cb cb, int big) {
+  if (big && c->held == NULL && tx_lend(c, req, cb, bufs, n))
+    return 0;
   if (c->tx_req == NULL && c->held == NULL)
     return uv_write(req, (uv_stream_t *)&c->h, bufs, n, cb);
   if (c->closing)
@@ -400,13 +408,11 @@ int sx__conn_write(sx__conn *c, sx__conn_wreq *w, const uv_buf_t *bufs, unsigned
   uint64_t bytes = 0;
   for (unsigned i = 0; i < n; i++)
     bytes += bufs[i].len;
-  int big = c->s->pool_threads > 0 && bytes >= c->s->pool_min;
+  int big = s_big(c, bytes);
   w->c = c;
   w->cb = cb;
   w->bytes = big ? bytes : 0; /* counted while queued, as reply writes are */
   c->wbytes += w->bytes;
-  if (big && c->held == NULL && tx_lend(c, &w->req, w_written, bufs, n))
-    return 0;
   int rc = s_write(c, &w->req, bufs, n, w_written, big);
   if (rc != 0)
     c->wbytes -= w->bytes;
@@ -450,9 +456,7 @@ static int s_flush(sx__conn *c, int close_after) {
   c->queued += n;
   w->bytes = bytes;
   c->wbytes += bytes;
-  int big = !close_after && c->s->pool_threads > 0 && bytes >= c->s->pool_min;
-  if (big && c->held == NULL && tx_lend(c, &w->req, s_written, bufs, nb))
-    return 0;
+  int big = !close_after && s_big(c, bytes);
   int rc = s_write(c, &w->req, bufs, nb, s_written, big);
   if (rc != 0) {
     for (uint32_t i = 0; i < n; i++)
