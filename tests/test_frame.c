@@ -39,6 +39,27 @@ static void test_frame_needs_a_whole_header(void **state) {
     assert_int_equal(sx__frame_decode(b, n, &g), 0);
 }
 
+/* A wrong magic or version is refused from its first byte on: a peer of
+ * another protocol is not held until 40 bytes arrive. */
+static void test_frame_refuses_a_foreign_start_early(void **state) {
+  (void)state;
+  sx__frame g;
+  static const uint8_t http[] = "GET / HTTP/1.1";
+  for (size_t n = 1; n < sizeof(http); n++)
+    assert_int_equal(sx__frame_decode(http, n, &g), SX_EPROTO);
+  assert_true(sx__frame_foreign(http, 1));
+  static const uint8_t almost[] = {0x53, 0x58, 0x46, 0x32}; /* "SXF2" */
+  assert_int_equal(sx__frame_decode(almost, 3, &g), 0);
+  assert_int_equal(sx__frame_decode(almost, 4, &g), SX_EPROTO);
+  assert_false(sx__frame_foreign(almost, 3));
+  assert_true(sx__frame_foreign(almost, 4));
+  assert_false(sx__frame_foreign(almost, 0));
+  static const uint8_t v2[] = {0x53, 0x58, 0x46, 0x31, 2};
+  assert_int_equal(sx__frame_decode(v2, 4, &g), 0);
+  assert_int_equal(sx__frame_decode(v2, 5, &g), SX_EVERSION);
+  assert_false(sx__frame_foreign(v2, 5)); /* ours, another version */
+}
+
 static void test_frame_rejects_bad_headers(void **state) {
   (void)state;
   uint8_t b[SX__FRAME_HDR];
@@ -220,6 +241,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_frame_round_trip_and_byte_order),
       cmocka_unit_test(test_frame_needs_a_whole_header),
+      cmocka_unit_test(test_frame_refuses_a_foreign_start_early),
       cmocka_unit_test(test_frame_rejects_bad_headers),
       cmocka_unit_test(test_readv_frames_and_ranges),
       cmocka_unit_test(test_hello_round_trip),

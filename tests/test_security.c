@@ -5,13 +5,17 @@
  *     print, at debug log level, in success and in failure (a wrong
  *     password), unless asked for (sxctl show --show-secrets);
  *   - a reader name may hold at most 64 data-plane connections (others are
- *     served meanwhile), and a connection that never says HELLO is closed.
+ *     served meanwhile), and a connection that never says HELLO is closed;
+ *   - a client of another protocol (an HTTP probe, binary noise) is closed
+ *     as soon as its first bytes arrive, with a log line that says what it
+ *     sent, and the target goes on serving.
  *
  * The token check itself (constant time, SX_EACCESS), oversized READs and
  * HELLOs, and the descriptor limits are tested in test_agent, test_frame
  * and test_codec.
  */
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -212,6 +216,84 @@ static void test_security_silent_connection_is_closed(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* The target's warnings, for test_security_foreign_client_is_closed_at_once. */
+static pthread_mutex_t warn_mu = PTHREAD_MUTEX_INITIALIZER;
+static char warned[4096];
+
+static void warn_log(void *arg, sx_log_level level, const char *msg) {
+  (void)arg;
+  if (level > SX_LOG_WARN)
+    return;
+  pthread_mutex_lock(&warn_mu);
+  size_t k = strlen(warned);
+  snprintf(warned + k, sizeof(warned) - k, "%s\n", msg);
+  pthread_mutex_unlock(&warn_mu);
+}
+
+static int warned_of(const char *needle) {
+  pthread_mutex_lock(&warn_mu);
+  int found = strstr(warned, needle) != NULL;
+  pthread_mutex_unlock(&warn_mu);
+  return found;
+}
+
+/* Sends what, then waits for the target to hang up: the ms it took, or
+ * UINT64_MAX when it did not within 15 s. */
+static uint64_t hung_up_after(uint16_t port, const void *what, size_t len) {
+  int fd = sxt_wire_connect(port);
+  assert_int_equal(send(fd, what, len, 0), (ssize_t)len);
+  uint64_t t0 = sx__mono_ms();
+  char c;
+  ssize_t n;
+  do {
+    n = recv(fd, &c, 1, 0);
+  } while (n < 0 && sx__mono_ms() - t0 < 15000);
+  close(fd);
+  return n == 0 ? sx__mono_ms() - t0 : UINT64_MAX;
+}
+
+static void test_security_foreign_client_is_closed_at_once(void **state) {
+  (void)state;
+  sxt_agent t;
+  memset(&t, 0, sizeof(t));
+  sx_agent_params p;
+  sxt_params(&p, "mem://security", "probed");
+  p.listen = "127.0.0.1:0";
+  p.log = warn_log;
+  p.log_level = SX_LOG_WARN;
+  sxt_ok(sx_agent_create(&p, &t.a));
+  sxt_register_kv(&t, SXT_TARGET_BLOCKS, SX_ACCESS_REMOTE_READ);
+  sxt_ok(sx_agent_publish(t.a, 0));
+  sx_desc d;
+  sxt_ok(sx_agent_descriptor(t.a, &d));
+  uint16_t port = sxt_tcp_port(&d);
+  /* Shorter than a frame header (40 bytes): before, held until the HELLO
+   * deadline (5 s); now refused from its first byte. */
+  static const char probe[] = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+  uint64_t took = hung_up_after(port, probe, sizeof(probe) - 1);
+  print_message("measured: an HTTP probe was closed after %lu ms\n", (unsigned long)took);
+  assert_true(took < 2000);
+  static const uint8_t noise[] = {0x00, 0x01, 0xfe};
+  took = hung_up_after(port, noise, sizeof(noise));
+  assert_true(took < 2000);
+  /* The frame magic, then another version: refused at its fifth byte. */
+  static const uint8_t v9[] = {0x53, 0x58, 0x46, 0x31, 9};
+  took = hung_up_after(port, v9, sizeof(v9));
+  assert_true(took < 2000);
+  for (int i = 0; i < 200 && !warned_of("unsupported protocol version"); i++)
+    usleep(10000);
+  assert_true(warned_of("not a segxfer peer: it began with \"GET /healthz\""));
+  assert_true(warned_of("not a segxfer peer: it began with 0001fe"));
+  assert_true(warned_of("unsupported protocol version"));
+  /* A real peer is still served: HELLO with the right incarnation and
+   * token is answered with 0. */
+  int fd = sxt_wire_connect(port);
+  assert_int_equal(sxt_wire_hello(fd, d.incarnation, d.token, "reader"), 0);
+  close(fd);
+  sx_desc_free(&d);
+  sxt_agent_stop(&t);
+}
+
 static int group_setup(void **state) {
   (void)state;
   return sxt_proc_env_setup(&env, &(sxt_proc_env_opts){.test = "test_security",
@@ -229,6 +311,7 @@ int main(void) {
       cmocka_unit_test(test_security_no_secret_in_any_output),
       cmocka_unit_test(test_security_connections_per_reader_are_limited),
       cmocka_unit_test(test_security_silent_connection_is_closed),
+      cmocka_unit_test(test_security_foreign_client_is_closed_at_once),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)

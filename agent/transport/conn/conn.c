@@ -534,6 +534,20 @@ static void s_hello(sx__conn *c, const sx__frame *f, const uint8_t *body) {
   x->log(x->agent, SX_LOG_INFO, "tcp: reader %s connected from %s", c->reader, c->peer);
 }
 
+/* What a connection that began with no frame magic sent, for the log:
+ * its first bytes, as text where they are printable (an HTTP probe reads
+ * "GET / HTTP"), else in hex. */
+static void s_foreign(const uint8_t *b, size_t len, char *out, size_t cap) {
+  size_t n = len < 12 ? len : 12, k = 0, printable = 1;
+  for (size_t i = 0; i < n; i++)
+    printable &= b[i] >= 0x20 && b[i] < 0x7f;
+  k = (size_t)snprintf(out, cap, "not a segxfer peer: it began with %s", printable ? "\"" : "");
+  for (size_t i = 0; i < n && k + 4 < cap; i++)
+    k += (size_t)snprintf(out + k, cap - k, printable ? "%c" : "%02x", b[i]);
+  if (printable && k + 2 < cap)
+    snprintf(out + k, cap - k, "\"");
+}
+
 static void s_process(sx__conn *c) {
   size_t off = 0;
   while (!c->closing && !s_holds(c, 1)) {
@@ -542,8 +556,13 @@ static void s_process(sx__conn *c) {
     if (rc == 0)
       break;
     if (rc < 0) {
-      s_violation(c, rc == SX_EVERSION ? "unsupported protocol version"
-                                        : "malformed frame header");
+      char what[96];
+      if (!c->hello_ok && off == 0 && rc == SX_EPROTO && sx__frame_foreign(c->rbuf, c->rlen))
+        s_foreign(c->rbuf, c->rlen, what, sizeof(what));
+      else
+        snprintf(what, sizeof(what), "%s", rc == SX_EVERSION ? "unsupported protocol version"
+                                                             : "malformed frame header");
+      s_violation(c, what);
       return;
     }
     if (!c->hello_ok) {

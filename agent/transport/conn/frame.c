@@ -42,13 +42,23 @@ void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]) {
   put64(out + 32, f->length);
 }
 
+static const uint8_t magic[4] = {SX__FRAME_MAGIC >> 24, SX__FRAME_MAGIC >> 16 & 0xff,
+                                 SX__FRAME_MAGIC >> 8 & 0xff, SX__FRAME_MAGIC & 0xff};
+
+int sx__frame_foreign(const uint8_t *buf, size_t len) {
+  return len > 0 && memcmp(buf, magic, len < 4 ? len : 4) != 0;
+}
+
 int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out) {
+  /* The magic and the version are judged as soon as their bytes are in:
+   * something that is no segxfer peer (an HTTP probe, a port scan) is
+   * refused at once rather than held until a whole header arrives. */
+  if (sx__frame_foreign(buf, len))
+    return SX_EPROTO;
+  if (len > 4 && buf[4] != SX__FRAME_VERSION)
+    return SX_EVERSION;
   if (len < SX__FRAME_HDR)
     return 0;
-  if (get32(buf) != SX__FRAME_MAGIC)
-    return SX_EPROTO;
-  if (buf[4] != SX__FRAME_VERSION)
-    return SX_EVERSION;
   if (get16(buf + 6) != 0)
     return SX_EPROTO;
   sx__frame f;

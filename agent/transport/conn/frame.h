@@ -177,14 +177,20 @@ void sx__frame_encode(const sx__frame *f, uint8_t out[SX__FRAME_HDR]);
 
 /*
  * Parse one header from the first len bytes of buf.  Returns SX__FRAME_HDR
- * when a whole valid header was read into *out, 0 when len is too short,
- * SX_EPROTO for a bad magic, type, flags or a field that breaks the type's
+ * when a whole valid header was read into *out, 0 when len is too short
+ * (and the bytes so far begin a header: a wrong magic or version is
+ * refused from its first byte on), SX_EPROTO for a bad magic, type, flags
+ * or a field that breaks the type's
  * rules (HELLO body outside [SX__HELLO_FIXED, SX__HELLO_MAX], a request
  * carrying a status, a failed reply carrying payload, a positive status,
  * an IPC body that is no whole number of ids or records, or too long),
  * SX_EVERSION for another version.  *out is written only on success.
  */
 int sx__frame_decode(const uint8_t *buf, size_t len, sx__frame *out);
+
+/* 1 when the first len bytes (len > 0) do not begin with the frame magic:
+ * a client of some other protocol, not a damaged frame. */
+int sx__frame_foreign(const uint8_t *buf, size_t len);
 
 /* Encode range r as READV body entry out. */
 void sx__range_encode(const sx__range *r, uint8_t out[SX__READV_ENTRY]);
