@@ -19,6 +19,12 @@
  * one thread block copies whole (the host keeps count * len within
  * SX__GATHER_PIECE), so a token-major read plan's per-token pieces cost
  * one table entry per 64 KiB rather than one thread block per piece.
+ *
+ * sx_gather_based takes a table of based pieces (sx__mem_bpiece): the
+ * source is relative to one of up to 16 bases passed by value with the
+ * launch, so a table can be written before the addresses it reads from
+ * are known (the batch's thread writes it in pinned memory; the agent's
+ * thread only adds the bases when it launches).
  */
 struct sx_piece {
   unsigned long long dst, src, len;
@@ -27,42 +33,70 @@ struct sx_piece {
 #define THREADS 256
 #define UNROLL 4
 
+/* One piece: len bytes from src to dst, by the calling thread block. */
+__device__ __forceinline__ void copy_piece(unsigned long long dst, unsigned long long src,
+                                           unsigned long long len) {
+  unsigned long long done = 0;
+  if (((dst | src) & 15) == 0) {
+    /* 16-byte loads and stores, UNROLL of them in flight per thread so
+     * that reads over NVLink overlap. */
+    const uint4 *s = (const uint4 *)src;
+    uint4 *d = (uint4 *)dst;
+    const unsigned long long nv = len / 16;
+    unsigned long long k = threadIdx.x;
+    for (; k + (UNROLL - 1) * THREADS < nv; k += UNROLL * THREADS) {
+      uint4 v[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++)
+        v[u] = s[k + u * THREADS];
+#pragma unroll
+      for (int u = 0; u < UNROLL; u++)
+        d[k + u * THREADS] = v[u];
+    }
+    for (; k < nv; k += THREADS)
+      d[k] = s[k];
+    done = nv * 16;
+  } else if (((dst | src) & 3) == 0) {
+    const unsigned *s = (const unsigned *)src;
+    unsigned *d = (unsigned *)dst;
+    const unsigned long long nw = len / 4;
+    for (unsigned long long k = threadIdx.x; k < nw; k += THREADS)
+      d[k] = s[k];
+    done = nw * 4;
+  }
+  const unsigned char *s = (const unsigned char *)src;
+  unsigned char *d = (unsigned char *)dst;
+  for (unsigned long long k = done + threadIdx.x; k < len; k += THREADS)
+    d[k] = s[k];
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 sx_gather(const sx_piece *__restrict__ table, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x)
+    copy_piece(table[i].dst, table[i].src, table[i].len);
+}
+
+struct sx_bpiece {
+  unsigned long long dst, src;
+  unsigned len, region, e0, e1; /* e0, e1: the host's */
+};
+
+struct sx_bases {
+  unsigned long long base[16];
+};
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+sx_gather_based(const sx_bpiece *__restrict__ table, unsigned long long n, sx_bases b) {
   for (unsigned long long i = blockIdx.x; i < n; i += gridDim.x) {
-    const unsigned long long dst = table[i].dst, src = table[i].src, len = table[i].len;
-    unsigned long long done = 0;
-    if (((dst | src) & 15) == 0) {
-      /* 16-byte loads and stores, UNROLL of them in flight per thread so
-       * that reads over NVLink overlap. */
-      const uint4 *s = (const uint4 *)src;
-      uint4 *d = (uint4 *)dst;
-      const unsigned long long nv = len / 16;
-      unsigned long long k = threadIdx.x;
-      for (; k + (UNROLL - 1) * THREADS < nv; k += UNROLL * THREADS) {
-        uint4 v[UNROLL];
+    const unsigned long long dst = table[i].dst, src = table[i].src;
+    const unsigned len = table[i].len, region = table[i].region;
+    /* Picked with constant indexes: b.base[region] would copy the 128
+     * bytes of parameters to local memory in every thread. */
+    unsigned long long base = 0;
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-          v[u] = s[k + u * THREADS];
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++)
-          d[k + u * THREADS] = v[u];
-      }
-      for (; k < nv; k += THREADS)
-        d[k] = s[k];
-      done = nv * 16;
-    } else if (((dst | src) & 3) == 0) {
-      const unsigned *s = (const unsigned *)src;
-      unsigned *d = (unsigned *)dst;
-      const unsigned long long nw = len / 4;
-      for (unsigned long long k = threadIdx.x; k < nw; k += THREADS)
-        d[k] = s[k];
-      done = nw * 4;
-    }
-    const unsigned char *s = (const unsigned char *)src;
-    unsigned char *d = (unsigned char *)dst;
-    for (unsigned long long k = done + threadIdx.x; k < len; k += THREADS)
-      d[k] = s[k];
+    for (unsigned r = 0; r < 16; r++)
+      base = region == r ? b.base[r] : base;
+    copy_piece(dst, base + src, len);
   }
 }
 
