@@ -16,6 +16,11 @@
  * (launch.c) the caller writes the table and the launcher's thread makes
  * the launch and records the event; every other call on the stream waits
  * until its queued launches were made.
+ *
+ * The based entry point (sx__mem_gather_based) takes a table its caller
+ * wrote in pinned memory (sx__mem_pinned_get, pinned.c) and owns: no ring
+ * slot and no event, only the launch, whose up to 16 bases travel with it
+ * as a kernel parameter.
  */
 #ifdef SX_HAVE_CUDA
 #include <pthread.h>
@@ -42,6 +47,12 @@ typedef struct piece {
 /* As gather.cu's sx_spiece: count pieces of len, count * len <= PIECE. */
 typedef sx__mem_strided spiece;
 
+_Static_assert(sizeof(sx__mem_bpiece) == 32, "as gather.cu's sx_bpiece");
+
+/* The module's entry points. */
+enum { K_PLAIN, K_STRIDED, K_BASED, K_N };
+static const char *const knames[K_N] = {"sx_gather", "sx_gather_strided", "sx_gather_based"};
+
 /* A table's state (atomic): free to write; queued for the launcher;
  * launched with done recorded behind it (free once done passed). */
 enum { SLOT_FREE, SLOT_QUEUED, SLOT_RECORDED };
@@ -63,8 +74,7 @@ struct sx__gather_ring {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int kstate[MAX_DEVICES];        /* mu: 0 untried, 1 loaded, -1 failed */
-static CUfunction kfn[MAX_DEVICES];    /* mu */
-static CUfunction kfn_strided[MAX_DEVICES]; /* mu: the same module's sx_gather_strided */
+static CUfunction kfn[MAX_DEVICES][K_N]; /* mu: the module's entries (K_*) */
 static char kerr[MAX_DEVICES][200];    /* mu: why it failed */
 static uint64_t counts[4];             /* atomic */
 static int batch_broken;               /* atomic: the batch call failed once */
@@ -94,9 +104,9 @@ void sx__mem_copy_counts(uint64_t out[4]) {
     out[i] = __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
 }
 
-/* The kernel of device (its context current), or NULL; strided: its
- * strided entry point. */
-static CUfunction kernel(const sx__cuda_drv *d, int device, int strided) {
+/* Entry point which (K_*) of device's kernel (its context current), or
+ * NULL. */
+static CUfunction kernel(const sx__cuda_drv *d, int device, int which) {
   if (device < 0 || device >= MAX_DEVICES)
     return NULL;
   pthread_mutex_lock(&mu);
@@ -104,17 +114,15 @@ static CUfunction kernel(const sx__cuda_drv *d, int device, int strided) {
     CUmodule m;
     CUresult r = CUDA_ERROR_NOT_SUPPORTED;
     const char *what = "the driver lacks cuModuleLoadData, cuLaunchKernel or events";
+    char finding[48];
     if (d->ModuleLoadData && d->ModuleGetFunction && d->LaunchKernel && d->EventCreate &&
         d->EventRecord && d->EventSynchronize && d->EventDestroy) {
       what = "loading its PTX";
       r = d->ModuleLoadData(&m, sx__gather_ptx);
-      if (r == CUDA_SUCCESS) {
-        what = "finding sx_gather in it";
-        r = d->ModuleGetFunction(&kfn[device], m, "sx_gather");
-      }
-      if (r == CUDA_SUCCESS) {
-        what = "finding sx_gather_strided in it";
-        r = d->ModuleGetFunction(&kfn_strided[device], m, "sx_gather_strided");
+      for (int k = 0; k < K_N && r == CUDA_SUCCESS; k++) {
+        snprintf(finding, sizeof(finding), "finding %s in it", knames[k]);
+        what = finding;
+        r = d->ModuleGetFunction(&kfn[device][k], m, knames[k]);
       }
     }
     const char *s = NULL;
@@ -128,7 +136,7 @@ static CUfunction kernel(const sx__cuda_drv *d, int device, int strided) {
      * keeps it; it is a few kilobytes). */
     kstate[device] = r == CUDA_SUCCESS ? 1 : -1;
   }
-  CUfunction f = kstate[device] != 1 ? NULL : strided ? kfn_strided[device] : kfn[device];
+  CUfunction f = kstate[device] == 1 ? kfn[device][which] : NULL;
   pthread_mutex_unlock(&mu);
   return f;
 }
@@ -138,7 +146,7 @@ const char *sx__mem_kernel_error(int device) {
   const sx__cuda_drv *d = sx__cuda_get(device, &rc);
   if (d == NULL)
     return sx_errmsg();
-  if (kernel(d, device, 0) != NULL)
+  if (kernel(d, device, K_PLAIN) != NULL)
     return NULL;
   pthread_mutex_lock(&mu);
   const char *e = device >= 0 && device < MAX_DEVICES ? kerr[device] : "no such device";
@@ -331,6 +339,79 @@ static int launch_strided(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s
   return launch_table(d, f, s, t, np);
 }
 
+/* A based launch's parameters, as the kernel takes them (its bases by
+ * value: 128 bytes). */
+typedef struct based_launch {
+  uint64_t table, n;
+  uint64_t bases[SX__GATHER_BASES];
+} based_launch;
+
+static int based_now(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
+                     const based_launch *b) {
+  void *params[] = {(void *)&b->table, (void *)&b->n, (void *)b->bases};
+  unsigned grid = b->n < MAX_GRID ? (unsigned)b->n : MAX_GRID;
+  CUresult r = d->LaunchKernel(f, grid, 1, 1, THREADS, 1, 1, 0, s->s, params, NULL);
+  return r == CUDA_SUCCESS ? 0 : sx__cuda_err(d, r, "launching the gather kernel");
+}
+
+/* The launcher's thread: a launch queued by sx__mem_gather_based (a: its
+ * parameters, the job's to free; b: the kernel). */
+static void based_job(sx__mem_job *j) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(j->s->device, &rc);
+  if (d != NULL)
+    rc = based_now(d, (CUfunction)j->b, j->s, j->a);
+  free(j->a);
+  if (rc != 0)
+    sx__mem_stream_fail(j->s, rc);
+}
+
+/* Launch b: by s's launcher when deferred (its failure then reaches the
+ * next notice), else now. */
+static int based_launch_on(const sx__cuda_drv *d, CUfunction f, sx__mem_stream *s,
+                           const based_launch *b) {
+  if (sx__mem_deferred(s)) {
+    based_launch *q = malloc(sizeof(*q));
+    if (q != NULL) {
+      *q = *b;
+      if (sx__mem_launcher_queue(s, based_job, q, (void *)f, 0) == 0)
+        return 0;
+      free(q);
+    }
+    sx__mem_launcher_drain(s); /* no memory for the job: in order, here */
+  }
+  return based_now(d, f, s, b);
+}
+
+int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t n,
+                         const uint64_t *bases, unsigned nb) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(s->device, &rc);
+  if (d == NULL)
+    return rc;
+  if (nb > SX__GATHER_BASES)
+    return sx__err(SX_EINVAL, "a based gather names %u bases (at most %d)", nb,
+                   SX__GATHER_BASES);
+  CUfunction f = kernel(d, s->device, K_BASED);
+  if (f == NULL) {
+    char why[sizeof(kerr[0])] = "no such device";
+    pthread_mutex_lock(&mu);
+    if (s->device >= 0 && s->device < MAX_DEVICES)
+      memcpy(why, kerr[s->device], sizeof(why));
+    pthread_mutex_unlock(&mu);
+    return sx__err(SX_ENOTSUP, "%s", why);
+  }
+  if (n > 0) {
+    based_launch b = {(uint64_t)(uintptr_t)table, n, {0}};
+    if (nb > 0)
+      memcpy(b.bases, bases, nb * sizeof(*bases));
+    if ((rc = based_launch_on(d, f, s, &b)) != 0)
+      return rc;
+  }
+  __atomic_add_fetch(&counts[SX__COPY_KERNEL], 1, __ATOMIC_RELAXED);
+  return 0;
+}
+
 static int batch(const sx__cuda_drv *d, sx__mem_stream *s, const sx__mem_range *rg, size_t n) {
   if (n == 0)
     return 0;
@@ -371,7 +452,8 @@ static sx__mem_copy_method choose(const sx__cuda_drv *d, int device, uint64_t n,
              : bytes / n <= SX__GATHER_KERNEL_MAX ? SX__COPY_KERNEL : SX__COPY_BATCH;
   *f = NULL;
   if (method == SX__COPY_KERNEL &&
-      (!(flags & SX__GATHER_SM_OK) || (*f = kernel(d, device, strided)) == NULL))
+      (!(flags & SX__GATHER_SM_OK) ||
+       (*f = kernel(d, device, strided ? K_STRIDED : K_PLAIN)) == NULL))
     method = SX__COPY_BATCH;
   if (method == SX__COPY_BATCH &&
       (n <= 1 || d->MemcpyBatchAsync == NULL || __atomic_load_n(&batch_broken, __ATOMIC_RELAXED)))

@@ -211,6 +211,41 @@ typedef struct sx__mem_strided {
 int sx__mem_gather_strided(sx__mem_stream *s, const sx__mem_strided *r, size_t n,
                            unsigned flags, sx__mem_copy_method method,
                            sx__mem_copy_method *used);
+/* One entry of a based gather: len bytes from bases[region] + src to dst
+ * (dst absolute).  32 bytes; entry_first/entry_last are the caller's (the
+ * batch entries the piece serves) and the kernel ignores them. */
+typedef struct sx__mem_bpiece {
+  uint64_t dst, src;
+  uint32_t len, region;
+  uint32_t entry_first, entry_last;
+} sx__mem_bpiece;
+#define SX__GATHER_BASES 16 /* regions (bases) one based gather may name */
+
+/* Queue one launch of the gather kernel's based entry point
+ * (sx_gather_based) on s over table[0..n): every len is 1..SX__GATHER_PIECE,
+ * every region < nb <= SX__GATHER_BASES.  The table is pinned host memory
+ * from sx__mem_pinned_get that the caller wrote and leaves untouched until a
+ * notice queued on s after this call has passed (the kernel reads it in
+ * place: no copy, no ring slot).  By s's launcher when the stream is
+ * deferred (as the other gathers), else now.  0; SX_ENOTSUP with the reason
+ * (sx__mem_kernel_error) where the kernel does not load; or the driver's
+ * error.  Counted as a kernel gather in sx__mem_copy_counts. */
+int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t n,
+                         const uint64_t *bases, unsigned nb);
+
+/* Pinned host memory (portable: every context may use it) for based-gather
+ * tables, from a process-wide pool: at least bytes; *cap receives the size
+ * actually held (a power of two, at least 16 KiB).  Any thread; a miss
+ * allocates (cuMemHostAlloc), a hit takes a buffer put back earlier.
+ * 0, or an error with its message (no CUDA driver: SX_ENODEV, as
+ * everywhere here; built without CUDA: SX_ENOTSUP). */
+int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap);
+/* Give p (cap bytes, from sx__mem_pinned_get) back to the pool; NULL is
+ * ignored.  The pool keeps at most SX__PINNED_KEEP buffers per size and
+ * frees the rest. */
+#define SX__PINNED_KEEP 64
+void sx__mem_pinned_put(void *p, size_t cap);
+
 /* SX_GPU_COPY as a method (SX__COPY_AUTO when unset, or unknown: said once
  * on stderr). */
 sx__mem_copy_method sx__mem_copy_env(void);

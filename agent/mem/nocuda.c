@@ -91,6 +91,16 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *r, size_t n, unsigned
   (void)s, (void)r, (void)n, (void)flags, (void)method, (void)used;
   return no_cuda("copy");
 }
+int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t n,
+                         const uint64_t *bases, unsigned nb) {
+  (void)s, (void)table, (void)n, (void)bases, (void)nb;
+  return no_cuda("gather kernel");
+}
+int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
+  (void)bytes, (void)out, (void)cap;
+  return no_cuda("pinned memory");
+}
+void sx__mem_pinned_put(void *p, size_t cap) { (void)p, (void)cap; }
 sx__mem_copy_method sx__mem_copy_env(void) { return SX__COPY_AUTO; }
 const char *sx__mem_copy_name(sx__mem_copy_method m) {
   static const char *const names[] = {"auto", "kernel", "batch", "range"};

@@ -1,0 +1,78 @@
+/*
+ * The pinned pool (mem.h): portable pinned host memory for based-gather
+ * tables, which a batch's thread writes in place and the kernel reads.
+ * Sizes are powers of two from MIN_CLASS; each size keeps a free list of
+ * the buffers put back, linked through their first bytes, under one mutex.
+ * A miss allocates with sx__mem_host_alloc (which makes a context current
+ * on the calling thread), a put past KEEP buffers of its size frees.
+ */
+#ifdef SX_HAVE_CUDA
+#include <pthread.h>
+
+#include "internal.h"
+#include "mem_int.h"
+
+#define MIN_SHIFT 14 /* 16 KiB */
+#define CLASSES 34   /* 16 KiB .. 128 TiB */
+#define KEEP SX__PINNED_KEEP
+
+typedef struct free_buf {
+  struct free_buf *next;
+} free_buf;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static free_buf *pool[CLASSES]; /* mu */
+static unsigned kept[CLASSES];  /* mu */
+
+/* The class of a buffer of at least bytes, or -1 past the largest. */
+static int class_of(size_t bytes) {
+  for (int c = 0; c < CLASSES; c++)
+    if (bytes <= (size_t)1 << (MIN_SHIFT + c))
+      return c;
+  return -1;
+}
+
+int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
+  int c = class_of(bytes);
+  if (c < 0)
+    return sx__err(SX_EINVAL, "pinned memory: %zu bytes is too large", bytes);
+  pthread_mutex_lock(&mu);
+  free_buf *b = pool[c];
+  if (b != NULL) {
+    pool[c] = b->next;
+    kept[c]--;
+  }
+  pthread_mutex_unlock(&mu);
+  size_t size = (size_t)1 << (MIN_SHIFT + c);
+  if (b == NULL) {
+    void *p;
+    int rc = sx__mem_host_alloc(size, &p);
+    if (rc)
+      return rc;
+    b = p;
+  }
+  *out = b;
+  *cap = size;
+  return 0;
+}
+
+void sx__mem_pinned_put(void *p, size_t cap) {
+  if (p == NULL)
+    return;
+  int c = class_of(cap);
+  if (c >= 0 && cap == (size_t)1 << (MIN_SHIFT + c)) {
+    pthread_mutex_lock(&mu);
+    if (kept[c] < KEEP) {
+      free_buf *b = p;
+      b->next = pool[c];
+      pool[c] = b;
+      kept[c]++;
+      p = NULL;
+    }
+    pthread_mutex_unlock(&mu);
+  }
+  sx__mem_host_free(p); /* not kept (NULL: kept) */
+}
+#else
+typedef int sx__mem_pinned_unused; /* ISO C wants something in a file */
+#endif
