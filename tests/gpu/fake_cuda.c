@@ -16,11 +16,15 @@
  * gives the devices' PCI addresses (the RDMA transport's NIC choice).
  *
  * The memory layer's gather kernels "run" too: cuModuleLoadData accepts
- * only a PTX image with the entries sx_gather and sx_gather_strided, and a
- * launch is done on the stream's thread by copying each piece of the table
- * the kernel would read (sx_gather: dst, src, len; sx_gather_strided: dst,
- * src, len, count, dstride, sstride; agent/mem/gather.cu), read when the
- * launch runs, as the GPU reads it.  Events are markers in a stream's queue.
+ * only a PTX image with the entries sx_gather, sx_gather_strided and
+ * sx_gather_based, and a launch is done on the stream's thread by copying
+ * each piece of the table the kernel would read (sx_gather: dst, src, len;
+ * sx_gather_strided: dst, src, len, count, dstride, sstride;
+ * sx_gather_based: dst, src, len, region, from base[region] + src, the 16
+ * bases a parameter; agent/mem/gather.cu), read when the launch runs, as
+ * the GPU reads it.  A based table is also checked at launch (its writer
+ * is done by then): a len outside 1..64 KiB, or a region past 16 or naming
+ * a null base, fails the launch with CUDA_ERROR_INVALID_VALUE.  Events are markers in a stream's queue.
  * FAKE_CUDA_NO_BATCH=1 makes the batch copy refuse (as a driver whose
  * rules differ), FAKE_CUDA_NO_KERNEL=1 makes the module refuse to load,
  * FAKE_CUDA_NO_EVENTS=1 makes cuEventCreate refuse (a driver without
@@ -73,6 +77,8 @@ typedef struct op {
   const uint64_t *table; /* a gather launch: n pieces of (dst, src, len) */
   uint64_t n;
   int strided;           /* ... or of (dst, src, len, count, dstride, sstride) */
+  int based;             /* ... or of sx_bpiece, from bases[region] + src */
+  uint64_t bases[16];
   struct event *ev;      /* an event record */
   uint64_t *word;        /* a cuStreamWriteValue64: value stored at word */
   uint64_t value;
@@ -241,6 +247,12 @@ EXPORT CUresult cuMemcpy(CUdeviceptr d, CUdeviceptr s, size_t len) {
 
 /* ------------------------------------------------------------ streams */
 
+/* One entry of sx_gather_based (gather.cu's sx_bpiece). */
+typedef struct bpiece {
+  uint64_t dst, src;
+  uint32_t len, region, e0, e1;
+} bpiece;
+
 /* One entry of sx_gather_strided: what the kernel would copy.  The
  * kernel indexes an entry's elements with 32 bits, so the host keeps an
  * entry within 64 KiB (agent/mem/gather.c): a larger one is the host's bug,
@@ -281,6 +293,13 @@ static void *worker(void *arg) {
       o->ev->reached++;
       pthread_cond_broadcast(&o->ev->cv);
       pthread_mutex_unlock(&o->ev->mu);
+    } else if (o->table != NULL && o->based) {
+      if (delay)
+        usleep((useconds_t)delay);
+      const bpiece *t = (const bpiece *)o->table;
+      for (uint64_t i = 0; i < o->n && !no_copy; i++)
+        memmove((void *)(uintptr_t)t[i].dst,
+                (const void *)(uintptr_t)(o->bases[t[i].region] + t[i].src), t[i].len);
     } else if (o->table != NULL && o->strided) {
       if (delay)
         usleep((useconds_t)delay);
@@ -472,7 +491,7 @@ EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size
 
 /* ------------------------------------------------------------ the gather kernel */
 
-static int module_token, function_token, strided_token;
+static int module_token, function_token, strided_token, based_token;
 
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
   const char *no = getenv("FAKE_CUDA_NO_KERNEL");
@@ -483,49 +502,69 @@ EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     ptx++;
   if (strncmp(ptx, ".version ", 9) != 0)
     return CUDA_ERROR_INVALID_IMAGE;
-  if (strstr(ptx, ".entry sx_gather(") == NULL || strstr(ptx, ".entry sx_gather_strided(") == NULL)
+  if (strstr(ptx, ".entry sx_gather(") == NULL ||
+      strstr(ptx, ".entry sx_gather_strided(") == NULL ||
+      strstr(ptx, ".entry sx_gather_based(") == NULL)
     return CUDA_ERROR_INVALID_PTX;
   *m = (CUmodule)&module_token;
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-  if (m != (CUmodule)&module_token ||
-      (strcmp(name, "sx_gather") != 0 && strcmp(name, "sx_gather_strided") != 0))
+  if (m != (CUmodule)&module_token)
     return CUDA_ERROR_NOT_FOUND;
-  *f = strcmp(name, "sx_gather") == 0 ? (CUfunction)&function_token
-                                      : (CUfunction)&strided_token;
+  if (strcmp(name, "sx_gather") == 0)
+    *f = (CUfunction)&function_token;
+  else if (strcmp(name, "sx_gather_strided") == 0)
+    *f = (CUfunction)&strided_token;
+  else if (strcmp(name, "sx_gather_based") == 0)
+    *f = (CUfunction)&based_token;
+  else
+    return CUDA_ERROR_NOT_FOUND;
   return CUDA_SUCCESS;
 }
 
 /* sx_gather(const sx_piece *table, unsigned long long n), and
- * sx_gather_strided the same with its table: the parameters are read now
- * (as the driver copies them at launch), the table when the launch runs.
- * The table must be memory the kernel may read: pinned host or device
- * memory. */
+ * sx_gather_strided the same with its table, sx_gather_based with a third,
+ * its 16 bases by value: the parameters are read now (as the driver copies
+ * them at launch), the table when the launch runs.  The table must be
+ * memory the kernel may read: pinned host or device memory. */
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                unsigned bx, unsigned by, unsigned bz, unsigned shmem,
                                CUstream h, void **params, void **extra) {
-  int strided = f == (CUfunction)&strided_token;
+  int strided = f == (CUfunction)&strided_token, based = f == (CUfunction)&based_token;
   const char *fail = getenv("FAKE_CUDA_FAIL_LAUNCH");
   if (fail != NULL && strcmp(fail, "1") == 0)
     return CUDA_ERROR_LAUNCH_FAILED;
-  if ((f != (CUfunction)&function_token && !strided) || params == NULL || extra != NULL || gx == 0 ||
-      gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0)
+  if ((f != (CUfunction)&function_token && !strided && !based) || params == NULL ||
+      extra != NULL || gx == 0 || gy != 1 || gz != 1 || bx == 0 || bx > 1024 || by != 1 ||
+      bz != 1 || shmem != 0)
     return CUDA_ERROR_INVALID_VALUE;
   uint64_t table, n;
   memcpy(&table, params[0], sizeof(table));
   memcpy(&n, params[1], sizeof(n));
   pthread_mutex_lock(&mu);
   alloc *a = find((uintptr_t)table);
-  int ok = a != NULL && table + n * (strided ? 48 : 24) <= a->base + a->size;
+  int ok = a != NULL && table + n * (strided ? 48 : based ? 32 : 24) <= a->base + a->size;
   pthread_mutex_unlock(&mu);
   if (!ok)
     return CUDA_ERROR_ILLEGAL_ADDRESS;
   op *o = calloc(1, sizeof(*o));
+  if (based) {
+    memcpy(o->bases, params[2], sizeof(o->bases));
+    const bpiece *t = (const bpiece *)(uintptr_t)table;
+    for (uint64_t i = 0; i < n; i++) {
+      if (t[i].len == 0 || t[i].len > (64u << 10) || t[i].region >= 16 ||
+          o->bases[t[i].region] == 0) {
+        free(o);
+        return CUDA_ERROR_INVALID_VALUE;
+      }
+    }
+  }
   o->table = (const uint64_t *)(uintptr_t)table;
   o->n = n;
   o->strided = strided;
+  o->based = based;
   return enqueue(h, o);
 }
 

@@ -13,6 +13,11 @@
  * The entries are added to the batch the way the set read feeds its
  * pieces (agent/group.c feed_one: sx__batch_entries, then the planner
  * with the local region found in the batch's own index).
+ *
+ * Also the memory layer's based gather on its own (sx__mem_gather_based,
+ * a table written in place in memory of the pinned pool): every alignment
+ * path, on a stream and through a launcher (whose failed launch reaches
+ * the next notice).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -385,6 +390,163 @@ static void test_gpu_stride_deadline(void **state) {
   assert_int_equal(target_end(&t), 0);
 }
 
+/* ------------------------------------------------------------ based gathers */
+
+#define BREGION (4u << 20) /* bytes of each source region */
+#define BPIECES 300
+
+typedef struct based_note {
+  sx__mem_notice n;
+  int fired, status;
+} based_note;
+
+static void based_noted(sx__mem_notice *n) {
+  based_note *b = (based_note *)n;
+  b->status = n->status;
+  b->fired = 1;
+}
+
+/* Pieces over 3 regions into one destination, byte for byte: lengths
+ * 1..64 KiB, 16-byte aligned (the kernel's vector path), 4-byte aligned
+ * (words) and odd (bytes), once on a plain stream and once through a
+ * launcher; the table is put back into the pinned pool, which hands the
+ * same buffer out again. */
+static void test_gpu_stride_based_gather(void **state) {
+  (void)state;
+  const char *why = sx__mem_kernel_error(0);
+  if (why != NULL)
+    fail_msg("%s", why);
+  uint8_t *src[3], *host[3];
+  for (int r = 0; r < 3; r++) {
+    sxt_ok(sx__mem_alloc(0, BREGION, (void **)&src[r]));
+    assert_non_null(host[r] = malloc(BREGION));
+    sx__pattern_fill(host[r], BREGION, SEED, (uint32_t)r + 1, 0);
+    sxt_ok(sx__mem_copy(src[r], host[r], BREGION));
+  }
+  /* Region k is bases[k]: the allocations in another order. */
+  const uint64_t bases[3] = {(uint64_t)(uintptr_t)src[2], (uint64_t)(uintptr_t)src[0],
+                             (uint64_t)(uintptr_t)src[1]};
+  const int alloc_of[3] = {2, 0, 1};
+  size_t tbytes = BPIECES * sizeof(sx__mem_bpiece), cap = 0;
+  sx__mem_bpiece *table = NULL;
+  sxt_ok(sx__mem_pinned_get(tbytes, (void **)&table, &cap));
+  assert_true(cap >= tbytes && cap >= (16u << 10) && (cap & (cap - 1)) == 0);
+  /* The pieces lie one after another in dst, 16 bytes apart and moved by
+   * what their alignment class asks. */
+  uint64_t rng = 0x243f6a8885a308d3ull, at = 0;
+  for (uint32_t i = 0; i < BPIECES; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t cls = i % 3, r = (uint32_t)(rng >> 60) % 3;
+    uint32_t len = 1 + (uint32_t)(rng >> 20) % SX__GATHER_PIECE;
+    if (i == 0)
+      len = SX__GATHER_PIECE;
+    if (i == 5)
+      len = 1; /* odd class: one byte */
+    uint64_t so = (rng >> 33) % (BREGION - SX__GATHER_PIECE);
+    uint64_t doff = (at + 15) & ~15ull;
+    if (cls == 0) {
+      len = len < 16 ? 16 : len & ~15u;
+      so &= ~15ull;
+    } else if (cls == 1) {
+      len = len < 4 ? 4 : len & ~3u;
+      so = (so & ~3ull) | 4; /* 4-aligned, not 16 */
+      doff += 4;
+    } else {
+      so |= 1;
+      doff += 3;
+    }
+    table[i] = (sx__mem_bpiece){.dst = doff, .src = so, .len = len, .region = r,
+                                .entry_first = i, .entry_last = i + 7};
+    at = doff + len + 16;
+  }
+  uint64_t dlen = at;
+  uint8_t *dst, *want = malloc(dlen), *got = malloc(dlen);
+  assert_non_null(want);
+  assert_non_null(got);
+  sxt_ok(sx__mem_alloc(0, dlen, (void **)&dst));
+  memset(want, 0xee, dlen);
+  for (uint32_t i = 0; i < BPIECES; i++) {
+    memcpy(want + table[i].dst, host[alloc_of[table[i].region]] + table[i].src, table[i].len);
+    table[i].dst += (uint64_t)(uintptr_t)dst; /* absolute */
+  }
+  sx__mem_launcher *l = NULL;
+  sxt_ok(sx__mem_launcher_create(&l));
+  for (int pass = 0; pass < 2; pass++) {
+    memset(got, 0xee, dlen);
+    sxt_ok(sx__mem_copy(dst, got, dlen));
+    sx__mem_stream *s;
+    if (pass == 0) {
+      sxt_ok(sx__mem_stream_create(0, &s));
+    } else {
+      sxt_ok(sx__mem_stream_create_on(0, l, &s));
+      sx__mem_stream_defer(s, 1);
+    }
+    uint64_t k0 = gpu_copy_count(SX__COPY_KERNEL);
+    sxt_ok(sx__mem_gather_based(s, table, BPIECES, bases, 3));
+    sxt_ok(sx__mem_stream_sync(s));
+    assert_true(gpu_copy_count(SX__COPY_KERNEL) == k0 + 1);
+    sxt_ok(sx__mem_copy(got, dst, dlen));
+    for (uint64_t i = 0; i < dlen; i++)
+      if (got[i] != want[i])
+        fail_msg("%s: byte %lu: 0x%02x, want 0x%02x", pass ? "launcher" : "stream",
+                 (unsigned long)i, got[i], want[i]);
+    sx__mem_stream_destroy(s);
+  }
+  /* A launch the driver refuses on the launcher's thread reaches the next
+   * notice as its status (the stand-in refuses every launch when asked). */
+  if (gpu_on_stand_in()) {
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    sx__mem_notifier *nf;
+    sxt_ok(sx__mem_notifier_create(&loop, &nf));
+    sx__mem_stream *s;
+    sxt_ok(sx__mem_stream_create_on(0, l, &s));
+    sx__mem_stream_defer(s, 1);
+    setenv("FAKE_CUDA_FAIL_LAUNCH", "1", 1);
+    sxt_ok(sx__mem_gather_based(s, table, BPIECES, bases, 3));
+    based_note note = {.n.fn = based_noted};
+    sxt_ok(sx__mem_notify(s, nf, &note.n));
+    while (!note.fired)
+      uv_run(&loop, UV_RUN_ONCE);
+    unsetenv("FAKE_CUDA_FAIL_LAUNCH");
+    assert_int_equal(note.status, SX_EIO);
+    sx__mem_stream_destroy(s);
+    sx__mem_notifier_close(nf);
+    uv_run(&loop, UV_RUN_DEFAULT); /* its handles' close callbacks */
+    assert_int_equal(uv_loop_close(&loop), 0);
+  }
+  sx__mem_launcher_destroy(l);
+  /* More than 16 bases is refused before anything is queued. */
+  sx__mem_stream *s;
+  sxt_ok(sx__mem_stream_create(0, &s));
+  uint64_t many[SX__GATHER_BASES + 1] = {0};
+  sxt_rc(sx__mem_gather_based(s, table, BPIECES, many, SX__GATHER_BASES + 1), SX_EINVAL);
+  /* The stand-in refuses a piece whose region has no base (a GPU would
+   * fault). */
+  if (gpu_on_stand_in()) {
+    table[7].region = 3;
+    sxt_rc(sx__mem_gather_based(s, table, BPIECES, bases, 3), SX_EIO);
+    table[7].region = 0;
+  }
+  sxt_ok(sx__mem_stream_sync(s));
+  sx__mem_stream_destroy(s);
+  /* The pool hands the buffer put back out again. */
+  sx__mem_pinned_put(table, cap);
+  void *again = NULL;
+  size_t cap2 = 0;
+  sxt_ok(sx__mem_pinned_get(tbytes, &again, &cap2));
+  assert_ptr_equal(again, table);
+  assert_true(cap2 == cap);
+  sx__mem_pinned_put(again, cap2);
+  sx__mem_free(dst);
+  for (int r = 0; r < 3; r++) {
+    sx__mem_free(src[r]);
+    free(host[r]);
+  }
+  free(want);
+  free(got);
+}
+
 static int setup(void **state) {
   (void)state;
   return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_stride", "stride");
@@ -394,6 +556,7 @@ static int test_teardown(void **state) {
   (void)state;
   unsetenv("SX_GPU_COPY");
   unsetenv("FAKE_CUDA_DELAY_US");
+  unsetenv("FAKE_CUDA_FAIL_LAUNCH");
   if (held.a != NULL)
     sx_agent_destroy(held.a); /* ends its batches, closes its mappings */
   if (held.pool.mem[0] != NULL)
@@ -425,6 +588,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_stride_tcp_gets_ranges, test_teardown),
       cmocka_unit_test_teardown(test_gpu_stride_refused, test_teardown),
       cmocka_unit_test_teardown(test_gpu_stride_deadline, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_stride_based_gather, test_teardown),
   };
   const char *filter = getenv("SXT_FILTER");
   if (filter != NULL)
