@@ -91,6 +91,12 @@ int sx__mem_gather(sx__mem_stream *s, const sx__mem_range *r, size_t n, unsigned
   (void)s, (void)r, (void)n, (void)flags, (void)method, (void)used;
   return no_cuda("copy");
 }
+int sx__mem_gather_strided(sx__mem_stream *s, const sx__mem_strided *r, size_t n,
+                           unsigned flags, sx__mem_copy_method method,
+                           sx__mem_copy_method *used) {
+  (void)s, (void)r, (void)n, (void)flags, (void)method, (void)used;
+  return no_cuda("copy");
+}
 int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t n,
                          const uint64_t *bases, unsigned nb) {
   (void)s, (void)table, (void)n, (void)bases, (void)nb;
