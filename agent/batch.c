@@ -88,6 +88,19 @@ void sx_batch_params_init(sx_batch_params *p) {
 
 /* ------------------------------------------------------------ create/add */
 
+/* SX_IPC_TABLES=0 plans cuda_ipc reads as ranges, as before tables (for
+ * comparisons); anything else, or unset: tables. */
+static int tables_on(void) {
+  static int cached = -1;
+  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v < 0) {
+    const char *e = getenv("SX_IPC_TABLES");
+    v = !(e != NULL && strcmp(e, "0") == 0);
+    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+  }
+  return v;
+}
+
 int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   if (s == NULL || out == NULL)
     return sx__err(SX_EINVAL, "sx_batch_create: NULL argument");
@@ -132,6 +145,10 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   /* Strided pieces stay one xfer only for a transport that copies them so. */
   const sx_transport *tr = b->a->tr[s->kind];
   b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
+  /* A read over a transport that takes tables (cuda_ipc) plans its block
+   * entries into the gather table itself, on this thread. */
+  if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tables_on())
+    sx__plan_tables(&b->plan);
   pthread_mutex_init(&b->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -327,11 +344,16 @@ static int collect_failed(sx_batch *b) {
   if (bits == NULL)
     return SX_ENOMEM;
   uint32_t count = 0;
-  for (size_t i = 0; i < b->op.n; i++) {
-    const sx_xfer *x = &b->op.xfers[i];
-    if (x->status == 0)
+  /* A table op failed whole: every entry of its pieces. */
+  const sx__mem_bpiece *tab = b->op.tab;
+  size_t nr = tab != NULL ? b->op.n_tab : b->op.n;
+  for (size_t i = 0; i < nr; i++) {
+    const sx_xfer *x = tab != NULL ? NULL : &b->op.xfers[i];
+    if (x != NULL && x->status == 0)
       continue;
-    for (uint32_t e = x->entry_first; e <= x->entry_last && e < n; e++) {
+    uint32_t first = x != NULL ? x->entry_first : tab[i].entry_first;
+    uint32_t last = x != NULL ? x->entry_last : tab[i].entry_last;
+    for (uint32_t e = first; e <= last && e < n; e++) {
       if (!(bits[e / 8] & (1u << (e % 8)))) {
         bits[e / 8] |= (uint8_t)(1u << (e % 8));
         count++;
@@ -360,7 +382,7 @@ static void finish(sx_batch *b) {
   r->transfer_ns = now - b->submit_ns;
   r->post_ns = b->post_ns ? b->post_ns : r->transfer_ns;
   r->n_entries = b->plan.n_entries;
-  r->n_ranges = (uint32_t)b->plan.n;
+  r->n_ranges = (uint32_t)(b->plan.n + b->plan.n_tab);
   r->bytes = b->op.bytes;
   r->transport = b->s->kind;
   r->error = b->op.first_error;
@@ -493,7 +515,14 @@ static void submit_run(sx__call *c) {
   sx_agent *a = b->a;
   int cancel = dequeued(b); /* never frees here: the batch has not ended */
   sx__dl_item_init(&b->deadline, expired);
-  b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = b->plan.n,
+  /* A table goes to a transport that takes it; any other gets ranges. */
+  const sx_transport *tr = a->tr[b->s->kind];
+  if (b->plan.tables && (tr == NULL || !(tr->ops->caps & SX__TR_TABLES)))
+    (void)sx__plan_untable(&b->plan); /* no memory: the plan is broken, said below */
+  int tab = b->plan.tables && b->plan.n_tab > 0;
+  b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = tab ? 1 : b->plan.n,
+                  .total = b->plan.bytes, .tab = tab ? b->plan.tab : NULL,
+                  .n_tab = tab ? b->plan.n_tab : 0, .tab_device = b->plan.tab_device,
                   .rregs = b->plan.rr, .n_rregs = b->plan.rr_over ? 0 : b->plan.n_rr,
                   .n_strided = b->plan.n_strided, .done = op_done, .owner = b,
                   .noticed = op_noticed};
@@ -519,7 +548,7 @@ static void submit_run(sx__call *c) {
     end_now(b, peer->fatal, peer->fatal_msg);
     return;
   }
-  if (b->op.n == 0 && b->push == NULL && b->rnote == NULL) {
+  if (b->op.n == 0 && b->op.tab == NULL && b->push == NULL && b->rnote == NULL) {
     end_now(b, 0, NULL);
     return;
   }
@@ -553,7 +582,7 @@ static void submit_run(sx__call *c) {
   if (a->running)
     a->running->rprev = b;
   a->running = b;
-  if (b->op.n == 0) {
+  if (b->op.n == 0 && b->op.tab == NULL) {
     op_done(&b->op); /* a batch of no bytes: only its notice */
     return;
   }

@@ -33,6 +33,11 @@ void sx__op_xfer_done(sx_op *op, size_t idx, int status, const char *msg) {
 }
 
 void sx__op_xfers_done(sx_op *op, int status, const char *msg) {
+  if (op->tab != NULL) {
+    if (op->pending > 0)
+      settled(op, op->pending, op->total, status, msg);
+    return;
+  }
   size_t n = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < op->n && n < op->pending; i++) {

@@ -204,7 +204,14 @@ void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *loca
   p->need_lreg = need_lreg;
 }
 
+static void tab_release(sx__plan *p) {
+  sx__mem_pinned_put(p->tab, p->tab_bytes);
+  p->tab = NULL;
+  p->n_tab = p->tab_cap = p->tab_bytes = 0;
+}
+
 void sx__plan_free(sx__plan *p) {
+  tab_release(p);
   free(p->x);
   free(p->pos);
   free(p->sc);
@@ -230,6 +237,67 @@ static int reserve(sx__plan *p, size_t extra) {
 }
 
 static const char *slot_str(uint32_t slot, char buf[16]) { return sx_slot_name(slot, buf); }
+
+/* ------------------------------------------------------------ tables */
+
+_Static_assert(SX__OP_RREGS == SX__GATHER_BASES, "a table names its op's regions by index");
+
+void sx__plan_tables(sx__plan *p) {
+  p->tables = 1;
+  p->tab_device = -1;
+  p->sc_tab = -1;
+}
+
+/* Room for extra more pieces: 0, or -1 where no pinned memory can be had
+ * (the pieces so far stay). */
+static int tab_reserve(sx__plan *p, size_t extra) {
+  if (p->tab_cap - p->n_tab >= extra)
+    return 0;
+  size_t cap = p->tab_cap ? p->tab_cap : 64;
+  while (cap - p->n_tab < extra)
+    cap *= 2;
+  void *t;
+  size_t bytes;
+  if (sx__mem_pinned_get(cap * sizeof(sx__mem_bpiece), &t, &bytes) != 0)
+    return -1;
+  if (p->n_tab > 0)
+    memcpy(t, p->tab, p->n_tab * sizeof(*p->tab));
+  sx__mem_pinned_put(p->tab, p->tab_bytes);
+  p->tab = t;
+  p->tab_bytes = bytes;
+  p->tab_cap = bytes / sizeof(sx__mem_bpiece);
+  return 0;
+}
+
+int sx__plan_untable(sx__plan *p) {
+  if (!p->tables)
+    return 0;
+  p->tables = 0;
+  int rc = 0;
+  if (p->n_tab > 0 && reserve(p, p->n_tab) != 0) {
+    p->broken = rc = SX_ENOMEM;
+  } else {
+    /* Piece k becomes range k: the merge positions (pos) stay right. */
+    for (size_t k = 0; k < p->n_tab; k++) {
+      const sx__mem_bpiece *q = &p->tab[k];
+      const sx_region *Lr = sx__rindex_addr(p->local, q->dst, q->len);
+      p->x[p->n++] = (sx_xfer){.local = (uint8_t *)(uintptr_t)q->dst,
+                               .lreg = (const sx_lregion *)Lr, .rreg = p->rr[q->region],
+                               .roff = q->src, .length = q->len,
+                               .entry_first = q->entry_first, .entry_last = q->entry_last,
+                               .status = 1};
+    }
+  }
+  tab_release(p);
+  return rc;
+}
+
+/* Entry points that only plan ranges: the table turns into ranges first. */
+static int no_tables(sx__plan *p) {
+  if (p->tables && sx__plan_untable(p) != 0)
+    return sx__err(SX_ENOMEM, "planning entry %u", p->n_entries);
+  return 0;
+}
 
 /* The remote region must allow what the plan does to it. */
 static int access_check(const sx__plan *p, const sx_region *R, uint32_t e) {
@@ -332,6 +400,20 @@ static void rreg_add(sx__plan *p, const sx_region *R) {
 static inline void rreg_note(sx__plan *p, const sx_region *R) {
   if (R != p->rr_last)
     rreg_add(p, R);
+}
+
+/* R's index in rr (listed now if new), or -1 past SX__OP_RREGS. */
+static int rr_index(sx__plan *p, const sx_region *R) {
+  if (R != p->rr_last || p->rr_over) {
+    rreg_add(p, R);
+    if (p->rr_over)
+      return -1;
+    uint32_t i = 0;
+    while (p->rr[i] != R)
+      i++;
+    p->rr_last_i = i;
+  }
+  return (int)p->rr_last_i;
 }
 
 /* Does range x continue with (R, L, roff, local)? */
@@ -522,6 +604,7 @@ static int shape_fill(sx__plan *p, const sx_block_read *r) {
     }
   }
   p->sc_n = need;
+  p->sc_tab = -1;
   p->sc_rblocks = rmin;
   p->sc_lblocks = lmin;
   p->sc_shape = shape_of(r);
@@ -560,13 +643,92 @@ static int check_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
   return check_block(p, r, e);
 }
 
+/* Can a table take the loaded shape?  Every destination in GPU memory of
+ * one device, every region among the first SX__OP_RREGS: sets sc_tab, and
+ * each position's region index and the pieces a block may need. */
+static void tab_shape(sx__plan *p) {
+  p->sc_tab = 0;
+  uint64_t ppb = 0;
+  for (size_t j = 0; j < p->sc_n; j++) {
+    sx__ppos *q = &p->sc[j];
+    const sx__mem_info *m = &q->L->mem;
+    if (m->kind != SX__MEM_CUDA || (p->tab_device >= 0 && m->device != p->tab_device))
+      return;
+    p->tab_device = m->device;
+    int ri = rr_index(p, q->R);
+    if (ri < 0)
+      return;
+    q->ri = (uint32_t)ri;
+    ppb += (q->bb + SX__GATHER_PIECE - 1) / SX__GATHER_PIECE;
+  }
+  p->sc_ppb = ppb;
+  p->sc_tab = 1;
+}
+
+/* Table form of emit_whole(): len bytes at roff of region rr[ri] into dst,
+ * extending the piece position j last wrote where both sides continue it
+ * and it stays within SX__GATHER_PIECE.  The room was reserved. */
+static inline void emit_piece(sx__plan *p, size_t j, uint32_t ri, uint64_t roff, uint64_t dst,
+                              uint64_t len, uint32_t e) {
+  size_t k = p->pos[j];
+  p->bytes += len;
+  if (k != NONE) {
+    sx__mem_bpiece *q = &p->tab[k];
+    if (q->region == ri && q->dst + q->len == dst && q->src + q->len == roff &&
+        len <= SX__GATHER_PIECE - q->len) {
+      q->len += (uint32_t)len;
+      q->entry_last = e;
+      return;
+    }
+  }
+  while (len > 0) {
+    uint64_t piece = len < SX__GATHER_PIECE ? len : SX__GATHER_PIECE;
+    p->tab[p->n_tab++] = (sx__mem_bpiece){.dst = dst, .src = roff, .len = (uint32_t)piece,
+                                          .region = ri, .entry_first = e, .entry_last = e};
+    dst += piece;
+    roff += piece;
+    len -= piece;
+  }
+  p->pos[j] = p->n_tab - 1;
+}
+
+/* emit_entry() into the table: 0; 1 when the table cannot take the entry
+ * (it has turned into ranges: plan the entry as one); SX_ENOMEM. */
+static int emit_entry_tab(sx__plan *p, const sx_block_read *r, uint32_t e) {
+  if (p->sc_tab < 0)
+    tab_shape(p);
+  uint64_t need = r->count * p->sc_ppb;
+  if (p->sc_tab == 0 || (p->tab_cap - p->n_tab < need && tab_reserve(p, need) != 0))
+    return sx__plan_untable(p) ? SX_ENOMEM : 1;
+  for (size_t j = 0; j < p->sc_n; j++) {
+    const sx__ppos *q = &p->sc[j];
+    uint64_t roff = q->rbase + r->remote_block * q->rstride;
+    uint64_t dst = q->lbase + r->local_block * q->lstride;
+    if (q->dense) {
+      emit_piece(p, j, q->ri, roff, dst, r->count * q->bb, e);
+      continue;
+    }
+    for (uint64_t b = 0; b < r->count; b++)
+      emit_piece(p, j, q->ri, roff + b * q->rstride, dst + b * q->lstride, q->bb, e);
+  }
+  return 0;
+}
+
 /* emit_block() through the shape's positions (entry r passed check_entry,
  * so its shape loads unless it has too many positions). */
 static int emit_entry(sx__plan *p, const sx_block_read *r, uint32_t e) {
-  if (shape_load(p, r) != 0)
+  if (shape_load(p, r) != 0) {
+    if (p->tables && sx__plan_untable(p) != 0)
+      return SX_ENOMEM;
     return emit_block(p, r, e);
+  }
   if (set_shape(p, r))
     return SX_ENOMEM;
+  if (p->tables) {
+    int rc = emit_entry_tab(p, r, e);
+    if (rc != 1)
+      return rc;
+  }
   for (size_t j = 0; j < p->sc_n; j++) {
     const sx__ppos *q = &p->sc[j];
     uint64_t roff = q->rbase + r->remote_block * q->rstride;
@@ -608,7 +770,11 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   size_t want = 0;
   for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
     want += (size_t)r[i].layer_count * slot_count(r[i].slots);
-  (void)reserve(p, want < PRERESERVE_MAX ? want : PRERESERVE_MAX);
+  want = want < PRERESERVE_MAX ? want : PRERESERVE_MAX;
+  if (p->tables)
+    (void)tab_reserve(p, want);
+  else
+    (void)reserve(p, want);
   for (size_t i = 0; i < n; i++) {
     if (emit_entry(p, &r[i], p->n_entries + (uint32_t)i)) {
       p->broken = SX_ENOMEM;
@@ -621,7 +787,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
 
 int sx__plan_add_ranges(sx__plan *p, const sx_range_read *r, size_t n) {
   int rc = add_common(p, n, "sx_batch_add_ranges");
-  if (rc)
+  if (rc || (rc = no_tables(p)) != 0)
     return rc;
   for (size_t i = 0; i < n; i++)
     if ((rc = check_range(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
@@ -657,7 +823,7 @@ int sx__plan_add_run(sx__plan *p, const sx_region *R, const sx_lregion *L,
                      const uint64_t *roff, const uint64_t *local, const uint64_t *len,
                      uint32_t n) {
   int rc = add_common(p, n, "sx__plan_add_run");
-  if (rc || (rc = access_check(p, R, p->n_entries)) != 0)
+  if (rc || (rc = access_check(p, R, p->n_entries)) != 0 || (rc = no_tables(p)) != 0)
     return rc;
   if (reserve(p, n)) {
     p->broken = SX_ENOMEM;
@@ -713,7 +879,7 @@ static int scatter_region(const sx__plan *p, const struct iovec *iov, uint32_t n
 int sx__plan_add_scatter(sx__plan *p, const sx_region *R, uint64_t roff,
                          const struct iovec *iov, uint32_t n) {
   int rc = add_common(p, 1, "sx__plan_add_scatter");
-  if (rc)
+  if (rc || (rc = no_tables(p)) != 0)
     return rc;
   uint32_t e = p->n_entries;
   if (n == 0 || iov == NULL)
@@ -761,7 +927,7 @@ int sx__plan_add_strided(sx__plan *p, const sx_region *R, const sx_lregion *L, u
                          uint64_t rstride, uint8_t *local, uint64_t lstride, uint64_t len,
                          uint32_t count) {
   int rc = add_common(p, 1, "sx__plan_add_strided");
-  if (rc)
+  if (rc || (rc = no_tables(p)) != 0)
     return rc;
   uint32_t e = p->n_entries;
   if (len == 0 || count == 0 || local == NULL || L == NULL)

@@ -97,6 +97,7 @@ typedef struct sx__ppos {
   uint64_t lbase, lstride; /* the layer's address in L; a block's */
   uint64_t bb;             /* block_bytes, the same on both sides */
   int dense;               /* blocks back to back on both sides */
+  uint32_t ri;             /* tables: R's index in the plan's rr */
 } sx__ppos;
 
 typedef struct sx__plan {
@@ -135,11 +136,34 @@ typedef struct sx__plan {
   int rr_over;
   const sx_region *rr_last;
   uint32_t n_strided;
+  /* Tables (set after init: a cuda_ipc read batch, see sx__plan_tables):
+   * block entries become gather-table pieces, written here on the
+   * caller's thread straight into pinned memory that the GPU reads, each
+   * piece's source relative to its region (index in rr); x stays empty.
+   * The first entry that a table cannot take (other memory, another
+   * device, more than SX__GATHER_BASES regions, any entry but blocks)
+   * turns the pieces into ranges (tables 0) and planning goes on so. */
+  int tables;
+  sx__mem_bpiece *tab;     /* pinned, from sx__mem_pinned_get */
+  size_t n_tab, tab_cap;   /* pieces; room for */
+  size_t tab_bytes;        /* the pinned buffer's size */
+  int tab_device;          /* every piece's destination device, -1 before the first */
+  uint32_t rr_last_i;      /* rr index of rr_last */
+  int sc_tab;              /* the loaded shape in a table: 1 yes, 0 no, -1 not asked */
+  uint64_t sc_ppb;         /* its pieces per block, at most */
 } sx__plan;
 
 void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *local,
                    uint64_t slice, int need_lreg);
 void sx__plan_free(sx__plan *p);
+/* Plan block entries into a gather table from now on (before the first
+ * entry).  Where no pinned memory can be had (no CUDA driver), planning
+ * goes on with ranges. */
+void sx__plan_tables(sx__plan *p);
+/* Turn the table's pieces into ranges (the table goes back to the pool):
+ * for a transport that does not take tables.  0, or SX_ENOMEM (the plan
+ * is then broken). */
+int sx__plan_untable(sx__plan *p);
 
 /*
  * Plan n entries, numbered from p->n_entries on.  All or nothing: if any

@@ -5,6 +5,10 @@
 
 #include "planner.h"
 #include "sxtest.h"
+#ifdef SX_HAVE_CUDA
+#include "fake_drv.h"
+#include "mem/mem_int.h"
+#endif
 
 /* A remote descriptor (from the fixture) and a local side of registered
  * regions with the same keys, backed by real memory. */
@@ -836,6 +840,214 @@ static void test_planner_strided_checks_its_pieces(void **state) {
   sides_free(&s);
 }
 
+#ifdef SX_HAVE_CUDA
+/* ------------------------------------------------------------ tables */
+
+/* A driver table whose pinned memory is plain heap (or refused). */
+static sx__cuda_drv fake;
+static int host_alloc_fails;
+
+static CUresult f_host_alloc(void **p, size_t len, unsigned flags) {
+  (void)flags;
+  if (host_alloc_fails)
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  *p = aligned_alloc(64, len);
+  return *p != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+static CUresult f_free_host(void *p) {
+  free(p);
+  return CUDA_SUCCESS;
+}
+
+static int use_fake(void **state) {
+  (void)state;
+  sxt_fake_drv_base(&fake, 2);
+  fake.MemHostAlloc = f_host_alloc;
+  fake.MemFreeHost = f_free_host;
+  sx__mem_cuda_use(&fake);
+  host_alloc_fails = 0;
+  return 0;
+}
+
+static int use_real(void **state) {
+  (void)state;
+  sx__mem_cuda_use(NULL);
+  return 0;
+}
+
+/* Local regions in GPU memory of device (as the agent's registration
+ * would say; the planner only reads it). */
+static void on_device(sides *s, int device) {
+  for (uint32_t i = 0; i < s->n_local; i++)
+    s->lregs[i].mem = (sx__mem_info){.kind = SX__MEM_CUDA, .device = device};
+}
+
+/* 64 entries over both slots of 2 layers: runs of 1-3 blocks at random
+ * remote places, with pairs that continue each other (merged). */
+static void table_entries(sx_block_read *r, size_t n, uint64_t rblocks) {
+  uint32_t rng = 7;
+  for (size_t i = 0; i < n; i++) {
+    rng = rng * 1103515245u + 12345u;
+    uint64_t count = 1 + i % 3;
+    uint64_t rb = (rng >> 8) % (rblocks - 8);
+    if (i % 5 == 1) /* continues the entry before on both sides */
+      rb = r[i - 1].remote_block + r[i - 1].count;
+    r[i] = blk(0, 2, KV, rb, i * 3, count);
+  }
+}
+
+/* Plan a has the same ranges as plan b, in order (after untable). */
+static void same_ranges(const sx__plan *a, const sx__plan *b) {
+  assert_int_equal(a->n, b->n);
+  assert_true(a->bytes == b->bytes);
+  for (size_t k = 0; k < a->n; k++) {
+    const sx_xfer *x = &a->x[k], *y = &b->x[k];
+    assert_ptr_equal(x->local, y->local);
+    assert_ptr_equal(x->lreg, y->lreg);
+    assert_ptr_equal(x->rreg, y->rreg);
+    assert_true(x->roff == y->roff && x->length == y->length);
+    assert_int_equal(x->entry_first, y->entry_first);
+    assert_int_equal(x->entry_last, y->entry_last);
+    assert_int_equal(x->status, 1);
+  }
+}
+
+/* Block entries into GPU memory of one device plan into a table whose
+ * pieces are the ranges a plan without tables makes (sources as offsets
+ * in rr[region]); untable turns them into exactly those ranges, and
+ * planning goes on as ranges. */
+static void test_planner_table_is_the_ranges(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 1, 1, 4096, 256, 256);
+  on_device(&s, 0);
+  sx_block_read r[64];
+  table_entries(r, 64, 256);
+  sx__plan a, b;
+  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
+  sx__plan_tables(&a);
+  sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
+  sxt_ok(sx__plan_add_blocks(&a, r, 32));
+  sxt_ok(sx__plan_add_blocks(&a, r + 32, 32)); /* merges across calls too */
+  sxt_ok(sx__plan_add_blocks(&b, r, 32));
+  sxt_ok(sx__plan_add_blocks(&b, r + 32, 32));
+  assert_int_equal(a.tables, 1);
+  assert_int_equal(a.n, 0);
+  assert_int_equal(a.tab_device, 0);
+  assert_int_equal(a.n_tab, b.n);
+  assert_true(b.n < 64 * 4); /* some merged */
+  assert_true(a.bytes == b.bytes);
+  assert_int_equal(a.n_rr, 4);
+  for (size_t k = 0; k < a.n_tab; k++) {
+    const sx__mem_bpiece *q = &a.tab[k];
+    const sx_xfer *y = &b.x[k];
+    assert_true(q->dst == (uint64_t)(uintptr_t)y->local && q->src == y->roff &&
+                q->len == y->length);
+    assert_true(q->region < a.n_rr);
+    assert_ptr_equal(a.rr[q->region], y->rreg);
+    assert_int_equal(q->entry_first, y->entry_first);
+    assert_int_equal(q->entry_last, y->entry_last);
+  }
+  sxt_ok(sx__plan_untable(&a));
+  assert_int_equal(a.tables, 0);
+  assert_null(a.tab);
+  same_ranges(&a, &b);
+  /* Ranges from now on, and still the same. */
+  sx_block_read more[8];
+  table_entries(more, 8, 256);
+  for (int i = 0; i < 8; i++)
+    more[i].local_block = 200 + (uint64_t)i * 3;
+  sxt_ok(sx__plan_add_blocks(&a, more, 8));
+  sxt_ok(sx__plan_add_blocks(&b, more, 8));
+  same_ranges(&a, &b);
+  sx__plan_free(&a);
+  sx__plan_free(&b);
+  sides_free(&s);
+}
+
+/* A table takes runs of at most 64 KiB: a longer one is cut. */
+static void test_planner_table_cuts_long_runs(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 1, 0, 0, 16384, 64, 64);
+  on_device(&s, 1);
+  sx__plan a;
+  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
+  sx__plan_tables(&a);
+  sx_block_read r = blk(0, 1, 1, 3, 0, 9); /* 144 KiB of slot 0 */
+  sxt_ok(sx__plan_add_blocks(&a, &r, 1));
+  assert_int_equal(a.tables, 1);
+  assert_int_equal(a.tab_device, 1);
+  assert_int_equal(a.n_tab, 3);
+  assert_int_equal(a.tab[0].len, 65536);
+  assert_int_equal(a.tab[1].len, 65536);
+  assert_int_equal(a.tab[2].len, 16384);
+  assert_true(a.tab[1].src == a.tab[0].src + 65536 && a.tab[1].dst == a.tab[0].dst + 65536);
+  sx__plan_free(&a);
+  sides_free(&s);
+}
+
+/* What a table cannot take: the batch becomes the ranges a plan without
+ * tables makes, whichever entry brought it. */
+static void table_refused(sides *s, const sx_block_read *r, size_t n, int ranges_after) {
+  sx__plan a, b;
+  sx__plan_init(&a, &s->rix, &s->lix, 0, 0);
+  sx__plan_tables(&a);
+  sx__plan_init(&b, &s->rix, &s->lix, 0, 0);
+  sxt_ok(sx__plan_add_blocks(&a, r, n));
+  sxt_ok(sx__plan_add_blocks(&b, r, n));
+  if (ranges_after) {
+    sx_range_read rr = {.local = (uint8_t *)(uintptr_t)s->lregs[0].r.addr + 255 * 4096,
+                        .remote_region = s->remote.regions[0].id, .offset = 8, .length = 100};
+    sxt_ok(sx__plan_add_ranges(&a, &rr, 1));
+    sxt_ok(sx__plan_add_ranges(&b, &rr, 1));
+  }
+  assert_int_equal(a.tables, 0);
+  assert_null(a.tab);
+  same_ranges(&a, &b);
+  sx__plan_free(&a);
+  sx__plan_free(&b);
+}
+
+static void test_planner_table_refuses_what_it_cannot_take(void **state) {
+  (void)state;
+  sx_block_read r[64];
+  table_entries(r, 64, 256);
+  sides s;
+  sides_init(&s, 2, 1, 1, 4096, 256, 256);
+  /* Host memory, then a second device for V, then a range entry. */
+  table_refused(&s, r, 64, 0);
+  on_device(&s, 0);
+  s.lregs[2].mem.device = 1;
+  s.lregs[3].mem.device = 1;
+  table_refused(&s, r, 64, 0);
+  on_device(&s, 0);
+  table_refused(&s, r, 64, 1);
+  sides_free(&s);
+  /* No pinned memory to be had: a table larger than any the pool keeps
+   * from the tests before (those were put back, and are handed out again
+   * without an allocation). */
+  sides_init(&s, 2, 1, 1, 4096, 256, 2048);
+  on_device(&s, 0);
+  sx_block_read *big = malloc(600 * sizeof(*big));
+  assert_non_null(big);
+  table_entries(big, 600, 256);
+  host_alloc_fails = 1;
+  table_refused(&s, big, 600, 0);
+  host_alloc_fails = 0;
+  free(big);
+  sides_free(&s);
+  /* 18 remote regions (9 layers, K and V each their own): more than a
+   * table's 16 bases. */
+  sides_init(&s, 9, 1, 0, 4096, 256, 256);
+  on_device(&s, 0);
+  sx_block_read all = blk(0, 9, KV, 5, 0, 2);
+  table_refused(&s, &all, 1, 0);
+  sides_free(&s);
+}
+#endif
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rindex_finds_by_key_id_and_addr),
@@ -859,6 +1071,12 @@ int main(void) {
       cmocka_unit_test(test_planner_strided_is_ranges_elsewhere),
       cmocka_unit_test(test_planner_strided_checks_its_pieces),
       cmocka_unit_test(test_planner_huge_batch_is_fast),
+#ifdef SX_HAVE_CUDA
+      cmocka_unit_test_setup_teardown(test_planner_table_is_the_ranges, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_cuts_long_runs, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_refuses_what_it_cannot_take, use_fake,
+                                      use_real),
+#endif
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,7 +177,16 @@ struct sx_op {
   uint32_t n_rregs;
   uint32_t n_strided;
   size_t pending;   /* xfers not settled yet */
+  uint64_t total;   /* bytes of all xfers (or of the table) */
   uint64_t bytes;   /* bytes that arrived */
+  /* A table op (a transport with SX__TR_TABLES): no xfers (n 0); the
+   * planner's gather table instead, n_tab pieces in pinned memory, their
+   * sources relative to rregs[piece.region], every destination in GPU
+   * memory of tab_device.  It settles whole (pending 1), by
+   * sx__op_xfers_done. */
+  const sx__mem_bpiece *tab;
+  size_t n_tab;
+  int tab_device;
   int first_error;
   char message[256];
   void (*done)(sx_op *op); /* once, when pending reaches 0 */
@@ -197,11 +206,12 @@ void sx__op_error(sx_op *op, int status, const char *msg);
  * sx__op_xfer_done() each would (bytes counted, the first error kept), but
  * in one pass and calling op->done once: for a transport whose whole op
  * ended together (one stream's copies, one notice), or that fails or
- * cancels all that is left of it. */
+ * cancels all that is left of it.  A table op settles whole. */
 void sx__op_xfers_done(sx_op *op, int status, const char *msg);
 
 /* sx_transport_ops.caps */
 #define SX__TR_STRIDED 1u /* post() takes strided xfers (SX__XFER_STRIDED) */
+#define SX__TR_TABLES 2u  /* post() takes table ops (sx_op.tab) */
 
 typedef struct sx_transport_ops {
   const char *name;

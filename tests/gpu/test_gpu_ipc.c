@@ -996,6 +996,71 @@ static void test_gpu_ipc_launch_refused(void **state) {
   free(saved);
 }
 
+/* ------------------------------------------------------------ tables */
+
+/* Block reads over cuda_ipc are planned into a gather table on the
+ * caller's thread, run as one based gather; what a table cannot take
+ * turns the batch into ranges: a range added after blocks, destinations in
+ * host memory.  Byte for byte each way, and the table counter says which
+ * way ran (none with SX_IPC_TABLES=0: run.sh runs this file so too). */
+static void test_gpu_ipc_tables(void **state) {
+  (void)state;
+  const char *env = getenv("SX_IPC_TABLES");
+  uint64_t on = !(env != NULL && strcmp(env, "0") == 0);
+  target t;
+  target_start(&t, "ipc-tab", "cuda:0", NULL);
+  sx_agent *ra = agent_new("ipc-tabr", 0);
+  gpu_pool r;
+  pool_make(&r, ra, "cuda:0", 64, 0);
+  sx_segment *seg = open_seg(ra, "ipc-tab");
+  const sx_desc *d = sx_segment_desc(seg);
+  /* Runs of 3 blocks of 64 KiB: three pieces for each (slot, layer). */
+  uint64_t t0 = sx__ipc_table_ops();
+  sx_block_read e[16];
+  gpu_entries(e, 16, LAYERS, TBLOCKS, 48, 3, 11);
+  sx_batch_result res = sxt_run_batch(seg, e, 16, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_true(res.bytes == 16ull * 3 * BB * 2 * LAYERS);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 16), 0);
+  assert_int_equal(sx__ipc_table_ops() - t0, on);
+  /* Blocks, then a range: the batch goes as ranges. */
+  t0 = sx__ipc_table_ops();
+  gpu_entries(e, 8, LAYERS, TBLOCKS, 24, 3, 12);
+  sx_range_read rr = {.local = r.mem[0] + 60ull * BB, .remote_region = d->regions[0].id,
+                      .offset = 5, .length = BB + 7};
+  sx_batch *b;
+  sxt_ok(sx_batch_create(seg, NULL, &b));
+  sxt_ok(sx_batch_add_blocks(b, e, 8));
+  sxt_ok(sx_batch_add_ranges(b, &rr, 1));
+  sxt_ok(sx_batch_submit(b));
+  sxt_ok(sx_batch_wait(b, -1));
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  sx_batch_destroy(b);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+  uint8_t *back = malloc(BB + 7);
+  assert_non_null(back);
+  sxt_ok(sx__mem_copy(back, rr.local, BB + 7));
+  assert_int_equal(sx__pattern_check(back, BB + 7, SEED, d->regions[0].id, 5, NULL), 0);
+  free(back);
+  assert_int_equal(sx__ipc_table_ops() - t0, 0);
+  /* Into host memory: ranges from the first entry on. */
+  sx_agent *ha = agent_new("ipc-tabh", 0);
+  gpu_pool h;
+  pool_make(&h, ha, "cpu", 64, 0);
+  sx_segment *hseg = open_seg(ha, "ipc-tab");
+  t0 = sx__ipc_table_ops();
+  read_verify(hseg, &h, 13, SX_TRANSPORT_CUDA_IPC);
+  assert_int_equal(sx__ipc_table_ops() - t0, 0);
+  reader_end(hseg, ha, &h);
+  /* And tables again on the first reader. */
+  t0 = sx__ipc_table_ops();
+  read_verify(seg, &r, 14, SX_TRANSPORT_CUDA_IPC);
+  assert_int_equal(sx__ipc_table_ops() - t0, on);
+  reader_end(seg, ra, &r);
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 /* ------------------------------------------------------------ notices */
 
 /* 8 batches of 8 blocks submitted together (several notices outstanding
@@ -1283,6 +1348,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_copy_methods, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_launch_refused, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_tables_reused_by_notices, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_tables, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_fallback, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_lost, test_teardown),

@@ -220,20 +220,29 @@ static void iop_free(iop *o) {
 
 /* Does a copy still running read or write through mapping m? */
 static int map_busy(const ipc_peer *p, const ipc_map *m) {
-  for (const iop *o = p->running; o != NULL; o = o->next)
+  for (const iop *o = p->running; o != NULL; o = o->next) {
+    /* A table op reads every region it names until it ends. */
+    for (uint32_t j = 0; o->op->tab != NULL && j < o->op->n_rregs; j++)
+      if (p->regs[o->rix[j]].rec.base == m->base)
+        return 1;
     for (size_t i = 0; i < o->op->n; i++)
       if (o->slot[i] != 0xff && o->op->xfers[i].status == 1 &&
           p->regs[o->ri[i]].rec.base == m->base)
         return 1;
+  }
   return 0;
 }
 
 /* Does a copy still running use region id? */
 static int region_busy(const ipc_peer *p, uint32_t id) {
-  for (const iop *o = p->running; o != NULL; o = o->next)
+  for (const iop *o = p->running; o != NULL; o = o->next) {
+    for (uint32_t j = 0; o->op->tab != NULL && j < o->op->n_rregs; j++)
+      if (o->op->rregs[j]->id == id)
+        return 1;
     for (size_t i = 0; i < o->op->n; i++)
       if (o->slot[i] != 0xff && o->op->xfers[i].status == 1 && o->op->xfers[i].rreg->id == id)
         return 1;
+  }
   return 0;
 }
 
@@ -356,6 +365,98 @@ static void refused_msg(const ipc_peer *p, const ipc_reg *r, const sx_region *R,
                  : sx_strerror(rc));
 }
 
+/* The copies of a table op: one based gather over the table the batch's
+ * thread wrote (sx_op.tab), each of its regions' mapping into the
+ * destinations' device as a base: nothing here is per range.  Where the
+ * kernel does not run (SX_GPU_COPY=batch|range, or it does not load), the
+ * table is read into ranges for sx__mem_gather.  A region that cannot be
+ * read fails the whole op. */
+static uint64_t table_ops; /* atomic */
+
+uint64_t sx__ipc_table_ops(void) { return __atomic_load_n(&table_ops, __ATOMIC_RELAXED); }
+
+static void run_table(ipc_peer *p, iop *o) {
+  __atomic_add_fetch(&table_ops, 1, __ATOMIC_RELAXED);
+  cipc_t *t = p->t;
+  sx_op *op = o->op;
+  char msg[256] = "";
+  int rc = 0, dev = op->tab_device;
+  list_add(&p->running, o);
+  o->one = 1;
+  o->slots_left = 1; /* held while queueing */
+  uint64_t bases[SX__GATHER_BASES];
+  for (uint32_t j = 0; j < op->n_rregs && rc == 0; j++) {
+    ipc_reg *r = &p->regs[o->rix[j]];
+    ipc_map *m = NULL;
+    if (r->state != R_READY) {
+      rc = r->err ? r->err : SX_EIO;
+      refused_msg(p, r, op->rregs[j], rc, msg, sizeof(msg));
+    } else if ((rc = map_get(p, r, dev, &m)) != 0) {
+      snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    } else {
+      bases[j] = (uint64_t)(uintptr_t)(m->ptr + r->rec.offset);
+    }
+  }
+  sx__mem_stream *s = NULL;
+  if (rc == 0 && (rc = stream_for(t, dev, t->rr_op++, &s)) != 0)
+    snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+  if (rc == 0) {
+    o->n_slots = 1;
+    o->slots[0] = (iop_slot){.o = o, .s = s, .left = 1};
+    sx__mem_stream_defer(s, t->launch_mode == 1 || (t->launch_mode == 2 &&
+                                                    sx__mem_notifier_pending(t->nf) > 0));
+    sx__mem_copy_method used = SX__COPY_KERNEL;
+    if (t->method == SX__COPY_AUTO || t->method == SX__COPY_KERNEL)
+      rc = sx__mem_gather_based(s, op->tab, op->n_tab, bases, op->n_rregs);
+    if (rc == SX_ENOTSUP || (t->method != SX__COPY_AUTO && t->method != SX__COPY_KERNEL)) {
+      /* The kernel is not for it: the table's pieces as ranges. */
+      sx__mem_range *rg = malloc(op->n_tab * sizeof(*rg));
+      rc = rg == NULL ? sx__err(SX_ENOMEM, "cuda_ipc: ranges of a table") : 0;
+      for (size_t i = 0; rc == 0 && i < op->n_tab; i++)
+        rg[i] = (sx__mem_range){op->tab[i].dst, bases[op->tab[i].region] + op->tab[i].src,
+                                op->tab[i].len};
+      if (rc == 0)
+        rc = sx__mem_gather(s, rg, op->n_tab, SX__GATHER_ENV_READ | SX__GATHER_SM_OK,
+                            t->method, &used);
+      free(rg);
+    }
+    if (rc == 0 && !(t->said & 1u << used)) {
+      t->said |= 1u << used;
+      const char *why = used == SX__COPY_KERNEL ? NULL : sx__mem_kernel_error(dev);
+      t->base.ctx->log(t->base.ctx->agent, SX_LOG_INFO, "cuda_ipc: copies by %s (first "
+                       "used for a table of %zu pieces, device memory%s%s)",
+                       sx__mem_copy_name(used), op->n_tab, why ? "; " : "", why ? why : "");
+    }
+    if (rc != 0)
+      snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    /* Copies of it may have been queued: the notice still comes behind
+     * them and settles the op with the error. */
+    if (rc != 0)
+      o->status = rc;
+    o->slots[0].note.fn = slot_done;
+    o->slots_left++;
+    if (sx__mem_notify(s, t->nf, &o->slots[0].note) != 0) {
+      sx__mem_stream_sync(s);
+      slot_done(&o->slots[0].note);
+    }
+  }
+  if (rc != 0) {
+    char what[sizeof(msg) + 160];
+    snprintf(what, sizeof(what), "%s: %s", p->label, msg);
+    if (o->status == 0)
+      o->status = rc;
+    sx__op_error(op, rc, what);
+  }
+  if (--o->slots_left == 0) {
+    /* Nothing was queued (or the notice already ran): settle now. */
+    if (op->pending > 0)
+      sx__op_xfers_done(op, o->status, NULL);
+    list_del(&p->running, o);
+    iop_free(o);
+    settle_peer(p);
+  }
+}
+
 /* How many ranges ahead run() asks for (a range is one cache line). */
 #define RUN_AHEAD 16
 
@@ -365,6 +466,10 @@ static void refused_msg(const ipc_peer *p, const ipc_reg *r, const sx_region *R,
  * copy; an op on one stream (the usual case: all of an op's ranges share
  * one unless copies are spread) hands that table to the gather as it is. */
 static void run(ipc_peer *p, iop *o) {
+  if (o->op->tab != NULL) {
+    run_table(p, o);
+    return;
+  }
   cipc_t *t = p->t;
   sx_op *op = o->op;
   char msg[256] = "";
@@ -549,6 +654,10 @@ static void run_ready(ipc_peer *p) {
   for (iop *o = p->waiting, *next; o != NULL; o = next) {
     next = o->next;
     int ready = 1;
+    for (uint32_t j = 0; o->op->tab != NULL && j < o->op->n_rregs && ready; j++) {
+      int st = p->regs[o->rix[j]].state;
+      ready = st == R_READY || st == R_FAILED;
+    }
     for (size_t i = 0; i < o->op->n && ready; i++) {
       int st = p->regs[o->ri[i]].state;
       ready = st == R_READY || st == R_FAILED;
@@ -709,6 +818,9 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
   ipc_peer *p = (ipc_peer *)tp;
   if (p->closing)
     return sx__err(SX_ECANCELED, "%s: segment closed", p->label);
+  if (op->tab != NULL && (p->write || op->n_rregs == 0))
+    return sx__err(SX_EINVAL, "cuda_ipc: a table op must be a read that lists its regions "
+                   "(a bug)");
   iop *o = iop_new(p->t, op->n);
   if (o == NULL)
     return sx__err(SX_ENOMEM, "cuda_ipc: post");
@@ -724,7 +836,7 @@ static int ipc_post(sx_tpeer *tp, sx_op *op) {
     o->n_strided = op->n_strided;
     o->ri_late = rc == 0 && ready && p->waiting == NULL;
   }
-  if (!o->ri_late && rc == 0) {
+  if (!o->ri_late && rc == 0 && op->tab == NULL) {
     /* Else each range's region, also for an op that waits (ask() and
      * run_ready() read ri). */
     const sx_region *last = NULL;
@@ -1000,7 +1112,7 @@ static int ipc_usable(sx_transport *base, const sx_desc *remote) {
 const sx_transport_ops sx__cuda_ipc_ops = {
     .name = "cuda_ipc",
     .kind = SX_TRANSPORT_CUDA_IPC,
-    .caps = SX__TR_STRIDED, /* run() hands them to the gather whole */
+    .caps = SX__TR_STRIDED | SX__TR_TABLES, /* run() hands them to the gather whole */
     .open = ipc_open,
     .close = ipc_close,
     .pack = ipc_pack,
