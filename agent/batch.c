@@ -88,17 +88,23 @@ void sx_batch_params_init(sx_batch_params *p) {
 
 /* ------------------------------------------------------------ create/add */
 
-/* SX_IPC_TABLES=0 plans cuda_ipc reads as ranges, as before tables (for
- * comparisons); anything else, or unset: tables. */
-static int tables_on(void) {
-  static int cached = -1;
-  int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (v < 0) {
-    const char *e = getenv("SX_IPC_TABLES");
-    v = !(e != NULL && strcmp(e, "0") == 0);
-    __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
-  }
-  return v;
+/* The fewest ranges a batch's first block entries make for a gather table
+ * (sx__plan_tables): SX_IPC_TABLES=N, 0 never (ranges, as before tables),
+ * by default SX__PLAN_TABLE_MIN. */
+static uint32_t tables_min(void) {
+  static int64_t cached = -1;
+  int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (v >= 0)
+    return (uint32_t)v;
+  long n;
+  int bad;
+  if (!sx__env_long("SX_IPC_TABLES", 0, UINT32_MAX, &n, &bad))
+    n = SX__PLAN_TABLE_MIN;
+  if (bad)
+    fprintf(stderr, "segxfer: SX_IPC_TABLES=%s is not a whole number of 0..%u: %u\n",
+            getenv("SX_IPC_TABLES"), UINT32_MAX, SX__PLAN_TABLE_MIN);
+  __atomic_store_n(&cached, (int64_t)n, __ATOMIC_RELAXED); /* racing first calls agree */
+  return (uint32_t)n;
 }
 
 int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
@@ -147,8 +153,9 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
   /* A read over a transport that takes tables (cuda_ipc) plans its block
    * entries into the gather table itself, on this thread. */
-  if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tables_on())
-    sx__plan_tables(&b->plan);
+  uint32_t tmin = tables_min();
+  if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tmin > 0)
+    sx__plan_tables(&b->plan, tmin);
   pthread_mutex_init(&b->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);

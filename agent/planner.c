@@ -242,8 +242,9 @@ static const char *slot_str(uint32_t slot, char buf[16]) { return sx_slot_name(s
 
 _Static_assert(SX__OP_RREGS == SX__GATHER_BASES, "a table names its op's regions by index");
 
-void sx__plan_tables(sx__plan *p) {
+void sx__plan_tables(sx__plan *p, uint32_t min) {
   p->tables = 1;
+  p->tab_min = min;
   p->tab_device = -1;
   p->sc_tab = -1;
 }
@@ -771,6 +772,13 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
     want += (size_t)r[i].layer_count * slot_count(r[i].slots);
   want = want < PRERESERVE_MAX ? want : PRERESERVE_MAX;
+  if (p->tables && p->n_entries == 0) {
+    size_t ranges = 0;
+    for (size_t i = 0; i < n && ranges < p->tab_min; i++)
+      ranges += (size_t)r[i].layer_count * slot_count(r[i].slots);
+    if (ranges < p->tab_min)
+      p->tables = 0; /* small: ranges (nothing was written to a table yet) */
+  }
   if (p->tables)
     (void)tab_reserve(p, want);
   else

@@ -149,6 +149,7 @@ typedef struct sx__plan {
   size_t tab_bytes;        /* the pinned buffer's size */
   int tab_device;          /* every piece's destination device, -1 before the first */
   uint32_t rr_last_i;      /* rr index of rr_last */
+  uint32_t tab_min;        /* ranges the first block entries must make */
   int sc_tab;              /* the loaded shape in a table: 1 yes, 0 no, -1 not asked */
   uint64_t sc_ppb;         /* its pieces per block, at most */
 } sx__plan;
@@ -157,9 +158,12 @@ void sx__plan_init(sx__plan *p, const sx__rindex *remote, const sx__rindex *loca
                    uint64_t slice, int need_lreg);
 void sx__plan_free(sx__plan *p);
 /* Plan block entries into a gather table from now on (before the first
- * entry).  Where no pinned memory can be had (no CUDA driver), planning
- * goes on with ranges. */
-void sx__plan_tables(sx__plan *p);
+ * entry), unless the first sx__plan_add_blocks call makes fewer than min
+ * ranges (before merging): a small request goes as ranges, which measured
+ * as fast or faster there (docs/gpu.md).  Where no pinned memory can be
+ * had (no CUDA driver), planning goes on with ranges. */
+void sx__plan_tables(sx__plan *p, uint32_t min);
+#define SX__PLAN_TABLE_MIN 256
 /* Turn the table's pieces into ranges (the table goes back to the pool):
  * for a transport that does not take tables.  0, or SX_ENOMEM (the plan
  * is then broken). */

@@ -926,7 +926,7 @@ static void test_planner_table_is_the_ranges(void **state) {
   table_entries(r, 64, 256);
   sx__plan a, b;
   sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a);
+  sx__plan_tables(&a, 1);
   sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
   sxt_ok(sx__plan_add_blocks(&a, r, 32));
   sxt_ok(sx__plan_add_blocks(&a, r + 32, 32)); /* merges across calls too */
@@ -966,6 +966,33 @@ static void test_planner_table_is_the_ranges(void **state) {
   sides_free(&s);
 }
 
+/* A batch whose first block entries make fewer ranges than the minimum
+ * goes as ranges; at the minimum, a table. */
+static void test_planner_table_only_from_min_ranges(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 1, 1, 4096, 256, 256);
+  on_device(&s, 0);
+  sx_block_read r[64];
+  table_entries(r, 64, 256);
+  sx__plan a;
+  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
+  sx__plan_tables(&a, 256);
+  sxt_ok(sx__plan_add_blocks(&a, r, 63)); /* 252 ranges */
+  assert_int_equal(a.tables, 0);
+  assert_null(a.tab);
+  assert_true(a.n > 0);
+  sx__plan_free(&a);
+  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
+  sx__plan_tables(&a, 256);
+  sxt_ok(sx__plan_add_blocks(&a, r, 64)); /* 256 */
+  assert_int_equal(a.tables, 1);
+  assert_true(a.n_tab > 0);
+  assert_int_equal(a.n, 0);
+  sx__plan_free(&a);
+  sides_free(&s);
+}
+
 /* A table takes runs of at most 64 KiB: a longer one is cut. */
 static void test_planner_table_cuts_long_runs(void **state) {
   (void)state;
@@ -974,7 +1001,7 @@ static void test_planner_table_cuts_long_runs(void **state) {
   on_device(&s, 1);
   sx__plan a;
   sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a);
+  sx__plan_tables(&a, 1);
   sx_block_read r = blk(0, 1, 1, 3, 0, 9); /* 144 KiB of slot 0 */
   sxt_ok(sx__plan_add_blocks(&a, &r, 1));
   assert_int_equal(a.tables, 1);
@@ -993,7 +1020,7 @@ static void test_planner_table_cuts_long_runs(void **state) {
 static void table_refused(sides *s, const sx_block_read *r, size_t n, int ranges_after) {
   sx__plan a, b;
   sx__plan_init(&a, &s->rix, &s->lix, 0, 0);
-  sx__plan_tables(&a);
+  sx__plan_tables(&a, 1);
   sx__plan_init(&b, &s->rix, &s->lix, 0, 0);
   sxt_ok(sx__plan_add_blocks(&a, r, n));
   sxt_ok(sx__plan_add_blocks(&b, r, n));
@@ -1074,6 +1101,8 @@ int main(void) {
 #ifdef SX_HAVE_CUDA
       cmocka_unit_test_setup_teardown(test_planner_table_is_the_ranges, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_cuts_long_runs, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_only_from_min_ranges, use_fake,
+                                      use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_refuses_what_it_cannot_take, use_fake,
                                       use_real),
 #endif

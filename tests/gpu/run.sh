@@ -20,8 +20,10 @@ suite() { # $1: what it runs on
   # cuda_ipc again with every read's driver calls on the launcher's thread
   # (by default only reads that start while others are in flight go there).
   SX_GPU_LAUNCHER=1 "$here/../run-tests.sh" "$build" "gpu, SX_GPU_LAUNCHER=1" gpu/test_gpu_ipc gpu/test_gpu_push || rc=1
-  # cuda_ipc's block reads planned as ranges, as without gather tables.
+  # cuda_ipc's block reads planned as ranges (as without gather tables),
+  # and every one of them into a table, however small.
   SX_IPC_TABLES=0 "$here/../run-tests.sh" "$build" "gpu, SX_IPC_TABLES=0" gpu/test_gpu_ipc || rc=1
+  SX_IPC_TABLES=1 "$here/../run-tests.sh" "$build" "gpu, SX_IPC_TABLES=1" gpu/test_gpu_ipc || rc=1
   if "$here/programs.sh" "$build" >"$build/test-logs/gpu/programs.log" 2>&1; then
     echo "  PASS  gpu/programs.sh"
   else

@@ -999,45 +999,59 @@ static void test_gpu_ipc_launch_refused(void **state) {
 /* ------------------------------------------------------------ tables */
 
 /* Block reads over cuda_ipc are planned into a gather table on the
- * caller's thread, run as one based gather; what a table cannot take
- * turns the batch into ranges: a range added after blocks, destinations in
- * host memory.  Byte for byte each way, and the table counter says which
- * way ran (none with SX_IPC_TABLES=0: run.sh runs this file so too). */
+ * caller's thread, run as one based gather, where the batch's first block
+ * entries make at least SX_IPC_TABLES ranges (default 256; 0 never: run.sh
+ * runs this file with 0 and with 1 too); what a table cannot take turns
+ * the batch into ranges: a range added after blocks, destinations in host
+ * memory.  Byte for byte each way, and the table counter says which way
+ * ran. */
+static uint64_t tables_for(uint64_t ranges) {
+  const char *env = getenv("SX_IPC_TABLES");
+  uint64_t min = env != NULL ? strtoull(env, NULL, 10) : 256;
+  return min > 0 && ranges >= min;
+}
+
 static void test_gpu_ipc_tables(void **state) {
   (void)state;
-  const char *env = getenv("SX_IPC_TABLES");
-  uint64_t on = !(env != NULL && strcmp(env, "0") == 0);
   target t;
   target_start(&t, "ipc-tab", "cuda:0", NULL);
   sx_agent *ra = agent_new("ipc-tabr", 0);
   gpu_pool r;
-  pool_make(&r, ra, "cuda:0", 64, 0);
+  pool_make(&r, ra, "cuda:0", 256, 0);
   sx_segment *seg = open_seg(ra, "ipc-tab");
   const sx_desc *d = sx_segment_desc(seg);
-  /* Runs of 3 blocks of 64 KiB: three pieces for each (slot, layer). */
+  /* 64 runs of 3 blocks of 64 KiB over 2 layers and K, V (256 ranges):
+   * three pieces for each. */
   uint64_t t0 = sx__ipc_table_ops();
-  sx_block_read e[16];
-  gpu_entries(e, 16, LAYERS, TBLOCKS, 48, 3, 11);
-  sx_batch_result res = sxt_run_batch(seg, e, 16, 10000);
+  sx_block_read e[64];
+  gpu_entries(e, 64, LAYERS, TBLOCKS, 192, 3, 11);
+  sx_batch_result res = sxt_run_batch(seg, e, 64, 10000);
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
-  assert_true(res.bytes == 16ull * 3 * BB * 2 * LAYERS);
-  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 16), 0);
-  assert_int_equal(sx__ipc_table_ops() - t0, on);
+  assert_true(res.bytes == 64ull * 3 * BB * 2 * LAYERS);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 64), 0);
+  assert_int_equal(sx__ipc_table_ops() - t0, tables_for(256));
+  /* A small request (8 entries: 32 ranges). */
+  t0 = sx__ipc_table_ops();
+  gpu_entries(e, 8, LAYERS, TBLOCKS, 24, 1, 15);
+  res = sxt_run_batch(seg, e, 8, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+  assert_int_equal(sx__ipc_table_ops() - t0, tables_for(32));
   /* Blocks, then a range: the batch goes as ranges. */
   t0 = sx__ipc_table_ops();
-  gpu_entries(e, 8, LAYERS, TBLOCKS, 24, 3, 12);
-  sx_range_read rr = {.local = r.mem[0] + 60ull * BB, .remote_region = d->regions[0].id,
+  gpu_entries(e, 64, LAYERS, TBLOCKS, 192, 3, 12);
+  sx_range_read rr = {.local = r.mem[0] + 250ull * BB, .remote_region = d->regions[0].id,
                       .offset = 5, .length = BB + 7};
   sx_batch *b;
   sxt_ok(sx_batch_create(seg, NULL, &b));
-  sxt_ok(sx_batch_add_blocks(b, e, 8));
+  sxt_ok(sx_batch_add_blocks(b, e, 64));
   sxt_ok(sx_batch_add_ranges(b, &rr, 1));
   sxt_ok(sx_batch_submit(b));
   sxt_ok(sx_batch_wait(b, -1));
   sxt_ok(sx_batch_result_get(b, &res));
   assert_int_equal(res.state, SX_BATCH_COMPLETED);
   sx_batch_destroy(b);
-  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 64), 0);
   uint8_t *back = malloc(BB + 7);
   assert_non_null(back);
   sxt_ok(sx__mem_copy(back, rr.local, BB + 7));
@@ -1053,10 +1067,10 @@ static void test_gpu_ipc_tables(void **state) {
   read_verify(hseg, &h, 13, SX_TRANSPORT_CUDA_IPC);
   assert_int_equal(sx__ipc_table_ops() - t0, 0);
   reader_end(hseg, ha, &h);
-  /* And tables again on the first reader. */
+  /* And tables again on the first reader (64 entries: 256 ranges). */
   t0 = sx__ipc_table_ops();
   read_verify(seg, &r, 14, SX_TRANSPORT_CUDA_IPC);
-  assert_int_equal(sx__ipc_table_ops() - t0, on);
+  assert_int_equal(sx__ipc_table_ops() - t0, tables_for(256));
   reader_end(seg, ra, &r);
   assert_int_equal(target_end(&t, 0), 0);
 }
