@@ -897,6 +897,12 @@ static void table_entries(sx_block_read *r, size_t n, uint64_t rblocks) {
   }
 }
 
+/* A plan over s that plans tables from min ranges on. */
+static void plan_tables(sx__plan *p, sides *s, uint32_t min) {
+  sx__plan_init(p, &s->rix, &s->lix, 0, 0);
+  sx__plan_tables(p, min);
+}
+
 /* Plan a has the same ranges as plan b, in order (after untable). */
 static void same_ranges(const sx__plan *a, const sx__plan *b) {
   assert_int_equal(a->n, b->n);
@@ -925,8 +931,7 @@ static void test_planner_table_is_the_ranges(void **state) {
   sx_block_read r[64];
   table_entries(r, 64, 256);
   sx__plan a, b;
-  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a, 1);
+  plan_tables(&a, &s, 1);
   sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
   sxt_ok(sx__plan_add_blocks(&a, r, 32));
   sxt_ok(sx__plan_add_blocks(&a, r + 32, 32)); /* merges across calls too */
@@ -976,15 +981,13 @@ static void test_planner_table_only_from_min_ranges(void **state) {
   sx_block_read r[64];
   table_entries(r, 64, 256);
   sx__plan a;
-  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a, 256);
+  plan_tables(&a, &s, 256);
   sxt_ok(sx__plan_add_blocks(&a, r, 63)); /* 252 ranges */
   assert_int_equal(a.tables, 0);
   assert_null(a.tab);
   assert_true(a.n > 0);
   sx__plan_free(&a);
-  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a, 256);
+  plan_tables(&a, &s, 256);
   sxt_ok(sx__plan_add_blocks(&a, r, 64)); /* 256 */
   assert_int_equal(a.tables, 1);
   assert_true(a.n_tab > 0);
@@ -1000,8 +1003,7 @@ static void test_planner_table_cuts_long_runs(void **state) {
   sides_init(&s, 1, 0, 0, 16384, 64, 64);
   on_device(&s, 1);
   sx__plan a;
-  sx__plan_init(&a, &s.rix, &s.lix, 0, 0);
-  sx__plan_tables(&a, 1);
+  plan_tables(&a, &s, 1);
   sx_block_read r = blk(0, 1, 1, 3, 0, 9); /* 144 KiB of slot 0 */
   sxt_ok(sx__plan_add_blocks(&a, &r, 1));
   assert_int_equal(a.tables, 1);
@@ -1019,8 +1021,7 @@ static void test_planner_table_cuts_long_runs(void **state) {
  * tables makes, whichever entry brought it. */
 static void table_refused(sides *s, const sx_block_read *r, size_t n, int ranges_after) {
   sx__plan a, b;
-  sx__plan_init(&a, &s->rix, &s->lix, 0, 0);
-  sx__plan_tables(&a, 1);
+  plan_tables(&a, s, 1);
   sx__plan_init(&b, &s->rix, &s->lix, 0, 0);
   sxt_ok(sx__plan_add_blocks(&a, r, n));
   sxt_ok(sx__plan_add_blocks(&b, r, n));

@@ -192,26 +192,33 @@ static void test_security_connections_per_reader_are_limited(void **state) {
   sxt_agent_stop(&t);
 }
 
+/* Sends what (len may be 0), then waits for the target to hang up: the ms it took, or
+ * UINT64_MAX when it did not within 15 s. */
+static uint64_t hung_up_after(uint16_t port, const void *what, size_t len) {
+  int fd = sxt_wire_connect(port);
+  if (len > 0)
+    assert_int_equal(send(fd, what, len, 0), (ssize_t)len);
+  uint64_t t0 = sx__mono_ms();
+  char c;
+  ssize_t n;
+  do {
+    n = recv(fd, &c, 1, 0);
+  } while (n < 0 && sx__mono_ms() - t0 < 15000);
+  close(fd);
+  return n == 0 ? sx__mono_ms() - t0 : UINT64_MAX;
+}
+
 static void test_security_silent_connection_is_closed(void **state) {
   (void)state;
   sxt_agent t;
   sxt_target_start(&t, "mem://security", "quiet", NULL, 4);
   sx_desc d;
   sxt_ok(sx_agent_descriptor(t.a, &d));
-  int fd = sxt_wire_connect(sxt_tcp_port(&d));
-  uint64_t t0 = sx__mono_ms();
   /* No HELLO: the target hangs up after its 5 s HELLO deadline. */
-  char c;
-  ssize_t n;
-  do {
-    n = recv(fd, &c, 1, 0);
-  } while (n < 0 && sx__mono_ms() - t0 < 15000);
-  uint64_t took = sx__mono_ms() - t0;
-  assert_int_equal(n, 0);
+  uint64_t took = hung_up_after(sxt_tcp_port(&d), NULL, 0);
   print_message("measured: a connection without HELLO was closed after %lu ms\n",
                 (unsigned long)took);
   assert_true(took >= 4500 && took < 10000);
-  close(fd);
   sx_desc_free(&d);
   sxt_agent_stop(&t);
 }
@@ -235,21 +242,6 @@ static int warned_of(const char *needle) {
   int found = strstr(warned, needle) != NULL;
   pthread_mutex_unlock(&warn_mu);
   return found;
-}
-
-/* Sends what, then waits for the target to hang up: the ms it took, or
- * UINT64_MAX when it did not within 15 s. */
-static uint64_t hung_up_after(uint16_t port, const void *what, size_t len) {
-  int fd = sxt_wire_connect(port);
-  assert_int_equal(send(fd, what, len, 0), (ssize_t)len);
-  uint64_t t0 = sx__mono_ms();
-  char c;
-  ssize_t n;
-  do {
-    n = recv(fd, &c, 1, 0);
-  } while (n < 0 && sx__mono_ms() - t0 < 15000);
-  close(fd);
-  return n == 0 ? sx__mono_ms() - t0 : UINT64_MAX;
 }
 
 static void test_security_foreign_client_is_closed_at_once(void **state) {
