@@ -187,7 +187,7 @@ test: deps
 
 check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS) $(GPU_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
-	@tests/gpu/run.sh "$(BUILD)"
+	@SX_GPU_SANITIZED=$(if $(SANITIZE),1,0) tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
 	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@$(RDMA_ENV)tests/rdma/alongside.sh "$(BUILD)" env PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"

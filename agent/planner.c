@@ -249,14 +249,17 @@ void sx__plan_tables(sx__plan *p, uint32_t min) {
   p->sc_tab = -1;
 }
 
-/* Room for extra more pieces: 0, or -1 where no pinned memory can be had
- * (the pieces so far stay). */
+/* Room for extra more pieces: 0, or -1 where the table would outgrow
+ * SX__PLAN_TABLE_MAX or no pinned memory can be had (the pieces so far
+ * stay). */
 static int tab_reserve(sx__plan *p, size_t extra) {
   if (p->tab_cap - p->n_tab >= extra)
     return 0;
   size_t cap = p->tab_cap ? p->tab_cap : 64;
   while (cap - p->n_tab < extra)
     cap *= 2;
+  if (cap > SX__PLAN_TABLE_MAX / sizeof(sx__mem_bpiece))
+    return -1;
   void *t;
   size_t bytes;
   if (sx__mem_pinned_get(cap * sizeof(sx__mem_bpiece), &t, &bytes) != 0)

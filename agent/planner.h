@@ -164,6 +164,9 @@ void sx__plan_free(sx__plan *p);
  * had (no CUDA driver), planning goes on with ranges. */
 void sx__plan_tables(sx__plan *p, uint32_t min);
 #define SX__PLAN_TABLE_MIN 256
+/* A table's largest pinned buffer (256k pieces): a batch that needs more
+ * goes as ranges, which grow in ordinary memory. */
+#define SX__PLAN_TABLE_MAX (8u << 20)
 /* Turn the table's pieces into ranges (the table goes back to the pool):
  * for a transport that does not take tables.  0, or SX_ENOMEM (the plan
  * is then broken). */

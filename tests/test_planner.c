@@ -996,6 +996,58 @@ static void test_planner_table_only_from_min_ranges(void **state) {
   sides_free(&s);
 }
 
+/* A batch that would need a table of more than SX__PLAN_TABLE_MAX goes as
+ * ranges (which grow in ordinary memory), the same ones. */
+static void test_planner_table_has_a_size_limit(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 1, 0, 0, 64, 1u << 20, 256);
+  on_device(&s, 0);
+  size_t n = SX__PLAN_TABLE_MAX / sizeof(sx__mem_bpiece) + 1;
+  sx_block_read *r = malloc(n * sizeof(*r));
+  assert_non_null(r);
+  uint32_t rng = 3;
+  for (size_t i = 0; i < n; i++) {
+    rng = rng * 1103515245u + 12345u;
+    r[i] = blk(0, 1, 1, (rng >> 4) % (1u << 20), i % 256, 1);
+  }
+  sx__plan a, b;
+  plan_tables(&a, &s, 1);
+  sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
+  sxt_ok(sx__plan_add_blocks(&a, r, n));
+  sxt_ok(sx__plan_add_blocks(&b, r, n));
+  assert_int_equal(a.tables, 0);
+  same_ranges(&a, &b);
+  sx__plan_free(&a);
+  sx__plan_free(&b);
+  free(r);
+  sides_free(&s);
+}
+
+/* The pool keeps what is put back up to SX__PINNED_KEEP_BYTES in all,
+ * and frees the rest. */
+static void test_planner_pinned_pool_is_bounded(void **state) {
+  (void)state;
+  enum { N = 6 };
+  void *p[N];
+  size_t cap[N];
+  for (int i = 0; i < N; i++)
+    sxt_ok(sx__mem_pinned_get(16u << 20, &p[i], &cap[i]));
+  for (int i = 0; i < N; i++)
+    sx__mem_pinned_put(p[i], cap[i]);
+  size_t kept = sx__mem_pinned_kept();
+  print_message("the pool keeps %zu bytes after 6 x 16 MiB came back\n", kept);
+  assert_true(kept <= SX__PINNED_KEEP_BYTES);
+  assert_true(kept + (16u << 20) > SX__PINNED_KEEP_BYTES);
+  /* What it kept is handed out again. */
+  for (int i = 0; i < N; i++)
+    sxt_ok(sx__mem_pinned_get(16u << 20, &p[i], &cap[i]));
+  for (int i = 0; i < N; i++)
+    sx__mem_pinned_put(p[i], cap[i]);
+  sx__mem_pinned_drain();
+  assert_int_equal(sx__mem_pinned_kept(), 0);
+}
+
 /* A table takes runs of at most 64 KiB: a longer one is cut. */
 static void test_planner_table_cuts_long_runs(void **state) {
   (void)state;
@@ -1053,9 +1105,10 @@ static void test_planner_table_refuses_what_it_cannot_take(void **state) {
   on_device(&s, 0);
   table_refused(&s, r, 64, 1);
   sides_free(&s);
-  /* No pinned memory to be had: a table larger than any the pool keeps
-   * from the tests before (those were put back, and are handed out again
-   * without an allocation). */
+  /* No pinned memory to be had (and none kept by the pool from the tests
+   * before, which it would hand out again without an allocation). */
+  sx__mem_pinned_drain();
+  assert_int_equal(sx__mem_pinned_kept(), 0);
   sides_init(&s, 2, 1, 1, 4096, 256, 2048);
   on_device(&s, 0);
   sx_block_read *big = malloc(600 * sizeof(*big));
@@ -1104,6 +1157,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_planner_table_cuts_long_runs, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_only_from_min_ranges, use_fake,
                                       use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_has_a_size_limit, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_pinned_pool_is_bounded, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_refuses_what_it_cannot_take, use_fake,
                                       use_real),
 #endif

@@ -241,10 +241,15 @@ int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t 
  * everywhere here; built without CUDA: SX_ENOTSUP). */
 int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap);
 /* Give p (cap bytes, from sx__mem_pinned_get) back to the pool; NULL is
- * ignored.  The pool keeps at most SX__PINNED_KEEP buffers per size and
- * frees the rest. */
+ * ignored.  The pool keeps at most SX__PINNED_KEEP buffers per size, and
+ * SX__PINNED_KEEP_BYTES in all (pinned memory is the host's to lose),
+ * and frees the rest. */
 #define SX__PINNED_KEEP 64
+#define SX__PINNED_KEEP_BYTES (64u << 20)
 void sx__mem_pinned_put(void *p, size_t cap);
+/* Tests: the bytes the pool keeps now; free them all. */
+size_t sx__mem_pinned_kept(void);
+void sx__mem_pinned_drain(void);
 
 /* SX_GPU_COPY as a method (SX__COPY_AUTO when unset, or unknown: said once
  * on stderr). */

@@ -107,6 +107,8 @@ int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
   return no_cuda("pinned memory");
 }
 void sx__mem_pinned_put(void *p, size_t cap) { (void)p, (void)cap; }
+size_t sx__mem_pinned_kept(void) { return 0; }
+void sx__mem_pinned_drain(void) {}
 sx__mem_copy_method sx__mem_copy_env(void) { return SX__COPY_AUTO; }
 const char *sx__mem_copy_name(sx__mem_copy_method m) {
   static const char *const names[] = {"auto", "kernel", "batch", "range"};

@@ -23,6 +23,7 @@ typedef struct free_buf {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static free_buf *pool[CLASSES]; /* mu */
 static unsigned kept[CLASSES];  /* mu */
+static size_t kept_bytes;       /* mu: in all classes */
 
 /* The class of a buffer of at least bytes, or -1 past the largest. */
 static int class_of(size_t bytes) {
@@ -30,6 +31,29 @@ static int class_of(size_t bytes) {
     if (bytes <= (size_t)1 << (MIN_SHIFT + c))
       return c;
   return -1;
+}
+
+size_t sx__mem_pinned_kept(void) {
+  pthread_mutex_lock(&mu);
+  size_t n = kept_bytes;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
+void sx__mem_pinned_drain(void) {
+  for (int c = 0; c < CLASSES; c++) {
+    pthread_mutex_lock(&mu);
+    free_buf *b = pool[c];
+    pool[c] = NULL;
+    kept_bytes -= (size_t)kept[c] << (MIN_SHIFT + c);
+    kept[c] = 0;
+    pthread_mutex_unlock(&mu);
+    while (b != NULL) {
+      free_buf *next = b->next;
+      sx__mem_host_free(b);
+      b = next;
+    }
+  }
 }
 
 int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
@@ -41,6 +65,7 @@ int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
   if (b != NULL) {
     pool[c] = b->next;
     kept[c]--;
+    kept_bytes -= (size_t)1 << (MIN_SHIFT + c);
   }
   pthread_mutex_unlock(&mu);
   size_t size = (size_t)1 << (MIN_SHIFT + c);
@@ -62,11 +87,12 @@ void sx__mem_pinned_put(void *p, size_t cap) {
   int c = class_of(cap);
   if (c >= 0 && cap == (size_t)1 << (MIN_SHIFT + c)) {
     pthread_mutex_lock(&mu);
-    if (kept[c] < KEEP) {
+    if (kept[c] < KEEP && cap <= SX__PINNED_KEEP_BYTES - kept_bytes) {
       free_buf *b = p;
       b->next = pool[c];
       pool[c] = b;
       kept[c]++;
+      kept_bytes += cap;
       p = NULL;
     }
     pthread_mutex_unlock(&mu);
