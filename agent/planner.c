@@ -262,7 +262,7 @@ static int tab_reserve(sx__plan *p, size_t extra) {
     return -1;
   void *t;
   size_t bytes;
-  if (sx__mem_pinned_get(cap * sizeof(sx__mem_bpiece), &t, &bytes) != 0)
+  if (sx__mem_pinned_get(p->tab_device, cap * sizeof(sx__mem_bpiece), &t, &bytes) != 0)
     return -1;
   if (p->n_tab > 0)
     memcpy(t, p->tab, p->n_tab * sizeof(*p->tab));
@@ -782,7 +782,7 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
     if (ranges < p->tab_min)
       p->tables = 0; /* small: ranges (nothing was written to a table yet) */
   }
-  if (p->tables)
+  if (p->tables && p->tab_device >= 0) /* else the first entry's shape names it */
     (void)tab_reserve(p, want);
   else
     (void)reserve(p, want);

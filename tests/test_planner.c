@@ -847,10 +847,13 @@ static void test_planner_strided_checks_its_pieces(void **state) {
 static sx__cuda_drv fake;
 static int host_alloc_fails;
 
+static CUcontext alloc_ctx; /* current when the last pinned buffer was made */
+
 static CUresult f_host_alloc(void **p, size_t len, unsigned flags) {
   (void)flags;
   if (host_alloc_fails)
     return CUDA_ERROR_OUT_OF_MEMORY;
+  fake.CtxGetCurrent(&alloc_ctx);
   *p = aligned_alloc(64, len);
   return *p != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -1032,7 +1035,7 @@ static void test_planner_pinned_pool_is_bounded(void **state) {
   void *p[N];
   size_t cap[N];
   for (int i = 0; i < N; i++)
-    sxt_ok(sx__mem_pinned_get(16u << 20, &p[i], &cap[i]));
+    sxt_ok(sx__mem_pinned_get(0, 16u << 20, &p[i], &cap[i]));
   for (int i = 0; i < N; i++)
     sx__mem_pinned_put(p[i], cap[i]);
   size_t kept = sx__mem_pinned_kept();
@@ -1041,11 +1044,46 @@ static void test_planner_pinned_pool_is_bounded(void **state) {
   assert_true(kept + (16u << 20) > SX__PINNED_KEEP_BYTES);
   /* What it kept is handed out again. */
   for (int i = 0; i < N; i++)
-    sxt_ok(sx__mem_pinned_get(16u << 20, &p[i], &cap[i]));
+    sxt_ok(sx__mem_pinned_get(0, 16u << 20, &p[i], &cap[i]));
   for (int i = 0; i < N; i++)
     sx__mem_pinned_put(p[i], cap[i]);
   sx__mem_pinned_drain();
   assert_int_equal(sx__mem_pinned_kept(), 0);
+}
+
+/* A table planned on an engine's thread (its CUDA runtime on device 1)
+ * gets its pinned memory under device 1's context, the table's, and the
+ * thread's own context is current again after; no other device's context
+ * is made current. */
+static void test_planner_table_keeps_the_threads_context(void **state) {
+  (void)state;
+  sides s;
+  sides_init(&s, 2, 1, 1, 4096, 256, 256);
+  on_device(&s, 1);
+  sx_block_read r[64];
+  table_entries(r, 64, 256);
+  sx__mem_pinned_drain(); /* the table's buffer is a new one */
+  CUcontext mine = (CUcontext)(uintptr_t)0x4242, now = NULL, dev1 = NULL;
+  fake.DevicePrimaryCtxRetain(&dev1, 1);
+  fake.CtxSetCurrent(mine);
+  alloc_ctx = NULL;
+  sx__plan a;
+  plan_tables(&a, &s, 1);
+  sxt_ok(sx__plan_add_blocks(&a, r, 64));
+  assert_int_equal(a.tables, 1);
+  assert_ptr_equal(alloc_ctx, dev1);
+  fake.CtxGetCurrent(&now);
+  assert_ptr_equal(now, mine);
+  /* No context at all before: none after. */
+  sx__plan_free(&a);
+  sx__mem_pinned_drain();
+  fake.CtxSetCurrent(NULL);
+  plan_tables(&a, &s, 1);
+  sxt_ok(sx__plan_add_blocks(&a, r, 64));
+  fake.CtxGetCurrent(&now);
+  assert_null(now);
+  sx__plan_free(&a);
+  sides_free(&s);
 }
 
 /* A table takes runs of at most 64 KiB: a longer one is cut. */
@@ -1158,6 +1196,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_planner_table_only_from_min_ranges, use_fake,
                                       use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_has_a_size_limit, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_keeps_the_threads_context, use_fake,
+                                      use_real),
       cmocka_unit_test_setup_teardown(test_planner_pinned_pool_is_bounded, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_refuses_what_it_cannot_take, use_fake,
                                       use_real),

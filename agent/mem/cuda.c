@@ -90,6 +90,7 @@ static int load(void) {
       SYM(DeviceGet, "cuDeviceGet"),
       SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"),
       SYM(CtxSetCurrent, "cuCtxSetCurrent"),
+      OPT(CtxGetCurrent, "cuCtxGetCurrent"),
       SYM(PointerGetAttributes, "cuPointerGetAttributes"),
       SYM(MemAlloc, "cuMemAlloc_v2"),
       SYM(MemFree, "cuMemFree_v2"),

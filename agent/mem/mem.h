@@ -236,10 +236,14 @@ int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t 
 /* Pinned host memory (portable: every context may use it) for based-gather
  * tables, from a process-wide pool: at least bytes; *cap receives the size
  * actually held (a power of two, at least 16 KiB).  Any thread; a miss
- * allocates (cuMemHostAlloc), a hit takes a buffer put back earlier.
- * 0, or an error with its message (no CUDA driver: SX_ENODEV, as
- * everywhere here; built without CUDA: SX_ENOTSUP). */
-int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap);
+ * allocates (cuMemHostAlloc) under device's primary context and then makes
+ * the calling thread's own current context current again (the caller may
+ * be an engine's thread whose CUDA runtime works on another device; no
+ * other device's context is created), a hit takes a buffer put back
+ * earlier.  0, or an error with its message (no CUDA driver: SX_ENODEV,
+ * as everywhere here; built without CUDA, or a driver without
+ * cuCtxGetCurrent: SX_ENOTSUP). */
+int sx__mem_pinned_get(int device, size_t bytes, void **out, size_t *cap);
 /* Give p (cap bytes, from sx__mem_pinned_get) back to the pool; NULL is
  * ignored.  The pool keeps at most SX__PINNED_KEEP buffers per size, and
  * SX__PINNED_KEEP_BYTES in all (pinned memory is the host's to lose),

@@ -23,6 +23,7 @@ typedef struct sx__cuda_drv {
   CUresult (*DeviceGet)(CUdevice *d, int ordinal);
   CUresult (*DevicePrimaryCtxRetain)(CUcontext *c, CUdevice d);
   CUresult (*CtxSetCurrent)(CUcontext c);
+  CUresult (*CtxGetCurrent)(CUcontext *c);
   CUresult (*PointerGetAttributes)(unsigned n, CUpointer_attribute *attrs, void **data,
                                    CUdeviceptr p);
   CUresult (*MemAlloc)(CUdeviceptr *p, size_t len);

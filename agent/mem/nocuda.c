@@ -102,8 +102,8 @@ int sx__mem_gather_based(sx__mem_stream *s, const sx__mem_bpiece *table, size_t 
   (void)s, (void)table, (void)n, (void)bases, (void)nb;
   return no_cuda("gather kernel");
 }
-int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
-  (void)bytes, (void)out, (void)cap;
+int sx__mem_pinned_get(int device, size_t bytes, void **out, size_t *cap) {
+  (void)device, (void)bytes, (void)out, (void)cap;
   return no_cuda("pinned memory");
 }
 void sx__mem_pinned_put(void *p, size_t cap) { (void)p, (void)cap; }

@@ -3,8 +3,9 @@
  * tables, which a batch's thread writes in place and the kernel reads.
  * Sizes are powers of two from MIN_CLASS; each size keeps a free list of
  * the buffers put back, linked through their first bytes, under one mutex.
- * A miss allocates with sx__mem_host_alloc (which makes a context current
- * on the calling thread), a put past KEEP buffers of its size frees.
+ * A miss allocates under the asked device's context and gives the calling
+ * thread its own context back (host_alloc_on); a put past KEEP buffers of
+ * its size, or past KEEP_BYTES in all, frees.
  */
 #ifdef SX_HAVE_CUDA
 #include <pthread.h>
@@ -56,7 +57,29 @@ void sx__mem_pinned_drain(void) {
   }
 }
 
-int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
+/* cuMemHostAlloc under device's primary context, the calling thread's own
+ * current context (maybe none) made current again after. */
+static int host_alloc_on(int device, size_t len, void **out) {
+  int rc;
+  const sx__cuda_drv *d = sx__cuda_get(-1, &rc); /* loads; leaves the context */
+  if (d == NULL)
+    return rc;
+  if (d->CtxGetCurrent == NULL)
+    return sx__err(SX_ENOTSUP, "pinned memory for gather tables: the CUDA driver lacks "
+                   "cuCtxGetCurrent");
+  CUcontext saved = NULL;
+  CUresult r = d->CtxGetCurrent(&saved);
+  if (r != CUDA_SUCCESS)
+    return sx__cuda_err(d, r, "reading the current context");
+  if (sx__cuda_get(device, &rc) != NULL) {
+    r = d->MemHostAlloc(out, len, CU_MEMHOSTALLOC_PORTABLE);
+    rc = r == CUDA_SUCCESS ? 0 : sx__cuda_err(d, r, "allocating pinned memory");
+  }
+  d->CtxSetCurrent(saved);
+  return rc;
+}
+
+int sx__mem_pinned_get(int device, size_t bytes, void **out, size_t *cap) {
   int c = class_of(bytes);
   if (c < 0)
     return sx__err(SX_EINVAL, "pinned memory: %zu bytes is too large", bytes);
@@ -71,7 +94,7 @@ int sx__mem_pinned_get(size_t bytes, void **out, size_t *cap) {
   size_t size = (size_t)1 << (MIN_SHIFT + c);
   if (b == NULL) {
     void *p;
-    int rc = sx__mem_host_alloc(size, &p);
+    int rc = host_alloc_on(device, size, &p);
     if (rc)
       return rc;
     b = p;

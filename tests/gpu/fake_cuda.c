@@ -163,6 +163,10 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
   cur_dev = (int)(uintptr_t)c - 1;
   return CUDA_SUCCESS;
 }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+  *c = (CUcontext)(uintptr_t)(cur_dev + 1);
+  return CUDA_SUCCESS;
+}
 
 EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *at, void **data,
                                        CUdeviceptr p) {

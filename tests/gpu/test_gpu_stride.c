@@ -429,7 +429,7 @@ static void test_gpu_stride_based_gather(void **state) {
   const int alloc_of[3] = {2, 0, 1};
   size_t tbytes = BPIECES * sizeof(sx__mem_bpiece), cap = 0;
   sx__mem_bpiece *table = NULL;
-  sxt_ok(sx__mem_pinned_get(tbytes, (void **)&table, &cap));
+  sxt_ok(sx__mem_pinned_get(0, tbytes, (void **)&table, &cap));
   assert_true(cap >= tbytes && cap >= (16u << 10) && (cap & (cap - 1)) == 0);
   /* The pieces lie one after another in dst, 16 bytes apart and moved by
    * what their alignment class asks. */
@@ -534,7 +534,7 @@ static void test_gpu_stride_based_gather(void **state) {
   sx__mem_pinned_put(table, cap);
   void *again = NULL;
   size_t cap2 = 0;
-  sxt_ok(sx__mem_pinned_get(tbytes, &again, &cap2));
+  sxt_ok(sx__mem_pinned_get(0, tbytes, &again, &cap2));
   assert_ptr_equal(again, table);
   assert_true(cap2 == cap);
   sx__mem_pinned_put(again, cap2);

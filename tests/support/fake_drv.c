@@ -32,8 +32,13 @@ static CUresult f_retain(CUcontext *c, CUdevice d) {
   *c = (CUcontext)(uintptr_t)(0x1000 + d);
   return CUDA_SUCCESS;
 }
+static __thread CUcontext cur;
 static CUresult f_setcur(CUcontext c) {
-  (void)c;
+  cur = c;
+  return CUDA_SUCCESS;
+}
+static CUresult f_getcur(CUcontext *c) {
+  *c = cur;
   return CUDA_SUCCESS;
 }
 
@@ -47,6 +52,7 @@ void sxt_fake_drv_base(sx__cuda_drv *d, int devices) {
   d->DeviceGet = f_get;
   d->DevicePrimaryCtxRetain = f_retain;
   d->CtxSetCurrent = f_setcur;
+  d->CtxGetCurrent = f_getcur;
 }
 #else
 typedef int sxt_fake_drv_unused; /* ISO C wants something in a file */
