@@ -906,6 +906,14 @@ static void plan_tables(sx__plan *p, sides *s, uint32_t min) {
   sx__plan_tables(p, min);
 }
 
+/* The sides most table tests use (2 layers, K and V per layer, 4 KiB
+ * blocks, destinations on device) and their 64 entries. */
+static void table_setup(sides *s, int device, sx_block_read r[64]) {
+  sides_init(s, 2, 1, 1, 4096, 256, 256);
+  on_device(s, device);
+  table_entries(r, 64, 256);
+}
+
 /* Plan a has the same ranges as plan b, in order (after untable). */
 static void same_ranges(const sx__plan *a, const sx__plan *b) {
   assert_int_equal(a->n, b->n);
@@ -929,10 +937,8 @@ static void same_ranges(const sx__plan *a, const sx__plan *b) {
 static void test_planner_table_is_the_ranges(void **state) {
   (void)state;
   sides s;
-  sides_init(&s, 2, 1, 1, 4096, 256, 256);
-  on_device(&s, 0);
   sx_block_read r[64];
-  table_entries(r, 64, 256);
+  table_setup(&s, 0, r);
   sx__plan a, b;
   plan_tables(&a, &s, 1);
   sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
@@ -979,10 +985,8 @@ static void test_planner_table_is_the_ranges(void **state) {
 static void test_planner_table_only_from_min_ranges(void **state) {
   (void)state;
   sides s;
-  sides_init(&s, 2, 1, 1, 4096, 256, 256);
-  on_device(&s, 0);
   sx_block_read r[64];
-  table_entries(r, 64, 256);
+  table_setup(&s, 0, r);
   sx__plan a;
   plan_tables(&a, &s, 256);
   sxt_ok(sx__plan_add_blocks(&a, r, 63)); /* 252 ranges */
@@ -1058,10 +1062,8 @@ static void test_planner_pinned_pool_is_bounded(void **state) {
 static void test_planner_table_keeps_the_threads_context(void **state) {
   (void)state;
   sides s;
-  sides_init(&s, 2, 1, 1, 4096, 256, 256);
-  on_device(&s, 1);
   sx_block_read r[64];
-  table_entries(r, 64, 256);
+  table_setup(&s, 1, r);
   sx__mem_pinned_drain(); /* the table's buffer is a new one */
   CUcontext mine = (CUcontext)(uintptr_t)0x4242, now = NULL, dev1 = NULL;
   fake.DevicePrimaryCtxRetain(&dev1, 1);

@@ -365,16 +365,38 @@ static void refused_msg(const ipc_peer *p, const ipc_reg *r, const sx_region *R,
                  : sx_strerror(rc));
 }
 
+static uint64_t table_ops; /* atomic: table ops run (sx__ipc_table_ops) */
+
+/* Does the launcher's thread make an op's driver calls?  While other reads
+ * are in flight (the loop is busy: it plans this one meanwhile); alone,
+ * the loop makes them itself, sparing a read the hand-over
+ * (SX_GPU_LAUNCHER). */
+static int launch_deferred(const cipc_t *t) {
+  return t->launch_mode == 1 ||
+         (t->launch_mode == 2 && sx__mem_notifier_pending(t->nf) > 0);
+}
+
+/* Log the first gather by each copy method: n of what, into mem (and why
+ * not the kernel, where it was not). */
+static void say_method(cipc_t *t, sx__mem_copy_method used, int device, size_t n,
+                       const char *what, const char *mem) {
+  if (t->said & 1u << used)
+    return;
+  t->said |= 1u << used;
+  const char *why = used == SX__COPY_KERNEL ? NULL : sx__mem_kernel_error(device);
+  t->base.ctx->log(t->base.ctx->agent, SX_LOG_INFO, "cuda_ipc: copies by %s (first used "
+                   "for %zu %s, %s%s%s)", sx__mem_copy_name(used), n, what, mem,
+                   why ? "; " : "", why ? why : "");
+}
+
+uint64_t sx__ipc_table_ops(void) { return __atomic_load_n(&table_ops, __ATOMIC_RELAXED); }
+
 /* The copies of a table op: one based gather over the table the batch's
  * thread wrote (sx_op.tab), each of its regions' mapping into the
  * destinations' device as a base: nothing here is per range.  Where the
  * kernel does not run (SX_GPU_COPY=batch|range, or it does not load), the
  * table is read into ranges for sx__mem_gather.  A region that cannot be
  * read fails the whole op. */
-static uint64_t table_ops; /* atomic */
-
-uint64_t sx__ipc_table_ops(void) { return __atomic_load_n(&table_ops, __ATOMIC_RELAXED); }
-
 static void run_table(ipc_peer *p, iop *o) {
   __atomic_add_fetch(&table_ops, 1, __ATOMIC_RELAXED);
   cipc_t *t = p->t;
@@ -403,8 +425,7 @@ static void run_table(ipc_peer *p, iop *o) {
   if (rc == 0) {
     o->n_slots = 1;
     o->slots[0] = (iop_slot){.o = o, .s = s, .left = 1};
-    sx__mem_stream_defer(s, t->launch_mode == 1 || (t->launch_mode == 2 &&
-                                                    sx__mem_notifier_pending(t->nf) > 0));
+    sx__mem_stream_defer(s, launch_deferred(t));
     sx__mem_copy_method used = SX__COPY_KERNEL;
     if (t->method == SX__COPY_AUTO || t->method == SX__COPY_KERNEL)
       rc = sx__mem_gather_based(s, op->tab, op->n_tab, bases, op->n_rregs);
@@ -420,19 +441,14 @@ static void run_table(ipc_peer *p, iop *o) {
                             t->method, &used);
       free(rg);
     }
-    if (rc == 0 && !(t->said & 1u << used)) {
-      t->said |= 1u << used;
-      const char *why = used == SX__COPY_KERNEL ? NULL : sx__mem_kernel_error(dev);
-      t->base.ctx->log(t->base.ctx->agent, SX_LOG_INFO, "cuda_ipc: copies by %s (first "
-                       "used for a table of %zu pieces, device memory%s%s)",
-                       sx__mem_copy_name(used), op->n_tab, why ? "; " : "", why ? why : "");
-    }
-    if (rc != 0)
-      snprintf(msg, sizeof(msg), "%s", sx_errmsg());
+    if (rc == 0)
+      say_method(t, used, dev, op->n_tab, "table pieces", "device memory");
     /* Copies of it may have been queued: the notice still comes behind
      * them and settles the op with the error. */
-    if (rc != 0)
+    if (rc != 0) {
+      snprintf(msg, sizeof(msg), "%s", sx_errmsg());
       o->status = rc;
+    }
     o->slots[0].note.fn = slot_done;
     o->slots_left++;
     if (sx__mem_notify(s, t->nf, &o->slots[0].note) != 0) {
@@ -569,11 +585,7 @@ static void run(ipc_peer *p, iop *o) {
                         : (sx__mem_range){.dst = local, .src = remote, .len = x->length};
   }
   o->one = o->n_slots == 1 && n_failed == 0 && o->n_strided == 0;
-  /* The launcher makes the driver calls while other reads are in flight
-   * (the loop is busy: it plans this one meanwhile); alone, the loop makes
-   * them itself, sparing a read the hand-over (SX_GPU_LAUNCHER). */
-  int defer = t->launch_mode == 1 ||
-              (t->launch_mode == 2 && sx__mem_notifier_pending(t->nf) > 0);
+  int defer = launch_deferred(t);
   /* Each stream's copies in one call (the gather kernel, or the copy
    * engines: sx__mem_gather chooses), then one notice behind them. */
   for (unsigned k = 0; k < o->n_slots; k++) {
@@ -602,15 +614,9 @@ static void run(ipc_peer *p, iop *o) {
     int rc = c > 0 ? sx__mem_gather(o->slots[k].s, rg, c, flags, t->method, &used) : 0;
     if (rc == 0 && cs > 0)
       rc = sx__mem_gather_strided(o->slots[k].s, spart, cs, flags, t->method, &used);
-    if (rc == 0 && !(t->said & 1u << used)) {
-      t->said |= 1u << used;
-      const char *why = used == SX__COPY_KERNEL ? NULL
-                        : sx__mem_kernel_error(sx__mem_stream_device(o->slots[k].s));
-      t->base.ctx->log(t->base.ctx->agent, SX_LOG_INFO, "cuda_ipc: copies by %s (first "
-                       "used for %zu ranges, %s%s%s)", sx__mem_copy_name(used), c,
-                       o->slots[k].host ? "host memory on our side" : "device memory",
-                       why ? "; " : "", why ? why : "");
-    }
+    if (rc == 0)
+      say_method(t, used, sx__mem_stream_device(o->slots[k].s), c, "ranges",
+                 o->slots[k].host ? "host memory on our side" : "device memory");
     if (rc != 0) {
       /* Copies of it may have been queued: they end before the notice,
        * which settles the stream's ranges with this error and message. */
@@ -654,12 +660,8 @@ static void run_ready(ipc_peer *p) {
   for (iop *o = p->waiting, *next; o != NULL; o = next) {
     next = o->next;
     int ready = 1;
-    for (uint32_t j = 0; o->op->tab != NULL && j < o->op->n_rregs && ready; j++) {
-      int st = p->regs[o->rix[j]].state;
-      ready = st == R_READY || st == R_FAILED;
-    }
-    for (size_t i = 0; i < o->op->n && ready; i++) {
-      int st = p->regs[o->ri[i]].state;
+    for (size_t i = 0; i < iop_n_regs(o) && ready; i++) {
+      int st = p->regs[iop_reg(o, i)].state;
       ready = st == R_READY || st == R_FAILED;
     }
     if (ready) {

@@ -110,11 +110,8 @@ static void ask(ipc_peer *p) {
   if (ids == NULL)
     return;
   for (iop *o = p->waiting; o != NULL; o = o->next) {
-    /* A table op's regions are its listed ones; else each range's. */
-    int tab = o->op->tab != NULL;
-    size_t k = tab ? o->op->n_rregs : o->op->n;
-    for (size_t i = 0; i < k; i++) {
-      ipc_reg *r = &p->regs[tab ? o->rix[i] : o->ri[i]];
+    for (size_t i = 0; i < iop_n_regs(o); i++) {
+      ipc_reg *r = &p->regs[iop_reg(o, i)];
       if (r->state == R_NONE) {
         r->state = R_ASKED;
         ids[n++] = r->id;

@@ -109,6 +109,15 @@ struct iop {
   uint32_t n_slots, slots_left;
 };
 
+/* The regions a waiting op needs, as indexes into p->regs: a table op's
+ * listed ones (rix), else each range's (ri). */
+static inline size_t iop_n_regs(const iop *o) {
+  return o->op->tab != NULL ? o->op->n_rregs : o->op->n;
+}
+static inline uint32_t iop_reg(const iop *o, size_t i) {
+  return o->op->tab != NULL ? o->rix[i] : o->ri[i];
+}
+
 struct ipc_peer {
   sx_tpeer base;
   cipc_t *t;
