@@ -130,12 +130,13 @@ static void test_tcp_threads_zero_means_none(void **state) {
 }
 
 /* Wait (up to 5 s) until a worker has started receiving since runs. */
-static void wait_worker(uint64_t runs) {
-  for (int i = 0; i < 5000 && sx__xpool_runs(SX__XJOB_RECV) == runs; i++) {
+/* Wait (up to 10 s) until a worker has started a job of kind since runs. */
+static void wait_runs(unsigned kind, uint64_t runs) {
+  for (int i = 0; i < 10000 && sx__xpool_runs(kind) == runs; i++) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  assert_true(sx__xpool_runs(SX__XJOB_RECV) > runs);
+  assert_true(sx__xpool_runs(kind) > runs);
 }
 
 /* The replies stall 2.5 MiB in (the middle of the third range) with the
@@ -159,7 +160,7 @@ static void stall_then_end(uint32_t deadline_ms, uint32_t conns) {
   double t0 = now_s();
   sx_batch *b = submit(x, 0, 0, e, deadline_ms ? deadline_ms : 30000, NULL, NULL);
   assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
-  wait_worker(rx);
+  wait_runs(SX__XJOB_RECV, rx);
   struct timespec ts = {0, 50 * 1000000};
   nanosleep(&ts, NULL); /* the worker is in poll() by now */
   if (deadline_ms == 0) {
@@ -239,7 +240,7 @@ static void test_tcp_threads_reader_worker_gives_way(void **state) {
   sx_range_read e[BATCH];
   sx_batch *a = submit(x, 0, 0, e, 30000, NULL, NULL);
   assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
-  wait_worker(rx);
+  wait_runs(SX__XJOB_RECV, rx);
   struct timespec ts = {0, 50 * 1000000};
   nanosleep(&ts, NULL);
   uint8_t *dst = x->dst + (uint64_t)BATCH * SXT_MIB; /* slot 1 */
@@ -327,7 +328,7 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
   for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
     submit(x, k, 0, e[k], 30000, count_shutdown, &ended);
   assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
-  wait_worker(rx);
+  wait_runs(SX__XJOB_RECV, rx);
   struct timespec ts = {0, 50 * 1000000};
   nanosleep(&ts, NULL);
   /* The segment stays open: destroy closes it and ends the batches. */
@@ -348,7 +349,11 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
 
 /* One connection per side busy (the reader's one, the target's one):
  * the loops move every payload, as without threads, and count them as
- * kept; two connections: the workers receive and send. */
+ * kept; two connections busy at once: the workers receive and send.
+ * Both are held busy by the proxy (replies stall 1.5 MiB in, and the
+ * target's sends fill up at once behind a small receive buffer), not
+ * left to timing: under valgrind the replies of two connections could
+ * otherwise each finish before the other's began. */
 static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
   (void)state;
   uint64_t krx = sx__engage_kept(SX__XJOB_RECV), ktx = sx__engage_kept(SX__XJOB_SEND);
@@ -358,11 +363,25 @@ static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
   assert_true(sx__engage_kept(SX__XJOB_SEND) > ktx);
 
   uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  pair *x = pair_start(2, 2, -1, -1);
-  sxt_tcp_pair_rounds(x, 2);
+  long long stall = 3 * SXT_MIB / 2;
+  pair *x = pair_start_opts(&(sxt_tcp_pair_opts){
+      .conns = 2, .batch = BATCH, .threads = 2, .thread_bytes = 64u << 10, .stall = stall,
+      .cut = -1, .up_rcvbuf = 64 << 10});
+  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
+  sx_batch *b[SXT_TCP_PAIR_DEPTH];
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
+    b[k] = submit(x, k, 0, e[k], 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  wait_runs(SX__XJOB_RECV, rx);
+  wait_runs(SX__XJOB_SEND, tx);
+  sxt_proxy_release(&x->px);
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
+    sx_batch_result res = sxt_batch_finish(b[k]);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
+    sxt_tcp_pair_check(x, e[k]);
+  }
   pair_stop(x);
-  assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
-  assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
 }
 
 /* SX_TCP_THREAD_CONNS: 1..1024 taken; anything else ignored (and said:
