@@ -187,10 +187,12 @@ test: deps
 
 check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(PY_TEST_BINS) $(GPU_BINS)
 	@tests/run-tests.sh "$(BUILD)" unit $(UNIT_TESTS)
-	@SX_GPU_SANITIZED=$(if $(SANITIZE),1,0) tests/gpu/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-corpus
-	@tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
-	@$(RDMA_ENV)tests/rdma/alongside.sh "$(BUILD)" env PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
+	@tests/beside.sh $(BUILD)/test-logs/gpu-suite.out \
+	  'SX_GPU_SANITIZED=$(if $(SANITIZE),1,0) tests/gpu/run.sh "$(BUILD)"' \
+	  tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
+	@tests/beside.sh $(BUILD)/test-logs/check-rdma.out '$(RDMA_ENV)tests/rdma/check.sh "$(BUILD)"' \
+	  env PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
 	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
@@ -232,7 +234,7 @@ test-gpu: all $(GPU_BINS)
 # only when the VM cannot start.  Logs: $(BUILD)/test-logs/rdma-*.log.
 # A sanitizer build skips the two-VM run (the same code as the one-VM run's
 # two processes, across two hosts; the plain build runs it): CI time.
-# `make check` runs the suite beside the Python tests (tests/rdma/alongside.sh).
+# `make check` runs the suite beside the Python tests (tests/beside.sh).
 RDMA_ENV := $(if $(SANITIZE),SX_RDMA_TWO_VMS=$${SX_RDMA_TWO_VMS:-0} )
 check-rdma: $(RDMA_BINS)
 	@$(RDMA_ENV)tests/rdma/check.sh "$(BUILD)"
