@@ -193,18 +193,19 @@ check: all $(TEST_BINS) $(FUZZ_BINS) $(SOAK_BIN) $(RDMA_BINS) $(DOCS_EXAMPLE) $(
 	  tests/run-tests.sh "$(BUILD)" integration $(INTEG_TESTS)
 	@tests/beside.sh $(BUILD)/test-logs/check-rdma.out '$(RDMA_ENV)tests/rdma/check.sh "$(BUILD)"' \
 	  env PYTHON=$(PYTHON) tests/python/run.sh "$(BUILD)"
-	@$(MAKE) --no-print-directory check-fuzz-ci
 	@$(MAKE) --no-print-directory soak DURATION=$(CI_SOAK_SECONDS) SOAK_QUIET=1
 	@mkdir -p $(BUILD)/test-logs
 	@if agent/demo/run-demo.sh "$(BUILD)" >$(BUILD)/test-logs/demo.log 2>&1; then \
 	  echo "  PASS  make run demo (agent/demo/run-demo.sh)"; \
 	else cat $(BUILD)/test-logs/demo.log; echo "  FAIL  make run demo"; exit 1; fi
 	@tests/bench/smoke.sh "$(BUILD)"
-	@$(SCRIPTS_STEP)
+	@tests/beside.sh $(BUILD)/test-logs/fuzz-ci.out '$(MAKE) --no-print-directory check-fuzz-ci' \
+	  sh -c '$(SCRIPTS_STEP)'
 
 # The deployment scripts (a local cluster in network namespaces, Redis
 # Cluster, TLS), the manifests, the install, the docs and the manual pages:
 # scripts and files, not library code, so a sanitizer build leaves them out.
+# make check runs them beside the fuzzers (one core; the scripts mostly wait).
 ifeq ($(SANITIZE),)
 SCRIPTS_STEP = $(MAKE) --no-print-directory check-scripts
 else
