@@ -111,7 +111,7 @@ DOCS_EXAMPLE := $(BUILD)/tests/docs/engine_example
 # make test runs it too, or prints why it skipped.
 GPU_TESTS   := test_gpu_tcp test_gpu_ipc test_gpu_push test_gpu_dmabuf test_gpu_stride \
                test_gpu_group
-GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe drv_cost libfakecuda.so)
+GPU_BINS    := $(addprefix $(BUILD)/tests/gpu/,$(GPU_TESTS) gpu_probe drv_cost cpu_lines libfakecuda.so)
 SOAK_BIN    := $(BUILD)/tests/soak/soak
 
 # Fuzz targets: tests/fuzz/<name>.c defines LLVMFuzzerTestOneInput; its seeds

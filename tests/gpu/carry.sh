@@ -12,7 +12,7 @@ dest=$2
 [ -n "$build" ] && [ -n "$dest" ] || { echo "usage: $0 BUILD_DIR DEST" >&2; exit 2; }
 rm -rf "$dest"
 mkdir -p "$dest/build/tests/gpu" "$dest/build/bin" "$dest/tests/gpu" "$dest/lib" "$dest/bin"
-cp "$build"/tests/gpu/test_gpu_* "$build/tests/gpu/gpu_probe" "$build/tests/gpu/drv_cost" "$dest/build/tests/gpu/"
+cp "$build"/tests/gpu/test_gpu_* "$build/tests/gpu/gpu_probe" "$build/tests/gpu/drv_cost" "$build/tests/gpu/cpu_lines" "$dest/build/tests/gpu/"
 cp "$build"/bin/* "$dest/build/bin/"
 cp tests/run-tests.sh "$dest/tests/"
 cp tests/gpu/*.sh "$dest/tests/gpu/"
