@@ -265,14 +265,17 @@ check-fuzz-ci:
 	  else cat $(BUILD)/test-logs/fuzz.log | tail -n 60; echo "  FAIL  fuzz"; exit 1; fi; \
 	fi
 
-# Every unit test under valgrind memcheck: no error, no leak.
+# Every unit test under valgrind memcheck: no error, no leak; two at a time
+# (valgrind runs a program's threads one at a time: one core each).
+MEMCHECK_JOBS ?= 2
 MEMCHECK := valgrind -q --error-exitcode=1 --leak-check=full \
             --errors-for-leak-kinds=definite,indirect,possible \
             --show-leak-kinds=definite,indirect,possible
 memcheck: $(addprefix $(BUILD)/tests/,$(UNIT_TESTS))
 	@if [ -n "$(SANITIZE)" ]; then echo "memcheck: not with SANITIZE (valgrind and the sanitizers do not mix)"; exit 2; fi
 	@command -v valgrind >/dev/null || { echo "memcheck: valgrind is not installed (make deps)"; exit 2; }
-	@SX_TEST_WRAPPER="$(MEMCHECK)" SX_TEST_TIMEOUT=600 tests/run-tests.sh "$(BUILD)" memcheck $(UNIT_TESTS)
+	@SX_TEST_WRAPPER="$(MEMCHECK)" SX_TEST_TIMEOUT=600 SX_TEST_JOBS=$(MEMCHECK_JOBS) \
+	  tests/run-tests.sh "$(BUILD)" memcheck $(UNIT_TESTS)
 
 # Readers verifying every byte against targets restarted at random
 # (tests/soak/soak.c): the report goes to the terminal, or with SOAK_QUIET=1

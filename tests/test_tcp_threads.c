@@ -96,20 +96,55 @@ static sx_batch *submit(pair *x, uint32_t k, uint32_t round, sx_range_read *e,
   return sxt_tcp_pair_submit(x, k, round, e, timeout_ms, cb, arg);
 }
 
+/* Wait (up to 10 s) until a worker has started a job of kind since runs. */
+static void wait_runs(unsigned kind, uint64_t runs) {
+  for (int i = 0; i < 10000 && sx__xpool_runs(kind) == runs; i++) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (sx__xpool_runs(kind) == runs)
+    fail_msg("no worker started %s within 10 s", kind == SX__XJOB_RECV ? "receiving" : "sending");
+}
+
+/* A round of SXT_TCP_PAIR_DEPTH batches on conns connections with threads
+ * workers a side, during which workers both receive and send, byte for
+ * byte.  The connections are held busy at once by the proxy (replies
+ * stall 1.5 MiB in, and the target's sends fill up behind a small receive
+ * buffer), not left to timing: under valgrind, or on a loaded host, each
+ * connection's replies could otherwise finish before another's began, and
+ * the threads never engage. */
+static void engaged_round(int32_t threads, uint32_t conns) {
+  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
+  long long stall = 3 * SXT_MIB / 2;
+  pair *x = pair_start_opts(&(sxt_tcp_pair_opts){
+      .conns = conns, .batch = BATCH, .threads = threads, .thread_bytes = 64u << 10,
+      .stall = stall, .cut = -1, .up_rcvbuf = 64 << 10});
+  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
+  sx_batch *b[SXT_TCP_PAIR_DEPTH];
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
+    b[k] = submit(x, k, 0, e[k], 30000, NULL, NULL);
+  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
+  print_message("%d threads, %u connections\n", threads, conns);
+  wait_runs(SX__XJOB_RECV, rx);
+  wait_runs(SX__XJOB_SEND, tx);
+  sxt_proxy_release(&x->px);
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
+    sx_batch_result res = sxt_batch_finish(b[k]);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
+    sxt_tcp_pair_check(x, e[k]);
+  }
+  pair_stop(x);
+}
+
 /* Four connections on two threads, three on one (workers give way to
  * the connections waiting), two on four: byte-exact, and workers both
  * received and sent. */
 static void test_tcp_threads_connections_bytewise(void **state) {
   (void)state;
   static const struct { int32_t threads; uint32_t conns; } cases[] = {{2, 4}, {1, 3}, {4, 2}};
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-    pair *x = pair_start(cases[i].threads, cases[i].conns, -1, -1);
-    sxt_tcp_pair_rounds(x, 2);
-    pair_stop(x);
-    assert_true(sx__xpool_runs(SX__XJOB_RECV) > rx);
-    assert_true(sx__xpool_runs(SX__XJOB_SEND) > tx);
-  }
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    engaged_round(cases[i].threads, cases[i].conns);
 }
 
 /* Two rounds with threads and conns, byte-exact, during which no worker
@@ -127,16 +162,6 @@ static void rounds_without_workers(int32_t threads, uint32_t conns) {
 static void test_tcp_threads_zero_means_none(void **state) {
   (void)state;
   rounds_without_workers(0, 2);
-}
-
-/* Wait (up to 5 s) until a worker has started receiving since runs. */
-/* Wait (up to 10 s) until a worker has started a job of kind since runs. */
-static void wait_runs(unsigned kind, uint64_t runs) {
-  for (int i = 0; i < 10000 && sx__xpool_runs(kind) == runs; i++) {
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  assert_true(sx__xpool_runs(kind) > runs);
 }
 
 /* The replies stall 2.5 MiB in (the middle of the third range) with the
@@ -349,11 +374,7 @@ static void test_tcp_threads_shutdown_with_workers_busy(void **state) {
 
 /* One connection per side busy (the reader's one, the target's one):
  * the loops move every payload, as without threads, and count them as
- * kept; two connections busy at once: the workers receive and send.
- * Both are held busy by the proxy (replies stall 1.5 MiB in, and the
- * target's sends fill up at once behind a small receive buffer), not
- * left to timing: under valgrind the replies of two connections could
- * otherwise each finish before the other's began. */
+ * kept; two connections busy at once: the workers receive and send. */
 static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
   (void)state;
   uint64_t krx = sx__engage_kept(SX__XJOB_RECV), ktx = sx__engage_kept(SX__XJOB_SEND);
@@ -361,27 +382,7 @@ static void test_tcp_threads_engage_from_two_busy_connections(void **state) {
   /* Every reply (2 rounds of 3 batches of 8) stayed on the reader's loop. */
   assert_true(sx__engage_kept(SX__XJOB_RECV) - krx >= 2 * SXT_TCP_PAIR_DEPTH * BATCH);
   assert_true(sx__engage_kept(SX__XJOB_SEND) > ktx);
-
-  uint64_t rx = sx__xpool_runs(SX__XJOB_RECV), tx = sx__xpool_runs(SX__XJOB_SEND);
-  long long stall = 3 * SXT_MIB / 2;
-  pair *x = pair_start_opts(&(sxt_tcp_pair_opts){
-      .conns = 2, .batch = BATCH, .threads = 2, .thread_bytes = 64u << 10, .stall = stall,
-      .cut = -1, .up_rcvbuf = 64 << 10});
-  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
-  sx_batch *b[SXT_TCP_PAIR_DEPTH];
-  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
-    b[k] = submit(x, k, 0, e[k], 30000, NULL, NULL);
-  assert_int_equal(sxt_proxy_wait_down(&x->px, stall, 5000), 0);
-  wait_runs(SX__XJOB_RECV, rx);
-  wait_runs(SX__XJOB_SEND, tx);
-  sxt_proxy_release(&x->px);
-  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
-    sx_batch_result res = sxt_batch_finish(b[k]);
-    if (res.state != SX_BATCH_COMPLETED)
-      fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
-    sxt_tcp_pair_check(x, e[k]);
-  }
-  pair_stop(x);
+  engaged_round(2, 2);
 }
 
 /* SX_TCP_THREAD_CONNS: 1..1024 taken; anything else ignored (and said:
