@@ -70,6 +70,59 @@ def test_lifecycle_agent_close_ends_everything_below_it(stuck, reader):
             call()
 
 
+@pytest.mark.parametrize("closing", ["segment", "target", "reader"])
+def test_lifecycle_close_under_reading_threads(url, closing):
+    """Four threads read on one segment, each into blocks of its own,
+    while another thread closes the segment, the target agent or the
+    reader agent under them: no thread hangs or crashes, every read that
+    completed holds the target's bytes, and every other one ends with a
+    segxfer error or a batch state, never another exception."""
+    p = Pair(url, name="race-0")
+    seg = p.reader.open("race-0")
+    stop, seen, lock, errors = threading.Event(), {}, threading.Lock(), []
+
+    def worker(i):
+        try:
+            reads(i)
+        except BaseException as e:  # wrong bytes, or an exception of the wrong kind
+            errors.append(repr(e))
+
+    def reads(i):
+        local = list(range(4 * i, 4 * i + 4))
+        k = 0
+        while not stop.is_set():
+            remote = [(7 * k + 3 * j + i) % 32 for j in range(4)]
+            k += 1
+            try:
+                b = seg.read_blocks(remote, local, timeout=5.0)
+                b.wait()
+                state = b.result().state
+                if state == "COMPLETED":
+                    p.expect(remote, local)
+                b.close()
+            except segxfer.SegxferError as e:
+                state = type(e).__name__
+            with lock:
+                seen[state] = seen.get(state, 0) + 1
+
+    ths = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in ths:
+        t.start()
+    time.sleep(0.2)
+    {"segment": seg, "target": p.target, "reader": p.reader}[closing].close()
+    time.sleep(0.1)
+    stop.set()
+    for t in ths:
+        t.join(15)
+    assert not any(t.is_alive() for t in ths), "a reading thread hung"
+    seg.close()
+    p.close()
+    assert errors == []
+    assert seen.get("COMPLETED", 0) > 0, seen
+    assert set(seen) <= {"COMPLETED", "FAILED", "CANCELLED", "SX_EINVAL", "SX_EDISCONN",
+                         "SX_ECANCELED"}, seen
+
+
 def test_lifecycle_objects_dropped_in_any_order(url):
     p = Pair(url, name="gc-0")
     seg = p.reader.open("gc-0")
