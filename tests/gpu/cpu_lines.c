@@ -9,6 +9,7 @@
  * Prints the matrix in ns per round trip, then the closest and the
  * farthest pairs.
  */
+#include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -66,11 +67,16 @@ static double pair(int a, int b, uint64_t rounds) {
 }
 
 int main(int argc, char **argv) {
-  uint64_t rounds = argc > 1 ? strtoull(argv[1], NULL, 10) : 20000;
-  cpu_set_t all;
-  if (rounds == 0 || sched_getaffinity(0, sizeof(all), &all) != 0) {
-    fprintf(stderr, "usage: cpu_lines [round trips per pair, > 0]\n");
+  uint64_t rounds = 20000;
+  if (argc > 2 || (argc == 2 && (sscanf(argv[1], "%" SCNu64 "%c", &rounds, &(char){0}) != 1 ||
+                                 argv[1][0] == '-' || rounds == 0 || rounds > 100000000))) {
+    fprintf(stderr, "usage: cpu_lines [round trips per pair: 1 to 100000000]\n");
     return 2;
+  }
+  cpu_set_t all;
+  if (sched_getaffinity(0, sizeof(all), &all) != 0) {
+    perror("cpu_lines: sched_getaffinity");
+    return 1;
   }
   int cpus[CPU_SETSIZE], n = 0;
   for (int c = 0; c < CPU_SETSIZE; c++)
