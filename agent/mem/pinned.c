@@ -26,10 +26,13 @@ static free_buf *pool[CLASSES]; /* mu */
 static unsigned kept[CLASSES];  /* mu */
 static size_t kept_bytes;       /* mu: in all classes */
 
+/* The size of the buffers of class c. */
+static size_t class_size(int c) { return (size_t)1 << (MIN_SHIFT + c); }
+
 /* The class of a buffer of at least bytes, or -1 past the largest. */
 static int class_of(size_t bytes) {
   for (int c = 0; c < CLASSES; c++)
-    if (bytes <= (size_t)1 << (MIN_SHIFT + c))
+    if (bytes <= class_size(c))
       return c;
   return -1;
 }
@@ -46,7 +49,7 @@ void sx__mem_pinned_drain(void) {
     pthread_mutex_lock(&mu);
     free_buf *b = pool[c];
     pool[c] = NULL;
-    kept_bytes -= (size_t)kept[c] << (MIN_SHIFT + c);
+    kept_bytes -= kept[c] * class_size(c);
     kept[c] = 0;
     pthread_mutex_unlock(&mu);
     while (b != NULL) {
@@ -88,10 +91,10 @@ int sx__mem_pinned_get(int device, size_t bytes, void **out, size_t *cap) {
   if (b != NULL) {
     pool[c] = b->next;
     kept[c]--;
-    kept_bytes -= (size_t)1 << (MIN_SHIFT + c);
+    kept_bytes -= class_size(c);
   }
   pthread_mutex_unlock(&mu);
-  size_t size = (size_t)1 << (MIN_SHIFT + c);
+  size_t size = class_size(c);
   if (b == NULL) {
     void *p;
     int rc = host_alloc_on(device, size, &p);
@@ -108,7 +111,7 @@ void sx__mem_pinned_put(void *p, size_t cap) {
   if (p == NULL)
     return;
   int c = class_of(cap);
-  if (c >= 0 && cap == (size_t)1 << (MIN_SHIFT + c)) {
+  if (c >= 0 && cap == class_size(c)) {
     pthread_mutex_lock(&mu);
     if (kept[c] < KEEP && cap <= SX__PINNED_KEEP_BYTES - kept_bytes) {
       free_buf *b = p;
