@@ -119,7 +119,7 @@ static void engaged_round(int32_t threads, uint32_t conns) {
   pair *x = pair_start_opts(&(sxt_tcp_pair_opts){
       .conns = conns, .batch = BATCH, .threads = threads, .thread_bytes = 64u << 10,
       .stall = stall, .cut = -1, .up_rcvbuf = 64 << 10});
-  sx_range_read e[SXT_TCP_PAIR_DEPTH][BATCH];
+  sx_range_read e[SXT_TCP_PAIR_DEPTH][SXT_TCP_PAIR_RANGES];
   sx_batch *b[SXT_TCP_PAIR_DEPTH];
   for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
     b[k] = submit(x, k, 0, e[k], 30000, NULL, NULL);
@@ -128,12 +128,7 @@ static void engaged_round(int32_t threads, uint32_t conns) {
   wait_runs(SX__XJOB_RECV, rx);
   wait_runs(SX__XJOB_SEND, tx);
   sxt_proxy_release(&x->px);
-  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
-    sx_batch_result res = sxt_batch_finish(b[k]);
-    if (res.state != SX_BATCH_COMPLETED)
-      fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
-    sxt_tcp_pair_check(x, e[k]);
-  }
+  sxt_tcp_pair_finish(x, b, e);
   pair_stop(x);
 }
 

@@ -157,6 +157,17 @@ void sxt_tcp_pair_check(const sxt_tcp_pair *x, const sx_range_read *e) {
       fail_msg("range %u (pool offset %lu) differs", i, (unsigned long)e[i].offset);
 }
 
+void sxt_tcp_pair_finish(const sxt_tcp_pair *x, sx_batch *b[SXT_TCP_PAIR_DEPTH],
+                         sx_range_read e[SXT_TCP_PAIR_DEPTH][SXT_TCP_PAIR_RANGES]) {
+  for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
+    sx_batch_result res = sxt_batch_finish(b[k]);
+    if (res.state != SX_BATCH_COMPLETED)
+      fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
+    assert_int_equal(res.bytes, (uint64_t)x->o.batch * SXT_MIB);
+    sxt_tcp_pair_check(x, e[k]);
+  }
+}
+
 void sxt_tcp_pair_rounds(sxt_tcp_pair *x, uint32_t rounds) {
   sx_range_read e[SXT_TCP_PAIR_DEPTH][SXT_TCP_PAIR_RANGES];
   for (uint32_t round = 0; round < rounds; round++) {
@@ -164,12 +175,6 @@ void sxt_tcp_pair_rounds(sxt_tcp_pair *x, uint32_t rounds) {
     sx_batch *b[SXT_TCP_PAIR_DEPTH];
     for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++)
       b[k] = sxt_tcp_pair_submit(x, k, round, e[k], 10000, NULL, NULL);
-    for (uint32_t k = 0; k < SXT_TCP_PAIR_DEPTH; k++) {
-      sx_batch_result res = sxt_batch_finish(b[k]);
-      if (res.state != SX_BATCH_COMPLETED)
-        fail_msg("batch %u: %s: %s", k, sx_batch_state_name(res.state), res.message);
-      assert_int_equal(res.bytes, (uint64_t)x->o.batch * SXT_MIB);
-      sxt_tcp_pair_check(x, e[k]);
-    }
+    sxt_tcp_pair_finish(x, b, e);
   }
 }

@@ -76,6 +76,10 @@ sx_batch *sxt_tcp_pair_submit(sxt_tcp_pair *x, uint32_t k, uint32_t round, sx_ra
                               uint32_t timeout_ms, sx_batch_cb cb, void *arg);
 /* Every range of e holds its pool bytes. */
 void sxt_tcp_pair_check(const sxt_tcp_pair *x, const sx_range_read *e);
+/* End the SXT_TCP_PAIR_DEPTH batches b submitted into slots 0.. with
+ * ranges e: each must complete with every byte checked. */
+void sxt_tcp_pair_finish(const sxt_tcp_pair *x, sx_batch *b[SXT_TCP_PAIR_DEPTH],
+                         sx_range_read e[SXT_TCP_PAIR_DEPTH][SXT_TCP_PAIR_RANGES]);
 /* SXT_TCP_PAIR_DEPTH batches queued, rounds times, each one completed and
  * compared byte for byte. */
 void sxt_tcp_pair_rounds(sxt_tcp_pair *x, uint32_t rounds);
