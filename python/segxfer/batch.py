@@ -241,7 +241,8 @@ class Batch(Owned):
         # Counts that differ are the library's to refuse (SX_EINCOMPAT, both
         # counts in the message), as for C callers.
         ids.local, ids.n_local, ids.remote, ids.n_remote = laddr, ln, raddr, n
-        check(_lib_.sx_batch_add_block_ids(self._h.get(), ids))
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(_lib_.sx_batch_add_block_ids(ptr, ids))
         self._s.adds.append(("ids", (rkeep, lkeep, n)))
         return self
 
@@ -255,7 +256,8 @@ class Batch(Owned):
         count = _u64(count, "count")
         e = _lib.BlockRead(group=group, layer_first=first, layer_count=lcount, slots=mask,
                            remote_block=remote_block, local_block=local_block, count=count)
-        check(_lib_.sx_batch_add_blocks(self._h.get(), ctypes.byref(e), 1))
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(_lib_.sx_batch_add_blocks(ptr, ctypes.byref(e), 1))
         self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
 
@@ -270,7 +272,8 @@ class Batch(Owned):
         count = _u64(count, "count")
         e = _lib.BlockWrite(group=group, layer_first=first, layer_count=lcount, slots=mask,
                             local_block=local_block, remote_block=remote_block, count=count)
-        check(_lib_.sx_batch_add_block_writes(self._h.get(), ctypes.byref(e), 1))
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(_lib_.sx_batch_add_block_writes(ptr, ctypes.byref(e), 1))
         self._s.adds.append(("one", (remote_block, local_block, count)))
         return self
 
@@ -293,13 +296,15 @@ class Batch(Owned):
         entries packed as 4 uint64 each (little-endian: the region id in the
         low half of the second word, its padding 0)."""
         addr, _ = packed.buffer_info()
-        check(add(self._h.get(), addr, n))
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(add(ptr, addr, n))
         self._h.keep.extend(keep)
         self._s.adds.append(("n", n))
 
     def submit(self):
         """Start the batch; returns self.  Never waits."""
-        check(_lib_.sx_batch_submit(self._h.get()))
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(_lib_.sx_batch_submit(ptr))
         self._s.submitted = True
         return self
 
@@ -309,7 +314,8 @@ class Batch(Owned):
         """True once the batch has ended."""
         if self._s.result is not None:
             return True
-        return _lib_.sx_batch_poll(self._h.get()) == 0
+        with self._h as ptr:  # a close() from another thread waits for the call
+            return _lib_.sx_batch_poll(ptr) == 0
 
     def wait(self, timeout=None):
         """Wait until the batch ends or timeout seconds pass (None: no
@@ -338,14 +344,16 @@ class Batch(Owned):
     def fileno(self):
         """The batch's eventfd: readable once the batch has ended.  Owned by
         the batch (do not read or close it); valid until close()."""
-        return check(_lib_.sx_batch_fd(self._h.get()), "fileno")
+        with self._h as ptr:  # a close() from another thread waits for the call
+            return check(_lib_.sx_batch_fd(ptr), "fileno")
 
     def result(self):
         """The BatchResult of an ended batch; SX_EBUSY while it runs."""
         if self._s.result is not None:
             return self._s.result
         r = _lib.new_struct(_lib.BatchResult)
-        rc = _lib_.sx_batch_result_get(self._h.get(), r)
+        with self._h as ptr:  # a close() from another thread waits for the call
+            rc = _lib_.sx_batch_result_get(ptr, r)
         if rc == _EBUSY:  # without a message of its own
             raise error(rc, "the batch has not ended yet" if self._s.submitted
                         else "the batch was never submitted")
@@ -356,7 +364,8 @@ class Batch(Owned):
     def cancel(self):
         """Ask a running batch to stop; it ends CANCELLED (or with the state
         it reached first).  Returns at once."""
-        check(_lib_.sx_batch_cancel(self._h.get()), "cancel")
+        with self._h as ptr:  # a close() from another thread waits for the call
+            check(_lib_.sx_batch_cancel(ptr), "cancel")
 
     def __await__(self):
         return self._wait_async().__await__()
