@@ -9,10 +9,13 @@ strongly and closes them before itself.  The Python objects hold their
 handle, and their finalizers only close it; closing twice is a no-op, and
 every use of a closed handle raises instead of passing a dangling pointer.
 
-A handle also counts callers that are inside a C call which must not race
-with destroy (a batch wait in another thread): close() asks the object to
-stop (cancel) and waits for them to leave before it destroys.  That wait
-polls: it only happens when a close races a wait in another thread, and a
+Every C call on the object runs inside `with handle as ptr:`, which counts
+the caller in: close() refuses new callers, asks the object to stop (cancel)
+when some are inside (a batch wait in another thread), and waits for them to
+leave before it destroys.  A child is made inside its parent's `with` block
+(the C call that makes it and its Handle), so a close of the parent that
+starts meanwhile waits for it and then closes the new child too.  The wait
+polls: it only happens when a close races a call in another thread, and a
 plain lock per handle keeps every batch cheap to make.
 
 A forked child inherits the handles but not the agent's thread: a call
@@ -56,11 +59,6 @@ class Handle:
         if parent is not None:
             parent.children.add(self)
 
-    def get(self):
-        if self.closed or self.pid != _pid:
-            raise self._unusable()
-        return self.ptr
-
     def _unusable(self):
         if self.pid != _pid:
             return invalid("%s was made in process %d, before fork(): it cannot be used "
@@ -95,6 +93,9 @@ class Handle:
             self._stop(self.ptr)
         while self._users:
             time.sleep(0.001)
+        # Children made by calls that were inside: no call can start now.
+        for child in list(self.children):
+            child.close()
         self._destroy(self.ptr)
         self.ptr = None
         self.keep = []

@@ -415,7 +415,8 @@ class Agent(Owned):
     def status(self):
         """Lease state and counters, as a dict."""
         st = _lib.new_struct(_lib.AgentStatus)
-        check(_lib_.sx_agent_status_get(self._h.get(), st), "status")
+        with self._h as ptr:
+            check(_lib_.sx_agent_status_get(ptr, st), "status")
         d = {f: getattr(st, f) for f, _ in _lib.AgentStatus._fields_}
         d["state"] = _lib.AGENT_STATES.get(st.state, str(st.state))
         return d
@@ -423,7 +424,8 @@ class Agent(Owned):
     @property
     def incarnation(self):
         buf = (ctypes.c_uint8 * _lib.INCARNATION_LEN)()
-        _lib_.sx_agent_incarnation(self._h.get(), ctypes.byref(buf))
+        with self._h as ptr:
+            _lib_.sx_agent_incarnation(ptr, ctypes.byref(buf))
         return bytes(buf).hex()
 
     def descriptor(self):
@@ -440,7 +442,8 @@ class Agent(Owned):
     def metrics_text(self):
         """Prometheus text of the agent's counters."""
         out = ctypes.c_void_p()
-        check(_lib_.sx_agent_metrics_text(self._h.get(), ctypes.byref(out), None), "metrics")
+        with self._h as ptr:
+            check(_lib_.sx_agent_metrics_text(ptr, ctypes.byref(out), None), "metrics")
         return _lib.take_string(out.value)
 
     # ------------------------------------------------------------ push mode
@@ -484,7 +487,8 @@ class Agent(Owned):
     def notice_fileno(self):
         """An eventfd, readable while notices are queued, for an engine's own
         poll/epoll loop.  Owned by the agent: do not read or close it."""
-        return check(_lib_.sx_agent_notice_fd(self._h.get()), "notice fd")
+        with self._h as ptr:
+            return check(_lib_.sx_agent_notice_fd(ptr), "notice fd")
 
     # ------------------------------------------------------------ peers
 
@@ -543,32 +547,35 @@ class Segment(Owned):
         with agent._h as ptr:
             check(_lib_.sx_segment_open(ptr, raw, _timeout_ms(timeout, "timeout"),
                                         ctypes.byref(out)), "open %s" % name)
-        self._h = Handle(out.value, _lib_.sx_segment_close, "the segment", agent._h)
+            self._h = Handle(out.value, _lib_.sx_segment_close, "the segment", agent._h)
 
     @property
     def transport(self):
         """"tcp", "rdma" or "cuda_ipc": what reads from it use."""
-        k = _lib_.sx_segment_transport(self._h.get())
+        with self._h as ptr:
+            k = _lib_.sx_segment_transport(ptr)
         return _lib.TRANSPORT_NAMES.get(k, str(k))
 
     def descriptor(self):
         """The remote descriptor as opened, as a dict (no secrets)."""
-        return _desc_json(_lib_.sx_segment_desc(self._h.get()))
+        with self._h as ptr:
+            return _desc_json(_lib_.sx_segment_desc(ptr))
 
     def regions(self):
         """The remote regions: dicts of id, group, layer_first, layer_count,
         slot, block_bytes, block_stride, num_blocks, length, location."""
-        d = _lib_.sx_segment_desc(self._h.get()).contents
         out = []
-        for i in range(d.n_regions):
-            r = d.regions[i]
-            out.append({"id": r.id, "group": r.group, "layer_first": r.layer_first,
-                        "layer_count": r.layer_count, "layer_stride": r.layer_stride,
-                        "slot": r.slot, "block_bytes": r.block_bytes,
-                        "block_stride": r.block_stride, "num_blocks": r.num_blocks,
-                        "length": r.length, "location": _lib.text(r.location),
-                        "readable": bool(r.access & _lib.ACCESS_REMOTE_READ),
-                        "writable": bool(r.access & _lib.ACCESS_REMOTE_WRITE)})
+        with self._h as ptr:  # the descriptor is the segment's
+            d = _lib_.sx_segment_desc(ptr).contents
+            for i in range(d.n_regions):
+                r = d.regions[i]
+                out.append({"id": r.id, "group": r.group, "layer_first": r.layer_first,
+                            "layer_count": r.layer_count, "layer_stride": r.layer_stride,
+                            "slot": r.slot, "block_bytes": r.block_bytes,
+                            "block_stride": r.block_stride, "num_blocks": r.num_blocks,
+                            "length": r.length, "location": _lib.text(r.location),
+                            "readable": bool(r.access & _lib.ACCESS_REMOTE_READ),
+                            "writable": bool(r.access & _lib.ACCESS_REMOTE_WRITE)})
         return out
 
     def check(self, ignore_fingerprint=False):
@@ -577,7 +584,8 @@ class Segment(Owned):
         IncompatibleLayout with the first difference."""
         m = _lib.new_struct(_lib.Mismatch)
         flags = _lib.CHECK_IGNORE_FINGERPRINT if ignore_fingerprint else 0
-        rc = _lib_.sx_segment_check(self._h.get(), flags, m)
+        with self._h as ptr:
+            rc = _lib_.sx_segment_check(ptr, flags, m)
         if rc == code("SX_EINCOMPAT"):
             raise IncompatibleLayout(_lib.text(m.message),
                                      _lib.MISMATCH_KINDS.get(m.kind, str(m.kind)),
@@ -592,7 +600,8 @@ class Segment(Owned):
         m = _lib.new_struct(_lib.Mismatch)
         out = ctypes.c_void_p()
         flags = _lib.CHECK_IGNORE_FINGERPRINT if ignore_fingerprint else 0
-        rc = _lib_.sx_segment_plan(self._h.get(), flags, ctypes.byref(out), m)
+        with self._h as ptr:
+            rc = _lib_.sx_segment_plan(ptr, flags, ctypes.byref(out), m)
         _raise_mismatch(rc, m, "plan %s" % self.name)
         try:
             return plan_text(out.value)

@@ -215,12 +215,13 @@ class Batch(Owned):
         p = _params(None if timeout is None else _timeout_ms(timeout, "timeout"), write,
                     self.tag, self.notify)
         out = ctypes.c_void_p()
-        check(_lib_.sx_batch_create(segment._h.get(), p, ctypes.byref(out)))
         # The handle's destroy must not reference the Batch (it would keep
         # it alive from the segment's handle): what both need is in _State.
         self._s = s = _State()
-        self._h = Handle(out.value, functools.partial(_destroy, s), "the batch",
-                         segment._h, stop=_lib_.sx_batch_cancel)
+        with segment._h as ptr:  # made and adopted before a close can start
+            check(_lib_.sx_batch_create(ptr, p, ctypes.byref(out)))
+            self._h = Handle(out.value, functools.partial(_destroy, s), "the batch",
+                             segment._h, stop=_lib_.sx_batch_cancel)
 
     # ------------------------------------------------------------ building
 

@@ -177,25 +177,29 @@ class Group(Owned):
         m = _lib.new_struct(_lib.Mismatch)
         with agent._h as ptr:
             rc = _lib_.sx_group_open(ptr, p, ctypes.byref(out), m)
-        _raise_mismatch(rc, m, "open_group %s" % ", ".join(self.names))
-        self._h = Handle(out.value, _lib_.sx_group_close, "the segment set", agent._h)
+            _raise_mismatch(rc, m, "open_group %s" % ", ".join(self.names))
+            self._h = Handle(out.value, _lib_.sx_group_close, "the segment set", agent._h)
 
     def __len__(self):
-        return _lib_.sx_group_size(self._h.get())
+        with self._h as ptr:
+            return _lib_.sx_group_size(ptr)
 
     @property
     def transport(self):
         """What reads from the first member use: "tcp", "rdma", "cuda_ipc"."""
-        k = _lib_.sx_segment_transport(_lib_.sx_group_segment(self._h.get(), 0))
+        with self._h as ptr:
+            k = _lib_.sx_segment_transport(_lib_.sx_group_segment(ptr, 0))
         return _lib.TRANSPORT_NAMES.get(k, str(k))
 
     def plan(self):
         """The plan in words."""
-        return plan_text(_lib_.sx_group_plan(self._h.get()))
+        with self._h as ptr:
+            return plan_text(_lib_.sx_group_plan(ptr))
 
     def plan_info(self):
         info = _lib.new_struct(_lib.PlanInfo)
-        check(_lib_.sx_plan_info_get(_lib_.sx_group_plan(self._h.get()), info), "plan info")
+        with self._h as ptr:
+            check(_lib_.sx_plan_info_get(_lib_.sx_group_plan(ptr), info), "plan info")
         return {f: getattr(info, f) for f, _ in _lib.PlanInfo._fields_}
 
     def read_blocks(self, remote_ids, local_ids, timeout=30.0, notify_tag=None):

@@ -25,14 +25,23 @@ for rt in asan ubsan; do
     preload="$preload $(gcc -print-file-name=lib$rt.so)"
   fi
 done
+# pytest captures the tests' file descriptors, and a sanitizer report
+# written there is lost when the process dies: reports go to files instead,
+# shown (and failing the run) below.
+rm -f "$logs"/python-san.*
+san="log_path=$(cd "$logs" && pwd)/python-san"
 start=$(date +%s)
 if SEGXFER_BUILD="$build" SEGXFER_LIB="$lib" LD_PRELOAD="${preload# }" \
-    ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}" \
-    $py -m pytest -q -rs -p no:cacheprovider tests/python "$@" >"$logs/python.log" 2>&1; then
+    ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=0}:$san" UBSAN_OPTIONS="${UBSAN_OPTIONS:-}:$san" \
+    $py -m pytest -q -rs -p no:cacheprovider tests/python "$@" >"$logs/python.log" 2>&1 &&
+    ! ls "$logs"/python-san.* >/dev/null 2>&1; then
   printf '  PASS  %-28s %5ss  (%s)\n' "python package (pytest)" $(($(date +%s) - start)) \
     "$(tail -n 1 "$logs/python.log" | tr -d '=' | sed 's/^ *//;s/ *$//')"
 else
   sed 's/^/        | /' "$logs/python.log" | tail -n 80
+  for f in "$logs"/python-san.*; do
+    [ -f "$f" ] && { echo "        | $f:"; sed 's/^/        | /' "$f" | head -n 60; }
+  done
   echo "  FAIL  python package (pytest; log: $logs/python.log)"
   exit 1
 fi
