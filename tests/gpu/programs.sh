@@ -12,18 +12,17 @@ set -u
 build=$1
 bin=$build/bin
 dir=$(mktemp -d)
-port=$((20000 + $$ % 20000))
+. "$(dirname "$0")/../support/redis.sh"
 fail() { echo "FAIL: $*"; cat "$dir"/agent.log 2>/dev/null | tail -20; exit 1; }
 cleanup() {
   [ -n "${apid:-}" ] && kill "$apid" 2>/dev/null && wait "$apid" 2>/dev/null
   [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null && wait "$wpid" 2>/dev/null
-  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1
+  sxt_redis_stop
   rm -rf "$dir"
 }
 trap cleanup EXIT
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
-  --notify-keyspace-events Kx --dir "$dir" >"$dir/redis.log" 2>&1 &
-for _ in 1 2 3 4 5 6 7 8 9 10; do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+sxt_redis_start "$dir" --notify-keyspace-events Kx || fail "no redis-server"
+port=$sxt_redis_port
 export SX_METADATA_URL="redis://127.0.0.1:$port?namespace=gpu-programs"
 "$bin/sx-agent" --name pool-gpu --layers 4 --block-bytes 64K --pool-size 256M \
   --location cuda:0 --fill 42 --listen 127.0.0.1:0 >"$dir/agent.log" 2>&1 &
