@@ -93,18 +93,7 @@ void sx_batch_params_init(sx_batch_params *p) {
  * by default SX__PLAN_TABLE_MIN. */
 static uint32_t tables_min(void) {
   static int64_t cached = -1;
-  int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (v >= 0)
-    return (uint32_t)v;
-  long n;
-  int bad;
-  if (!sx__env_long("SX_IPC_TABLES", 0, UINT32_MAX, &n, &bad))
-    n = SX__PLAN_TABLE_MIN;
-  if (bad)
-    fprintf(stderr, "segxfer: SX_IPC_TABLES=%s is not a whole number of 0..%u: %u\n",
-            getenv("SX_IPC_TABLES"), UINT32_MAX, SX__PLAN_TABLE_MIN);
-  __atomic_store_n(&cached, (int64_t)n, __ATOMIC_RELAXED); /* racing first calls agree */
-  return (uint32_t)n;
+  return (uint32_t)sx__env_once(&cached, "SX_IPC_TABLES", 0, UINT32_MAX, SX__PLAN_TABLE_MIN);
 }
 
 int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
@@ -690,19 +679,11 @@ int sx_batch_cancel(sx_batch *b) {
 #define WAIT_SPIN_MAX_US 10000
 
 static uint64_t wait_spin_ns(void) {
-  static int64_t cached = -1;
-  int64_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-  if (v >= 0)
-    return (uint64_t)v;
-  long us;
-  int bad;
-  if (!sx__env_long("SX_WAIT_SPIN_US", 0, WAIT_SPIN_MAX_US, &us, &bad))
-    us = sx__spin_host() ? WAIT_SPIN_US : 0;
-  if (bad)
-    fprintf(stderr, "segxfer: SX_WAIT_SPIN_US=%s is not a whole number of 0..%d: the "
-            "default\n", getenv("SX_WAIT_SPIN_US"), WAIT_SPIN_MAX_US);
-  /* Racing first calls agree: each stores the same value. */
-  __atomic_store_n(&cached, (int64_t)us * 1000, __ATOMIC_RELAXED);
+  static int64_t cached = -1; /* us */
+  int64_t us = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (us < 0) /* the default asks sysconf: only on the first call */
+    us = sx__env_once(&cached, "SX_WAIT_SPIN_US", 0, WAIT_SPIN_MAX_US,
+                      sx__spin_host() ? WAIT_SPIN_US : 0);
   return (uint64_t)us * 1000;
 }
 

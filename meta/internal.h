@@ -45,6 +45,13 @@ uint64_t sx__mono_ns(void);
  * is unset or empty, or (then *bad is 1) not such a number. */
 int sx__env_long(const char *name, long lo, long hi, long *out, int *bad);
 
+/* A setting read once per process, for hot paths: *cache (static, -1
+ * before the first call, so lo must be >= 0) when set, else the variable
+ * as a number lo..hi, or dflt when it is unset or (said once on stderr)
+ * not such a number, which it stores in *cache.  Racing first calls agree:
+ * each stores the same value. */
+long sx__env_once(int64_t *cache, const char *name, long lo, long hi, long dflt);
+
 /* Whether a thread may spin-wait beside the agent's loop by default: on
  * hosts of 8 or more online CPUs (on fewer, a spinning thread takes the
  * core the loop needs). */

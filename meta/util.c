@@ -1,5 +1,6 @@
 /* Clocks, randomness and small string helpers used across the library. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -35,6 +36,21 @@ int sx__env_long(const char *name, long lo, long hi, long *out, int *bad) {
   }
   *out = v;
   return 1;
+}
+
+long sx__env_once(int64_t *cache, const char *name, long lo, long hi, long dflt) {
+  int64_t v = __atomic_load_n(cache, __ATOMIC_RELAXED);
+  if (v >= 0)
+    return (long)v;
+  long n;
+  int bad;
+  if (!sx__env_long(name, lo, hi, &n, &bad))
+    n = dflt;
+  if (bad)
+    fprintf(stderr, "segxfer: %s=%s is not a whole number of %ld..%ld: %ld\n", name,
+            getenv(name), lo, hi, dflt);
+  __atomic_store_n(cache, (int64_t)n, __ATOMIC_RELAXED);
+  return n;
 }
 
 int sx__spin_host(void) { return sysconf(_SC_NPROCESSORS_ONLN) >= 8; }
