@@ -216,3 +216,41 @@ def test_lifecycle_fork_child_refuses_the_parents_agent(pair):
     assert b.wait(10) and b.result().ok
     pair.expect([1, 2], [3, 4])
     seg.close()
+
+
+def test_lifecycle_child_made_while_its_parent_closes():
+    """A child handle is made inside its parent's `with` block (the C call
+    that creates it, then the Handle).  A close() of the parent that starts
+    meanwhile waits for that block, then closes the new child before the
+    parent: the C library frees children with their parent, so a child
+    left open would later be used or destroyed after the parent's free."""
+    from segxfer._handle import Handle
+    destroyed = []
+    parent = Handle(1, lambda p: destroyed.append(("parent", p)), "the parent")
+    inside, go = threading.Event(), threading.Event()
+
+    def make_child():
+        with parent:
+            inside.set()
+            go.wait(10)
+            Handle(2, lambda p: destroyed.append(("child", p)), "the child", parent)
+
+    maker = threading.Thread(target=make_child)
+    maker.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=parent.close)
+    closer.start()
+    deadline = time.monotonic() + 10
+    while not parent.closed:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    with pytest.raises(segxfer.SX_EINVAL, match="the parent is closed"):
+        with parent:
+            pass
+    assert destroyed == []  # the close waits for the block inside
+    go.set()
+    maker.join(10)
+    closer.join(10)
+    assert not closer.is_alive()
+    assert destroyed == [("child", 2), ("parent", 1)]
+    assert not parent.children
