@@ -123,6 +123,87 @@ def test_lifecycle_close_under_reading_threads(url, closing):
                          "SX_ECANCELED"}, seen
 
 
+def test_lifecycle_reads_while_the_owner_restarts(url):
+    """Four threads open the name, read and close, while its owner restarts
+    again and again: each life a new agent (new incarnation, new port, new
+    bytes), published for 20-150 ms, then closed.  A read that completes
+    holds the bytes of exactly the life whose descriptor its segment
+    opened, never another's (the incarnation fences it); every other read
+    or open ends with a segxfer error; nothing hangs."""
+    from conftest import LAYERS, TARGET_BLOCKS, BLOCK_BYTES
+    reader = segxfer.Agent(None, url, log_level="error", **LAYOUT)
+    rmem = register_kv(reader, READER_BLOCKS)
+    seeds, lock, errors, seen = {}, threading.Lock(), [], {}
+    stop = threading.Event()
+
+    def count(what):
+        with lock:
+            seen[what] = seen.get(what, 0) + 1
+
+    def worker(i):
+        try:
+            reads(i)
+        except BaseException as e:  # wrong bytes, or an exception of the wrong kind
+            errors.append(repr(e))
+
+    def reads(i):
+        local, k = list(range(4 * i, 4 * i + 4)), 0
+        while not stop.is_set():
+            try:
+                seg = reader.open("owner", timeout=0.5)
+            except segxfer.SegxferError as e:
+                count("open " + type(e).__name__)
+                time.sleep(0.005)
+                continue
+            with seg:
+                with lock:
+                    seed = seeds[seg.descriptor()["incarnation"]]
+                for _ in range(3):
+                    remote = [(5 * k + 3 * j + i) % TARGET_BLOCKS for j in range(4)]
+                    k += 1
+                    try:
+                        b = seg.read_blocks(remote, local, timeout=5.0)
+                        assert b.wait(10), "a batch did not end within 10 s"
+                        b.result().raise_for_state()
+                    except segxfer.SegxferError as e:
+                        count(type(e).__name__)
+                        break
+                    for si in range(2):  # K, V
+                        for layer in range(LAYERS):
+                            for rb, lb in zip(remote, local):
+                                off = (layer * READER_BLOCKS + lb) * BLOCK_BYTES
+                                want = bytes([(seed + si) & 0xFF, layer, rb & 0xFF, rb >> 8])
+                                assert bytes(rmem[si][off:off + 4]) == want and \
+                                    rmem[si][off:off + BLOCK_BYTES] == want * (BLOCK_BYTES // 4), \
+                                    "block %d of layer %d: not the bytes of the opened life" % \
+                                    (rb, layer)
+                    count("COMPLETED")
+
+    ths = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in ths:
+        t.start()
+    lives, end = 0, time.monotonic() + 3.0
+    while time.monotonic() < end:
+        lives += 1
+        owner = segxfer.Agent("owner", url, lease_ms=2000, log_level="error", **LAYOUT)
+        seed = (17 * lives) % 200
+        register_kv(owner, TARGET_BLOCKS, seed)
+        with lock:
+            seeds[owner.incarnation] = seed
+        owner.publish()
+        time.sleep(0.02 + 0.13 * (lives % 4) / 3)
+        owner.close()
+    stop.set()
+    for t in ths:
+        t.join(15)
+    assert not any(t.is_alive() for t in ths), "a reading thread hung"
+    reader.close()
+    assert errors == []
+    assert lives >= 5 and seen.get("COMPLETED", 0) > 0, (lives, seen)
+    assert set(seen) <= {"COMPLETED", "SX_EDISCONN", "SX_EUNREACH", "SX_ENOENT", "SX_ESTALE",
+                         "open SX_ENOENT", "open SX_ETIMEDOUT"}, seen
+
+
 def test_lifecycle_objects_dropped_in_any_order(url):
     p = Pair(url, name="gc-0")
     seg = p.reader.open("gc-0")
