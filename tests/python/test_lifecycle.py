@@ -21,6 +21,26 @@ def threads():
     return len(os.listdir("/proc/self/task"))
 
 
+def start_readers(n, reads, errors):
+    """n threads running reads(i); any exception (wrong bytes included) is
+    kept in errors, so a thread cannot die unnoticed."""
+    def run(i):
+        try:
+            reads(i)
+        except BaseException as e:
+            errors.append(repr(e))
+    ths = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ths:
+        t.start()
+    return ths
+
+
+def join_readers(ths):
+    for t in ths:
+        t.join(15)
+    assert not any(t.is_alive() for t in ths), "a reading thread hung"
+
+
 def test_lifecycle_cancel_a_running_batch(stuck):
     seg, _ = stuck
     b = seg.read_blocks([1, 2, 3], [1, 2, 3], timeout=30)
@@ -81,12 +101,6 @@ def test_lifecycle_close_under_reading_threads(url, closing):
     seg = p.reader.open("race-0")
     stop, seen, lock, errors = threading.Event(), {}, threading.Lock(), []
 
-    def worker(i):
-        try:
-            reads(i)
-        except BaseException as e:  # wrong bytes, or an exception of the wrong kind
-            errors.append(repr(e))
-
     def reads(i):
         local = list(range(4 * i, 4 * i + 4))
         k = 0
@@ -105,16 +119,12 @@ def test_lifecycle_close_under_reading_threads(url, closing):
             with lock:
                 seen[state] = seen.get(state, 0) + 1
 
-    ths = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in ths:
-        t.start()
+    ths = start_readers(4, reads, errors)
     time.sleep(0.2)
     {"segment": seg, "target": p.target, "reader": p.reader}[closing].close()
     time.sleep(0.1)
     stop.set()
-    for t in ths:
-        t.join(15)
-    assert not any(t.is_alive() for t in ths), "a reading thread hung"
+    join_readers(ths)
     seg.close()
     p.close()
     assert errors == []
@@ -139,12 +149,6 @@ def test_lifecycle_reads_while_the_owner_restarts(url):
     def count(what):
         with lock:
             seen[what] = seen.get(what, 0) + 1
-
-    def worker(i):
-        try:
-            reads(i)
-        except BaseException as e:  # wrong bytes, or an exception of the wrong kind
-            errors.append(repr(e))
 
     def reads(i):
         local, k = list(range(4 * i, 4 * i + 4)), 0
@@ -179,9 +183,7 @@ def test_lifecycle_reads_while_the_owner_restarts(url):
                                     (rb, layer)
                     count("COMPLETED")
 
-    ths = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
-    for t in ths:
-        t.start()
+    ths = start_readers(4, reads, errors)
     lives, end = 0, time.monotonic() + 3.0
     while time.monotonic() < end:
         lives += 1
@@ -194,9 +196,7 @@ def test_lifecycle_reads_while_the_owner_restarts(url):
         time.sleep(0.02 + 0.13 * (lives % 4) / 3)
         owner.close()
     stop.set()
-    for t in ths:
-        t.join(15)
-    assert not any(t.is_alive() for t in ths), "a reading thread hung"
+    join_readers(ths)
     reader.close()
     assert errors == []
     assert lives >= 5 and seen.get("COMPLETED", 0) > 0, (lives, seen)
