@@ -16,7 +16,7 @@ cp "$build"/tests/gpu/test_gpu_* "$build/tests/gpu/gpu_probe" "$build/tests/gpu/
 cp "$build"/bin/* "$dest/build/bin/"
 cp tests/run-tests.sh "$dest/tests/"
 mkdir -p "$dest/tests/support"
-cp tests/support/redis.sh "$dest/tests/support/"
+cp tests/support/servers.sh "$dest/tests/support/"
 cp tests/gpu/*.sh "$dest/tests/gpu/"
 mkdir -p "$dest/tests/bench"
 cp tests/bench/fleet_cluster.sh tests/bench/tcp_threads.sh "$dest/tests/bench/"

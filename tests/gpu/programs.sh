@@ -12,7 +12,7 @@ set -u
 build=$1
 bin=$build/bin
 dir=$(mktemp -d)
-. "$(dirname "$0")/../support/redis.sh"
+. "$(dirname "$0")/../support/servers.sh"
 fail() { echo "FAIL: $*"; cat "$dir"/agent.log 2>/dev/null | tail -20; exit 1; }
 cleanup() {
   [ -n "${apid:-}" ] && kill "$apid" 2>/dev/null && wait "$apid" 2>/dev/null

@@ -47,6 +47,7 @@
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$SCRIPT_DIR/../support/servers.sh"  # sxt_free_port
 CACHE=${RXE_VM_CACHE:-$SCRIPT_DIR/cache}
 MEM=${RXE_VM_MEM:-1024}
 SMP=${RXE_VM_SMP:-2}; [ -n "${RXE_VM_PEER_CMD:-}" ] && SMP=${RXE_VM_SMP:-1}  # 2 VMs on 2 host cores
@@ -286,20 +287,42 @@ if [ -n "${RXE_VM_PEER_CMD:-}" ]; then
   mkdir -p "$RUN/peer/rxe"; printf '%s\n' "$RXE_VM_PEER_CMD" > "$RUN/peer/rxe/cmd.sh"
   (cd "$RUN/peer" && find . -mindepth 1 | cpio -o -H newc --quiet) > "$RUN/peer.cpio"
   cat "$RUN/initrd.cpio" "$RUN/peer.cpio" > "$RUN/initrd-peer.cpio"
-  P1=$((20000 + RANDOM % 20000)); P2=$((P1 + 1))
-  if [ "${RXE_VM_PEER_NET:-tcp}" = udp ]; then  # lossy: drops under load -> RC retransmit stalls
-    PEER_NET="socket,id=n0,udp=127.0.0.1:$P1,localaddr=127.0.0.1:$P2"
-    MAIN_NET="socket,id=n0,udp=127.0.0.1:$P2,localaddr=127.0.0.1:$P1"
-  else  # TCP stream: lossless, back-pressured; peer listens, main connects
-    PEER_NET="socket,id=n0,listen=127.0.0.1:$P1"
-    MAIN_NET="socket,id=n0,connect=127.0.0.1:$P1"
-  fi
-  qemu_args peer 192.168.77.2 192.168.77.1 52:54:00:12:34:02 -netdev "$PEER_NET"
-  ( timeout "$TIMEOUT" "${QARGS[@]}" </dev/null 2>&1 | console_filter peer >&2 ) &
-  PIDS+=($!)
-  if [ "${RXE_VM_PEER_NET:-tcp}" != udp ]; then  # wait for the peer's qemu to listen (no probe connect!)
-    for _ in $(seq 100); do ss -Hltn "sport = :$P1" | grep -q . && break; sleep 0.1; done
-  fi
+  # Ports the kernel gave out, as tests running beside this one (servers on
+  # kernel-given ports too) may take one first: the peer counts as
+  # listening only once ss names its own qemu on the port, else another
+  # port is tried.
+  for try in 1 2 3; do
+    P1=$(sxt_free_port); P2=$(sxt_free_port)
+    if [ "${RXE_VM_PEER_NET:-tcp}" = udp ]; then  # lossy: drops under load -> RC retransmit stalls
+      PEER_NET="socket,id=n0,udp=127.0.0.1:$P1,localaddr=127.0.0.1:$P2"
+      MAIN_NET="socket,id=n0,udp=127.0.0.1:$P2,localaddr=127.0.0.1:$P1"
+    else  # TCP stream: lossless, back-pressured; peer listens, main connects
+      PEER_NET="socket,id=n0,listen=127.0.0.1:$P1"
+      MAIN_NET="socket,id=n0,connect=127.0.0.1:$P1"
+    fi
+    rm -f "$RUN/peer.pid"
+    qemu_args peer 192.168.77.2 192.168.77.1 52:54:00:12:34:02 -netdev "$PEER_NET"
+    ( timeout "$TIMEOUT" "${QARGS[@]}" </dev/null 2>&1 | console_filter peer >&2 ) &
+    peer_sub=$!
+    PIDS+=($peer_sub)
+    [ "${RXE_VM_PEER_NET:-tcp}" = udp ] && break
+    listening=  # wait for the peer's qemu to listen (no probe connect!)
+    for _ in $(seq 100); do
+      qpid=$(cat "$RUN/peer.pid" 2>/dev/null || true)
+      if [ -n "$qpid" ] && ss -Hltnp "sport = :$P1" | grep -q "pid=$qpid,"; then
+        listening=1
+        break
+      fi
+      kill -0 "$peer_sub" 2>/dev/null || break
+      sleep 0.1
+    done
+    [ -n "$listening" ] && break
+    log "the peer VM's qemu is not listening on 127.0.0.1:$P1 (taken?): try $try of 3 failed"
+    [ -s "$RUN/peer.pid" ] && kill "$(cat "$RUN/peer.pid")" 2>/dev/null || true
+    kill "$peer_sub" 2>/dev/null || true
+    wait "$peer_sub" 2>/dev/null || true
+    [ "$try" = 3 ] && { log "giving up: no port for the link between the VMs"; exit 1; }
+  done
   qemu_args main 192.168.77.1 192.168.77.2 52:54:00:12:34:01 -netdev "$MAIN_NET"
 else
   qemu_args main 10.0.2.15 10.0.2.15 52:54:00:12:34:01 -netdev user,id=n0,restrict=on

@@ -1,5 +1,9 @@
-# Sourced by shell tests: a redis-server of the test's own on a free
-# loopback port.
+# Sourced by shell tests: loopback ports, and a redis-server of the test's
+# own, that no other test running beside it can take.
+#
+# sxt_free_port: a port the kernel gave out just now and nobody listens on
+# (bound, then closed: whoever binds next gets it, so check that the
+# server on it is yours).
 #
 # sxt_redis_start DIR [redis-server options...]: starts one with its files in
 # DIR, logging to DIR/redis.log; sets sxt_redis_port and sxt_redis_pid, or
