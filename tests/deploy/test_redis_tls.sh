@@ -30,7 +30,7 @@ fail() {
   sed 's/^/        /' "$log" | tail -30
   exit 1
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$(dirname "$0")/../support/servers.sh"  # sxt_free_port
 
 # A CA, and a server certificate for redis.test (and 127.0.0.1) signed by it.
 cd "$dir" || exit 1
@@ -44,7 +44,7 @@ cd "$dir" || exit 1
     -extfile san.ext -out redis.pem
 } >>"$log" 2>&1 || fail "openssl could not make the test CA"
 
-tls=$(free_port)
+tls=$(sxt_free_port)
 redis-server --port 0 --tls-port "$tls" --bind 127.0.0.1 --tls-cert-file redis.pem \
   --tls-key-file redis.key --tls-ca-cert-file ca.pem --tls-auth-clients no \
   --requirepass tls-secret --save '' --appendonly no --dir "$dir" \
@@ -66,7 +66,7 @@ done
 # (into $port).  Not in a command substitution: its subshell would keep the
 # stunnel's pid from the cleanup, which would leave it running.
 tunnel() {
-  port=$(free_port)
+  port=$(sxt_free_port)
   cat >"$1.conf" <<EOC
 foreground = yes
 pid =
