@@ -38,14 +38,18 @@ def url(redis, request):
     return "redis://127.0.0.1:%d?namespace=%s" % (redis.port, ns)
 
 
+def stamp(seed, layer, b):
+    """Block b of layer in pattern(..., seed): its bytes."""
+    return bytes([seed & 0xFF, layer, b & 0xFF, b >> 8]) * (BLOCK_BYTES // 4)
+
+
 def pattern(layers, blocks, seed):
     """A cache whose every block is recognisable: bytes of (seed, layer, block)."""
     out = bytearray(layers * blocks * BLOCK_BYTES)
     for layer in range(layers):
         for b in range(blocks):
             off = (layer * blocks + b) * BLOCK_BYTES
-            stamp = bytes([seed & 0xFF, layer, b & 0xFF, b >> 8]) * (BLOCK_BYTES // 4)
-            out[off:off + BLOCK_BYTES] = stamp
+            out[off:off + BLOCK_BYTES] = stamp(seed, layer, b)
     return out
 
 

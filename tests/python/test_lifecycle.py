@@ -140,7 +140,7 @@ def test_lifecycle_reads_while_the_owner_restarts(url):
     holds the bytes of exactly the life whose descriptor its segment
     opened, never another's (the incarnation fences it); every other read
     or open ends with a segxfer error; nothing hangs."""
-    from conftest import LAYERS, TARGET_BLOCKS, BLOCK_BYTES
+    from conftest import LAYERS, TARGET_BLOCKS, block, stamp
     reader = segxfer.Agent(None, url, log_level="error", **LAYOUT)
     rmem = register_kv(reader, READER_BLOCKS)
     seeds, lock, errors, seen = {}, threading.Lock(), [], {}
@@ -172,13 +172,11 @@ def test_lifecycle_reads_while_the_owner_restarts(url):
                     except segxfer.SegxferError as e:
                         count(type(e).__name__)
                         break
-                    for si in range(2):  # K, V
+                    for si in range(2):  # K, V (register_kv: seed, seed + 1)
                         for layer in range(LAYERS):
                             for rb, lb in zip(remote, local):
-                                off = (layer * READER_BLOCKS + lb) * BLOCK_BYTES
-                                want = bytes([(seed + si) & 0xFF, layer, rb & 0xFF, rb >> 8])
-                                assert bytes(rmem[si][off:off + 4]) == want and \
-                                    rmem[si][off:off + BLOCK_BYTES] == want * (BLOCK_BYTES // 4), \
+                                assert block(rmem[si], READER_BLOCKS, layer, lb) == \
+                                    stamp(seed + si, layer, rb), \
                                     "block %d of layer %d: not the bytes of the opened life" % \
                                     (rb, layer)
                     count("COMPLETED")
