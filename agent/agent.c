@@ -335,6 +335,7 @@ static int open_transports(sx_agent *a) {
       .grants_settled = sx__push_grants_settled,
       .conn_handlers = sx__conn_handlers,
       .n_conn_handlers = sx__n_conn_handlers,
+      .lane_failed = sx__batches_lane_failed,
   };
   int opened = 0, last = SX_ENODEV;
   for (unsigned i = 0; i < sx__n_transports; i++) {
@@ -423,6 +424,7 @@ static void free_agent(sx_agent *a) {
   free(a->labels);
   sx__wake_release(&a->wake); /* no thread can queue a call any more */
   pthread_mutex_destroy(&a->lock);
+  pthread_mutex_destroy(&a->direct_mu);
   pthread_cond_destroy(&a->cond);
   free(a);
 }
@@ -444,6 +446,7 @@ int sx_agent_create(const sx_agent_params *p, sx_agent **out) {
     return sx__err(SX_ENOMEM, "sx_agent_create");
   a->wake.fd = -1;
   pthread_mutex_init(&a->lock, NULL);
+  pthread_mutex_init(&a->direct_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -553,6 +556,7 @@ static void close_store_and_handles(sx_agent *a) {
   sx__lease_close(a);
   sx__regions_close(a);
   close_transports(a);
+  sx__batches_direct_close(a); /* their lanes' copies ended with the transports */
   sx_cache *cache = a->cache;
   sx__stats_cache_closing(a); /* keeps its counters, a->cache = NULL */
   sx__cache_close(cache);

@@ -166,9 +166,18 @@ struct sx_segment {
    * batches have yet to run), and it still reads cd, ix and kind. */
   int refs;
   sx_segment *next, *prev; /* the agent's open segments (loop thread) */
+  /* Direct reads (transport.h): the lane of the peer the segment's table
+   * reads last went to, set by the loop (submit_run) and read by threads
+   * that submit, both under lane_mu; lane_ops is its transport's. */
+  pthread_mutex_t lane_mu;
+  sx__lane *lane;
+  const sx_transport_ops *lane_ops;
 };
 
 void sx__segments_close(sx_agent *a);
+/* Loop thread: point s's direct reads at lane of transport ops (NULL,
+ * NULL: none); takes a reference of lane and drops the old one's. */
+void sx__segment_lane(sx_segment *s, const sx_transport_ops *ops, sx__lane *lane);
 /* Any thread: drop one reference of s (see refs). */
 void sx__segment_put(sx_segment *s);
 /* A batch on peer ended with err: learn from it (stale, disconnected). */
@@ -312,10 +321,20 @@ struct sx_agent {
   struct sx_batch *pub_head, **pub_tail;
   int pub_open;           /* pub_idle open: ends wait for it */
   int shutting_down;      /* loop thread: destroy has begun */
+  /* batch.c: the batches reading directly (on a lane), any thread. */
+  pthread_mutex_t direct_mu;
+  struct sx_batch *direct;
   struct sx__push *push;  /* grants and notices (push_int.h) */
 };
 
 int sx__on_loop(const sx_agent *a);
+
+/* batch.c: direct reads.  The transports' ctx->lane_failed; end the
+ * direct batches left at shutdown (after the transports closed: their
+ * lanes' copies have all ended). */
+void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *done,
+                             unsigned n, int err, const char *msg);
+void sx__batches_direct_close(sx_agent *a);
 
 /* Defaults for waits that the loop bounds by itself; the cross-thread
  * wait is only a safety net against a wedged loop. */

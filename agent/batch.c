@@ -14,6 +14,7 @@
  * loop (the end, and cancel/submit calls still queued): `queued` counts
  * calls in the loop's queue, `settled` says the end is complete.
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,7 +62,20 @@ struct sx_batch {
   uint32_t *failed;
 
   sx__call submit_call, cancel_call;
+
+  /* A direct read (transport.h, "Direct reads"): a table read launched
+   * on the submitting thread, whose end that thread (or any that waits,
+   * polls or destroys) sees in its ticket, with no hop through the loop.
+   * op then only describes it (op.first_error and op.message: why it
+   * fails, written under a->direct_mu by lane_failed or the abort). */
+  int direct;            /* atomic: DIRECT_* */
+  sx__lane_ticket dt;    /* written under the lane's lock */
+  const sx_transport_ops *dops;
+  sx_batch *dnext, *dprev; /* a->direct (a->direct_mu) */
+  int dlinked;           /* a->direct_mu */
 };
+
+enum { DIRECT_NO, DIRECT_RUNNING, DIRECT_ENDED };
 
 const char *sx_batch_state_name(sx_batch_state s) {
   switch (s) {
@@ -89,11 +103,22 @@ void sx_batch_params_init(sx_batch_params *p) {
 /* ------------------------------------------------------------ create/add */
 
 /* The fewest ranges a batch's first block entries make for a gather table
- * (sx__plan_tables): SX_IPC_TABLES=N, 0 never (ranges, as before tables),
- * by default SX__PLAN_TABLE_MIN. */
-static uint32_t tables_min(void) {
+ * (sx__plan_tables): SX_IPC_TABLES=N, 0 never (ranges, as before tables).
+ * By default every batch on a segment whose reads may go direct (it has a
+ * lane: the caller's thread launches the table; tests/gpu/results/
+ * 2026-11-28-h200x2-direct-ab.txt), else SX__PLAN_TABLE_MIN (through the
+ * loop, tables pay off from there). */
+#define TABLES_UNSET UINT32_MAX
+static uint32_t tables_min(sx_segment *s) {
   static int64_t cached = -1;
-  return (uint32_t)sx__env_once(&cached, "SX_IPC_TABLES", 0, UINT32_MAX, SX__PLAN_TABLE_MIN);
+  uint32_t n = (uint32_t)sx__env_once(&cached, "SX_IPC_TABLES", 0, TABLES_UNSET - 1,
+                                      TABLES_UNSET);
+  if (n != TABLES_UNSET)
+    return n;
+  pthread_mutex_lock(&s->lane_mu);
+  int lane = s->lane != NULL;
+  pthread_mutex_unlock(&s->lane_mu);
+  return lane ? 1 : SX__PLAN_TABLE_MIN;
 }
 
 int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
@@ -142,7 +167,7 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
   /* A read over a transport that takes tables (cuda_ipc) plans its block
    * entries into the gather table itself, on this thread. */
-  uint32_t tmin = tables_min();
+  uint32_t tmin = tables_min(s);
   if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tmin > 0)
     sx__plan_tables(&b->plan, tmin);
   pthread_mutex_init(&b->mu, NULL);
@@ -368,12 +393,10 @@ static int collect_failed(sx_batch *b) {
   return 0;
 }
 
-/* Loop thread: every range has settled (or none was posted). */
-static void finish(sx_batch *b) {
+/* The result of a batch that ended (op settled, reason set); counted. */
+static void fill_result(sx_batch *b) {
   sx_agent *a = b->a;
   sx_batch_result *r = &b->res;
-  unlink_running(b);
-  b->running = 0;
   uint64_t now = sx__mono_ns();
   r->transfer_ns = now - b->submit_ns;
   r->post_ns = b->post_ns ? b->post_ns : r->transfer_ns;
@@ -398,6 +421,15 @@ static void finish(sx_batch *b) {
   if (r->error && collect_failed(b) != 0)
     sx__log(a, SX_LOG_WARN, "batch on %s: no memory to list failed entries",
             b->s->cd->desc.name);
+}
+
+/* Loop thread: every range has settled (or none was posted). */
+static void finish(sx_batch *b) {
+  sx_agent *a = b->a;
+  sx_batch_result *r = &b->res;
+  unlink_running(b);
+  b->running = 0;
+  fill_result(b);
   /* A refused write (no grant) says nothing about reading that peer. */
   if (r->error && r->error != SX_ECANCELED && r->error != SX_ESHUTDOWN &&
       !a->shutting_down && b->s->peer != NULL && !(b->push != NULL && r->error == SX_EACCESS))
@@ -506,6 +538,17 @@ static int dequeued(sx_batch *b) {
   return cancel;
 }
 
+/* The op of b's plan (its table when it has one). */
+static void op_init(sx_batch *b) {
+  int tab = b->plan.tables && b->plan.n_tab > 0;
+  b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = tab ? 1 : b->plan.n,
+                  .total = b->plan.bytes, .tab = tab ? b->plan.tab : NULL,
+                  .n_tab = tab ? b->plan.n_tab : 0, .tab_device = b->plan.tab_device,
+                  .rregs = b->plan.rr, .n_rregs = b->plan.rr_over ? 0 : b->plan.n_rr,
+                  .n_strided = b->plan.n_strided, .done = op_done, .owner = b,
+                  .noticed = op_noticed};
+}
+
 static void submit_run(sx__call *c) {
   sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, submit_call));
   sx_agent *a = b->a;
@@ -515,13 +558,7 @@ static void submit_run(sx__call *c) {
   const sx_transport *tr = a->tr[b->s->kind];
   if (b->plan.tables && (tr == NULL || !(tr->ops->caps & SX__TR_TABLES)))
     (void)sx__plan_untable(&b->plan); /* no memory: the plan is broken, said below */
-  int tab = b->plan.tables && b->plan.n_tab > 0;
-  b->op = (sx_op){.xfers = b->plan.x, .n = b->plan.n, .pending = tab ? 1 : b->plan.n,
-                  .total = b->plan.bytes, .tab = tab ? b->plan.tab : NULL,
-                  .n_tab = tab ? b->plan.n_tab : 0, .tab_device = b->plan.tab_device,
-                  .rregs = b->plan.rr, .n_rregs = b->plan.rr_over ? 0 : b->plan.n_rr,
-                  .n_strided = b->plan.n_strided, .done = op_done, .owner = b,
-                  .noticed = op_noticed};
+  op_init(b);
   sx__rpeer *peer = b->s->peer;
   if (a->shutting_down) {
     end_now(b, SX_ESHUTDOWN, "the agent is shutting down");
@@ -572,6 +609,10 @@ static void submit_run(sx__call *c) {
     return;
   }
   b->tp = *tpp;
+  /* The segment's next table reads may go direct, on the peer's lane
+   * (which opens once the loop ran a table read of the peer). */
+  if (b->push == NULL && t->ops->lane != NULL)
+    sx__segment_lane(b->s, t->ops, t->ops->lane(b->tp));
   b->running = b->in_list = 1;
   b->rprev = NULL;
   b->rnext = a->running;
@@ -589,6 +630,212 @@ static void submit_run(sx__call *c) {
   b->post_ns = sx__mono_ns() - b->submit_ns;
 }
 
+/* ------------------------------------------------------------ direct reads */
+
+/* mu held: may b be read directly?  A read of one gather table and
+ * nothing else, with no callback, notice or eventfd (those are the
+ * loop's), submitted from another thread than the loop's. */
+static int direct_ok(const sx_batch *b) {
+  return b->plan.tables && b->plan.n_tab > 0 && b->plan.n == 0 && !b->plan.broken &&
+         !b->plan.rr_over && b->plan.n_rr > 0 && b->push == NULL && b->rnote == NULL &&
+         b->p.cb == NULL && b->efd < 0 && !sx__on_loop(b->a);
+}
+
+static void direct_link(sx_batch *b) {
+  sx_agent *a = b->a;
+  pthread_mutex_lock(&a->direct_mu);
+  b->dprev = NULL;
+  b->dnext = a->direct;
+  if (a->direct != NULL)
+    a->direct->dprev = b;
+  a->direct = b;
+  b->dlinked = 1;
+  pthread_mutex_unlock(&a->direct_mu);
+}
+
+/* a->direct_mu held. */
+static void direct_unlink_locked(sx_batch *b) {
+  sx_agent *a = b->a;
+  if (!b->dlinked)
+    return;
+  if (b->dprev)
+    b->dprev->dnext = b->dnext;
+  else
+    a->direct = b->dnext;
+  if (b->dnext)
+    b->dnext->dprev = b->dprev;
+  b->dlinked = 0;
+}
+
+/* Submit b on its segment's lane: 0, or SX_EBUSY (the loop runs it).
+ * Listed first, so that a withdraw that comes before the ticket is
+ * complete finds it (sx__batches_lane_failed skips tickets not issued). */
+static int direct_start(sx_batch *b) {
+  sx_segment *s = b->s;
+  op_init(b);
+  b->dt = (sx__lane_ticket){0};
+  direct_link(b);
+  pthread_mutex_lock(&s->lane_mu);
+  b->dops = s->lane_ops;
+  int rc = s->lane != NULL ? b->dops->lane_read(s->lane, &b->op, &b->dt) : SX_EBUSY;
+  pthread_mutex_unlock(&s->lane_mu);
+  if (rc != 0) {
+    pthread_mutex_lock(&b->a->direct_mu);
+    direct_unlink_locked(b);
+    pthread_mutex_unlock(&b->a->direct_mu);
+    return rc;
+  }
+  b->post_ns = sx__mono_ns() - b->submit_ns;
+  __atomic_store_n(&b->direct, DIRECT_RUNNING, __ATOMIC_RELEASE);
+  return 0;
+}
+
+/* Take the end of b's direct read for this thread: 1, or 0 when another
+ * thread took it. */
+static int direct_claim(sx_batch *b) {
+  int running = DIRECT_RUNNING;
+  return __atomic_compare_exchange_n(&b->direct, &running, DIRECT_ENDED, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE);
+}
+
+/* End b, claimed and off the list: its result, then the end published. */
+static void direct_settle(sx_batch *b) {
+  int err = __atomic_load_n(&b->dt.err, __ATOMIC_RELAXED);
+  if (b->op.first_error == 0 && err != 0) {
+    b->op.first_error = err;
+    snprintf(b->op.message, sizeof(b->op.message), "%.64s: the gather kernel (launched "
+             "for the submitting thread): %s", b->s->cd->desc.name, sx_strerror(err));
+  }
+  pthread_mutex_lock(&b->mu);
+  int cancelled = b->cancel_req;
+  pthread_mutex_unlock(&b->mu);
+  if (b->op.first_error == 0 && cancelled) {
+    b->reason = SX_BATCH_CANCELLED;
+    b->op.first_error = SX_ECANCELED;
+    snprintf(b->op.message, sizeof(b->op.message), "cancelled");
+  } else if (b->op.first_error == 0 &&
+             sx__mono_ns() - b->submit_ns > (uint64_t)b->p.timeout_ms * 1000000u) {
+    b->reason = SX_BATCH_TIMEOUT;
+    b->op.first_error = SX_ETIMEDOUT;
+  }
+  b->op.bytes = b->op.first_error == 0 ? b->plan.bytes : 0;
+  b->op.pending = 0;
+  b->dops->lane_ref(b->dt.lane, -1);
+  b->dt.lane = NULL;
+  fill_result(b);
+  publish_end(b);
+}
+
+/* b's direct read has ended (its ticket says so): end b, once.  0 when
+ * this call ended it; 1 when another thread does. */
+static int direct_end(sx_batch *b) {
+  if (!direct_claim(b))
+    return 1;
+  pthread_mutex_lock(&b->a->direct_mu);
+  direct_unlink_locked(b);
+  pthread_mutex_unlock(&b->a->direct_mu);
+  direct_settle(b);
+  return 0;
+}
+
+/* Has b's direct read ended?  Then end b (here, or another thread is
+ * about to).  ask: also ask the driver (a stream that broke never
+ * writes its ticket's word). */
+static int direct_check(sx_batch *b, int ask) {
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) != DIRECT_RUNNING)
+    return 1;
+  if (!b->dops->lane_done(b->dt.lane, &b->dt, ask))
+    return 0;
+  direct_end(b);
+  return 1;
+}
+
+/* Wait up to timeout_ms (< 0: for ever) for b's direct read, spinning
+ * spin_ns first, then sleeping in growing steps (the GPU writes the
+ * word; nobody wakes us); then for its end to be published, by this
+ * thread or whichever ended it.  0, or SX_ETIMEDOUT. */
+#define DIRECT_SLEEP_MIN_NS 2000u
+#define DIRECT_SLEEP_MAX_NS 200000u
+static int direct_wait(sx_batch *b, int timeout_ms, uint64_t spin_ns) {
+  uint64_t t0 = sx__mono_ns(), now = t0, nap = DIRECT_SLEEP_MIN_NS;
+  uint64_t limit = timeout_ms < 0 ? UINT64_MAX : (uint64_t)timeout_ms * 1000000u;
+  for (unsigned i = 1; !direct_check(b, nap > DIRECT_SLEEP_MIN_NS); i++) {
+    if (i % 64 == 0 || now - t0 >= spin_ns)
+      now = sx__mono_ns();
+    if (now - t0 >= limit)
+      return SX_ETIMEDOUT;
+    if (now - t0 < spin_ns) {
+      sx__cpu_relax();
+      continue;
+    }
+    struct timespec ts = {0, (long)nap};
+    nanosleep(&ts, NULL);
+    nap = nap * 2 < DIRECT_SLEEP_MAX_NS ? nap * 2 : DIRECT_SLEEP_MAX_NS;
+  }
+  struct timespec ts;
+  if (timeout_ms >= 0)
+    sx__deadline(&ts, (uint32_t)timeout_ms);
+  pthread_mutex_lock(&b->mu);
+  while (!b->settled) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&b->cv, &b->mu);
+    else if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0)
+      break;
+  }
+  int settled = b->settled;
+  pthread_mutex_unlock(&b->mu);
+  return settled ? 0 : SX_ETIMEDOUT;
+}
+
+void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *done,
+                             unsigned n, int err, const char *msg) {
+  sx_agent *a = agent;
+  pthread_mutex_lock(&a->direct_mu);
+  for (sx_batch *b = a->direct; b != NULL; b = b->dnext) {
+    if (b->dt.lane != lane || b->dt.no == 0 || b->dt.si >= n || b->dt.no <= done[b->dt.si] ||
+        b->op.first_error != 0)
+      continue;
+    b->op.first_error = err;
+    snprintf(b->op.message, sizeof(b->op.message), "%s", msg ? msg : sx_strerror(err));
+  }
+  pthread_mutex_unlock(&a->direct_mu);
+}
+
+/* Shutdown: the direct reads still listed fail with status unless their
+ * copies already ended. */
+static void direct_abort(sx_agent *a, int status) {
+  pthread_mutex_lock(&a->direct_mu);
+  for (sx_batch *b = a->direct; b != NULL; b = b->dnext) {
+    if (b->op.first_error != 0 ||
+        __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) != DIRECT_RUNNING ||
+        b->dops->lane_done(b->dt.lane, &b->dt, 0))
+      continue;
+    b->op.first_error = status;
+    snprintf(b->op.message, sizeof(b->op.message), "the agent is shutting down");
+  }
+  pthread_mutex_unlock(&a->direct_mu);
+}
+
+void sx__batches_direct_close(sx_agent *a) {
+  for (;;) {
+    /* Claimed under the list's lock: b cannot end and go meanwhile.  Its
+     * lane closed with the transports, so its copies have ended. */
+    pthread_mutex_lock(&a->direct_mu);
+    sx_batch *b = a->direct;
+    int mine = b != NULL && __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING &&
+               direct_claim(b);
+    if (mine)
+      direct_unlink_locked(b);
+    pthread_mutex_unlock(&a->direct_mu);
+    if (b == NULL)
+      return;
+    if (mine)
+      direct_settle(b);
+    else
+      sched_yield(); /* listed but not started yet, or ending on another thread */
+  }
+}
+
 int sx_batch_submit(sx_batch *b) {
   if (b == NULL)
     return sx__err(SX_EINVAL, "sx_batch_submit: NULL batch");
@@ -598,9 +845,18 @@ int sx_batch_submit(sx_batch *b) {
     return sx__err(SX_EINVAL, "sx_batch_submit: the batch was already submitted");
   }
   b->state = SX_BATCH_RUNNING;
-  b->queued++;
   b->submit_ns = sx__mono_ns();
+  int direct = direct_ok(b);
+  if (!direct)
+    b->queued++;
   pthread_mutex_unlock(&b->mu);
+  if (direct) {
+    if (direct_start(b) == 0)
+      return 0;
+    pthread_mutex_lock(&b->mu);
+    b->queued++;
+    pthread_mutex_unlock(&b->mu);
+  }
   b->submit_call.run = submit_run;
   int rc = sx__call_post(b->a, &b->submit_call);
   if (rc) {
@@ -700,6 +956,12 @@ int sx_batch_wait(sx_batch *b, int timeout_ms) {
     pthread_mutex_unlock(&b->mu);
     return sx__err(SX_EINVAL, "sx_batch_wait: the batch was never submitted");
   }
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING) {
+    pthread_mutex_unlock(&b->mu);
+    return direct_wait(b, timeout_ms, timeout_ms == 0 ? 0 : wait_spin_ns()) == 0
+               ? 0
+               : sx__err(SX_ETIMEDOUT, "the batch is still running");
+  }
   uint64_t spin = b->settled || timeout_ms == 0 ? 0 : wait_spin_ns();
   if (timeout_ms > 0 && spin > (uint64_t)timeout_ms * 1000000u)
     spin = (uint64_t)timeout_ms * 1000000u;
@@ -725,9 +987,18 @@ int sx_batch_wait(sx_batch *b, int timeout_ms) {
   return settled ? 0 : sx__err(SX_ETIMEDOUT, "the batch is still running");
 }
 
+/* A direct read's end, looked for by poll and result_get: the driver is
+ * asked only once the read has run for a while. */
+#define DIRECT_ASK_NS 1000000u
+static void direct_look(sx_batch *b) {
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING)
+    direct_check(b, sx__mono_ns() - b->submit_ns > DIRECT_ASK_NS);
+}
+
 int sx_batch_poll(sx_batch *b) {
   if (b == NULL)
     return sx__err(SX_EINVAL, "sx_batch_poll: NULL batch");
+  direct_look(b);
   pthread_mutex_lock(&b->mu);
   int ended = b->ended;
   pthread_mutex_unlock(&b->mu);
@@ -737,6 +1008,10 @@ int sx_batch_poll(sx_batch *b) {
 int sx_batch_fd(sx_batch *b) {
   if (b == NULL)
     return sx__err(SX_EINVAL, "sx_batch_fd: NULL batch");
+  /* Nothing would write the fd of a direct read (the loop does not watch
+   * it): its end (copies of microseconds) comes first. */
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING)
+    direct_wait(b, -1, wait_spin_ns());
   pthread_mutex_lock(&b->mu);
   if (b->efd < 0) {
     b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -754,6 +1029,7 @@ int sx_batch_fd(sx_batch *b) {
 int sx_batch_result_get(sx_batch *b, sx_batch_result *out) {
   if (b == NULL || out == NULL)
     return sx__err(SX_EINVAL, "sx_batch_result_get: NULL argument");
+  direct_look(b);
   pthread_mutex_lock(&b->mu);
   int ended = b->ended;
   pthread_mutex_unlock(&b->mu);
@@ -768,6 +1044,10 @@ int sx_batch_result_get(sx_batch *b, sx_batch_result *out) {
 void sx_batch_destroy(sx_batch *b) {
   if (b == NULL)
     return;
+  /* A direct read ends first (its copies write the destinations and read
+   * the table), also on the loop's thread: they are microseconds. */
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING)
+    direct_wait(b, -1, wait_spin_ns());
   pthread_mutex_lock(&b->mu);
   if (b->state == SX_BATCH_NEW) {
     pthread_mutex_unlock(&b->mu);
@@ -803,6 +1083,7 @@ void sx_batch_destroy(sx_batch *b) {
 /* ------------------------------------------------------------ shutdown */
 
 void sx__batches_abort(sx_agent *a, int status) {
+  direct_abort(a, status);
   while (a->running != NULL) {
     sx_batch *b = a->running;
     /* Abort settles its ranges (now or after a flush); take it off the

@@ -136,7 +136,25 @@ void sx__segment_put(sx_segment *s) {
     return;
   sx__cdesc_unref(s->cd);
   sx__rindex_free(&s->ix);
+  pthread_mutex_destroy(&s->lane_mu);
   free(s);
+}
+
+/* Loop thread: point s's direct reads at lane (NULL: none), a lane of
+ * transport ops. */
+void sx__segment_lane(sx_segment *s, const sx_transport_ops *ops, sx__lane *lane) {
+  if (s->lane == lane)
+    return;
+  if (lane != NULL)
+    ops->lane_ref(lane, +1);
+  pthread_mutex_lock(&s->lane_mu);
+  sx__lane *old = s->lane;
+  const sx_transport_ops *old_ops = s->lane_ops;
+  s->lane = lane;
+  s->lane_ops = ops;
+  pthread_mutex_unlock(&s->lane_mu);
+  if (old != NULL)
+    old_ops->lane_ref(old, -1);
 }
 
 /* Loop thread: close s.  What only the loop may touch (the agent's list, the
@@ -151,6 +169,7 @@ static void segment_free(sx_segment *s) {
     s->next->prev = s->prev;
   sx__rpeer *p = s->peer;
   s->peer = NULL; /* batches started from now on fail; see submit_run() */
+  sx__segment_lane(s, NULL, NULL);
   rpeer_put(p, a);
   sx__stats_segment(a, -1);
   sx__segment_put(s);
@@ -197,6 +216,7 @@ static int make_segment(sx_agent *a, sx_cdesc *cd, sx_segment **out) {
   s->cd = sx__cdesc_ref(cd);
   s->kind = kind;
   s->refs = 1;
+  pthread_mutex_init(&s->lane_mu, NULL);
   s->next = a->segments;
   if (s->next)
     s->next->prev = s;

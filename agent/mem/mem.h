@@ -148,6 +148,31 @@ void sx__mem_notice_counts(uint64_t out[4]);
 /* Wait for the work on s (setup and teardown only). */
 int sx__mem_stream_sync(sx__mem_stream *s);
 
+/* Marks (mark.c), for a thread that watches a stream's progress itself
+ * rather than through a notifier's loop.  Any thread, one at a time per
+ * stream (the caller serializes its calls on s).
+ *
+ * sx__mem_stream_mark: value is written into *word (pinned host memory,
+ * from sx__mem_pinned_get) once the work queued on s before this call has
+ * completed: by the stream, behind that work (cuStreamWriteValue64), or
+ * by the host after waiting for the stream where the driver refuses the
+ * write.  The error of a launch made for s by its launcher before the
+ * mark (or of the wait) is stored into *err first.  0, or an error (no
+ * driver): then nothing was queued.
+ * sx__mem_stream_marks: 1 when device's driver has what marks and
+ * sx__mem_stream_stopped need (stream writes, cuStreamQuery,
+ * cuCtxGetCurrent), else 0.
+ * sx__mem_stream_stopped: 1 when s has nothing left to run, 0 while it
+ * has, or the stream's error (a broken stream never writes its marks).
+ * sx__mem_ctx_keep / sx__mem_ctx_back: the calling thread's current
+ * context, to be made current again after calls that make a device's
+ * primary context current (an engine's thread keeps its own). */
+int sx__mem_stream_mark(sx__mem_stream *s, uint64_t *word, uint64_t value, int *err);
+int sx__mem_stream_marks(int device);
+int sx__mem_stream_stopped(sx__mem_stream *s);
+int sx__mem_ctx_keep(void **saved);
+void sx__mem_ctx_back(void *saved);
+
 /* ------------------------------------------------------------ gathers */
 
 /*

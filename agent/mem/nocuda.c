@@ -135,6 +135,23 @@ int sx__mem_stream_sync(sx__mem_stream *s) {
   (void)s;
   return no_cuda("stream");
 }
+int sx__mem_stream_mark(sx__mem_stream *s, uint64_t *word, uint64_t value, int *err) {
+  (void)s, (void)word, (void)value, (void)err;
+  return no_cuda("stream");
+}
+int sx__mem_stream_marks(int device) {
+  (void)device;
+  return 0;
+}
+int sx__mem_stream_stopped(sx__mem_stream *s) {
+  (void)s;
+  return no_cuda("stream");
+}
+int sx__mem_ctx_keep(void **saved) {
+  (void)saved;
+  return no_cuda("context");
+}
+void sx__mem_ctx_back(void *saved) { (void)saved; }
 int sx__mem_ipc_export(const void *addr, uint8_t handle[SX__MEM_IPC_HANDLE]) {
   (void)addr, (void)handle;
   return no_cuda("IPC");

@@ -32,6 +32,7 @@
 
 typedef struct sx_transport sx_transport;
 typedef struct sx_tpeer sx_tpeer;
+typedef struct sx__lane sx__lane; /* direct reads (below) */
 
 /* A region this agent registered. */
 typedef struct sx_lregion {
@@ -108,6 +109,12 @@ typedef struct sx_tctx {
    * transports.c). */
   const struct sx__conn_handler *const *conn_handlers;
   unsigned n_conn_handlers;
+  /* Loop thread, lane's lock held: the direct reads in flight on lane
+   * before this withdraw (on stream si, numbers above done[si]) have
+   * ended but fail with err and msg (the connection was lost, or the
+   * peer closed, while they ran). */
+  void (*lane_failed)(void *agent, const sx__lane *lane, const uint64_t *done, unsigned n,
+                      int err, const char *msg);
 } sx_tctx;
 
 /* What an sx_xfer stands for: which member of its union is live. */
@@ -213,6 +220,26 @@ void sx__op_xfers_done(sx_op *op, int status, const char *msg);
 #define SX__TR_STRIDED 1u /* post() takes strided xfers (SX__XFER_STRIDED) */
 #define SX__TR_TABLES 2u  /* post() takes table ops (sx_op.tab) */
 
+/*
+ * Direct reads (cuda_ipc).  A read peer's lane runs table ops on the
+ * thread that submits them, without the agent's loop: the lane holds what
+ * a table op needs from the loop (each mapped region's address, per
+ * region of the peer's descriptor, and streams of its own), published by
+ * the loop whenever it ran a table op of that peer, and withdrawn by the
+ * loop (under the lane's lock) before anything it needs goes: a region
+ * given back, a lost connection, the peer closing.  Withdrawing waits for
+ * the direct reads in flight first (their copies are microseconds).  A
+ * direct read is a ticket: the stream writes its number into a word of
+ * pinned memory behind its copies, and whoever holds the ticket watches
+ * the word.
+ */
+typedef struct sx__lane_ticket {
+  sx__lane *lane; /* a reference, dropped by lane_ref(lane, -1) */
+  unsigned si;    /* the lane's stream */
+  uint64_t no;    /* the number the stream writes once the copies ended */
+  int err;        /* atomic: a launch refused on the launcher's thread */
+} sx__lane_ticket;
+
 typedef struct sx_transport_ops {
   const char *name;
   sx_transport_kind kind;
@@ -267,6 +294,23 @@ typedef struct sx_transport_ops {
    * that lent it out beyond single reads (TCP: CUDA IPC handles) ask for it
    * back here and hold r->inflight until it is returned. */
   void (*withdraw)(sx_transport *t, sx_lregion *r);
+
+  /* Direct reads; optional.  lane (loop thread): the read peer's lane, or
+   * NULL (none: a write peer, no stream writes); the pointer is the
+   * peer's, lane_ref(+1) makes it the caller's.  lane_ref (any thread):
+   * take or drop a reference; the last frees it.  lane_read (any thread
+   * but the loop's): queue table op op (tab, n_tab, tab_device, rregs,
+   * n_rregs: nothing else is read) and fill *tk (a reference taken): 0;
+   * SX_EBUSY when the lane cannot take it now (not published yet, a
+   * region it has no mapping of, withdrawn): the loop must run it.
+   * lane_done (any thread): 1 once tk's copies ended (tk->err, or the
+   * stream's failure when ask found it stopped without writing the word,
+   * says how), else 0; ask also asks the driver (microseconds: not on
+   * every look). */
+  sx__lane *(*lane)(sx_tpeer *p);
+  void (*lane_ref)(sx__lane *l, int delta);
+  int (*lane_read)(sx__lane *l, const sx_op *op, sx__lane_ticket *tk);
+  int (*lane_done)(sx__lane *l, sx__lane_ticket *tk, int ask);
 } sx_transport_ops;
 
 /* The one dispatcher for optional slots: a missing slot is SX_ENOTSUP. */

@@ -23,6 +23,11 @@ suite() { # $1: what it runs on
   # default from 256 ranges).
   SX_GPU_LAUNCHER=1 SX_IPC_TABLES=1 "$here/../run-tests.sh" "$build" \
     "gpu, SX_GPU_LAUNCHER=1 SX_IPC_TABLES=1" gpu/test_gpu_ipc gpu/test_gpu_push || rc=1
+  # Every table read through the agent's loop, none direct on the
+  # submitting thread (by default a segment's table reads go direct once
+  # the loop ran one: the loop's own table path is this pass's).
+  SX_IPC_DIRECT=0 SX_IPC_TABLES=1 "$here/../run-tests.sh" "$build" \
+    "gpu, SX_IPC_DIRECT=0 SX_IPC_TABLES=1" gpu/test_gpu_ipc || rc=1
   # And with every block read planned as ranges, as without tables: not in
   # a sanitizer build (CI time; the plain build runs it, as a GPU does).
   if [ "${SX_GPU_SANITIZED:-0}" != 1 ]; then

@@ -9,6 +9,8 @@
  * read notices (SX_BATCH_NOTIFY) after the device copies.  A test that
  * fails midway leaves nothing behind: its teardown ends what it held.
  */
+#include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <dlfcn.h>
@@ -1000,14 +1002,17 @@ static void test_gpu_ipc_launch_refused(void **state) {
 
 /* Block reads over cuda_ipc are planned into a gather table on the
  * caller's thread, run as one based gather, where the batch's first block
- * entries make at least SX_IPC_TABLES ranges (default 256; 0 never: run.sh
- * runs this file with 0 and with 1 too); what a table cannot take turns
- * the batch into ranges: a range added after blocks, destinations in host
- * memory.  Byte for byte each way, and the table counter says which way
- * ran. */
+ * entries make at least SX_IPC_TABLES ranges (0 never: run.sh runs this
+ * file with 0 and with 1 too; by default 1 once the segment's reads may go
+ * direct, after its first table read, and 256 before or with
+ * SX_IPC_DIRECT=0); what a table cannot take turns the batch into ranges:
+ * a range added after blocks, destinations in host memory.  Byte for byte
+ * each way, and the table counter says which way ran. */
 static uint64_t tables_for(uint64_t ranges) {
-  const char *env = getenv("SX_IPC_TABLES");
-  uint64_t min = env != NULL ? strtoull(env, NULL, 10) : 256;
+  const char *env = getenv("SX_IPC_TABLES"), *direct = getenv("SX_IPC_DIRECT");
+  uint64_t min = env != NULL                                  ? strtoull(env, NULL, 10)
+                 : direct != NULL && strcmp(direct, "0") == 0 ? 256
+                                                              : 1;
   return min > 0 && ranges >= min;
 }
 
@@ -1142,6 +1147,9 @@ enum { BY_EVENT_POLL = 1, BY_HOST = 2, BY_EVENT_WAIT = 4, BY_FLAG = 8 };
  * reader's agent opens cuda_ipc): byte for byte, and every notice went one
  * of the ways in want, none another. */
 static void notices_by(const char *how, int want) {
+  /* The loop's notices: direct reads (none here unless tables are forced)
+   * have none. */
+  setenv("SX_IPC_DIRECT", "0", 1);
   if (how != NULL)
     setenv("SX_GPU_NOTICE", how, 1);
   else
@@ -1165,6 +1173,7 @@ static void notices_by(const char *how, int want) {
   sx__mem_notice_counts(after);
   unsetenv("FAKE_CUDA_DELAY_US");
   unsetenv("SX_GPU_NOTICE");
+  unsetenv("SX_IPC_DIRECT");
   print_message("SX_GPU_NOTICE=%s: polled flags %lu, polled events %lu, host functions %lu, "
                 "waited events %lu\n", how ? how : "(unset)",
                 (unsigned long)(after[3] - before[3]), (unsigned long)(after[0] - before[0]),
@@ -1286,6 +1295,243 @@ static int setup(void **state) {
   return gpu_store_setup(&redis, url, sizeof(url), "test_gpu_ipc", "gpu");
 }
 
+/* ------------------------------------------------------------ direct reads */
+
+/* Do table reads go direct here (transport.h, "Direct reads")?  Not with
+ * SX_IPC_DIRECT=0, without tables, or with copies forced onto the copy
+ * engines (no kernel: no lane). */
+static int direct_on(void) {
+  const char *d = getenv("SX_IPC_DIRECT"), *t = getenv("SX_IPC_TABLES"),
+             *c = getenv("SX_GPU_COPY");
+  return !(d != NULL && strcmp(d, "0") == 0) && !(t != NULL && strcmp(t, "0") == 0) &&
+         !(c != NULL && (strcmp(c, "batch") == 0 || strcmp(c, "range") == 0));
+}
+
+/* Blocks [first, first + n) of the reader's pool for one thread: entries of
+ * one block each over both slots of every layer, remote blocks spread. */
+static void direct_entries(sx_block_read *e, size_t n, uint64_t first, uint32_t seed) {
+  for (size_t i = 0; i < n; i++)
+    e[i] = (sx_block_read){.layer_count = LAYERS, .slots = SXT_KV,
+                           .remote_block = (seed * 37u + i * 11u) % TBLOCKS,
+                           .local_block = first + i, .count = 1};
+}
+
+typedef struct direct_thread {
+  pthread_t th;
+  sx_segment *seg;
+  const gpu_pool *r;
+  uint64_t first;
+  int reads, bad;
+  char why[300];
+} direct_thread;
+
+/* reads batches of 4 entries into its own blocks, each checked. */
+static void *direct_reader(void *arg) {
+  direct_thread *d = arg;
+  sx_block_read e[4];
+  for (int i = 0; i < d->reads && d->bad == 0; i++) {
+    direct_entries(e, 4, d->first, (uint32_t)(d->first + (uint64_t)i));
+    sx_batch_result res = sxt_run_batch(d->seg, e, 4, 10000);
+    if (res.state != SX_BATCH_COMPLETED) {
+      d->bad = 1;
+      snprintf(d->why, sizeof(d->why), "%s (%.200s)", sx_batch_state_name(res.state),
+               res.message);
+    } else if (gpu_pool_verify(d->r, d->seg, SEED, e, 4) != 0) {
+      d->bad = 2;
+      snprintf(d->why, sizeof(d->why), "bytes differ in read %d", i);
+    }
+  }
+  return NULL;
+}
+
+/* Once the loop has run one table read of a peer, table reads from other
+ * threads are launched on the submitting thread, and that thread (or any
+ * that waits, polls or destroys) sees their end in the stream's word: no
+ * hop through the agent's loop.  Checked byte for byte: reads in flight
+ * together, from four threads at once, ended by polling alone, by an
+ * eventfd, by a cancel, by a destroy without a wait; a wait of 0 ms on
+ * one still running times out; and each counts in the agent's stats.
+ * On the stand-in every copy is slowed to 2 ms, so the ends come
+ * well after the submits. */
+static void test_gpu_ipc_direct(void **state) {
+  (void)state;
+  if (!direct_on())
+    skip();
+  int slow = gpu_on_stand_in();
+  if (slow)
+    setenv("FAKE_CUDA_DELAY_US", "2000", 1);
+  target t;
+  target_start(&t, "ipc-d", "cuda:0", NULL);
+  gpu_pool r;
+  sx_agent *ra;
+  sx_segment *seg = reader_of("ipc-d", "ipc-dr", &r, &ra); /* the loop ran a table */
+  uint64_t d0 = sx__ipc_direct_reads();
+  read_verify(seg, &r, 2, SX_TRANSPORT_CUDA_IPC);
+  read_overlapped(seg, &r, 3); /* 8 in flight, 8 x 4 ranges each */
+  assert_int_equal(sx__ipc_direct_reads() - d0, 9);
+  sx_agent_stats st0, st1;
+  sxt_ok(sx_agent_stats_get(ra, &st0, sizeof(st0)));
+
+  /* Polling alone, and the result not there before the end. */
+  sx_block_read e[8];
+  direct_entries(e, 8, 0, 5);
+  sx_batch *b = sxt_batch_submit(seg, e, 8, 10000);
+  sx_batch_result res;
+  if (slow) {
+    assert_int_equal(sx_batch_result_get(b, &res), SX_EBUSY);
+    sxt_rc(sx_batch_wait(b, 0), SX_ETIMEDOUT);
+  }
+  uint64_t t0 = sx__mono_ms();
+  while (sx_batch_poll(b) == SX_EBUSY && sx__mono_ms() - t0 < 5000)
+    ;
+  sxt_ok(sx_batch_result_get(b, &res));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_true(res.bytes == 8ull * BB * 2 * LAYERS);
+  sx_batch_destroy(b);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+
+  /* An eventfd asked for after the submit turns readable with the end. */
+  direct_entries(e, 8, 8, 6);
+  b = sxt_batch_submit(seg, e, 8, 10000);
+  int fd = sx_batch_fd(b);
+  assert_true(fd >= 0);
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  assert_int_equal(poll(&pfd, 1, 5000), 1);
+  res = sxt_batch_finish(b);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+
+  /* A cancel: it ends CANCELLED (the copies were under way) or COMPLETED,
+   * and the next read is whole. */
+  direct_entries(e, 8, 16, 7);
+  b = sxt_batch_submit(seg, e, 8, 10000);
+  sxt_ok(sx_batch_cancel(b));
+  res = sxt_batch_finish(b);
+  assert_true(res.state == SX_BATCH_CANCELLED || res.state == SX_BATCH_COMPLETED);
+  /* A destroy with no wait waits for the copies (ASan and the stand-in's
+   * 2 ms say whether anything is used after it). */
+  direct_entries(e, 8, 24, 8);
+  sx_batch_destroy(sxt_batch_submit(seg, e, 8, 10000));
+  direct_entries(e, 8, 16, 9);
+  res = sxt_run_batch(seg, e, 8, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+  sxt_ok(sx_agent_stats_get(ra, &st1, sizeof(st1)));
+  assert_true(st1.batches[SX_BATCH_COMPLETED] + st1.batches[SX_BATCH_CANCELLED] -
+                  st0.batches[SX_BATCH_COMPLETED] - st0.batches[SX_BATCH_CANCELLED] ==
+              5);
+
+  /* Four threads at once, each into its own blocks. */
+  direct_thread th[4];
+  for (int i = 0; i < 4; i++) {
+    th[i] = (direct_thread){.seg = seg, .r = &r, .first = 32 + 8 * (uint64_t)i,
+                            .reads = slow ? 40 : 400};
+    assert_int_equal(pthread_create(&th[i].th, NULL, direct_reader, &th[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i].th, NULL);
+    if (th[i].bad)
+      fail_msg("thread %d: %s", i, th[i].why);
+  }
+  print_message("direct reads: %lu of this test's\n",
+                (unsigned long)(sx__ipc_direct_reads() - d0));
+  assert_true(sx__ipc_direct_reads() - d0 >= 9 + 5 + 4 * (uint64_t)th[0].reads);
+  reader_end(seg, ra, &r);
+  unsetenv("FAKE_CUDA_DELAY_US");
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
+/* What the loop takes away from direct reads in flight: a region given
+ * back (the unregister completes at once, not after the reader's 5 s),
+ * the target killed (every read ends, COMPLETED or failed, and the
+ * mappings go), the reader's agent destroyed (every read ends, COMPLETED
+ * or SX_ESHUTDOWN; the batches are destroyed after the agent, as the
+ * notice test does). */
+static void test_gpu_ipc_direct_withdrawn(void **state) {
+  (void)state;
+  if (!direct_on())
+    skip();
+  if (gpu_on_stand_in())
+    setenv("FAKE_CUDA_DELAY_US", "2000", 1);
+  target t;
+  target_start(&t, "ipc-dw", "cuda:0", NULL);
+  gpu_pool r;
+  sx_agent *ra;
+  sx_segment *seg = reader_of("ipc-dw", "ipc-dwr", &r, &ra);
+  sx_block_read e[8];
+  sx_batch *b[8];
+  /* Slot V given back while reads of both slots are in flight. */
+  uint64_t d0 = sx__ipc_direct_reads();
+  for (int k = 0; k < 8; k++) {
+    direct_entries(e, 1, (uint64_t)k, (uint32_t)k);
+    b[k] = sxt_batch_submit(seg, e, 1, 10000);
+  }
+  assert_int_equal(sx__ipc_direct_reads() - d0, 8);
+  unsigned long ms = target_unregister(&t, 1);
+  assert_true(ms < 2000);
+  for (int k = 0; k < 8; k++) {
+    sx_batch_result res = sxt_batch_finish(b[k]);
+    assert_true(res.state == SX_BATCH_COMPLETED || res.state == SX_BATCH_FAILED);
+  }
+  /* K alone still reads; V is refused. */
+  sx_block_read k1 = {.layer_count = LAYERS, .slots = 1u << SX_SLOT_K, .remote_block = 3,
+                      .local_block = 40, .count = 2};
+  sx_batch_result res = sxt_run_batch(seg, &k1, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, &k1, 1), 0);
+  k1.slots = 1u << SX_SLOT_V;
+  res = sxt_run_batch(seg, &k1, 1, 10000);
+  assert_int_equal(res.state, SX_BATCH_FAILED);
+
+  /* The target killed under direct reads of K. */
+  k1.slots = 1u << SX_SLOT_K;
+  for (int k = 0; k < 8; k++) {
+    k1.local_block = (uint64_t)k * 2;
+    b[k] = sxt_batch_submit(seg, &k1, 1, 10000);
+  }
+  kill(t.pid, SIGKILL);
+  int lost = 0;
+  for (int k = 0; k < 8; k++) {
+    res = sxt_batch_finish(b[k]);
+    assert_true(res.state == SX_BATCH_COMPLETED ||
+                (res.state == SX_BATCH_FAILED && res.error == SX_EDISCONN));
+    lost += res.state == SX_BATCH_FAILED;
+  }
+  print_message("target killed: %d of 8 direct reads failed\n", lost);
+  for (int i = 0; i < 200 && sx__mem_ipc_open_count() != 0; i++)
+    sxt_sleep_ms(10);
+  assert_int_equal(sx__mem_ipc_open_count(), 0);
+  sx_segment_close(seg);
+  agent_end(ra);
+  pool_end(&r);
+  target_end(&t, SIGKILL);
+
+  /* The reader destroyed under direct reads (another name: the killed
+   * target's lease holds its own a while). */
+  target_start(&t, "ipc-dx", "cuda:0", NULL);
+  seg = reader_of("ipc-dx", "ipc-dxr", &r, &ra);
+  d0 = sx__ipc_direct_reads();
+  for (int k = 0; k < 8; k++) {
+    direct_entries(e, 1, (uint64_t)k, (uint32_t)k);
+    b[k] = sxt_batch_submit(seg, e, 1, 10000);
+  }
+  assert_int_equal(sx__ipc_direct_reads() - d0, 8);
+  agent_end(ra); /* the segment left open: closed by destroy */
+  int shut = 0;
+  for (int k = 0; k < 8; k++) {
+    assert_int_equal(sx_batch_poll(b[k]), 0);
+    sxt_ok(sx_batch_result_get(b[k], &res));
+    assert_true(res.state == SX_BATCH_COMPLETED ||
+                (res.state == SX_BATCH_FAILED && res.error == SX_ESHUTDOWN));
+    shut += res.state == SX_BATCH_FAILED;
+    sx_batch_destroy(b[k]);
+  }
+  print_message("reader destroyed: %d of 8 direct reads failed\n", shut);
+  pool_end(&r);
+  unsetenv("FAKE_CUDA_DELAY_US");
+  assert_int_equal(target_end(&t, 0), 0);
+}
+
 /* After each test: end what a failed one left (see held), and check that
  * no mapping outlives it. */
 static int test_teardown(void **state) {
@@ -1363,6 +1609,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_teardown(test_gpu_ipc_launch_refused, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_tables_reused_by_notices, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_tables, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_direct, test_teardown),
+      cmocka_unit_test_teardown(test_gpu_ipc_direct_withdrawn, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_fallback, test_teardown),
       cmocka_unit_test_teardown(test_gpu_ipc_notice_flag_lost, test_teardown),

@@ -389,7 +389,9 @@ static void say_method(cipc_t *t, sx__mem_copy_method used, int device, size_t n
                    why ? "; " : "", why ? why : "");
 }
 
-uint64_t sx__ipc_table_ops(void) { return __atomic_load_n(&table_ops, __ATOMIC_RELAXED); }
+uint64_t sx__ipc_table_ops(void) {
+  return __atomic_load_n(&table_ops, __ATOMIC_RELAXED) + sx__ipc_direct_reads();
+}
 
 /* The copies of a table op: one based gather over the table the batch's
  * thread wrote (sx_op.tab), each of its regions' mapping into the
@@ -443,6 +445,8 @@ static void run_table(ipc_peer *p, iop *o) {
     }
     if (rc == 0)
       say_method(t, used, dev, op->n_tab, "table pieces", "device memory");
+    if (rc == 0 && used == SX__COPY_KERNEL)
+      sx__ipc_lane_publish(p, o, bases); /* the caller's thread may run the next */
     /* Copies of it may have been queued: the notice still comes behind
      * them and settles the op with the error. */
     if (rc != 0) {
@@ -758,6 +762,9 @@ int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
     p->cap_give = p->n_regs;
   }
   size_t n = len / 4;
+  /* Direct reads stop using every mapping (and those in flight end) first;
+   * the next table op the loop runs publishes the ones still lent. */
+  sx__ipc_lane_withdraw(p, 0, NULL);
   for (size_t k = 0; k < n; k++) {
     const uint8_t *b = ids + 4 * k;
     uint32_t id = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
@@ -777,7 +784,9 @@ int sx__ipc_revoked(ipc_peer *p, const uint8_t *ids, size_t len) {
 
 void sx__ipc_lost(ipc_peer *p, int err, const char *msg) {
   /* Copies in flight finish (the mapping keeps the memory), but the target
-   * may have been writing it as it went: those ranges fail too. */
+   * may have been writing it as it went: those ranges fail too, direct
+   * reads included. */
+  sx__ipc_lane_withdraw(p, err, msg);
   for (iop *o = p->running; o != NULL; o = o->next)
     if (o->status == 0)
       o->status = err;
@@ -983,6 +992,7 @@ static void ipc_peer_close(sx_tpeer *tp) {
   snprintf(msg, sizeof(msg), "%s: segment closed", p->label);
   fail_waiting(p, SX_ECANCELED, msg);
   notes_fail(p, SX_ECANCELED, msg);
+  sx__ipc_lane_close(p, msg);
   /* Copies in flight end first (briefly blocking the loop): then their
    * ranges settle, the mappings close, and the peer goes. */
   for (int d = 0; d < IPC_MAX_DEVICES; d++)
@@ -1125,4 +1135,8 @@ const sx_transport_ops sx__cuda_ipc_ops = {
     .abort = ipc_abort,
     .wpeer_open = ipc_wpeer_open,
     .notify = ipc_notify,
+    .lane = sx__ipc_lane,
+    .lane_ref = sx__ipc_lane_ref,
+    .lane_read = sx__ipc_lane_read,
+    .lane_done = sx__ipc_lane_done,
 };

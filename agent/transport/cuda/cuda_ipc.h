@@ -41,8 +41,10 @@ typedef struct sx__ipc_record {
   uint8_t handle[64];
 } sx__ipc_record;
 
-/* Tests: table ops (sx_op.tab) this process's readers have run. */
+/* Tests: table ops (sx_op.tab) this process's readers have run, direct
+ * reads (ipc_lane.c) included; the direct reads alone. */
 uint64_t sx__ipc_table_ops(void);
+uint64_t sx__ipc_direct_reads(void);
 
 void sx__ipc_record_encode(const sx__ipc_record *r, uint8_t out[SX__IPC_RECORD]);
 void sx__ipc_record_decode(const uint8_t in[SX__IPC_RECORD], sx__ipc_record *r);

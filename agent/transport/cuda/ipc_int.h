@@ -149,6 +149,7 @@ struct ipc_peer {
   uint8_t *rb;
   size_t rlen, rcap;
   uint64_t next_id;
+  sx__lane *lane;          /* direct reads (ipc_lane.c), or NULL */
 };
 
 /* ipc_conn.c */
@@ -179,5 +180,19 @@ void sx__ipc_noticed(ipc_peer *p, uint64_t id, int status);
 /* The connection failed or closed: err for waiting ops, mappings go. */
 void sx__ipc_lost(ipc_peer *p, int err, const char *msg);
 void sx__ipc_peer_maybe_free(ipc_peer *p);
+
+/* ipc_lane.c: direct reads (transport.h).  The ops' slots: */
+sx__lane *sx__ipc_lane(sx_tpeer *tp);
+void sx__ipc_lane_ref(sx__lane *l, int delta);
+int sx__ipc_lane_read(sx__lane *l, const sx_op *op, sx__lane_ticket *tk);
+int sx__ipc_lane_done(sx__lane *l, sx__lane_ticket *tk, int ask);
+/* Loop thread.  publish: the table op o ran with these bases (one per
+ * o->op->rregs): direct reads may use them.  withdraw: no more direct
+ * reads until the next publish, and those in flight ended (they fail with
+ * err and msg unless err is 0).  close: the same with SX_ECANCELED, then
+ * the lane's streams go (the peer is closing). */
+void sx__ipc_lane_publish(ipc_peer *p, const iop *o, const uint64_t *bases);
+void sx__ipc_lane_withdraw(ipc_peer *p, int err, const char *msg);
+void sx__ipc_lane_close(ipc_peer *p, const char *msg);
 
 #endif
