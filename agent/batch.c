@@ -703,8 +703,8 @@ static void direct_settle(sx_batch *b) {
   int err = __atomic_load_n(&b->dt.err, __ATOMIC_RELAXED);
   if (b->op.first_error == 0 && err != 0) {
     b->op.first_error = err;
-    snprintf(b->op.message, sizeof(b->op.message), "%.64s: the gather kernel (launched "
-             "for the submitting thread): %s", b->s->cd->desc.name, sx_strerror(err));
+    snprintf(b->op.message, sizeof(b->op.message), "%.64s: launching the gather kernel "
+             "(launcher thread, for a direct read): %s", b->s->cd->desc.name, sx_strerror(err));
   }
   pthread_mutex_lock(&b->mu);
   int cancelled = b->cancel_req;

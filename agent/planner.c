@@ -669,31 +669,58 @@ static void tab_shape(sx__plan *p) {
   p->sc_tab = 1;
 }
 
-/* Table form of emit_whole(): len bytes at roff of region rr[ri] into dst,
- * extending the piece position j last wrote where both sides continue it
- * and it stays within SX__GATHER_PIECE.  The room was reserved. */
-static inline void emit_piece(sx__plan *p, size_t j, uint32_t ri, uint64_t roff, uint64_t dst,
-                              uint64_t len, uint32_t e) {
-  size_t k = p->pos[j];
-  p->bytes += len;
-  if (k != NONE) {
-    sx__mem_bpiece *q = &p->tab[k];
+/* Table form of emit_whole(): len bytes at roff of region rr[ri] into
+ * dst at the end of tab (nt pieces so far; the room was reserved),
+ * extending the piece *k (the one its position wrote last, or NONE) where
+ * both sides continue it and it stays within SX__GATHER_PIECE.  Returns
+ * the new count; *k names the position's last piece.  The caller keeps
+ * the counters: a store into tab could alias the plan's 64-bit fields, and
+ * they would be reloaded for every piece. */
+static inline size_t put_piece(sx__mem_bpiece *restrict tab, size_t nt, size_t *restrict k,
+                               uint32_t ri, uint64_t roff, uint64_t dst, uint64_t len,
+                               uint32_t e) {
+  if (*k != NONE) {
+    sx__mem_bpiece *q = &tab[*k];
     if (q->region == ri && q->dst + q->len == dst && q->src + q->len == roff &&
         len <= SX__GATHER_PIECE - q->len) {
       q->len += (uint32_t)len;
       q->entry_last = e;
-      return;
+      return nt;
     }
   }
   while (len > 0) {
     uint64_t piece = len < SX__GATHER_PIECE ? len : SX__GATHER_PIECE;
-    p->tab[p->n_tab++] = (sx__mem_bpiece){.dst = dst, .src = roff, .len = (uint32_t)piece,
-                                          .region = ri, .entry_first = e, .entry_last = e};
+    tab[nt++] = (sx__mem_bpiece){.dst = dst, .src = roff, .len = (uint32_t)piece,
+                                 .region = ri, .entry_first = e, .entry_last = e};
     dst += piece;
     roff += piece;
     len -= piece;
   }
-  p->pos[j] = p->n_tab - 1;
+  *k = nt - 1;
+  return nt;
+}
+
+/* The pieces of entry r (of the loaded shape, passed check_entry) into
+ * tab from nt, whose room was reserved; the new count.  bytes grows by
+ * the entry's. */
+static inline __attribute__((always_inline)) size_t put_entry(const sx__plan *p, sx__mem_bpiece *restrict tab, size_t nt,
+                               size_t *restrict pos, const sx_block_read *r, uint32_t e,
+                               uint64_t *bytes) {
+  const sx__ppos *restrict sc = p->sc;
+  for (size_t j = 0; j < p->sc_n; j++) {
+    const sx__ppos *q = &sc[j];
+    uint64_t roff = q->rbase + r->remote_block * q->rstride;
+    uint64_t dst = q->lbase + r->local_block * q->lstride;
+    *bytes += r->count * q->bb;
+    if (q->dense) {
+      nt = put_piece(tab, nt, &pos[j], q->ri, roff, dst, r->count * q->bb, e);
+      continue;
+    }
+    for (uint64_t b = 0; b < r->count; b++)
+      nt = put_piece(tab, nt, &pos[j], q->ri, roff + b * q->rstride, dst + b * q->lstride,
+                     q->bb, e);
+  }
+  return nt;
 }
 
 /* emit_entry() into the table: 0; 1 when the table cannot take the entry
@@ -704,18 +731,34 @@ static int emit_entry_tab(sx__plan *p, const sx_block_read *r, uint32_t e) {
   uint64_t need = r->count * p->sc_ppb;
   if (p->sc_tab == 0 || (p->tab_cap - p->n_tab < need && tab_reserve(p, need) != 0))
     return sx__plan_untable(p) ? SX_ENOMEM : 1;
-  for (size_t j = 0; j < p->sc_n; j++) {
-    const sx__ppos *q = &p->sc[j];
-    uint64_t roff = q->rbase + r->remote_block * q->rstride;
-    uint64_t dst = q->lbase + r->local_block * q->lstride;
-    if (q->dense) {
-      emit_piece(p, j, q->ri, roff, dst, r->count * q->bb, e);
-      continue;
-    }
-    for (uint64_t b = 0; b < r->count; b++)
-      emit_piece(p, j, q->ri, roff + b * q->rstride, dst + b * q->lstride, q->bb, e);
-  }
+  p->n_tab = put_entry(p, p->tab, p->n_tab, p->pos, r, e, &p->bytes);
   return 0;
+}
+
+/* emit_entry_tab() for the run of entries from r on (n at most) that have
+ * the loaded shape, already a table one, and fit the reserved room: one
+ * loop with the plan's counters held in locals (put_piece).  How many it
+ * took: it stops at the first other entry, which goes the usual way. */
+static size_t emit_run_tab(sx__plan *p, const sx_block_read *r, size_t n, uint32_t e0) {
+  const sx__bshape *a = &p->sh, *b = &p->sc_shape;
+  /* The merge positions (pos) are the loaded shape's too. */
+  if (!p->tables || !p->sc_valid || p->sc_tab != 1 || !p->have_shape || a->group != b->group ||
+      a->layer_first != b->layer_first || a->layer_count != b->layer_count ||
+      a->slots != b->slots)
+    return 0;
+  sx__mem_bpiece *restrict tab = p->tab;
+  size_t *restrict pos = p->pos;
+  size_t nt = p->n_tab, room = p->tab_cap;
+  uint64_t bytes = p->bytes, ppb = p->sc_ppb;
+  size_t i = 0;
+  uint64_t need;
+  for (; i < n && shape_is(&p->sc_shape, &r[i]) &&
+         !__builtin_mul_overflow(r[i].count, ppb, &need) && need <= room - nt;
+       i++)
+    nt = put_entry(p, tab, nt, pos, &r[i], e0 + (uint32_t)i, &bytes);
+  p->n_tab = nt;
+  p->bytes = bytes;
+  return i;
 }
 
 /* emit_block() through the shape's positions (entry r passed check_entry,
@@ -763,34 +806,41 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   int rc = add_common(p, n, "sx_batch_add_blocks");
   if (rc)
     return rc;
-  for (size_t i = 0; i < n; i++)
-    if (!entry_fits(p, &r[i]) && (rc = check_entry(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
-      return rc;
   /* Each (slot, layer) of an entry is a range unless it extends the one
-   * before: room for that many at once rather than by doubling (a realloc
-   * and a copy each time).  Bounded, as merged runs need far fewer and a
-   * larger block would come from mmap; a failure here is met again, and
-   * reported, by emit(). */
-  size_t want = 0;
-  for (size_t i = 0; i < n && want < PRERESERVE_MAX; i++)
-    want += (size_t)r[i].layer_count * slot_count(r[i].slots);
-  want = want < PRERESERVE_MAX ? want : PRERESERVE_MAX;
-  if (p->tables && p->n_entries == 0) {
-    size_t ranges = 0;
-    for (size_t i = 0; i < n && ranges < p->tab_min; i++)
+   * before: counted in the checking pass (an entry of the loaded shape
+   * makes sc_n), for room for that many at once rather than by doubling
+   * (a realloc and a copy each time).  Bounded, as merged runs need far
+   * fewer and a larger block would come from mmap; a failure here is met
+   * again, and reported, by emit().  The count saturates: one entry adds
+   * at most 2^38. */
+  size_t ranges = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (entry_fits(p, &r[i]))
+      ranges += p->sc_n;
+    else if ((rc = check_entry(p, &r[i], p->n_entries + (uint32_t)i)) != 0)
+      return rc;
+    else
       ranges += (size_t)r[i].layer_count * slot_count(r[i].slots);
-    if (ranges < p->tab_min)
-      p->tables = 0; /* small: ranges (nothing was written to a table yet) */
+    ranges = ranges < SIZE_MAX / 4 ? ranges : SIZE_MAX / 4;
   }
+  size_t want = ranges < PRERESERVE_MAX ? ranges : PRERESERVE_MAX;
+  if (p->tables && p->n_entries == 0 && ranges < p->tab_min)
+    p->tables = 0; /* small: ranges (nothing was written to a table yet) */
   if (p->tables && p->tab_device >= 0) /* else the first entry's shape names it */
     (void)tab_reserve(p, want);
   else
     (void)reserve(p, want);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n;) {
+    size_t run = emit_run_tab(p, r + i, n - i, p->n_entries + (uint32_t)i);
+    if (run > 0) {
+      i += run;
+      continue;
+    }
     if (emit_entry(p, &r[i], p->n_entries + (uint32_t)i)) {
       p->broken = SX_ENOMEM;
       return sx__err(SX_ENOMEM, "planning entry %zu", p->n_entries + i);
     }
+    i++;
   }
   p->n_entries += (uint32_t)n;
   return 0;
