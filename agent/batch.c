@@ -61,7 +61,7 @@ struct sx_batch {
   sx_batch_result res;
   uint32_t *failed;
 
-  sx__call submit_call, cancel_call;
+  sx__call submit_call, cancel_call, watch_call;
 
   /* A direct read (transport.h, "Direct reads"): a table read launched
    * on the submitting thread, whose end that thread (or any that waits,
@@ -73,6 +73,7 @@ struct sx_batch {
   const sx_transport_ops *dops;
   sx_batch *dnext, *dprev; /* a->direct (a->direct_mu) */
   int dlinked;           /* a->direct_mu */
+  sx__mem_notice dnote;  /* the loop's watch, once an eventfd was asked for */
 };
 
 enum { DIRECT_NO, DIRECT_RUNNING, DIRECT_ENDED };
@@ -177,7 +178,7 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   pthread_cond_init(&b->cv, &ca);
   pthread_condattr_destroy(&ca);
   b->efd = -1;
-  b->submit_call.embedded = b->cancel_call.embedded = 1;
+  b->submit_call.embedded = b->cancel_call.embedded = b->watch_call.embedded = 1;
   __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
   *out = b;
   return 0;
@@ -787,6 +788,30 @@ static int direct_wait(sx_batch *b, int timeout_ms, uint64_t spin_ns) {
   return settled ? 0 : SX_ETIMEDOUT;
 }
 
+/* The loop's watch of a direct read (sx_batch_fd asked for its eventfd,
+ * which only an end writes): its copies ended. */
+static void direct_noticed(sx__mem_notice *n) {
+  sx_batch *b = (sx_batch *)((char *)n - offsetof(sx_batch, dnote));
+  if (!direct_check(b, 1))
+    direct_wait(b, -1, 0); /* the stream passed the mark: at once */
+  dequeued(b);
+}
+
+/* Loop thread: watch b's direct read for an eventfd (sx_batch_fd). */
+static void watch_run(sx__call *c) {
+  sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, watch_call));
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING) {
+    b->dnote.fn = direct_noticed;
+    int rc = b->dops->lane_watch(b->dt.lane, &b->dt, &b->dnote);
+    if (rc == 0)
+      return; /* direct_noticed drops the call's count */
+    /* Ended already (or no memory to watch: the copies are microseconds). */
+    if (!direct_check(b, 1))
+      direct_wait(b, -1, 0);
+  }
+  dequeued(b);
+}
+
 void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *done,
                              unsigned n, int err, const char *msg) {
   sx_agent *a = agent;
@@ -1008,11 +1033,8 @@ int sx_batch_poll(sx_batch *b) {
 int sx_batch_fd(sx_batch *b) {
   if (b == NULL)
     return sx__err(SX_EINVAL, "sx_batch_fd: NULL batch");
-  /* Nothing would write the fd of a direct read (the loop does not watch
-   * it): its end (copies of microseconds) comes first. */
-  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING)
-    direct_wait(b, -1, wait_spin_ns());
   pthread_mutex_lock(&b->mu);
+  int watch = 0;
   if (b->efd < 0) {
     b->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (b->efd >= 0 && b->settled) {
@@ -1020,9 +1042,25 @@ int sx_batch_fd(sx_batch *b) {
       ssize_t w = write(b->efd, &one, sizeof(one));
       (void)w;
     }
+    /* A direct read's end is seen by whoever looks at it: from now on the
+     * loop looks too (a notice behind its copies), so the fd turns
+     * readable with no call from the user. */
+    watch = b->efd >= 0 && __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING;
+    if (watch)
+      b->queued++;
   }
   int fd = b->efd;
   pthread_mutex_unlock(&b->mu);
+  if (watch) {
+    b->watch_call.run = watch_run;
+    if (sx__call_post(b->a, &b->watch_call) != 0) {
+      /* The agent is shutting down: it ends the read itself. */
+      pthread_mutex_lock(&b->mu);
+      b->queued--;
+      pthread_cond_broadcast(&b->cv);
+      pthread_mutex_unlock(&b->mu);
+    }
+  }
   return fd >= 0 ? fd : sx__err(SX_EIO, "sx_batch_fd: eventfd failed");
 }
 

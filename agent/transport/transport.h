@@ -311,6 +311,9 @@ typedef struct sx_transport_ops {
   void (*lane_ref)(sx__lane *l, int delta);
   int (*lane_read)(sx__lane *l, const sx_op *op, sx__lane_ticket *tk);
   int (*lane_done)(sx__lane *l, sx__lane_ticket *tk, int ask);
+  /* Loop thread: run note (on the loop) once tk's copies ended: 0; 1 when
+   * they have (nothing queued: look now); < 0 when it cannot be queued. */
+  int (*lane_watch)(sx__lane *l, const sx__lane_ticket *tk, sx__mem_notice *note);
 } sx_transport_ops;
 
 /* The one dispatcher for optional slots: a missing slot is SX_ENOTSUP. */

@@ -1139,4 +1139,5 @@ const sx_transport_ops sx__cuda_ipc_ops = {
     .lane_ref = sx__ipc_lane_ref,
     .lane_read = sx__ipc_lane_read,
     .lane_done = sx__ipc_lane_done,
+    .lane_watch = sx__ipc_lane_watch,
 };

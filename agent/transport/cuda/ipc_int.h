@@ -186,6 +186,7 @@ sx__lane *sx__ipc_lane(sx_tpeer *tp);
 void sx__ipc_lane_ref(sx__lane *l, int delta);
 int sx__ipc_lane_read(sx__lane *l, const sx_op *op, sx__lane_ticket *tk);
 int sx__ipc_lane_done(sx__lane *l, sx__lane_ticket *tk, int ask);
+int sx__ipc_lane_watch(sx__lane *l, const sx__lane_ticket *tk, sx__mem_notice *note);
 /* Loop thread.  publish: the table op o ran with these bases (one per
  * o->op->rregs): direct reads may use them.  withdraw: no more direct
  * reads until the next publish, and those in flight ended (they fail with

@@ -259,3 +259,13 @@ int sx__ipc_lane_done(sx__lane *l, sx__lane_ticket *tk, int ask) {
     __atomic_store_n(&tk->err, st, __ATOMIC_RELAXED);
   return 1;
 }
+
+int sx__ipc_lane_watch(sx__lane *l, const sx__lane_ticket *tk, sx__mem_notice *note) {
+  pthread_mutex_lock(&l->mu);
+  int rc = 1;
+  if (!__atomic_load_n(&l->closed, __ATOMIC_ACQUIRE) && l->s[tk->si] != NULL &&
+      word(l, tk->si) < tk->no)
+    rc = sx__mem_notify(l->s[tk->si], l->t->nf, note) == 0 ? 0 : -1;
+  pthread_mutex_unlock(&l->mu);
+  return rc;
+}
