@@ -1428,6 +1428,26 @@ static void test_gpu_ipc_direct(void **state) {
                   st0.batches[SX_BATCH_COMPLETED] - st0.batches[SX_BATCH_CANCELLED] ==
               6);
 
+  /* The submitting thread's own current context (an engine's runtime
+   * works in it) is current again after a direct read: here none. */
+  const char *lib = getenv("SX_CUDA_LIBRARY");
+  void *h = dlopen(lib != NULL ? lib : "libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  assert_non_null(h);
+  int (*set_current)(void *) = NULL, (*get_current)(void **) = NULL;
+  *(void **)&set_current = dlsym(h, "cuCtxSetCurrent");
+  *(void **)&get_current = dlsym(h, "cuCtxGetCurrent");
+  assert_true(set_current != NULL && get_current != NULL);
+  assert_int_equal(set_current(NULL), 0);
+  uint64_t d1 = sx__ipc_direct_reads();
+  direct_entries(e, 8, 24, 10);
+  res = sxt_run_batch(seg, e, 8, 10000);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(sx__ipc_direct_reads() - d1, 1);
+  void *cur = &cur;
+  assert_int_equal(get_current(&cur), 0);
+  assert_null(cur);
+  dlclose(h);
+
   /* Four threads at once, each into its own blocks. */
   direct_thread th[4];
   for (int i = 0; i < 4; i++) {
@@ -1442,7 +1462,7 @@ static void test_gpu_ipc_direct(void **state) {
   }
   print_message("direct reads: %lu of this test's\n",
                 (unsigned long)(sx__ipc_direct_reads() - d0));
-  assert_true(sx__ipc_direct_reads() - d0 >= 9 + 6 + 4 * (uint64_t)th[0].reads);
+  assert_true(sx__ipc_direct_reads() - d0 >= 9 + 7 + 4 * (uint64_t)th[0].reads);
   reader_end(seg, ra, &r);
   unsetenv("FAKE_CUDA_DELAY_US");
   assert_int_equal(target_end(&t, 0), 0);
