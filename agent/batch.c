@@ -27,6 +27,13 @@
 
 #define DEFAULT_TIMEOUT_MS 30000u
 
+/* A batch's place in one of the agent's lists of batches (the running
+ * ones, the direct ones): blist_add / blist_del with the member. */
+typedef struct blink {
+  struct sx_batch *next, *prev;
+  int in;
+} blink;
+
 struct sx_batch {
   sx_segment *s;
   sx_agent *a;
@@ -51,13 +58,12 @@ struct sx_batch {
 
   /* Loop thread only. */
   int running;          /* posted to the transport, not ended */
-  int in_list;          /* in a->running */
   sx_batch_state reason; /* TIMEOUT or CANCELLED when that ended it early */
   sx_op op;
   sx__dl_item deadline;  /* in a->deadlines while running */
   struct sx_batch *pub_next; /* a->pub_head: the end waits to be published */
   uint64_t submit_ns, post_ns;
-  sx_batch *rnext, *rprev; /* a->running */
+  blink rl;              /* in a->running */
   sx_batch_result res;
   uint32_t *failed;
 
@@ -71,8 +77,7 @@ struct sx_batch {
   int direct;            /* atomic: DIRECT_* */
   sx__lane_ticket dt;    /* written under the lane's lock */
   const sx_transport_ops *dops;
-  sx_batch *dnext, *dprev; /* a->direct (a->direct_mu) */
-  int dlinked;           /* a->direct_mu */
+  blink dl;              /* in a->direct (a->direct_mu) */
   sx__mem_notice dnote;  /* the loop's watch, once an eventfd was asked for */
 };
 
@@ -276,17 +281,35 @@ static int loop_may_free(sx_batch *b) {
   return b->free_when_done && b->settled && b->queued == 0;
 }
 
-static void unlink_running(sx_batch *b) {
-  if (!b->in_list)
+#define BLINK(b, off) ((blink *)((char *)(b) + (off)))
+
+/* b at the head of *head through its blink at off. */
+static void blist_add(sx_batch **head, sx_batch *b, size_t off) {
+  blink *l = BLINK(b, off);
+  l->prev = NULL;
+  l->next = *head;
+  if (*head != NULL)
+    BLINK(*head, off)->prev = b;
+  *head = b;
+  l->in = 1;
+}
+
+/* b off *head, if it is there. */
+static void blist_del(sx_batch **head, sx_batch *b, size_t off) {
+  blink *l = BLINK(b, off);
+  if (!l->in)
     return;
-  sx_agent *a = b->a;
-  if (b->rprev)
-    b->rprev->rnext = b->rnext;
+  if (l->prev)
+    BLINK(l->prev, off)->next = l->next;
   else
-    a->running = b->rnext;
-  if (b->rnext)
-    b->rnext->rprev = b->rprev;
-  b->in_list = 0;
+    *head = l->next;
+  if (l->next)
+    BLINK(l->next, off)->prev = l->prev;
+  l->in = 0;
+}
+
+static void unlink_running(sx_batch *b) {
+  blist_del(&b->a->running, b, offsetof(sx_batch, rl));
 }
 
 /* The end is visible to everyone from here. */
@@ -614,12 +637,8 @@ static void submit_run(sx__call *c) {
    * (which opens once the loop ran a table read of the peer). */
   if (b->push == NULL && t->ops->lane != NULL)
     sx__segment_lane(b->s, t->ops, t->ops->lane(b->tp));
-  b->running = b->in_list = 1;
-  b->rprev = NULL;
-  b->rnext = a->running;
-  if (a->running)
-    a->running->rprev = b;
-  a->running = b;
+  b->running = 1;
+  blist_add(&a->running, b, offsetof(sx_batch, rl));
   if (b->op.n == 0 && b->op.tab == NULL) {
     op_done(&b->op); /* a batch of no bytes: only its notice */
     return;
@@ -645,27 +664,13 @@ static int direct_ok(const sx_batch *b) {
 static void direct_link(sx_batch *b) {
   sx_agent *a = b->a;
   pthread_mutex_lock(&a->direct_mu);
-  b->dprev = NULL;
-  b->dnext = a->direct;
-  if (a->direct != NULL)
-    a->direct->dprev = b;
-  a->direct = b;
-  b->dlinked = 1;
+  blist_add(&a->direct, b, offsetof(sx_batch, dl));
   pthread_mutex_unlock(&a->direct_mu);
 }
 
 /* a->direct_mu held. */
 static void direct_unlink_locked(sx_batch *b) {
-  sx_agent *a = b->a;
-  if (!b->dlinked)
-    return;
-  if (b->dprev)
-    b->dprev->dnext = b->dnext;
-  else
-    a->direct = b->dnext;
-  if (b->dnext)
-    b->dnext->dprev = b->dprev;
-  b->dlinked = 0;
+  blist_del(&b->a->direct, b, offsetof(sx_batch, dl));
 }
 
 /* Submit b on its segment's lane: 0, or SX_EBUSY (the loop runs it).
@@ -816,7 +821,7 @@ void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *
                              unsigned n, int err, const char *msg) {
   sx_agent *a = agent;
   pthread_mutex_lock(&a->direct_mu);
-  for (sx_batch *b = a->direct; b != NULL; b = b->dnext) {
+  for (sx_batch *b = a->direct; b != NULL; b = b->dl.next) {
     if (b->dt.lane != lane || b->dt.no == 0 || b->dt.si >= n || b->dt.no <= done[b->dt.si] ||
         b->op.first_error != 0)
       continue;
@@ -830,7 +835,7 @@ void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *
  * copies already ended. */
 static void direct_abort(sx_agent *a, int status) {
   pthread_mutex_lock(&a->direct_mu);
-  for (sx_batch *b = a->direct; b != NULL; b = b->dnext) {
+  for (sx_batch *b = a->direct; b != NULL; b = b->dl.next) {
     if (b->op.first_error != 0 ||
         __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) != DIRECT_RUNNING ||
         b->dops->lane_done(b->dt.lane, &b->dt, 0))
