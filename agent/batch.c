@@ -756,6 +756,20 @@ static int direct_check(sx_batch *b, int ask) {
   return 1;
 }
 
+/* mu held (released on return): wait until b's end is published, or
+ * until ts (timeout_ms >= 0; < 0: for ever).  1 when it was. */
+static int settled_wait(sx_batch *b, int timeout_ms, const struct timespec *ts) {
+  while (!b->settled) {
+    if (timeout_ms < 0)
+      pthread_cond_wait(&b->cv, &b->mu);
+    else if (pthread_cond_timedwait(&b->cv, &b->mu, ts) != 0)
+      break;
+  }
+  int settled = b->settled;
+  pthread_mutex_unlock(&b->mu);
+  return settled;
+}
+
 /* Wait up to timeout_ms (< 0: for ever) for b's direct read, spinning
  * spin_ns first, then sleeping in growing steps (the GPU writes the
  * word; nobody wakes us); then for its end to be published, by this
@@ -782,15 +796,7 @@ static int direct_wait(sx_batch *b, int timeout_ms, uint64_t spin_ns) {
   if (timeout_ms >= 0)
     sx__deadline(&ts, (uint32_t)timeout_ms);
   pthread_mutex_lock(&b->mu);
-  while (!b->settled) {
-    if (timeout_ms < 0)
-      pthread_cond_wait(&b->cv, &b->mu);
-    else if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0)
-      break;
-  }
-  int settled = b->settled;
-  pthread_mutex_unlock(&b->mu);
-  return settled ? 0 : SX_ETIMEDOUT;
+  return settled_wait(b, timeout_ms, &ts) ? 0 : SX_ETIMEDOUT;
 }
 
 /* The loop's watch of a direct read (sx_batch_fd asked for its eventfd,
@@ -1006,15 +1012,8 @@ int sx_batch_wait(sx_batch *b, int timeout_ms) {
     }
     pthread_mutex_lock(&b->mu);
   }
-  while (!b->settled) {
-    if (timeout_ms < 0)
-      pthread_cond_wait(&b->cv, &b->mu);
-    else if (pthread_cond_timedwait(&b->cv, &b->mu, &ts) != 0)
-      break;
-  }
-  int settled = b->settled;
-  pthread_mutex_unlock(&b->mu);
-  return settled ? 0 : sx__err(SX_ETIMEDOUT, "the batch is still running");
+  return settled_wait(b, timeout_ms, &ts) ? 0
+                                          : sx__err(SX_ETIMEDOUT, "the batch is still running");
 }
 
 /* A direct read's end, looked for by poll and result_get: the driver is
