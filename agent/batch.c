@@ -110,17 +110,20 @@ void sx_batch_params_init(sx_batch_params *p) {
 
 /* The fewest ranges a batch's first block entries make for a gather table
  * (sx__plan_tables): SX_IPC_TABLES=N, 0 never (ranges, as before tables).
- * By default every batch on a segment whose reads may go direct (it has a
- * lane: the caller's thread launches the table; tests/gpu/results/
- * 2026-11-28-h200x2-direct-ab.txt), else SX__PLAN_TABLE_MIN (through the
- * loop, tables pay off from there). */
+ * By default every batch that may go direct (direct: no callback and no
+ * notice; submitted later from another thread than the loop's, with no
+ * eventfd before) on a segment that has a lane (the caller's thread
+ * launches the table; tests/gpu/results/2026-11-28-h200x2-direct-ab.txt),
+ * else SX__PLAN_TABLE_MIN (through the loop, tables pay off from there). */
 #define TABLES_UNSET UINT32_MAX
-static uint32_t tables_min(sx_segment *s) {
+static uint32_t tables_min(sx_segment *s, int direct) {
   static int64_t cached = -1;
   uint32_t n = (uint32_t)sx__env_once(&cached, "SX_IPC_TABLES", 0, TABLES_UNSET - 1,
                                       TABLES_UNSET);
   if (n != TABLES_UNSET)
     return n;
+  if (!direct)
+    return SX__PLAN_TABLE_MIN;
   pthread_mutex_lock(&s->lane_mu);
   int lane = s->lane != NULL;
   pthread_mutex_unlock(&s->lane_mu);
@@ -173,7 +176,7 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
   /* A read over a transport that takes tables (cuda_ipc) plans its block
    * entries into the gather table itself, on this thread. */
-  uint32_t tmin = tables_min(s);
+  uint32_t tmin = tables_min(s, b->p.cb == NULL && b->rnote == NULL);
   if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tmin > 0)
     sx__plan_tables(&b->plan, tmin);
   pthread_mutex_init(&b->mu, NULL);

@@ -1428,6 +1428,17 @@ static void test_gpu_ipc_direct(void **state) {
                   st0.batches[SX_BATCH_COMPLETED] - st0.batches[SX_BATCH_CANCELLED] ==
               6);
 
+  /* A notifying read (its notice is the loop's to send) goes through the
+   * loop, and a small one as ranges unless SX_IPC_TABLES says otherwise:
+   * not direct. */
+  uint64_t t1 = sx__ipc_table_ops(), n1 = sx__ipc_direct_reads();
+  direct_entries(e, 8, 0, 11);
+  res = sxt_batch_finish(sxt_notify_submit(seg, e, 8, 77, 10000));
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_int_equal(gpu_pool_verify(&r, seg, SEED, e, 8), 0);
+  assert_int_equal(sx__ipc_table_ops() - t1, getenv("SX_IPC_TABLES") ? tables_for(32) : 0);
+  assert_int_equal(sx__ipc_direct_reads() - n1, 0);
+
   /* The submitting thread's own current context (an engine's runtime
    * works in it) is current again after a direct read: here none. */
   const char *lib = getenv("SX_CUDA_LIBRARY");
