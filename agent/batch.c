@@ -78,7 +78,8 @@ struct sx_batch {
   sx__lane_ticket dt;    /* written under the lane's lock */
   const sx_transport_ops *dops;
   blink dl;              /* in a->direct (a->direct_mu) */
-  sx__mem_notice dnote;  /* the loop's watch, once an eventfd was asked for */
+  sx__mem_notice dnote;  /* the loop's watch (an eventfd, a destroy on the loop) */
+  int watching;          /* mu: that watch is queued or running (one at most) */
 };
 
 enum { DIRECT_NO, DIRECT_RUNNING, DIRECT_ENDED };
@@ -811,7 +812,9 @@ static void direct_noticed(sx__mem_notice *n) {
   dequeued(b);
 }
 
-/* Loop thread: watch b's direct read for an eventfd (sx_batch_fd). */
+/* Loop thread: watch b's direct read (an eventfd, sx_batch_fd; a destroy
+ * from a callback).  The call's queued count is dropped when the watch
+ * ends, which may free b (free_when_done). */
 static void watch_run(sx__call *c) {
   sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, watch_call));
   if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING) {
@@ -1052,9 +1055,12 @@ int sx_batch_fd(sx_batch *b) {
     /* A direct read's end is seen by whoever looks at it: from now on the
      * loop looks too (a notice behind its copies), so the fd turns
      * readable with no call from the user. */
-    watch = b->efd >= 0 && __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING;
-    if (watch)
+    watch = b->efd >= 0 && !b->watching &&
+            __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING;
+    if (watch) {
+      b->watching = 1;
       b->queued++;
+    }
   }
   int fd = b->efd;
   pthread_mutex_unlock(&b->mu);
@@ -1090,9 +1096,27 @@ void sx_batch_destroy(sx_batch *b) {
   if (b == NULL)
     return;
   /* A direct read ends first (its copies write the destinations and read
-   * the table), also on the loop's thread: they are microseconds. */
-  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING)
-    direct_wait(b, -1, wait_spin_ns());
+   * the table).  On the loop's thread (a callback), which cannot wait,
+   * the loop watches it and frees it at its end, cancelled, as any
+   * running batch destroyed there. */
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING) {
+    if (!sx__on_loop(b->a)) {
+      direct_wait(b, -1, wait_spin_ns());
+    } else {
+      pthread_mutex_lock(&b->mu);
+      b->free_when_done = 1;
+      b->cancel_req = 1;
+      int watch = !b->watching;
+      if (watch) {
+        b->watching = 1;
+        b->queued++;
+      }
+      pthread_mutex_unlock(&b->mu);
+      if (watch)
+        watch_run(&b->watch_call); /* may free b */
+      return;
+    }
+  }
   pthread_mutex_lock(&b->mu);
   if (b->state == SX_BATCH_NEW) {
     pthread_mutex_unlock(&b->mu);

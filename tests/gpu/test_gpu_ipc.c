@@ -1344,6 +1344,15 @@ static void *direct_reader(void *arg) {
   return NULL;
 }
 
+/* A batch callback (the loop's thread) that destroys the batch *arg
+ * points to, and clears it. */
+static void destroy_other(sx_batch *b, void *arg) {
+  (void)b;
+  sx_batch **other = arg;
+  sx_batch_destroy(*other);
+  *other = NULL;
+}
+
 /* Once the loop has run one table read of a peer, table reads from other
  * threads are launched on the submitting thread, and that thread (or any
  * that waits, polls or destroys) sees their end in the stream's word: no
@@ -1428,6 +1437,32 @@ static void test_gpu_ipc_direct(void **state) {
                   st0.batches[SX_BATCH_COMPLETED] - st0.batches[SX_BATCH_CANCELLED] ==
               6);
 
+  /* A destroy from a callback (on the loop's thread, which cannot wait):
+   * the loop watches the direct read and frees it at its end, cancelled
+   * (a wait there would have ended it COMPLETED). */
+  sxt_ok(sx_agent_stats_get(ra, &st0, sizeof(st0)));
+  direct_entries(e, 8, 0, 12);
+  sx_batch *victim = sxt_batch_submit(seg, e, 8, 10000);
+  sx_block_read e2[1];
+  direct_entries(e2, 1, 30, 13);
+  sx_batch_params bp;
+  sx_batch_params_init(&bp);
+  bp.cb = destroy_other;
+  bp.cb_arg = &victim;
+  sxt_ok(sx_batch_create(seg, &bp, &b));
+  sxt_ok(sx_batch_add_blocks(b, e2, 1));
+  sxt_ok(sx_batch_submit(b));
+  res = sxt_batch_finish(b);
+  assert_int_equal(res.state, SX_BATCH_COMPLETED);
+  assert_null(victim);
+  for (int i = 0; i < 500; i++) {
+    sxt_ok(sx_agent_stats_get(ra, &st1, sizeof(st1)));
+    if (st1.batches[SX_BATCH_CANCELLED] > st0.batches[SX_BATCH_CANCELLED])
+      break;
+    sxt_sleep_ms(10);
+  }
+  assert_true(st1.batches[SX_BATCH_CANCELLED] == st0.batches[SX_BATCH_CANCELLED] + 1);
+
   /* A notifying read (its notice is the loop's to send) goes through the
    * loop, and a small one as ranges unless SX_IPC_TABLES says otherwise:
    * not direct. */
@@ -1473,7 +1508,7 @@ static void test_gpu_ipc_direct(void **state) {
   }
   print_message("direct reads: %lu of this test's\n",
                 (unsigned long)(sx__ipc_direct_reads() - d0));
-  assert_true(sx__ipc_direct_reads() - d0 >= 9 + 7 + 4 * (uint64_t)th[0].reads);
+  assert_true(sx__ipc_direct_reads() - d0 >= 9 + 8 + 4 * (uint64_t)th[0].reads);
   reader_end(seg, ra, &r);
   unsetenv("FAKE_CUDA_DELAY_US");
   assert_int_equal(target_end(&t, 0), 0);
