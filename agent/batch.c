@@ -939,16 +939,19 @@ static int want_cancel(sx_batch *b) {
   return 1;
 }
 
-static void queue_cancel(sx_batch *b) {
-  b->cancel_call.run = cancel_run;
-  if (sx__call_post(b->a, &b->cancel_call) != 0) {
-    /* Shutting down: the agent ends the batch itself. */
+/* Queue call c (counted in b->queued already) to run on the loop.  When
+ * the agent is shutting down it ends the batch itself: the count goes. */
+static void queue_call(sx_batch *b, sx__call *c, void (*run)(sx__call *c)) {
+  c->run = run;
+  if (sx__call_post(b->a, c) != 0) {
     pthread_mutex_lock(&b->mu);
     b->queued--;
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
   }
 }
+
+static void queue_cancel(sx_batch *b) { queue_call(b, &b->cancel_call, cancel_run); }
 
 int sx_batch_cancel(sx_batch *b) {
   if (b == NULL)
@@ -1064,16 +1067,8 @@ int sx_batch_fd(sx_batch *b) {
   }
   int fd = b->efd;
   pthread_mutex_unlock(&b->mu);
-  if (watch) {
-    b->watch_call.run = watch_run;
-    if (sx__call_post(b->a, &b->watch_call) != 0) {
-      /* The agent is shutting down: it ends the read itself. */
-      pthread_mutex_lock(&b->mu);
-      b->queued--;
-      pthread_cond_broadcast(&b->cv);
-      pthread_mutex_unlock(&b->mu);
-    }
-  }
+  if (watch)
+    queue_call(b, &b->watch_call, watch_run);
   return fd >= 0 ? fd : sx__err(SX_EIO, "sx_batch_fd: eventfd failed");
 }
 
