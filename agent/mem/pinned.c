@@ -63,22 +63,16 @@ void sx__mem_pinned_drain(void) {
 /* cuMemHostAlloc under device's primary context, the calling thread's own
  * current context (maybe none) made current again after. */
 static int host_alloc_on(int device, size_t len, void **out) {
-  int rc;
-  const sx__cuda_drv *d = sx__cuda_get(-1, &rc); /* loads; leaves the context */
-  if (d == NULL)
-    return rc;
-  if (d->CtxGetCurrent == NULL)
-    return sx__err(SX_ENOTSUP, "pinned memory for gather tables: the CUDA driver lacks "
-                   "cuCtxGetCurrent");
-  CUcontext saved = NULL;
-  CUresult r = d->CtxGetCurrent(&saved);
-  if (r != CUDA_SUCCESS)
-    return sx__cuda_err(d, r, "reading the current context");
-  if (sx__cuda_get(device, &rc) != NULL) {
-    r = d->MemHostAlloc(out, len, CU_MEMHOSTALLOC_PORTABLE);
+  void *saved;
+  int rc = sx__mem_ctx_keep(&saved);
+  if (rc)
+    return sx__errwrap(rc, "pinned memory for gather tables");
+  const sx__cuda_drv *d = sx__cuda_get(device, &rc);
+  if (d != NULL) {
+    CUresult r = d->MemHostAlloc(out, len, CU_MEMHOSTALLOC_PORTABLE);
     rc = r == CUDA_SUCCESS ? 0 : sx__cuda_err(d, r, "allocating pinned memory");
   }
-  d->CtxSetCurrent(saved);
+  sx__mem_ctx_back(saved);
   return rc;
 }
 
