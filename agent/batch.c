@@ -177,9 +177,11 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   b->plan.strided = tr != NULL && (tr->ops->caps & SX__TR_STRIDED) != 0;
   /* A read over a transport that takes tables (cuda_ipc) plans its block
    * entries into the gather table itself, on this thread. */
-  uint32_t tmin = tables_min(s, b->p.cb == NULL && b->rnote == NULL);
-  if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES) && tmin > 0)
-    sx__plan_tables(&b->plan, tmin);
+  if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES)) {
+    uint32_t tmin = tables_min(s, b->p.cb == NULL && b->rnote == NULL);
+    if (tmin > 0)
+      sx__plan_tables(&b->plan, tmin);
+  }
   pthread_mutex_init(&b->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
