@@ -819,16 +819,12 @@ static void direct_noticed(sx__mem_notice *n) {
  * ends, which may free b (free_when_done). */
 static void watch_run(sx__call *c) {
   sx_batch *b = (sx_batch *)((char *)c - offsetof(sx_batch, watch_call));
-  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING) {
-    b->dnote.fn = direct_noticed;
-    int rc = b->dops->lane_watch(b->dt.lane, &b->dt, &b->dnote);
-    if (rc == 0)
-      return; /* direct_noticed drops the call's count */
-    /* Ended already (or no memory to watch: the copies are microseconds). */
-    if (!direct_check(b, 1))
-      direct_wait(b, -1, 0);
-  }
-  dequeued(b);
+  b->dnote.fn = direct_noticed;
+  if (__atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING &&
+      b->dops->lane_watch(b->dt.lane, &b->dt, &b->dnote) == 0)
+    return; /* the notice drops the call's count */
+  /* Ended already (or no memory to watch: the copies are microseconds). */
+  direct_noticed(&b->dnote);
 }
 
 void sx__batches_lane_failed(void *agent, const sx__lane *lane, const uint64_t *done,
