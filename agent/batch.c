@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -777,27 +778,60 @@ static int settled_wait(sx_batch *b, int timeout_ms, const struct timespec *ts) 
 }
 
 /* Wait up to timeout_ms (< 0: for ever) for b's direct read, spinning
- * spin_ns first, then sleeping in growing steps (the GPU writes the
- * word; nobody wakes us); then for its end to be published, by this
- * thread or whichever ended it.  0, or SX_ETIMEDOUT. */
-#define DIRECT_SLEEP_MIN_NS 2000u
-#define DIRECT_SLEEP_MAX_NS 200000u
+ * spin_ns first, then sleeping (the GPU writes the word; nobody wakes
+ * us) in naps of an eighth of the time waited so far, within
+ * DIRECT_NAP_MIN_NS..DIRECT_NAP_MAX_NS, so that a read is seen at most
+ * about an eighth of its time late; then for its end to be published, by
+ * this thread or whichever ended it.  0, or SX_ETIMEDOUT.
+ *
+ * While it naps, the thread's timer slack is DIRECT_NAP_SLACK_NS and
+ * then what it was: at Linux's default of 50 us a 2 us nap lasts 50 us
+ * or more, and a read that ended just after the spin was seen twice as
+ * late as one that ended within it (p99 above 2x p50 on an H200).  From
+ * its first nap it also asks the driver, every DIRECT_ASK_NS (a stream
+ * that broke never writes the word). */
+#define DIRECT_NAP_MIN_NS 2000u
+#define DIRECT_NAP_MAX_NS 200000u
+#define DIRECT_NAP_SLACK_NS 1000
+#define DIRECT_ASK_NS 1000000u /* how often a napping wait asks the driver */
 static int direct_wait(sx_batch *b, int timeout_ms, uint64_t spin_ns) {
-  uint64_t t0 = sx__mono_ns(), now = t0, nap = DIRECT_SLEEP_MIN_NS;
+  uint64_t t0 = sx__mono_ns(), now = t0;
   uint64_t limit = timeout_ms < 0 ? UINT64_MAX : (uint64_t)timeout_ms * 1000000u;
-  for (unsigned i = 1; !direct_check(b, nap > DIRECT_SLEEP_MIN_NS); i++) {
+  uint64_t ask_at = 0; /* after t0: ask the driver, from the first nap on */
+  int slack = 0, napped = 0, rc = 0; /* slack: the thread's, once cut */
+  for (unsigned i = 1;; i++) {
+    int ask = napped && now - t0 >= ask_at;
+    if (ask)
+      ask_at = now - t0 + DIRECT_ASK_NS;
+    if (direct_check(b, ask))
+      break;
     if (i % 64 == 0 || now - t0 >= spin_ns)
       now = sx__mono_ns();
-    if (now - t0 >= limit)
-      return SX_ETIMEDOUT;
+    if (now - t0 >= limit) {
+      rc = SX_ETIMEDOUT;
+      break;
+    }
     if (now - t0 < spin_ns) {
       sx__cpu_relax();
       continue;
     }
+    if (slack == 0) {
+      slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+      if (slack > DIRECT_NAP_SLACK_NS)
+        prctl(PR_SET_TIMERSLACK, DIRECT_NAP_SLACK_NS, 0, 0, 0);
+    }
+    uint64_t nap = (now - t0) / 8;
+    nap = nap < DIRECT_NAP_MIN_NS ? DIRECT_NAP_MIN_NS : nap;
+    nap = nap > DIRECT_NAP_MAX_NS ? DIRECT_NAP_MAX_NS : nap;
+    nap = nap > limit - (now - t0) ? limit - (now - t0) : nap;
     struct timespec ts = {0, (long)nap};
     nanosleep(&ts, NULL);
-    nap = nap * 2 < DIRECT_SLEEP_MAX_NS ? nap * 2 : DIRECT_SLEEP_MAX_NS;
+    napped = 1;
   }
+  if (slack > DIRECT_NAP_SLACK_NS)
+    prctl(PR_SET_TIMERSLACK, slack, 0, 0, 0);
+  if (rc != 0)
+    return rc;
   struct timespec ts;
   if (timeout_ms >= 0)
     sx__deadline(&ts, (uint32_t)timeout_ms);
