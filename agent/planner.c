@@ -752,6 +752,24 @@ static size_t emit_run_tab(sx__plan *p, const sx_block_read *r, size_t n, uint32
   uint64_t bytes = p->bytes, ppb = p->sc_ppb;
   size_t i = 0;
   uint64_t need;
+  if (p->sc_n == 1 && p->sc[0].dense && ppb == 1) {
+    /* One (slot, layer) a block, blocks of at most a piece: an engine's
+     * entries of one tensor.  The same as put_entry(), with the position
+     * and shape in locals (about twice as fast at 1024 entries). */
+    const sx__ppos q = p->sc[0];
+    const sx__bshape sh = p->sc_shape;
+    size_t k = pos[0];
+    for (; i < n && shape_is(&sh, &r[i]) && r[i].count <= room - nt; i++) {
+      uint64_t len = r[i].count * q.bb;
+      bytes += len;
+      nt = put_piece(tab, nt, &k, q.ri, q.rbase + r[i].remote_block * q.rstride,
+                     q.lbase + r[i].local_block * q.lstride, len, e0 + (uint32_t)i);
+    }
+    pos[0] = k;
+    p->n_tab = nt;
+    p->bytes = bytes;
+    return i;
+  }
   for (; i < n && shape_is(&p->sc_shape, &r[i]) &&
          !__builtin_mul_overflow(r[i].count, ppb, &need) && need <= room - nt;
        i++)
@@ -826,7 +844,9 @@ int sx__plan_add_blocks(sx__plan *p, const sx_block_read *r, size_t n) {
   size_t want = ranges < PRERESERVE_MAX ? ranges : PRERESERVE_MAX;
   if (p->tables && p->n_entries == 0 && ranges < p->tab_min)
     p->tables = 0; /* small: ranges (nothing was written to a table yet) */
-  if (p->tables && p->tab_device >= 0) /* else the first entry's shape names it */
+  if (p->tables && p->tab_device < 0 && p->sc_valid && p->sc_tab < 0)
+    tab_shape(p); /* the loaded shape names the device: room at once, not by doubling */
+  if (p->tables && p->tab_device >= 0)
     (void)tab_reserve(p, want);
   else
     (void)reserve(p, want);

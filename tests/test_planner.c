@@ -930,6 +930,23 @@ static void same_ranges(const sx__plan *a, const sx__plan *b) {
   }
 }
 
+/* Table a's pieces are plan b's ranges, in order (sources as offsets in
+ * a.rr[region]). */
+static void same_pieces(const sx__plan *a, const sx__plan *b) {
+  assert_int_equal(a->n_tab, b->n);
+  assert_true(a->bytes == b->bytes);
+  for (size_t k = 0; k < a->n_tab; k++) {
+    const sx__mem_bpiece *q = &a->tab[k];
+    const sx_xfer *y = &b->x[k];
+    assert_true(q->dst == (uint64_t)(uintptr_t)y->local && q->src == y->roff &&
+                q->len == y->length);
+    assert_true(q->region < a->n_rr);
+    assert_ptr_equal(a->rr[q->region], y->rreg);
+    assert_int_equal(q->entry_first, y->entry_first);
+    assert_int_equal(q->entry_last, y->entry_last);
+  }
+}
+
 /* Block entries into GPU memory of one device plan into a table whose
  * pieces are the ranges a plan without tables makes (sources as offsets
  * in rr[region]); untable turns them into exactly those ranges, and
@@ -953,16 +970,7 @@ static void test_planner_table_is_the_ranges(void **state) {
   assert_true(b.n < 64 * 4); /* some merged */
   assert_true(a.bytes == b.bytes);
   assert_int_equal(a.n_rr, 4);
-  for (size_t k = 0; k < a.n_tab; k++) {
-    const sx__mem_bpiece *q = &a.tab[k];
-    const sx_xfer *y = &b.x[k];
-    assert_true(q->dst == (uint64_t)(uintptr_t)y->local && q->src == y->roff &&
-                q->len == y->length);
-    assert_true(q->region < a.n_rr);
-    assert_ptr_equal(a.rr[q->region], y->rreg);
-    assert_int_equal(q->entry_first, y->entry_first);
-    assert_int_equal(q->entry_last, y->entry_last);
-  }
+  same_pieces(&a, &b);
   sxt_ok(sx__plan_untable(&a));
   assert_int_equal(a.tables, 0);
   assert_null(a.tab);
@@ -978,6 +986,64 @@ static void test_planner_table_is_the_ranges(void **state) {
   sx__plan_free(&a);
   sx__plan_free(&b);
   sides_free(&s);
+}
+
+/* Entries of one (slot, layer) each, an engine's per-tensor entries
+ * (the planner's one-position loop): runs of 1-3 blocks, some continuing
+ * the entry before (merged), runs of one tensor then the next, past the
+ * table's first room.  The table is what a plan of ranges makes; also
+ * where a gap follows each local block (the general loop, nothing
+ * merges).  Blocks longer than a piece (the general loop) are cut at the
+ * piece size and cover the same bytes. */
+static void test_planner_table_one_position_is_the_ranges(void **state) {
+  (void)state;
+  for (int c = 0; c < 3; c++) {
+    const uint64_t bb = c == 2 ? SX__GATHER_PIECE + 4096 : 4096;
+    sides s;
+    memset(&s, 0, sizeof(s));
+    sxt_desc_kv(&s.remote, "prefill-0", 2, 1, bb, 256, 0);
+    sxt_ok(sx__rindex_build_desc(&s.rix, &s.remote));
+    make_local(&s, 2, 1, bb, 1024, c == 1 ? 64 : 0);
+    on_device(&s, 0);
+    sx_block_read r[300];
+    uint32_t rng = 11;
+    uint64_t blocks = 0;
+    for (size_t i = 0; i < 300; i++) {
+      rng = rng * 1103515245u + 12345u;
+      uint64_t count = 1 + i % 3;
+      uint64_t rb = (rng >> 8) % (256 - 8);
+      uint32_t layer = (uint32_t)(i / 100) % 2; /* runs of 100 of one tensor */
+      uint64_t slot = i / 200 ? 1ull << SX_SLOT_V : 1ull << SX_SLOT_K;
+      if (i % 5 == 1 && i % 100 != 0)
+        rb = r[i - 1].remote_block + r[i - 1].count;
+      r[i] = blk(layer, 1, slot, rb, i * 3, count);
+      blocks += count;
+    }
+    sx__plan a, b;
+    plan_tables(&a, &s, 1);
+    sx__plan_init(&b, &s.rix, &s.lix, 0, 0);
+    sxt_ok(sx__plan_add_blocks(&a, r, 150));
+    sxt_ok(sx__plan_add_blocks(&a, r + 150, 150));
+    sxt_ok(sx__plan_add_blocks(&b, r, 150));
+    sxt_ok(sx__plan_add_blocks(&b, r + 150, 150));
+    assert_int_equal(a.tables, 1);
+    assert_int_equal(a.n, 0);
+    assert_true(a.bytes == blocks * bb && b.bytes == a.bytes);
+    if (c < 2) {
+      assert_true(c == 0 ? b.n < 300 : b.n == blocks); /* merged; or each block alone */
+      same_pieces(&a, &b);
+    } else {
+      uint64_t sum = 0;
+      for (size_t k = 0; k < a.n_tab; k++) {
+        assert_true(a.tab[k].len <= SX__GATHER_PIECE);
+        sum += a.tab[k].len;
+      }
+      assert_true(sum == a.bytes && a.n_tab > blocks);
+    }
+    sx__plan_free(&a);
+    sx__plan_free(&b);
+    sides_free(&s);
+  }
 }
 
 /* A batch whose first block entries make fewer ranges than the minimum
@@ -1195,6 +1261,8 @@ int main(void) {
 #ifdef SX_HAVE_CUDA
       cmocka_unit_test_setup_teardown(test_planner_table_is_the_ranges, use_fake, use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_cuts_long_runs, use_fake, use_real),
+      cmocka_unit_test_setup_teardown(test_planner_table_one_position_is_the_ranges, use_fake,
+                                      use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_only_from_min_ranges, use_fake,
                                       use_real),
       cmocka_unit_test_setup_teardown(test_planner_table_has_a_size_limit, use_fake, use_real),
