@@ -110,6 +110,12 @@ void sx_batch_params_init(sx_batch_params *p) {
 
 /* ------------------------------------------------------------ create/add */
 
+/* Is b of a kind that may be read directly: a read (not a push) with no
+ * callback and no notice, which are the loop's to deliver? */
+static int direct_kind(const sx_batch *b) {
+  return b->push == NULL && b->rnote == NULL && b->p.cb == NULL;
+}
+
 /* The fewest ranges a batch's first block entries make for a gather table
  * (sx__plan_tables): SX_IPC_TABLES=N, 0 never (ranges, as before tables).
  * By default every batch that may go direct (direct: no callback and no
@@ -179,7 +185,7 @@ int sx_batch_create(sx_segment *s, const sx_batch_params *p, sx_batch **out) {
   /* A read over a transport that takes tables (cuda_ipc) plans its block
    * entries into the gather table itself, on this thread. */
   if (b->push == NULL && tr != NULL && (tr->ops->caps & SX__TR_TABLES)) {
-    uint32_t tmin = tables_min(s, b->p.cb == NULL && b->rnote == NULL);
+    uint32_t tmin = tables_min(s, direct_kind(b));
     if (tmin > 0)
       sx__plan_tables(&b->plan, tmin);
   }
@@ -664,8 +670,8 @@ static void submit_run(sx__call *c) {
  * loop's), submitted from another thread than the loop's. */
 static int direct_ok(const sx_batch *b) {
   return b->plan.tables && b->plan.n_tab > 0 && b->plan.n == 0 && !b->plan.broken &&
-         !b->plan.rr_over && b->plan.n_rr > 0 && b->push == NULL && b->rnote == NULL &&
-         b->p.cb == NULL && b->efd < 0 && !sx__on_loop(b->a);
+         !b->plan.rr_over && b->plan.n_rr > 0 && direct_kind(b) && b->efd < 0 &&
+         !sx__on_loop(b->a);
 }
 
 static void direct_link(sx_batch *b) {
