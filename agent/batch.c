@@ -854,6 +854,17 @@ static void direct_noticed(sx__mem_notice *n) {
   dequeued(b);
 }
 
+/* mu held: the loop's watch of b's direct read is this caller's to start
+ * (1; counted in b->queued, which the watch's end drops), or already
+ * queued or running (0). */
+static int watch_take(sx_batch *b) {
+  if (b->watching)
+    return 0;
+  b->watching = 1;
+  b->queued++;
+  return 1;
+}
+
 /* Loop thread: watch b's direct read (an eventfd, sx_batch_fd; a destroy
  * from a callback).  The call's queued count is dropped when the watch
  * ends, which may free b (free_when_done). */
@@ -1096,12 +1107,8 @@ int sx_batch_fd(sx_batch *b) {
     /* A direct read's end is seen by whoever looks at it: from now on the
      * loop looks too (a notice behind its copies), so the fd turns
      * readable with no call from the user. */
-    watch = b->efd >= 0 && !b->watching &&
-            __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING;
-    if (watch) {
-      b->watching = 1;
-      b->queued++;
-    }
+    watch = b->efd >= 0 && __atomic_load_n(&b->direct, __ATOMIC_ACQUIRE) == DIRECT_RUNNING &&
+            watch_take(b);
   }
   int fd = b->efd;
   pthread_mutex_unlock(&b->mu);
@@ -1139,11 +1146,7 @@ void sx_batch_destroy(sx_batch *b) {
       pthread_mutex_lock(&b->mu);
       b->free_when_done = 1;
       b->cancel_req = 1;
-      int watch = !b->watching;
-      if (watch) {
-        b->watching = 1;
-        b->queued++;
-      }
+      int watch = watch_take(b);
       pthread_mutex_unlock(&b->mu);
       if (watch)
         watch_run(&b->watch_call); /* may free b */
