@@ -755,7 +755,8 @@ static size_t emit_run_tab(sx__plan *p, const sx_block_read *r, size_t n, uint32
   if (p->sc_n == 1 && p->sc[0].dense && ppb == 1) {
     /* One (slot, layer) a block, blocks of at most a piece: an engine's
      * entries of one tensor.  The same as put_entry(), with the position
-     * and shape in locals (about twice as fast at 1024 entries). */
+     * and shape in locals (planning 1024 entries took about 30% less
+     * time, 4.6 against 6.5 us, on the 2-core stand-in). */
     const sx__ppos q = p->sc[0];
     const sx__bshape sh = p->sc_shape;
     size_t k = pos[0];
